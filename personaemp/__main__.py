@@ -1,0 +1,3 @@
+from personaemp.cli import app
+
+app(prog_name="personaemp")

@@ -1,0 +1,112 @@
+"""The `personaemp` command line: one thin function per stage."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from personaemp.errors import PersonaempError
+
+app = typer.Typer(
+    help="Build personalized-empathy datasets (PersonaEmp) from long-term user-AI interaction data.",
+    no_args_is_help=True,
+    invoke_without_command=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+PROCESSED = Path("data/processed")
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    """Staged commands: filter -> infer-persona -> gen-queries -> split -> push."""
+    if version:
+        from personaemp import __version__
+
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True, soft_wrap=True)
+
+
+def reports_errors(command):
+    """Turn library errors into one line on stderr and the error's exit code (no traceback)."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except PersonaempError as error:
+            stderr_console().print(f"[bold red]Error:[/] {escape(str(error))}")
+            raise typer.Exit(error.exit_code) from None
+        except KeyboardInterrupt:
+            stderr_console().print("[bold red]Interrupted.[/] Finished outputs were left as they were.")
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+@app.command("filter")
+@reports_errors
+def filter_command(
+    input: Annotated[
+        str,
+        typer.Option(
+            "--input",
+            "-i",
+            help="AlpsBench task1 folder, benchmark_data/ root, raw export file or folder, or hf:OWNER/NAME.",
+            envvar="PERSONAEMP_INPUT",
+        ),
+    ] = "data/raw/alpsbench_sample/task1",
+    format: Annotated[str, typer.Option(help="auto|task1|raw|hf.")] = "auto",
+    rules: Annotated[
+        Path | None, typer.Option(help="Rules TOML overriding the defaults (see --show-rules).")
+    ] = None,
+    output: Annotated[Path, typer.Option("--output", "-o")] = PROCESSED / "filtered.jsonl",
+    split: Annotated[
+        str | None, typer.Option(help="Split of a benchmark_data/ root or a Hub dataset.")
+    ] = None,
+    hf_config: Annotated[str | None, typer.Option(help="Config name of a Hub dataset.")] = None,
+    on_error: Annotated[
+        str, typer.Option(help="fail: stop at the first bad row; skip: skip and count bad rows.")
+    ] = "fail",
+    turns: Annotated[
+        str, typer.Option(help="user: keep the user's own turns; all: keep assistant turns too.")
+    ] = "user",
+    show_rules: Annotated[
+        bool, typer.Option("--show-rules", help="Print the default rules file and exit.")
+    ] = False,
+) -> None:
+    """Keep the users whose memories show personality and emotionally relevant experience."""
+    if show_rules:
+        from personaemp.rules import default_rules_text
+
+        typer.echo(default_rules_text(), nl=False)
+        return
+    from personaemp.stages.filter import filter_users
+    from personaemp.summaries import print_filter_summary
+
+    console = stderr_console()
+    report = filter_users(
+        input,
+        output,
+        fmt=format,
+        rules_path=rules,
+        split=split,
+        hf_config=hf_config,
+        on_error=on_error,
+        keep_turns=turns,
+        report_path=output.with_name("filter_report.json"),
+        console=console,
+    )
+    print_filter_summary(report, console)

@@ -1,0 +1,30 @@
+"""Exceptions the library raises; cli.py turns them into one line on stderr and an exit code."""
+
+
+class PersonaempError(Exception):
+    """A run failed for a reason the user can act on (exit code 1)."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} — {self.hint}" if self.hint else self.message
+
+
+class InputError(PersonaempError):
+    """The input data, rules or options are wrong (exit code 2)."""
+
+    exit_code = 2
+
+
+class RowError(InputError):
+    """One input row is bad; `--on-error skip` may skip it instead of stopping."""
+
+    def __init__(self, location: str, message: str):
+        super().__init__(f"{location}: {message}", "fix the row or pass --on-error skip")
+        self.location = location
+        self.reason = message

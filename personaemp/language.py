@@ -1,0 +1,75 @@
+"""A small, deterministic language guesser: writing system first, then common words.
+
+Good enough to tell the languages AlpsBench users write in apart (English, Chinese,
+Russian, Spanish, Portuguese, ...); not a general-purpose detector.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+_SCRIPTS = [
+    ("ko", re.compile(r"[\uac00-\ud7af]")),
+    ("ja", re.compile(r"[\u3040-\u30ff]")),
+    ("zh", re.compile(r"[\u4e00-\u9fff]")),
+    ("ru", re.compile(r"[\u0400-\u04ff]")),
+    ("ar", re.compile(r"[\u0600-\u06ff]")),
+    ("el", re.compile(r"[\u0370-\u03ff]")),
+    ("he", re.compile(r"[\u0590-\u05ff]")),
+    ("th", re.compile(r"[\u0e00-\u0e7f]")),
+    ("hi", re.compile(r"[\u0900-\u097f]")),
+]
+_LETTER = re.compile(r"[^\W\d_]", re.UNICODE)
+_WORD = re.compile(r"[^\W\d_]+", re.UNICODE)
+
+_COMMON_WORDS = {
+    "en": "the and you is are to of it that this with for have what my not can how i me was",
+    "es": "el la de que y en los es por para una con las del lo como pero más mi qué",
+    "pt": "o a de que e do da em um para é com não uma os no na você meu mais",
+    "fr": "le la les de et est un une des je que pour pas vous dans ce il qui mon",
+    "de": "der die und ist ich das nicht ein zu es den mit sie mir ich auf für was",
+    "it": "il di che e la per un non sono è mi una con del ho come ma questo",
+    "nl": "de het een en van ik is dat niet je op te zijn voor met wat",
+    "tr": "ve bir bu da de için ne ben çok mi ile gibi var olan",
+    "id": "yang dan di ini itu dengan untuk tidak saya ada ke dari apa bisa",
+    "vi": "và của là có không tôi một các cho được này những người với",
+    "pl": "i w nie się na że to jest z do co jak mi ale",
+}
+_WORD_SETS = {lang: set(words.split()) for lang, words in _COMMON_WORDS.items()}
+
+
+def detect_language(text: str) -> str | None:
+    """Return an ISO 639-1 code, or None when the text gives too little to go on."""
+    letters = _LETTER.findall(text)
+    if len(letters) < 3:
+        return None
+    counts = Counter()
+    for lang, pattern in _SCRIPTS:
+        counts[lang] = len(pattern.findall(text))
+    lang, hits = counts.most_common(1)[0]
+    if hits >= 0.3 * len(letters):
+        # Japanese text is mostly Han characters; any kana decides it.
+        if lang == "zh" and counts["ja"] > 0:
+            return "ja"
+        return lang
+    words = [w.lower() for w in _WORD.findall(text)]
+    scores = {lang: sum(w in vocab for w in words) for lang, vocab in _WORD_SETS.items()}
+    best = max(scores, key=lambda lang: (scores[lang], lang == "en"))
+    return best if scores[best] > 0 else None
+
+
+_NAMES = {
+    "english": "en", "chinese": "zh", "russian": "ru", "spanish": "es", "portuguese": "pt",
+    "french": "fr", "german": "de", "italian": "it", "dutch": "nl", "turkish": "tr",
+    "indonesian": "id", "vietnamese": "vi", "polish": "pl", "japanese": "ja", "korean": "ko",
+    "arabic": "ar", "greek": "el", "hebrew": "he", "thai": "th", "hindi": "hi",
+}  # fmt: skip
+
+
+def normalize_language(value: object) -> str | None:
+    """Map a source's language field ('English', 'en', 'EN-us') to an ISO 639-1 code."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    value = value.strip().lower()
+    return _NAMES.get(value) or value.split("-")[0].split("_")[0][:3]

@@ -1,0 +1,60 @@
+"""AlpsBench readers. `read_users` picks the reader for a path and yields `records.User`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from personaemp.errors import InputError
+from personaemp.io import ErrorPolicy
+from personaemp.records import User
+from personaemp.sources.hf import PREFIX as HF_PREFIX
+from personaemp.sources.hf import read_hf
+from personaemp.sources.raw import raw_files, read_raw
+from personaemp.sources.task1 import INPUT_FILE, is_task1_folder, read_task1
+
+FORMATS = ("auto", "task1", "raw", "hf")
+
+
+def detect_format(source: str) -> str:
+    """Guess the input format from the path and, for a file, its first record."""
+    if source.startswith(HF_PREFIX):
+        return "hf"
+    path = Path(source)
+    if not path.exists():
+        raise InputError(f"{path}: no such file or folder", "check --input")
+    if path.is_dir():
+        if is_task1_folder(path) or (path / "task1").is_dir() or (path / "benchmark_data").is_dir():
+            return "task1"
+        if any(p.is_dir() and is_task1_folder(p / "task1") for p in path.iterdir()):
+            return "task1"
+        raw_files(path)  # raises a clear error if the folder holds nothing readable
+        return "raw"
+    if path.name == INPUT_FILE:
+        return "task1"
+    if path.suffix not in (".json", ".jsonl"):
+        raise InputError(f"{path}: cannot tell the format", "pass --format task1|raw|hf")
+    return "raw"
+
+
+def read_users(
+    source: str,
+    policy: ErrorPolicy,
+    fmt: str = "auto",
+    split: str | None = None,
+    hf_config: str | None = None,
+) -> Iterator[User]:
+    if fmt not in FORMATS:
+        raise InputError(f"unknown --format {fmt!r}", f"use one of {', '.join(FORMATS)}")
+    if fmt == "auto":
+        fmt = detect_format(source)
+    if fmt == "hf":
+        spec = source if source.startswith(HF_PREFIX) else HF_PREFIX + source
+        return read_hf(spec, policy, hf_config, split)
+    path = Path(source)
+    if not path.exists():
+        raise InputError(f"{path}: no such file or folder", "check --input")
+    if fmt == "task1":
+        folder = path.parent if path.is_file() else path
+        return read_task1(folder, policy, split)
+    return read_raw(path, policy)

@@ -1,0 +1,1 @@
+"""One module per pipeline stage; each exposes a plain function the CLI calls."""

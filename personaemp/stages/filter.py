@@ -1,0 +1,167 @@
+"""`personaemp filter`: keep users whose memories show personality and emotional experience."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from personaemp.io import ErrorPolicy, atomic_output, dump_line, write_json_atomic
+from personaemp.records import FilterMatch, User
+from personaemp.rules import RuleSet, load_rules
+from personaemp.sources import read_users
+
+# Gates in the order they are applied; a dropped user is counted under the first it fails.
+GATES = ("language", "intents", "min_memories", "memory_labels")
+TOP_LABELS = 15
+
+
+@dataclass
+class FilterReport:
+    input: str
+    output: str
+    users_in: int = 0
+    kept: int = 0
+    dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(GATES, 0))
+    bad_rows_skipped: int = 0
+    skipped_rows: list[str] = field(default_factory=list)
+    users_without_intents: int = 0
+    memories_in: int = 0
+    flagged_memories_dropped: int = 0
+    matched_rules: dict[str, int] = field(default_factory=dict)
+    top_labels_all: dict[str, int] = field(default_factory=dict)
+    top_labels_kept: dict[str, int] = field(default_factory=dict)
+    languages_kept: dict[str, int] = field(default_factory=dict)
+
+    def balanced(self) -> bool:
+        return self.users_in == self.kept + sum(self.dropped.values())
+
+
+def select_user(user: User, rules: RuleSet) -> tuple[User, str | None, int]:
+    """Apply the gates to one user.
+
+    Returns the user with flagged memories removed (and its `filter` match when kept),
+    the gate that dropped it (None when kept), and how many flagged memories were dropped.
+    """
+    memories = [m for m in user.memories if not rules.is_flagged(m)]
+    flagged = len(user.memories) - len(memories)
+    user = user.model_copy(update={"memories": memories})
+    if not rules.language_allowed(user.language):
+        return user, "language", flagged
+    matched_rules: list[str] = []
+    if user.intents:
+        intent_rule = rules.match_intents(user.intents)
+        if intent_rule is None:
+            return user, "intents", flagged
+        matched_rules.append(intent_rule)
+    if len(memories) < rules.rules.memories.min_memories:
+        return user, "min_memories", flagged
+    matched_ids = []
+    for memory in memories:
+        rule = rules.match_memory(memory)
+        if rule:
+            matched_ids.append(memory.memory_id)
+            if rule not in matched_rules:
+                matched_rules.append(rule)
+    if len(matched_ids) < rules.rules.memories.min_matched_memories:
+        return user, "memory_labels", flagged
+    user.filter = FilterMatch(
+        matched_rules=matched_rules,
+        matched_memory_ids=matched_ids,
+        flagged_memories_dropped=flagged,
+    )
+    return user, None, flagged
+
+
+def _label_key(label: str) -> str:
+    return "/".join(label.split("/")[:2])
+
+
+def filter_users(
+    source: str,
+    output: Path,
+    *,
+    fmt: str = "auto",
+    rules_path: Path | None = None,
+    split: str | None = None,
+    hf_config: str | None = None,
+    on_error: str = "fail",
+    keep_turns: str = "user",
+    report_path: Path | None = None,
+    console: Console | None = None,
+) -> FilterReport:
+    """Read users from `source`, write the kept ones to `output` (atomically), return the funnel.
+
+    `keep_turns`: "user" keeps only the user's own turns (all later stages need), "all"
+    keeps assistant turns too. Nothing is written if the run stops on a bad row.
+    """
+    import polars as pl
+
+    if keep_turns not in ("user", "all"):
+        from personaemp.errors import InputError
+
+        raise InputError(f"--turns must be 'user' or 'all', not {keep_turns!r}")
+    rules = RuleSet(load_rules(rules_path))
+    policy = ErrorPolicy(on_error)
+    users = read_users(source, policy, fmt=fmt, split=split, hf_config=hf_config)
+    report = FilterReport(input=source, output=str(output))
+    all_labels: list[str] = []
+    kept_labels: list[str] = []
+    rules_hit: list[str] = []
+    languages: list[str] = []
+    with atomic_output(output) as handle, _progress(console) as progress:
+        task = progress.add_task("filter", total=None)
+        for user in users:
+            report.users_in += 1
+            if not user.intents:
+                report.users_without_intents += 1
+            report.memories_in += len(user.memories)
+            user, gate, flagged = select_user(user, rules)
+            report.flagged_memories_dropped += flagged
+            all_labels.extend(_label_key(m.label) for m in user.memories)
+            if gate is None:
+                report.kept += 1
+                matched = set(user.filter.matched_memory_ids)
+                kept_labels.extend(_label_key(m.label) for m in user.memories if m.memory_id in matched)
+                rules_hit.extend(user.filter.matched_rules)
+                languages.append(user.language or "unknown")
+                if keep_turns == "user":
+                    user.turns = [t for t in user.turns if t.role == "user"]
+                handle.write(dump_line(user.model_dump(mode="json")))
+            else:
+                report.dropped[gate] += 1
+            if report.users_in % 500 == 0:
+                progress.update(task, completed=report.users_in, description=f"filter: {report.kept} kept")
+        progress.update(task, completed=report.users_in, description=f"filter: {report.kept} kept")
+    report.bad_rows_skipped = len(policy.skipped)
+    report.skipped_rows = policy.skipped[:100]
+    report.top_labels_all = _top(pl, all_labels)
+    report.top_labels_kept = _top(pl, kept_labels)
+    report.matched_rules = _top(pl, rules_hit, limit=None)
+    report.languages_kept = _top(pl, languages, limit=None)
+    if report_path is not None:
+        write_json_atomic(report_path, report.__dict__)
+    return report
+
+
+def _top(pl, values: Iterable[str], limit: int | None = TOP_LABELS) -> dict[str, int]:
+    """Most frequent values first, ties by name, so the report is deterministic."""
+    frame = pl.DataFrame({"value": list(values)}, schema={"value": pl.String})
+    counts = frame.group_by("value").len().sort(["len", "value"], descending=[True, False])
+    if limit is not None:
+        counts = counts.head(limit)
+    return dict(zip(counts["value"].to_list(), counts["len"].to_list(), strict=True))
+
+
+def _progress(console: Console | None) -> Progress:
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TextColumn("{task.completed} users"),
+        TimeElapsedColumn(),
+        console=console or Console(stderr=True),
+        transient=True,
+    )
