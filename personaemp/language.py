@@ -20,6 +20,7 @@ _SCRIPTS = [
     ("th", re.compile(r"[\u0e00-\u0e7f]")),
     ("hi", re.compile(r"[\u0900-\u097f]")),
 ]
+_SCRIPT_SAMPLE = 500  # characters: plenty to tell a writing system
 _LETTER = re.compile(r"[^\W\d_]", re.UNICODE)
 _WORD = re.compile(r"[^\W\d_]+", re.UNICODE)
 
@@ -36,27 +37,30 @@ _COMMON_WORDS = {
     "vi": "và của là có không tôi một các cho được này những người với",
     "pl": "i w nie się na że to jest z do co jak mi ale",
 }
-_WORD_SETS = {lang: set(words.split()) for lang, words in _COMMON_WORDS.items()}
+# word -> languages it is common in, so scoring is one dictionary look-up per word.
+_WORD_LANGUAGES: dict[str, list[str]] = {}
+for _lang, _words in _COMMON_WORDS.items():
+    for _word in _words.split():
+        _WORD_LANGUAGES.setdefault(_word, []).append(_lang)
 
 
 def detect_language(text: str) -> str | None:
     """Return an ISO 639-1 code, or None when the text gives too little to go on."""
-    letters = _LETTER.findall(text)
-    if len(letters) < 3:
+    if not text.isascii():
+        head = text[:_SCRIPT_SAMPLE]
+        letters = len(_LETTER.findall(head))
+        counts = Counter({lang: len(pattern.findall(head)) for lang, pattern in _SCRIPTS})
+        lang, hits = counts.most_common(1)[0]
+        if letters >= 3 and hits >= 0.3 * letters:
+            # Japanese text is mostly Han characters; any kana decides it.
+            return "ja" if lang == "zh" and counts["ja"] else lang
+    scores: Counter[str] = Counter()
+    for word, count in Counter(_WORD.findall(text.lower())).items():
+        for lang in _WORD_LANGUAGES.get(word, ()):
+            scores[lang] += count
+    if not scores:
         return None
-    counts = Counter()
-    for lang, pattern in _SCRIPTS:
-        counts[lang] = len(pattern.findall(text))
-    lang, hits = counts.most_common(1)[0]
-    if hits >= 0.3 * len(letters):
-        # Japanese text is mostly Han characters; any kana decides it.
-        if lang == "zh" and counts["ja"] > 0:
-            return "ja"
-        return lang
-    words = [w.lower() for w in _WORD.findall(text)]
-    scores = {lang: sum(w in vocab for w in words) for lang, vocab in _WORD_SETS.items()}
-    best = max(scores, key=lambda lang: (scores[lang], lang == "en"))
-    return best if scores[best] > 0 else None
+    return max(sorted(scores), key=lambda lang: (scores[lang], lang == "en"))
 
 
 _NAMES = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from importlib import resources
 from pathlib import Path
@@ -139,10 +140,14 @@ class RuleSet:
 
     def match_memory(self, memory: Memory) -> str | None:
         """The rule a memory matches: 'label:<prefix>' or 'unmapped:<keyword>'."""
-        if memory.label.strip().upper() == "UNMAPPED":
-            keyword = self.unmapped_keywords.find(memory.label_suggestion)
+        return self._match_label(memory.label, memory.label_suggestion)
+
+    @functools.lru_cache(maxsize=1 << 16)  # noqa: B019 - one RuleSet per run; labels repeat a lot
+    def _match_label(self, label: str, suggestion: str | None) -> str | None:
+        if label.strip().upper() == "UNMAPPED":
+            keyword = self.unmapped_keywords.find(suggestion)
             return f"unmapped:{keyword}" if keyword else None
-        parts = [part.lower() for part in memory.label.strip("/").split("/")]
+        parts = [part.lower() for part in label.strip("/").split("/")]
         for prefix, wanted in self.prefixes:
             if parts[: len(wanted)] == wanted:
                 return f"label:{prefix}"

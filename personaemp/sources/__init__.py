@@ -7,9 +7,9 @@ from pathlib import Path
 
 from personaemp.errors import InputError
 from personaemp.io import ErrorPolicy
-from personaemp.records import User
 from personaemp.sources.hf import PREFIX as HF_PREFIX
 from personaemp.sources.hf import read_hf
+from personaemp.sources.normalize import SourceUser
 from personaemp.sources.raw import raw_files, read_raw
 from personaemp.sources.task1 import INPUT_FILE, is_task1_folder, read_task1
 
@@ -43,7 +43,7 @@ def read_users(
     fmt: str = "auto",
     split: str | None = None,
     hf_config: str | None = None,
-) -> Iterator[User]:
+) -> Iterator[SourceUser]:
     if fmt not in FORMATS:
         raise InputError(f"unknown --format {fmt!r}", f"use one of {', '.join(FORMATS)}")
     if fmt == "auto":

@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy
-from personaemp.records import User
+from personaemp.sources.normalize import SourceUser
 from personaemp.sources.raw import user_from_raw
 from personaemp.sources.task1 import user_from_joined_row
 
@@ -37,7 +37,7 @@ def _check_hub_reachable(dataset_id: str) -> None:
         ) from None
 
 
-def read_hf(spec: str, policy: ErrorPolicy, config: str | None, split: str | None) -> Iterator[User]:
+def read_hf(spec: str, policy: ErrorPolicy, config: str | None, split: str | None) -> Iterator[SourceUser]:
     dataset_id = spec[len(PREFIX) :]
     if not dataset_id:
         raise InputError("--input hf: needs a dataset id, e.g. hf:OWNER/NAME")

@@ -5,13 +5,14 @@ Every reader calls these, so all formats produce the same records and the same e
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from pydantic import ValidationError
 
 from personaemp.errors import RowError
 from personaemp.language import detect_language
-from personaemp.records import Intent, Memory, Source, Turn, User
+from personaemp.records import FilterMatch, Intent, Memory, Source, Turn, User
 
 
 def _fail(location: str, message: str) -> RowError:
@@ -24,38 +25,42 @@ def _expect(value: Any, kind: type, what: str, location: str) -> Any:
     return value
 
 
-def turns_from_sessions(sessions: Any, location: str) -> list[Turn]:
+# (role, text, session_id, utterance index): validated on reading, made into Turn records only
+# for the users the filter keeps.
+RawTurn = tuple[str, str, str | None, int | None]
+
+
+def turns_from_sessions(sessions: Any, location: str) -> list[RawTurn]:
     """Flatten every session's turns in order (AlpsBench `sessions[].turns[]`)."""
     turns = []
     for session in _expect(sessions, list, "sessions", location):
         _expect(session, dict, "each session", location)
         session_id = session.get("session_id")
+        session_id = str(session_id) if session_id is not None else None
         for position, turn in enumerate(_expect(session.get("turns"), list, "turns", location)):
-            _expect(turn, dict, "each turn", location)
+            # The hot loop of reading large inputs: checks inlined.
+            if type(turn) is not dict:
+                raise _fail(location, f"each turn must be a dict, got {type(turn).__name__}")
+            role, text = turn.get("role"), turn.get("text")
+            if type(role) is not str or type(text) is not str:
+                raise _fail(location, "a turn needs a string 'role' and 'text'")
             index = turn.get("utterance_index", position)
-            turns.append(_turn(turn, location, session_id, index))
+            turns.append((role, text, session_id, index if type(index) is int else None))
     return turns
 
 
-def turns_from_dialogue(dialogue: Any, location: str) -> list[Turn]:
+def turns_from_dialogue(dialogue: Any, location: str) -> list[RawTurn]:
     return [
         _turn(_expect(turn, dict, "each dialogue turn", location), location, None, position)
         for position, turn in enumerate(_expect(dialogue, list, "dialogue", location))
     ]
 
 
-def _turn(turn: dict, location: str, session_id: Any, index: Any) -> Turn:
+def _turn(turn: dict, location: str, session_id: str | None, index: Any) -> RawTurn:
     role, text = turn.get("role"), turn.get("text", turn.get("content"))
     if not isinstance(role, str) or not isinstance(text, str):
         raise _fail(location, "a turn needs a string 'role' and 'text'")
-    # model_construct: fields are checked above; full validation of long turn lists is the
-    # single biggest cost of reading large inputs.
-    return Turn.model_construct(
-        role=role,
-        text=text,
-        session_id=str(session_id) if session_id is not None else None,
-        index=index if isinstance(index, int) else None,
-    )
+    return role, text, session_id, index if isinstance(index, int) else None
 
 
 def memories_from_items(items: Any, location: str) -> list[Memory]:
@@ -108,23 +113,53 @@ def intents_from_ranked(items: Any, location: str) -> list[Intent]:
     return intents
 
 
-def build_user(
-    *,
-    user_id: Any,
-    source: Source,
-    turns: list[Turn],
-    memories: list[Memory],
-    intents: list[Intent],
-    language: Any = None,
-) -> User:
-    if language is None:
-        language = detect_language(" ".join(t.text[:2000] for t in turns if t.role == "user"))
-    return User.model_construct(
-        user_id=str(user_id),
-        source=source,
-        language=language if isinstance(language, str) else None,
-        turns=turns,
-        memories=memories,
-        intents=intents,
-        filter=None,
-    )
+class SourceUser:
+    """A user as a reader yields it: ids and memories parsed, turns and language on demand.
+
+    Most users are dropped by the filter on their memories alone, so building their turn
+    records (and guessing their language) would be wasted work on large inputs.
+    """
+
+    def __init__(
+        self,
+        *,
+        user_id: Any,
+        source: Source,
+        memories: list[Memory],
+        intents: list[Intent],
+        turns: list[RawTurn],
+        language: str | None = None,
+    ):
+        self.user_id = str(user_id)
+        self.source = source
+        self.memories = memories
+        self.intents = intents
+        self._raw_turns = turns
+        self._language = language
+
+    @functools.cached_property
+    def turns(self) -> list[Turn]:
+        return [Turn(role=r, text=t, session_id=s, index=i) for r, t, s, i in self._raw_turns]
+
+    @functools.cached_property
+    def language(self) -> str | None:
+        if self._language:
+            return self._language
+        user_text = " ".join(text for role, text, _, _ in self._raw_turns if role == "user")
+        return detect_language(user_text[:_LANGUAGE_SAMPLE])
+
+    def to_user(self, memories: list[Memory], match: FilterMatch, roles: tuple[str, ...] | None) -> User:
+        """The output record: given memories, turns of the given roles (None: all)."""
+        turns = self.turns if roles is None else [t for t in self.turns if t.role in roles]
+        return User(
+            user_id=self.user_id,
+            source=self.source,
+            language=self.language,
+            turns=turns,
+            memories=memories,
+            intents=self.intents,
+            filter=match,
+        )
+
+
+_LANGUAGE_SAMPLE = 2000

@@ -13,9 +13,9 @@ from typing import Any
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, iter_json_array, iter_jsonl
 from personaemp.language import normalize_language
-from personaemp.records import Source, User
+from personaemp.records import Source
 from personaemp.sources.normalize import (
-    build_user,
+    SourceUser,
     intents_from_ranked,
     memories_from_items,
     turns_from_dialogue,
@@ -43,7 +43,7 @@ def iter_records(path: Path, policy: ErrorPolicy) -> Iterator[tuple[str, Any]]:
         yield from iter_json_array(path, policy)
 
 
-def read_raw(path: Path, policy: ErrorPolicy) -> Iterator[User]:
+def read_raw(path: Path, policy: ErrorPolicy) -> Iterator[SourceUser]:
     seen: dict[str, str] = {}
     for file in raw_files(path):
         for number, (location, record) in enumerate(iter_records(file, policy)):
@@ -61,7 +61,7 @@ def read_raw(path: Path, policy: ErrorPolicy) -> Iterator[User]:
             yield user
 
 
-def user_from_raw(record: Any, location: str, origin: str, number: int) -> User:
+def user_from_raw(record: Any, location: str, origin: str, number: int) -> SourceUser:
     if not isinstance(record, dict):
         raise RowError(location, f"expected a JSON object, got {type(record).__name__}")
     if "memory_items" not in record:
@@ -75,7 +75,7 @@ def user_from_raw(record: Any, location: str, origin: str, number: int) -> User:
     benchmark_id = record.get("benchmark_id")
     user_id = record.get("user_id") or benchmark_id or f"{Path(origin).stem}#{number}"
     line_index = record.get("line_index")
-    return build_user(
+    return SourceUser(
         user_id=user_id,
         source=Source(
             format="raw",

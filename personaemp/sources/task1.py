@@ -14,9 +14,9 @@ from typing import Any
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, iter_jsonl, read_jsonl_at
 from personaemp.language import normalize_language
-from personaemp.records import Source, User
+from personaemp.records import Source
 from personaemp.sources.normalize import (
-    build_user,
+    SourceUser,
     memories_from_items,
     turns_from_dialogue,
     turns_from_sessions,
@@ -77,7 +77,7 @@ def _index_reference(path: Path, policy: ErrorPolicy) -> dict[str, tuple[int, in
     return index
 
 
-def read_task1(path: Path, policy: ErrorPolicy, split: str | None = None) -> Iterator[User]:
+def read_task1(path: Path, policy: ErrorPolicy, split: str | None = None) -> Iterator[SourceUser]:
     folder = resolve_task1_folder(path, split)
     input_path, reference_path = folder / INPUT_FILE, folder / REFERENCE_FILE
     index = _index_reference(reference_path, policy)
@@ -91,7 +91,7 @@ def read_task1(path: Path, policy: ErrorPolicy, split: str | None = None) -> Ite
             )
 
 
-def _join(input_path, reference_path, references, index, seen, policy) -> Iterator[User]:
+def _join(input_path, reference_path, references, index, seen, policy) -> Iterator[SourceUser]:
     for lineno, _, row in iter_jsonl(input_path, policy):
         location = f"{input_path}:{lineno}"
         try:
@@ -111,7 +111,7 @@ def _join(input_path, reference_path, references, index, seen, policy) -> Iterat
         yield user
 
 
-def _user_from_rows(row: dict, reference: Any, location: str, ref_location: str, origin: str) -> User:
+def _user_from_rows(row: dict, reference: Any, location: str, ref_location: str, origin: str) -> SourceUser:
     data = row.get("input")
     if not isinstance(data, dict):
         raise RowError(location, "missing required field 'input'")
@@ -132,7 +132,7 @@ def _user_from_rows(row: dict, reference: Any, location: str, ref_location: str,
         benchmark_id=row.get("benchmark_id"),
         line_index=line_index if isinstance(line_index, int) else None,
     )
-    return build_user(
+    return SourceUser(
         user_id=data.get("user_id") or row["benchmark_id"],
         source=source,
         turns=turns,
@@ -142,6 +142,6 @@ def _user_from_rows(row: dict, reference: Any, location: str, ref_location: str,
     )
 
 
-def user_from_joined_row(row: dict, location: str, origin: str) -> User:
+def user_from_joined_row(row: dict, location: str, origin: str) -> SourceUser:
     """A task1 row that already carries its `gold` (e.g. a Hub dataset that merged both files)."""
     return _user_from_rows(row, row, location, location, origin)

@@ -9,13 +9,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from personaemp.io import ErrorPolicy, atomic_output, dump_line, write_json_atomic
-from personaemp.records import FilterMatch, User
+from personaemp.errors import InputError
+from personaemp.io import ErrorPolicy, atomic_output, write_json_atomic
+from personaemp.records import FilterMatch, Memory
 from personaemp.rules import RuleSet, load_rules
 from personaemp.sources import read_users
+from personaemp.sources.normalize import SourceUser
 
 # Gates in the order they are applied; a dropped user is counted under the first it fails.
-GATES = ("language", "intents", "min_memories", "memory_labels")
+GATES = ("intents", "min_memories", "memory_labels", "language")
 TOP_LABELS = 15
 
 
@@ -40,25 +42,28 @@ class FilterReport:
         return self.users_in == self.kept + sum(self.dropped.values())
 
 
-def select_user(user: User, rules: RuleSet) -> tuple[User, str | None, int]:
-    """Apply the gates to one user.
+@dataclass
+class Decision:
+    """What the gates made of one user."""
 
-    Returns the user with flagged memories removed (and its `filter` match when kept),
-    the gate that dropped it (None when kept), and how many flagged memories were dropped.
-    """
+    memories: list[Memory]  # the user's memories minus annotator-flagged ones
+    flagged: int
+    gate: str | None  # the gate that dropped the user; None when kept
+    match: FilterMatch | None = None
+
+
+def select_user(user: SourceUser, rules: RuleSet) -> Decision:
+    """Apply the gates to one user; the language gate comes last as it is the costly one."""
     memories = [m for m in user.memories if not rules.is_flagged(m)]
     flagged = len(user.memories) - len(memories)
-    user = user.model_copy(update={"memories": memories})
-    if not rules.language_allowed(user.language):
-        return user, "language", flagged
     matched_rules: list[str] = []
     if user.intents:
         intent_rule = rules.match_intents(user.intents)
         if intent_rule is None:
-            return user, "intents", flagged
+            return Decision(memories, flagged, "intents")
         matched_rules.append(intent_rule)
     if len(memories) < rules.rules.memories.min_memories:
-        return user, "min_memories", flagged
+        return Decision(memories, flagged, "min_memories")
     matched_ids = []
     for memory in memories:
         rule = rules.match_memory(memory)
@@ -67,13 +72,13 @@ def select_user(user: User, rules: RuleSet) -> tuple[User, str | None, int]:
             if rule not in matched_rules:
                 matched_rules.append(rule)
     if len(matched_ids) < rules.rules.memories.min_matched_memories:
-        return user, "memory_labels", flagged
-    user.filter = FilterMatch(
-        matched_rules=matched_rules,
-        matched_memory_ids=matched_ids,
-        flagged_memories_dropped=flagged,
+        return Decision(memories, flagged, "memory_labels")
+    if not rules.language_allowed(user.language):
+        return Decision(memories, flagged, "language")
+    match = FilterMatch(
+        matched_rules=matched_rules, matched_memory_ids=matched_ids, flagged_memories_dropped=flagged
     )
-    return user, None, flagged
+    return Decision(memories, flagged, None, match)
 
 
 def _label_key(label: str) -> str:
@@ -101,9 +106,8 @@ def filter_users(
     import polars as pl
 
     if keep_turns not in ("user", "all"):
-        from personaemp.errors import InputError
-
         raise InputError(f"--turns must be 'user' or 'all', not {keep_turns!r}")
+    roles = ("user",) if keep_turns == "user" else None
     rules = RuleSet(load_rules(rules_path))
     policy = ErrorPolicy(on_error)
     users = read_users(source, policy, fmt=fmt, split=split, hf_config=hf_config)
@@ -119,20 +123,19 @@ def filter_users(
             if not user.intents:
                 report.users_without_intents += 1
             report.memories_in += len(user.memories)
-            user, gate, flagged = select_user(user, rules)
-            report.flagged_memories_dropped += flagged
-            all_labels.extend(_label_key(m.label) for m in user.memories)
-            if gate is None:
+            decision = select_user(user, rules)
+            report.flagged_memories_dropped += decision.flagged
+            all_labels.extend(_label_key(m.label) for m in decision.memories)
+            if decision.gate is None:
                 report.kept += 1
-                matched = set(user.filter.matched_memory_ids)
-                kept_labels.extend(_label_key(m.label) for m in user.memories if m.memory_id in matched)
-                rules_hit.extend(user.filter.matched_rules)
-                languages.append(user.language or "unknown")
-                if keep_turns == "user":
-                    user.turns = [t for t in user.turns if t.role == "user"]
-                handle.write(dump_line(user.model_dump(mode="json")))
+                kept = user.to_user(decision.memories, decision.match, roles)
+                matched = set(decision.match.matched_memory_ids)
+                kept_labels.extend(_label_key(m.label) for m in kept.memories if m.memory_id in matched)
+                rules_hit.extend(decision.match.matched_rules)
+                languages.append(kept.language or "unknown")
+                handle.write(kept.model_dump_json().encode() + b"\n")
             else:
-                report.dropped[gate] += 1
+                report.dropped[decision.gate] += 1
             if report.users_in % 500 == 0:
                 progress.update(task, completed=report.users_in, description=f"filter: {report.kept} kept")
         progress.update(task, completed=report.users_in, description=f"filter: {report.kept} kept")

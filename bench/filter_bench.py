@@ -1,0 +1,103 @@
+"""Benchmark `personaemp filter` against a plain parse of the same files.
+
+Builds a task1-layout input of N users (default 100,000, about 4.7 GB) by replicating
+../shared/alpsbench with fresh benchmark ids, then times, each in its own process:
+  - parse: every line of both files through orjson.loads (the fastest parser we use),
+  - filter: `personaemp filter` on the folder.
+Prints users/s, the filter/parse ratio (target <= 2.0) and peak RSS (target <= 500 MB).
+
+    .venv/bin/python bench/filter_bench.py [--users 100000] [--source ../shared/alpsbench/task1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FILES = ("model_input.jsonl", "reference_output.jsonl")
+
+PARSE = """
+import sys, orjson
+for name in sys.argv[1:]:
+    with open(name, "rb") as handle:
+        for line in handle:
+            orjson.loads(line)
+"""
+
+
+def build_input(source: Path, target: Path, users: int) -> None:
+    """Copy the source rows round-robin, giving every copy a fresh benchmark_id."""
+    marker = target / ".complete"
+    if marker.exists() and marker.read_text() == str(users):
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    lines = {name: (source / name).read_bytes().splitlines(keepends=True) for name in FILES}
+    count = len(lines[FILES[0]])
+    for name in FILES:
+        with (target / name).open("wb") as out:
+            for number in range(users):
+                line = lines[name][number % count]
+                # Rows start with {"benchmark_id": "<id>", ...: replace the first occurrence only.
+                start = line.index(b'"benchmark_id": "') + len(b'"benchmark_id": "')
+                end = line.index(b'"', start)
+                out.write(line[:start] + b"u%07d" % number + line[end:])
+    marker.write_text(str(users))
+
+
+def measure(command: list[str]) -> tuple[float, float]:
+    """Run the command in a fresh helper process so each peak RSS is its own."""
+    probe = (
+        "import resource, subprocess, sys, time\n"
+        "t = time.perf_counter()\n"
+        "r = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+        "w = time.perf_counter() - t\n"
+        "sys.stderr.write(r.stderr[-2000:]) if r.returncode else None\n"
+        "print(w, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, r.returncode)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe, *command], capture_output=True, text=True)
+    wall, rss, code = out.stdout.split()
+    if code != "0":
+        sys.exit(f"failed: {' '.join(command)}\n{out.stderr}")
+    return float(wall), float(rss)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--users", type=int, default=100_000)
+    parser.add_argument("--source", type=Path, default=ROOT.parent / "shared" / "alpsbench" / "task1")
+    parser.add_argument("--work", type=Path, default=ROOT / "bench" / "out" / "filter")
+    args = parser.parse_args()
+
+    data = args.work / f"task1_{args.users}"
+    started = time.perf_counter()
+    build_input(args.source, data, args.users)
+    size = sum((data / name).stat().st_size for name in FILES) / 1e9
+    print(f"input: {args.users} users, {size:.2f} GB ({time.perf_counter() - started:.0f} s to build)")
+
+    python = sys.executable
+    parse_cmd = [python, "-c", PARSE, *(str(data / name) for name in FILES)]
+    personaemp = str(Path(python).with_name("personaemp"))
+    filter_cmd = [personaemp, "filter", "--input", str(data), "--output", str(args.work / "filtered.jsonl")]
+
+    measure(parse_cmd)  # warm the page cache so both timings read from memory
+    parse_wall, parse_rss = min(measure(parse_cmd), measure(parse_cmd))
+    filter_wall, filter_rss = measure(filter_cmd)
+    kept = sum(1 for _ in (args.work / "filtered.jsonl").open("rb"))
+
+    print(
+        f"parse only : {parse_wall:7.2f} s  {args.users / parse_wall:9.0f} users/s  peak RSS {parse_rss:6.0f} MB"
+    )
+    print(
+        f"filter     : {filter_wall:7.2f} s  {args.users / filter_wall:9.0f} users/s  peak RSS {filter_rss:6.0f} MB"
+    )
+    print(f"kept       : {kept} users")
+    print(f"ratio filter/parse: {filter_wall / parse_wall:.2f} (target <= 2.0)")
+    print(f"peak RSS filter   : {filter_rss:.0f} MB (target <= 500 MB)")
+
+
+if __name__ == "__main__":
+    main()

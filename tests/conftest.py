@@ -1,0 +1,233 @@
+"""Shared fixtures: builders for AlpsBench-shaped files written under tmp_path.
+
+Every fixture is real data on disk (task1 JSONL pairs, raw-export JSON/JSONL), built from
+the small helpers below so a test states only what it cares about.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE_TASK1 = REPO / "data" / "raw" / "alpsbench_sample" / "task1"
+SAMPLE_USERS = 48
+SAMPLE_KEPT = 16
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_hf_cache(tmp_path_factory):
+    """Keep `datasets` (imported lazily by the hf reader) out of the user's ~/.cache."""
+    home = tmp_path_factory.mktemp("hf_home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HOME", str(home))
+        patch.setenv("HF_DATASETS_CACHE", str(home / "datasets"))
+        patch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _plain_console(monkeypatch):
+    """Rich must print plain text so CLI output can be compared."""
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+# --- generic file helpers ---------------------------------------------------------------
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    """One JSON value per line; a `str` or `bytes` row is written verbatim (for broken lines)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as handle:
+        for row in rows:
+            if isinstance(row, bytes):
+                handle.write(row.rstrip(b"\n") + b"\n")
+            elif isinstance(row, str):
+                handle.write(row.rstrip("\n").encode("utf-8") + b"\n")
+            else:
+                handle.write(json.dumps(row, ensure_ascii=False).encode("utf-8") + b"\n")
+    return path
+
+
+JSON_STYLES = {
+    "compact": {"separators": (",", ":")},
+    "default": {},  # json.dumps default: ", " and ": "
+    "indented": {"indent": 2},
+}
+
+
+def write_json(path: Path, value: Any, style: str = "compact") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value, ensure_ascii=False, **JSON_STYLES[style]), encoding="utf-8")
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+# --- AlpsBench shapes -------------------------------------------------------------------
+
+
+def turn(role: str, text: str, index: int | None = None) -> dict:
+    row = {"role": role, "text": text}
+    if index is not None:
+        row["utterance_index"] = index
+    return row
+
+
+def session(session_id: str, *texts: str) -> dict:
+    """A session whose turns alternate user / assistant, starting with the user."""
+    roles = ("user", "assistant")
+    return {
+        "session_id": session_id,
+        "turns": [turn(roles[i % 2], text, i) for i, text in enumerate(texts)],
+    }
+
+
+def memory_item(
+    memory_id: str | None = "m1",
+    label: str = "Social_Relationships/Family",
+    value: str = "Has a difficult relationship with their sister",
+    *,
+    label_suggestion: str | None = None,
+    evidence: Any = "My sister and I argued again",
+    confidence: float = 0.9,
+    **extra: Any,
+) -> dict:
+    item = {
+        "type": "direct",
+        "label": label,
+        "label_suggestion": label_suggestion,
+        "value": value,
+        "reasoning": "stated by the user",
+        "evidence": {"session_id": "s1", "utterance_index": 0, "text": evidence},
+        "confidence": confidence,
+        "time_scope": "long_term",
+        "emotion": None,
+        "preference_attitude": None,
+        "updated_at": "2023-11-17T23:28:24+00:00",
+    }
+    if memory_id is not None:
+        item["memory_id"] = memory_id
+    item.update(extra)
+    return item
+
+
+FLAG = " [ERROR: Unsupported by evidence]"
+EMOTIONAL_TEXT = "My sister and I argued again and I feel awful about it, I do not know what to do."
+
+
+def task1_input(
+    benchmark_id: str,
+    *,
+    user_id: str | None = None,
+    sessions: Any = None,
+    dialogue: Any = None,
+    **extra: Any,
+) -> dict:
+    if sessions is None and dialogue is None:
+        sessions = [session("s1", EMOTIONAL_TEXT, "That sounds hard.")]
+    row = {
+        "benchmark_id": benchmark_id,
+        "task": "task1",
+        "session_id": benchmark_id.split("__")[0],
+        "canonical_id": benchmark_id.split("__")[-1],
+        "stratum": "Social_Relationships/Family",
+        "input": {"user_id": user_id, "line_index": 7, "sessions": sessions, "dialogue": dialogue},
+    }
+    row.update(extra)
+    return row
+
+
+def task1_reference(benchmark_id: str, memory_items: Any = None) -> dict:
+    if memory_items is None:
+        memory_items = [memory_item()]
+    return {
+        "benchmark_id": benchmark_id,
+        "task": "task1",
+        "session_id": benchmark_id.split("__")[0],
+        "canonical_id": benchmark_id.split("__")[-1],
+        "gold": {"memory_items": memory_items},
+    }
+
+
+def write_task1(folder: Path, inputs: list[Any], references: list[Any]) -> Path:
+    write_jsonl(folder / "model_input.jsonl", inputs)
+    write_jsonl(folder / "reference_output.jsonl", references)
+    return folder
+
+
+def simple_task1(folder: Path, ids: list[str]) -> Path:
+    """A valid task1 folder with one emotional memory per session."""
+    return write_task1(folder, [task1_input(i) for i in ids], [task1_reference(i) for i in ids])
+
+
+def raw_record(
+    user_id: str | None = "u1",
+    *,
+    memory_items: Any = None,
+    intents: Any = None,
+    language: str | None = None,
+    sessions: Any = None,
+    **extra: Any,
+) -> dict:
+    record = {
+        "sessions": sessions if sessions is not None else [session("s1", EMOTIONAL_TEXT, "I hear you.")],
+        "memory_items": memory_items if memory_items is not None else [memory_item()],
+    }
+    if user_id is not None:
+        record["user_id"] = user_id
+    if intents is not None:
+        record["intents_ranked"] = [
+            {"intent_category": category, "intent_subtype": subtype} for category, subtype in intents
+        ]
+    if language is not None:
+        record["language"] = language
+    record.update(extra)
+    return record
+
+
+# --- fixtures -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sample_task1() -> Path:
+    assert (SAMPLE_TASK1 / "model_input.jsonl").is_file(), "the shipped sample is missing"
+    return SAMPLE_TASK1
+
+
+@pytest.fixture
+def sample_copy(tmp_path) -> Path:
+    """A writable copy of the shipped sample (for tests that break a line)."""
+    target = tmp_path / "sample" / "task1"
+    shutil.copytree(SAMPLE_TASK1, target)
+    return target
+
+
+@pytest.fixture
+def no_network_hub(monkeypatch):
+    """Point the Hub client at a name that cannot resolve, so a Hub lookup fails fast anywhere."""
+    monkeypatch.setenv("HF_ENDPOINT", "https://nonexistent.invalid")
+    for name in (
+        "HTTPS_PROXY",
+        "https_proxy",
+        "HTTP_PROXY",
+        "http_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+        "HF_DATASETS_OFFLINE",
+        "HF_HUB_OFFLINE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+
+
+def files_in(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
