@@ -88,12 +88,8 @@ def main() -> None:
     filter_wall, filter_rss = measure(filter_cmd)
     kept = sum(1 for _ in (args.work / "filtered.jsonl").open("rb"))
 
-    print(
-        f"parse only : {parse_wall:7.2f} s  {args.users / parse_wall:9.0f} users/s  peak RSS {parse_rss:6.0f} MB"
-    )
-    print(
-        f"filter     : {filter_wall:7.2f} s  {args.users / filter_wall:9.0f} users/s  peak RSS {filter_rss:6.0f} MB"
-    )
+    for name, wall, rss in (("parse only", parse_wall, parse_rss), ("filter", filter_wall, filter_rss)):
+        print(f"{name:11s}: {wall:7.2f} s  {args.users / wall:9.0f} users/s  peak RSS {rss:6.0f} MB")
     print(f"kept       : {kept} users")
     print(f"ratio filter/parse: {filter_wall / parse_wall:.2f} (target <= 2.0)")
     print(f"peak RSS filter   : {filter_rss:.0f} MB (target <= 500 MB)")

@@ -57,7 +57,7 @@ def iter_jsonl(path: Path, policy: ErrorPolicy) -> Iterator[tuple[int, int, Any]
     with path.open("rb") as handle:
         for lineno, raw in enumerate(handle, 1):
             start, offset = offset, offset + len(raw)
-            if not raw.strip():
+            if raw.isspace():  # blank line (strip() would copy every long line)
                 continue
             try:
                 value = orjson.loads(raw)
@@ -103,6 +103,7 @@ def iter_json_array(path: Path, policy: ErrorPolicy, key: str = "data") -> Itera
                 raise InputError(f"{path}: record {number}: expected ',' or ']' after it")
             if number:
                 reader.pos += 1
+                reader.next_char()
             number += 1
             location = f"{path}: record {number}"
             try:

@@ -20,7 +20,7 @@ _SCRIPTS = [
     ("th", re.compile(r"[\u0e00-\u0e7f]")),
     ("hi", re.compile(r"[\u0900-\u097f]")),
 ]
-_SCRIPT_SAMPLE = 500  # characters: plenty to tell a writing system
+_SCRIPT_SAMPLE = 300  # characters: plenty to tell a writing system
 _LETTER = re.compile(r"[^\W\d_]", re.UNICODE)
 _WORD = re.compile(r"[^\W\d_]+", re.UNICODE)
 
@@ -46,12 +46,14 @@ for _lang, _words in _COMMON_WORDS.items():
 
 def detect_language(text: str) -> str | None:
     """Return an ISO 639-1 code, or None when the text gives too little to go on."""
+    head = text[:_SCRIPT_SAMPLE]
+    letters = len(_LETTER.findall(head))
+    if letters < 3:
+        return None
     if not text.isascii():
-        head = text[:_SCRIPT_SAMPLE]
-        letters = len(_LETTER.findall(head))
         counts = Counter({lang: len(pattern.findall(head)) for lang, pattern in _SCRIPTS})
         lang, hits = counts.most_common(1)[0]
-        if letters >= 3 and hits >= 0.3 * letters:
+        if hits >= 0.3 * letters:
             # Japanese text is mostly Han characters; any kana decides it.
             return "ja" if lang == "zh" and counts["ja"] else lang
     scores: Counter[str] = Counter()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import functools
 import re
+import tomllib
 from importlib import resources
 from pathlib import Path
 
-import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from personaemp.errors import InputError
@@ -100,7 +100,7 @@ def _words(text: str) -> str:
 
 
 class KeywordMatcher:
-    """Whole-word keyword search; returns the first keyword (in list order) that matches."""
+    """Whole-word keyword search; returns the keyword that occurs first in the text."""
 
     def __init__(self, keywords: list[str]):
         self.keywords = keywords
@@ -161,5 +161,6 @@ class RuleSet:
                     return f"intent:{keyword}"
         return None
 
-    def language_allowed(self, language: str | None) -> bool:
-        return not self.languages or (language or "").lower() in self.languages
+    def language_allowed(self, user) -> bool:
+        """Only looks at (so only guesses) the user's language when an allowlist is set."""
+        return not self.languages or (user.language or "").lower() in self.languages

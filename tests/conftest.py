@@ -230,4 +230,3 @@ def no_network_hub(monkeypatch):
 
 def files_in(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
-

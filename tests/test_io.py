@@ -48,7 +48,7 @@ def test_iter_jsonl_invalid_json_names_file_and_line(tmp_path):
     path = write_jsonl(tmp_path / "rows.jsonl", [{"a": 1}, {"a": 2}, '{"a": 3,'])
     seen = []
     with pytest.raises(RowError) as caught:
-        for line, _, value in iter_jsonl(path, ErrorPolicy()):
+        for _, _, value in iter_jsonl(path, ErrorPolicy()):
             seen.append(value)
     assert seen == [{"a": 1}, {"a": 2}]
     assert f"{path}:3: not valid JSON" in str(caught.value)

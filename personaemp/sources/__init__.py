@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from personaemp.errors import InputError
+from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy
 from personaemp.sources.hf import PREFIX as HF_PREFIX
 from personaemp.sources.hf import read_hf
 from personaemp.sources.normalize import SourceUser
 from personaemp.sources.raw import raw_files, read_raw
-from personaemp.sources.task1 import INPUT_FILE, is_task1_folder, read_task1
+from personaemp.sources.task1 import INPUT_FILE, REFERENCE_FILE, is_task1_folder, read_task1
 
 FORMATS = ("auto", "task1", "raw", "hf")
 
@@ -24,7 +24,9 @@ def detect_format(source: str) -> str:
     if not path.exists():
         raise InputError(f"{path}: no such file or folder", "check --input")
     if path.is_dir():
-        if is_task1_folder(path) or (path / "task1").is_dir() or (path / "benchmark_data").is_dir():
+        if any((path / name).is_file() for name in (INPUT_FILE, REFERENCE_FILE)):
+            return "task1"  # even with one file missing: the task1 reader names it
+        if (path / "task1").is_dir() or (path / "benchmark_data").is_dir():
             return "task1"
         if any(p.is_dir() and is_task1_folder(p / "task1") for p in path.iterdir()):
             return "task1"
@@ -50,11 +52,23 @@ def read_users(
         fmt = detect_format(source)
     if fmt == "hf":
         spec = source if source.startswith(HF_PREFIX) else HF_PREFIX + source
-        return read_hf(spec, policy, hf_config, split)
+        return _unique(read_hf(spec, policy, hf_config, split), policy)
     path = Path(source)
     if not path.exists():
         raise InputError(f"{path}: no such file or folder", "check --input")
     if fmt == "task1":
         folder = path.parent if path.is_file() else path
-        return read_task1(folder, policy, split)
-    return read_raw(path, policy)
+        return _unique(read_task1(folder, policy, split), policy)
+    return _unique(read_raw(path, policy), policy)
+
+
+def _unique(users: Iterator[SourceUser], policy: ErrorPolicy) -> Iterator[SourceUser]:
+    """Every format: a user id may appear once (long-term data is one row per user)."""
+    seen: dict[str, str] = {}
+    for user in users:
+        first = seen.get(user.user_id)
+        if first is not None:
+            policy.handle(RowError(user.location, f"duplicate user id {user.user_id!r} (first at {first})"))
+            continue
+        seen[user.user_id] = user.location
+        yield user

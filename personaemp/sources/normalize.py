@@ -6,6 +6,7 @@ Every reader calls these, so all formats produce the same records and the same e
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -25,9 +26,20 @@ def _expect(value: Any, kind: type, what: str, location: str) -> Any:
     return value
 
 
-# (role, text, session_id, utterance index): validated on reading, made into Turn records only
-# for the users the filter keeps.
+# (role, text, session_id, utterance index). Turns are checked and made into Turn records
+# only for the users the filter keeps: most users are dropped on their memories alone.
 RawTurn = tuple[str, str, str | None, int | None]
+
+
+def lazy_turns(sessions: Any, dialogue: Any, location: str) -> Callable[[], list[RawTurn]]:
+    """Check the container now (cheap), return a function that reads the turns later."""
+    if sessions:
+        _expect(sessions, list, "sessions", location)
+        return functools.partial(turns_from_sessions, sessions, location)
+    if dialogue is not None:
+        _expect(dialogue, list, "dialogue", location)
+        return functools.partial(turns_from_dialogue, dialogue, location)
+    raise _fail(location, "missing required field 'sessions' (or 'dialogue')")
 
 
 def turns_from_sessions(sessions: Any, location: str) -> list[RawTurn]:
@@ -124,42 +136,61 @@ class SourceUser:
         self,
         *,
         user_id: Any,
+        location: str,
         source: Source,
         memories: list[Memory],
         intents: list[Intent],
-        turns: list[RawTurn],
+        load_turns: Callable[[], list[RawTurn]],
         language: str | None = None,
     ):
         self.user_id = str(user_id)
+        self.location = location  # "file:line" of the row, for error messages
         self.source = source
         self.memories = memories
         self.intents = intents
-        self._raw_turns = turns
+        self._load_turns = load_turns
         self._language = language
+
+    @functools.cached_property
+    def _raw_turns(self) -> list[RawTurn]:
+        return self._load_turns()  # raises RowError on a malformed turn
 
     @functools.cached_property
     def turns(self) -> list[Turn]:
         return [Turn(role=r, text=t, session_id=s, index=i) for r, t, s, i in self._raw_turns]
 
+    def _turn_dicts(self, roles: tuple[str, ...] | None) -> list[dict]:
+        return [
+            {"role": r, "text": t, "session_id": s, "index": i}
+            for r, t, s, i in self._raw_turns
+            if roles is None or r in roles
+        ]
+
     @functools.cached_property
     def language(self) -> str | None:
         if self._language:
             return self._language
-        user_text = " ".join(text for role, text, _, _ in self._raw_turns if role == "user")
-        return detect_language(user_text[:_LANGUAGE_SAMPLE])
+        sample, size = [], 0
+        for role, text, _, _ in self._raw_turns:
+            if role == "user" and size < _LANGUAGE_SAMPLE:
+                sample.append(text[: _LANGUAGE_SAMPLE - size])
+                size += len(sample[-1]) + 1
+        return detect_language(" ".join(sample))
 
     def to_user(self, memories: list[Memory], match: FilterMatch, roles: tuple[str, ...] | None) -> User:
         """The output record: given memories, turns of the given roles (None: all)."""
-        turns = self.turns if roles is None else [t for t in self.turns if t.role in roles]
-        return User(
-            user_id=self.user_id,
-            source=self.source,
-            language=self.language,
-            turns=turns,
-            memories=memories,
-            intents=self.intents,
-            filter=match,
+        # Turns as plain dicts: pydantic builds them far faster than Turn(...) calls would.
+        return User.model_validate(
+            {
+                "user_id": self.user_id,
+                "source": self.source,
+                "language": self.language,
+                "turns": self._turn_dicts(roles),
+                "memories": memories,
+                "intents": self.intents,
+                "filter": match,
+            }
         )
 
 
-_LANGUAGE_SAMPLE = 2000
+_LANGUAGE_SAMPLE = 1000  # characters of the user's own text

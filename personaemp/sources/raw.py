@@ -6,6 +6,7 @@ Accepts a JSON file (`{"data": [...]}` or a list), a JSONL file, or a folder of 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,18 +18,22 @@ from personaemp.records import Source
 from personaemp.sources.normalize import (
     SourceUser,
     intents_from_ranked,
+    lazy_turns,
     memories_from_items,
-    turns_from_dialogue,
-    turns_from_sessions,
 )
 
 SUFFIXES = (".json", ".jsonl")
 
 
+def _natural(path: Path) -> list:
+    """split_part2.json before split_part10.json."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", path.name)]
+
+
 def raw_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
-    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in SUFFIXES)
+    files = sorted((p for p in path.iterdir() if p.is_file() and p.suffix in SUFFIXES), key=_natural)
     if not files:
         raise InputError(f"{path}: no .json or .jsonl files in this folder")
     return files
@@ -44,21 +49,12 @@ def iter_records(path: Path, policy: ErrorPolicy) -> Iterator[tuple[str, Any]]:
 
 
 def read_raw(path: Path, policy: ErrorPolicy) -> Iterator[SourceUser]:
-    seen: dict[str, str] = {}
     for file in raw_files(path):
         for number, (location, record) in enumerate(iter_records(file, policy)):
             try:
-                user = user_from_raw(record, location, str(file), number)
-                if user.user_id in seen:
-                    raise RowError(
-                        location,
-                        f"duplicate user id {user.user_id!r} (first at {seen[user.user_id]})",
-                    )
+                yield user_from_raw(record, location, str(file), number)
             except RowError as error:
                 policy.handle(error)
-                continue
-            seen[user.user_id] = location
-            yield user
 
 
 def user_from_raw(record: Any, location: str, origin: str, number: int) -> SourceUser:
@@ -66,24 +62,20 @@ def user_from_raw(record: Any, location: str, origin: str, number: int) -> Sourc
         raise RowError(location, f"expected a JSON object, got {type(record).__name__}")
     if "memory_items" not in record:
         raise RowError(location, "missing required field 'memory_items'")
-    if record.get("sessions") is not None:
-        turns = turns_from_sessions(record["sessions"], location)
-    elif record.get("dialogue") is not None:
-        turns = turns_from_dialogue(record["dialogue"], location)
-    else:
-        raise RowError(location, "missing required field 'sessions'")
+    load_turns = lazy_turns(record.get("sessions"), record.get("dialogue"), location)
     benchmark_id = record.get("benchmark_id")
     user_id = record.get("user_id") or benchmark_id or f"{Path(origin).stem}#{number}"
     line_index = record.get("line_index")
     return SourceUser(
         user_id=user_id,
+        location=location,
         source=Source(
             format="raw",
             path=origin,
             benchmark_id=benchmark_id if isinstance(benchmark_id, str) else None,
             line_index=line_index if isinstance(line_index, int) else number,
         ),
-        turns=turns,
+        load_turns=load_turns,
         memories=memories_from_items(record["memory_items"], location),
         intents=intents_from_ranked(record.get("intents_ranked"), location),
         language=normalize_language(record.get("language")),

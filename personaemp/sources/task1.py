@@ -17,9 +17,8 @@ from personaemp.language import normalize_language
 from personaemp.records import Source
 from personaemp.sources.normalize import (
     SourceUser,
+    lazy_turns,
     memories_from_items,
-    turns_from_dialogue,
-    turns_from_sessions,
 )
 
 INPUT_FILE = "model_input.jsonl"
@@ -34,6 +33,9 @@ def resolve_task1_folder(path: Path, split: str | None) -> Path:
     """Accept a task1 folder, or the release root `benchmark_data/` with a split name."""
     if is_task1_folder(path):
         return path
+    for present, missing in ((INPUT_FILE, REFERENCE_FILE), (REFERENCE_FILE, INPUT_FILE)):
+        if (path / present).is_file():
+            raise InputError(f"{path}: has {present} but no {missing}", "the task1 layout needs both files")
     if (path / "task1").is_dir() and is_task1_folder(path / "task1"):
         return path / "task1"
     root = path / "benchmark_data" if (path / "benchmark_data").is_dir() else path
@@ -115,12 +117,7 @@ def _user_from_rows(row: dict, reference: Any, location: str, ref_location: str,
     data = row.get("input")
     if not isinstance(data, dict):
         raise RowError(location, "missing required field 'input'")
-    if data.get("sessions"):
-        turns = turns_from_sessions(data["sessions"], location)
-    elif data.get("dialogue") is not None:
-        turns = turns_from_dialogue(data["dialogue"], location)
-    else:
-        raise RowError(location, "missing required field 'input.sessions' (or 'input.dialogue')")
+    load_turns = lazy_turns(data.get("sessions"), data.get("dialogue"), location)
     gold = reference.get("gold") if isinstance(reference, dict) else None
     if not isinstance(gold, dict) or "memory_items" not in gold:
         raise RowError(ref_location, "missing required field 'gold.memory_items'")
@@ -134,8 +131,9 @@ def _user_from_rows(row: dict, reference: Any, location: str, ref_location: str,
     )
     return SourceUser(
         user_id=data.get("user_id") or row["benchmark_id"],
+        location=location,
         source=source,
-        turns=turns,
+        load_turns=load_turns,
         memories=memories,
         intents=[],
         language=normalize_language(row.get("language")),

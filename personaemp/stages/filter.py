@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from personaemp.errors import InputError
+from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, atomic_output, write_json_atomic
 from personaemp.records import FilterMatch, Memory
 from personaemp.rules import RuleSet, load_rules
@@ -73,7 +73,7 @@ def select_user(user: SourceUser, rules: RuleSet) -> Decision:
                 matched_rules.append(rule)
     if len(matched_ids) < rules.rules.memories.min_matched_memories:
         return Decision(memories, flagged, "memory_labels")
-    if not rules.language_allowed(user.language):
+    if not rules.language_allowed(user):
         return Decision(memories, flagged, "language")
     match = FilterMatch(
         matched_rules=matched_rules, matched_memory_ids=matched_ids, flagged_memories_dropped=flagged
@@ -103,8 +103,6 @@ def filter_users(
     `keep_turns`: "user" keeps only the user's own turns (all later stages need), "all"
     keeps assistant turns too. Nothing is written if the run stops on a bad row.
     """
-    import polars as pl
-
     if keep_turns not in ("user", "all"):
         raise InputError(f"--turns must be 'user' or 'all', not {keep_turns!r}")
     roles = ("user",) if keep_turns == "user" else None
@@ -112,27 +110,28 @@ def filter_users(
     policy = ErrorPolicy(on_error)
     users = read_users(source, policy, fmt=fmt, split=split, hf_config=hf_config)
     report = FilterReport(input=source, output=str(output))
-    all_labels: list[str] = []
-    kept_labels: list[str] = []
-    rules_hit: list[str] = []
-    languages: list[str] = []
+    all_labels, kept_labels, rules_hit, languages = Tally(), Tally(), Tally(), Tally()
     with atomic_output(output) as handle, _progress(console) as progress:
         task = progress.add_task("filter", total=None)
         for user in users:
+            try:
+                decision = select_user(user, rules)
+                kept = user.to_user(decision.memories, decision.match, roles) if decision.match else None
+            except RowError as error:  # a malformed turn, found when the turns are first read
+                policy.handle(error)
+                continue
             report.users_in += 1
             if not user.intents:
                 report.users_without_intents += 1
             report.memories_in += len(user.memories)
-            decision = select_user(user, rules)
             report.flagged_memories_dropped += decision.flagged
-            all_labels.extend(_label_key(m.label) for m in decision.memories)
+            all_labels.add(_label_key(m.label) for m in decision.memories)
             if decision.gate is None:
                 report.kept += 1
-                kept = user.to_user(decision.memories, decision.match, roles)
                 matched = set(decision.match.matched_memory_ids)
-                kept_labels.extend(_label_key(m.label) for m in kept.memories if m.memory_id in matched)
-                rules_hit.extend(decision.match.matched_rules)
-                languages.append(kept.language or "unknown")
+                kept_labels.add(_label_key(m.label) for m in kept.memories if m.memory_id in matched)
+                rules_hit.add(decision.match.matched_rules)
+                languages.add([kept.language or "unknown"])
                 handle.write(kept.model_dump_json().encode() + b"\n")
             else:
                 report.dropped[decision.gate] += 1
@@ -141,22 +140,44 @@ def filter_users(
         progress.update(task, completed=report.users_in, description=f"filter: {report.kept} kept")
     report.bad_rows_skipped = len(policy.skipped)
     report.skipped_rows = policy.skipped[:100]
-    report.top_labels_all = _top(pl, all_labels)
-    report.top_labels_kept = _top(pl, kept_labels)
-    report.matched_rules = _top(pl, rules_hit, limit=None)
-    report.languages_kept = _top(pl, languages, limit=None)
+    report.top_labels_all = all_labels.top(TOP_LABELS)
+    report.top_labels_kept = kept_labels.top(TOP_LABELS)
+    report.matched_rules = rules_hit.top()
+    report.languages_kept = languages.top()
     if report_path is not None:
         write_json_atomic(report_path, report.__dict__)
     return report
 
 
-def _top(pl, values: Iterable[str], limit: int | None = TOP_LABELS) -> dict[str, int]:
-    """Most frequent values first, ties by name, so the report is deterministic."""
-    frame = pl.DataFrame({"value": list(values)}, schema={"value": pl.String})
-    counts = frame.group_by("value").len().sort(["len", "value"], descending=[True, False])
-    if limit is not None:
-        counts = counts.head(limit)
-    return dict(zip(counts["value"].to_list(), counts["len"].to_list(), strict=True))
+class Tally:
+    """Counts of strings, aggregated with polars in batches so memory stays flat on big inputs."""
+
+    BATCH = 50_000
+
+    def __init__(self):
+        self._batch: list[str] = []
+        self._counts = None
+
+    def add(self, values: Iterable[str]) -> None:
+        self._batch.extend(values)
+        if len(self._batch) >= self.BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        import polars as pl
+
+        frame = pl.DataFrame({"value": self._batch}, schema={"value": pl.String}).group_by("value").len()
+        if self._counts is not None:
+            frame = pl.concat([self._counts, frame]).group_by("value").agg(pl.col("len").sum())
+        self._counts, self._batch = frame, []
+
+    def top(self, limit: int | None = None) -> dict[str, int]:
+        """Most frequent first, ties by name, so the report is deterministic."""
+        self._flush()
+        counts = self._counts.sort(["len", "value"], descending=[True, False])
+        if limit is not None:
+            counts = counts.head(limit)
+        return dict(zip(counts["value"].to_list(), counts["len"].to_list(), strict=True))
 
 
 def _progress(console: Console | None) -> Progress:

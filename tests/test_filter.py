@@ -1,0 +1,436 @@
+"""The filter stage: personaemp.stages.filter.filter_users and select_user."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import (
+    FLAG,
+    SAMPLE_KEPT,
+    SAMPLE_USERS,
+    files_in,
+    memory_item,
+    raw_record,
+    read_jsonl,
+    session,
+    simple_task1,
+    task1_input,
+    task1_reference,
+    write_jsonl,
+    write_task1,
+)
+
+from personaemp.errors import InputError, RowError
+from personaemp.io import ErrorPolicy
+from personaemp.records import User
+from personaemp.rules import RuleSet, load_rules
+from personaemp.sources import read_users
+from personaemp.stages.filter import GATES, filter_users, select_user
+
+TECHNICAL = [("Technical and Professional Intent", "Coding Help")]
+PERSONAL = [("Personal Advice and Guidance", "Relationship Advice")]
+CHINESE = [session("s1", "我和我的姐姐又吵架了，我觉得很难过，不知道该怎么办。", "我理解。")]
+
+
+def run(tmp_path, source, **kwargs):
+    output = tmp_path / "out" / "filtered.jsonl"
+    report = filter_users(str(source), output, **kwargs)
+    return report, output
+
+
+def write_rules(tmp_path, text):
+    path = tmp_path / "rules.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def raw_users(tmp_path, records):
+    return write_jsonl(tmp_path / "export" / "users.jsonl", records)
+
+
+# --- the shipped sample ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def sample_run(tmp_path, sample_task1):
+    report, output = run(tmp_path, sample_task1, report_path=tmp_path / "out" / "report.json")
+    return report, output, read_jsonl(output)
+
+
+def test_sample_funnel(sample_run):
+    report, _, rows = sample_run
+    assert report.users_in == SAMPLE_USERS
+    assert report.kept == SAMPLE_KEPT
+    assert report.balanced()
+    assert report.users_in == report.kept + sum(report.dropped.values())
+    assert set(report.dropped) == set(GATES)
+    assert report.bad_rows_skipped == 0
+    assert report.users_without_intents == SAMPLE_USERS  # task1 rows carry no intents
+    assert report.dropped["intents"] == 0
+    assert len(rows) == SAMPLE_KEPT
+
+
+def test_sample_output_rows(sample_run, sample_task1):
+    _, output, rows = sample_run
+    assert output.read_bytes().count(b"\n") == SAMPLE_KEPT
+    input_ids = [r["benchmark_id"] for r in read_jsonl(sample_task1 / "model_input.jsonl")]
+    ids = [row["source"]["benchmark_id"] for row in rows]
+    assert ids == [i for i in input_ids if i in set(ids)]  # input order, no duplicates
+    for row in rows:
+        User.model_validate(row)
+        memory_ids = [m["memory_id"] for m in row["memories"]]
+        assert row["filter"]["matched_rules"]
+        assert row["filter"]["matched_memory_ids"]
+        assert set(row["filter"]["matched_memory_ids"]) <= set(memory_ids)
+        assert all(rule.startswith(("label:", "unmapped:")) for rule in row["filter"]["matched_rules"])
+        assert all("[ERROR:" not in m["value"] for m in row["memories"])
+        assert row["turns"] and all(t["role"] == "user" for t in row["turns"])
+        assert row["language"]
+
+
+def test_sample_flagged_memories_counted(sample_run, sample_task1):
+    report, _, rows = sample_run
+    references = read_jsonl(sample_task1 / "reference_output.jsonl")
+    items = [m for r in references for m in r["gold"]["memory_items"]]
+    flagged = sum("[ERROR:" in m["value"] for m in items)
+    assert flagged == 20
+    assert report.flagged_memories_dropped == flagged
+    assert report.memories_in == len(items)
+    assert sum(row["filter"]["flagged_memories_dropped"] for row in rows) <= flagged
+
+
+def test_sample_kept_rows_keep_every_unflagged_memory_and_user_turn(sample_run, sample_task1):
+    _, _, rows = sample_run
+    references = {r["benchmark_id"]: r for r in read_jsonl(sample_task1 / "reference_output.jsonl")}
+    inputs = {r["benchmark_id"]: r for r in read_jsonl(sample_task1 / "model_input.jsonl")}
+    for row in rows:
+        benchmark_id = row["source"]["benchmark_id"]
+        items = references[benchmark_id]["gold"]["memory_items"]
+        unflagged = [m["memory_id"] for m in items if "[ERROR:" not in m["value"]]
+        assert [m["memory_id"] for m in row["memories"]] == unflagged
+        assert row["filter"]["flagged_memories_dropped"] == len(items) - len(unflagged)
+        user_turns = [
+            t["text"]
+            for s in inputs[benchmark_id]["input"]["sessions"]
+            for t in s["turns"]
+            if t["role"] == "user"
+        ]
+        assert [t["text"] for t in row["turns"]] == user_turns
+
+
+def test_sample_report_file(sample_run, tmp_path):
+    report, _, _ = sample_run
+    written = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert written["users_in"] == SAMPLE_USERS
+    assert written["kept"] == SAMPLE_KEPT
+    assert written["dropped"] == report.dropped
+    assert written["flagged_memories_dropped"] == 20
+    assert sum(written["languages_kept"].values()) == SAMPLE_KEPT
+    assert sum(written["top_labels_kept"].values()) <= sum(written["top_labels_all"].values())
+    assert written["matched_rules"] == report.matched_rules
+
+
+def test_sample_keep_all_turns(tmp_path, sample_task1):
+    _, output = run(tmp_path, sample_task1, keep_turns="all")
+    rows = read_jsonl(output)
+    inputs = {r["benchmark_id"]: r for r in read_jsonl(sample_task1 / "model_input.jsonl")}
+    assert len(rows) == SAMPLE_KEPT
+    roles = {t["role"] for row in rows for t in row["turns"]}
+    assert roles == {"user", "assistant"}
+    for row in rows:
+        sessions = inputs[row["source"]["benchmark_id"]]["input"]["sessions"]
+        assert [(t["role"], t["text"]) for t in row["turns"]] == [
+            (t["role"], t["text"]) for s in sessions for t in s["turns"]
+        ]
+
+
+def test_sample_runs_are_byte_identical(tmp_path, sample_task1):
+    first = tmp_path / "a" / "filtered.jsonl"
+    second = tmp_path / "b" / "filtered.jsonl"
+    filter_users(str(sample_task1), first, report_path=tmp_path / "a" / "report.json")
+    filter_users(str(sample_task1), second, report_path=tmp_path / "b" / "report.json")
+    assert first.read_bytes() == second.read_bytes()
+    one = json.loads((tmp_path / "a" / "report.json").read_text())
+    two = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert {k: v for k, v in one.items() if k != "output"} == {k: v for k, v in two.items() if k != "output"}
+
+
+def test_unknown_keep_turns(tmp_path, sample_task1):
+    with pytest.raises(InputError, match="--turns must be 'user' or 'all'"):
+        run(tmp_path, sample_task1, keep_turns="assistant")
+    assert not (tmp_path / "out").exists() or files_in(tmp_path / "out") == []
+
+
+# --- gates on small raw exports -------------------------------------------------------------
+
+
+def test_intent_gate(tmp_path):
+    path = raw_users(
+        tmp_path,
+        [
+            raw_record("technical", intents=TECHNICAL),
+            raw_record("personal", intents=PERSONAL),
+            raw_record("no_intents"),
+            raw_record("mixed", intents=TECHNICAL + [("Emotional Support", None)]),
+        ],
+    )
+    report, output = run(tmp_path, path)
+    rows = {row["user_id"]: row for row in read_jsonl(output)}
+    assert list(rows) == ["personal", "no_intents", "mixed"]
+    assert report.dropped["intents"] == 1
+    assert report.users_without_intents == 1
+    assert rows["personal"]["filter"]["matched_rules"] == [
+        "intent:personal advice",
+        "label:Social_Relationships",
+    ]
+    assert rows["mixed"]["filter"]["matched_rules"][0] == "intent:emotional support"
+    assert rows["no_intents"]["filter"]["matched_rules"] == ["label:Social_Relationships"]
+    assert rows["personal"]["intents"] == [
+        {"category": "Personal Advice and Guidance", "subtype": "Relationship Advice"}
+    ]
+
+
+def test_language_allowlist(tmp_path):
+    path = raw_users(
+        tmp_path,
+        [
+            raw_record("english", language="English"),
+            raw_record("chinese", language="Chinese"),
+            raw_record("detected_chinese", sessions=CHINESE),
+            raw_record("detected_english"),
+        ],
+    )
+    rules = write_rules(tmp_path, '[language]\nallow = ["en"]\n')
+    report, output = run(tmp_path, path, rules_path=rules)
+    assert [row["user_id"] for row in read_jsonl(output)] == ["english", "detected_english"]
+    assert report.dropped["language"] == 2
+    assert report.languages_kept == {"en": 2}
+
+    report, output = run(tmp_path, path)  # default rules: every language
+    assert report.kept == 4
+    assert report.languages_kept == {"en": 2, "zh": 2}
+
+
+def test_min_memories_counts_only_unflagged_memories(tmp_path):
+    three = [memory_item("m1"), memory_item("m2", "Preferences/Food", "Likes tea"), memory_item("m3")]
+    two_and_flagged = [memory_item("m1"), memory_item("m2"), memory_item("m3", value="Has a cat" + FLAG)]
+    path = raw_users(
+        tmp_path,
+        [
+            raw_record("three", memory_items=three),
+            raw_record("two_plus_flagged", memory_items=two_and_flagged),
+            raw_record("one", memory_items=[memory_item("m1")]),
+        ],
+    )
+    rules = write_rules(tmp_path, "[memories]\nmin_memories = 3\n")
+    report, output = run(tmp_path, path, rules_path=rules)
+    assert [row["user_id"] for row in read_jsonl(output)] == ["three"]
+    assert report.dropped["min_memories"] == 2
+    assert report.flagged_memories_dropped == 1
+
+
+def test_min_matched_memories(tmp_path):
+    one_match = [memory_item("m1"), memory_item("m2", "Preferences/Food", "Likes tea")]
+    two_matches = [memory_item("m1"), memory_item("m2", "Thoughts/Opinions", "Values honesty")]
+    path = raw_users(
+        tmp_path, [raw_record("one", memory_items=one_match), raw_record("two", memory_items=two_matches)]
+    )
+    rules = write_rules(tmp_path, "[memories]\nmin_matched_memories = 2\n")
+    report, output = run(tmp_path, path, rules_path=rules)
+    [row] = read_jsonl(output)
+    assert row["user_id"] == "two"
+    assert row["filter"]["matched_memory_ids"] == ["m1", "m2"]
+    assert row["filter"]["matched_rules"] == ["label:Social_Relationships", "label:Thoughts/Opinions"]
+    assert report.dropped["memory_labels"] == 1
+
+
+def test_user_whose_only_emotional_memory_is_flagged_is_dropped(tmp_path):
+    items = [
+        memory_item("m1", "Social_Relationships/Family", "Fights with their sister" + FLAG),
+        memory_item("m2", "Preferences/Food", "Likes green tea"),
+    ]
+    path = raw_users(tmp_path, [raw_record("flagged_only", memory_items=items), raw_record("ok")])
+    report, output = run(tmp_path, path)
+    assert [row["user_id"] for row in read_jsonl(output)] == ["ok"]
+    assert report.dropped["memory_labels"] == 1
+    assert report.flagged_memories_dropped == 1
+
+
+def test_user_with_only_a_flagged_memory_fails_min_memories(tmp_path):
+    items = [memory_item("m1", value="Fights with their sister" + FLAG)]
+    path = raw_users(tmp_path, [raw_record("flagged_only", memory_items=items)])
+    report, output = run(tmp_path, path)
+    assert output.read_bytes() == b""
+    assert report.dropped["min_memories"] == 1
+
+
+def test_unmapped_memory_kept_on_its_suggestion(tmp_path):
+    items = [
+        memory_item(
+            "m1", "UNMAPPED", "Competes with a coworker", label_suggestion="workplace/conflict/rivalry"
+        ),
+        memory_item(
+            "m2", "UNMAPPED", "Prefers short answers", label_suggestion="interaction/style/preference"
+        ),
+    ]
+    path = raw_users(tmp_path, [raw_record("u1", memory_items=items)])
+    _, output = run(tmp_path, path)
+    [row] = read_jsonl(output)
+    assert row["filter"]["matched_rules"] == ["unmapped:conflict*"]
+    assert row["filter"]["matched_memory_ids"] == ["m1"]
+    assert [m["memory_id"] for m in row["memories"]] == ["m1", "m2"]
+
+
+def test_gates_are_counted_under_the_first_failed_gate(tmp_path):
+    path = raw_users(
+        tmp_path,
+        [
+            # fails intents, min_memories (none unflagged) and language: counted under intents
+            raw_record(
+                "a",
+                intents=TECHNICAL,
+                language="Chinese",
+                memory_items=[memory_item("m1", value="x" + FLAG)],
+            ),
+            # passes intents, fails min_memories and language
+            raw_record("b", intents=PERSONAL, language="Chinese", memory_items=[]),
+            # passes min_memories, fails memory labels and language
+            raw_record(
+                "c", language="Chinese", memory_items=[memory_item("m1", "Preferences/Food", "Likes tea")]
+            ),
+            # fails only language
+            raw_record("d", language="Chinese"),
+            raw_record("e", language="English"),
+        ],
+    )
+    rules = write_rules(tmp_path, '[language]\nallow = ["en"]\n')
+    report, output = run(tmp_path, path, rules_path=rules)
+    assert report.dropped == {"intents": 1, "min_memories": 1, "memory_labels": 1, "language": 1}
+    assert report.kept == 1
+    assert report.balanced()
+
+
+def test_select_user_decisions(tmp_path):
+    path = raw_users(
+        tmp_path,
+        [
+            raw_record(
+                "kept",
+                intents=PERSONAL,
+                memory_items=[memory_item("m1"), memory_item("m2", value="x" + FLAG)],
+            ),
+            raw_record("technical", intents=TECHNICAL),
+        ],
+    )
+    rules = RuleSet(load_rules())
+    kept, technical = read_users(str(path), ErrorPolicy())
+    decision = select_user(kept, rules)
+    assert decision.gate is None
+    assert decision.flagged == 1
+    assert [m.memory_id for m in decision.memories] == ["m1"]
+    assert decision.match.matched_memory_ids == ["m1"]
+    assert decision.match.matched_rules == ["intent:personal advice", "label:Social_Relationships"]
+    assert decision.match.flagged_memories_dropped == 1
+
+    decision = select_user(technical, rules)
+    assert decision.gate == "intents"
+    assert decision.match is None
+
+
+# --- errors and atomic output ---------------------------------------------------------------
+
+
+def _broken_sample(sample_copy, line=30):
+    path = sample_copy / "model_input.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines.insert(line - 1, '{"benchmark_id": "broken", "input": \n')  # an extra, broken line
+    path.write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+def test_failing_run_writes_nothing(tmp_path, sample_copy):
+    broken = _broken_sample(sample_copy)
+    out = tmp_path / "out"
+    with pytest.raises(RowError) as caught:
+        filter_users(str(sample_copy), out / "filtered.jsonl", report_path=out / "report.json")
+    assert str(caught.value).startswith(f"{broken}:30: not valid JSON")
+    assert files_in(out) == []
+
+
+def test_failing_run_keeps_the_previous_output(tmp_path, sample_copy):
+    _broken_sample(sample_copy)
+    out = tmp_path / "out"
+    out.mkdir()
+    output = out / "filtered.jsonl"
+    output.write_bytes(b'{"sentinel": true}\n')
+    (out / "report.json").write_text("old report")
+    with pytest.raises(RowError):
+        filter_users(str(sample_copy), output, report_path=out / "report.json")
+    assert output.read_bytes() == b'{"sentinel": true}\n'
+    assert (out / "report.json").read_text() == "old report"
+    assert files_in(out) == ["filtered.jsonl", "report.json"]
+
+
+def test_failing_run_on_unmatched_reference_writes_nothing(tmp_path):
+    """The unmatched reference row is found only after every input row was read."""
+    folder = write_task1(
+        tmp_path / "task1",
+        [task1_input("b__1"), task1_input("b__2")],
+        [task1_reference("b__1"), task1_reference("b__2"), task1_reference("lonely__1")],
+    )
+    out = tmp_path / "out"
+    with pytest.raises(RowError, match=r"reference_output\.jsonl:3: no row for 'lonely__1'"):
+        filter_users(str(folder), out / "filtered.jsonl")
+    assert files_in(out) == []
+
+
+def test_skip_run_counts_bad_rows(tmp_path, sample_copy):
+    broken = _broken_sample(sample_copy)
+    report, output = run(tmp_path, sample_copy, on_error="skip")
+    assert report.bad_rows_skipped == 1
+    assert report.skipped_rows[0].startswith(f"{broken}:30: not valid JSON")
+    assert report.users_in == SAMPLE_USERS
+    assert report.kept == SAMPLE_KEPT
+    assert report.balanced()
+    assert len(read_jsonl(output)) == SAMPLE_KEPT
+
+
+def test_bad_turns_of_a_user_fail_or_are_skipped(tmp_path):
+    bad = task1_input("bad__1", sessions=[{"session_id": "s1", "turns": [{"role": "user", "text": 5}]}])
+    folder = write_task1(
+        tmp_path / "task1",
+        [task1_input("good__1"), bad, task1_input("good__2")],
+        [task1_reference(i) for i in ("good__1", "bad__1", "good__2")],
+    )
+    with pytest.raises(RowError) as caught:
+        filter_users(str(folder), tmp_path / "out" / "filtered.jsonl")
+    assert str(caught.value).startswith(f"{folder / 'model_input.jsonl'}:2: a turn needs a string")
+    assert files_in(tmp_path / "out") == []
+
+    report, output = run(tmp_path, folder, on_error="skip")
+    assert [row["user_id"] for row in read_jsonl(output)] == ["good__1", "good__2"]
+    assert report.bad_rows_skipped == 1
+    assert report.users_in == 2
+    assert report.balanced()
+
+
+def test_missing_input_writes_nothing(tmp_path):
+    with pytest.raises(InputError, match="no such file or folder"):
+        run(tmp_path, tmp_path / "nothing")
+    assert not (tmp_path / "out" / "filtered.jsonl").exists()
+
+
+def test_report_not_written_without_report_path(tmp_path):
+    folder = simple_task1(tmp_path / "task1", ["b__1"])
+    report, output = run(tmp_path, folder)
+    assert report.kept == 1
+    assert files_in(output.parent) == ["filtered.jsonl"]
+
+
+def test_empty_input_writes_an_empty_file(tmp_path):
+    folder = write_task1(tmp_path / "task1", [], [])
+    report, output = run(tmp_path, folder, report_path=tmp_path / "out" / "report.json")
+    assert output.read_bytes() == b""
+    assert report.users_in == 0 and report.kept == 0
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["top_labels_all"] == {}
