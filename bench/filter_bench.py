@@ -2,7 +2,8 @@
 
 Builds a task1-layout input of N users (default 100,000, about 4.7 GB) by replicating
 ../shared/alpsbench with fresh benchmark ids, then times, each in its own process:
-  - parse: every line of both files through orjson.loads (the fastest parser we use),
+  - parse: every line of both files decoded to Python objects by msgspec (the JSON
+    library the toolkit uses; orjson too if installed, and the faster of the two counts),
   - filter: `personaemp filter` on the folder.
 Prints users/s, the filter/parse ratio (target <= 2.0) and peak RSS (target <= 500 MB).
 
@@ -21,12 +22,15 @@ ROOT = Path(__file__).resolve().parent.parent
 FILES = ("model_input.jsonl", "reference_output.jsonl")
 
 PARSE = """
-import sys, orjson
-for name in sys.argv[1:]:
+import sys, importlib
+module, function = sys.argv[1].split(":")
+loads = getattr(importlib.import_module(module), function)
+for name in sys.argv[2:]:
     with open(name, "rb") as handle:
         for line in handle:
-            orjson.loads(line)
+            loads(line)
 """
+PARSERS = ["msgspec.json:decode", "orjson:loads"]
 
 
 def build_input(source: Path, target: Path, users: int) -> None:
@@ -65,6 +69,12 @@ def measure(command: list[str]) -> tuple[float, float]:
     return float(wall), float(rss)
 
 
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--users", type=int, default=100_000)
@@ -79,12 +89,16 @@ def main() -> None:
     print(f"input: {args.users} users, {size:.2f} GB ({time.perf_counter() - started:.0f} s to build)")
 
     python = sys.executable
-    parse_cmd = [python, "-c", PARSE, *(str(data / name) for name in FILES)]
+    files = [str(data / name) for name in FILES]
+    parsers = [p for p in PARSERS if _importable(p.split(":")[0])]
     personaemp = str(Path(python).with_name("personaemp"))
     filter_cmd = [personaemp, "filter", "--input", str(data), "--output", str(args.work / "filtered.jsonl")]
 
-    measure(parse_cmd)  # warm the page cache so both timings read from memory
-    parse_wall, parse_rss = min(measure(parse_cmd), measure(parse_cmd))
+    measure([python, "-c", PARSE, parsers[0], *files])  # warm the page cache
+    timings = {p: min(measure([python, "-c", PARSE, p, *files]) for _ in range(2)) for p in parsers}
+    for parser, (wall, _) in timings.items():
+        print(f"parse with {parser}: {wall:.2f} s")
+    parse_wall, parse_rss = min(timings.values())
     filter_wall, filter_rss = measure(filter_cmd)
     kept = sum(1 for _ in (args.work / "filtered.jsonl").open("rb"))
 

@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 from conftest import (
+    EMOTIONAL_TEXT,
     SAMPLE_USERS,
     memory_item,
     raw_record,
@@ -655,3 +656,18 @@ def test_task1_repeated_user_id_is_a_duplicate(tmp_path):
     users, policy = read(folder, mode="skip")
     assert [u.user_id for u in users] == ["u7", "b__2"]
     assert len(policy.skipped) == 1
+
+
+def test_task1_invalid_utf8_inside_a_kept_users_turn_names_the_line(tmp_path):
+    """Dialogue bytes are decoded when the turns are first read; a bad byte there is a RowError."""
+    folder = simple_task1(tmp_path, ["a__1", "b__2"])
+    lines = (folder / "model_input.jsonl").read_bytes().splitlines(keepends=True)
+    marker = EMOTIONAL_TEXT.encode()
+    assert marker in lines[1]
+    lines[1] = lines[1].replace(marker, marker[:10] + b"\xff" + marker[10:], 1)
+    (folder / "model_input.jsonl").write_bytes(b"".join(lines))
+    users = list(read_users(str(folder), ErrorPolicy()))
+    assert users[0].turns
+    with pytest.raises(RowError) as caught:
+        users[1].turns  # noqa: B018 - reading the property is the act under test
+    assert str(caught.value).startswith(f"{folder / 'model_input.jsonl'}:2: dialogue text is not valid UTF-8")

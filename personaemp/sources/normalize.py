@@ -9,6 +9,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 from pydantic import ValidationError
 
 from personaemp.errors import RowError
@@ -28,7 +29,8 @@ def _expect(value: Any, kind: type, what: str, location: str) -> Any:
 
 # (role, text, session_id, utterance index). Turns are checked and made into Turn records
 # only for the users the filter keeps: most users are dropped on their memories alone.
-RawTurn = tuple[str, str, str | None, int | None]
+# The text may still be undecoded JSON (msgspec.Raw): assistant turns are mostly not needed.
+RawTurn = tuple[str, "str | msgspec.Raw", str | None, int | None]
 
 
 def lazy_turns(sessions: Any, dialogue: Any, location: str) -> Callable[[], list[RawTurn]]:
@@ -157,11 +159,22 @@ class SourceUser:
 
     @functools.cached_property
     def turns(self) -> list[Turn]:
-        return [Turn(role=r, text=t, session_id=s, index=i) for r, t, s, i in self._raw_turns]
+        return [Turn.model_validate(turn) for turn in self._turn_dicts(None)]
+
+    def _text(self, text: str | msgspec.Raw) -> str:
+        if isinstance(text, str):
+            return text
+        try:
+            text = msgspec.json.decode(text)
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            raise RowError(self.location, f"dialogue text is not valid UTF-8 ({exc})") from None
+        if not isinstance(text, str):
+            raise RowError(self.location, "a turn needs a string 'role' and 'text'")
+        return text
 
     def _turn_dicts(self, roles: tuple[str, ...] | None) -> list[dict]:
         return [
-            {"role": r, "text": t, "session_id": s, "index": i}
+            {"role": r, "text": self._text(t), "session_id": s, "index": i}
             for r, t, s, i in self._raw_turns
             if roles is None or r in roles
         ]
@@ -173,7 +186,7 @@ class SourceUser:
         sample, size = [], 0
         for role, text, _, _ in self._raw_turns:
             if role == "user" and size < _LANGUAGE_SAMPLE:
-                sample.append(text[: _LANGUAGE_SAMPLE - size])
+                sample.append(self._text(text)[: _LANGUAGE_SAMPLE - size])
                 size += len(sample[-1]) + 1
         return detect_language(" ".join(sample))
 

@@ -7,15 +7,18 @@ back by offset, so memory use does not grow with dialogue size.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, iter_jsonl, read_jsonl_at
 from personaemp.language import normalize_language
 from personaemp.records import Source
 from personaemp.sources.normalize import (
+    RawTurn,
     SourceUser,
     lazy_turns,
     memories_from_items,
@@ -93,11 +96,95 @@ def read_task1(path: Path, policy: ErrorPolicy, split: str | None = None) -> Ite
             )
 
 
+class _InputFields(msgspec.Struct):
+    user_id: Any = None
+    line_index: Any = None
+    sessions: msgspec.Raw = msgspec.Raw(b"null")  # msgspec allows no Raw | None
+    dialogue: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class _InputRow(msgspec.Struct):
+    """The parts of a model_input row the reader needs; the dialogues stay undecoded bytes
+    (syntax-checked) until the filter keeps the user: about half the cost of decoding all."""
+
+    benchmark_id: Any = None
+    input: _InputFields | None = None
+    language: Any = None
+
+
+_INPUT_DECODER = msgspec.json.Decoder(_InputRow)
+
+
+def _raw_list(raw: msgspec.Raw, name: str, location: str) -> msgspec.Raw | None:
+    """None for a missing, null or empty field; a RowError unless it holds a JSON list."""
+    view = memoryview(raw)
+    if len(view) <= 16 and bytes(view).replace(b" ", b"") in (b"null", b"[]"):
+        return None
+    if view[:1] != b"[":
+        kind = type(msgspec.json.decode(raw)).__name__
+        raise RowError(location, f"{name} must be a list, got {kind}")
+    return raw
+
+
+class _TurnFields(msgspec.Struct):
+    role: Any = None
+    text: msgspec.Raw = msgspec.Raw(b"null")
+    utterance_index: Any = None
+
+
+class _SessionFields(msgspec.Struct):
+    session_id: Any = None
+    turns: list[_TurnFields] = []
+
+
+_SESSIONS_DECODER = msgspec.json.Decoder(list[_SessionFields])
+
+
+def _fast_session_turns(sessions: msgspec.Raw) -> list[RawTurn] | None:
+    """Turns with their texts left undecoded; None when the shape needs the checked path."""
+    try:
+        decoded = _SESSIONS_DECODER.decode(sessions)
+    except msgspec.ValidationError:
+        return None  # the generic path names the problem
+    turns = []
+    for session in decoded:
+        session_id = str(session.session_id) if session.session_id is not None else None
+        for position, turn in enumerate(session.turns):
+            index = turn.utterance_index
+            index = position if index is None else index if type(index) is int else None
+            if type(turn.role) is not str or memoryview(turn.text)[:1] != b'"':
+                return None
+            turns.append((turn.role, turn.text, session_id, index))
+    return turns
+
+
+def _lazy_raw_turns(fields: _InputFields, location: str) -> Callable[[], list[RawTurn]]:
+    sessions = _raw_list(fields.sessions, "sessions", location)
+    dialogue = _raw_list(fields.dialogue, "dialogue", location)
+    if sessions is None and dialogue is None:
+        raise RowError(location, "missing required field 'input.sessions' (or 'input.dialogue')")
+
+    def load() -> list[RawTurn]:
+        if sessions is not None:
+            turns = _fast_session_turns(sessions)
+            if turns is not None:
+                return turns
+        try:
+            decoded = [None if raw is None else msgspec.json.decode(raw) for raw in (sessions, dialogue)]
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            raise RowError(location, f"dialogue text is not valid UTF-8 ({exc})") from None
+        return lazy_turns(*decoded, location)()
+
+    return load
+
+
 def _join(input_path, reference_path, references, index, seen, policy) -> Iterator[SourceUser]:
-    for lineno, _, row in iter_jsonl(input_path, policy):
+    for lineno, _, row in iter_jsonl(input_path, policy, _INPUT_DECODER):
         location = f"{input_path}:{lineno}"
         try:
-            benchmark_id = _benchmark_id(row, location)
+            benchmark_id = row.benchmark_id
+            if not isinstance(benchmark_id, str) or not benchmark_id:
+                raise RowError(location, "missing required field 'benchmark_id'")
             if benchmark_id in seen:
                 raise RowError(location, f"duplicate benchmark_id {benchmark_id!r}")
             seen.add(benchmark_id)
@@ -105,41 +192,72 @@ def _join(input_path, reference_path, references, index, seen, policy) -> Iterat
                 raise RowError(location, f"no row for {benchmark_id!r} in {REFERENCE_FILE}")
             ref_line, offset = index[benchmark_id]
             reference = read_jsonl_at(references, offset)
-            ref_location = f"{reference_path}:{ref_line}"
-            user = _user_from_rows(row, reference, location, ref_location, str(input_path))
+            if row.input is None:
+                raise RowError(location, "missing required field 'input'")
+            user = _make_user(
+                benchmark_id,
+                row.input.user_id,
+                row.input.line_index,
+                row.language,
+                _lazy_raw_turns(row.input, location),
+                reference,
+                location,
+                f"{reference_path}:{ref_line}",
+                str(input_path),
+            )
         except RowError as error:
             policy.handle(error)
             continue
         yield user
 
 
-def _user_from_rows(row: dict, reference: Any, location: str, ref_location: str, origin: str) -> SourceUser:
-    data = row.get("input")
-    if not isinstance(data, dict):
-        raise RowError(location, "missing required field 'input'")
-    load_turns = lazy_turns(data.get("sessions"), data.get("dialogue"), location)
+def _make_user(
+    benchmark_id: str,
+    user_id: Any,
+    line_index: Any,
+    language: Any,
+    load_turns: Callable[[], list[RawTurn]],
+    reference: Any,
+    location: str,
+    ref_location: str,
+    origin: str,
+) -> SourceUser:
     gold = reference.get("gold") if isinstance(reference, dict) else None
     if not isinstance(gold, dict) or "memory_items" not in gold:
         raise RowError(ref_location, "missing required field 'gold.memory_items'")
     memories = memories_from_items(gold["memory_items"], ref_location)
-    line_index = data.get("line_index")
     source = Source(
         format="task1",
         path=origin,
-        benchmark_id=row.get("benchmark_id"),
+        benchmark_id=benchmark_id,
         line_index=line_index if isinstance(line_index, int) else None,
     )
     return SourceUser(
-        user_id=data.get("user_id") or row["benchmark_id"],
+        user_id=user_id or benchmark_id,
         location=location,
         source=source,
         load_turns=load_turns,
         memories=memories,
         intents=[],
-        language=normalize_language(row.get("language")),
+        language=normalize_language(language),
     )
 
 
 def user_from_joined_row(row: dict, location: str, origin: str) -> SourceUser:
     """A task1 row that already carries its `gold` (e.g. a Hub dataset that merged both files)."""
-    return _user_from_rows(row, row, location, location, origin)
+    benchmark_id = _benchmark_id(row, location)
+    data = row.get("input")
+    if not isinstance(data, dict):
+        raise RowError(location, "missing required field 'input'")
+    load_turns = lazy_turns(data.get("sessions"), data.get("dialogue"), location)
+    return _make_user(
+        benchmark_id,
+        data.get("user_id"),
+        data.get("line_index"),
+        row.get("language"),
+        load_turns,
+        row,
+        location,
+        location,
+        origin,
+    )
