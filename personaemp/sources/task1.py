@@ -66,19 +66,33 @@ def _benchmark_id(row: Any, location: str) -> str:
     return value
 
 
-def _index_reference(path: Path, policy: ErrorPolicy) -> dict[str, tuple[int, int]]:
-    index: dict[str, tuple[int, int]] = {}
+# The index packs a reference row's line number and byte offset into one int (a tuple of
+# two ints costs three objects per user); the sign marks rows already joined.
+_OFFSET_BITS = 40
+
+
+def _pack(lineno: int, offset: int) -> int:
+    return lineno << _OFFSET_BITS | offset
+
+
+def _unpack(entry: int) -> tuple[int, int]:
+    entry = entry if entry >= 0 else -entry - 1
+    return entry >> _OFFSET_BITS, entry & ((1 << _OFFSET_BITS) - 1)
+
+
+def _index_reference(path: Path, policy: ErrorPolicy) -> dict[str, int]:
+    index: dict[str, int] = {}
     for lineno, offset, row in iter_jsonl(path, policy):
         location = f"{path}:{lineno}"
         try:
             benchmark_id = _benchmark_id(row, location)
             if benchmark_id in index:
-                first = index[benchmark_id][0]
+                first = _unpack(index[benchmark_id])[0]
                 raise RowError(location, f"duplicate benchmark_id {benchmark_id!r} (first at line {first})")
         except RowError as error:
             policy.handle(error)
             continue
-        index[benchmark_id] = (lineno, offset)
+        index[benchmark_id] = _pack(lineno, offset)
     return index
 
 
@@ -86,11 +100,11 @@ def read_task1(path: Path, policy: ErrorPolicy, split: str | None = None) -> Ite
     folder = resolve_task1_folder(path, split)
     input_path, reference_path = folder / INPUT_FILE, folder / REFERENCE_FILE
     index = _index_reference(reference_path, policy)
-    seen: set[str] = set()
     with reference_path.open("rb") as references:
-        yield from _join(input_path, reference_path, references, index, seen, policy)
-    for benchmark_id, (ref_line, _) in index.items():
-        if benchmark_id not in seen:
+        yield from _join(input_path, reference_path, references, index, policy)
+    for benchmark_id, entry in index.items():
+        if entry >= 0:
+            ref_line = _unpack(entry)[0]
             policy.handle(
                 RowError(f"{reference_path}:{ref_line}", f"no row for {benchmark_id!r} in {INPUT_FILE}")
             )
@@ -178,19 +192,22 @@ def _lazy_raw_turns(fields: _InputFields, location: str) -> Callable[[], list[Ra
     return load
 
 
-def _join(input_path, reference_path, references, index, seen, policy) -> Iterator[SourceUser]:
+def _join(input_path, reference_path, references, index, policy) -> Iterator[SourceUser]:
+    orphans: set[str] = set()  # input ids with no reference row (errors: few)
     for lineno, _, row in iter_jsonl(input_path, policy, _INPUT_DECODER):
         location = f"{input_path}:{lineno}"
         try:
             benchmark_id = row.benchmark_id
             if not isinstance(benchmark_id, str) or not benchmark_id:
                 raise RowError(location, "missing required field 'benchmark_id'")
-            if benchmark_id in seen:
+            entry = index.get(benchmark_id)
+            if (entry is not None and entry < 0) or benchmark_id in orphans:
                 raise RowError(location, f"duplicate benchmark_id {benchmark_id!r}")
-            seen.add(benchmark_id)
-            if benchmark_id not in index:
+            if entry is None:
+                orphans.add(benchmark_id)
                 raise RowError(location, f"no row for {benchmark_id!r} in {REFERENCE_FILE}")
-            ref_line, offset = index[benchmark_id]
+            index[benchmark_id] = -entry - 1
+            ref_line, offset = _unpack(entry)
             reference = read_jsonl_at(references, offset)
             if row.input is None:
                 raise RowError(location, "missing required field 'input'")
