@@ -28,3 +28,12 @@ class RowError(InputError):
         super().__init__(f"{location}: {message}", "fix the row or pass --on-error skip")
         self.location = location
         self.reason = message
+
+
+class UnitError(PersonaempError):
+    """One unit (a user, a query) failed for good: it is written to the stage's failures file
+    with `kind` and the last raw reply, and the run goes on."""
+
+    def __init__(self, kind: str, message: str, raw: str | None = None, attempts: int = 0):
+        super().__init__(message)
+        self.kind, self.raw, self.attempts = kind, raw, attempts

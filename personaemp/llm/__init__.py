@@ -1,0 +1,1 @@
+"""LLM engine: the only package that talks to chat-completion endpoints."""

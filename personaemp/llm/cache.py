@@ -1,0 +1,67 @@
+"""The reply cache: SQLite, keyed by a hash of the exact request, raw replies only.
+
+Parsed records live in the stage outputs; keeping raw replies apart means a changed
+parser re-reads the cache instead of paying for LLM calls again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS replies (
+    key TEXT PRIMARY KEY,
+    step TEXT NOT NULL,
+    request TEXT NOT NULL,
+    reply TEXT NOT NULL,
+    created_at REAL NOT NULL
+)
+"""
+
+
+def request_key(request: dict[str, Any], sample: int) -> str:
+    """sha256 of the canonical request: model, messages, sampling, response format, sample.
+
+    Runtime knobs (endpoint, timeout, concurrency) are not in `request`, so they never
+    change the key.
+    """
+    canonical = json.dumps({"request": request, "sample": sample}, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class ReplyCache:
+    """Raw replies by request key. WAL mode and a busy timeout let parallel runs share it."""
+
+    def __init__(self, path: Path, read: bool = True, write: bool = True):
+        self.path, self.read, self.write = path, read, write
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=30000")
+        self._db.execute(SCHEMA)
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        if not self.read:
+            return None
+        row = self._db.execute("SELECT reply FROM replies WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def put(self, key: str, step: str, request: dict[str, Any], reply: dict[str, Any]) -> None:
+        if not self.write:
+            return
+        self._db.execute(
+            "INSERT OR REPLACE INTO replies (key, step, request, reply, created_at) VALUES (?, ?, ?, ?, ?)",
+            (key, step, json.dumps(request, ensure_ascii=False), json.dumps(reply), time.time()),
+        )
+
+    def __len__(self) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM replies").fetchone()[0]
+
+    def close(self) -> None:
+        self._db.close()

@@ -1,0 +1,165 @@
+"""Endpoints and the pool that spreads requests over them, with retries and backoff.
+
+The only module that imports `openai`. The client's own retries are off: this module
+retries, so every attempt is counted and `Retry-After` is honoured the same way everywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+
+from personaemp.errors import PersonaempError, UnitError
+
+RETRIABLE_STATUS = {408, 409, 429}
+BACKOFF_BASE = 0.5  # seconds; doubled per attempt, with jitter
+BACKOFF_CAP = 30.0
+RETRY_AFTER_CAP = 120.0  # a server asking for longer than this is treated as asking for this
+
+
+class LLMError(UnitError):
+    """One call failed for good; the unit that made it goes to the failures file."""
+
+
+@dataclass
+class RawReply:
+    content: str
+    finish_reason: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+class RateLimiter:
+    """At most `rpm` request starts per rolling minute (simple spacing of starts)."""
+
+    def __init__(self, rpm: float | None):
+        self.interval = 60.0 / rpm if rpm else 0.0
+        self._next = 0.0
+        self._lock = asyncio.Lock()
+
+    async def wait(self) -> None:
+        if not self.interval:
+            return
+        async with self._lock:
+            now = time.monotonic()
+            delay = self._next - now
+            self._next = max(now, self._next) + self.interval
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+class Endpoint:
+    def __init__(
+        self, base_url: str, api_key: str | None, concurrency: int, rpm: float | None, timeout: float
+    ):
+        self.base_url = base_url
+        self.concurrency = concurrency
+        self.in_flight = 0
+        self.limiter = RateLimiter(rpm)
+        # The key lives only inside the client object; nothing else stores it.
+        self.client = openai.AsyncOpenAI(
+            base_url=base_url, api_key=api_key or "none", max_retries=0, timeout=timeout
+        )
+
+
+class EndpointPool:
+    """Caps requests in flight per endpoint and sends each to the least busy one."""
+
+    def __init__(self, endpoints: list[Endpoint], max_retries: int):
+        self.endpoints = endpoints
+        self.max_retries = max_retries
+        self._slots = asyncio.Semaphore(sum(e.concurrency for e in endpoints))
+
+    async def send(self, request: dict[str, Any], on_retry) -> RawReply:
+        """Send one chat request; retry retriable failures with backoff. Raises LLMError."""
+        attempt = 0
+        while True:
+            try:
+                return await self._send_once(request)
+            except LLMError as error:
+                retriable = error.kind in ("rate_limited", "timeout", "connection", "server_error")
+                if not retriable or attempt >= self.max_retries:
+                    error.attempts = attempt + 1
+                    raise
+                delay = getattr(error, "retry_after", None)
+                if delay is not None:
+                    delay = min(delay, RETRY_AFTER_CAP)
+                else:
+                    delay = min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt) * random.uniform(0.5, 1.0)
+                attempt += 1
+                on_retry()
+                await asyncio.sleep(delay)
+
+    async def _send_once(self, request: dict[str, Any]) -> RawReply:
+        async with self._slots:
+            endpoint = min(self.endpoints, key=lambda e: e.in_flight / e.concurrency)
+            endpoint.in_flight += 1
+            try:
+                await endpoint.limiter.wait()
+                response = await endpoint.client.chat.completions.create(**request)
+            except openai.APIStatusError as exc:
+                raise _status_error(exc) from None
+            except openai.APITimeoutError:
+                raise LLMError("timeout", "the request timed out") from None
+            except openai.APIConnectionError as exc:
+                raise LLMError("connection", f"connection failed ({_first_line(exc)})") from None
+            except (openai.APIResponseValidationError, ValueError) as exc:
+                raise LLMError("server_error", f"unreadable response ({_first_line(exc)})") from None
+            finally:
+                endpoint.in_flight -= 1
+        if not response.choices:
+            raise LLMError("server_error", "the response has no choices")
+        choice = response.choices[0]
+        usage = response.usage
+        return RawReply(
+            content=choice.message.content or "",
+            finish_reason=choice.finish_reason,
+            prompt_tokens=usage.prompt_tokens if usage else None,
+            completion_tokens=usage.completion_tokens if usage else None,
+        )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def _status_error(exc: openai.APIStatusError) -> Exception:
+    status = exc.status_code
+    message = f"HTTP {status}: {_first_line(exc)}"
+    if status in (401, 403):
+        # Every request would fail the same way: stop the run, do not fill the failures file.
+        return PersonaempError(f"the endpoint refused the API key ({message})", "check OPENAI_API_KEY")
+    if status == 404:
+        return PersonaempError(f"the endpoint has no such model or path ({message})", "check --model")
+    if status in RETRIABLE_STATUS or status >= 500:
+        error = LLMError("rate_limited" if status == 429 else "server_error", message)
+        error.retry_after = _retry_after(exc.response.headers)
+        return error
+    return LLMError("http_error", message)
+
+
+def _retry_after(headers) -> float | None:
+    """Seconds the server asked us to wait: retry-after-ms, retry-after (seconds or a date)."""
+    try:
+        if headers.get("retry-after-ms"):
+            return max(0.0, float(headers["retry-after-ms"]) / 1000)
+        value = headers.get("retry-after")
+        if value is None:
+            return None
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            when = email.utils.parsedate_to_datetime(value)
+            return max(0.0, when.timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,58 @@
+"""Open an engine from settings: endpoints (or the embedded local server), cache, pool."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from personaemp.errors import InputError
+from personaemp.llm.cache import ReplyCache
+from personaemp.llm.endpoints import Endpoint, EndpointPool
+from personaemp.llm.engine import Engine
+from personaemp.llm.settings import LLMSettings
+
+
+@contextlib.asynccontextmanager
+async def open_engine(settings: LLMSettings) -> AsyncIterator[Engine]:
+    """Yield a ready engine; the local server (if used) is stopped and the cache closed after."""
+    async with contextlib.AsyncExitStack() as stack:
+        if settings.uses_local:
+            from personaemp.llm.local import LocalServer
+
+            server = stack.enter_context(LocalServer(log_path=settings.local_log))
+            # llama.cpp serves one request at a time: more in flight would only queue there
+            # and run into timeouts.
+            base_urls, model, concurrency, kind = [server.base_url], server.model, 1, "local"
+            structured = "json_object_schema" if settings.structured == "auto" else settings.structured
+        else:
+            if not settings.model:
+                raise InputError("no model given for the endpoint", "pass --model or set PERSONAEMP_MODEL")
+            base_urls, model, concurrency, kind = (
+                settings.base_urls,
+                settings.model,
+                settings.concurrency,
+                "remote",
+            )
+            structured = "json_schema" if settings.structured == "auto" else settings.structured
+        endpoints = [
+            Endpoint(url, settings.api_key, concurrency, settings.rpm, settings.timeout) for url in base_urls
+        ]
+        for endpoint in endpoints:
+            stack.push_async_callback(endpoint.client.close)
+        cache = None
+        if settings.use_cache or settings.refresh:
+            cache = ReplyCache(
+                settings.work_dir / "cache.sqlite", read=settings.use_cache and not settings.refresh
+            )
+            stack.callback(cache.close)
+        yield Engine(
+            EndpointPool(endpoints, settings.max_retries),
+            model=model,
+            structured=structured,
+            fold_system=kind == "local",
+            max_tokens=settings.max_tokens,
+            temperature=settings.temperature,
+            max_reasks=settings.max_reasks,
+            cache=cache,
+            endpoint_kind=kind,
+        )
