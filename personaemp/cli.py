@@ -21,6 +21,92 @@ app = typer.Typer(
 )
 
 PROCESSED = Path("data/processed")
+LLM_PANEL = "LLM endpoint and engine"
+
+# Options shared by every LLM stage. The API key is read from OPENAI_API_KEY only: a flag
+# would put it in shell history and process listings.
+BaseUrls = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--base-url",
+        envvar="OPENAI_BASE_URL",
+        help="OpenAI-compatible endpoint; repeat (or comma-separate) to spread requests over several.",
+        rich_help_panel=LLM_PANEL,
+    ),
+]
+Model = Annotated[
+    str | None, typer.Option(envvar="PERSONAEMP_MODEL", help="Model name.", rich_help_panel=LLM_PANEL)
+]
+Llm = Annotated[
+    str,
+    typer.Option(
+        help="auto: the embedded local model unless an endpoint is set; local; remote.",
+        rich_help_panel=LLM_PANEL,
+    ),
+]
+Structured = Annotated[
+    str,
+    typer.Option(
+        help="Structured output: auto|json_schema|json_object_schema|json_object|none.",
+        rich_help_panel=LLM_PANEL,
+    ),
+]
+Concurrency = Annotated[
+    int,
+    typer.Option(
+        envvar="PERSONAEMP_CONCURRENCY", help="Requests in flight per endpoint.", rich_help_panel=LLM_PANEL
+    ),
+]
+Rpm = Annotated[
+    float | None, typer.Option(help="Requests per minute per endpoint.", rich_help_panel=LLM_PANEL)
+]
+Timeout = Annotated[float, typer.Option(help="Seconds per request.", rich_help_panel=LLM_PANEL)]
+MaxTokens = Annotated[int, typer.Option(help="max_tokens per request.", rich_help_panel=LLM_PANEL)]
+Temperature = Annotated[float, typer.Option(rich_help_panel=LLM_PANEL)]
+Retries = Annotated[int, typer.Option(help="Network/HTTP retries per request.", rich_help_panel=LLM_PANEL)]
+Reasks = Annotated[
+    int, typer.Option(help="Re-asks after an invalid or cut-off reply.", rich_help_panel=LLM_PANEL)
+]
+WorkDir = Annotated[
+    Path,
+    typer.Option(
+        envvar="PERSONAEMP_WORK_DIR", help="Cache and run report folder.", rich_help_panel=LLM_PANEL
+    ),
+]
+NoCache = Annotated[
+    bool, typer.Option("--no-cache", help="Neither read nor write the cache.", rich_help_panel=LLM_PANEL)
+]
+Refresh = Annotated[
+    bool,
+    typer.Option("--refresh", help="Ignore cached replies and overwrite them.", rich_help_panel=LLM_PANEL),
+]
+RetryFailed = Annotated[
+    bool,
+    typer.Option(
+        "--retry-failed", help="Retry only the units of the failures file.", rich_help_panel=LLM_PANEL
+    ),
+]
+PriceIn = Annotated[
+    float | None, typer.Option(help="Price per million prompt tokens.", rich_help_panel=LLM_PANEL)
+]
+PriceOut = Annotated[
+    float | None, typer.Option(help="Price per million completion tokens.", rich_help_panel=LLM_PANEL)
+]
+
+
+def llm_settings(**options):
+    """LLMSettings from the shared options; the key comes from the environment only."""
+    import os
+
+    from personaemp.llm.settings import LLMSettings
+
+    urls = [u.strip() for value in options.pop("base_url") or [] for u in value.split(",") if u.strip()]
+    return LLMSettings(
+        base_urls=urls,
+        api_key=os.environ.get("OPENAI_API_KEY"),
+        use_cache=not options.pop("no_cache"),
+        **options,
+    )
 
 
 @app.callback()

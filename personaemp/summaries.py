@@ -30,3 +30,47 @@ def print_filter_summary(report: FilterReport, console: Console) -> None:
             labels.add_row(label, str(count))
         console.print(labels)
     console.print(f"wrote {report.output}")
+
+
+def print_stage_report(report, console: Console) -> None:
+    """The run report of an LLM stage: outcome, then per-step requests, cache, tokens."""
+    outcome = report.outcome
+    console.print(
+        f"[bold]{report.stage}[/]: {outcome.units} units = {outcome.done} done + "
+        f"{outcome.done_before} done earlier + {outcome.failed} failed + {outcome.failed_before} "
+        f"failed earlier (not retried; --retry-failed)"
+    )
+    table = Table(title=f"{report.stage} · {report.model} ({report.endpoint_kind})", title_justify="left")
+    for column in (
+        "step",
+        "calls",
+        "requests",
+        "cached",
+        "retries",
+        "re-asks",
+        "prompt tok",
+        "completion tok",
+    ):
+        table.add_column(column, justify="left" if column == "step" else "right")
+    for name, stats in report.steps.items():
+        table.add_row(
+            name,
+            *(
+                str(stats[k])
+                for k in (
+                    "calls",
+                    "requests",
+                    "cache_hits",
+                    "retries",
+                    "reasks",
+                    "prompt_tokens",
+                    "completion_tokens",
+                )
+            ),
+        )
+    console.print(table)
+    if outcome.failures_by_kind:
+        kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(outcome.failures_by_kind.items()))
+        console.print(f"failures by kind: {kinds} · see {report.failures}")
+    cost = f" · cost {report.cost:.4f}" if report.cost is not None else ""
+    console.print(f"wall time {report.wall_seconds:.1f} s{cost} · wrote {report.output}")

@@ -24,7 +24,7 @@ CREATE TABLE IF NOT EXISTS replies (
 """
 
 
-def request_key(request: dict[str, Any], sample: int) -> str:
+def request_key(request: dict[str, Any], sample: int | str) -> str:
     """sha256 of the canonical request: model, messages, sampling, response format, sample.
 
     Runtime knobs (endpoint, timeout, concurrency) are not in `request`, so they never

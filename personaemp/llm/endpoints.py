@@ -64,6 +64,8 @@ class Endpoint:
         self.base_url = base_url
         self.concurrency = concurrency
         self.in_flight = 0
+        self.failures_in_row = 0
+        self.cooldown_until = 0.0  # after transport failures, prefer the other endpoints
         self.limiter = RateLimiter(rpm)
         # The key lives only inside the client object; nothing else stores it.
         self.client = openai.AsyncOpenAI(
@@ -78,6 +80,22 @@ class EndpointPool:
         self.endpoints = endpoints
         self.max_retries = max_retries
         self._slots = asyncio.Semaphore(sum(e.concurrency for e in endpoints))
+        self._turn = 0  # rotates ties so equally busy endpoints share the load
+
+    def _pick(self) -> Endpoint:
+        """The least busy endpoint with a free slot, healthy ones first."""
+        now = time.monotonic()
+        self._turn += 1
+        count = len(self.endpoints)
+        candidates = [e for e in self.endpoints if e.in_flight < e.concurrency]
+        return min(
+            candidates,
+            key=lambda e: (
+                e.cooldown_until > now,
+                e.in_flight / e.concurrency,
+                (self.endpoints.index(e) - self._turn) % count,
+            ),
+        )
 
     async def send(self, request: dict[str, Any], on_retry) -> RawReply:
         """Send one chat request; retry retriable failures with backoff. Raises LLMError."""
@@ -101,21 +119,26 @@ class EndpointPool:
 
     async def _send_once(self, request: dict[str, Any]) -> RawReply:
         async with self._slots:
-            endpoint = min(self.endpoints, key=lambda e: e.in_flight / e.concurrency)
+            endpoint = self._pick()
             endpoint.in_flight += 1
             try:
                 await endpoint.limiter.wait()
                 response = await endpoint.client.chat.completions.create(**request)
             except openai.APIStatusError as exc:
-                raise _status_error(exc) from None
+                error = _status_error(exc)
             except openai.APITimeoutError:
-                raise LLMError("timeout", "the request timed out") from None
+                error = LLMError("timeout", "the request timed out")
             except openai.APIConnectionError as exc:
-                raise LLMError("connection", f"connection failed ({_first_line(exc)})") from None
+                error = LLMError("connection", f"connection failed ({_first_line(exc)})")
             except (openai.APIResponseValidationError, ValueError) as exc:
-                raise LLMError("server_error", f"unreadable response ({_first_line(exc)})") from None
+                error = LLMError("server_error", f"unreadable response ({_first_line(exc)})")
+            else:
+                error = None
             finally:
                 endpoint.in_flight -= 1
+            _note_health(endpoint, error)
+            if error is not None:
+                raise error
         if not response.choices:
             raise LLMError("server_error", "the response has no choices")
         choice = response.choices[0]
@@ -126,6 +149,14 @@ class EndpointPool:
             prompt_tokens=usage.prompt_tokens if usage else None,
             completion_tokens=usage.completion_tokens if usage else None,
         )
+
+
+def _note_health(endpoint: Endpoint, error: Exception | None) -> None:
+    if isinstance(error, LLMError) and error.kind in ("timeout", "connection", "server_error"):
+        endpoint.failures_in_row += 1
+        endpoint.cooldown_until = time.monotonic() + min(BACKOFF_CAP, 2 ** (endpoint.failures_in_row - 1))
+    elif error is None:
+        endpoint.failures_in_row, endpoint.cooldown_until = 0, 0.0
 
 
 def _first_line(exc: BaseException) -> str:

@@ -80,7 +80,9 @@ class Engine:
             if attempt:
                 stats.reasks += 1
             request = self.build_request(conversation, schema, budget)
-            reply, cached = await self._reply(step, request, sample)
+            # The attempt is part of the key: a second re-ask repeats the first one's request,
+            # and must not be answered with the same cached bad reply.
+            reply, cached = await self._reply(step, request, f"{sample}.{attempt}" if attempt else sample)
             error = _problem(reply)
             if error is None:
                 try:
@@ -128,7 +130,7 @@ class Engine:
             request["response_format"] = {"type": "json_object"}
         return request
 
-    async def _reply(self, step: str, request: dict, sample: int) -> tuple[RawReply, bool]:
+    async def _reply(self, step: str, request: dict, sample: int | str) -> tuple[RawReply, bool]:
         stats = self.accounting.step(step)
         key = request_key(request, sample)
         stored = self.cache.get(key) if self.cache else None

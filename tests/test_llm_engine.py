@@ -1,0 +1,271 @@
+"""The LLM engine through a real HTTP server (tests/fake_openai.py): faults, cache, caps."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from fake_openai import (
+    FakeOpenAI,
+    drop,
+    empty,
+    hang,
+    invalid_json_content,
+    malformed_body,
+    rate_limit,
+    reply,
+    server_error,
+    truncated,
+)
+from pydantic import BaseModel
+
+from personaemp.errors import PersonaempError
+from personaemp.llm.endpoints import LLMError, _retry_after
+from personaemp.llm.engine import REASK
+from personaemp.llm.session import open_engine
+from personaemp.llm.settings import LLMSettings
+
+GOOD = {"text": "hello", "mood": 3}
+
+
+class Greeting(BaseModel):
+    text: str
+    mood: int
+
+
+def settings_for(server: FakeOpenAI, tmp_path: Path, **overrides) -> LLMSettings:
+    values = dict(base_urls=[server.base_url], model="fake", work_dir=tmp_path / "work", api_key="sk-test")
+    values.update(overrides)
+    return LLMSettings(**values)
+
+
+def ask(settings: LLMSettings, count: int = 1, **call_options):
+    """Make `count` calls; return (results or exceptions, accounting of the step)."""
+
+    async def main():
+        async with open_engine(settings) as engine:
+
+            async def one(number):
+                messages = [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": f"#{number}"},
+                ]
+                return await engine.call("greet", messages, Greeting, **call_options)
+
+            results = await asyncio.gather(*(one(n) for n in range(count)), return_exceptions=True)
+            return results, engine.accounting.step("greet")
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [rate_limit(0.01), server_error(500), server_error(503), drop(), malformed_body(), hang(5)],
+    ids=["429", "500", "503", "drop", "malformed_body", "hang"],
+)
+def test_transport_faults_are_retried(tmp_path, fault):
+    with FakeOpenAI() as server:
+        server.queue(fault, reply(GOOD))
+        settings = settings_for(server, tmp_path, timeout=0.5)
+        [result], stats = ask(settings)
+        assert result.value == Greeting(**GOOD)
+        assert server.count == 2
+        assert (stats.requests, stats.retries, stats.reasks) == (2, 1, 0)
+
+
+def test_retry_after_is_honoured_and_counted(tmp_path):
+    with FakeOpenAI() as server:
+        server.queue(rate_limit(0.2), reply(GOOD))
+        [result], stats = ask(settings_for(server, tmp_path))
+        first, second = server.chat_requests
+        assert result.value.text == "hello" and stats.retries == 1
+        assert second.received_at - first.received_at >= 0.2
+
+
+@pytest.mark.parametrize(
+    ("fault", "echo"),
+    [
+        (invalid_json_content(), '{"persona": "unterminated'),
+        (reply({"text": "hi"}), '{"text": "hi"}'),
+        (empty(), ""),
+        (truncated('{"text": "hel'), '{"text": "hel'),
+    ],
+    ids=["invalid_json", "schema_invalid", "empty", "truncated"],
+)
+def test_bad_replies_are_reasked_with_the_reason(tmp_path, fault, echo):
+    with FakeOpenAI() as server:
+        server.queue(fault, reply(GOOD))
+        [result], stats = ask(settings_for(server, tmp_path, max_tokens=100))
+        assert result.value == Greeting(**GOOD)
+        assert (stats.requests, stats.reasks, stats.retries) == (2, 1, 0)
+        first, second = (r.body for r in server.chat_requests)
+        assert second["messages"][: len(first["messages"])] == first["messages"]
+        assert second["messages"][-2] == {"role": "assistant", "content": echo}
+        assert second["messages"][-1]["content"].startswith(REASK.split("{error}")[0])
+        # A cut reply gets room to finish the second time.
+        assert second["max_tokens"] == (200 if fault.finish_reason == "length" else 100)
+
+
+def test_reask_names_the_invalid_field(tmp_path):
+    with FakeOpenAI() as server:
+        server.queue(reply({"text": "hi", "mood": "very"}), reply(GOOD))
+        ask(settings_for(server, tmp_path))
+        reask = server.chat_requests[1].body["messages"][-1]["content"]
+        assert "mood" in reask and "integer" in reask
+
+
+def test_persistent_transport_fault_ends_as_llm_error(tmp_path):
+    with FakeOpenAI(responder=lambda body, n: server_error(502)) as server:
+        [error], stats = ask(settings_for(server, tmp_path, max_retries=2))
+        assert isinstance(error, LLMError)
+        assert (error.kind, error.attempts) == ("server_error", 3)
+        assert server.count == 3 and stats.failures == {"server_error": 1}
+
+
+def test_persistent_bad_replies_end_as_llm_error_with_raw(tmp_path):
+    with FakeOpenAI(responder=lambda body, n: reply({"text": "no mood"})) as server:
+        [error], stats = ask(settings_for(server, tmp_path, max_reasks=2))
+        assert isinstance(error, LLMError) and error.kind == "invalid"
+        assert error.raw == '{"text": "no mood"}'
+        assert server.count == 3 and stats.reasks == 2
+
+
+def test_unauthorized_stops_the_run(tmp_path):
+    with FakeOpenAI(responder=lambda body, n: server_error(401)) as server:
+        [error], _ = ask(settings_for(server, tmp_path))
+        assert isinstance(error, PersonaempError) and not isinstance(error, LLMError)
+        assert "API key" in str(error) and server.count == 1
+
+
+def test_check_callback_rejections_are_reasked(tmp_path):
+    def check(value: Greeting) -> None:
+        if value.mood > 5:
+            raise ValueError("mood must be at most 5")
+
+    with FakeOpenAI() as server:
+        server.queue(reply({"text": "x", "mood": 9}), reply(GOOD))
+        [result], stats = ask(settings_for(server, tmp_path), check=check)
+        assert result.value.mood == 3 and stats.reasks == 1
+        assert "mood must be at most 5" in server.chat_requests[1].body["messages"][-1]["content"]
+
+
+def test_second_run_is_served_from_cache(tmp_path):
+    with FakeOpenAI() as server:
+        settings = settings_for(server, tmp_path)
+        first, stats = ask(settings, count=5)
+        assert server.count == 5 and stats.cache_hits == 0
+        second, stats = ask(settings, count=5)
+        assert server.count == 5 and stats.cache_hits == 5 and stats.requests == 0
+        assert [r.value for r in first] == [r.value for r in second]
+        assert all(r.cached for r in second)
+
+
+def test_reasked_calls_replay_from_cache_too(tmp_path):
+    with FakeOpenAI() as server:
+        server.queue(invalid_json_content(), reply(GOOD))
+        settings = settings_for(server, tmp_path)
+        ask(settings)
+        [result], stats = ask(settings)
+        assert server.count == 2 and stats.cache_hits == 2 and result.value.text == "hello"
+
+
+def test_no_cache_and_refresh(tmp_path):
+    with FakeOpenAI() as server:
+        settings = settings_for(server, tmp_path)
+        ask(settings)
+        ask(settings_for(server, tmp_path, use_cache=False))
+        assert server.count == 2
+        ask(settings_for(server, tmp_path, refresh=True))
+        assert server.count == 3
+        ask(settings)
+        assert server.count == 3
+
+
+def test_sample_index_and_sampling_are_part_of_the_key(tmp_path):
+    with FakeOpenAI() as server:
+        ask(settings_for(server, tmp_path))
+        ask(settings_for(server, tmp_path), sample=1)
+        ask(settings_for(server, tmp_path, temperature=0.1))
+        assert server.count == 3
+        # Runtime knobs are not: another timeout or concurrency reuses the cache.
+        ask(settings_for(server, tmp_path, timeout=7, concurrency=3))
+        assert server.count == 3
+
+
+def test_in_flight_never_exceeds_the_cap(tmp_path):
+    with FakeOpenAI(latency=lambda: 0.05) as server:
+        results, _ = ask(settings_for(server, tmp_path, concurrency=3), count=12)
+        assert all(not isinstance(r, Exception) for r in results)
+        assert server.count == 12 and server.max_in_flight == 3
+
+
+def test_requests_are_spread_over_endpoints(tmp_path):
+    with FakeOpenAI(latency=lambda: 0.05) as one, FakeOpenAI(latency=lambda: 0.05) as two:
+        settings = settings_for(one, tmp_path, concurrency=2)
+        settings.base_urls.append(two.base_url)
+        results, _ = ask(settings, count=12)
+        assert all(not isinstance(r, Exception) for r in results)
+        assert one.count + two.count == 12 and one.count >= 3 and two.count >= 3
+        assert one.max_in_flight <= 2 and two.max_in_flight <= 2
+
+
+def test_connection_refused_endpoint_is_retried_elsewhere(tmp_path):
+    with FakeOpenAI() as good:
+        settings = settings_for(good, tmp_path, max_retries=4)
+        settings.base_urls.insert(0, "http://127.0.0.1:9/v1")  # nothing listens on port 9
+        results, stats = ask(settings, count=4)
+        assert all(not isinstance(r, Exception) for r in results)
+        assert good.count == 4
+
+
+def test_every_request_carries_max_tokens_and_the_schema(tmp_path):
+    with FakeOpenAI() as server:
+        ask(settings_for(server, tmp_path, max_tokens=77))
+        body = server.chat_requests[0].body
+        assert body["max_tokens"] == 77 and "max_completion_tokens" not in body
+        assert body["response_format"]["type"] == "json_schema"
+        assert body["response_format"]["json_schema"]["schema"] == Greeting.model_json_schema()
+        assert server.chat_requests[0].headers["authorization"] == "Bearer sk-test"
+
+
+@pytest.mark.parametrize("mode", ["json_object_schema", "json_object", "none"])
+def test_structured_modes(tmp_path, mode):
+    with FakeOpenAI(responder=lambda body, n: reply(GOOD)) as server:
+        [result], _ = ask(settings_for(server, tmp_path, structured=mode))
+        assert result.value.text == "hello"
+        body = server.chat_requests[0].body
+        schema = Greeting.model_json_schema()
+        if mode == "json_object_schema":
+            assert body["response_format"] == {"type": "json_object", "schema": schema}
+            assert body["messages"][0]["content"] == "Be brief."
+        else:
+            assert body.get("response_format") == ({"type": "json_object"} if mode == "json_object" else None)
+            system = body["messages"][0]
+            assert system["role"] == "system" and system["content"].startswith("Be brief.")
+            assert json.dumps(schema, separators=(",", ":")) in system["content"]
+
+
+def test_api_key_never_reaches_a_file(tmp_path):
+    secret = "sk-live-DO-NOT-STORE-1234567890"
+
+    def leaky(body, number):  # an endpoint that echoes the key in its error message
+        return server_error(400) if number == 0 else reply(GOOD)
+
+    with FakeOpenAI(responder=leaky) as server:
+        settings = settings_for(server, tmp_path, api_key=secret)
+        ask(settings, count=3)
+        assert server.chat_requests[0].headers["authorization"] == f"Bearer {secret}"
+    assert secret not in repr(settings)
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+
+
+def test_retry_after_header_forms():
+    assert _retry_after({"retry-after-ms": "1500"}) == 1.5
+    assert _retry_after({"retry-after": "2"}) == 2.0
+    assert _retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) == 0.0  # in the past
+    assert _retry_after({}) is None
+    assert _retry_after({"retry-after": "soon"}) is None
