@@ -196,3 +196,66 @@ def filter_command(
         console=console,
     )
     print_filter_summary(report, console)
+
+
+@app.command("infer-persona")
+@reports_errors
+def infer_persona_command(
+    input: Annotated[Path, typer.Option("--input", "-i")] = PROCESSED / "filtered.jsonl",
+    output: Annotated[Path, typer.Option("--output", "-o")] = PROCESSED / "personas.jsonl",
+    limit: Annotated[int | None, typer.Option(help="Only the first N users.")] = None,
+    users: Annotated[list[str] | None, typer.Option("--users", help="Only these user ids (repeat).")] = None,
+    show: Annotated[
+        str | None, typer.Option("--show", help="Print this user's persona next to its evidence and exit.")
+    ] = None,
+    base_url: BaseUrls = None,
+    model: Model = None,
+    llm: Llm = "auto",
+    structured: Structured = "auto",
+    concurrency: Concurrency = 16,
+    rpm: Rpm = None,
+    timeout: Timeout = 120.0,
+    max_tokens: MaxTokens = 1024,
+    temperature: Temperature = 0.7,
+    max_retries: Retries = 6,
+    max_reasks: Reasks = 2,
+    work_dir: WorkDir = PROCESSED / ".personaemp",
+    no_cache: NoCache = False,
+    refresh: Refresh = False,
+    retry_failed: RetryFailed = False,
+    price_in: PriceIn = None,
+    price_out: PriceOut = None,
+) -> None:
+    """Infer an evidence-grounded persona and Big Five levels for each filtered user (LLM)."""
+    console = stderr_console()
+    if show is not None:
+        from personaemp.summaries import print_persona
+
+        print_persona(output, show, Console(soft_wrap=True))
+        return
+    from personaemp.stages.persona import infer_personas
+    from personaemp.summaries import print_persona_summary, print_stage_report
+
+    settings = llm_settings(
+        base_url=base_url,
+        model=model,
+        llm=llm,
+        structured=structured,
+        concurrency=concurrency,
+        rpm=rpm,
+        timeout=timeout,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        max_retries=max_retries,
+        max_reasks=max_reasks,
+        work_dir=work_dir,
+        no_cache=no_cache,
+        refresh=refresh,
+        price_in=price_in,
+        price_out=price_out,
+    )
+    report, summary = infer_personas(
+        input, output, settings, limit=limit, users=users, retry_failed=retry_failed, console=console
+    )
+    print_stage_report(report, console)
+    print_persona_summary(summary, console)

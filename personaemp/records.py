@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -56,3 +58,66 @@ class User(Record):
     memories: list[Memory]
     intents: list[Intent] = []
     filter: FilterMatch | None = None
+
+
+# --- infer-persona -------------------------------------------------------------------
+
+Aspect = Literal[
+    "emotional_traits",
+    "stress_response",
+    "social_context",
+    "values_motivations",
+    "support_preferences",
+    "sensitivities",
+]
+Level = Literal["low", "medium", "high"]
+BIG_FIVE = ("openness", "conscientiousness", "extraversion", "agreeableness", "neuroticism")
+
+
+class Trait(Record):
+    aspect: Aspect
+    statement: str
+    evidence: list[str]  # memory ids, all checked to exist for this user
+
+
+class TraitLevel(Record):
+    level: Level
+    evidence: list[str]
+    rationale: str
+    thin_evidence: bool  # no valid memory supports the level (the prompt says: choose medium)
+
+
+class BigFive(Record):
+    openness: TraitLevel
+    conscientiousness: TraitLevel
+    extraversion: TraitLevel
+    agreeableness: TraitLevel
+    neuroticism: TraitLevel
+
+
+class Grounding(Record):
+    """What the deterministic grounding check removed from the model's reply."""
+
+    traits_proposed: int = 0
+    traits_dropped: int = 0  # no valid evidence left
+    citations_dropped: int = 0  # ids that are not this user's memories
+
+
+class Provenance(Record):
+    model: str
+    endpoint_kind: str
+    prompts: dict[str, str]  # prompt name -> hash
+    created_at: str
+
+
+class Persona(User):
+    """A persona row: the user row plus the inferred persona (DESIGN.md "Persona")."""
+
+    eligible: bool
+    gate_reason: str
+    topics: list[str] = []
+    traits: list[Trait] = []
+    profile: str = ""
+    big_five: BigFive | None = None
+    grounding: Grounding = Grounding()
+    provenance: Provenance

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from personaemp.stages.filter import FilterReport
@@ -74,3 +75,51 @@ def print_stage_report(report, console: Console) -> None:
         console.print(f"failures by kind: {kinds} · see {report.failures}")
     cost = f" · cost {report.cost:.4f}" if report.cost is not None else ""
     console.print(f"wall time {report.wall_seconds:.1f} s{cost} · wrote {report.output}")
+
+
+def print_persona_summary(summary, console: Console) -> None:
+    console.print(
+        f"personas: {summary.eligible} eligible + {summary.ineligible} failed the depth gate "
+        f"(kept, eligible: false) of {summary.users_in} users · traits kept {summary.traits_kept}, "
+        f"dropped for lack of valid evidence {summary.traits_dropped} · citations of unknown "
+        f"memories removed {summary.citations_dropped} · Big Five levels on thin evidence "
+        f"{summary.thin_levels}"
+    )
+
+
+def print_persona(path, user_id: str, console: Console) -> None:
+    """One persona with each trait and level next to the memories it cites, for auditing."""
+    from personaemp.errors import InputError
+    from personaemp.io import ErrorPolicy, iter_jsonl
+    from personaemp.records import BIG_FIVE, Persona
+
+    for _, _, row in iter_jsonl(path, ErrorPolicy("fail")):
+        if str(row.get("user_id")) == user_id:
+            persona = Persona.model_validate(row)
+            break
+    else:
+        raise InputError(f"{path}: no persona for user {user_id!r}")
+    memories = {m.memory_id: m for m in persona.memories}
+
+    def cite(ids: list[str]) -> str:
+        return "\n".join(f"    [dim]{i}[/] {escape(memories[i].value)}" for i in ids if i in memories)
+
+    console.print(
+        f"[bold]{escape(persona.user_id)}[/] · language {persona.language} · eligible {persona.eligible}"
+    )
+    console.print(f"gate: {escape(persona.gate_reason)}")
+    console.print(f"topics: {escape(', '.join(persona.topics))}")
+    for trait in persona.traits:
+        console.print(f"[bold]{trait.aspect}[/]: {escape(trait.statement)}")
+        console.print(cite(trait.evidence))
+    if persona.big_five:
+        for name in BIG_FIVE:
+            level = getattr(persona.big_five, name)
+            thin = " [yellow](thin evidence)[/]" if level.thin_evidence else ""
+            console.print(f"[bold]{name}[/] {level.level}{thin}: {escape(level.rationale)}")
+            if level.evidence:
+                console.print(cite(level.evidence))
+    console.print(
+        f"[dim]model {persona.provenance.model} ({persona.provenance.endpoint_kind}) · prompts "
+        f"{persona.provenance.prompts} · {persona.provenance.created_at}[/]"
+    )

@@ -1,0 +1,58 @@
+"""Prompt templates: prompts/<name>.md with `## system` and `## user` sections, `$name` slots.
+
+A prompt's hash (of its file text) is recorded with every output made from it, and is
+part of the stage fingerprint: editing a prompt re-runs the units it touches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+
+from personaemp.errors import InputError
+
+DEFAULT_DIR = Path(__file__).resolve().parent.parent / "prompts"
+_SECTION = re.compile(r"^## (system|user)\s*$", re.MULTILINE)
+
+
+def prompts_dir() -> Path:
+    return Path(os.environ.get("PERSONAEMP_PROMPTS", DEFAULT_DIR))
+
+
+@dataclass(frozen=True)
+class Prompt:
+    name: str
+    system: str
+    user: Template
+    hash: str
+
+    def render(self, **values: str) -> list[dict[str, str]]:
+        try:
+            user = self.user.substitute(values)
+        except KeyError as exc:
+            raise InputError(f"prompt {self.name}: no value for ${exc.args[0]}") from None
+        return [{"role": "system", "content": self.system}, {"role": "user", "content": user}]
+
+
+def load_prompt(name: str, folder: Path | None = None) -> Prompt:
+    path = (folder or prompts_dir()) / f"{name}.md"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(
+            f"{path}: cannot read the prompt ({exc.strerror})", "set PERSONAEMP_PROMPTS"
+        ) from None
+    parts = _SECTION.split(text)
+    sections = {parts[i]: parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
+    if set(sections) != {"system", "user"}:
+        raise InputError(f"{path}: needs exactly a '## system' and a '## user' section")
+    return Prompt(
+        name=name,
+        system=sections["system"],
+        user=Template(sections["user"]),
+        hash=hashlib.sha256(text.encode()).hexdigest()[:12],
+    )

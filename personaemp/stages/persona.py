@@ -1,0 +1,324 @@
+"""`personaemp infer-persona`: evidence-grounded personas and Big Five levels.
+
+Two LLM steps per user, each a messages builder, a reply schema and a parser:
+  persona  -> depth gate, topics, traits citing memory ids
+  big_five -> five levels citing memory ids (eligible users with a grounded trait only)
+Cited ids are constrained by the schema (an enum of the user's memory ids) and then
+checked anyway: a trait with no valid evidence is dropped, a user left with none fails
+as `ungrounded`. The profile text later stages read is built from grounded traits only.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from personaemp.errors import InputError, UnitError
+from personaemp.io import ErrorPolicy, iter_jsonl
+from personaemp.prompts import Prompt, load_prompt
+from personaemp.records import (
+    BIG_FIVE,
+    Aspect,
+    BigFive,
+    Grounding,
+    Level,
+    Memory,
+    Persona,
+    Provenance,
+    Trait,
+    TraitLevel,
+    User,
+)
+
+STAGE = "infer-persona"
+MEMORY_TEXT = 240  # characters of a memory's value kept in a prompt
+EVIDENCE_TEXT = 160  # characters of its evidence quote
+TURN_TEXT = 300  # characters per user turn in the style window
+TURN_WINDOW = 1200  # characters of user turns in all
+
+
+# --- reply models (the JSON the model must return) ---------------------------------------
+
+
+class DepthCheck(BaseModel):
+    has_depth: bool
+    reason: str = Field(description="one sentence")
+
+
+class TraitReply(BaseModel):
+    aspect: Aspect
+    statement: str
+    evidence: list[str] = Field(min_length=1)
+
+
+class PersonaReply(BaseModel):
+    depth: DepthCheck
+    topics: list[str] = Field(max_length=5)
+    traits: list[TraitReply] = Field(max_length=8)
+
+
+class LevelReply(BaseModel):
+    level: Level
+    evidence: list[str]
+    rationale: str
+
+
+class BigFiveReply(BaseModel):
+    openness: LevelReply
+    conscientiousness: LevelReply
+    extraversion: LevelReply
+    agreeableness: LevelReply
+    neuroticism: LevelReply
+
+
+# --- rendering ------------------------------------------------------------------------------
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def render_memories(memories: Sequence[Memory]) -> str:
+    lines = []
+    for memory in memories:
+        label = (
+            memory.label_suggestion
+            if memory.label == "UNMAPPED" and memory.label_suggestion
+            else memory.label
+        )
+        line = f"[{memory.memory_id}] {label}: {_clip(memory.value, MEMORY_TEXT)}"
+        if memory.evidence_text:
+            line += f' (user said: "{_clip(memory.evidence_text, EVIDENCE_TEXT)}")'
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def render_turns(user: User) -> str:
+    """The user's latest turns, newest last, within TURN_WINDOW characters."""
+    picked, size = [], 0
+    for turn in reversed([t for t in user.turns if t.role == "user"]):
+        text = _clip(turn.text, TURN_TEXT)
+        if size + len(text) > TURN_WINDOW:
+            break
+        picked.append(f"- {text}")
+        size += len(text)
+    return "\n".join(reversed(picked)) or "(none)"
+
+
+def profile_text(traits: Sequence[Trait]) -> str:
+    return "\n".join(f"- {t.aspect.replace('_', ' ')}: {t.statement}" for t in traits)
+
+
+def _ids_enum(schema: dict[str, Any], definition: str, ids: list[str]) -> dict[str, Any]:
+    """The schema with `evidence` items narrowed to this user's memory ids."""
+    schema = copy.deepcopy(schema)
+    schema["$defs"][definition]["properties"]["evidence"]["items"] = {"type": "string", "enum": ids}
+    return schema
+
+
+# --- step 1: persona -----------------------------------------------------------------------
+
+
+def build_persona_messages(user: User, prompt: Prompt) -> list[dict[str, str]]:
+    return prompt.render(memories=render_memories(user.memories), turns=render_turns(user))
+
+
+def persona_schema(user: User) -> dict[str, Any]:
+    ids = [m.memory_id for m in user.memories]
+    return _ids_enum(PersonaReply.model_json_schema(), "TraitReply", ids)
+
+
+@dataclass
+class PersonaParse:
+    eligible: bool
+    gate_reason: str
+    topics: list[str]
+    traits: list[Trait]
+    grounding: Grounding = field(default_factory=Grounding)
+
+
+def parse_persona(user: User, reply: PersonaReply) -> PersonaParse:
+    """Keep only traits with evidence among the user's memories; count what was removed."""
+    known = {m.memory_id for m in user.memories}
+    grounding = Grounding(traits_proposed=len(reply.traits))
+    if not reply.depth.has_depth:
+        return PersonaParse(False, reply.depth.reason, reply.topics, [], grounding)
+    traits = []
+    for proposed in reply.traits:
+        evidence = list(dict.fromkeys(i for i in proposed.evidence if i in known))
+        grounding.citations_dropped += len(set(proposed.evidence)) - len(evidence)
+        if evidence and proposed.statement.strip():
+            traits.append(
+                Trait(aspect=proposed.aspect, statement=proposed.statement.strip(), evidence=evidence)
+            )
+        else:
+            grounding.traits_dropped += 1
+    if not traits:
+        raise UnitError(
+            "ungrounded",
+            f"none of {len(reply.traits)} proposed traits cites one of the user's memories",
+            raw=reply.model_dump_json(),
+        )
+    return PersonaParse(True, reply.depth.reason, reply.topics, traits, grounding)
+
+
+# --- step 2: Big Five ----------------------------------------------------------------------
+
+
+def build_big_five_messages(user: User, traits: Sequence[Trait], prompt: Prompt) -> list[dict[str, str]]:
+    return prompt.render(profile=profile_text(traits), memories=render_memories(user.memories))
+
+
+def big_five_schema(user: User) -> dict[str, Any]:
+    return _ids_enum(BigFiveReply.model_json_schema(), "LevelReply", [m.memory_id for m in user.memories])
+
+
+def parse_big_five(user: User, reply: BigFiveReply) -> tuple[BigFive, int]:
+    """Levels with only valid citations; returns the record and the citations dropped."""
+    known = {m.memory_id for m in user.memories}
+    levels, dropped = {}, 0
+    for trait in BIG_FIVE:
+        proposed: LevelReply = getattr(reply, trait)
+        evidence = list(dict.fromkeys(i for i in proposed.evidence if i in known))
+        dropped += len(set(proposed.evidence)) - len(evidence)
+        levels[trait] = TraitLevel(
+            level=proposed.level,
+            evidence=evidence,
+            rationale=proposed.rationale.strip(),
+            thin_evidence=not evidence,
+        )
+    return BigFive(**levels), dropped
+
+
+# --- the stage -----------------------------------------------------------------------------
+
+
+@dataclass
+class PersonaSummary:
+    users_in: int
+    eligible: int = 0
+    ineligible: int = 0
+    traits_kept: int = 0
+    traits_dropped: int = 0
+    citations_dropped: int = 0
+    thin_levels: int = 0  # Big Five levels with no valid evidence
+
+
+def read_rows(path: Path, limit: int | None = None, users: Sequence[str] | None = None) -> list[dict]:
+    """The rows of a stage file (validated as users), optionally limited or picked by id."""
+    wanted = set(users or ())
+    rows = []
+    for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
+        try:
+            User.model_validate(row)
+        except Exception as exc:
+            raise InputError(f"{path}:{lineno}: not a user row ({str(exc).splitlines()[0]})") from None
+        if wanted and str(row["user_id"]) not in wanted:
+            continue
+        rows.append(row)
+        if limit is not None and len(rows) >= limit:
+            break
+    missing = wanted - {str(r["user_id"]) for r in rows}
+    if missing:
+        raise InputError(f"{path}: no user {', '.join(sorted(missing))}")
+    return rows
+
+
+def infer_personas(
+    input_path: Path,
+    output_path: Path,
+    settings,
+    *,
+    limit: int | None = None,
+    users: Sequence[str] | None = None,
+    retry_failed: bool = False,
+    console=None,
+):
+    """Infer a persona for every user of `input_path`; returns (stage report, summary)."""
+    from personaemp.llm.run import run_llm_stage
+
+    rows = read_rows(input_path, limit, users)
+    persona_prompt, big_five_prompt = load_prompt("persona"), load_prompt("big_five")
+    hashes = {"persona": persona_prompt.hash, "big_five": big_five_prompt.hash}
+
+    def make_work(engine):
+        async def work(row: dict) -> dict:
+            user = User.model_validate(row)
+            result = await engine.call(
+                "persona",
+                build_persona_messages(user, persona_prompt),
+                PersonaReply,
+                schema=persona_schema(user),
+            )
+            parsed = parse_persona(user, result.value)
+            big_five, dropped = None, 0
+            if parsed.eligible:
+                levels = await engine.call(
+                    "big_five",
+                    build_big_five_messages(user, parsed.traits, big_five_prompt),
+                    BigFiveReply,
+                    schema=big_five_schema(user),
+                )
+                big_five, dropped = parse_big_five(user, levels.value)
+            parsed.grounding.citations_dropped += dropped
+            persona = Persona(
+                **user.model_dump(),
+                eligible=parsed.eligible,
+                gate_reason=parsed.gate_reason,
+                topics=parsed.topics,
+                traits=parsed.traits,
+                profile=profile_text(parsed.traits),
+                big_five=big_five,
+                grounding=parsed.grounding,
+                provenance=Provenance(
+                    model=engine.model,
+                    endpoint_kind=engine.endpoint_kind,
+                    prompts=hashes,
+                    created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+                ),
+            )
+            return {**row, **persona.model_dump(mode="json")}
+
+        return work
+
+    report = run_llm_stage(
+        STAGE,
+        rows,
+        make_work,
+        settings=settings,
+        key="user_id",
+        output=output_path,
+        fingerprint=lambda engine: f"{engine.model}|{hashes['persona']}|{hashes['big_five']}",
+        retry_failed=retry_failed,
+        console=console,
+    )
+    return report, summarize(output_path, rows)
+
+
+def summarize(output_path: Path, rows: Sequence[dict]) -> PersonaSummary:
+    """Counts over the finished personas of this input (this run's and earlier runs')."""
+    wanted = {str(r["user_id"]) for r in rows}
+    summary = PersonaSummary(users_in=len(rows))
+    if not output_path.exists():
+        return summary
+    for _, _, row in iter_jsonl(output_path, ErrorPolicy("fail")):
+        if str(row["user_id"]) not in wanted:
+            continue
+        persona = Persona.model_validate(row)
+        if persona.eligible:
+            summary.eligible += 1
+        else:
+            summary.ineligible += 1
+        summary.traits_kept += len(persona.traits)
+        summary.traits_dropped += persona.grounding.traits_dropped
+        summary.citations_dropped += persona.grounding.citations_dropped
+        if persona.big_five:
+            summary.thin_levels += sum(getattr(persona.big_five, t).thin_evidence for t in BIG_FIVE)
+    return summary
