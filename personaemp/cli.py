@@ -94,12 +94,19 @@ PriceOut = Annotated[
 ]
 
 
-def llm_settings(**options):
-    """LLMSettings from the shared options; the key comes from the environment only."""
+LLM_OPTIONS = (
+    "base_url", "model", "llm", "structured", "concurrency", "rpm", "timeout", "max_tokens",
+    "temperature", "max_retries", "max_reasks", "work_dir", "no_cache", "refresh", "price_in", "price_out",
+)  # fmt: skip
+
+
+def llm_settings(values: dict):
+    """LLMSettings from a command's shared options; the key comes from the environment only."""
     import os
 
     from personaemp.llm.settings import LLMSettings
 
+    options = {name: values[name] for name in LLM_OPTIONS}
     urls = [u.strip() for value in options.pop("base_url") or [] for u in value.split(",") if u.strip()]
     return LLMSettings(
         base_urls=urls,
@@ -236,26 +243,60 @@ def infer_persona_command(
     from personaemp.stages.persona import infer_personas
     from personaemp.summaries import print_persona_summary, print_stage_report
 
-    settings = llm_settings(
-        base_url=base_url,
-        model=model,
-        llm=llm,
-        structured=structured,
-        concurrency=concurrency,
-        rpm=rpm,
-        timeout=timeout,
-        max_tokens=max_tokens,
-        temperature=temperature,
-        max_retries=max_retries,
-        max_reasks=max_reasks,
-        work_dir=work_dir,
-        no_cache=no_cache,
-        refresh=refresh,
-        price_in=price_in,
-        price_out=price_out,
-    )
+    settings = llm_settings(locals())
     report, summary = infer_personas(
         input, output, settings, limit=limit, users=users, retry_failed=retry_failed, console=console
     )
     print_stage_report(report, console)
     print_persona_summary(summary, console)
+
+
+@app.command("gen-queries")
+@reports_errors
+def gen_queries_command(
+    input: Annotated[Path, typer.Option("--input", "-i")] = PROCESSED / "personas.jsonl",
+    output: Annotated[Path, typer.Option("--output", "-o")] = PROCESSED / "queries.jsonl",
+    per_category: Annotated[int, typer.Option(help="Situations (so queries) per category per user.")] = 1,
+    categories: Annotated[str, typer.Option(help="Comma-separated subset of ES,HEQ,SS.")] = "ES,HEQ,SS",
+    limit: Annotated[int | None, typer.Option(help="Only the first N eligible users.")] = None,
+    users: Annotated[list[str] | None, typer.Option("--users", help="Only these user ids (repeat).")] = None,
+    base_url: BaseUrls = None,
+    model: Model = None,
+    llm: Llm = "auto",
+    structured: Structured = "auto",
+    concurrency: Concurrency = 16,
+    rpm: Rpm = None,
+    timeout: Timeout = 120.0,
+    max_tokens: MaxTokens = 1024,
+    temperature: Temperature = 0.7,
+    max_retries: Retries = 6,
+    max_reasks: Reasks = 2,
+    work_dir: WorkDir = PROCESSED / ".personaemp",
+    no_cache: NoCache = False,
+    refresh: Refresh = False,
+    retry_failed: RetryFailed = False,
+    price_in: PriceIn = None,
+    price_out: PriceOut = None,
+) -> None:
+    """Write empathy-seeking queries (ES, HEQ, SS) for each eligible persona and check them (LLM)."""
+    from personaemp.stages.queries import QueryOptions, generate_queries
+    from personaemp.summaries import print_query_funnel, print_stage_report
+
+    console = stderr_console()
+    settings = llm_settings(locals())
+    options = QueryOptions(
+        categories=tuple(c.strip().upper() for c in categories.split(",") if c.strip()),
+        per_category=per_category,
+    )
+    report, funnel = generate_queries(
+        input,
+        output,
+        settings,
+        options=options,
+        limit=limit,
+        users=users,
+        retry_failed=retry_failed,
+        console=console,
+    )
+    print_stage_report(report, console)
+    print_query_funnel(funnel, console)

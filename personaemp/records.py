@@ -121,3 +121,41 @@ class Persona(User):
     big_five: BigFive | None = None
     grounding: Grounding = Grounding()
     provenance: Provenance
+
+
+# --- gen-queries ---------------------------------------------------------------------
+
+Category = Literal["ES", "HEQ", "SS"]
+CATEGORIES = ("ES", "HEQ", "SS")
+
+
+class Situation(Record):
+    topic: str
+    text: str
+    memory_ids: list[str]
+
+
+class Checks(Record):
+    """Every check a query went through; `passed` is their conjunction."""
+
+    emotional_support: bool  # LLM judge: needs an emotionally intelligent answer
+    logical_consistency: bool  # LLM judge: agrees with memories and situation
+    role_awareness: bool  # LLM judge: fits the persona, written from the user's side
+    language: str | None  # LLM judge: the language it names
+    memory_ids_valid: bool
+    category_match: bool  # the judge's category equals the situation's
+    length_ok: bool
+    language_match: bool  # detected language equals the user's
+    not_duplicate: bool
+    passed: bool
+    reasons: dict[str, str] = {}  # check -> why it failed (and the judge's note)
+
+
+class Query(Record):
+    query_id: str
+    category: Category
+    situation: Situation
+    query: str
+    memory_ids: list[str]
+    checks: Checks
+    provenance: Provenance

@@ -123,3 +123,28 @@ def print_persona(path, user_id: str, console: Console) -> None:
         f"[dim]model {persona.provenance.model} ({persona.provenance.endpoint_kind}) · prompts "
         f"{persona.provenance.prompts} · {persona.provenance.created_at}[/]"
     )
+
+
+def print_query_funnel(funnel, console: Console) -> None:
+    table = Table(title="gen-queries funnel", title_justify="left")
+    table.add_column("step")
+    table.add_column("count", justify="right")
+    table.add_row("eligible users in", str(funnel.users_in))
+    table.add_row("  ineligible personas skipped", str(funnel.ineligible_skipped))
+    table.add_row("users with a result", str(funnel.users_done))
+    table.add_row("situations kept", str(funnel.situations))
+    for reason, count in sorted(funnel.situations_dropped.items()):
+        table.add_row(f"  situations dropped: {reason}", str(count))
+    table.add_row("queries generated", str(funnel.generated))
+    for check, count in sorted(funnel.failed_checks.items()):
+        table.add_row(f"  failed {check}", str(count))
+    for category in ("ES", "HEQ", "SS"):
+        table.add_row(
+            f"{category}: accepted / rejected",
+            f"{funnel.accepted.get(category, 0)} / {funnel.rejected.get(category, 0)}",
+        )
+    accepted = sum(funnel.accepted.values())
+    table.add_row("[bold]accepted[/]", f"[bold]{accepted}[/]")
+    console.print(table)
+    mean, low, high = funnel.per_user()
+    console.print(f"accepted per user: mean {mean:.2f}, min {low}, max {high}")

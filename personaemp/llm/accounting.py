@@ -13,9 +13,9 @@ class StepStats:
     cache_hits: int = 0
     retries: int = 0  # network/HTTP retries
     reasks: int = 0  # follow-up requests after an invalid or truncated reply
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # as the endpoint reported them, for requests actually sent
     completion_tokens: int = 0
-    prompt_chars: int = 0  # chars/4 is the endpoint-independent token estimate
+    prompt_chars: int = 0  # every call, cached or not; chars/4 is the endpoint-free estimate
     completion_chars: int = 0
     failures: Counter = field(default_factory=Counter)
 

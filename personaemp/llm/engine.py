@@ -138,7 +138,7 @@ class Engine:
         if stored is not None:
             stats.cache_hits += 1
             reply = RawReply(**stored)
-            self._count_tokens(stats, request, reply)
+            self._count_tokens(stats, request, reply, sent=False)
             return reply, True
 
         def on_retry() -> None:
@@ -157,10 +157,14 @@ class Engine:
         return reply, False
 
     @staticmethod
-    def _count_tokens(stats, request: dict, reply: RawReply) -> None:
+    def _count_tokens(stats, request: dict, reply: RawReply, sent: bool = True) -> None:
+        """Characters count every reply (the pipeline's size, cache or not); tokens count
+        only what was sent and paid for."""
         prompt_chars = sum(len(m["content"]) for m in request["messages"])
         stats.prompt_chars += prompt_chars
         stats.completion_chars += len(reply.content)
+        if not sent:
+            return
         # Endpoints that report no usage get the chars/4 estimate.
         stats.prompt_tokens += reply.prompt_tokens if reply.prompt_tokens is not None else prompt_chars // 4
         stats.completion_tokens += (

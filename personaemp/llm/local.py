@@ -81,6 +81,9 @@ def _server_command(model_path: Path, host: str, port: int, n_ctx: int, n_thread
         str(n_threads),
         "--n_threads_batch",
         str(n_threads),
+        # True (the server's default) keeps n_ctx x 262k-vocab float logits: ~8.6 GB at n_ctx 8192.
+        "--logits_all",
+        "False",
         "--use_mlock",
         "False",  # mlock of the weights fails under the usual container memlock limit
     ]

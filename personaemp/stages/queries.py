@@ -1,0 +1,397 @@
+"""`personaemp gen-queries`: situations, one query per situation, then consistency checks.
+
+Three LLM steps per eligible user, each batched over the user's situations so the
+profile and memories are sent once per step, not once per query:
+  situations -> moments before a request, each with a category (ES/HEQ/SS) and memory ids
+  queries    -> one message per situation, in the user's language and voice
+  checks     -> an LLM judge per message (EQ needed, consistent, fits the persona,
+                category, language), then deterministic checks (personaemp/checks.py)
+Only queries that pass every check are kept; the others are kept apart with reasons.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from pydantic import BaseModel, Field
+
+from personaemp import checks
+from personaemp.errors import InputError
+from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl
+from personaemp.prompts import Prompt, load_prompt
+from personaemp.records import CATEGORIES, Category, Checks, Persona, Provenance, Query, Situation
+from personaemp.stages.persona import render_memories, render_turns
+
+STAGE = "gen-queries"
+LANGUAGE_NAMES = {
+    "en": "English", "zh": "Chinese", "ru": "Russian", "es": "Spanish", "pt": "Portuguese",
+    "fr": "French", "de": "German", "it": "Italian", "ja": "Japanese", "ko": "Korean",
+    "ar": "Arabic", "tr": "Turkish", "pl": "Polish", "nl": "Dutch", "id": "Indonesian",
+    "vi": "Vietnamese", "el": "Greek", "hi": "Hindi", "he": "Hebrew", "th": "Thai",
+}  # fmt: skip
+JUDGED = ("emotional_support", "logical_consistency", "role_awareness")
+
+
+# --- reply models ----------------------------------------------------------------------------
+
+
+class SituationReply(BaseModel):
+    category: Category
+    topic: str
+    text: str
+    memory_ids: list[str] = Field(min_length=1)
+
+
+class SituationsReply(BaseModel):
+    situations: list[SituationReply]
+
+
+class MessageReply(BaseModel):
+    situation: int = Field(description="the moment's number")
+    text: str
+
+
+class QueriesReply(BaseModel):
+    messages: list[MessageReply]
+
+
+class ReviewReply(BaseModel):
+    message: int = Field(description="the message's number")
+    emotional_support: bool
+    logical_consistency: bool
+    role_awareness: bool
+    category: Category
+    language: str
+    reason: str = Field(description="one sentence; say which judgment failed and why")
+
+
+class ReviewsReply(BaseModel):
+    reviews: list[ReviewReply]
+
+
+# --- step 1: situations ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueryOptions:
+    categories: tuple[str, ...] = CATEGORIES
+    per_category: int = 1
+
+    def __post_init__(self) -> None:
+        unknown = set(self.categories) - set(CATEGORIES)
+        if unknown or not self.categories:
+            raise InputError(f"--categories takes ES, HEQ and/or SS, not {', '.join(sorted(unknown))}")
+        if self.per_category < 1:
+            raise InputError("--per-category must be at least 1")
+
+
+def build_situation_messages(persona: Persona, options: QueryOptions, prompt: Prompt) -> list[dict]:
+    return prompt.render(
+        profile=persona.profile,
+        memories=render_memories(persona.memories),
+        per_category=str(options.per_category),
+        categories=", ".join(options.categories),
+    )
+
+
+def situations_schema(persona: Persona, options: QueryOptions) -> dict[str, Any]:
+    schema = copy.deepcopy(SituationsReply.model_json_schema())
+    item = schema["$defs"]["SituationReply"]["properties"]
+    item["memory_ids"]["items"] = {"type": "string", "enum": [m.memory_id for m in persona.memories]}
+    item["category"] = {"type": "string", "enum": list(options.categories)}
+    schema["properties"]["situations"]["maxItems"] = options.per_category * len(options.categories)
+    return schema
+
+
+def parse_situations(
+    persona: Persona, reply: SituationsReply, options: QueryOptions
+) -> tuple[list[SituationReply], Counter]:
+    """Situations with valid ids, in allowed categories, at most per_category each."""
+    known = {m.memory_id for m in persona.memories}
+    kept, dropped, per = [], Counter(), Counter()
+    for situation in reply.situations:
+        ids = list(dict.fromkeys(i for i in situation.memory_ids if i in known))
+        if situation.category not in options.categories:
+            dropped["category_not_requested"] += 1
+        elif not ids:
+            dropped["no_valid_memory"] += 1
+        elif per[situation.category] >= options.per_category:
+            dropped["over_per_category"] += 1
+        else:
+            per[situation.category] += 1
+            kept.append(situation.model_copy(update={"memory_ids": ids}))
+    return kept, dropped
+
+
+# --- step 2: queries -------------------------------------------------------------------------
+
+
+def _numbered(items: Sequence[str]) -> str:
+    return "\n".join(f"{number}. {text}" for number, text in enumerate(items, 1))
+
+
+def build_query_messages(
+    persona: Persona, situations: Sequence[SituationReply], prompt: Prompt
+) -> list[dict]:
+    return prompt.render(
+        language=LANGUAGE_NAMES.get(persona.language or "", persona.language or "the user's language"),
+        profile=persona.profile,
+        turns=render_turns(persona),
+        situations=_numbered([f"[{s.category}] {s.text}" for s in situations]),
+    )
+
+
+def queries_schema(count: int) -> dict[str, Any]:
+    schema = copy.deepcopy(QueriesReply.model_json_schema())
+    schema["properties"]["messages"].update(minItems=count, maxItems=count)
+    schema["$defs"]["MessageReply"]["properties"]["situation"].update(minimum=1, maximum=count)
+    return schema
+
+
+def parse_queries(reply: QueriesReply, count: int) -> dict[int, str]:
+    """situation number (1-based) -> message; the first message per number wins."""
+    written: dict[int, str] = {}
+    for message in reply.messages:
+        if 1 <= message.situation <= count and message.text.strip():
+            written.setdefault(message.situation, message.text.strip())
+    return written
+
+
+# --- step 3: checks --------------------------------------------------------------------------
+
+
+def build_check_messages(persona: Persona, situations, texts: Sequence[str], prompt: Prompt) -> list[dict]:
+    queries = _numbered([f"(moment: {s.text}) {text}" for s, text in zip(situations, texts, strict=True)])
+    return prompt.render(profile=persona.profile, memories=render_memories(persona.memories), queries=queries)
+
+
+def reviews_schema(count: int) -> dict[str, Any]:
+    schema = copy.deepcopy(ReviewsReply.model_json_schema())
+    schema["properties"]["reviews"].update(minItems=count, maxItems=count)
+    schema["$defs"]["ReviewReply"]["properties"]["message"].update(minimum=1, maximum=count)
+    return schema
+
+
+def judge_checks(
+    persona: Persona,
+    situation: SituationReply,
+    text: str,
+    review: ReviewReply | None,
+    duplicate_of: int | None,
+) -> Checks:
+    """All checks of one query: the judge's verdicts and the deterministic ones."""
+    reasons: dict[str, str] = {}
+    results: dict[str, bool] = {}
+    if review is None:
+        for name in JUDGED:
+            results[name] = False
+            reasons[name] = "the judge gave no review for this message"
+        judged_category, judged_language = None, None
+    else:
+        for name in JUDGED:
+            results[name] = getattr(review, name)
+            if not results[name]:
+                reasons[name] = review.reason
+        judged_category, judged_language = review.category, review.language.strip().lower()[:8]
+    known = {m.memory_id for m in persona.memories}
+    deterministic = {
+        "memory_ids_valid": checks.memory_ids_valid(situation.memory_ids, known),
+        "category_match": checks.category_match(judged_category, situation.category),
+        "length_ok": checks.length_ok(text),
+        "language_match": checks.language_match(text, persona.language),
+    }
+    if persona.language and judged_language and judged_language != persona.language:
+        deterministic["language_match"] = (False, f"the judge reads {judged_language}")
+    for name, (ok, reason) in deterministic.items():
+        results[name] = ok
+        if not ok:
+            reasons[name] = reason
+    results["not_duplicate"] = duplicate_of is None
+    if duplicate_of is not None:
+        reasons["not_duplicate"] = f"nearly repeats message {duplicate_of + 1}"
+    return Checks(**results, language=judged_language, passed=all(results.values()), reasons=reasons)
+
+
+# --- the stage -------------------------------------------------------------------------------
+
+
+def read_personas(path: Path, limit: int | None, users: Sequence[str] | None) -> tuple[list[dict], int]:
+    """Eligible persona rows (and how many ineligible ones were skipped)."""
+    wanted, rows, skipped = set(users or ()), [], 0
+    for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
+        try:
+            persona = Persona.model_validate(row)
+        except Exception as exc:
+            raise InputError(f"{path}:{lineno}: not a persona row ({str(exc).splitlines()[0]})") from None
+        if wanted and persona.user_id not in wanted:
+            continue
+        if not persona.eligible or not persona.traits:
+            skipped += 1
+            continue
+        rows.append(row)
+        if limit is not None and len(rows) >= limit:
+            break
+    missing = wanted - {str(r["user_id"]) for r in rows}
+    if missing:
+        raise InputError(f"{path}: no eligible persona for {', '.join(sorted(missing))}")
+    return rows, skipped
+
+
+def generate_queries(
+    input_path: Path,
+    output_path: Path,
+    settings,
+    *,
+    options: QueryOptions | None = None,
+    limit: int | None = None,
+    users: Sequence[str] | None = None,
+    retry_failed: bool = False,
+    console=None,
+):
+    """Queries for every eligible persona; returns (stage report, funnel)."""
+    from personaemp.llm.run import run_llm_stage
+
+    options = options or QueryOptions()
+    rows, ineligible = read_personas(input_path, limit, users)
+    prompts = {name: load_prompt(name) for name in ("situations", "query", "check")}
+    hashes = {name: prompt.hash for name, prompt in prompts.items()}
+
+    def make_work(engine):
+        async def work(row: dict) -> dict:
+            persona = Persona.model_validate(row)
+            accepted, rejected, dropped = await queries_for(engine, persona, options, prompts, hashes)
+            return {
+                **row,
+                "queries": [q.model_dump(mode="json") for q in accepted],
+                "rejected_queries": [q.model_dump(mode="json") for q in rejected],
+                "situation_counts": dict(dropped),
+            }
+
+        return work
+
+    fingerprint = "|".join([*hashes.values(), ",".join(options.categories), str(options.per_category)])
+    report = run_llm_stage(
+        STAGE,
+        rows,
+        make_work,
+        settings=settings,
+        key="user_id",
+        output=output_path,
+        fingerprint=lambda engine: f"{engine.model}|{fingerprint}",
+        retry_failed=retry_failed,
+        console=console,
+    )
+    funnel = write_rejected_and_count(output_path, output_path.with_name("rejected.jsonl"), rows)
+    funnel.ineligible_skipped = ineligible
+    return report, funnel
+
+
+async def queries_for(engine, persona: Persona, options: QueryOptions, prompts, hashes):
+    """One user's accepted and rejected queries, and situation counts ("kept", and the
+    dropped ones by reason)."""
+    reply = await engine.call(
+        "situations",
+        build_situation_messages(persona, options, prompts["situations"]),
+        SituationsReply,
+        schema=situations_schema(persona, options),
+    )
+    situations, dropped = parse_situations(persona, reply.value, options)
+    dropped["kept"] = len(situations)
+    if not situations:
+        return [], [], dropped
+    reply = await engine.call(
+        "query",
+        build_query_messages(persona, situations, prompts["query"]),
+        QueriesReply,
+        schema=queries_schema(len(situations)),
+    )
+    written = parse_queries(reply.value, len(situations))
+    numbers = sorted(written)
+    dropped["no_query_written"] += len(situations) - len(numbers)
+    if not numbers:
+        return [], [], dropped
+    chosen = [situations[n - 1] for n in numbers]
+    texts = [written[n] for n in numbers]
+    reply = await engine.call(
+        "check",
+        build_check_messages(persona, chosen, texts, prompts["check"]),
+        ReviewsReply,
+        schema=reviews_schema(len(texts)),
+    )
+    reviews = {}
+    for review in reply.value.reviews:
+        reviews.setdefault(review.message, review)
+    repeats = checks.duplicates(texts)
+    provenance = Provenance(
+        model=engine.model,
+        endpoint_kind=engine.endpoint_kind,
+        prompts=hashes,
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+    accepted, rejected = [], []
+    for index, (situation, text, number) in enumerate(zip(chosen, texts, numbers, strict=True)):
+        query = Query(
+            query_id=f"{persona.user_id}-q{number}",
+            category=situation.category,
+            situation=Situation(topic=situation.topic, text=situation.text, memory_ids=situation.memory_ids),
+            query=text,
+            memory_ids=situation.memory_ids,
+            checks=judge_checks(persona, situation, text, reviews.get(index + 1), repeats.get(index)),
+            provenance=provenance,
+        )
+        (accepted if query.checks.passed else rejected).append(query)
+    return accepted, rejected, dropped
+
+
+@dataclass
+class QueryFunnel:
+    users_in: int
+    ineligible_skipped: int = 0
+    users_done: int = 0
+    situations: int = 0
+    situations_dropped: Counter = field(default_factory=Counter)
+    generated: int = 0
+    accepted: Counter = field(default_factory=Counter)  # per category
+    rejected: Counter = field(default_factory=Counter)  # per category
+    failed_checks: Counter = field(default_factory=Counter)  # per check
+    accepted_per_user: list[int] = field(default_factory=list)
+
+    def per_user(self) -> tuple[float, int, int]:
+        counts = self.accepted_per_user or [0]
+        return sum(counts) / len(counts), min(counts), max(counts)
+
+
+def write_rejected_and_count(output: Path, rejected_path: Path, rows: Sequence[dict]) -> QueryFunnel:
+    """rejected.jsonl (one line per rejected query, with the user id) and the funnel counts."""
+    wanted = {str(r["user_id"]) for r in rows}
+    funnel = QueryFunnel(users_in=len(rows))
+    with atomic_output(rejected_path) as handle:
+        if not output.exists():
+            return funnel
+        for _, _, row in iter_jsonl(output, ErrorPolicy("fail")):
+            if str(row["user_id"]) not in wanted:
+                continue
+            funnel.users_done += 1
+            accepted, rejected = row.get("queries", []), row.get("rejected_queries", [])
+            counts = dict(row.get("situation_counts", {}))
+            funnel.situations += counts.pop("kept", 0)
+            funnel.situations_dropped.update(counts)
+            funnel.generated += len(accepted) + len(rejected)
+            funnel.accepted.update(q["category"] for q in accepted)
+            funnel.rejected.update(q["category"] for q in rejected)
+            funnel.accepted_per_user.append(len(accepted))
+            for query in rejected:
+                funnel.failed_checks.update(name for name in query["checks"]["reasons"])
+                handle.write(checks_line(row["user_id"], query))
+    return funnel
+
+
+def checks_line(user_id: str, query: dict) -> bytes:
+    return msgspec.json.encode({"user_id": user_id, **query}) + b"\n"
