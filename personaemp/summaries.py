@@ -42,16 +42,7 @@ def print_stage_report(report, console: Console) -> None:
         f"failed earlier (not retried; --retry-failed)"
     )
     table = Table(title=f"{report.stage} · {report.model} ({report.endpoint_kind})", title_justify="left")
-    for column in (
-        "step",
-        "calls",
-        "requests",
-        "cached",
-        "retries",
-        "re-asks",
-        "prompt tok",
-        "completion tok",
-    ):
+    for column in ("step", "calls", "sent", "cached", "retry", "re-ask", "tok in", "tok out"):
         table.add_column(column, justify="left" if column == "step" else "right")
     for name, stats in report.steps.items():
         table.add_row(
