@@ -26,16 +26,17 @@ def prompts_dir() -> Path:
 @dataclass(frozen=True)
 class Prompt:
     name: str
-    system: str
+    system: Template
     user: Template
     hash: str
 
     def render(self, **values: str) -> list[dict[str, str]]:
+        """Both sections filled in; a `$name` slot without a value is an error."""
         try:
-            user = self.user.substitute(values)
+            system, user = self.system.substitute(values), self.user.substitute(values)
         except KeyError as exc:
             raise InputError(f"prompt {self.name}: no value for ${exc.args[0]}") from None
-        return [{"role": "system", "content": self.system}, {"role": "user", "content": user}]
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 def load_prompt(name: str, folder: Path | None = None) -> Prompt:
@@ -52,7 +53,7 @@ def load_prompt(name: str, folder: Path | None = None) -> Prompt:
         raise InputError(f"{path}: needs exactly a '## system' and a '## user' section")
     return Prompt(
         name=name,
-        system=sections["system"],
+        system=Template(sections["system"]),
         user=Template(sections["user"]),
         hash=hashlib.sha256(text.encode()).hexdigest()[:12],
     )
