@@ -111,16 +111,22 @@ async def run_units(
     fingerprint: str,
     window: int,
     retry_failed: bool = False,
+    keep_others: bool = False,
     secrets: Sequence[str] = (),
     on_progress: Callable[[StageOutcome], None] | None = None,
 ) -> StageOutcome:
-    """Run `work(unit)` for every unit not finished yet; return the balanced outcome."""
+    """Run `work(unit)` for every unit not finished yet; return the balanced outcome.
+
+    `keep_others`: `units` is a subset of the stage's input (--limit, --users), so rows of
+    other units already in the output stay; otherwise they are stale and go.
+    """
     outcome = StageOutcome(units=len(units))
     hashes = {str(unit[key]): unit_hash(unit, fingerprint) for unit in units}
     for path in (output, failures):
         path.parent.mkdir(parents=True, exist_ok=True)
         _repair_tail(path)
-    done = {uid: pos for uid, pos in _scan(output, key).items() if hashes.get(uid) == pos[1]}
+    previous = _scan(output, key)  # its order is kept for other units with keep_others
+    done = {uid: pos for uid, pos in previous.items() if hashes.get(uid) == pos[1]}
     failed_before = {uid for uid, pos in _scan(failures, key).items() if hashes.get(uid) == pos[1]}
     failed_before -= done.keys()
     todo = []
@@ -165,7 +171,7 @@ async def run_units(
                 on_progress(outcome)
 
         await _run_window(todo, one, window)
-    _finish(output, failures, units, key, hashes)
+    _finish(output, failures, units, key, hashes, list(previous) if keep_others else None)
     return outcome
 
 
@@ -191,13 +197,25 @@ async def _run_window(units: Sequence[dict[str, Any]], one, window: int) -> None
             await asyncio.gather(*pending, return_exceptions=True)
 
 
-def _finish(output: Path, failures: Path, units: Sequence[dict[str, Any]], key: str, hashes) -> None:
-    """Rewrite both files atomically: input order, one current row per unit, nothing stale."""
+def _finish(output: Path, failures: Path, units, key: str, hashes, previous: list[str] | None) -> None:
+    """Rewrite both files atomically: input order, one current row per unit, nothing stale.
+
+    With `previous` (the output's unit order before this run), rows of other units stay,
+    in that order, and units new to the file follow in input order."""
     order = [str(unit[key]) for unit in units]
-    rows = {uid: pos for uid, pos in _scan(output, key).items() if hashes.get(uid) == pos[1]}
-    failed = {uid: pos for uid, pos in _scan(failures, key).items() if hashes.get(uid) == pos[1]}
-    _rewrite(output, rows, [uid for uid in order if uid in rows])
-    _rewrite(failures, failed, [uid for uid in order if uid in failed and uid not in rows])
+    found, found_failed = _scan(output, key), _scan(failures, key)
+    rows = {uid: pos for uid, pos in found.items() if hashes.get(uid) == pos[1]}
+    failed = {uid: pos for uid, pos in found_failed.items() if hashes.get(uid) == pos[1]}
+    rows_order = [uid for uid in order if uid in rows]
+    failed_order = [uid for uid in order if uid in failed and uid not in rows]
+    if previous is not None:
+        rows.update((uid, pos) for uid, pos in found.items() if uid not in hashes)
+        failed.update((uid, pos) for uid, pos in found_failed.items() if uid not in hashes)
+        known = set(previous)
+        rows_order = [uid for uid in previous if uid in rows] + [u for u in rows_order if u not in known]
+        failed_order += [uid for uid in found_failed if uid not in hashes and uid not in rows]
+    _rewrite(output, rows, rows_order)
+    _rewrite(failures, failed, failed_order)
 
 
 def _rewrite(path: Path, rows: dict[str, tuple[int, str]], order: list[str]) -> None:

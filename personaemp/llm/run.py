@@ -69,6 +69,7 @@ def run_llm_stage(
     output: Path,
     fingerprint: Callable[[Engine], str],
     retry_failed: bool = False,
+    keep_others: bool = False,
     console: Console | None = None,
 ) -> StageReport:
     """Run `make_work(engine)` over `units`, resumably; write and return the stage report.
@@ -105,6 +106,7 @@ def run_llm_stage(
                     fingerprint=fingerprint(engine),
                     window=max(4, 2 * sum(e.concurrency for e in engine.pool.endpoints)),
                     retry_failed=retry_failed,
+                    keep_others=keep_others,
                     secrets=secrets,
                     on_progress=on_progress,
                 )

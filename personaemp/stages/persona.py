@@ -144,8 +144,10 @@ class PersonaParse:
     grounding: Grounding = field(default_factory=Grounding)
 
 
-def parse_persona(user: User, reply: PersonaReply) -> PersonaParse:
-    """Keep only traits with evidence among the user's memories; count what was removed."""
+def parse_persona(user: User, reply: PersonaReply, raw: str | None = None) -> PersonaParse:
+    """Keep only traits with evidence among the user's memories; count what was removed.
+
+    `raw` is the reply text as sent, kept in the failure record of an ungrounded user."""
     known = {m.memory_id for m in user.memories}
     grounding = Grounding(traits_proposed=len(reply.traits))
     if not reply.depth.has_depth:
@@ -164,7 +166,7 @@ def parse_persona(user: User, reply: PersonaReply) -> PersonaParse:
         raise UnitError(
             "ungrounded",
             f"none of {len(reply.traits)} proposed traits cites one of the user's memories",
-            raw=reply.model_dump_json(),
+            raw=raw if raw is not None else reply.model_dump_json(),
         )
     return PersonaParse(True, reply.depth.reason, reply.topics, traits, grounding)
 
@@ -224,10 +226,11 @@ def read_rows(path: Path, limit: int | None = None, users: Sequence[str] | None 
             continue
         rows.append(row)
         if limit is not None and len(rows) >= limit:
-            break
-    missing = wanted - {str(r["user_id"]) for r in rows}
-    if missing:
-        raise InputError(f"{path}: no user {', '.join(sorted(missing))}")
+            break  # stopped early: users further on are not missing, just not read
+    else:
+        missing = wanted - {str(r["user_id"]) for r in rows}
+        if missing:
+            raise InputError(f"{path}: no user {', '.join(sorted(missing))}")
     return rows
 
 
@@ -257,7 +260,7 @@ def infer_personas(
                 PersonaReply,
                 schema=persona_schema(user),
             )
-            parsed = parse_persona(user, result.value)
+            parsed = parse_persona(user, result.value, result.raw)
             big_five, dropped = None, 0
             if parsed.eligible:
                 levels = await engine.call(
@@ -297,6 +300,7 @@ def infer_personas(
         output=output_path,
         fingerprint=lambda engine: f"{engine.model}|{hashes['persona']}|{hashes['big_five']}",
         retry_failed=retry_failed,
+        keep_others=bool(limit or users),
         console=console,
     )
     return report, summarize(output_path, rows)

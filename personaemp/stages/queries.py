@@ -237,10 +237,11 @@ def read_personas(path: Path, limit: int | None, users: Sequence[str] | None) ->
             continue
         rows.append(row)
         if limit is not None and len(rows) >= limit:
-            break
-    missing = wanted - {str(r["user_id"]) for r in rows}
-    if missing:
-        raise InputError(f"{path}: no eligible persona for {', '.join(sorted(missing))}")
+            break  # stopped early: users further on are not missing, just not read
+    else:
+        missing = wanted - {str(r["user_id"]) for r in rows}
+        if missing:
+            raise InputError(f"{path}: no eligible persona for {', '.join(sorted(missing))}")
     return rows, skipped
 
 
@@ -286,6 +287,7 @@ def generate_queries(
         output=output_path,
         fingerprint=lambda engine: f"{engine.model}|{fingerprint}",
         retry_failed=retry_failed,
+        keep_others=bool(limit or users),
         console=console,
     )
     funnel = write_rejected_and_count(output_path, output_path.with_name("rejected.jsonl"), rows)
