@@ -300,3 +300,16 @@ def gen_queries_command(
     )
     print_stage_report(report, console)
     print_query_funnel(funnel, console)
+
+
+@app.command("serve-local")
+@reports_errors
+def serve_local_command(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8011,
+    n_ctx: Annotated[int, typer.Option(help="Context size in tokens.")] = 8192,
+) -> None:
+    """Serve the embedded model (OpenAI-compatible, foreground) for other tools."""
+    from personaemp.llm.local import serve_local
+
+    serve_local(host=host, port=port, n_ctx=n_ctx)

@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 from personaemp import checks
 from personaemp.errors import InputError
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl
+from personaemp.language import normalize_language
 from personaemp.prompts import Prompt, load_prompt
 from personaemp.records import CATEGORIES, Category, Checks, Persona, Provenance, Query, Situation
 from personaemp.stages.persona import render_memories, render_turns
@@ -186,7 +187,9 @@ def judge_checks(
     review: ReviewReply | None,
     duplicate_of: int | None,
 ) -> Checks:
-    """All checks of one query: the judge's verdicts and the deterministic ones."""
+    """All checks of one query: the judge's verdicts and the deterministic ones.
+
+    `duplicate_of`: the number of an earlier message of the user this one nearly repeats."""
     reasons: dict[str, str] = {}
     results: dict[str, bool] = {}
     if review is None:
@@ -199,7 +202,7 @@ def judge_checks(
             results[name] = getattr(review, name)
             if not results[name]:
                 reasons[name] = review.reason
-        judged_category, judged_language = review.category, review.language.strip().lower()[:8]
+        judged_category, judged_language = review.category, normalize_language(review.language)
     known = {m.memory_id for m in persona.memories}
     deterministic = {
         "memory_ids_valid": checks.memory_ids_valid(situation.memory_ids, known),
@@ -215,7 +218,7 @@ def judge_checks(
             reasons[name] = reason
     results["not_duplicate"] = duplicate_of is None
     if duplicate_of is not None:
-        reasons["not_duplicate"] = f"nearly repeats message {duplicate_of + 1}"
+        reasons["not_duplicate"] = f"nearly repeats message {duplicate_of}"
     return Checks(**results, language=judged_language, passed=all(results.values()), reasons=reasons)
 
 
@@ -316,7 +319,8 @@ async def queries_for(engine, persona: Persona, options: QueryOptions, prompts, 
     )
     written = parse_queries(reply.value, len(situations))
     numbers = sorted(written)
-    dropped["no_query_written"] += len(situations) - len(numbers)
+    if len(numbers) < len(situations):
+        dropped["no_query_written"] += len(situations) - len(numbers)
     if not numbers:
         return [], [], dropped
     chosen = [situations[n - 1] for n in numbers]
@@ -345,7 +349,13 @@ async def queries_for(engine, persona: Persona, options: QueryOptions, prompts, 
             situation=Situation(topic=situation.topic, text=situation.text, memory_ids=situation.memory_ids),
             query=text,
             memory_ids=situation.memory_ids,
-            checks=judge_checks(persona, situation, text, reviews.get(index + 1), repeats.get(index)),
+            checks=judge_checks(
+                persona,
+                situation,
+                text,
+                reviews.get(index + 1),
+                numbers[repeats[index]] if index in repeats else None,
+            ),
             provenance=provenance,
         )
         (accepted if query.checks.passed else rejected).append(query)
@@ -371,7 +381,8 @@ class QueryFunnel:
 
 
 def write_rejected_and_count(output: Path, rejected_path: Path, rows: Sequence[dict]) -> QueryFunnel:
-    """rejected.jsonl (one line per rejected query, with the user id) and the funnel counts."""
+    """rejected.jsonl (one line per rejected query of every user in the output, with the
+    user id) and the funnel counts of this run's users."""
     wanted = {str(r["user_id"]) for r in rows}
     funnel = QueryFunnel(users_in=len(rows))
     with atomic_output(rejected_path) as handle:
@@ -379,6 +390,8 @@ def write_rejected_and_count(output: Path, rejected_path: Path, rows: Sequence[d
             return funnel
         for _, _, row in iter_jsonl(output, ErrorPolicy("fail")):
             if str(row["user_id"]) not in wanted:
+                for query in row.get("rejected_queries", []):
+                    handle.write(checks_line(row["user_id"], query))
                 continue
             funnel.users_done += 1
             accepted, rejected = row.get("queries", []), row.get("rejected_queries", [])
