@@ -313,3 +313,41 @@ def serve_local_command(
     from personaemp.llm.local import serve_local
 
     serve_local(host=host, port=port, n_ctx=n_ctx)
+
+
+@app.command("split")
+@reports_errors
+def split_command(
+    input: Annotated[Path, typer.Option("--input", "-i")] = PROCESSED / "queries.jsonl",
+    out_dir: Annotated[Path, typer.Option("--out-dir", "-o")] = PROCESSED / "splits",
+    ood: Annotated[
+        bool, typer.Option("--ood", help="Also the OOD split: one Big Five cluster held out.")
+    ] = False,
+    seed: Annotated[int, typer.Option(help="Seed of the shuffle and of KModes.")] = 13,
+    test_size: Annotated[float, typer.Option(help="Share of users in test (OOD: the target size).")] = 0.1,
+    k: Annotated[
+        int | None, typer.Option("--k", help="Clusters; default: the elbow over --k-min..--k-max.")
+    ] = None,
+    k_min: Annotated[int, typer.Option(help="Smallest k of the elbow sweep.")] = 2,
+    k_max: Annotated[int, typer.Option(help="Largest k of the elbow sweep.")] = 8,
+    holdout: Annotated[
+        int | None, typer.Option(help="Cluster id to hold out; default: size closest to --test-size.")
+    ] = None,
+    seeds: Annotated[int, typer.Option(help="KModes runs per k (the lowest cost is kept).")] = 5,
+) -> None:
+    """Split users into train/test: random 9:1, and with --ood a held-out Big Five cluster."""
+    from personaemp.stages.split import split_users
+    from personaemp.summaries import print_split_report
+
+    report = split_users(
+        input,
+        out_dir,
+        ood=ood,
+        seed=seed,
+        test_size=test_size,
+        k=k,
+        k_range=(k_min, k_max),
+        holdout=holdout,
+        seeds=seeds,
+    )
+    print_split_report(report, out_dir, stderr_console())

@@ -1,0 +1,226 @@
+"""`personaemp split`: user-level train/test splits, random and out-of-distribution (OOD).
+
+Random: users shuffled with a seed, `test_size` of them to test (the paper's 9:1).
+OOD: users clustered on their five Big Five levels with KModes; one whole cluster is the
+test set, so test personalities are profiles the training data never shows. Splitting
+is by user, never by query: no user is in two splits.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from personaemp.errors import InputError
+from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_atomic
+from personaemp.records import BIG_FIVE
+
+LEVELS = ("low", "medium", "high")
+REPORT_FILE = "split_report.json"
+
+
+@dataclass
+class SplitReport:
+    users_in: int = 0
+    left_out: dict[str, int] = field(default_factory=dict)  # reason -> users
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"users_in": self.users_in, "left_out": self.left_out, "settings": self.settings}
+
+
+def profile_of(row: dict) -> tuple[str, ...] | None:
+    """The user's five levels in BIG_FIVE order, or None if it has no complete Big Five."""
+    big_five = row.get("big_five") or {}
+    levels = tuple((big_five.get(trait) or {}).get("level") for trait in BIG_FIVE)
+    return levels if all(level in LEVELS for level in levels) else None
+
+
+def read_users(path: Path) -> tuple[list[dict], Counter]:
+    """Users that can be split, and the others counted by reason."""
+    rows, left_out = [], Counter()
+    for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
+        if not isinstance(row, dict) or "user_id" not in row:
+            raise InputError(f"{path}:{lineno}: not a user row (no user_id)")
+        if not row.get("eligible", True):
+            left_out["ineligible"] += 1
+        elif profile_of(row) is None:
+            left_out["no_big_five"] += 1
+        elif "queries" in row and not row["queries"]:
+            left_out["no_accepted_query"] += 1
+        else:
+            rows.append(row)
+    ids = Counter(str(r["user_id"]) for r in rows)
+    repeated = [uid for uid, count in ids.items() if count > 1]
+    if repeated:
+        raise InputError(f"{path}: user {repeated[0]!r} appears more than once")
+    return rows, left_out
+
+
+def random_split(rows: Sequence[dict], test_size: float, seed: int) -> tuple[list[dict], list[dict]]:
+    ordered = sorted(rows, key=lambda r: str(r["user_id"]))
+    random.Random(seed).shuffle(ordered)
+    test_count = round(len(ordered) * test_size)
+    if len(ordered) >= 2:
+        test_count = min(max(test_count, 1), len(ordered) - 1)
+    return ordered[test_count:], ordered[:test_count]
+
+
+@dataclass
+class Clustering:
+    k: int
+    labels: list[int]  # stable cluster id per user
+    modes: list[tuple[str, ...]]  # per stable id
+    costs: dict[int, float]  # k -> best cost over seeds (the elbow curve)
+
+
+def cluster_profiles(
+    profiles: Sequence[tuple[str, ...]], k: int | None, k_range: tuple[int, int], seeds: int, seed: int
+) -> Clustering:
+    """KModes on the levels; stable ids order clusters by their mode profile."""
+    import numpy as np
+    from kmodes.kmodes import KModes
+
+    data = np.array([[LEVELS.index(level) for level in p] for p in profiles])
+    distinct = len({tuple(row) for row in data.tolist()})
+    if distinct < 2:
+        raise InputError("the OOD split needs users with at least 2 different Big Five profiles")
+
+    def fit(n_clusters: int) -> tuple[float, Any]:
+        best = None
+        for offset in range(seeds):
+            model = KModes(n_clusters=n_clusters, init="Huang", n_init=1, random_state=seed + offset)
+            model.fit(data)
+            if best is None or model.cost_ < best[0]:
+                best = (float(model.cost_), model)
+        return best
+
+    low, high = k_range
+    if k is not None:
+        candidates = [min(k, distinct)]
+    else:
+        candidates = list(range(max(2, low), min(high, distinct) + 1)) or [2]
+    fitted = {n: fit(n) for n in candidates}
+    costs = {n: cost for n, (cost, _) in fitted.items()}
+    chosen = candidates[0] if len(candidates) == 1 else elbow(costs)
+    model = fitted[chosen][1]
+    # kmodes can silently use fewer clusters (labels_ is then None): predict instead.
+    raw = model.predict(data).tolist()
+    centroids = [tuple(LEVELS[int(v)] for v in row) for row in model.cluster_centroids_]
+    used = sorted(set(raw), key=lambda c: tuple(LEVELS.index(v) for v in centroids[c]))
+    stable = {old: new for new, old in enumerate(used)}
+    return Clustering(
+        k=len(used),
+        labels=[stable[c] for c in raw],
+        modes=[centroids[old] for old in used],
+        costs=costs,
+    )
+
+
+def elbow(costs: dict[int, float]) -> int:
+    """The k farthest below the straight line from the first to the last point of the curve."""
+    ks = sorted(costs)
+    first, last = ks[0], ks[-1]
+    if costs[first] == costs[last]:
+        return first
+    slope = (costs[last] - costs[first]) / (last - first)
+    return max(ks, key=lambda n: (costs[first] + slope * (n - first)) - costs[n])
+
+
+def choose_holdout(sizes: Counter, total: int, test_size: float, holdout: int | None, k: int) -> int:
+    if holdout is not None:
+        if not 0 <= holdout < k:
+            raise InputError(f"--holdout must be a cluster id from 0 to {k - 1}")
+        if sizes[holdout] == total:
+            raise InputError(f"cluster {holdout} holds every user: nothing would be left to train on")
+        return holdout
+    target = test_size * total
+    candidates = [c for c in range(k) if 0 < sizes[c] < total]
+    return min(candidates, key=lambda c: (abs(sizes[c] - target), c))
+
+
+def level_distribution(rows: Sequence[dict]) -> dict[str, dict[str, float]]:
+    """Per trait, the share of users at each level."""
+    result = {}
+    for index, trait in enumerate(BIG_FIVE):
+        counts = Counter(profile_of(r)[index] for r in rows)
+        result[trait] = {level: round(counts[level] / len(rows), 3) if rows else 0.0 for level in LEVELS}
+    return result
+
+
+def _write(folder: Path, train: Sequence[dict], test: Sequence[dict]) -> None:
+    for name, rows in (("train", train), ("test", test)):
+        with atomic_output(folder / f"{name}.jsonl") as handle:
+            for row in rows:
+                handle.write(msgspec.json.encode(row) + b"\n")
+
+
+def _summary(train: Sequence[dict], test: Sequence[dict]) -> dict[str, Any]:
+    return {
+        "train_users": len(train),
+        "test_users": len(test),
+        "train_queries": sum(len(r.get("queries", [])) for r in train),
+        "test_queries": sum(len(r.get("queries", [])) for r in test),
+        "levels_train": level_distribution(train),
+        "levels_test": level_distribution(test),
+    }
+
+
+def split_users(
+    input_path: Path,
+    out_dir: Path,
+    *,
+    ood: bool = False,
+    seed: int = 13,
+    test_size: float = 0.1,
+    k: int | None = None,
+    k_range: tuple[int, int] = (2, 8),
+    holdout: int | None = None,
+    seeds: int = 5,
+) -> SplitReport:
+    """Write splits/random (and with `ood`, splits/ood) train/test files and the report."""
+    if not 0 < test_size < 1:
+        raise InputError("--test-size must be between 0 and 1")
+    if k is not None and k < 2:
+        raise InputError("--k must be at least 2")
+    if k_range[0] < 2 or k_range[0] > k_range[1]:
+        raise InputError("--k-min must be at least 2 and at most --k-max")
+    rows, left_out = read_users(input_path)
+    if len(rows) < 2:
+        raise InputError(f"{input_path}: {len(rows)} user(s) can be split; at least 2 are needed")
+    report = SplitReport(users_in=len(rows) + sum(left_out.values()), left_out=dict(left_out))
+
+    train, test = random_split(rows, test_size, seed)
+    _write(out_dir / "random", train, test)
+    report.settings["random"] = {"seed": seed, "test_size": test_size, **_summary(train, test)}
+
+    if ood:
+        clustering = cluster_profiles([profile_of(r) for r in rows], k, k_range, seeds, seed)
+        sizes = Counter(clustering.labels)
+        chosen = choose_holdout(sizes, len(rows), test_size, holdout, clustering.k)
+        train = [r for r, c in zip(rows, clustering.labels, strict=True) if c != chosen]
+        test = [r for r, c in zip(rows, clustering.labels, strict=True) if c == chosen]
+        _write(out_dir / "ood", train, test)
+        report.settings["ood"] = {
+            "seed": seed,
+            "k": clustering.k,
+            "k_fixed": k is not None,
+            "cost_curve": {str(n): cost for n, cost in sorted(clustering.costs.items())},
+            "holdout_cluster": chosen,
+            "clusters": [
+                {"id": c, "mode": dict(zip(BIG_FIVE, clustering.modes[c], strict=True)), "users": sizes[c]}
+                for c in range(clustering.k)
+            ],
+            **_summary(train, test),
+        }
+    else:  # an OOD split from an earlier run would no longer match the random one
+        for name in ("train", "test"):
+            (out_dir / "ood" / f"{name}.jsonl").unlink(missing_ok=True)
+    write_json_atomic(out_dir / REPORT_FILE, report.as_dict())
+    return report
