@@ -351,3 +351,42 @@ def split_command(
         seeds=seeds,
     )
     print_split_report(report, out_dir, stderr_console())
+
+
+@app.command("push")
+@reports_errors
+def push_command(
+    splits: Annotated[
+        Path, typer.Option("--splits", help="Folder written by `personaemp split`.")
+    ] = PROCESSED / "splits",
+    repo_id: Annotated[str | None, typer.Option("--repo-id", help="Hub dataset repo OWNER/NAME.")] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Write the repository to --out instead.")
+    ] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="Folder for --dry-run.")] = None,
+    private: Annotated[bool, typer.Option("--private", help="Create the repo private.")] = False,
+    revision: Annotated[str | None, typer.Option(help="Branch to push to.")] = None,
+    include_dialogue: Annotated[
+        bool, typer.Option("--include-dialogue", help="Also publish the users' own messages.")
+    ] = False,
+) -> None:
+    """Publish the splits as a Hub dataset (configs random and ood) with a dataset card."""
+    from personaemp.errors import InputError
+    from personaemp.stages.publish import publish
+
+    if dry_run and out is None:
+        raise InputError("--dry-run needs --out DIR")
+    if dry_run and repo_id:
+        raise InputError("give --repo-id or --dry-run, not both")
+    result = publish(
+        splits,
+        repo_id=None if dry_run else repo_id,
+        out=out if dry_run else None,
+        private=private,
+        revision=revision,
+        include_dialogue=include_dialogue,
+    )
+    console = stderr_console()
+    for setting, parts in result.rows.items():
+        console.print(f"[bold]{setting}[/]: " + ", ".join(f"{split} {n} rows" for split, n in parts.items()))
+    console.print(f"wrote {result.target}")

@@ -6,13 +6,11 @@ Rows may be raw-export records or task1 rows that carry their `gold` memories.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlparse
 
 from personaemp.errors import InputError, RowError
+from personaemp.hub import check_hub_reachable
 from personaemp.io import ErrorPolicy
 from personaemp.sources.normalize import SourceUser
 from personaemp.sources.raw import user_from_raw
@@ -21,28 +19,16 @@ from personaemp.sources.task1 import user_from_joined_row
 PREFIX = "hf:"
 
 
-def _check_hub_reachable(dataset_id: str) -> None:
-    """Fail in a second with one line instead of after the Hub client's retries."""
-    if os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1":
-        return  # the local cache is all that will be used
-    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY")):
-        return
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
-    try:
-        socket.getaddrinfo(host, 443)
-    except OSError as exc:
-        raise InputError(
-            f"hf:{dataset_id}: cannot reach the Hugging Face Hub ({host}: {exc.strerror or exc})",
-            "check your network, or download the dataset and pass its folder as --input",
-        ) from None
-
-
 def read_hf(spec: str, policy: ErrorPolicy, config: str | None, split: str | None) -> Iterator[SourceUser]:
     dataset_id = spec[len(PREFIX) :]
     if not dataset_id:
         raise InputError("--input hf: needs a dataset id, e.g. hf:OWNER/NAME")
     if not Path(dataset_id).exists():
-        _check_hub_reachable(dataset_id)
+        check_hub_reachable(
+            f"hf:{dataset_id}",
+            "check your network, or download the dataset and pass its folder as --input",
+            InputError,
+        )
     from datasets import load_dataset
     from datasets.utils.logging import set_verbosity_error
 

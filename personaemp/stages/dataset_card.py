@@ -1,0 +1,164 @@
+"""The dataset card (README.md of the Hub repository), written from this run's real figures."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from personaemp.records import BIG_FIVE
+
+CITATIONS = """\
+- **PersonaEmp** — *From Empathy to Personalized Empathy: Adapting Empathetic Strategies
+  to Individual Users* (2026): the dataset design this build follows.
+- **AlpsBench** — long-term user–LLM dialogues with human-verified memory annotations;
+  GitHub `ThisIsCosine/AlpsBench`, Hugging Face `Cosineyx/Alpsbench` (ODC-BY).
+- **WildChat** — Zhao et al., *WildChat: 1M ChatGPT Interaction Logs in the Wild*,
+  ICLR 2024 (ODC-BY): the source of AlpsBench's dialogues.
+"""
+
+
+def _front_matter(facts: dict[str, Any]) -> str:
+    languages = [code for code, _ in facts["languages"].most_common() if code][:20]
+    configs = []
+    for setting in facts["settings"]:
+        files = "\n".join(f"  - split: {split}\n    path: {setting}/{split}-*" for split in ("train", "test"))
+        configs.append(f"- config_name: {setting}\n  data_files:\n{files}")
+    return "\n".join(
+        [
+            "---",
+            "license: odc-by",
+            f"language: {json.dumps(languages)}",
+            "task_categories:\n- text-generation",
+            "tags:\n- empathy\n- personalization\n- persona\n- big-five\n- synthetic",
+            "pretty_name: PersonaEmp (rebuilt with personaemp)",
+            "configs:",
+            *configs,
+            "---",
+        ]
+    )
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _funnel(facts: dict[str, Any]) -> str:
+    parts = []
+    report = facts.get("filter")
+    if report:
+        dropped = ", ".join(f"{gate} {count}" for gate, count in report["dropped"].items())
+        parts.append(
+            f"- **filter**: {report['users_in']} users read, {report['kept']} kept (dropped: {dropped}); "
+            f"{report['flagged_memories_dropped']} of {report['memories_in']} memories were annotator-"
+            "flagged false memories and were never used."
+        )
+    stages = (facts.get("run") or {}).get("stages", {})
+    for name in ("infer-persona", "gen-queries"):
+        if name in stages:
+            stage = stages[name]
+            done = stage["done"] + stage["done_before"]
+            failed = stage["failed"] + stage["failed_before"]
+            kinds = ", ".join(f"{k} {v}" for k, v in stage["failures_by_kind"].items()) or "none"
+            parts.append(
+                f"- **{name}**: {stage['units']} users, {done} done, {failed} failed ({kinds}); "
+                f"model `{stage['model']}` ({stage['endpoint_kind']})."
+            )
+    return "\n".join(parts) or "- (the stage reports of this build were not found beside the splits)"
+
+
+def render_card(facts: dict[str, Any], include_dialogue: bool) -> str:
+    sections = [_front_matter(facts), "", "# PersonaEmp (rebuilt with personaemp)", ""]
+    sections.append(
+        "Empathy-seeking user queries, each grounded in one real user's long-term memories "
+        "and an evidence-grounded persona with Big Five levels, for training and evaluating "
+        "*personalized* empathetic responses. Built with the `personaemp` toolkit from "
+        "AlpsBench (long-term user–LLM dialogues from WildChat with human-verified memory "
+        "annotations), following the PersonaEmp design."
+    )
+    sections += ["", "## How it was built", "", _funnel(facts), ""]
+    sections.append(
+        "Persona traits and Big Five levels cite the memory ids that support them; the "
+        "citations were checked in code and traits without valid evidence were dropped. "
+        "Queries passed an LLM judge (needs emotional intelligence, logically consistent, fits "
+        "the persona) and deterministic checks (cited memories exist, category, length, "
+        "language, no near-duplicates)."
+    )
+    provenance = facts.get("provenance") or {}
+    if provenance:
+        sections += ["", "Models and prompt versions (prompt file hashes):", ""]
+        for entry in provenance:
+            sections.append(f"- `{entry}`")
+    split = facts.get("split") or {}
+    sections += ["", "## Configs and splits", ""]
+    sections.append(
+        "Splits are by user: no user appears in two splits of a config.\n\n"
+        "- `random`: users shuffled with a seed, 9:1 train/test.\n"
+        "- `ood`: users clustered on their five Big Five levels with KModes; one whole "
+        "cluster is the test set, so its personality profiles never occur in train."
+    )
+    rows = []
+    for setting, parts in facts["settings"].items():
+        for name, part in parts.items():
+            categories = ", ".join(f"{c} {n}" for c, n in sorted(part["categories"].items()))
+            rows.append([setting, name, part["users"], part["rows"], categories])
+    sections += ["", _table(["config", "split", "users", "queries", "categories"], rows)]
+    for setting, details in (split.get("settings") or {}).items():
+        params = {k: details[k] for k in ("seed", "test_size", "k", "holdout_cluster") if k in details}
+        sections += ["", f"`{setting}` parameters: `{json.dumps(params)}`"]
+        if "clusters" in details:
+            cluster_rows = [
+                [c["id"], c["users"], *(c["mode"][t] for t in BIG_FIVE)] for c in details["clusters"]
+            ]
+            sections += ["", _table(["cluster", "users", *BIG_FIVE], cluster_rows)]
+            curve = ", ".join(f"k={k}: {v:g}" for k, v in details["cost_curve"].items())
+            sections += ["", f"KModes cost by k: {curve}."]
+    sections += ["", "## Big Five level distribution (queries)", ""]
+    level_rows = []
+    for setting, parts in facts["settings"].items():
+        for name, part in parts.items():
+            for trait in BIG_FIVE:
+                counts = part["big_five"][trait]
+                level_rows.append(
+                    [setting, name, trait, *(counts.get(lv, 0) for lv in ("low", "medium", "high"))]
+                )
+    sections += [_table(["config", "split", "trait", "low", "medium", "high"], level_rows)]
+    sections += ["", "## Schema (one row per query)", ""]
+    schema = [
+        ["user_id", "string", "AlpsBench user (the task1 benchmark id when the user id is empty)"],
+        ["query_id", "string", "`<user_id>-q<n>`"],
+        ["query", "string", "the user's message"],
+        ["category", "string", "ES (emotional support), HEQ (high-EQ interaction), SS (social strategy)"],
+        ["situation", "{topic, text}", "the moment the query was written for"],
+        ["memory_ids", "list[string]", "memories the situation rests on"],
+        ["language", "string", "ISO 639-1 code of the user's language"],
+        ["persona_profile", "string", "the grounded traits as text"],
+        ["persona_traits", "list[{aspect, statement, evidence}]", "traits with the memory ids citing them"],
+        ["topics", "list[string]", "what the user's concerns are about"],
+        ["big_five", "{openness, …: low|medium|high}", "Big Five levels"],
+        ["memories", "list[{memory_id, label, value}]", "the user's memories (no dialogue text)"],
+    ]
+    if include_dialogue:
+        schema.append(["user_turns", "list[string]", "the user's own messages from the source dialogue"])
+    sections += [_table(["field", "type", "meaning"], schema)]
+    sections += ["", "## License and citation", ""]
+    sections.append(
+        "ODC-BY 1.0 (Open Data Commons Attribution License), inherited from AlpsBench and "
+        "WildChat. Keep the attribution when you redistribute. Please cite:\n"
+    )
+    sections.append(CITATIONS)
+    sections += ["## Ethical notes", ""]
+    dialogue = (
+        "This build includes the users' own messages (`user_turns`), at the builder's request."
+        if include_dialogue
+        else "No dialogue text is published: only memories, personas and generated queries."
+    )
+    sections.append(
+        f"- {dialogue}\n"
+        "- The users are real people; memories describe their lives. Do not try to identify them.\n"
+        "- Personas, Big Five levels, situations and queries are LLM-generated: they are "
+        "inferences, not facts about the users, and they can be wrong.\n"
+        "- Memories that AlpsBench annotators flagged as false were excluded."
+    )
+    return "\n".join(sections) + "\n"
