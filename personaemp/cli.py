@@ -390,3 +390,17 @@ def push_command(
     for setting, parts in result.rows.items():
         console.print(f"[bold]{setting}[/]: " + ", ".join(f"{split} {n} rows" for split, n in parts.items()))
     console.print(f"wrote {result.target}")
+
+
+@app.command("run")
+@reports_errors
+def run_command(
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="personaemp.toml (default: built-in settings).")
+    ] = None,
+) -> None:
+    """Run filter -> infer-persona -> gen-queries -> split -> push from one config, resuming."""
+    from personaemp.config import load_config
+    from personaemp.pipeline import run_pipeline
+
+    run_pipeline(load_config(config), stderr_console())

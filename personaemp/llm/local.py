@@ -84,6 +84,8 @@ def _server_command(model_path: Path, host: str, port: int, n_ctx: int, n_thread
         # True (the server's default) keeps n_ctx x 262k-vocab float logits: ~8.6 GB at n_ctx 8192.
         "--logits_all",
         "False",
+        "--flash_attn",
+        "True",  # measured: about 1.5x faster prompt processing and smaller KV cache at long contexts
         "--use_mlock",
         "False",  # mlock of the weights fails under the usual container memlock limit
     ]
