@@ -95,7 +95,9 @@ def cluster_profiles(
     def fit(n_clusters: int) -> tuple[float, Any]:
         best = None
         for offset in range(seeds):
-            model = KModes(n_clusters=n_clusters, init="Huang", n_init=1, random_state=seed + offset)
+            # numpy seeds must lie in [0, 2**32): wrap any integer --seed into that range.
+            state = (seed + offset) % 2**32
+            model = KModes(n_clusters=n_clusters, init="Huang", n_init=1, random_state=state)
             model.fit(data)
             if best is None or model.cost_ < best[0]:
                 best = (float(model.cost_), model)
@@ -124,8 +126,12 @@ def cluster_profiles(
 
 
 def elbow(costs: dict[int, float]) -> int:
-    """The k farthest below the straight line from the first to the last point of the curve."""
+    """The smallest k that fits perfectly (cost 0), else the k farthest below the straight
+    line from the first to the last point of the cost curve."""
     ks = sorted(costs)
+    perfect = [n for n in ks if costs[n] == 0]
+    if perfect:
+        return perfect[0]
     first, last = ks[0], ks[-1]
     if costs[first] == costs[last]:
         return first
@@ -191,14 +197,18 @@ def split_users(
         raise InputError("--k must be at least 2")
     if k_range[0] < 2 or k_range[0] > k_range[1]:
         raise InputError("--k-min must be at least 2 and at most --k-max")
+    if seeds < 1:
+        raise InputError("--seeds must be at least 1")
     rows, left_out = read_users(input_path)
+    rows.sort(key=lambda r: str(r["user_id"]))  # the input's order must not matter
     if len(rows) < 2:
         raise InputError(f"{input_path}: {len(rows)} user(s) can be split; at least 2 are needed")
     report = SplitReport(users_in=len(rows) + sum(left_out.values()), left_out=dict(left_out))
 
-    train, test = random_split(rows, test_size, seed)
-    _write(out_dir / "random", train, test)
-    report.settings["random"] = {"seed": seed, "test_size": test_size, **_summary(train, test)}
+    # Everything is computed before anything is written: a run that fails (e.g. on the
+    # OOD options) leaves the previous outputs as they were, consistent with each other.
+    splits = {"random": random_split(rows, test_size, seed)}
+    report.settings["random"] = {"seed": seed, "test_size": test_size, **_summary(*splits["random"])}
 
     if ood:
         clustering = cluster_profiles([profile_of(r) for r in rows], k, k_range, seeds, seed)
@@ -206,7 +216,7 @@ def split_users(
         chosen = choose_holdout(sizes, len(rows), test_size, holdout, clustering.k)
         train = [r for r, c in zip(rows, clustering.labels, strict=True) if c != chosen]
         test = [r for r, c in zip(rows, clustering.labels, strict=True) if c == chosen]
-        _write(out_dir / "ood", train, test)
+        splits["ood"] = (train, test)
         report.settings["ood"] = {
             "seed": seed,
             "k": clustering.k,
@@ -219,7 +229,9 @@ def split_users(
             ],
             **_summary(train, test),
         }
-    else:  # an OOD split from an earlier run would no longer match the random one
+    for setting, (train, test) in splits.items():
+        _write(out_dir / setting, train, test)
+    if not ood:  # an OOD split from an earlier run would no longer match the random one
         for name in ("train", "test"):
             (out_dir / "ood" / f"{name}.jsonl").unlink(missing_ok=True)
     write_json_atomic(out_dir / REPORT_FILE, report.as_dict())
