@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from personaemp.errors import PersonaempError
 from personaemp.llm.endpoints import LLMError, _retry_after
-from personaemp.llm.engine import REASK
+from personaemp.llm.engine import REASK, bounded
 from personaemp.llm.session import open_engine
 from personaemp.llm.settings import LLMSettings
 
@@ -238,7 +238,9 @@ def test_structured_modes(tmp_path, mode):
         body = server.chat_requests[0].body
         schema = Greeting.model_json_schema()
         if mode == "json_object_schema":
-            assert body["response_format"] == {"type": "json_object", "schema": schema}
+            # Grammar endpoints get every free string and list bounded.
+            assert body["response_format"] == {"type": "json_object", "schema": bounded(schema)}
+            assert body["response_format"]["schema"]["properties"]["text"]["maxLength"] == 300
             assert body["messages"][0]["content"] == "Be brief."
         else:
             assert body.get("response_format") == ({"type": "json_object"} if mode == "json_object" else None)
@@ -269,3 +271,22 @@ def test_retry_after_header_forms():
     assert _retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) == 0.0  # in the past
     assert _retry_after({}) is None
     assert _retry_after({"retry-after": "soon"}) is None
+
+
+def test_bounded_schema_limits_free_strings_and_lists_only():
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "kind": {"type": "string", "enum": ["a", "b"]},
+            "short": {"type": "string", "maxLength": 10},
+            "tags": {"type": "array", "items": {"type": ["string", "null"]}},
+            "few": {"type": "array", "maxItems": 2, "items": {"type": "integer"}},
+        },
+    }
+    result = bounded(schema)["properties"]
+    assert result["name"]["maxLength"] == 300 and "maxLength" not in result["kind"]
+    assert result["short"]["maxLength"] == 10
+    assert result["tags"]["maxItems"] == 8 and result["tags"]["items"]["maxLength"] == 300
+    assert result["few"]["maxItems"] == 2
+    assert "maxLength" not in schema["properties"]["name"]  # the input is not changed

@@ -126,7 +126,7 @@ class Engine:
                 "json_schema": {"name": "reply", "schema": schema},
             }
         elif self.structured == "json_object_schema":
-            request["response_format"] = {"type": "json_object", "schema": schema}
+            request["response_format"] = {"type": "json_object", "schema": bounded(schema)}
         elif self.structured == "json_object":
             request["response_format"] = {"type": "json_object"}
         return request
@@ -170,6 +170,30 @@ class Engine:
         stats.completion_tokens += (
             reply.completion_tokens if reply.completion_tokens is not None else len(reply.content) // 4
         )
+
+
+GRAMMAR_MAX_STRING = 300  # characters
+GRAMMAR_MAX_ITEMS = 8
+
+
+def bounded(schema: Any) -> Any:
+    """The schema with a length limit on every string and list that has none.
+
+    For grammar-constrained endpoints (llama.cpp): the grammar keeps a small model on a
+    valid path but not from looping inside an unbounded string or list until max_tokens.
+    """
+    if isinstance(schema, list):
+        return [bounded(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    result = {key: bounded(value) for key, value in schema.items()}
+    kinds = result.get("type")
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    if "string" in kinds and "enum" not in result:
+        result.setdefault("maxLength", GRAMMAR_MAX_STRING)
+    if "array" in kinds:
+        result.setdefault("maxItems", GRAMMAR_MAX_ITEMS)
+    return result
 
 
 @functools.lru_cache(maxsize=256)

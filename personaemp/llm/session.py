@@ -23,6 +23,8 @@ async def open_engine(settings: LLMSettings) -> AsyncIterator[Engine]:
             # llama.cpp serves one request at a time: more in flight would only queue there
             # and run into timeouts.
             base_urls, model, concurrency, kind = [server.base_url], server.model, 1, "local"
+            # Schema-constrained generation runs at ~20 tokens/s on 2 cores: allow for it.
+            timeout = max(settings.timeout, 600.0)
             structured = "json_object_schema" if settings.structured == "auto" else settings.structured
         else:
             if not settings.model:
@@ -33,9 +35,10 @@ async def open_engine(settings: LLMSettings) -> AsyncIterator[Engine]:
                 settings.concurrency,
                 "remote",
             )
+            timeout = settings.timeout
             structured = "json_schema" if settings.structured == "auto" else settings.structured
         endpoints = [
-            Endpoint(url, settings.api_key, concurrency, settings.rpm, settings.timeout) for url in base_urls
+            Endpoint(url, settings.api_key, concurrency, settings.rpm, timeout) for url in base_urls
         ]
         for endpoint in endpoints:
             stack.push_async_callback(endpoint.client.close)
