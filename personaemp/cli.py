@@ -212,6 +212,10 @@ def infer_persona_command(
     output: Annotated[Path, typer.Option("--output", "-o")] = PROCESSED / "personas.jsonl",
     limit: Annotated[int | None, typer.Option(help="Only the first N users.")] = None,
     users: Annotated[list[str] | None, typer.Option("--users", help="Only these user ids (repeat).")] = None,
+    require_depth: Annotated[
+        bool,
+        typer.Option(help="Drop users the depth check turns away (--no-require-depth keeps grounded ones)."),
+    ] = True,
     show: Annotated[
         str | None, typer.Option("--show", help="Print this user's persona next to its evidence and exit.")
     ] = None,
@@ -245,7 +249,14 @@ def infer_persona_command(
 
     settings = llm_settings(locals())
     report, summary = infer_personas(
-        input, output, settings, limit=limit, users=users, retry_failed=retry_failed, console=console
+        input,
+        output,
+        settings,
+        limit=limit,
+        users=users,
+        retry_failed=retry_failed,
+        require_depth=require_depth,
+        console=console,
     )
     print_stage_report(report, console)
     print_persona_summary(summary, console)
@@ -258,6 +269,9 @@ def gen_queries_command(
     output: Annotated[Path, typer.Option("--output", "-o")] = PROCESSED / "queries.jsonl",
     per_category: Annotated[int, typer.Option(help="Situations (so queries) per category per user.")] = 1,
     categories: Annotated[str, typer.Option(help="Comma-separated subset of ES,HEQ,SS.")] = "ES,HEQ,SS",
+    enforce: Annotated[
+        str | None, typer.Option(help="Checks a query must pass, comma-separated (default: all).")
+    ] = None,
     limit: Annotated[int | None, typer.Option(help="Only the first N eligible users.")] = None,
     users: Annotated[list[str] | None, typer.Option("--users", help="Only these user ids (repeat).")] = None,
     base_url: BaseUrls = None,
@@ -287,6 +301,7 @@ def gen_queries_command(
     options = QueryOptions(
         categories=tuple(c.strip().upper() for c in categories.split(",") if c.strip()),
         per_category=per_category,
+        **({"enforce": tuple(c.strip() for c in enforce.split(",") if c.strip())} if enforce else {}),
     )
     report, funnel = generate_queries(
         input,

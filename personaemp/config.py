@@ -50,11 +50,13 @@ class LLMConfig(_Section):
 
 class PersonaConfig(_Section):
     limit: int | None = None
+    require_depth: bool = True
 
 
 class QueriesConfig(_Section):
     per_category: int = 1
     categories: list[str] = ["ES", "HEQ", "SS"]
+    enforce: list[str] | None = None  # default: every check
 
 
 class SplitConfig(_Section):
@@ -93,7 +95,14 @@ def load_config(path: Path | None) -> RunConfig:
         raise InputError(f"{path}: no such config file") from None
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{path}: not valid TOML ({exc})") from None
-    if any("key" in name.lower() or "token" in name.lower() for name in (data.get("llm") or {})):
+    suspicious = [
+        name
+        for section in data.values()
+        if isinstance(section, dict)
+        for name in section
+        if ("key" in name.lower() or "token" in name.lower()) and name != "max_tokens"
+    ]
+    if suspicious:
         raise InputError(f"{path}: secrets do not belong in a file", "set OPENAI_API_KEY / HF_TOKEN instead")
     try:
         return RunConfig.model_validate(data)

@@ -52,6 +52,7 @@ def run_pipeline(config: RunConfig, console: Console) -> PipelineResult:
         processed / "personas.jsonl",
         settings,
         limit=config.persona.limit,
+        require_depth=config.persona.require_depth,
         console=console,
     )
     summaries.print_stage_report(report, console)
@@ -59,8 +60,11 @@ def run_pipeline(config: RunConfig, console: Console) -> PipelineResult:
     result.reports["infer-persona"] = report
 
     console.rule("gen-queries")
+    queries = config.queries
     options = QueryOptions(
-        categories=tuple(config.queries.categories), per_category=config.queries.per_category
+        categories=tuple(queries.categories),
+        per_category=queries.per_category,
+        **({"enforce": tuple(queries.enforce)} if queries.enforce is not None else {}),
     )
     report, funnel = generate_queries(
         processed / "personas.jsonl", processed / "queries.jsonl", settings, options=options, console=console

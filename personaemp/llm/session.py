@@ -37,9 +37,7 @@ async def open_engine(settings: LLMSettings) -> AsyncIterator[Engine]:
             )
             timeout = settings.timeout
             structured = "json_schema" if settings.structured == "auto" else settings.structured
-        endpoints = [
-            Endpoint(url, settings.api_key, concurrency, settings.rpm, timeout) for url in base_urls
-        ]
+        endpoints = [Endpoint(url, settings.api_key, concurrency, settings.rpm, timeout) for url in base_urls]
         for endpoint in endpoints:
             stack.push_async_callback(endpoint.client.close)
         cache = None

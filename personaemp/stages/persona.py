@@ -144,14 +144,21 @@ class PersonaParse:
     grounding: Grounding = field(default_factory=Grounding)
 
 
-def parse_persona(user: User, reply: PersonaReply, raw: str | None = None) -> PersonaParse:
+def parse_persona(
+    user: User, reply: PersonaReply, raw: str | None = None, require_depth: bool = True
+) -> PersonaParse:
     """Keep only traits with evidence among the user's memories; count what was removed.
 
-    `raw` is the reply text as sent, kept in the failure record of an ungrounded user."""
+    `raw` is the reply text as sent, kept in the failure record of an ungrounded user.
+    `require_depth=False` (an ablation, and the embedded demo model's setting) keeps users
+    the depth check turned away when they have grounded traits; gate_reason says so."""
     known = {m.memory_id for m in user.memories}
     grounding = Grounding(traits_proposed=len(reply.traits))
+    reason = reply.depth.reason
     if not reply.depth.has_depth:
-        return PersonaParse(False, reply.depth.reason, reply.topics, [], grounding)
+        if require_depth:
+            return PersonaParse(False, reason, reply.topics, [], grounding)
+        reason = f"depth check not enforced (it said no: {reason})"
     traits = []
     for proposed in reply.traits:
         evidence = list(dict.fromkeys(i for i in proposed.evidence if i in known))
@@ -168,7 +175,7 @@ def parse_persona(user: User, reply: PersonaReply, raw: str | None = None) -> Pe
             f"none of {len(reply.traits)} proposed traits cites one of the user's memories",
             raw=raw if raw is not None else reply.model_dump_json(),
         )
-    return PersonaParse(True, reply.depth.reason, reply.topics, traits, grounding)
+    return PersonaParse(True, reason, reply.topics, traits, grounding)
 
 
 # --- step 2: Big Five ----------------------------------------------------------------------
@@ -242,6 +249,7 @@ def infer_personas(
     limit: int | None = None,
     users: Sequence[str] | None = None,
     retry_failed: bool = False,
+    require_depth: bool = True,
     console=None,
 ):
     """Infer a persona for every user of `input_path`; returns (stage report, summary)."""
@@ -260,7 +268,7 @@ def infer_personas(
                 PersonaReply,
                 schema=persona_schema(user),
             )
-            parsed = parse_persona(user, result.value, result.raw)
+            parsed = parse_persona(user, result.value, result.raw, require_depth)
             big_five, dropped = None, 0
             if parsed.eligible:
                 levels = await engine.call(
@@ -298,7 +306,7 @@ def infer_personas(
         settings=settings,
         key="user_id",
         output=output_path,
-        fingerprint=lambda engine: f"{engine.model}|{hashes['persona']}|{hashes['big_five']}",
+        fingerprint=lambda engine: f"{engine.model}|{hashes['persona']}|{hashes['big_five']}|{require_depth}",
         retry_failed=retry_failed,
         keep_others=bool(limit or users),
         console=console,

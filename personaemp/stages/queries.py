@@ -38,6 +38,9 @@ LANGUAGE_NAMES = {
     "vi": "Vietnamese", "el": "Greek", "hi": "Hindi", "he": "Hebrew", "th": "Thai",
 }  # fmt: skip
 JUDGED = ("emotional_support", "logical_consistency", "role_awareness")
+CHECKS = (
+    *JUDGED, "memory_ids_valid", "category_match", "length_ok", "language_match", "not_duplicate",
+)  # fmt: skip
 
 
 # --- reply models ----------------------------------------------------------------------------
@@ -84,8 +87,12 @@ class ReviewsReply(BaseModel):
 class QueryOptions:
     categories: tuple[str, ...] = CATEGORIES
     per_category: int = 1
+    enforce: tuple[str, ...] = CHECKS  # checks a query must pass; the others are only recorded
 
     def __post_init__(self) -> None:
+        unknown_checks = set(self.enforce) - set(CHECKS)
+        if unknown_checks:
+            raise InputError(f"--enforce takes {', '.join(CHECKS)}, not {', '.join(sorted(unknown_checks))}")
         unknown = set(self.categories) - set(CATEGORIES)
         if unknown or not self.categories:
             raise InputError(f"--categories takes ES, HEQ and/or SS, not {', '.join(sorted(unknown))}")
@@ -186,10 +193,13 @@ def judge_checks(
     text: str,
     review: ReviewReply | None,
     duplicate_of: int | None,
+    enforce: Sequence[str] = (),
 ) -> Checks:
     """All checks of one query: the judge's verdicts and the deterministic ones.
 
-    `duplicate_of`: the number of an earlier message of the user this one nearly repeats."""
+    `duplicate_of`: the number of an earlier message of the user this one nearly repeats.
+    `enforce`: the checks that must pass (default: all); the others are recorded only."""
+    enforce = enforce or CHECKS
     reasons: dict[str, str] = {}
     results: dict[str, bool] = {}
     if review is None:
@@ -219,7 +229,8 @@ def judge_checks(
     results["not_duplicate"] = duplicate_of is None
     if duplicate_of is not None:
         reasons["not_duplicate"] = f"nearly repeats message {duplicate_of}"
-    return Checks(**results, language=judged_language, passed=all(results.values()), reasons=reasons)
+    passed = all(ok for name, ok in results.items() if name in enforce)
+    return Checks(**results, language=judged_language, passed=passed, reasons=reasons)
 
 
 # --- the stage -------------------------------------------------------------------------------
@@ -280,7 +291,9 @@ def generate_queries(
 
         return work
 
-    fingerprint = "|".join([*hashes.values(), ",".join(options.categories), str(options.per_category)])
+    fingerprint = "|".join(
+        [*hashes.values(), ",".join(options.categories), str(options.per_category), ",".join(options.enforce)]
+    )
     report = run_llm_stage(
         STAGE,
         rows,
@@ -355,6 +368,7 @@ async def queries_for(engine, persona: Persona, options: QueryOptions, prompts, 
                 text,
                 reviews.get(index + 1),
                 numbers[repeats[index]] if index in repeats else None,
+                options.enforce,
             ),
             provenance=provenance,
         )
