@@ -55,6 +55,7 @@ def _funnel(facts: dict[str, Any]) -> str:
             "flagged false memories and were never used."
         )
     stages = (facts.get("run") or {}).get("stages", {})
+    split = facts.get("split")
     for name in ("infer-persona", "gen-queries"):
         if name in stages:
             stage = stages[name]
@@ -65,6 +66,12 @@ def _funnel(facts: dict[str, Any]) -> str:
                 f"- **{name}**: {stage['units']} users, {done} done, {failed} failed ({kinds}); "
                 f"model `{stage['model']}` ({stage['endpoint_kind']})."
             )
+    if split:
+        left = ", ".join(f"{reason} {count}" for reason, count in sorted(split["left_out"].items()))
+        parts.append(
+            f"- **split**: {split['users_in']} users read, left out: {left or 'none'} "
+            "(users need a Big Five profile and at least one accepted query)."
+        )
     return "\n".join(parts) or "- (the stage reports of this build were not found beside the splits)"
 
 

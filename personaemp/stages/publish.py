@@ -140,11 +140,13 @@ def card_facts(splits_dir: Path, datasets: dict[str, Any]) -> dict[str, Any]:
         path = splits_dir / setting / "train.jsonl"
         if path.exists():
             for _, _, user in iter_jsonl(path, ErrorPolicy("fail")):
-                for query in user.get("queries", [])[:1]:
-                    prov = query.get("provenance", {})
-                    facts["provenance"][
-                        json.dumps({"model": prov.get("model"), **prov.get("prompts", {})})
-                    ] += 1
+                # The persona's provenance (persona, big_five prompts), then the queries'.
+                sources = [("infer-persona", user.get("provenance") or {})]
+                sources += [("gen-queries", q.get("provenance") or {}) for q in user.get("queries", [])[:1]]
+                for stage, prov in sources:
+                    if prov:
+                        entry = {"stage": stage, "model": prov.get("model"), **prov.get("prompts", {})}
+                        facts["provenance"][json.dumps(entry)] += 1
             break
     return facts
 

@@ -1,0 +1,629 @@
+"""`personaemp push`: personaemp.stages.publish (dataset rows, dry-run repository, card) and the CLI.
+
+The splits are made by the real `split_users` from hand-made queries rows; every dry run
+is loaded back with `datasets.load_dataset` from a fresh cache folder, so what is checked
+is what a user of the published dataset would get.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import read_jsonl, write_json, write_jsonl
+from typer.testing import CliRunner
+
+from personaemp.cli import app
+from personaemp.errors import InputError, PersonaempError
+from personaemp.records import BIG_FIVE
+from personaemp.stages.publish import COLUMNS, features, publish
+from personaemp.stages.split import split_users
+
+SECRET = "hf_TestSecretTokenDoNotLeak0123456789"
+PERSONA_PROVENANCE = {
+    "model": "persona-model-xl",
+    "endpoint_kind": "remote",
+    "prompts": {"persona": "aaaa1111bbbb", "big_five": "cccc2222dddd"},
+    "created_at": "2026-01-01T00:00:00+00:00",
+}
+QUERY_PROVENANCE = {
+    "model": "query-model-xl",
+    "endpoint_kind": "remote",
+    "prompts": {"situations": "1111aaaa2222", "query": "3333bbbb4444", "check": "5555cccc6666"},
+    "created_at": "2026-01-01T00:00:00+00:00",
+}
+PROFILES = {
+    "A": ("high", "high", "high", "low", "low"),
+    "B": ("low", "medium", "low", "high", "high"),
+    "C": ("medium", "low", "medium", "medium", "medium"),
+}
+CATEGORY_CYCLE = ("ES", "HEQ", "SS")
+
+
+# --- hand-made queries rows ----------------------------------------------------------------
+
+
+def user_row(
+    uid: str,
+    profile: str,
+    n_queries: int,
+    *,
+    language: str | None = "en",
+    eligible: bool = True,
+) -> dict:
+    """A queries-stage row: user + persona + accepted queries, shaped like the real stages'."""
+    memory_ids = [f"{uid}-m{i}" for i in range(1, 4)]
+    memories = [
+        {
+            "memory_id": mid,
+            "label": f"Label_{i}/Sub_{uid}",
+            "label_suggestion": None,
+            "value": f"{uid} memory {i}: something that happened and how they felt",
+            "evidence_text": f"evidence text {uid} {i}",
+            "type": "direct",
+            "confidence": 0.9,
+            "emotion": None,
+        }
+        for i, mid in enumerate(memory_ids, 1)
+    ]
+    turns = [
+        {"role": "user", "text": f"{uid} first message about my sister", "session_id": "s1", "index": 0},
+        {"role": "assistant", "text": f"ASSISTANT reply to {uid}", "session_id": "s1", "index": 1},
+        {"role": "user", "text": f"{uid} second message, still upset", "session_id": "s1", "index": 2},
+    ]
+    levels = PROFILES[profile]
+    big_five = {
+        trait: {
+            "level": level,
+            "evidence": [memory_ids[0]],
+            "rationale": f"{trait} of {uid}",
+            "thin_evidence": False,
+        }
+        for trait, level in zip(BIG_FIVE, levels, strict=True)
+    }
+    traits = [
+        {"aspect": "emotional_traits", "statement": f"{uid} worries a lot", "evidence": memory_ids[:2]},
+        {"aspect": "social_context", "statement": f"{uid} is close to family", "evidence": [memory_ids[2]]},
+    ]
+    queries = []
+    for n in range(n_queries):
+        category = CATEGORY_CYCLE[(len(uid) + n) % 3]
+        cited = [memory_ids[n % 3]]
+        queries.append(
+            {
+                "query_id": f"{uid}-q{n + 1}",
+                "category": category,
+                "situation": {
+                    "topic": f"topic {uid} {n}",
+                    "text": f"situation text {uid} {n}",
+                    "memory_ids": cited,
+                },
+                "query": f"query {n} from {uid}: how do I handle this?",
+                "memory_ids": cited,
+                "checks": {"passed": True, "emotional_support": True},
+                "provenance": QUERY_PROVENANCE,
+            }
+        )
+    return {
+        "user_id": uid,
+        "source": {"format": "task1", "path": "x", "benchmark_id": f"b-{uid}", "line_index": 0},
+        "language": language,
+        "turns": turns,
+        "memories": memories,
+        "intents": [],
+        "filter": {"matched_rules": ["r"], "matched_memory_ids": memory_ids[:1]},
+        "eligible": eligible,
+        "gate_reason": "ok" if eligible else "too thin",
+        "topics": [f"family {uid}", "work"],
+        "traits": traits if eligible else [],
+        "profile": f"Profile of {uid}: worries a lot; close to family." if eligible else "",
+        "big_five": big_five if eligible else None,
+        "grounding": {"traits_proposed": 2, "traits_dropped": 0, "citations_dropped": 0},
+        "provenance": PERSONA_PROVENANCE,
+        "queries": queries if eligible else [],
+        "rejected_queries": [],
+    }
+
+
+def queries_rows() -> list[dict]:
+    rows = []
+    plan = [("A", 6), ("B", 4), ("C", 2)]
+    number = 0
+    for profile, users in plan:
+        for _ in range(users):
+            number += 1
+            language = ("en", "zh", None)[number % 3]
+            rows.append(user_row(f"u{number:02d}", profile, 1 + number % 3, language=language))
+    rows.append(user_row("u90", "A", 0))  # no accepted query: left out by split
+    rows.append(user_row("u91", "B", 0, eligible=False))  # ineligible: left out by split
+    return rows
+
+
+@pytest.fixture
+def splits(tmp_path) -> Path:
+    """processed/splits with random and ood (k=3 over three distinct profiles)."""
+    processed = tmp_path / "processed"
+    write_jsonl(processed / "queries.jsonl", queries_rows())
+    split_users(processed / "queries.jsonl", processed / "splits", ood=True, k=3, seed=5, test_size=0.2)
+    return processed / "splits"
+
+
+def write_reports(processed: Path) -> None:
+    write_json(
+        processed / "filter_report.json",
+        {
+            "users_in": 4321,
+            "kept": 1234,
+            "dropped": {"intents": 11, "min_memories": 2222, "memory_labels": 808, "language": 46},
+            "memories_in": 98765,
+            "flagged_memories_dropped": 321,
+        },
+    )
+    stage = {
+        "failures_by_kind": {},
+        "endpoint_kind": "remote",
+        "failed_before": 0,
+        "done_before": 0,
+    }
+    write_json(
+        processed / ".personaemp" / "run_report.json",
+        {
+            "stages": {
+                "infer-persona": {
+                    **stage,
+                    "units": 1234,
+                    "done": 1000,
+                    "done_before": 190,
+                    "failed": 40,
+                    "failed_before": 4,
+                    "failures_by_kind": {"invalid_reply": 44},
+                    "model": "persona-model-xl",
+                },
+                "gen-queries": {**stage, "units": 987, "done": 955, "failed": 32, "model": "query-model-xl"},
+            }
+        },
+    )
+
+
+def load(folder: Path, config: str, cache: Path):
+    from datasets import load_dataset
+
+    return load_dataset(str(folder), config, cache_dir=str(cache), download_mode="force_redownload")
+
+
+def users_of(splits_dir: Path, setting: str, split: str) -> list[dict]:
+    return read_jsonl(splits_dir / setting / f"{split}.jsonl")
+
+
+def expected_row(user: dict, query: dict, include_dialogue: bool = False) -> dict:
+    row = {
+        "user_id": user["user_id"],
+        "query_id": query["query_id"],
+        "query": query["query"],
+        "category": query["category"],
+        "situation": {"topic": query["situation"]["topic"], "text": query["situation"]["text"]},
+        "memory_ids": query["memory_ids"],
+        "language": user["language"] or "",
+        "persona_profile": user["profile"],
+        "persona_traits": [
+            {"aspect": t["aspect"], "statement": t["statement"], "evidence": t["evidence"]}
+            for t in user["traits"]
+        ],
+        "topics": user["topics"],
+        "big_five": {trait: user["big_five"][trait]["level"] for trait in BIG_FIVE},
+        "memories": [
+            {"memory_id": m["memory_id"], "label": m["label"], "value": m["value"]} for m in user["memories"]
+        ],
+    }
+    if include_dialogue:
+        row["user_turns"] = [t["text"] for t in user["turns"] if t["role"] == "user"]
+    return row
+
+
+def front_matter(card: str) -> dict:
+    assert card.startswith("---\n")
+    head, _, _ = card[4:].partition("\n---\n")
+    return yaml.safe_load(head)
+
+
+def all_bytes(folder: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file())
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# --- the dry-run repository, loaded back -------------------------------------------------------
+
+
+def test_dry_run_loads_back_with_counts_features_and_content(splits, tmp_path):
+    out = tmp_path / "repo"
+    result = publish(splits, out=out)
+
+    assert result.target == str(out)
+    assert result.card == out / "README.md"
+    assert sorted(result.rows) == ["ood", "random"]
+    sources = {}
+    for setting in ("random", "ood"):
+        data = load(out, setting, tmp_path / f"cache-{setting}")
+        assert sorted(data) == ["test", "train"]
+        for split in ("train", "test"):
+            users = users_of(splits, setting, split)
+            assert users, f"{setting}/{split} is empty: the fixture should fill every split"
+            expected_count = sum(len(u["queries"]) for u in users)
+            part = data[split]
+            assert len(part) == expected_count
+            assert result.rows[setting][split] == expected_count
+            assert part.features == features(False)
+            assert part.column_names == [c for c in COLUMNS if c != "user_turns"]
+            assert part.column_names[0] == "user_id"
+            assert "turns" not in part.column_names and "user_turns" not in part.column_names
+            assert set(part["user_id"]) == {u["user_id"] for u in users}
+            expected = {q["query_id"]: expected_row(u, q) for u in users for q in u["queries"]}
+            got = {row["query_id"]: row for row in part}
+            assert got == expected
+            sources.update(expected)
+    # every accepted query of every split user is published, and the left-out users are not
+    assert "u90" not in {row["user_id"] for row in sources.values()}
+    assert "u91" not in {row["user_id"] for row in sources.values()}
+
+
+def test_dialogue_only_with_include_dialogue_and_only_the_users_messages(splits, tmp_path):
+    out = tmp_path / "repo"
+    publish(splits, out=out, include_dialogue=True)
+
+    data = load(out, "random", tmp_path / "cache")
+    users = {u["user_id"]: u for split in ("train", "test") for u in users_of(splits, "random", split)}
+    for split in ("train", "test"):
+        part = data[split]
+        assert part.features == features(True)
+        assert part.column_names[-1] == "user_turns"
+        for row in part:
+            user = users[row["user_id"]]
+            assert row["user_turns"] == [f"{user['user_id']} first message about my sister",
+                                         f"{user['user_id']} second message, still upset"]  # fmt: skip
+            assert not any("ASSISTANT" in text for text in row["user_turns"])
+            query = next(q for q in user["queries"] if q["query_id"] == row["query_id"])
+            assert row == expected_row(user, query, include_dialogue=True)
+    assert b"ASSISTANT" not in all_bytes(out)
+
+
+def test_no_dialogue_text_in_the_default_repository(splits, tmp_path):
+    out = tmp_path / "repo"
+    publish(splits, out=out)
+    everything = all_bytes(out)
+    assert b"first message about my sister" not in everything
+    assert b"ASSISTANT" not in everything
+
+
+# --- the dataset card ------------------------------------------------------------------------
+
+
+def test_card_front_matter_keeps_configs_block_and_license(splits, tmp_path):
+    out = tmp_path / "repo"
+    publish(splits, out=out)
+    card = (out / "README.md").read_text(encoding="utf-8")
+
+    meta = front_matter(card)
+    assert meta["license"] == "odc-by"
+    assert meta["configs"] == [
+        {
+            "config_name": setting,
+            "data_files": [
+                {"split": "train", "path": f"{setting}/train-*"},
+                {"split": "test", "path": f"{setting}/test-*"},
+            ],
+        }
+        for setting in ("random", "ood")
+    ]
+    for config in meta["configs"]:
+        for entry in config["data_files"]:
+            assert len(list(out.glob(entry["path"]))) == 1, entry
+    # languages of the published rows, without the empty "unknown" code
+    assert sorted(meta["language"]) == ["en", "zh"]
+
+
+def test_card_reports_this_runs_funnel_split_and_distributions(splits, tmp_path):
+    processed = splits.parent
+    write_reports(processed)
+    out = tmp_path / "repo"
+    publish(splits, out=out)
+    card = (out / "README.md").read_text(encoding="utf-8")
+    lines = card.splitlines()
+
+    filter_line = next(line for line in lines if line.startswith("- **filter**"))
+    for figure in ("4321", "1234", "min_memories 2222", "memory_labels 808", "321", "98765"):
+        assert figure in filter_line
+    persona_line = next(line for line in lines if line.startswith("- **infer-persona**"))
+    assert "1234 users" in persona_line and "1190 done" in persona_line and "44 failed" in persona_line
+    assert "invalid_reply 44" in persona_line and "persona-model-xl" in persona_line
+    queries_line = next(line for line in lines if line.startswith("- **gen-queries**"))
+    assert "987 users" in queries_line and "955 done" in queries_line and "32 failed" in queries_line
+    assert "query-model-xl" in queries_line
+
+    # model and prompt hashes of the queries, from the rows' provenance
+    assert "query-model-xl" in card
+    for digest in QUERY_PROVENANCE["prompts"].values():
+        assert digest in card
+
+    # split parameters and the OOD clusters, from split_report.json
+    report = json.loads((splits / "split_report.json").read_text(encoding="utf-8"))
+    ood = report["settings"]["ood"]
+    assert f'"k": {ood["k"]}' in card and f'"holdout_cluster": {ood["holdout_cluster"]}' in card
+    for cluster in ood["clusters"]:
+        row = (
+            "| "
+            + " | ".join(str(c) for c in [cluster["id"], cluster["users"], *cluster["mode"].values()])
+            + " |"
+        )
+        assert row in lines
+    assert "KModes cost by k" in card
+
+    # per config/split: users, queries, categories and Big Five levels, counted per query
+    for setting in ("random", "ood"):
+        for split in ("train", "test"):
+            users = users_of(splits, setting, split)
+            queries = [q for u in users for q in u["queries"]]
+            categories = Counter(q["category"] for q in queries)
+            cats = ", ".join(f"{c} {n}" for c, n in sorted(categories.items()))
+            assert f"| {setting} | {split} | {len(users)} | {len(queries)} | {cats} |" in lines
+            for index, trait in enumerate(BIG_FIVE):
+                levels = Counter(PROFILES_BY_LEVELS[u["user_id"]][index] for u in users for _ in u["queries"])
+                counts = " | ".join(str(levels[lv]) for lv in ("low", "medium", "high"))
+                assert f"| {setting} | {split} | {trait} | {counts} |" in lines
+
+    # schema, license, citations, ethics
+    for column in (c for c in COLUMNS if c != "user_turns"):
+        assert f"| {column} |" in card
+    assert "| user_turns |" not in card
+    assert "ODC-BY" in card
+    for cited in ("PersonaEmp", "AlpsBench", "WildChat"):
+        assert cited in card.split("## License and citation", 1)[1]
+    assert "No dialogue text" in card
+    assert "includes the users' own messages" not in card
+
+
+PROFILES_BY_LEVELS = {
+    row["user_id"]: tuple(row["big_five"][t]["level"] for t in BIG_FIVE)
+    for row in queries_rows()
+    if row["big_five"]
+}
+
+
+def test_card_names_the_persona_models_and_prompt_hashes(splits, tmp_path):
+    """Personas and Big Five levels come from the persona/big_five prompts (row provenance):
+    the card's "models and prompt hashes" must cover them, not only the query prompts."""
+    out = tmp_path / "repo"
+    publish(splits, out=out)
+    card = (out / "README.md").read_text(encoding="utf-8")
+    assert "persona-model-xl" in card
+    for digest in PERSONA_PROVENANCE["prompts"].values():
+        assert digest in card
+
+
+def test_card_reports_users_the_split_left_out(splits, tmp_path):
+    """split_report.json counts users left out (ineligible, no accepted query): part of the funnel."""
+    out = tmp_path / "repo"
+    publish(splits, out=out)
+    card = (out / "README.md").read_text(encoding="utf-8")
+    report = json.loads((splits / "split_report.json").read_text(encoding="utf-8"))
+    assert report["left_out"] == {"no_accepted_query": 1, "ineligible": 1}
+    assert "no_accepted_query" in card or "no accepted query" in card
+    assert "ineligible" in card
+
+
+def test_card_without_reports_omits_the_funnel_gracefully(splits, tmp_path):
+    (splits / "split_report.json").unlink()
+    out = tmp_path / "repo"
+    publish(splits, out=out)
+    card = (out / "README.md").read_text(encoding="utf-8")
+
+    assert "- **filter**" not in card
+    assert "- **infer-persona**" not in card and "- **gen-queries**" not in card
+    assert "KModes cost by k" not in card
+    assert "holdout_cluster" not in card
+    assert "## How it was built" in card  # the section stays, with no invented figures
+    assert front_matter(card)["license"] == "odc-by"
+    assert len(load(out, "ood", tmp_path / "cache")["test"]) == sum(
+        len(u["queries"]) for u in users_of(splits, "ood", "test")
+    )
+
+
+def test_card_with_dialogue_says_so(splits, tmp_path):
+    out = tmp_path / "repo"
+    publish(splits, out=out, include_dialogue=True)
+    card = (out / "README.md").read_text(encoding="utf-8")
+    assert "No dialogue text" not in card
+    assert "includes the users' own messages" in card
+    assert "| user_turns |" in card
+
+
+# --- settings present / stale files ------------------------------------------------------------
+
+
+def test_only_random_split_gives_only_the_random_config(tmp_path):
+    processed = tmp_path / "processed"
+    write_jsonl(processed / "queries.jsonl", queries_rows())
+    split_users(processed / "queries.jsonl", processed / "splits", ood=False, seed=5)
+    out = tmp_path / "repo"
+
+    result = publish(processed / "splits", out=out)
+
+    assert list(result.rows) == ["random"]
+    meta = front_matter((out / "README.md").read_text(encoding="utf-8"))
+    assert [c["config_name"] for c in meta["configs"]] == ["random"]
+    assert not list(out.glob("ood/*"))
+    assert "| ood |" not in (out / "README.md").read_text(encoding="utf-8")
+    data = load(out, "random", tmp_path / "cache")
+    total = sum(
+        len(u["queries"]) for s in ("train", "test") for u in users_of(processed / "splits", "random", s)
+    )
+    assert len(data["train"]) + len(data["test"]) == total
+    with pytest.raises(ValueError):
+        load(out, "ood", tmp_path / "cache-ood")
+
+
+def test_second_dry_run_removes_stale_ood_files(splits, tmp_path):
+    out = tmp_path / "repo"
+    publish(splits, out=out)
+    assert len(list(out.glob("ood/*.parquet"))) == 2
+
+    split_users(splits.parent / "queries.jsonl", splits, ood=False, seed=5)  # drops splits/ood
+    assert not (splits / "ood" / "train.jsonl").exists()
+    result = publish(splits, out=out)
+
+    assert list(result.rows) == ["random"]
+    assert list(out.glob("ood/*.parquet")) == []
+    assert sorted(p.name for p in out.glob("random/*.parquet")) == [
+        "test-00000-of-00001.parquet",
+        "train-00000-of-00001.parquet",
+    ]
+    meta = front_matter((out / "README.md").read_text(encoding="utf-8"))
+    assert [c["config_name"] for c in meta["configs"]] == ["random"]
+    data = load(out, "random", tmp_path / "cache")
+    assert len(data["test"]) == sum(len(u["queries"]) for u in users_of(splits, "random", "test"))
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+def test_missing_splits_folder_is_an_input_error(tmp_path):
+    out = tmp_path / "repo"
+    with pytest.raises(InputError, match="personaemp split"):
+        publish(tmp_path / "nowhere", out=out)
+    assert not out.exists()
+
+
+def test_splits_folder_without_complete_split_files_is_an_input_error(tmp_path):
+    splits_dir = tmp_path / "splits"
+    write_jsonl(splits_dir / "random" / "train.jsonl", [user_row("u1", "A", 1)])  # no test.jsonl
+    (splits_dir / "ood").mkdir()
+    with pytest.raises(InputError):
+        publish(splits_dir, out=tmp_path / "repo")
+    assert not (tmp_path / "repo").exists()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"repo_id": "me/x", "out": "OUT"}],
+    ids=["neither", "both"],
+)
+def test_repo_id_xor_out(splits, tmp_path, kwargs):
+    if "out" in kwargs:
+        kwargs = {**kwargs, "out": tmp_path / "repo"}
+    with pytest.raises(InputError, match="--repo-id"):
+        publish(splits, **kwargs)
+    assert not (tmp_path / "repo").exists()
+
+
+@pytest.mark.parametrize("repo_id", ["noslash", "a/b/c"])
+def test_bad_repo_id_is_an_input_error(splits, repo_id, no_network_hub):
+    with pytest.raises(InputError, match="OWNER/NAME"):
+        publish(splits, repo_id=repo_id)
+
+
+def _run_with_deadline(function, seconds: float = 60.0):
+    """Run `function` in a daemon thread; fail (instead of hanging the suite) if it never returns."""
+    outcome: dict = {}
+
+    def target():
+        try:
+            outcome["value"] = function()
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds} s: the offline push hangs"
+    return outcome
+
+
+def test_real_push_offline_fails_with_one_line(splits, tmp_path, monkeypatch, no_network_hub):
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    before = snapshot(tmp_path)
+
+    outcome = _run_with_deadline(lambda: publish(splits, repo_id="me/x"))
+
+    error = outcome.get("error")
+    assert isinstance(error, PersonaempError), outcome
+    text = str(error)
+    assert len(text.splitlines()) == 1
+    assert "Hugging Face Hub" in text and "me/x" in text
+    assert "nonexistent.invalid" in text
+    assert SECRET not in text
+    assert snapshot(tmp_path) == before  # nothing written
+
+
+# --- CLI --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+def invoke(runner, *args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_cli_push_dry_run(runner, splits, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    out = tmp_path / "repo"
+    result = invoke(runner, "push", "--splits", splits, "--dry-run", "--out", out)
+
+    assert result.exit_code == 0, result.output
+    for setting in ("random", "ood"):
+        counts = {s: sum(len(u["queries"]) for u in users_of(splits, setting, s)) for s in ("train", "test")}
+        assert f"{setting}: train {counts['train']} rows, test {counts['test']} rows" in result.stderr
+    assert str(out) in result.stderr
+    assert result.stdout == ""
+    assert (out / "README.md").is_file()
+    assert SECRET not in result.output
+    assert SECRET.encode() not in all_bytes(out)
+    assert SECRET.encode() not in all_bytes(tmp_path)
+
+
+def test_cli_dry_run_without_out_exits_2(runner, splits, tmp_path):
+    result = invoke(runner, "push", "--splits", splits, "--dry-run")
+    assert result.exit_code == 2
+    assert result.stderr.strip().startswith("Error:")
+    assert "--out" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_cli_dry_run_and_repo_id_exits_2(runner, splits, tmp_path):
+    out = tmp_path / "repo"
+    result = invoke(runner, "push", "--splits", splits, "--dry-run", "--out", out, "--repo-id", "me/x")
+    assert result.exit_code == 2
+    assert result.stderr.strip().startswith("Error:")
+    assert not out.exists()
+
+
+def test_cli_missing_splits_exits_2(runner, tmp_path):
+    result = invoke(runner, "push", "--splits", tmp_path / "nowhere", "--dry-run", "--out", tmp_path / "o")
+    assert result.exit_code == 2
+    assert result.stderr.strip().startswith("Error:")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.output
+
+
+def test_cli_push_offline_exits_1_without_traceback(runner, splits, tmp_path, monkeypatch, no_network_hub):
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    before = snapshot(tmp_path)
+
+    outcome = _run_with_deadline(lambda: invoke(runner, "push", "--splits", splits, "--repo-id", "me/x"))
+
+    result = outcome["value"]
+    assert result.exit_code == 1, result.output
+    assert result.stderr.strip().startswith("Error:")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Hugging Face Hub" in result.stderr
+    assert "Traceback" not in result.output
+    assert SECRET not in result.output
+    assert snapshot(tmp_path) == before
