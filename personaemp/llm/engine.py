@@ -87,7 +87,7 @@ class Engine:
             error = _problem(reply)
             if error is None:
                 try:
-                    value = reply_model.model_validate_json(reply.content)
+                    value = reply_model.model_validate(_loads(reply.content))
                     if check is not None:
                         check(value)
                     return CallResult(value=value, raw=reply.content, cached=cached)
@@ -105,7 +105,10 @@ class Engine:
         kind = "truncated" if reply.finish_reason == "length" else "empty" if not reply.content else "invalid"
         stats.failures[kind] += 1
         raise LLMError(
-            kind, f"{step}: no valid reply after {self.max_reasks} re-asks ({error})", reply.content
+            kind,
+            f"{step}: no valid reply after {self.max_reasks} re-asks ({error})",
+            reply.content,
+            attempts=self.max_reasks + 1,
         )
 
     def build_request(self, messages: list[Message], schema: dict[str, Any], max_tokens: int) -> dict:
@@ -199,6 +202,17 @@ def bounded(schema: Any) -> Any:
 @functools.lru_cache(maxsize=256)
 def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
     return model.model_json_schema()
+
+
+def _loads(text: str) -> Any:
+    """JSON, tolerating raw control characters inside strings (small models write literal
+    newlines there); a ValueError names what is wrong otherwise."""
+    try:
+        return json.loads(text, strict=False)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"the reply is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        ) from None
 
 
 def _problem(reply: RawReply) -> str | None:

@@ -1,0 +1,56 @@
+"""The LLM stages end to end on the embedded local model (gemma3-270m via llama.cpp).
+
+Real requests to a real local server: slow (about a minute per user on 2 cores), so two
+users only. The base model's content is weak; what is checked is that every reply went
+through the schema, the grounding and check rules, and that the books balance.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from personaemp.llm.settings import LLMSettings
+from personaemp.records import Persona, Query
+from personaemp.stages.filter import filter_users
+from personaemp.stages.persona import infer_personas
+from personaemp.stages.queries import QueryOptions, generate_queries
+
+SAMPLE = Path(__file__).resolve().parent.parent / "data" / "raw" / "alpsbench_sample" / "task1"
+
+
+def test_persona_and_queries_on_the_embedded_model(tmp_path):
+    quiet = Console(file=open(tmp_path / "console.txt", "w"))  # noqa: SIM115
+    filter_users(str(SAMPLE), tmp_path / "filtered.jsonl", console=quiet)
+    settings = LLMSettings(llm="local", work_dir=tmp_path / "work")
+
+    report, summary = infer_personas(
+        tmp_path / "filtered.jsonl", tmp_path / "personas.jsonl", settings, limit=2, require_depth=False
+    )
+    assert report.outcome.balanced and report.outcome.units == 2
+    assert report.model == "gemma3-270m-local" and report.endpoint_kind == "local"
+    rows = [json.loads(line) for line in (tmp_path / "personas.jsonl").read_text().splitlines()]
+    failures = (tmp_path / "infer-persona.failures.jsonl").read_text().splitlines()
+    assert len(rows) + len(failures) == 2
+    for row in rows:
+        persona = Persona.model_validate(row)
+        memory_ids = {m.memory_id for m in persona.memories}
+        assert all(set(trait.evidence) <= memory_ids and trait.evidence for trait in persona.traits)
+        if persona.eligible:
+            assert persona.big_five is not None and persona.traits
+    assert summary.eligible + summary.ineligible == len(rows)
+
+    options = QueryOptions(enforce=("memory_ids_valid", "length_ok", "not_duplicate"))
+    report, funnel = generate_queries(
+        tmp_path / "personas.jsonl", tmp_path / "queries.jsonl", settings, options=options
+    )
+    assert report.outcome.balanced
+    assert funnel.generated == sum(funnel.accepted.values()) + sum(funnel.rejected.values())
+    for line in (tmp_path / "queries.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        memory_ids = {m["memory_id"] for m in row["memories"]}
+        for query in (Query.model_validate(q) for q in row["queries"]):
+            assert set(query.memory_ids) <= memory_ids and query.checks.passed
+            assert query.category in options.categories
