@@ -240,7 +240,7 @@ def test_structured_modes(tmp_path, mode):
         if mode == "json_object_schema":
             # Grammar endpoints get every free string and list bounded.
             assert body["response_format"] == {"type": "json_object", "schema": bounded(schema)}
-            assert body["response_format"]["schema"]["properties"]["text"]["maxLength"] == 300
+            assert body["response_format"]["schema"]["properties"]["text"]["maxLength"] == 200
             assert body["messages"][0]["content"] == "Be brief."
         else:
             assert body.get("response_format") == ({"type": "json_object"} if mode == "json_object" else None)
@@ -285,8 +285,18 @@ def test_bounded_schema_limits_free_strings_and_lists_only():
         },
     }
     result = bounded(schema)["properties"]
-    assert result["name"]["maxLength"] == 300 and "maxLength" not in result["kind"]
+    assert result["name"]["maxLength"] == 200 and "maxLength" not in result["kind"]
     assert result["short"]["maxLength"] == 10
-    assert result["tags"]["maxItems"] == 8 and result["tags"]["items"]["maxLength"] == 300
+    assert result["tags"]["maxItems"] == 4 and result["tags"]["items"]["maxLength"] == 200
     assert result["few"]["maxItems"] == 2
     assert "maxLength" not in schema["properties"]["name"]  # the input is not changed
+
+
+def test_rpm_spaces_request_starts(tmp_path):
+    with FakeOpenAI() as server:
+        results, _ = ask(settings_for(server, tmp_path, rpm=600, concurrency=5), count=5)
+        assert all(not isinstance(r, Exception) for r in results)
+        arrivals = sorted(r.received_at for r in server.chat_requests)
+        # 600 per minute: one start every 0.1 s although 5 could be in flight at once, so
+        # the five arrive over at least 0.4 s (less a margin for connection set-up jitter).
+        assert len(arrivals) == 5 and arrivals[-1] - arrivals[0] >= 0.35

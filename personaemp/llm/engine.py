@@ -175,8 +175,8 @@ class Engine:
         )
 
 
-GRAMMAR_MAX_STRING = 300  # characters
-GRAMMAR_MAX_ITEMS = 8
+GRAMMAR_MAX_STRING = 200  # characters
+GRAMMAR_MAX_ITEMS = 4  # a small model fills a list to its limit, and slowly (~50 ms/token)
 
 
 def bounded(schema: Any) -> Any:
