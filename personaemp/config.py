@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from personaemp.errors import InputError
+from personaemp.errors import InputError, first_problem
 
 
 class _Section(BaseModel):
@@ -107,9 +107,7 @@ def load_config(path: Path | None) -> RunConfig:
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
-        problem = exc.errors()[0]
-        where = ".".join(str(p) for p in problem["loc"])
-        raise InputError(f"{path}: {where}: {problem['msg']}") from None
+        raise InputError(f"{path}: {first_problem(exc)}") from None
 
 
 def llm_settings_from(config: RunConfig):

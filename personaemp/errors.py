@@ -37,3 +37,9 @@ class UnitError(PersonaempError):
     def __init__(self, kind: str, message: str, raw: str | None = None, attempts: int = 0):
         super().__init__(message)
         self.kind, self.raw, self.attempts = kind, raw, attempts
+
+
+def first_problem(exc) -> str:
+    """'field.path: message' of a pydantic ValidationError's first error, for one-line errors."""
+    problem = exc.errors()[0]
+    return f"{'.'.join(str(part) for part in problem['loc'])}: {problem['msg']}"

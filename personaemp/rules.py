@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from personaemp.errors import InputError
+from personaemp.errors import InputError, first_problem
 from personaemp.records import Intent, Memory
 
 DEFAULT_RULES = "default_rules.toml"
@@ -86,9 +86,7 @@ def load_rules(path: Path | None = None) -> Rules:
     try:
         return Rules.model_validate(merged)
     except ValidationError as exc:
-        problem = exc.errors()[0]
-        where = ".".join(str(p) for p in problem["loc"])
-        raise InputError(f"{name}: {where}: {problem['msg']}") from None
+        raise InputError(f"{name}: {first_problem(exc)}") from None
 
 
 _NON_WORD = re.compile(r"[\W_]+")

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 from pydantic import ValidationError
 
-from personaemp.errors import RowError
+from personaemp.errors import RowError, first_problem
 from personaemp.language import detect_language
 from personaemp.records import FilterMatch, Intent, Memory, Source, Turn, User
 
@@ -106,9 +106,7 @@ def memories_from_items(items: Any, location: str) -> list[Memory]:
                 )
             )
         except ValidationError as exc:
-            problem = exc.errors()[0]
-            field = ".".join(str(part) for part in problem["loc"])
-            raise _fail(location, f"memory {memory_id}: {field}: {problem['msg']}") from None
+            raise _fail(location, f"memory {memory_id}: {first_problem(exc)}") from None
     return memories
 
 
