@@ -359,6 +359,27 @@ def test_parse_persona_gate_false_is_ineligible_not_an_error():
     assert parsed.traits == []
 
 
+def test_parse_persona_without_required_depth_keeps_grounded_traits():
+    reply_ = PersonaReply.model_validate(
+        {
+            "depth": {"has_depth": False, "reason": "Only asks for films."},
+            "topics": ["films"],
+            "traits": [trait(["m1"], "Likes calm evenings."), trait(["m9"], "Unsupported.")],
+        }
+    )
+    parsed = parse_persona(THREE, reply_, require_depth=False)
+    assert parsed.eligible is True
+    assert parsed.gate_reason == "depth check not enforced (it said no: Only asks for films.)"
+    assert [t.statement for t in parsed.traits] == ["Likes calm evenings."]
+    assert parsed.grounding.traits_dropped == 1
+    empty = PersonaReply.model_validate(
+        {"depth": {"has_depth": False, "reason": "Nothing."}, "topics": [], "traits": []}
+    )
+    with pytest.raises(UnitError) as caught:
+        parse_persona(THREE, empty, require_depth=False)
+    assert caught.value.kind == "ungrounded"
+
+
 # --- parse_big_five ------------------------------------------------------------------------------
 
 

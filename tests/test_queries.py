@@ -1245,3 +1245,16 @@ def test_cli_gen_queries_missing_input(tmp_path):
     assert result.stderr.strip().startswith("Error:")
     assert "nope.jsonl" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_enforce_decides_which_checks_count_but_all_are_recorded():
+    failing = review(emotional_support=False, reason="Purely factual.")
+    strict = judge_checks(persona(english_user()), situation(), GOOD_TEXT, failing, None)
+    assert strict.passed is False
+    lenient = judge_checks(
+        persona(english_user()), situation(), GOOD_TEXT, failing, None, ("memory_ids_valid", "length_ok")
+    )
+    assert lenient.passed is True and lenient.emotional_support is False
+    assert lenient.reasons == {"emotional_support": "Purely factual."}
+    with pytest.raises(InputError, match="--enforce"):
+        QueryOptions(enforce=("memory_ids_valid", "vibes"))
