@@ -65,12 +65,13 @@ def detect_language(text: str) -> str | None:
     return max(sorted(scores), key=lambda lang: (scores[lang], lang == "en"))
 
 
-_NAMES = {
-    "english": "en", "chinese": "zh", "russian": "ru", "spanish": "es", "portuguese": "pt",
-    "french": "fr", "german": "de", "italian": "it", "dutch": "nl", "turkish": "tr",
-    "indonesian": "id", "vietnamese": "vi", "polish": "pl", "japanese": "ja", "korean": "ko",
-    "arabic": "ar", "greek": "el", "hebrew": "he", "thai": "th", "hindi": "hi",
+LANGUAGE_NAMES = {
+    "en": "English", "zh": "Chinese", "ru": "Russian", "es": "Spanish", "pt": "Portuguese",
+    "fr": "French", "de": "German", "it": "Italian", "ja": "Japanese", "ko": "Korean",
+    "ar": "Arabic", "tr": "Turkish", "pl": "Polish", "nl": "Dutch", "id": "Indonesian",
+    "vi": "Vietnamese", "el": "Greek", "hi": "Hindi", "he": "Hebrew", "th": "Thai",
 }  # fmt: skip
+_NAMES = {name.lower(): code for code, name in LANGUAGE_NAMES.items()}
 
 
 def normalize_language(value: object) -> str | None:

@@ -25,18 +25,12 @@ from pydantic import BaseModel, Field
 from personaemp import checks
 from personaemp.errors import InputError
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl
-from personaemp.language import normalize_language
+from personaemp.language import LANGUAGE_NAMES, normalize_language
 from personaemp.prompts import Prompt, load_prompt
 from personaemp.records import CATEGORIES, Category, Checks, Persona, Provenance, Query, Situation
 from personaemp.stages.persona import render_memories, render_turns
 
 STAGE = "gen-queries"
-LANGUAGE_NAMES = {
-    "en": "English", "zh": "Chinese", "ru": "Russian", "es": "Spanish", "pt": "Portuguese",
-    "fr": "French", "de": "German", "it": "Italian", "ja": "Japanese", "ko": "Korean",
-    "ar": "Arabic", "tr": "Turkish", "pl": "Polish", "nl": "Dutch", "id": "Indonesian",
-    "vi": "Vietnamese", "el": "Greek", "hi": "Hindi", "he": "Hebrew", "th": "Thai",
-}  # fmt: skip
 JUDGED = ("emotional_support", "logical_consistency", "role_awareness")
 CHECKS = (
     *JUDGED, "memory_ids_valid", "category_match", "length_ok", "language_match", "not_duplicate",
