@@ -194,6 +194,43 @@ class _Buffer:
             self.decode(decoder)
 
 
+def read_stage_rows(
+    path: Path,
+    model,
+    *,
+    limit: int | None = None,
+    users=None,
+    keep=None,
+    kind: str = "user",
+    missing_label: str = "user",
+) -> tuple[list[dict], int]:
+    """The rows of a stage's input file, each validated as `model` (a pydantic model).
+
+    `users` picks rows by id, `keep(record)` drops the rows it refuses (counted, returned
+    second), `limit` stops after that many rows. A picked user that is not there is an
+    error, unless the limit stopped reading before it could be seen.
+    """
+    wanted, rows, skipped = {str(u) for u in users or ()}, [], 0
+    for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
+        try:
+            record = model.model_validate(row)
+        except Exception as exc:
+            raise InputError(f"{path}:{lineno}: not a {kind} row ({str(exc).splitlines()[0]})") from None
+        if wanted and str(row["user_id"]) not in wanted:
+            continue
+        if keep is not None and not keep(record):
+            skipped += 1
+            continue
+        rows.append(row)
+        if limit is not None and len(rows) >= limit:
+            break  # stopped early: users further on are not missing, just not read
+    else:
+        missing = wanted - {str(r["user_id"]) for r in rows}
+        if missing:
+            raise InputError(f"{path}: no {missing_label} {', '.join(sorted(missing))}")
+    return rows, skipped
+
+
 @contextlib.contextmanager
 def atomic_output(path: Path) -> Iterator[IO[bytes]]:
     """Write to a temporary file beside `path`, rename it over `path` only on success."""

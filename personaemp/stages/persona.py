@@ -19,8 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from personaemp.errors import InputError, UnitError
-from personaemp.io import ErrorPolicy, iter_jsonl
+from personaemp.errors import UnitError
+from personaemp.io import ErrorPolicy, iter_jsonl, read_stage_rows
 from personaemp.prompts import Prompt, load_prompt
 from personaemp.records import (
     BIG_FIVE,
@@ -222,23 +222,7 @@ class PersonaSummary:
 
 def read_rows(path: Path, limit: int | None = None, users: Sequence[str] | None = None) -> list[dict]:
     """The rows of a stage file (validated as users), optionally limited or picked by id."""
-    wanted = set(users or ())
-    rows = []
-    for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
-        try:
-            User.model_validate(row)
-        except Exception as exc:
-            raise InputError(f"{path}:{lineno}: not a user row ({str(exc).splitlines()[0]})") from None
-        if wanted and str(row["user_id"]) not in wanted:
-            continue
-        rows.append(row)
-        if limit is not None and len(rows) >= limit:
-            break  # stopped early: users further on are not missing, just not read
-    else:
-        missing = wanted - {str(r["user_id"]) for r in rows}
-        if missing:
-            raise InputError(f"{path}: no user {', '.join(sorted(missing))}")
-    return rows
+    return read_stage_rows(path, User, limit=limit, users=users)[0]
 
 
 def infer_personas(

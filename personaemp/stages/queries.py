@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 
 from personaemp import checks
 from personaemp.errors import InputError
-from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl
+from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, read_stage_rows
 from personaemp.language import LANGUAGE_NAMES, normalize_language
 from personaemp.prompts import Prompt, load_prompt
 from personaemp.records import CATEGORIES, Category, Checks, Persona, Provenance, Query, Situation
@@ -232,25 +232,15 @@ def judge_checks(
 
 def read_personas(path: Path, limit: int | None, users: Sequence[str] | None) -> tuple[list[dict], int]:
     """Eligible persona rows (and how many ineligible ones were skipped)."""
-    wanted, rows, skipped = set(users or ()), [], 0
-    for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
-        try:
-            persona = Persona.model_validate(row)
-        except Exception as exc:
-            raise InputError(f"{path}:{lineno}: not a persona row ({str(exc).splitlines()[0]})") from None
-        if wanted and persona.user_id not in wanted:
-            continue
-        if not persona.eligible or not persona.traits:
-            skipped += 1
-            continue
-        rows.append(row)
-        if limit is not None and len(rows) >= limit:
-            break  # stopped early: users further on are not missing, just not read
-    else:
-        missing = wanted - {str(r["user_id"]) for r in rows}
-        if missing:
-            raise InputError(f"{path}: no eligible persona for {', '.join(sorted(missing))}")
-    return rows, skipped
+    return read_stage_rows(
+        path,
+        Persona,
+        limit=limit,
+        users=users,
+        keep=lambda persona: persona.eligible and bool(persona.traits),
+        kind="persona",
+        missing_label="eligible persona for",
+    )
 
 
 def generate_queries(
