@@ -12,13 +12,61 @@ Every POST /v1/chat/completions takes the next queued action (FIFO); when the qu
 empty it asks ``responder(body, number)`` (``number`` is the 1-based arrival ordinal of the
 chat request, equal to ``server.count`` at arrival). With no responder the reply is a valid
 JSON instance of the schema in ``response_format`` (``json_schema`` type, or llama.cpp-style
-``json_object`` with a ``schema`` key), or ``{}`` when the request carries no schema.
+``json_object`` with a ``schema`` key). When ``response_format`` carries no schema, the
+largest JSON object stated in the message texts that has a ``properties`` (or ``$defs``) key
+is taken as the schema (as when a client writes the schema into its prompt); with none, the
+reply is ``{}``.
+
+Provider profiles (``FakeOpenAI(profile=...)``, ``--profile``; names in ``PROFILES``)
+reproduce how real endpoints answer the same request. With ``profile=None`` (the default)
+nothing changes. "answer" below is the content the server would give anyway (queued
+action, responder, or the default schema instance):
+
+``openai``
+    json_schema, json_object and no response_format accepted; json_object needs the word
+    "json" (any case) in some message, else HTTP 400. Plain content.
+``deepseek`` (DeepSeek V4, default thinking mode)
+    json_schema -> HTTP 400 "This response_format type is unavailable now"; json_object needs
+    "json" in some message, else 400; an assistant message without a ``reasoning_content``
+    key -> 400 "The reasoning_content in the thinking mode must be passed back to the API.".
+    Replies carry ``message.reasoning_content`` next to ``content`` = answer, and
+    ``usage.completion_tokens_details.reasoning_tokens``.
+``minimax`` (MiniMax-M2.x, thinking always on)
+    all formats accepted; content = ``"<think>\n" + reasoning + "\n</think>\n\n" + answer``.
+``minimax_open_dropped``
+    like ``minimax`` without the opening tag: ``reasoning + "\n</think>\n\n" + answer``.
+``vllm`` (vLLM / SGLang with a reasoning parser)
+    all formats accepted; ``message.reasoning_content`` and ``message.reasoning`` (same text)
+    beside ``content`` = answer; ``reasoning_tokens`` in usage.
+``fenced`` (a chat model without schema support)
+    json_schema -> HTTP 400; content = a preamble sentence, a blank line, a fenced json block
+    holding the answer (pretty-printed with indent=2 when it is JSON), a blank line and
+    a closing sentence. With finish_reason "length" the content stops after the answer (no
+    closing fence or sentence).
+``llamacpp`` (llama-cpp-python's server)
+    json_schema -> HTTP 500 whose message is the request validation error, as
+    llama-cpp-python 0.3 sends it (it names body.response_format.type); json_object with or
+    without ``schema`` accepted; no reasoning.
+
+Requests a profile rejects are answered before the queue or the responder is consulted (they
+use up no queued action) and without latency, but are recorded and counted. Think wrapping
+applies to every 200 reply (queued, responded or generated, ``truncated`` included: the
+reasoning stays whole and the answer is what the action gives); error actions pass through
+unchanged. The reasoning text is ``REASONING`` unless ``FakeOpenAI(reasoning=...)`` is given.
+
+Key-safety options: ``require_key="sk-.."`` answers any chat or ``/v1/models`` request whose
+``Authorization`` is not ``Bearer sk-..`` with HTTP 401 "Incorrect API key provided: <the
+key received>." (echoed in full, as a leaky endpoint would). ``echo_key=True`` puts the
+received bearer key into every 200 answer: a ``"note"`` field of a JSON-object answer, or
+appended after a space to a non-empty answer that is not JSON (JSON arrays/scalars and empty
+answers are left alone).
 
 Standalone use (benchmarks, separate process)::
 
     python tests/fake_openai.py --port 0 --latency-median 0.3 --latency-sigma 0.8 --fault-rate 0.1 --seed 1
 
-prints ``READY http://127.0.0.1:PORT/v1`` once listening and serves until killed.
+prints ``READY http://127.0.0.1:PORT/v1`` once listening and serves until killed. ``--profile``,
+``--require-key`` and ``--echo-key`` set the options above.
 """
 
 from __future__ import annotations
@@ -39,6 +87,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 __all__ = [
+    "PROFILES",
+    "REASONING",
     "Action",
     "FakeOpenAI",
     "Recorded",
@@ -52,6 +102,7 @@ __all__ = [
     "rate_limit",
     "reply",
     "schema_for_request",
+    "schema_from_messages",
     "schema_invalid",
     "server_error",
     "truncated",
@@ -61,6 +112,22 @@ CHAT_PATH = "/v1/chat/completions"
 MODELS_PATH = "/v1/models"
 INVALID_JSON_TEXT = '{"persona": "unterminated'
 MALFORMED_BODY = b'{"id": "chatcmpl-broken", "object": "chat.completion", "choices": [{"index": 0, "mess'
+
+# What llama-cpp-python 0.3's server said to a json_schema request (checked on this project's
+# embedded server): a pydantic validation error, wrapped as a 500.
+LLAMACPP_JSON_SCHEMA = (
+    "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
+    "'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema', "
+    "'ctx': {'expected': \"'text' or 'json_object'\"}}"
+)
+PROFILES = ("openai", "deepseek", "minimax", "minimax_open_dropped", "vllm", "fenced", "llamacpp")
+REASONING = (
+    "The user wants a structured reply. I should read the instructions and the requested fields "
+    "carefully before answering. Every required field must be present, so I will fill each one "
+    "with a plausible value. Now I will write the final answer."
+)
+FENCE_PREAMBLE = "Sure! Here is the JSON you asked for:"
+FENCE_CLOSING = "Let me know if you need anything else."
 
 
 # --------------------------------------------------------------------------- records and actions
@@ -323,12 +390,48 @@ def _resolve_ref(root: dict, ref: str) -> dict:
     return node
 
 
+def _prompt_schemas(messages: Any) -> list[dict]:
+    """JSON objects stated in the message texts that look like schemas, largest first."""
+    if not isinstance(messages, list):
+        return []
+    decoder = json.JSONDecoder()
+    found: list[tuple[int, int, dict]] = []
+    for message in messages:
+        text = _message_text(message)
+        start = text.find("{")
+        while start != -1:
+            try:
+                value, end = decoder.raw_decode(text, start)
+            except ValueError:
+                start = text.find("{", start + 1)
+                continue
+            if isinstance(value, dict) and ("properties" in value or "$defs" in value):
+                found.append((end - start, len(found), value))
+                start = text.find("{", end)  # objects inside this one are smaller
+            else:
+                start = text.find("{", start + 1)  # a schema may sit inside a bigger object
+    found.sort(key=lambda item: (-item[0], item[1]))
+    return [value for _, _, value in found]
+
+
+def schema_from_messages(messages: Any) -> dict | None:
+    """The largest JSON object in the message texts with a ``properties`` or ``$defs`` key."""
+    schemas = _prompt_schemas(messages)
+    return schemas[0] if schemas else None
+
+
 def default_content(body: dict | None) -> str:
-    """The reply text the default responder gives: a schema instance, or ``{}``."""
+    """The reply text the default responder gives: an instance of the requested schema, else
+    of the schema stated in the messages, else ``{}``."""
     schema = schema_for_request(body)
-    if schema is None:
-        return "{}"
-    return json.dumps(instance_from_schema(schema), ensure_ascii=False)
+    if schema is not None:
+        return json.dumps(instance_from_schema(schema), ensure_ascii=False)
+    for candidate in _prompt_schemas(body.get("messages") if isinstance(body, dict) else None):
+        try:
+            return json.dumps(instance_from_schema(candidate), ensure_ascii=False)
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError):
+            continue  # a guessed schema the generator cannot follow: try the next one
+    return "{}"
 
 
 # --------------------------------------------------------------------------- server
@@ -349,8 +452,114 @@ def _message_text(message: Any) -> str:
     return ""
 
 
-def _error_body(message: str, type_: str, code: str | None) -> bytes:
-    return json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}).encode()
+def _error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
+    return json.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}}).encode()
+
+
+# --------------------------------------------------------------------------- provider profiles
+
+
+OPENAI_JSON_WORD = (
+    "'messages' must contain the word 'json' in some form, to use 'response_format' of type 'json_object'."
+)
+DEEPSEEK_JSON_WORD = (
+    "Prompt must contain the word 'json' in some form to use 'response_format' of type 'json_object'."
+)
+DEEPSEEK_NO_SCHEMA = "This response_format type is unavailable now"
+DEEPSEEK_REASONING_MISSING = "The reasoning_content in the thinking mode must be passed back to the API."
+FENCED_NO_SCHEMA = "response_format of type 'json_schema' is not supported by this model"
+
+
+def _format_type(body: dict) -> str | None:
+    fmt = body.get("response_format")
+    return fmt.get("type") if isinstance(fmt, dict) else None
+
+
+def _mentions_json(messages: list) -> bool:
+    return any("json" in _message_text(m).lower() for m in messages)
+
+
+def _bad_request(message: str, param: str | None = None) -> tuple[int, bytes]:
+    return 400, _error_body(message, "invalid_request_error", None, param)
+
+
+def _profile_rejection(profile: str | None, body: dict) -> tuple[int, bytes] | None:
+    """The (status, body) a provider answers a request it refuses with, or None."""
+    kind = _format_type(body)
+    messages = body["messages"]
+    if profile == "openai":
+        if kind == "json_object" and not _mentions_json(messages):
+            return _bad_request(OPENAI_JSON_WORD, "messages")
+    elif profile == "deepseek":
+        if kind == "json_schema":
+            return _bad_request(DEEPSEEK_NO_SCHEMA)
+        if kind == "json_object" and not _mentions_json(messages):
+            return _bad_request(DEEPSEEK_JSON_WORD)
+        for m in messages:
+            if isinstance(m, dict) and m.get("role") == "assistant" and "reasoning_content" not in m:
+                return _bad_request(DEEPSEEK_REASONING_MISSING)
+    elif profile == "fenced":
+        if kind == "json_schema":
+            return _bad_request(FENCED_NO_SCHEMA, "response_format")
+    elif profile == "llamacpp" and kind == "json_schema":
+        return 500, _error_body(LLAMACPP_JSON_SCHEMA, "internal_server_error", None)
+    return None
+
+
+def _with_key(answer: str, key: str) -> str:
+    """``answer`` carrying ``key``: a "note" field of a JSON object, else appended to plain text."""
+    if not key or not answer:
+        return answer
+    try:
+        value = json.loads(answer)
+    except ValueError:
+        return f"{answer} {key}"
+    if not isinstance(value, dict):
+        return answer  # a JSON array or scalar: no place to put it without changing its shape
+    name = "note"
+    while name in value:
+        name = "_" + name
+    value[name] = key
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _fenced(answer: str, finished: bool) -> str:
+    try:
+        body = json.dumps(json.loads(answer), indent=2, ensure_ascii=False)
+    except ValueError:
+        body = answer
+    text = f"{FENCE_PREAMBLE}\n\n```json\n{body}"
+    return f"{text}\n```\n\n{FENCE_CLOSING}" if finished else text
+
+
+def _shape(profile: str | None, answer: str, reasoning: str, finish_reason: str) -> tuple[dict, str]:
+    """The reply message a provider sends for ``answer``, and its reasoning text counted apart
+    from the content in usage ("" when none or when it is inside the content)."""
+    if profile == "deepseek":
+        message = {"role": "assistant", "content": answer, "reasoning_content": reasoning}
+        return message, reasoning
+    if profile == "vllm":
+        message = {
+            "role": "assistant",
+            "content": answer,
+            "reasoning_content": reasoning,
+            "reasoning": reasoning,
+        }
+        return message, reasoning
+    if profile == "minimax":
+        return {"role": "assistant", "content": f"<think>\n{reasoning}\n</think>\n\n{answer}"}, ""
+    if profile == "minimax_open_dropped":
+        return {"role": "assistant", "content": f"{reasoning}\n</think>\n\n{answer}"}, ""
+    if profile == "fenced":
+        return {"role": "assistant", "content": _fenced(answer, finish_reason != "length")}, ""
+    return {"role": "assistant", "content": answer}, ""
+
+
+def _bearer_key(headers: dict[str, str]) -> str | None:
+    value = headers.get("authorization")
+    if value is None:
+        return None
+    return value[len("Bearer ") :] if value.startswith("Bearer ") else value
 
 
 class _Server(ThreadingHTTPServer):
@@ -435,6 +644,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._record(b"")
         path = self.path.split("?", 1)[0]
         if path == MODELS_PATH:
+            denied = self.server.fake._auth_failure(self.headers.get("Authorization"))
+            if denied is not None:
+                self._send(*denied)
+                return
             data = {"object": "list", "data": [{"id": "fake-model", "object": "model", "owned_by": "test"}]}
             self._send(200, json.dumps(data).encode())
         elif path == "/stats":  # for benchmarks: the latencies the server slept
@@ -471,9 +684,17 @@ class _Handler(BaseHTTPRequestHandler):
     def _chat(self, rec: Recorded, number: int) -> None:
         fake = self.server.fake
         body = rec.body
+        denied = fake._auth_failure(self.headers.get("Authorization"))
+        if denied is not None:
+            self._send(*denied)
+            return
         if body is None or not isinstance(body.get("messages"), list):
             msg = "request body must be a JSON object with a 'messages' list"
             self._send(400, _error_body(msg, "invalid_request_error", None))
+            return
+        refused = _profile_rejection(fake.profile, body)
+        if refused is not None:
+            self._send(*refused)
             return
         try:
             action = fake._next_action(body, number)
@@ -522,12 +743,18 @@ class _Handler(BaseHTTPRequestHandler):
             content = json.dumps(action.content, ensure_ascii=False)
         if action.cut:
             content = content[: len(content) // 2]
+        if fake.echo_key:
+            content = _with_key(content, _bearer_key(rec.headers) or "")
+        message, reasoning = _shape(fake.profile, content, fake.reasoning, action.finish_reason)
         prompt_text = "".join(_message_text(m) for m in body["messages"])
+        completion = _tokens(message["content"]) + _tokens(reasoning)
         usage = action.usage or {
             "prompt_tokens": _tokens(prompt_text),
-            "completion_tokens": _tokens(content),
-            "total_tokens": _tokens(prompt_text) + _tokens(content),
+            "completion_tokens": completion,
+            "total_tokens": _tokens(prompt_text) + completion,
         }
+        if reasoning and not action.usage:
+            usage["completion_tokens_details"] = {"reasoning_tokens": _tokens(reasoning)}
         n = body.get("n") or 1
         payload = {
             "id": f"chatcmpl-fake-{number}",
@@ -537,7 +764,7 @@ class _Handler(BaseHTTPRequestHandler):
             "choices": [
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": content},
+                    "message": dict(message),
                     "finish_reason": action.finish_reason,
                 }
                 for i in range(n)
@@ -551,6 +778,9 @@ class FakeOpenAI:
     """An OpenAI-compatible chat-completions server on 127.0.0.1, started on construction.
 
     Use as a context manager (``with FakeOpenAI() as server:``) or call ``stop()``.
+    ``profile`` (one of ``PROFILES``) makes it answer like that provider; ``reasoning`` is
+    the reasoning text the thinking profiles send. ``require_key`` and ``echo_key`` are for
+    key-safety tests. See the module docstring.
     """
 
     def __init__(
@@ -561,7 +791,17 @@ class FakeOpenAI:
         *,
         host: str = "127.0.0.1",
         port: int = 0,
+        profile: str | None = None,
+        require_key: str | None = None,
+        echo_key: bool = False,
+        reasoning: str = REASONING,
     ) -> None:
+        if profile is not None and profile not in PROFILES:
+            raise ValueError(f"unknown profile {profile!r}; expected one of {', '.join(PROFILES)}")
+        self.profile = profile
+        self.require_key = require_key
+        self.echo_key = echo_key
+        self.reasoning = reasoning
         self.responder = responder
         self.latency = latency
         self.seed = seed
@@ -644,6 +884,19 @@ class FakeOpenAI:
         with self._lock:
             self.errors.append(exc)
 
+    def _auth_failure(self, authorization: str | None) -> tuple[int, bytes] | None:
+        if self.require_key is None or authorization == f"Bearer {self.require_key}":
+            return None
+        if authorization is None:
+            msg = (
+                "You didn't provide an API key. You need to provide your API key in an Authorization "
+                "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+            )
+            return 401, _error_body(msg, "invalid_request_error", None)
+        received = _bearer_key({"authorization": authorization})
+        msg = f"Incorrect API key provided: {received}."
+        return 401, _error_body(msg, "invalid_request_error", "invalid_api_key")
+
     def _begin_chat(self) -> int:
         with self._lock:
             self._count += 1
@@ -714,13 +967,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-sigma", type=float, default=0.0, help="log-normal sigma (0 = constant)")
     parser.add_argument("--fault-rate", type=float, default=0.0, help="probability of a random fault")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", choices=PROFILES, default=None, help="answer like this provider")
+    parser.add_argument("--require-key", default=None, help="401 unless 'Authorization: Bearer KEY'")
+    parser.add_argument("--echo-key", action="store_true", help="put the received key into every answer")
     args = parser.parse_args(argv)
 
     latency = None
     if args.latency_median > 0:
         latency = lognormal_latency(args.latency_median, args.latency_sigma, random.Random(args.seed))
     responder = fault_responder(args.fault_rate, args.seed) if args.fault_rate > 0 else None
-    server = FakeOpenAI(responder=responder, latency=latency, seed=args.seed, host=args.host, port=args.port)
+    server = FakeOpenAI(
+        responder=responder,
+        latency=latency,
+        seed=args.seed,
+        host=args.host,
+        port=args.port,
+        profile=args.profile,
+        require_key=args.require_key,
+        echo_key=args.echo_key,
+    )
     print(f"READY {server.base_url}", flush=True)
     try:
         while True:

@@ -1,4 +1,8 @@
-"""Prompt templates: prompts/<name>.md with `## system` and `## user` sections, `$name` slots.
+"""Prompt templates: <name>.md files with `## system` and `## user` sections, `$name` slots.
+
+The templates ship inside this package (personaemp/prompts/*.md) and are read with
+importlib.resources, so an installed wheel finds them; the environment variable
+PERSONAEMP_PROMPTS names a folder of templates to use instead.
 
 A prompt's hash (of its file text) is recorded with every output made from it, and is
 part of the stage fingerprint: editing a prompt re-runs the units it touches.
@@ -10,17 +14,27 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from string import Template
 
 from personaemp.errors import InputError
 
-DEFAULT_DIR = Path(__file__).resolve().parent.parent / "prompts"
+PACKAGE = "personaemp.prompts"
+ENV_VAR = "PERSONAEMP_PROMPTS"
 _SECTION = re.compile(r"^## (system|user)\s*$", re.MULTILINE)
 
 
-def prompts_dir() -> Path:
-    return Path(os.environ.get("PERSONAEMP_PROMPTS", DEFAULT_DIR))
+def default_dir() -> Traversable:
+    """The templates shipped with the package."""
+    return resources.files(PACKAGE)
+
+
+def prompts_dir() -> Traversable:
+    """Where templates are read from: $PERSONAEMP_PROMPTS if set, else the shipped ones."""
+    override = os.environ.get(ENV_VAR)
+    return Path(override) if override else default_dir()
 
 
 @dataclass(frozen=True)
@@ -39,14 +53,13 @@ class Prompt:
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-def load_prompt(name: str, folder: Path | None = None) -> Prompt:
-    path = (folder or prompts_dir()) / f"{name}.md"
+def load_prompt(name: str, folder: Path | Traversable | None = None) -> Prompt:
+    path = (folder if folder is not None else prompts_dir()) / f"{name}.md"
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise InputError(
-            f"{path}: cannot read the prompt ({exc.strerror})", "set PERSONAEMP_PROMPTS"
-        ) from None
+        reason = exc.strerror or type(exc).__name__
+        raise InputError(f"{path}: cannot read the prompt ({reason})", f"set {ENV_VAR}") from None
     parts = _SECTION.split(text)
     sections = {parts[i]: parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
     if set(sections) != {"system", "user"}:
