@@ -1,137 +1,203 @@
-"""personaemp.toml: the settings of a whole `personaemp run`, in one file.
+"""Settings resolution for every command: flag > env var > personaemp.toml > default.
 
-Resolution order for the LLM settings: environment variables (OPENAI_BASE_URL,
-PERSONAEMP_MODEL, ...) over the file over the defaults; the API keys come from the
-environment only and a file that holds one is refused.
+The options themselves are declared in personaemp.options; this module reads the TOML
+file (refusing secrets and unknown sections), layers the sources, fills the file paths a
+config derives (a stage reads the previous stage's output, outputs live under
+`[paths] processed`) and turns any bad value into one InputError line that names the
+flag, env var or TOML key it came from. The API key is never an option: it is read from
+OPENAI_API_KEY only.
 """
 
 from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
-from personaemp.errors import InputError, first_problem
+from personaemp.errors import InputError
+from personaemp.options import (
+    SECTIONS,
+    LLMOptions,
+    RunOptions,
+    Section,
+    derive,
+    describe,
+    env_values,
+    parse_assignments,
+    spec,
+    specs,
+)
 
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class PathsConfig(_Section):
-    input: str = "data/raw/alpsbench_sample/task1"
-    processed: Path = Path("data/processed")
-
-
-class FilterConfig(_Section):
-    format: str = "auto"
-    rules: Path | None = None
-    split: str | None = None
-    on_error: str = "fail"
-
-
-class LLMConfig(_Section):
-    llm: str = "auto"
-    base_url: list[str] = []
-    model: str | None = None
-    structured: str = "auto"
-    concurrency: int = 16
-    rpm: float | None = None
-    timeout: float = 120.0
-    max_tokens: int = 1024
-    temperature: float = 0.7
-    max_retries: int = 6
-    max_reasks: int = 2
-    price_in: float | None = None
-    price_out: float | None = None
+SECRET_WORDS = ("key", "token", "secret", "password")
+NOT_SECRETS = {"max_tokens"}
 
 
-class PersonaConfig(_Section):
-    limit: int | None = None
-    require_depth: bool = True
-
-
-class QueriesConfig(_Section):
-    per_category: int = 1
-    categories: list[str] = ["ES", "HEQ", "SS"]
-    enforce: list[str] | None = None  # default: every check
-
-
-class SplitConfig(_Section):
-    seed: int = 13
-    test_size: float = 0.1
-    ood: bool = True
-    k: int | None = None
-    k_min: int = 2
-    k_max: int = 8
-    seeds: int = 5
-
-
-class PushConfig(_Section):
-    repo_id: str | None = None  # none: a dry run into `out`
-    out: Path | None = None  # default: <processed>/dataset
-    private: bool = False
-    include_dialogue: bool = False
-
-
-class RunConfig(_Section):
-    paths: PathsConfig = PathsConfig()
-    filter: FilterConfig = FilterConfig()
-    llm: LLMConfig = LLMConfig()
-    persona: PersonaConfig = PersonaConfig()
-    queries: QueriesConfig = QueriesConfig()
-    split: SplitConfig = SplitConfig()
-    push: PushConfig = PushConfig()
-
-
-def load_config(path: Path | None) -> RunConfig:
-    if path is None:
-        return RunConfig()
+def read_config(path: Path) -> dict[str, Any]:
+    """The TOML file's tables, checked for secrets and unknown sections (keys are checked
+    when a section is resolved, against its model)."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"{path}: no such config file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a folder, not a config file") from None
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{path}: not valid TOML ({exc})") from None
-    suspicious = [
-        name
-        for section in data.values()
-        if isinstance(section, dict)
-        for name in section
-        if ("key" in name.lower() or "token" in name.lower()) and name != "max_tokens"
-    ]
-    if suspicious:
-        raise InputError(f"{path}: secrets do not belong in a file", "set OPENAI_API_KEY / HF_TOKEN instead")
-    try:
-        return RunConfig.model_validate(data)
-    except ValidationError as exc:
-        raise InputError(f"{path}: {first_problem(exc)}") from None
+    secrets = _secret_keys(data)
+    if secrets:
+        raise InputError(
+            f"{path}: secrets do not belong in a file ({', '.join(secrets)})",
+            "set OPENAI_API_KEY / HF_TOKEN in the environment instead",
+        )
+    for name, value in data.items():
+        if name not in SECTIONS:
+            raise InputError(f"{path}: [{name}] is not a known section", f"use {', '.join(SECTIONS)}")
+        if not isinstance(value, dict):
+            raise InputError(f"{path}: {name} must be a table ([{name}]), not {value!r}")
+    return data
 
 
-def llm_settings_from(config: RunConfig):
-    """The engine settings: environment over file over defaults."""
+def _secret_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
+    found = []
+    for name, value in data.items():
+        lowered = name.lower()
+        if name not in NOT_SECRETS and any(word in lowered for word in SECRET_WORDS):
+            found.append(prefix + name)
+        if isinstance(value, dict):
+            found.extend(_secret_keys(value, f"{prefix}{name}."))
+    return found
+
+
+class Resolver:
+    """Resolves sections on demand, so a command meets only the options it uses.
+
+    `flags`: {section: {field: value}} of the options given on the command line; `style`
+    says how to name an option whose value is a default ("cli": its flag, "toml": its key).
+    """
+
+    def __init__(
+        self,
+        path: Path | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        flags: Mapping[str, Mapping[str, Any]] | None = None,
+        style: str = "toml",
+    ):
+        self.path = path
+        self.data = read_config(path) if path is not None else {}
+        self.env = os.environ if env is None else env
+        self.flags = flags or {}
+        self.style = style
+        self._resolved: dict[str, Section] = {}
+        self._pending: set[str] = set()
+
+    def section(self, name: str) -> Any:
+        if name not in self._resolved:
+            if name in self._pending:  # a derive cycle is a bug in options.py
+                raise RuntimeError(f"options of [{name}] derive from themselves")
+            self._pending.add(name)
+            try:
+                self._resolved[name] = self._resolve(name)
+            finally:
+                self._pending.discard(name)
+        return self._resolved[name]
+
+    def all(self) -> RunOptions:
+        """Every section, resolved now: a bad value anywhere stops before any stage runs."""
+        return RunOptions.model_construct(**{name: self.section(name) for name in SECTIONS})
+
+    paths = property(lambda self: self.section("paths"))
+    filter = property(lambda self: self.section("filter"))
+    llm = property(lambda self: self.section("llm"))
+    persona = property(lambda self: self.section("persona"))
+    queries = property(lambda self: self.section("queries"))
+    split = property(lambda self: self.section("split"))
+    push = property(lambda self: self.section("push"))
+
+    def _resolve(self, name: str) -> Section:
+        model = SECTIONS[name]
+        values: dict[str, Any] = {}
+        sources: dict[str, tuple[str, str]] = {}  # field -> (name with the file, short name)
+        for key, value in self.data.get(name, {}).items():
+            values[key] = value
+            sources[key] = (f"{self.path}: {name}.{key}", f"{name}.{key}")
+        for key, (variable, value) in env_values(name, self.env).items():
+            values[key] = _merge(values.get(key), value)
+            sources[key] = (variable, variable)
+        for key, value in self.flags.get(name, {}).items():
+            values[key] = _merge(values.get(key), value)
+            sources[key] = (spec(name, key).flag,) * 2
+        for option in specs(name):
+            if option.name not in values and option.opt.derive:
+                values[option.name] = derive(option.opt.derive, self.section)
+
+        def display(field: str, lead: bool) -> str:
+            if field in sources:
+                return sources[field][0 if lead else 1]
+            if not field:
+                return f"{self.path}: [{name}]" if self.path else f"[{name}]"
+            known = {option.name for option in specs(name)}
+            if self.style == "cli" and field in known:
+                return spec(name, field).flag
+            return f"{self.path}: {name}.{field}" if lead and self.path else f"{name}.{field}"
+
+        try:
+            return model.model_validate(values)
+        except ValidationError as exc:
+            raise InputError(describe(exc, display)) from None
+
+
+def _merge(old: Any, new: Any) -> Any:
+    """A later source replaces a value; tables (per-step sampling) merge key by key."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        merged = dict(old)
+        for key, value in new.items():
+            merged[key] = _merge(old.get(key), value)
+        return merged
+    return new
+
+
+def load_config(path: Path | None, env: Mapping[str, str] | None = None) -> RunOptions:
+    """Every option of `personaemp run`: env vars over the file over the defaults."""
+    return Resolver(path, env=env).all()
+
+
+def cli_flags(section: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The flags of one section as the resolver takes them (KEY=VALUE lists become tables)."""
+    values = {}
+    for name, value in given.items():
+        option = spec(section, name)
+        values[name] = parse_assignments(value, option.flag) if option.kind == "dict" else value
+    return values
+
+
+def llm_settings(options: LLMOptions, env: Mapping[str, str] | None = None):
+    """The engine's settings from the resolved [llm] options; the key from OPENAI_API_KEY only."""
     from personaemp.llm.settings import LLMSettings
 
-    llm = config.llm
-    env = os.environ
-    urls = env.get("OPENAI_BASE_URL")
-    base_urls = [u.strip() for u in urls.split(",") if u.strip()] if urls else list(llm.base_url)
+    env = os.environ if env is None else env
     return LLMSettings(
-        base_urls=base_urls,
-        api_key=env.get("OPENAI_API_KEY"),
-        model=env.get("PERSONAEMP_MODEL") or llm.model,
-        llm=llm.llm,
-        structured=llm.structured,
-        concurrency=int(env.get("PERSONAEMP_CONCURRENCY") or llm.concurrency),
-        rpm=llm.rpm,
-        timeout=llm.timeout,
-        max_tokens=llm.max_tokens,
-        temperature=llm.temperature,
-        max_retries=llm.max_retries,
-        max_reasks=llm.max_reasks,
-        work_dir=Path(env.get("PERSONAEMP_WORK_DIR") or config.paths.processed / ".personaemp"),
-        price_in=llm.price_in,
-        price_out=llm.price_out,
+        base_urls=list(options.base_url),
+        api_key=env.get("OPENAI_API_KEY") or None,
+        model=options.model,
+        llm=options.llm,
+        structured=options.structured,
+        concurrency=options.concurrency,
+        rpm=options.rpm,
+        timeout=options.timeout,
+        max_retries=options.max_retries,
+        max_reasks=options.max_reasks,
+        max_tokens=options.max_tokens,
+        temperature=options.temperature,
+        seed=options.seed,
+        steps=options.step_sampling(),
+        work_dir=options.work_dir,
+        use_cache=not options.no_cache,
+        refresh=options.refresh,
+        price_in=options.price_in,
+        price_out=options.price_out,
     )

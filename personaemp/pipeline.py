@@ -1,18 +1,32 @@
-"""`personaemp run`: filter -> infer-persona -> gen-queries -> split -> push, resuming.
+"""The stages as the commands and `personaemp run` call them, from resolved options.
 
-Each stage is the same library function its command calls; finished LLM work is skipped
-through the stages' own resume (and the cache), so re-running the pipeline after a
-crash or an edit redoes only what changed.
+`run_<stage>(options, ...)` is the one place a stage function is called from options
+(and its summary printed): `personaemp <stage>` calls it with the options of its flags,
+`personaemp run` with those of personaemp.toml, so both sides pass the same arguments.
+`run_pipeline` chains filter -> infer-persona -> gen-queries -> split -> push; finished
+LLM work is skipped through the stages' own resume (and the cache), so re-running the
+pipeline after a crash or an edit redoes only what changed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
-from personaemp.config import RunConfig, llm_settings_from
+from personaemp.config import llm_settings
+from personaemp.options import (
+    FilterOptions,
+    LLMOptions,
+    PersonaOptions,
+    PushOptions,
+    QueriesOptions,
+    RunOptions,
+    SplitOptions,
+)
 
 
 @dataclass
@@ -20,84 +34,138 @@ class PipelineResult:
     reports: dict[str, Any] = field(default_factory=dict)
 
 
-def run_pipeline(config: RunConfig, console: Console) -> PipelineResult:
+def run_filter(options: FilterOptions, console: Console):
     from personaemp import summaries
-    from personaemp.stages.filter import filter_users
-    from personaemp.stages.persona import infer_personas
-    from personaemp.stages.publish import publish
-    from personaemp.stages.queries import QueryOptions, generate_queries
-    from personaemp.stages.split import split_users
+    from personaemp.stages import filter as stage
 
-    processed = config.paths.processed
-    settings = llm_settings_from(config)
-    result = PipelineResult()
-
-    console.rule("filter")
-    report = filter_users(
-        config.paths.input,
-        processed / "filtered.jsonl",
-        fmt=config.filter.format,
-        rules_path=config.filter.rules,
-        split=config.filter.split,
-        on_error=config.filter.on_error,
-        report_path=processed / "filter_report.json",
+    report = stage.filter_users(
+        options.input,
+        options.output,
+        fmt=options.format,
+        rules_path=options.rules,
+        split=options.split,
+        hf_config=options.hf_config,
+        on_error=options.on_error,
+        keep_turns=options.turns,
+        report_path=options.output.with_name("filter_report.json"),
         console=console,
     )
     summaries.print_filter_summary(report, console)
-    result.reports["filter"] = report
+    return report
 
-    console.rule("infer-persona")
-    report, summary = infer_personas(
-        processed / "filtered.jsonl",
-        processed / "personas.jsonl",
-        settings,
-        limit=config.persona.limit,
-        require_depth=config.persona.require_depth,
+
+def run_persona(
+    options: PersonaOptions,
+    llm: LLMOptions,
+    console: Console,
+    env: Mapping[str, str] | None = None,
+    full: bool | None = None,
+):
+    from personaemp import summaries
+    from personaemp.stages import persona as stage
+
+    report, summary = stage.infer_personas(
+        options.input,
+        options.output,
+        llm_settings(llm, env),
+        limit=options.limit,
+        users=options.users,
+        retry_failed=llm.retry_failed,
+        require_depth=options.require_depth,
+        full=full,
         console=console,
     )
     summaries.print_stage_report(report, console)
     summaries.print_persona_summary(summary, console)
-    result.reports["infer-persona"] = report
+    return report
 
-    console.rule("gen-queries")
-    queries = config.queries
-    options = QueryOptions(
-        categories=tuple(queries.categories),
-        per_category=queries.per_category,
-        **({"enforce": tuple(queries.enforce)} if queries.enforce is not None else {}),
+
+def run_queries(
+    options: QueriesOptions,
+    llm: LLMOptions,
+    console: Console,
+    env: Mapping[str, str] | None = None,
+    full: bool | None = None,
+):
+    from personaemp import summaries
+    from personaemp.stages import queries as stage
+
+    query_options = stage.QueryOptions(
+        categories=tuple(options.categories),
+        per_category=options.per_category,
+        **({"enforce": tuple(options.enforce)} if options.enforce is not None else {}),
     )
-    report, funnel = generate_queries(
-        processed / "personas.jsonl", processed / "queries.jsonl", settings, options=options, console=console
+    report, funnel = stage.generate_queries(
+        options.input,
+        options.output,
+        llm_settings(llm, env),
+        options=query_options,
+        limit=options.limit,
+        users=options.users,
+        retry_failed=llm.retry_failed,
+        full=full,
+        console=console,
     )
     summaries.print_stage_report(report, console)
     summaries.print_query_funnel(funnel, console)
-    result.reports["gen-queries"] = report
+    return report
 
+
+def run_split(options: SplitOptions, console: Console):
+    from personaemp import summaries
+    from personaemp.stages import split as stage
+
+    report = stage.split_users(
+        options.input,
+        options.out_dir,
+        ood=options.ood,
+        seed=options.seed,
+        test_size=options.test_size,
+        k=options.k,
+        k_range=(options.k_min, options.k_max),
+        holdout=options.holdout,
+        seeds=options.seeds,
+    )
+    summaries.print_split_report(report, options.out_dir, console)
+    return report
+
+
+def run_push(options: PushOptions, console: Console):
+    from personaemp.stages import publish as stage
+
+    dry = options.is_dry_run
+    result = stage.publish(
+        options.splits,
+        repo_id=None if dry else options.repo_id,
+        out=options.out if dry else None,
+        private=options.private,
+        revision=options.revision,
+        include_dialogue=options.include_dialogue,
+    )
+    if dry and not options.dry_run:
+        console.print("no repo_id: a dry run, the repository that would be pushed goes to a folder")
+    for setting, parts in result.rows.items():
+        console.print(f"[bold]{setting}[/]: " + ", ".join(f"{split} {n} rows" for split, n in parts.items()))
+    for warning in result.warnings:  # e.g. a stage report the card could not find
+        console.print(f"[yellow]warning:[/] {escape(warning)}")
+    console.print(f"wrote {result.target}")
+    return result
+
+
+def run_pipeline(
+    options: RunOptions, console: Console, env: Mapping[str, str] | None = None
+) -> PipelineResult:
+    """Every stage in order, each from its section of `options` (see config.load_config)."""
+    result = PipelineResult()
+    console.rule("filter")
+    result.reports["filter"] = run_filter(options.filter, console)
+    console.rule("infer-persona")
+    # In `run`, a [persona] limit is the size of the build, not a quick look: the card quotes it.
+    result.reports["infer-persona"] = run_persona(options.persona, options.llm, console, env, full=True)
+    console.rule("gen-queries")
+    result.reports["gen-queries"] = run_queries(options.queries, options.llm, console, env, full=True)
     console.rule("split")
-    split = config.split
-    report = split_users(
-        processed / "queries.jsonl",
-        processed / "splits",
-        ood=split.ood,
-        seed=split.seed,
-        test_size=split.test_size,
-        k=split.k,
-        k_range=(split.k_min, split.k_max),
-        seeds=split.seeds,
-    )
-    summaries.print_split_report(report, processed / "splits", console)
-    result.reports["split"] = report
-
-    console.rule("push" if config.push.repo_id else "push (dry run)")
-    published = publish(
-        processed / "splits",
-        repo_id=config.push.repo_id,
-        out=None if config.push.repo_id else (config.push.out or processed / "dataset"),
-        private=config.push.private,
-        include_dialogue=config.push.include_dialogue,
-    )
-    for setting, parts in published.rows.items():
-        console.print(f"[bold]{setting}[/]: " + ", ".join(f"{s} {n} rows" for s, n in parts.items()))
-    console.print(f"dataset: {published.target}")
-    result.reports["push"] = published
+    result.reports["split"] = run_split(options.split, console)
+    console.rule("push (dry run)" if options.push.is_dry_run else "push")
+    result.reports["push"] = run_push(options.push, console)
     return result

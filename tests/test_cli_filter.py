@@ -38,7 +38,8 @@ def test_filter_sample(runner, tmp_path, sample_task1):
     assert result.stdout == ""  # data goes to files, the summary to stderr
     report = json.loads((output.parent / "filter_report.json").read_text())
     assert report["users_in"] == SAMPLE_USERS and report["kept"] == SAMPLE_KEPT
-    assert files_in(output.parent) == ["filter_report.json", "filtered.jsonl"]
+    # (manifest.json: the stage records itself in its folder's manifest, see workspace.py)
+    assert files_in(output.parent) == ["filter_report.json", "filtered.jsonl", "manifest.json"]
 
 
 def _row(text: str, step: str) -> str:
@@ -96,7 +97,7 @@ def test_filter_show_rules(runner):
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
-        ("--format", "bogus", "unknown --format 'bogus'"),
+        ("--format", "bogus", "--format must be 'auto', 'task1', 'raw' or 'hf', not 'bogus'"),
         ("--on-error", "ignore", "--on-error must be 'fail' or 'skip'"),
         ("--turns", "assistant", "--turns must be 'user' or 'all'"),
     ],

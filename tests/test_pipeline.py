@@ -1,5 +1,8 @@
 """`personaemp run`: personaemp.config (personaemp.toml, env over file) and the whole pipeline.
 
+Parity between the commands and `run` (same options, defaults, env vars and stage
+arguments) is tested in test_options.py.
+
 The end-to-end runs go through the fake OpenAI server with bench/cost_bench.py's scripted
 "capable model" on the shipped AlpsBench sample, into tmp_path, and end with a dataset
 folder that `datasets.load_dataset` opens.
@@ -21,8 +24,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from personaemp.cli import app
-from personaemp.config import LLMConfig, PathsConfig, PersonaConfig, RunConfig, llm_settings_from, load_config
+from personaemp.config import llm_settings, load_config
 from personaemp.errors import InputError
+from personaemp.options import LLMOptions, PathsOptions, PersonaOptions, RunOptions
 from personaemp.pipeline import run_pipeline
 
 sys.path.insert(0, str(REPO / "bench"))
@@ -34,6 +38,7 @@ ENV_NAMES = (
     "PERSONAEMP_MODEL",
     "PERSONAEMP_CONCURRENCY",
     "PERSONAEMP_WORK_DIR",
+    "PERSONAEMP_INPUT",
     "HF_TOKEN",
 )
 SECRET = "sk-test-SecretKeyThatMustNotLeak-42"
@@ -72,7 +77,7 @@ def test_llm_max_tokens_is_a_setting_not_a_secret(tmp_path):
 
 
 def test_no_config_file_gives_the_defaults():
-    assert load_config(None) == RunConfig()
+    assert load_config(None) == RunOptions()
 
 
 @pytest.mark.parametrize(
@@ -81,6 +86,8 @@ def test_no_config_file_gives_the_defaults():
         ("[split]\nseeed = 3\n", "seeed"),
         ("[pipeline]\nx = 1\n", "pipeline"),
         ("[llm]\nmodle = 'x'\n", "modle"),
+        ("[llm.steps.check]\ntemprature = 0.0\n", "llm.steps.check.temprature"),
+        ("[llm.steps.chek]\ntemperature = 0.0\n", "llm.steps.chek"),
     ],
 )
 def test_unknown_key_is_an_input_error_naming_it(tmp_path, text, name):
@@ -117,18 +124,23 @@ def test_missing_config_file_is_an_input_error(tmp_path):
         load_config(tmp_path / "absent.toml")
 
 
-# --- llm_settings_from ------------------------------------------------------------------------
+# --- the engine settings of a run --------------------------------------------------------------
 
 
-def file_config() -> RunConfig:
-    return RunConfig(
-        paths=PathsConfig(processed=Path("/somewhere/processed")),
-        llm=LLMConfig(base_url=["http://file-endpoint/v1"], model="file-model", concurrency=3),
-    )
+FILE_LLM = """
+[paths]
+processed = "/somewhere/processed"
+
+[llm]
+base_url = ["http://file-endpoint/v1"]
+model = "file-model"
+concurrency = 3
+"""
 
 
-def test_settings_come_from_the_file_without_env():
-    settings = llm_settings_from(file_config())
+def test_settings_come_from_the_file_without_env(tmp_path):
+    options = load_config(write_config(tmp_path / "p.toml", FILE_LLM), env={})
+    settings = llm_settings(options.llm, env={})
     assert settings.base_urls == ["http://file-endpoint/v1"]
     assert settings.model == "file-model"
     assert settings.concurrency == 3
@@ -136,18 +148,111 @@ def test_settings_come_from_the_file_without_env():
     assert settings.work_dir == Path("/somewhere/processed/.personaemp")
 
 
-def test_env_overrides_the_file(monkeypatch):
-    monkeypatch.setenv("OPENAI_BASE_URL", "http://a.example/v1, http://b.example/v1,")
-    monkeypatch.setenv("PERSONAEMP_MODEL", "env-model")
-    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
-
-    settings = llm_settings_from(file_config())
+def test_env_overrides_the_file(tmp_path):
+    env = {
+        "OPENAI_BASE_URL": "http://a.example/v1, http://b.example/v1,",
+        "PERSONAEMP_MODEL": "env-model",
+        "PERSONAEMP_CONCURRENCY": "5",
+        "PERSONAEMP_WORK_DIR": str(tmp_path / "work"),
+        "OPENAI_API_KEY": SECRET,
+    }
+    options = load_config(write_config(tmp_path / "p.toml", FILE_LLM), env=env)
+    settings = llm_settings(options.llm, env=env)
 
     assert settings.base_urls == ["http://a.example/v1", "http://b.example/v1"]
     assert settings.model == "env-model"
+    assert settings.concurrency == 5
+    assert settings.work_dir == tmp_path / "work"
     assert settings.api_key == SECRET
     assert SECRET not in repr(settings)
     assert SECRET not in json.dumps(settings.public(), default=str)
+
+
+def test_paths_rebase_the_stage_files_and_explicit_paths_win(tmp_path):
+    """[paths] processed moves every default output, and each stage reads the output of
+    the stage before it, also when that output was moved."""
+    path = write_config(
+        tmp_path / "p.toml",
+        """
+[paths]
+input = "raw/in"
+processed = "out"
+
+[persona]
+output = "elsewhere/personas.jsonl"
+
+[push]
+out = "published"
+""",
+    )
+    options = load_config(path, env={})
+    assert options.filter.input == "raw/in"
+    assert options.filter.output == Path("out/filtered.jsonl")
+    assert options.persona.input == Path("out/filtered.jsonl")
+    assert options.persona.output == Path("elsewhere/personas.jsonl")
+    assert options.queries.input == Path("elsewhere/personas.jsonl")
+    assert options.queries.output == Path("out/queries.jsonl")
+    assert options.split.input == Path("out/queries.jsonl")
+    assert options.split.out_dir == Path("out/splits")
+    assert options.push.splits == Path("out/splits")
+    assert options.push.out == Path("published")
+    assert options.llm.work_dir == Path("out/.personaemp")
+    # built in Python, the same rule holds
+    built = RunOptions(paths=PathsOptions(processed=Path("out")))
+    assert built.persona.input == Path("out/filtered.jsonl") and built.push.out == Path("out/dataset")
+
+
+def test_env_input_wins_over_the_file(tmp_path):
+    text = '[paths]\ninput = "from-paths"\n[filter]\ninput = "from-filter"\n'
+    path = write_config(tmp_path / "p.toml", text)
+    assert load_config(path, env={}).filter.input == "from-filter"
+    assert load_config(path, env={"PERSONAEMP_INPUT": "from-env"}).filter.input == "from-env"
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "message"),
+    [
+        ("", {"PERSONAEMP_CONCURRENCY": "abc"}, "PERSONAEMP_CONCURRENCY must be a whole number, not 'abc'"),
+        ("", {"PERSONAEMP_CONCURRENCY": "0"}, "PERSONAEMP_CONCURRENCY must be at least 1"),
+        ("[llm]\nconcurrency = 0\n", {}, "p.toml: llm.concurrency must be at least 1"),
+        ("[queries]\nenforce = []\n", {}, "p.toml: queries.enforce is empty"),
+        ("[queries]\nenforce = ['length_ok', 'bogus']\n", {}, "p.toml: queries.enforce must be"),
+        ("[queries]\ncategories = ['ES', 'XX']\n", {}, "p.toml: queries.categories must be 'ES', 'HEQ'"),
+        ("[persona]\nlimit = 0\n", {}, "p.toml: persona.limit must be at least 1"),
+        ("[split]\nk_min = 5\nk_max = 3\n", {}, "p.toml: split.k_min must be at most split.k_max"),
+        ("[push]\nrepo_id = 'a/b'\ndry_run = true\n", {}, "p.toml: push.dry_run and push.repo_id exclude"),
+        ("[llm]\nllm = 'remote'\n", {}, "p.toml: llm.llm is 'remote' but no endpoint is set"),
+        ("llm = 3\n", {}, "p.toml: llm must be a table"),
+    ],
+)
+def test_bad_values_are_one_line_input_errors(tmp_path, text, env, message):
+    path = write_config(tmp_path / "p.toml", text)
+    with pytest.raises(InputError) as caught:
+        load_config(path, env=env)
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_run_with_a_bad_env_var_exits_2_with_one_line(tmp_path, monkeypatch):
+    """BUG: `run` turned PERSONAEMP_CONCURRENCY=abc into a ValueError traceback (the CLI exited 2)."""
+    monkeypatch.setenv("PERSONAEMP_CONCURRENCY", "abc")
+    monkeypatch.chdir(tmp_path)  # nothing may be written, not even by the filter
+    result = CliRunner().invoke(app, ["run"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == "Error: PERSONAEMP_CONCURRENCY must be a whole number, not 'abc'"
+    assert isinstance(result.exception, SystemExit)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_with_an_empty_enforce_exits_2(tmp_path, monkeypatch):
+    """BUG: `enforce = []` silently meant every check."""
+    monkeypatch.chdir(tmp_path)
+    path = write_config(tmp_path / "p.toml", "[queries]\nenforce = []\n")
+    result = CliRunner().invoke(app, ["run", "--config", str(path)])
+    assert result.exit_code == 2, result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "queries.enforce is empty" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.toml"]
 
 
 # --- the whole pipeline -----------------------------------------------------------------------
@@ -171,11 +276,11 @@ def server():
         assert fake.errors == []
 
 
-def pipeline_config(processed: Path, base_url: str) -> RunConfig:
-    return RunConfig(
-        paths=PathsConfig(input=str(SAMPLE_TASK1), processed=processed),
-        llm=LLMConfig(base_url=[base_url], model="fake"),
-        persona=PersonaConfig(limit=8),
+def pipeline_config(processed: Path, base_url: str) -> RunOptions:
+    return RunOptions(
+        paths=PathsOptions(input=str(SAMPLE_TASK1), processed=processed),
+        llm=LLMOptions(base_url=[base_url], model="fake"),
+        persona=PersonaOptions(limit=8),
     )
 
 
@@ -229,9 +334,11 @@ def test_pipeline_end_to_end_then_resumes_without_requests(tmp_path, server):
 
     assert server.count == before
     assert split_files(splits) == first_splits
-    stages = json.loads((processed / ".personaemp" / "run_report.json").read_text())["stages"]
-    assert stages["infer-persona"]["done"] == 0 and stages["infer-persona"]["done_before"] == 8
-    assert stages["gen-queries"]["done"] == 0
+    report = json.loads((processed / ".personaemp" / "run_report.json").read_text())
+    # a limited stage is a quick look, kept apart from the full runs (see llm/run.py)
+    latest = {**report.get("quick_looks", {}), **report.get("stages", {})}
+    assert latest["infer-persona"]["done"] == 0 and latest["infer-persona"]["done_before"] == 8
+    assert latest["gen-queries"]["done"] == 0
     assert second.reports["push"].rows == result.reports["push"].rows
 
 
@@ -266,7 +373,7 @@ ood = true
     assert {r.body["model"] for r in server.chat_requests} == {"fake"}
     assert all(r.headers.get("authorization") == f"Bearer {SECRET}" for r in server.chat_requests)
     assert (processed / "dataset" / "README.md").is_file()
-    assert "dataset:" in result.stderr
+    assert f"wrote {processed / 'dataset'}" in result.stderr
     data = load(processed / "dataset", "ood", tmp_path / "cache")
     assert len(data["train"]) > 0 and len(data["test"]) > 0
     assert SECRET not in result.output

@@ -1,14 +1,22 @@
-"""What the engine needs to know: endpoints, model, limits, cache. Plain data, no I/O."""
+"""What the engine needs to know: endpoints, model, limits, cache. Plain data, no I/O.
+
+The defaults and the validation are those of the `[llm]` options
+(personaemp.options.LLMOptions), where every LLM option is declared once; this class is
+the engine's view of them (a list of endpoints, the key, use_cache instead of no_cache).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from personaemp.errors import InputError
+from pydantic import TypeAdapter, ValidationError
 
-STRUCTURED_MODES = ("auto", "json_schema", "json_object_schema", "json_object", "none")
-LLM_CHOICES = ("auto", "local", "remote")
+from personaemp.errors import InputError
+from personaemp.options import LLMOptions, StepSampling, describe, spec
+
+_DEFAULT = LLMOptions()
+_STEPS = TypeAdapter(dict[str, dict[str, StepSampling]])
 
 
 @dataclass
@@ -18,36 +26,61 @@ class LLMSettings:
     `api_key` is kept out of repr() and of `public()`, so it never reaches a report.
     """
 
-    base_urls: list[str] = field(default_factory=list)
+    base_urls: list[str] = field(default_factory=lambda: list(_DEFAULT.base_url))
     api_key: str | None = field(default=None, repr=False)
-    model: str | None = None
-    llm: str = "auto"  # auto: local unless an endpoint is configured
-    structured: str = "auto"  # auto: json_object_schema for the local server, json_schema otherwise
-    concurrency: int = 16  # requests in flight per endpoint
-    rpm: float | None = None  # requests per minute per endpoint
-    timeout: float = 120.0  # seconds per request
-    max_retries: int = 6  # network/HTTP retries per request
-    max_reasks: int = 2  # re-asks after an invalid or truncated reply
-    max_tokens: int = 1024
-    temperature: float = 0.7
-    work_dir: Path = Path("data/processed/.personaemp")
-    use_cache: bool = True
-    refresh: bool = False  # ignore cached replies, overwrite them
-    price_in: float | None = None  # per million prompt tokens
-    price_out: float | None = None  # per million completion tokens
+    model: str | None = _DEFAULT.model
+    llm: str = _DEFAULT.llm  # auto: local unless an endpoint is configured
+    structured: str = (
+        _DEFAULT.structured
+    )  # auto: json_object_schema for the local server, json_schema otherwise
+    concurrency: int = _DEFAULT.concurrency  # requests in flight per endpoint
+    rpm: float | None = _DEFAULT.rpm  # requests per minute per endpoint
+    timeout: float = _DEFAULT.timeout  # seconds per request
+    max_retries: int = _DEFAULT.max_retries  # network/HTTP retries per request
+    max_reasks: int = _DEFAULT.max_reasks  # re-asks after an invalid or truncated reply
+    max_tokens: int = _DEFAULT.max_tokens
+    temperature: float = _DEFAULT.temperature
+    seed: int | None = _DEFAULT.seed  # sent with every request when set
+    # Per-step sampling over the steps' own defaults: {"check": {"temperature": 0.0}}.
+    steps: dict[str, dict[str, float | int]] = field(default_factory=dict)
+    work_dir: Path = _DEFAULT.work_dir
+    use_cache: bool = not _DEFAULT.no_cache
+    refresh: bool = _DEFAULT.refresh  # ignore cached replies, overwrite them
+    price_in: float | None = _DEFAULT.price_in  # per million prompt tokens
+    price_out: float | None = _DEFAULT.price_out  # per million completion tokens
     local_log: Path | None = None
 
     def __post_init__(self) -> None:
-        if self.llm not in LLM_CHOICES:
-            raise InputError(f"--llm must be one of {', '.join(LLM_CHOICES)}, not {self.llm!r}")
-        if self.structured not in STRUCTURED_MODES:
-            raise InputError(f"--structured must be one of {', '.join(STRUCTURED_MODES)}")
-        if self.concurrency < 1:
-            raise InputError("--concurrency must be at least 1")
-        if self.llm == "remote" and not self.base_urls:
-            raise InputError("--llm remote needs an endpoint", "pass --base-url or set OPENAI_BASE_URL")
-        if self.timeout <= 0 or self.max_tokens < 1 or self.max_retries < 0 or self.max_reasks < 0:
-            raise InputError("--timeout and --max-tokens must be positive; retries and re-asks >= 0")
+        from personaemp import secrets
+
+        secrets.register(self.api_key)
+        values = {
+            "base_url": list(self.base_urls),
+            "model": self.model,
+            "llm": self.llm,
+            "structured": self.structured,
+            "concurrency": self.concurrency,
+            "rpm": self.rpm,
+            "timeout": self.timeout,
+            "max_retries": self.max_retries,
+            "max_reasks": self.max_reasks,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "seed": self.seed,
+            "work_dir": self.work_dir,
+            "no_cache": not self.use_cache,
+            "refresh": self.refresh,
+            "price_in": self.price_in,
+            "price_out": self.price_out,
+        }
+        flag = lambda name, lead: spec("llm", name).flag if name else "LLM settings"  # noqa: E731
+        try:
+            LLMOptions.model_validate(values)
+            # The step names are checked where users write them (the options); the engine
+            # takes any step's sampling, but each value must be sane.
+            _STEPS.validate_python({"steps": self.steps})
+        except ValidationError as exc:
+            raise InputError(describe(exc, flag)) from None
 
     @property
     def uses_local(self) -> bool:
@@ -66,6 +99,8 @@ class LLMSettings:
             "max_reasks": self.max_reasks,
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
+            "seed": self.seed,
+            "steps": self.steps,
             "cache": self.use_cache,
             "refresh": self.refresh,
         }

@@ -1,0 +1,743 @@
+"""Every option of every stage, declared once.
+
+One pydantic model per TOML section: `[filter]`, `[persona]` (infer-persona), `[queries]`
+(gen-queries), `[split]`, `[push]`, `[llm]` (the options both LLM stages share) and
+`[paths]` (where a config's files live). A field is an option: its name is the TOML key,
+its type, default and constraints are the validation, and its `Opt` metadata holds the
+help text, the CLI spelling (default `--field-name`), the environment variable and, for
+file paths, where its default comes from inside a config. From these models follow:
+
+- the Typer options of each stage command (`personaemp.cli`),
+- the sections of personaemp.toml and their resolution, flag > env var > file > default
+  (`personaemp.config`),
+- the option tables of the README (`markdown_tables`, `python -m personaemp.options README.md`).
+
+This module stays light (pydantic only): `personaemp --help` imports it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+
+from personaemp.errors import InputError
+from personaemp.records import Category
+
+PROCESSED = Path("data/processed")
+RAW_INPUT = "data/raw/alpsbench_sample/task1"
+LLM_PANEL = "LLM endpoint and engine"
+
+# Names the stages define; options.py repeats them so `--help` does not import the stages
+# (tests/test_options.py checks they agree).
+FORMATS = ("auto", "task1", "raw", "hf")  # personaemp.sources.FORMATS
+CHECKS = (
+    "emotional_support", "logical_consistency", "role_awareness", "memory_ids_valid",
+    "category_match", "length_ok", "language_match", "not_duplicate",
+)  # fmt: skip  # personaemp.stages.queries.CHECKS
+STEPS = ("persona", "big_five", "situations", "query", "check")  # the stages' Step names
+STEP_KEYS = ("temperature", "max_tokens")
+
+Format = Literal["auto", "task1", "raw", "hf"]
+Check = Literal[
+    "emotional_support", "logical_consistency", "role_awareness", "memory_ids_valid",
+    "category_match", "length_ok", "language_match", "not_duplicate",
+]  # fmt: skip
+StepName = Literal["persona", "big_five", "situations", "query", "check"]
+
+
+@dataclass(frozen=True)
+class Opt:
+    """How an option shows outside Python: help, CLI flags, env var, derived default."""
+
+    help: str
+    flags: tuple[str, ...] = ()  # default: --field-name (a bool: --field-name/--no-field-name)
+    env: str | None = None
+    metavar: str | None = None
+    # Inside a config, the default comes from elsewhere: "paths.input", "filter.output"
+    # (the previous stage's output) or "processed:NAME" (NAME under [paths] processed).
+    derive: str | None = None
+
+
+class OptionProblem(ValueError):
+    """A validation failure naming the option it is about; `{field}` placeholders in the
+    message become the names the user wrote (a flag, an env var or a TOML key)."""
+
+    def __init__(self, field: str, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.field, self.message, self.hint = field, message, hint
+
+
+def _split_commas(value: Any) -> Any:
+    """A list option takes a list, a comma-separated string, or both (repeated flags)."""
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list | tuple):
+        parts: list[Any] = []
+        for item in value:
+            if isinstance(item, str):
+                parts.extend(part.strip() for part in item.split(",") if part.strip())
+            else:
+                parts.append(item)
+        return parts
+    return value
+
+
+def _upper(value: Any) -> Any:
+    value = _split_commas(value)
+    return [v.upper() if isinstance(v, str) else v for v in value] if isinstance(value, list) else value
+
+
+Names = Annotated[list[str], BeforeValidator(_split_commas)]
+Categories = Annotated[list[Category], BeforeValidator(_upper)]
+Checks = Annotated[list[Check], BeforeValidator(_split_commas)]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in data:
+                if key not in cls.model_fields:
+                    raise OptionProblem(str(key), "is not a known key", f"use {', '.join(cls.model_fields)}")
+        return data
+
+
+# --- the sections ------------------------------------------------------------------------------
+
+
+class PathsOptions(Section):
+    """[paths]: a config's input and the folder its stages write to (TOML only)."""
+
+    input: Annotated[str, Opt("Default input of `filter` (its --input).")] = RAW_INPUT
+    processed: Annotated[Path, Opt("Folder of every stage's default output, the cache and the dataset.")] = (
+        PROCESSED
+    )
+
+
+class FilterOptions(Section):
+    input: Annotated[
+        str,
+        Opt(
+            "AlpsBench task1 folder, benchmark_data/ root, raw export file or folder, or hf:OWNER/NAME.",
+            ("--input", "-i"),
+            env="PERSONAEMP_INPUT",
+            derive="paths.input",
+        ),
+    ] = RAW_INPUT
+    format: Annotated[Format, Opt("Input format (auto: detected).")] = "auto"
+    rules: Annotated[
+        Path | None,
+        Opt("Rules TOML; each key it sets overrides the shipped default (see --show-rules).", metavar="FILE"),
+    ] = None
+    output: Annotated[
+        Path,
+        Opt(
+            "Kept users, one per line; filter_report.json goes beside it.",
+            ("--output", "-o"),
+            derive="processed:filtered.jsonl",
+        ),
+    ] = PROCESSED / "filtered.jsonl"
+    split: Annotated[
+        str | None,
+        Opt("Split of a benchmark_data/ root (dev, validation, examples) or of a Hub dataset (train)."),
+    ] = None
+    hf_config: Annotated[str | None, Opt("Config name of a Hub dataset.")] = None
+    on_error: Annotated[
+        Literal["fail", "skip"],
+        Opt("fail: stop at the first bad row, write nothing; skip: skip bad rows and count them."),
+    ] = "fail"
+    turns: Annotated[
+        Literal["user", "all"],
+        Opt("user: keep the user's own turns (what later stages read); all: keep assistant turns too."),
+    ] = "user"
+
+
+class StepSampling(Section):
+    """[llm.steps.<step>]: sampling of one LLM step over the step's and the run's defaults."""
+
+    temperature: Annotated[float | None, Field(ge=0)] = None
+    max_tokens: Annotated[int | None, Field(ge=1)] = None
+
+
+class LLMOptions(Section):
+    """[llm]: the options infer-persona and gen-queries share. The API key is not one of
+    them: it comes from OPENAI_API_KEY only (a flag would land in shell history)."""
+
+    base_url: Annotated[
+        Names,
+        Opt(
+            "OpenAI-compatible endpoint; repeat or comma-separate for several (requests go to the "
+            "least busy one).",
+            env="OPENAI_BASE_URL",
+            metavar="URL",
+        ),
+    ] = []
+    model: Annotated[
+        str | None, Opt("Model name (required for a remote endpoint).", env="PERSONAEMP_MODEL")
+    ] = None
+    llm: Annotated[
+        Literal["auto", "local", "remote"],
+        Opt("auto: the embedded local model unless an endpoint is set; local; remote."),
+    ] = "auto"
+    structured: Annotated[
+        Literal["auto", "json_schema", "json_object_schema", "json_object", "none"],
+        Opt(
+            "Structured output. auto: json_schema, stepping down to json_object, then none, if the "
+            "endpoint refuses it (remembered per endpoint); json_object_schema on the local server."
+        ),
+    ] = "auto"
+    concurrency: Annotated[
+        int,
+        Field(ge=1),
+        Opt("Requests in flight per endpoint (the local server takes 1).", env="PERSONAEMP_CONCURRENCY"),
+    ] = 16
+    rpm: Annotated[float | None, Field(gt=0), Opt("Requests per minute per endpoint.")] = None
+    timeout: Annotated[float, Field(gt=0), Opt("Seconds per request.")] = 120.0
+    max_tokens: Annotated[int, Field(ge=1), Opt("max_tokens sent with every request.")] = 1024
+    temperature: Annotated[float, Field(ge=0), Opt("Sampling temperature.")] = 0.7
+    seed: Annotated[int | None, Opt("Sampling seed sent with every request.")] = None
+    steps: Annotated[
+        dict[StepName, StepSampling],
+        Opt(
+            "Sampling of one step over the run's: STEP.KEY=VALUE, repeatable; STEP: "
+            f"{', '.join(STEPS)}; KEY: {', '.join(STEP_KEYS)} (TOML: [llm.steps.STEP]).",
+            ("--step",),
+            metavar="STEP.KEY=VALUE",
+        ),
+    ] = {}
+    max_retries: Annotated[
+        int,
+        Field(ge=0),
+        Opt("Network/HTTP retries per request (429, 408, 409, 5xx, timeouts), with backoff."),
+    ] = 6
+    max_reasks: Annotated[int, Field(ge=0), Opt("Re-asks after an invalid, empty or cut-off reply.")] = 2
+    work_dir: Annotated[
+        Path,
+        Opt(
+            "Cache and run report folder.",
+            env="PERSONAEMP_WORK_DIR",
+            derive="processed:.personaemp",
+        ),
+    ] = PROCESSED / ".personaemp"
+    no_cache: Annotated[bool, Opt("Neither read nor write the cache.", ("--no-cache/--cache",))] = False
+    refresh: Annotated[bool, Opt("Ignore cached replies and overwrite them.")] = False
+    retry_failed: Annotated[bool, Opt("Ask again for content failures (invalid, cut, ungrounded...).")] = (
+        False
+    )
+    price_in: Annotated[float | None, Field(ge=0), Opt("Price per million prompt tokens.")] = None
+    price_out: Annotated[float | None, Field(ge=0), Opt("Price per million completion tokens.")] = None
+
+    @model_validator(mode="after")
+    def _remote_needs_an_endpoint(self) -> LLMOptions:
+        if self.llm == "remote" and not self.base_url:
+            raise OptionProblem(
+                "llm", "is 'remote' but no endpoint is set", "give {base_url} or set OPENAI_BASE_URL"
+            )
+        return self
+
+    def step_sampling(self) -> dict[str, dict[str, float | int]]:
+        """`steps` as the engine takes it: only what was set."""
+        return {
+            name: chosen
+            for name, step in self.steps.items()
+            if (chosen := step.model_dump(exclude_none=True))
+        }
+
+
+class PersonaOptions(Section):
+    input: Annotated[
+        Path, Opt("Filtered users (filter's output).", ("--input", "-i"), derive="filter.output")
+    ] = PROCESSED / "filtered.jsonl"
+    output: Annotated[
+        Path, Opt("Personas, one per user.", ("--output", "-o"), derive="processed:personas.jsonl")
+    ] = PROCESSED / "personas.jsonl"
+    limit: Annotated[int | None, Field(ge=1), Opt("Only the first N users.")] = None
+    users: Annotated[
+        Names | None,
+        Field(min_length=1),
+        Opt("Only these user ids (repeat or comma-separate).", metavar="ID"),
+    ] = None
+    require_depth: Annotated[
+        bool, Opt("Drop users the depth check turns away (--no-require-depth keeps grounded ones).")
+    ] = True
+
+
+class QueriesOptions(Section):
+    input: Annotated[
+        Path, Opt("Personas (infer-persona's output).", ("--input", "-i"), derive="persona.output")
+    ] = PROCESSED / "personas.jsonl"
+    output: Annotated[
+        Path,
+        Opt(
+            "Accepted queries per user; rejected.jsonl goes beside it.",
+            ("--output", "-o"),
+            derive="processed:queries.jsonl",
+        ),
+    ] = PROCESSED / "queries.jsonl"
+    per_category: Annotated[int, Field(ge=1), Opt("Situations (so queries) per category per user.")] = 1
+    categories: Annotated[
+        Categories, Field(min_length=1), Opt("Query categories: a subset of ES, HEQ, SS.", metavar="CATS")
+    ] = ["ES", "HEQ", "SS"]
+    enforce: Annotated[
+        Checks | None,
+        Opt(
+            f"Checks a query must pass (default: every check; all are recorded): {', '.join(CHECKS)}.",
+            metavar="CHECKS",
+        ),
+    ] = None
+    limit: Annotated[int | None, Field(ge=1), Opt("Only the first N eligible users.")] = None
+    users: Annotated[
+        Names | None,
+        Field(min_length=1),
+        Opt("Only these user ids (repeat or comma-separate).", metavar="ID"),
+    ] = None
+
+    @field_validator("enforce")
+    @classmethod
+    def _enforce_names_a_check(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and not value:
+            raise OptionProblem(
+                "enforce", "is empty", "name the checks to enforce, or leave it out for all of them"
+            )
+        return value
+
+
+class SplitOptions(Section):
+    input: Annotated[
+        Path, Opt("Queries (gen-queries' output).", ("--input", "-i"), derive="queries.output")
+    ] = PROCESSED / "queries.jsonl"
+    out_dir: Annotated[
+        Path,
+        Opt("Folder of the splits and split_report.json.", ("--out-dir", "-o"), derive="processed:splits"),
+    ] = PROCESSED / "splits"
+    ood: Annotated[
+        bool, Opt("Also the OOD split: one Big Five cluster held out (the paper publishes both).")
+    ] = True
+    seed: Annotated[int, Opt("Seed of the shuffle and of KModes.")] = 13
+    test_size: Annotated[float, Field(gt=0, lt=1), Opt("Share of users in test (OOD: the target size).")] = (
+        0.1
+    )
+    k: Annotated[
+        int | None, Field(ge=2), Opt("Clusters; default: the elbow over k_min..k_max.", ("--k",))
+    ] = None
+    k_min: Annotated[int, Field(ge=2), Opt("Smallest k of the elbow sweep.")] = 2
+    k_max: Annotated[int, Field(ge=2), Opt("Largest k of the elbow sweep.")] = 8
+    holdout: Annotated[
+        int | None, Field(ge=0), Opt("Cluster id to hold out; default: the size closest to test_size.")
+    ] = None
+    seeds: Annotated[int, Field(ge=1), Opt("KModes runs per k (the lowest cost is kept).")] = 5
+
+    @model_validator(mode="after")
+    def _k_range(self) -> SplitOptions:
+        if self.k_min > self.k_max:
+            raise OptionProblem("k_min", "must be at most {k_max}")
+        return self
+
+
+class PushOptions(Section):
+    splits: Annotated[
+        Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir")
+    ] = PROCESSED / "splits"
+    repo_id: Annotated[
+        str | None, Opt("Hub dataset repo OWNER/NAME; without one, a dry run.", metavar="OWNER/NAME")
+    ] = None
+    dry_run: Annotated[bool, Opt("Write the repository to `out` instead of pushing it.")] = False
+    out: Annotated[Path, Opt("Folder of a dry run.", ("--out",), derive="processed:dataset")] = (
+        PROCESSED / "dataset"
+    )
+    private: Annotated[bool, Opt("Create the repo private.")] = False
+    revision: Annotated[str | None, Opt("Branch to push to.")] = None
+    include_dialogue: Annotated[bool, Opt("Also publish the users' own messages.")] = False
+
+    @field_validator("repo_id")
+    @classmethod
+    def _owner_name(cls, value: str | None) -> str | None:
+        if value is not None and value.count("/") != 1:
+            raise OptionProblem("repo_id", f"must look like OWNER/NAME, not {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_target(self) -> PushOptions:
+        if self.dry_run and self.repo_id:
+            raise OptionProblem("dry_run", "and {repo_id} exclude each other", "give one of them")
+        return self
+
+    @property
+    def is_dry_run(self) -> bool:
+        """Without a repo id there is nothing to push to: a dry run into `out`."""
+        return self.dry_run or not self.repo_id
+
+
+class RunOptions(Section):
+    """personaemp.toml: every section (the file may leave any out).
+
+    The file paths a section leaves unset follow [paths] and the previous stage (see
+    `Opt.derive`), also when the model is built in Python."""
+
+    paths: PathsOptions = PathsOptions()
+    filter: FilterOptions = FilterOptions()
+    llm: LLMOptions = LLMOptions()
+    persona: PersonaOptions = PersonaOptions()
+    queries: QueriesOptions = QueriesOptions()
+    split: SplitOptions = SplitOptions()
+    push: PushOptions = PushOptions()
+
+    @model_validator(mode="after")
+    def _derived_paths(self) -> RunOptions:
+        for name in type(self).model_fields:  # in order: a stage derives from earlier ones
+            current = getattr(self, name)
+            update = {
+                option.name: derive(option.opt.derive, lambda section: getattr(self, section))
+                for option in specs(name)
+                if option.opt.derive and option.name not in current.model_fields_set
+            }
+            if update:
+                setattr(self, name, current.model_copy(update=update))
+        return self
+
+
+def derive(rule: str, section: Callable[[str], Any]) -> Any:
+    """The value of a derived default (`Opt.derive`), given the sections it refers to."""
+    if rule.startswith("processed:"):
+        return section("paths").processed / rule.split(":", 1)[1]
+    name, field = rule.split(".")
+    return getattr(section(name), field)
+
+
+# TOML section -> its model, in pipeline order.
+SECTIONS: dict[str, type[Section]] = {
+    name: info.annotation for name, info in RunOptions.model_fields.items() if info.annotation
+}
+
+# Stage commands and the sections their options come from (the first is the stage's own).
+COMMANDS: dict[str, tuple[str, ...]] = {
+    "filter": ("filter",),
+    "infer-persona": ("persona", "llm"),
+    "gen-queries": ("queries", "llm"),
+    "split": ("split",),
+    "push": ("push",),
+}
+# Options of the stage commands that are not stage settings: no TOML key.
+CLI_ONLY: dict[str, dict[str, str]] = {
+    command: {"--config": "personaemp.toml to read the command's sections from (flags and env vars win)."}
+    for command in COMMANDS
+}
+CLI_ONLY["filter"]["--show-rules"] = "Print the default rules file and exit."
+CLI_ONLY["infer-persona"]["--show"] = "Print this user's persona next to its evidence and exit."
+
+
+# --- introspection -----------------------------------------------------------------------------
+
+
+def _plain(annotation: Any) -> tuple[Any, bool]:
+    """(the annotation without `| None` and Annotated, whether None is allowed)."""
+    optional = False
+    while True:
+        origin = get_origin(annotation)
+        if origin is Annotated:
+            annotation = get_args(annotation)[0]
+        elif origin in (Union, types.UnionType):
+            args = [a for a in get_args(annotation) if a is not type(None)]
+            optional = optional or len(args) < len(get_args(annotation))
+            annotation = args[0] if len(args) == 1 else annotation
+            if len(args) != 1:
+                return annotation, optional
+        else:
+            return annotation, optional
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One option as the CLI, the TOML file, the environment and the docs see it."""
+
+    section: str
+    name: str  # the field name = the TOML key = the Python parameter name
+    info: FieldInfo
+    opt: Opt
+
+    @property
+    def base(self) -> Any:
+        return _plain(self.info.annotation)[0]
+
+    @property
+    def kind(self) -> str:
+        """bool, list (repeatable, comma-separated), dict (repeatable KEY=VALUE) or value."""
+        base = self.base
+        if base is bool:
+            return "bool"
+        origin = get_origin(base)
+        return "list" if origin is list else "dict" if origin is dict else "value"
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        if self.opt.flags:
+            return self.opt.flags
+        dashed = self.name.replace("_", "-")
+        return (f"--{dashed}/--no-{dashed}",) if self.kind == "bool" else (f"--{dashed}",)
+
+    @property
+    def flag(self) -> str:
+        """The main spelling, e.g. --ood (not --no-ood)."""
+        return self.flags[0].split("/")[0]
+
+    @property
+    def choices(self) -> tuple[str, ...] | None:
+        base = self.base
+        if get_origin(base) is list:
+            base = _plain(get_args(base)[0])[0]
+        return get_args(base) if get_origin(base) is Literal else None
+
+    @property
+    def metavar(self) -> str:
+        if self.opt.metavar:
+            return self.opt.metavar
+        if self.choices and self.kind == "value":
+            return "|".join(self.choices)
+        base = self.base
+        return {int: "INTEGER", float: "NUMBER", Path: "PATH"}.get(base, "TEXT")
+
+    @property
+    def default(self) -> Any:
+        return self.info.get_default(call_default_factory=True)
+
+    @property
+    def help(self) -> str:
+        return self.opt.help
+
+
+def specs(section: str) -> list[OptionSpec]:
+    model = SECTIONS[section]
+    found = []
+    for name, info in model.model_fields.items():
+        opt = next((m for m in info.metadata if isinstance(m, Opt)), None)
+        if opt is None:
+            raise TypeError(f"{model.__name__}.{name} has no Opt(...) metadata")
+        found.append(OptionSpec(section, name, info, opt))
+    return found
+
+
+def spec(section: str, name: str) -> OptionSpec:
+    for option in specs(section):
+        if option.name == name:
+            return option
+    raise KeyError(f"[{section}] has no option {name!r}")
+
+
+def show_default(value: Any) -> str:
+    """A default as the docs and --help show it (TOML-like)."""
+    if value is None or value == [] or value == {}:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def parse_assignments(items: list[str], flag: str) -> dict[str, dict[str, str]]:
+    """`--step check.temperature=0` (repeatable) -> {"check": {"temperature": "0"}}."""
+    found: dict[str, dict[str, str]] = {}
+    for item in items:
+        match = re.fullmatch(r"\s*([\w-]+)\.([\w-]+)\s*=\s*(.*?)\s*", item)
+        if not match or not match.group(3):
+            raise InputError(f"{flag} takes STEP.KEY=VALUE (e.g. check.temperature=0), not {item!r}")
+        step, key, value = match.groups()
+        found.setdefault(step, {})[key] = value
+    return found
+
+
+# --- one-line validation errors ----------------------------------------------------------------
+
+_MESSAGES = {
+    "greater_than_equal": "must be at least {ge}",
+    "greater_than": "must be greater than {gt}",
+    "less_than_equal": "must be at most {le}",
+    "less_than": "must be less than {lt}",
+    "int_parsing": "must be a whole number, not {input!r}",
+    "int_type": "must be a whole number, not {input!r}",
+    "int_from_float": "must be a whole number, not {input!r}",
+    "float_parsing": "must be a number, not {input!r}",
+    "float_type": "must be a number, not {input!r}",
+    "bool_parsing": "must be true or false, not {input!r}",
+    "bool_type": "must be true or false, not {input!r}",
+    "literal_error": "must be {expected}, not {input!r}",
+    "too_short": "must not be empty",
+    "string_type": "must be a string, not {input!r}",
+    "list_type": "must be a list, not {input!r}",
+    "dict_type": "must be a table, not {input!r}",
+    "model_type": "must be a table, not {input!r}",
+    "path_type": "must be a path, not {input!r}",
+}
+
+
+def describe(exc: ValidationError, name: Callable[[str, bool], str]) -> str:
+    """One line for a model's first validation error. `name(field, lead)` says how the
+    user wrote a field: a flag, an env var or a TOML key (`lead`: with the file's path)."""
+    error = exc.errors(include_url=False)[0]
+    loc = [str(part) for part in error["loc"] if not isinstance(part, int) and part != "[key]"]
+    problem = (error.get("ctx") or {}).get("error")
+    if isinstance(problem, OptionProblem):
+        if not loc or loc[-1] != problem.field:  # raised by a model validator: about one field
+            loc.append(problem.field)
+        others = {field: name(field, False) for field in _placeholders(problem.message, problem.hint)}
+        text = problem.message.format(**others)
+        hint = problem.hint.format(**others) if problem.hint else None
+    else:
+        template = _MESSAGES.get(error["type"])
+        ctx = {**(error.get("ctx") or {}), "input": error.get("input")}
+        try:
+            text = template.format(**ctx) if template else None
+        except (KeyError, IndexError):
+            text = None
+        if text is None:
+            text = error["msg"][:1].lower() + error["msg"][1:]
+        if error["type"] == "extra_forbidden":
+            text = "is not a known key"
+        hint = None
+    where = name(loc[0], True) if loc else name("", True)
+    if len(loc) > 1:
+        # a TOML key goes on with dots (llm.steps.check); a flag with a space (--step check.x)
+        where += ("." if where.split(": ")[-1].replace(".", "").isidentifier() else " ") + ".".join(loc[1:])
+    return f"{where} {text}" + (f" — {hint}" if hint else "")
+
+
+def _placeholders(*texts: str | None) -> set[str]:
+    return {m for text in texts if text for m in re.findall(r"{(\w+)}", text)}
+
+
+# --- README tables -----------------------------------------------------------------------------
+
+BEGIN, END = "<!-- options:begin -->", "<!-- options:end -->"
+_TITLES = {
+    "filter": "`personaemp filter` — TOML `[filter]`",
+    "infer-persona": "`personaemp infer-persona` — TOML `[persona]`",
+    "gen-queries": "`personaemp gen-queries` — TOML `[queries]`",
+    "split": "`personaemp split` — TOML `[split]`",
+    "push": "`personaemp push` — TOML `[push]`",
+}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _flag_cell(option: OptionSpec) -> str:
+    shown = " ".join(f"`{flag}`" for part in option.flags for flag in part.split("/"))
+    return shown + (" (repeatable)" if option.kind in ("list", "dict") else "")
+
+
+def _table(options: list[OptionSpec]) -> list[str]:
+    lines = ["| option | TOML key | env var | default | meaning |", "|---|---|---|---|---|"]
+    for option in options:
+        default = show_default(option.default)
+        derived = option.opt.derive
+        if derived:
+            source = (
+                f"`<processed>/{derived.split(':', 1)[1]}`"
+                if derived.startswith("processed:")
+                else f"`[{derived.split('.')[0]}] {derived.split('.')[1]}`"
+            )
+            default = f"`{default}`; in a config: {source}"
+        elif default:
+            default = f"`{default}`"
+        else:
+            default = "—"
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    _flag_cell(option),
+                    f"`{option.name}`",
+                    f"`{option.opt.env}`" if option.opt.env else "",
+                    _cell(default),
+                    _cell(option.help),
+                ]
+            )
+            + " |"
+        )
+    return lines
+
+
+def markdown_tables() -> str:
+    """The README's option tables, from the models (between BEGIN and END in README.md)."""
+    out: list[str] = [
+        "<!-- generated from personaemp/options.py: python -m personaemp.options README.md -->",
+        "",
+    ]
+    for command, sections in COMMANDS.items():
+        out.append(f"#### {_TITLES[command]}")
+        out.append("")
+        out.extend(_table(specs(sections[0])))
+        out.append("")
+        if "llm" in sections:
+            out.append("And the LLM options below (TOML `[llm]`).")
+        only = "; ".join(
+            f"`{flag}`: {text[0].lower() + text[1:].rstrip('.')}" for flag, text in CLI_ONLY[command].items()
+        )
+        out.append(f"Command-only (no TOML key): {only}.")
+        out.append("")
+    out.append("#### LLM options of `infer-persona` and `gen-queries` — TOML `[llm]`")
+    out.append("")
+    out.extend(_table(specs("llm")))
+    out.append("")
+    out.append("#### `personaemp run` — TOML `[paths]`")
+    out.append("")
+    out.append("| TOML key | default | meaning |")
+    out.append("|---|---|---|")
+    for option in specs("paths"):
+        out.append(f"| `{option.name}` | `{show_default(option.default)}` | {_cell(option.help)} |")
+    return "\n".join(out) + "\n"
+
+
+def update_readme(path: Path) -> bool:
+    """Rewrite the block between the markers; True if the file changed."""
+    text = path.read_text(encoding="utf-8")
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    new = text[:start] + "\n" + markdown_tables() + text[end:]
+    if new != text:
+        path.write_text(new, encoding="utf-8")
+    return new != text
+
+
+def readme_block(text: str) -> str:
+    """What the README holds between the markers."""
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    return text[start:end].removeprefix("\n")
+
+
+def env_values(section: str, env: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """{field: (env var, value)} for the section's options whose env var is set (non-empty)."""
+    return {
+        option.name: (option.opt.env, env[option.opt.env])
+        for option in specs(section)
+        if option.opt.env and env.get(option.opt.env, "").strip()
+    }
+
+
+if __name__ == "__main__":  # python -m personaemp.options README.md
+    if len(sys.argv) > 1:
+        changed = update_readme(Path(sys.argv[1]))
+        print(f"{sys.argv[1]}: {'updated' if changed else 'up to date'}")
+    else:
+        print(markdown_tables(), end="")
