@@ -8,6 +8,7 @@ is what a user of the published dataset would get.
 from __future__ import annotations
 
 import json
+import tempfile
 import threading
 from collections import Counter
 from pathlib import Path
@@ -22,6 +23,7 @@ from personaemp.errors import InputError, PersonaempError
 from personaemp.records import BIG_FIVE
 from personaemp.stages.publish import COLUMNS, features, publish
 from personaemp.stages.split import split_users
+from personaemp.workspace import record_stage
 
 SECRET = "hf_TestSecretTokenDoNotLeak0123456789"
 PERSONA_PROVENANCE = {
@@ -152,7 +154,11 @@ def splits(tmp_path) -> Path:
     return processed / "splits"
 
 
-def write_reports(processed: Path) -> None:
+def write_reports(processed: Path, work_dir: Path | None = None) -> Path:
+    """The filter and LLM stages' reports, recorded in the manifest as the stages do; the
+    run report goes to `work_dir` (the LLM stages' --work-dir). Returns the run report."""
+    work_dir = work_dir or processed / ".personaemp"
+    run_report = work_dir / "run_report.json"
     write_json(
         processed / "filter_report.json",
         {
@@ -170,11 +176,12 @@ def write_reports(processed: Path) -> None:
         "done_before": 0,
     }
     write_json(
-        processed / ".personaemp" / "run_report.json",
+        run_report,
         {
             "stages": {
                 "infer-persona": {
                     **stage,
+                    "output": str(processed / "personas.jsonl"),
                     "units": 1234,
                     "done": 1000,
                     "done_before": 190,
@@ -183,10 +190,28 @@ def write_reports(processed: Path) -> None:
                     "failures_by_kind": {"invalid_reply": 44},
                     "model": "persona-model-xl",
                 },
-                "gen-queries": {**stage, "units": 987, "done": 955, "failed": 32, "model": "query-model-xl"},
+                "gen-queries": {
+                    **stage,
+                    "output": str(processed / "queries.jsonl"),
+                    "units": 987,
+                    "done": 955,
+                    "failed": 32,
+                    "model": "query-model-xl",
+                },
             }
         },
     )
+    record_stage(
+        processed / "filtered.jsonl",
+        "filter",
+        report=processed / "filter_report.json",
+        failures=None,
+        full=True,
+    )
+    for stage, output in (("infer-persona", "personas.jsonl"), ("gen-queries", "queries.jsonl")):
+        failures = processed / f"{stage}.failures.jsonl"
+        record_stage(processed / output, stage, report=run_report, failures=failures, full=True)
+    return run_report
 
 
 def load(folder: Path, config: str, cache: Path):
@@ -417,21 +442,22 @@ def test_card_reports_users_the_split_left_out(splits, tmp_path):
     assert "ineligible" in card
 
 
-def test_card_without_reports_omits_the_funnel_gracefully(splits, tmp_path):
-    (splits / "split_report.json").unlink()
+def test_card_without_stage_reports_omits_them_gracefully(splits, tmp_path):
     out = tmp_path / "repo"
-    publish(splits, out=out)
+    result = publish(splits, out=out)
     card = (out / "README.md").read_text(encoding="utf-8")
 
     assert "- **filter**" not in card
     assert "- **infer-persona**" not in card and "- **gen-queries**" not in card
-    assert "KModes cost by k" not in card
-    assert "holdout_cluster" not in card
+    assert "- **split**" in card  # split_report.json is always there
     assert "## How it was built" in card  # the section stays, with no invented figures
     assert front_matter(card)["license"] == "odc-by"
     assert len(load(out, "ood", tmp_path / "cache")["test"]) == sum(
         len(u["queries"]) for u in users_of(splits, "ood", "test")
     )
+    # the builder is told what the card lacks
+    for stage in ("filter", "infer-persona", "gen-queries"):
+        assert any(f"no report of {stage}" in w for w in result.warnings), result.warnings
 
 
 def test_card_with_dialogue_says_so(splits, tmp_path):
@@ -589,12 +615,13 @@ def test_cli_push_dry_run(runner, splits, tmp_path, monkeypatch):
     assert SECRET.encode() not in all_bytes(tmp_path)
 
 
-def test_cli_dry_run_without_out_exits_2(runner, splits, tmp_path):
+def test_cli_dry_run_without_out_writes_the_default_folder(runner, splits, tmp_path, monkeypatch):
+    """The CLI and `run` agree: a dry run without --out goes to data/processed/dataset
+    (it used to need --out on the CLI only)."""
+    monkeypatch.chdir(tmp_path)
     result = invoke(runner, "push", "--splits", splits, "--dry-run")
-    assert result.exit_code == 2
-    assert result.stderr.strip().startswith("Error:")
-    assert "--out" in result.stderr
-    assert "Traceback" not in result.output
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "data" / "processed" / "dataset" / "README.md").is_file()
 
 
 def test_cli_dry_run_and_repo_id_exits_2(runner, splits, tmp_path):
@@ -627,3 +654,511 @@ def test_cli_push_offline_exits_1_without_traceback(runner, splits, tmp_path, mo
     assert "Traceback" not in result.output
     assert SECRET not in result.output
     assert snapshot(tmp_path) == before
+
+
+# --- the card follows the workspace's manifests -----------------------------------------------
+
+
+def card_of(out: Path) -> str:
+    return (out / "README.md").read_text(encoding="utf-8")
+
+
+def test_card_finds_the_reports_of_a_work_dir_elsewhere(splits, tmp_path):
+    """BUG: the card looked for <splits>/../.personaemp/run_report.json only: with any other
+    --work-dir the models and the funnel silently vanished."""
+    write_reports(splits.parent, work_dir=tmp_path / "elsewhere" / "cache")
+    assert not (splits.parent / ".personaemp").exists()
+    out = tmp_path / "repo"
+    result = publish(splits, out=out)
+    lines = card_of(out).splitlines()
+    persona_line = next(line for line in lines if line.startswith("- **infer-persona**"))
+    assert "1234 users" in persona_line and "persona-model-xl" in persona_line
+    queries_line = next(line for line in lines if line.startswith("- **gen-queries**"))
+    assert "987 users" in queries_line and "query-model-xl" in queries_line
+    assert any(line.startswith("- **filter**") and "4321" in line for line in lines)
+    assert result.warnings == []
+    assert str(tmp_path) not in card_of(out)  # the public card names no local path
+
+
+def test_card_does_not_guess_reports_the_manifest_does_not_name(splits, tmp_path):
+    """A run report that merely lies beside the splits is not this build's: not quoted."""
+    write_reports(splits.parent)
+    (splits.parent / "manifest.json").unlink()
+    out = tmp_path / "repo"
+    result = publish(splits, out=out)
+    card = card_of(out)
+    assert "- **infer-persona**" not in card and "- **filter**" not in card
+    assert len(result.warnings) == 3
+
+
+def test_card_follows_each_stages_input_across_folders(tmp_path):
+    """gen-queries read personas from another folder: its entry's `input` leads there."""
+    early, late = tmp_path / "early", tmp_path / "late"
+    run_report = write_reports(early)  # filter and infer-persona live in early/
+    write_jsonl(late / "queries.jsonl", queries_rows())
+    record_stage(
+        late / "queries.jsonl",
+        "gen-queries",
+        report=run_report,
+        failures=None,
+        full=True,
+        input=early / "personas.jsonl",
+    )
+    report = json.loads(run_report.read_text(encoding="utf-8"))
+    report["stages"]["gen-queries"]["output"] = str(late / "queries.jsonl")
+    write_json(run_report, report)
+    split_users(late / "queries.jsonl", late / "splits", seed=5)
+    out = tmp_path / "repo"
+    result = publish(late / "splits", out=out)
+    card = card_of(out)
+    for stage in ("filter", "infer-persona", "gen-queries"):
+        assert f"- **{stage}**" in card
+    assert result.warnings == []
+
+
+def test_card_quotes_the_full_run_not_a_later_quick_look(splits, tmp_path):
+    """BUG: a quick look (`--users X`) replaced the stage's entry: the card said "1 users"."""
+    from personaemp.llm.run import append_report
+    from personaemp.llm.settings import LLMSettings
+
+    run_report = write_reports(splits.parent)
+    stored = json.loads(run_report.read_text(encoding="utf-8"))["stages"]["gen-queries"]
+    quick = {**stored, "stage": "gen-queries", "units": 1, "done": 1, "failed": 0, "model": "quick-model"}
+    append_report(run_report, {**quick, "full": False}, LLMSettings(), full=False)
+    out = tmp_path / "repo"
+    publish(splits, out=out)
+    queries_line = next(line for line in card_of(out).splitlines() if line.startswith("- **gen-queries**"))
+    assert "987 users" in queries_line and "query-model-xl" in queries_line
+    assert "quick-model" not in card_of(out)
+    report = json.loads(run_report.read_text(encoding="utf-8"))
+    assert report["quick_looks"]["gen-queries"]["model"] == "quick-model"
+
+
+def test_card_leaves_out_a_run_of_another_output(splits, tmp_path):
+    run_report = write_reports(splits.parent)
+    report = json.loads(run_report.read_text(encoding="utf-8"))
+    report["stages"]["gen-queries"]["output"] = str(tmp_path / "trial" / "queries.jsonl")
+    write_json(run_report, report)
+    out = tmp_path / "repo"
+    result = publish(splits, out=out)
+    assert "- **gen-queries**" not in card_of(out)
+    assert "- **infer-persona**" in card_of(out)
+    assert any("gen-queries" in w and "trial" in w for w in result.warnings)
+
+
+def test_card_without_a_report_that_is_gone_says_so(splits, tmp_path):
+    run_report = write_reports(splits.parent, work_dir=tmp_path / "cache")
+    run_report.unlink()
+    out = tmp_path / "repo"
+    result = publish(splits, out=out)
+    assert "- **gen-queries**" not in card_of(out) and "- **filter**" in card_of(out)
+    assert any(str(run_report) in w and "gone" in w for w in result.warnings)
+
+
+def test_an_older_split_report_without_input_gives_a_warning(splits, tmp_path):
+    write_reports(splits.parent)
+    path = splits / "split_report.json"
+    report = json.loads(path.read_text(encoding="utf-8"))
+    del report["input"]
+    write_json(path, report)
+    out = tmp_path / "repo"
+    result = publish(splits, out=out)
+    assert "- **filter**" not in card_of(out) and "- **split**" in card_of(out)
+    assert any("re-run personaemp split" in w for w in result.warnings)
+
+
+def test_a_corrupt_report_named_by_the_manifest_is_an_input_error(splits, tmp_path):
+    run_report = write_reports(splits.parent)
+    run_report.write_text("{not json", encoding="utf-8")
+    out = tmp_path / "repo"
+    with pytest.raises(InputError, match=rf"{run_report}: not valid JSON"):
+        publish(splits, out=out)
+    assert not out.exists()
+
+
+def test_an_old_style_report_with_missing_figures_does_not_stop_the_push(splits, tmp_path):
+    run_report = write_reports(splits.parent)
+    write_json(run_report, {"stages": {"gen-queries": {"model": "m-old"}}})
+    write_json(splits.parent / "filter_report.json", {"kept": 3})
+    out = tmp_path / "repo"
+    publish(splits, out=out)
+    lines = card_of(out).splitlines()
+    assert any(line.startswith("- **gen-queries**: 0 users") and "m-old" in line for line in lines)
+    assert any(line.startswith("- **filter**") and "3 kept" in line for line in lines)
+
+
+# --- bad input never ends in a traceback ----------------------------------------------------------
+
+
+def test_missing_split_report_is_an_input_error(splits, tmp_path):
+    """BUG: without split_report.json the card silently lost the split and its chain."""
+    (splits / "split_report.json").unlink()
+    out = tmp_path / "repo"
+    with pytest.raises(InputError) as caught:
+        publish(splits, out=out)
+    text = str(caught.value)
+    assert str(splits / "split_report.json") in text and "no such file" in text
+    assert "personaemp split" in text
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{broken", "not valid JSON"),
+        ("[1, 2]", "not a split report"),
+        ('{"users_in": 3, "left_out": {}, "settings": []}', "not a split report \\(settings: "),
+        ("DROP_CLUSTER_MODE", "not a split report \\(settings.ood.clusters.0.mode: "),
+        ("DROP_USERS_IN", "not a split report \\(users_in: "),
+    ],
+    ids=["not json", "a list", "settings not an object", "cluster without mode", "no users_in"],
+)
+def test_corrupt_split_report_is_an_input_error(splits, tmp_path, content, message):
+    """BUG: a corrupt split_report.json raised JSONDecodeError / TypeError / KeyError."""
+    path = splits / "split_report.json"
+    report = json.loads(path.read_text(encoding="utf-8"))
+    if content == "DROP_CLUSTER_MODE":
+        del report["settings"]["ood"]["clusters"][0]["mode"]
+        content = json.dumps(report)
+    elif content == "DROP_USERS_IN":
+        del report["users_in"]
+        content = json.dumps(report)
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(InputError, match=message):
+        publish(splits, out=tmp_path / "repo")
+    assert not (tmp_path / "repo").exists()
+
+
+def test_split_report_of_other_settings_is_an_input_error(splits, tmp_path):
+    path = splits / "split_report.json"
+    report = json.loads(path.read_text(encoding="utf-8"))
+    del report["settings"]["ood"]
+    write_json(path, report)
+    with pytest.raises(InputError, match="describes the settings random, but .* holds ood, random"):
+        publish(splits, out=tmp_path / "repo")
+
+
+def test_a_setting_with_one_split_file_is_an_input_error(splits, tmp_path):
+    """BUG: ood/ with train.jsonl but no test.jsonl was skipped: the ood config silently vanished."""
+    (splits / "ood" / "test.jsonl").unlink()
+    with pytest.raises(InputError) as caught:
+        publish(splits, out=tmp_path / "repo")
+    assert str(splits / "ood" / "test.jsonl") in str(caught.value)
+    assert "personaemp split" in str(caught.value)
+    assert not (tmp_path / "repo").exists()
+
+
+def test_splits_path_that_is_a_file_is_an_input_error(tmp_path):
+    path = write_jsonl(tmp_path / "queries.jsonl", queries_rows())
+    with pytest.raises(InputError, match="not a folder"):
+        publish(path, out=tmp_path / "repo")
+
+
+def test_a_broken_line_in_a_split_file_names_it_and_says_to_re_split(splits, tmp_path):
+    path = splits / "random" / "test.jsonl"
+    with path.open("ab") as handle:
+        handle.write(b'{"user_id": "x", \n')
+    lines = len(path.read_bytes().splitlines())
+    with pytest.raises(InputError) as caught:
+        publish(splits, out=tmp_path / "repo")
+    text = str(caught.value)
+    assert text.startswith(f"{path}:{lines}: not valid JSON")
+    assert "personaemp split" in text and "--on-error" not in text  # push has no --on-error
+    assert not (tmp_path / "repo").exists()
+
+
+def _break(field: str):
+    def apply(user: dict) -> None:
+        if field == "memories":
+            del user["memories"]
+        elif field == "memories.0.label":
+            del user["memories"][0]["label"]
+        elif field == "queries.0.situation":
+            del user["queries"][0]["situation"]
+        elif field == "queries.0.memory_ids":
+            del user["queries"][0]["memory_ids"]
+        elif field == "queries":
+            del user["queries"]
+        elif field == "traits.0.evidence":
+            del user["traits"][0]["evidence"]
+        elif field == "big_five":
+            user["big_five"] = None
+
+    return apply
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        "memories",
+        "memories.0.label",
+        "queries.0.situation",
+        "queries.0.memory_ids",
+        "queries",
+        "traits.0.evidence",
+        "big_five",
+    ],
+)
+def test_rows_lacking_fields_are_input_errors_with_line_and_field(splits, tmp_path, field):
+    """BUG: a split row without a field the published row needs raised KeyError/TypeError."""
+    path = splits / "ood" / "train.jsonl"
+    rows = read_jsonl(path)
+    _break(field)(rows[1])
+    write_jsonl(path, rows)
+    with pytest.raises(InputError) as caught:
+        publish(splits, out=tmp_path / "repo")
+    text = str(caught.value)
+    assert text.startswith(f"{path}:2: not a ")
+    assert field in text, text
+    assert "personaemp split" in text
+    assert not (tmp_path / "repo").exists()
+
+
+def test_cli_push_of_a_bad_row_exits_2_with_one_line(runner, splits, tmp_path):
+    path = splits / "random" / "train.jsonl"
+    rows = read_jsonl(path)
+    del rows[0]["memories"]
+    write_jsonl(path, rows)
+    result = invoke(runner, "push", "--splits", splits, "--dry-run", "--out", tmp_path / "repo")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().startswith("Error:")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert f"{path}:1" in result.stderr and "memories" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_cli_push_without_split_report_exits_2(runner, splits, tmp_path):
+    (splits / "split_report.json").unlink()
+    result = invoke(runner, "push", "--splits", splits, "--dry-run", "--out", tmp_path / "repo")
+    assert result.exit_code == 2, result.output
+    assert "split_report.json" in result.stderr
+    assert "Traceback" not in result.output
+
+
+# --- the export manifest: a dry run removes only what it wrote --------------------------------------
+
+
+EXPORT_MANIFEST = ".personaemp-export.json"
+
+
+def exported(out: Path) -> list[str]:
+    return json.loads((out / EXPORT_MANIFEST).read_text(encoding="utf-8"))["files"]
+
+
+def test_dry_run_lists_what_it_wrote(splits, tmp_path):
+    out = tmp_path / "repo"
+    publish(splits, out=out)
+    assert exported(out) == [
+        "README.md",
+        "ood/test-00000-of-00001.parquet",
+        "ood/train-00000-of-00001.parquet",
+        "random/test-00000-of-00001.parquet",
+        "random/train-00000-of-00001.parquet",
+    ]
+    on_disk = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
+    assert on_disk == set(exported(out)) | {EXPORT_MANIFEST}
+
+
+def test_dry_run_never_deletes_files_it_did_not_write(splits, tmp_path):
+    """BUG: every out/*/*.parquet was deleted before writing, even files that were not ours."""
+    out = tmp_path / "repo"
+    foreign = {
+        "random/mine.parquet": b"mine",
+        "ood/train-00000-of-00009.parquet": b"an older shard, not listed",
+        "extra/data.parquet": b"extra",
+        "notes.txt": b"notes",
+    }
+    for name, content in foreign.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(content)
+
+    publish(splits, out=out)
+    split_users(splits.parent / "queries.jsonl", splits, ood=False, seed=5)  # no ood any more
+    result = publish(splits, out=out)
+
+    assert list(result.rows) == ["random"]
+    for name, content in foreign.items():
+        assert (out / name).read_bytes() == content, name
+    assert not (out / "ood" / "train-00000-of-00001.parquet").exists()
+    assert not (out / "ood" / "test-00000-of-00001.parquet").exists()
+    assert (out / "ood").is_dir()  # still holds a foreign file
+    assert exported(out) == [
+        "README.md",
+        "random/test-00000-of-00001.parquet",
+        "random/train-00000-of-00001.parquet",
+    ]
+
+
+def test_dry_run_removes_the_folder_of_a_config_no_longer_built(splits, tmp_path):
+    out = tmp_path / "repo"
+    publish(splits, out=out)
+    split_users(splits.parent / "queries.jsonl", splits, ood=False, seed=5)
+    publish(splits, out=out)
+    assert not (out / "ood").exists()
+    assert sorted(p.name for p in out.iterdir()) == sorted([EXPORT_MANIFEST, "README.md", "random"])
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["{broken", '{"files": "README.md"}', '{"files": ["../outside.txt"]}', '{"files": ["/etc/hosts"]}'],
+    ids=["not json", "not a list", "climbs out", "absolute"],
+)
+def test_a_bad_export_manifest_is_an_input_error_and_nothing_is_deleted(splits, tmp_path, content):
+    out = tmp_path / "repo"
+    publish(splits, out=out)
+    (tmp_path / "outside.txt").write_text("keep me", encoding="utf-8")
+    (out / EXPORT_MANIFEST).write_text(content, encoding="utf-8")
+    before = snapshot(tmp_path)
+    with pytest.raises(InputError, match=EXPORT_MANIFEST):
+        publish(splits, out=out)
+    assert snapshot(tmp_path) == before
+
+
+def test_dry_run_out_that_is_a_file_is_an_input_error(splits, tmp_path):
+    out = tmp_path / "repo"
+    out.write_text("a file", encoding="utf-8")
+    with pytest.raises(InputError, match="not a folder"):
+        publish(splits, out=out)
+    assert out.read_text(encoding="utf-8") == "a file"
+
+
+# --- the real push: one commit, recorded by a stub of HfApi -----------------------------------------
+
+
+class RecordingApi:
+    """Stands in for huggingface_hub.HfApi: records every call, answers from `repo_files`."""
+
+    calls: list = []
+    repo_files: list[str] = []
+    fail_with: Exception | None = None
+
+    def __init__(self, token=None):
+        self.calls.append(("init", {"token": token}))
+
+    def create_repo(self, repo_id, **kwargs):
+        self.calls.append(("create_repo", {"repo_id": repo_id, **kwargs}))
+
+    def create_branch(self, repo_id, **kwargs):
+        self.calls.append(("create_branch", {"repo_id": repo_id, **kwargs}))
+
+    def list_repo_files(self, repo_id, **kwargs):
+        self.calls.append(("list_repo_files", {"repo_id": repo_id, **kwargs}))
+        return list(self.repo_files)
+
+    def create_commit(self, repo_id, operations, **kwargs):
+        if self.fail_with is not None:
+            raise self.fail_with
+        from huggingface_hub import CommitOperationAdd
+
+        # the staged files exist only during the push: keep their bytes
+        contents = {
+            op.path_in_repo: Path(op.path_or_fileobj).read_bytes()
+            for op in operations
+            if isinstance(op, CommitOperationAdd)
+        }
+        self.calls.append(("create_commit", {"repo_id": repo_id, "operations": list(operations), **kwargs}))
+        self.contents = contents
+        RecordingApi.committed = contents
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    import huggingface_hub
+
+    import personaemp.hub
+
+    reached = []
+    monkeypatch.setattr(
+        personaemp.hub, "check_hub_reachable", lambda what, hint, *a, **k: reached.append(what)
+    )
+    monkeypatch.setattr(RecordingApi, "calls", [])
+    monkeypatch.setattr(RecordingApi, "repo_files", [])
+    monkeypatch.setattr(RecordingApi, "fail_with", None)
+    monkeypatch.setattr(huggingface_hub, "HfApi", RecordingApi)
+    RecordingApi.reached = reached
+    return RecordingApi
+
+
+def commits(api) -> list[dict]:
+    return [kwargs for name, kwargs in api.calls if name == "create_commit"]
+
+
+def test_real_push_is_one_commit_of_data_card_and_stale_deletions(splits, tmp_path, hub, monkeypatch):
+    """BUG: each config was pushed in its own commit (push_to_hub), the card in another, and
+    a config no longer built stayed in the repository."""
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    hub.repo_files = [
+        ".gitattributes",
+        "README.md",
+        "random/train-00000-of-00001.parquet",
+        "random/train-00000-of-00002.parquet",  # an older shard: the card's random/train-* would load it
+        "random/notes.parquet",  # not matched by a card pattern: not ours to delete
+        "ood/train-00000-of-00001.parquet",
+        "ood/test-00000-of-00001.parquet",
+        "ood/README.md",
+        "extra/train-00000-of-00001.parquet",  # another folder: never touched
+    ]
+    split_users(splits.parent / "queries.jsonl", splits, ood=False, seed=5)  # only random now
+    result = publish(splits, repo_id="me/x", revision="dev")
+
+    assert hub.reached == ["me/x"]
+    assert result.target == "https://huggingface.co/datasets/me/x"
+    assert list(result.rows) == ["random"]
+    (commit,) = commits(hub)
+    assert commit["repo_id"] == "me/x"
+    assert commit["repo_type"] == "dataset" and commit["revision"] == "dev"
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+    adds = sorted(op.path_in_repo for op in commit["operations"] if isinstance(op, CommitOperationAdd))
+    deletes = sorted(op.path_in_repo for op in commit["operations"] if isinstance(op, CommitOperationDelete))
+    assert adds == ["README.md", "random/test-00000-of-00001.parquet", "random/train-00000-of-00001.parquet"]
+    assert deletes == [
+        "ood/test-00000-of-00001.parquet",
+        "ood/train-00000-of-00001.parquet",
+        "random/train-00000-of-00002.parquet",
+    ]
+    assert len(commit["operations"]) == len(adds) + len(deletes)
+    names = [name for name, _ in hub.calls]
+    assert names.count("create_commit") == 1
+    assert ("init", {"token": SECRET}) in hub.calls
+    assert (
+        "create_branch",
+        {"repo_id": "me/x", "branch": "dev", "repo_type": "dataset", "exist_ok": True},
+    ) in hub.calls
+    assert names.index("list_repo_files") < names.index("create_commit")
+
+    # what was committed is what a dry run writes
+    out = tmp_path / "repo"
+    publish(splits, out=out)
+    for name in adds:
+        assert hub.committed[name] == (out / name).read_bytes(), name
+
+
+def test_real_push_of_both_configs_deletes_nothing_it_does_not_replace(splits, hub):
+    hub.repo_files = ["README.md", "random/train-00000-of-00001.parquet", "data/train-00000-of-00001.parquet"]
+    publish(splits, repo_id="me/x")
+    (commit,) = commits(hub)
+    from huggingface_hub import CommitOperationDelete
+
+    assert not [op for op in commit["operations"] if isinstance(op, CommitOperationDelete)]
+    assert len(commit["operations"]) == 5  # 4 parquet files and the card
+    assert commit["revision"] is None
+    assert "create_branch" not in [name for name, _ in hub.calls]
+    create = next(kwargs for name, kwargs in hub.calls if name == "create_repo")
+    assert create["repo_type"] == "dataset" and create["exist_ok"] is True
+
+
+def test_real_push_failure_is_one_line_without_the_token(splits, hub, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    hub.fail_with = RuntimeError(f"401 Unauthorized for token {SECRET}\nmore detail")
+    staging = tmp_path / "tmp"
+    staging.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(staging))  # where the push stages its files
+    before = snapshot(tmp_path)
+    with pytest.raises(PersonaempError) as caught:
+        publish(splits, repo_id="me/x")
+    text = str(caught.value)
+    assert len(text.splitlines()) == 1
+    assert "me/x: the push failed (401 Unauthorized" in text
+    assert SECRET not in text
+    assert snapshot(tmp_path) == before  # the staged files are gone

@@ -17,7 +17,16 @@ from typer.testing import CliRunner
 from personaemp.cli import app
 from personaemp.errors import InputError
 from personaemp.records import BIG_FIVE
-from personaemp.stages.split import LEVELS, REPORT_FILE, cluster_profiles, elbow, profile_of, split_users
+from personaemp.stages.split import (
+    LEFT_OUT_REASONS,
+    LEVELS,
+    REPORT_FILE,
+    cluster_profiles,
+    elbow,
+    profile_of,
+    split_users,
+)
+from personaemp.workspace import read_manifest
 
 LOW, MEDIUM, HIGH = ("low",) * 5, ("medium",) * 5, ("high",) * 5
 MIXED = ("low", "high", "medium", "low", "high")  # 3 or 4 traits away from the others
@@ -36,12 +45,20 @@ def big_five(profile) -> dict:
 
 
 def user(user_id: str, profile=MEDIUM, queries: int = 2, **extra) -> dict:
+    """A queries row with what split and push read (the rest of a real row is carried along)."""
     row = {
         "user_id": user_id,
         "eligible": True,
+        "memories": [{"memory_id": f"{user_id}-m1", "label": "Family", "value": "argued with a sister"}],
         "big_five": big_five(profile),
         "queries": [
-            {"query_id": f"{user_id}-q{i}", "category": "ES", "query": f"query {i} of {user_id}"}
+            {
+                "query_id": f"{user_id}-q{i}",
+                "category": "ES",
+                "query": f"query {i} of {user_id}",
+                "situation": {"topic": "family", "text": f"situation {i}", "memory_ids": [f"{user_id}-m1"]},
+                "memory_ids": [f"{user_id}-m1"],
+            }
             for i in range(queries)
         ],
     }
@@ -421,7 +438,7 @@ def test_duplicate_user_ids(tmp_path):
 
 def test_row_without_user_id(tmp_path):
     rows = [user("a", LOW), {"eligible": True}, user("b", HIGH)]
-    with pytest.raises(InputError, match=r"in\.jsonl:2: not a user row"):
+    with pytest.raises(InputError, match=r"in\.jsonl:2: not a queries row \(user_id: "):
         split(tmp_path, rows)
 
 
@@ -625,3 +642,157 @@ def test_elbow_finds_the_knee(costs, expected):
 )
 def test_elbow_without_a_knee_is_the_first_k(costs):
     assert elbow(costs) == min(costs)
+
+
+# --- what split accepts -------------------------------------------------------------------------
+
+
+def persona_row(user_id: str, profile=MEDIUM) -> dict:
+    """An infer-persona row: everything a queries row has, but no `queries`."""
+    row = user(user_id, profile)
+    del row["queries"]
+    return row
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_rows_without_queries_are_refused_with_file_line_and_field(tmp_path):
+    """BUG: split took personas.jsonl (no `queries`) and wrote users with 0 queries."""
+    path = write_users(tmp_path / "personas.jsonl", [persona_row("a", LOW), persona_row("b", HIGH)])
+    with pytest.raises(InputError) as caught:
+        split_users(path, tmp_path / "out")
+    text = str(caught.value)
+    assert text.startswith(f"{path}:1: not a queries row (queries: ")
+    assert "required" in text.lower()
+    assert text.endswith("pass the output of gen-queries")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_row_without_queries_after_good_rows_names_its_line(tmp_path):
+    rows = [user("a", LOW), user("b", HIGH), persona_row("c")]
+    path = write_users(tmp_path / "in.jsonl", rows)
+    with pytest.raises(InputError, match=r"in\.jsonl:3: not a queries row \(queries: "):
+        split_users(path, tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    ("breakage", "field"),
+    [
+        (lambda row: row["queries"][1].pop("situation"), "queries.1.situation"),
+        (lambda row: row["queries"][0].update(category="XX"), "queries.0.category"),
+        (lambda row: row.pop("memories"), "memories"),
+        (lambda row: row["memories"][0].pop("value"), "memories.0.value"),
+        (lambda row: row.update(user_id=None), "user_id"),
+        (lambda row: row.update(queries="none"), "queries"),
+    ],
+    ids=["situation", "category", "memories", "memory value", "user_id", "queries not a list"],
+)
+def test_validation_errors_name_the_field(tmp_path, breakage, field):
+    """The message names the field (first_problem), not "1 validation error for X"."""
+    bad = user("c")
+    breakage(bad)
+    path = write_users(tmp_path / "in.jsonl", [user("a", LOW), bad, user("b", HIGH)])
+    with pytest.raises(InputError) as caught:
+        split_users(path, tmp_path / "out")
+    text = str(caught.value)
+    assert text.startswith(f"{path}:2: not a queries row ({field}: "), text
+    assert "validation error" not in text
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_broken_line_names_it_without_a_hint_to_an_option_split_lacks(tmp_path):
+    """BUG: the hint said "pass --on-error skip", which `split` does not accept."""
+    path = write_users(tmp_path / "in.jsonl", [user("a", LOW), '{"user_id": "x",', user("b", HIGH)])
+    with pytest.raises(InputError) as caught:
+        split_users(path, tmp_path / "out")
+    text = str(caught.value)
+    assert text.startswith(f"{path}:2: not valid JSON")
+    assert "--on-error" not in text and "gen-queries" in text
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_row_that_is_not_an_object_is_refused(tmp_path):
+    path = write_users(tmp_path / "in.jsonl", [user("a", LOW), [1, 2], user("b", HIGH)])
+    with pytest.raises(InputError, match=r"in\.jsonl:2: not a queries row \(a JSON object is expected\)"):
+        split_users(path, tmp_path / "out")
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n  \n"], ids=["empty", "blank lines"])
+def test_empty_input_leaves_previous_outputs_untouched(tmp_path, content):
+    path = write_users(tmp_path / "in.jsonl", [user("a", LOW), user("b", HIGH)])
+    out = tmp_path / "out"
+    split_users(path, out, ood=True, seeds=2)
+    before = snapshot(tmp_path)
+
+    path.write_bytes(content)
+    before[path.name] = content
+    with pytest.raises(
+        InputError, match=r"in\.jsonl: the file holds no rows — pass the output of gen-queries"
+    ):
+        split_users(path, out)
+    assert snapshot(tmp_path) == before
+
+
+def test_refused_input_leaves_previous_outputs_untouched(tmp_path):
+    good = write_users(tmp_path / "queries.jsonl", [user("a", LOW), user("b", HIGH)])
+    out = tmp_path / "splits"
+    split_users(good, out, ood=True, seeds=2)
+    personas = tmp_path / "other" / "personas.jsonl"
+    write_users(personas, [persona_row("a", LOW), persona_row("b", HIGH)])
+    before = snapshot(tmp_path)
+    with pytest.raises(InputError):
+        split_users(personas, out)
+    assert snapshot(tmp_path) == before
+
+
+def test_a_big_five_of_the_wrong_shape_is_left_out_not_a_crash(tmp_path):
+    """BUG: `big_five: "high"` or a trait that is not an object raised AttributeError."""
+    text_profile = user("text-profile", big_five="high")
+    list_trait = user("list-trait")
+    list_trait["big_five"]["openness"] = ["high"]
+    report, out = split(tmp_path, [user("a", LOW), user("b", HIGH), text_profile, list_trait])
+    assert report.left_out == {"no_big_five": 2}
+    assert sorted(ids(out, "random", "train") + ids(out, "random", "test")) == ["a", "b"]
+
+
+def test_the_report_names_its_input_and_explains_what_was_left_out(tmp_path):
+    rows = [user("a", LOW), user("b", HIGH), user("c", queries=0), user("d", eligible=False)]
+    report, out = split(tmp_path, rows)
+    written = report_of(out)
+    assert written["input"] == str((tmp_path / "in.jsonl").resolve())
+    assert written["left_out"] == {"no_accepted_query": 1, "ineligible": 1}
+    # users with 0 accepted queries are left out, counted and explained in the report
+    assert written["left_out_reasons"] == {
+        "ineligible": LEFT_OUT_REASONS["ineligible"],
+        "no_accepted_query": LEFT_OUT_REASONS["no_accepted_query"],
+    }
+    for name in ("train", "test"):
+        assert all(row["queries"] for row in read_jsonl(out / "random" / f"{name}.jsonl"))
+
+
+def test_split_records_itself_in_the_manifest(tmp_path):
+    path = write_users(tmp_path / "data" / "queries.jsonl", [user("a", LOW), user("b", HIGH)])
+    out = tmp_path / "data" / "splits"
+    split_users(path, out)
+    entry = read_manifest(tmp_path / "data")["split"]
+    assert entry["output"] == str(out)
+    assert entry["input"] == str(path)
+    assert entry["report"] == str(out / REPORT_FILE)
+    assert entry["failures"] is None
+    assert entry["full"] is True
+    assert entry["finished_at"]
+    stored = json.loads((tmp_path / "data" / "manifest.json").read_text(encoding="utf-8"))
+    assert stored["split"]["output"] == "splits"  # inside the folder: relative, movable
+
+
+def test_cli_split_of_a_personas_file_exits_2_with_one_line(runner, tmp_path):
+    path = write_users(tmp_path / "personas.jsonl", [persona_row("a", LOW), persona_row("b", HIGH)])
+    result = invoke(runner, "--input", path, "--out-dir", tmp_path / "out")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().startswith("Error:")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert f"{path}:1" in result.stderr and "queries" in result.stderr
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()

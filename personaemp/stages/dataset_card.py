@@ -44,27 +44,42 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) else 0
+
+
+def _counts(value: Any) -> str:
+    items = value.items() if isinstance(value, dict) else ()
+    return ", ".join(f"{name} {count}" for name, count in items)
+
+
 def _funnel(facts: dict[str, Any]) -> str:
+    """One line per stage, from the reports found by following this build's files back.
+
+    Reports are read leniently (a figure that is missing is shown as 0), so an older
+    report never stops a push.
+    """
     parts = []
     report = facts.get("filter")
     if report:
-        dropped = ", ".join(f"{gate} {count}" for gate, count in report["dropped"].items())
+        dropped = _counts(report.get("dropped")) or "none"
         parts.append(
-            f"- **filter**: {report['users_in']} users read, {report['kept']} kept (dropped: {dropped}); "
-            f"{report['flagged_memories_dropped']} of {report['memories_in']} memories were annotator-"
-            "flagged false memories and were never used."
+            f"- **filter**: {_count(report.get('users_in'))} users read, {_count(report.get('kept'))} kept "
+            f"(dropped: {dropped}); {_count(report.get('flagged_memories_dropped'))} of "
+            f"{_count(report.get('memories_in'))} memories were annotator-flagged false memories and "
+            "were never used."
         )
     stages = (facts.get("run") or {}).get("stages", {})
     split = facts.get("split")
     for name in ("infer-persona", "gen-queries"):
-        if name in stages:
-            stage = stages[name]
-            done = stage["done"] + stage["done_before"]
-            failed = stage["failed"] + stage["failed_before"]
-            kinds = ", ".join(f"{k} {v}" for k, v in stage["failures_by_kind"].items()) or "none"
+        stage = stages.get(name)
+        if isinstance(stage, dict) and stage.get("full", True):
+            done = _count(stage.get("done")) + _count(stage.get("done_before"))
+            failed = _count(stage.get("failed")) + _count(stage.get("failed_before"))
+            kinds = _counts(stage.get("failures_by_kind")) or "none"
             parts.append(
-                f"- **{name}**: {stage['units']} users, {done} done, {failed} failed ({kinds}); "
-                f"model `{stage['model']}` ({stage['endpoint_kind']})."
+                f"- **{name}**: {_count(stage.get('units'))} users, {done} done, {failed} failed ({kinds}); "
+                f"model `{stage.get('model', 'unknown')}` ({stage.get('endpoint_kind', 'unknown')})."
             )
     if split:
         left = ", ".join(f"{reason} {count}" for reason, count in sorted(split["left_out"].items()))
@@ -72,7 +87,7 @@ def _funnel(facts: dict[str, Any]) -> str:
             f"- **split**: {split['users_in']} users read, left out: {left or 'none'} "
             "(users need a Big Five profile and at least one accepted query)."
         )
-    return "\n".join(parts) or "- (the stage reports of this build were not found beside the splits)"
+    return "\n".join(parts) or "- (the stage reports of this build were not found)"
 
 
 def render_card(facts: dict[str, Any], include_dialogue: bool) -> str:

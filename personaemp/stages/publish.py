@@ -4,28 +4,47 @@ One row per accepted query, carrying its user's persona, Big Five levels and mem
 (value and label): the natural unit for training and evaluating responses. No dialogue
 text unless asked for (`include_dialogue`). Configs `random` and `ood`, each with train
 and test. `--dry-run` writes exactly the repository that would be uploaded.
+
+Every input is checked before anything is written or sent: the split files row by row
+(file:line and the field), split_report.json, and the reports the card quotes, which are
+found by following the split's input back through the stages' manifests (workspace.py).
+
+A dry run lists what it wrote in `<out>/.personaemp-export.json`; the next export into
+the same folder removes only files of that list it no longer writes, never other files.
+The real push is one Hub commit: every data file and the card, plus deletions of the
+parquet files under the data folders this tool writes (`random/`, `ood/`) that the card's
+`<config>/<split>-*` patterns would still match but this build no longer produces.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 from collections import Counter
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from personaemp.errors import InputError, PersonaempError
-from personaemp.io import ErrorPolicy, iter_jsonl
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from personaemp.errors import InputError, PersonaempError, RowError, first_problem
+from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_atomic
 from personaemp.records import BIG_FIVE
 from personaemp.stages.dataset_card import render_card
+from personaemp.stages.split import REPORT_FILE, SETTINGS_WRITTEN, check_queries_row, profile_of
+from personaemp.workspace import stage_chain
 
-SETTINGS = ("random", "ood")
+SETTINGS = SETTINGS_WRITTEN  # the configs, one per split setting
 COLUMNS = (
     "user_id", "query_id", "query", "category", "situation", "memory_ids", "language",
     "persona_profile", "persona_traits", "topics", "big_five", "memories", "user_turns",
 )  # fmt: skip
 SPLITS = ("train", "test")
+EXPORT_MANIFEST = ".personaemp-export.json"
+CARD_FILE = "README.md"
+SPLIT_HINT = "re-run personaemp split (on the output of gen-queries)"
 
 
 def features(include_dialogue: bool):
@@ -88,41 +107,205 @@ class PublishResult:
     target: str
     rows: dict[str, dict[str, int]]  # setting -> split -> rows
     card: Path | None = None
+    # Facts the card could not include (a report named by a manifest is gone, ...).
+    warnings: list[str] = field(default_factory=list)
 
 
-def build_datasets(splits_dir: Path, include_dialogue: bool) -> dict[str, Any]:
-    """setting -> DatasetDict(train, test), for the settings present in `splits_dir`."""
+# --- reading the splits ------------------------------------------------------------------------
+
+
+def read_split_users(path: Path) -> list[dict]:
+    """The user rows of one split file, each checked to hold everything a published row needs."""
+    users = []
+    try:
+        for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
+            location = f"{path}:{lineno}"
+            check_queries_row(row, location, SPLIT_HINT)
+            if profile_of(row) is None:
+                raise InputError(
+                    f"{location}: not a split row (big_five: a level low, medium or high for each "
+                    "of the five traits is required)",
+                    SPLIT_HINT,
+                )
+            users.append(row)
+    except RowError as error:  # unreadable line: push has no --on-error, the split is redone
+        raise InputError(f"{error.location}: {error.reason}", SPLIT_HINT) from None
+    return users
+
+
+def split_files(splits_dir: Path) -> dict[str, dict[str, Path]]:
+    """setting -> split -> file, for the settings present; a half-present setting is an error."""
+    if not splits_dir.exists():
+        raise InputError(f"{splits_dir}: no such folder", "run personaemp split first, or pass --splits DIR")
+    if not splits_dir.is_dir():
+        raise InputError(f"{splits_dir}: not a folder", "pass the folder written by personaemp split")
+    found = {}
+    for setting in SETTINGS:
+        paths = {split: splits_dir / setting / f"{split}.jsonl" for split in SPLITS}
+        present = [p for p in paths.values() if p.is_file()]
+        if not present:
+            continue
+        missing = [p for p in paths.values() if not p.is_file()]
+        if missing:
+            raise InputError(f"{missing[0]}: missing (the {setting} split needs train and test)", SPLIT_HINT)
+        found[setting] = paths
+    if not found:
+        raise InputError(
+            f"{splits_dir}: no random/ or ood/ train.jsonl + test.jsonl", "run personaemp split first"
+        )
+    return found
+
+
+def _read_json(path: Path, what: str, hint: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file ({what})", hint) from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not valid UTF-8 ({what})", hint) from None
+    except ValueError as exc:
+        raise InputError(f"{path}: not valid JSON ({exc})", hint) from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})", hint) from None
+
+
+class _ClusterMode(BaseModel):
+    openness: str
+    conscientiousness: str
+    extraversion: str
+    agreeableness: str
+    neuroticism: str
+
+
+class _Cluster(BaseModel):
+    id: int
+    users: int
+    mode: _ClusterMode
+
+
+class _SettingReport(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    cost_curve: dict[str, float] = {}
+    clusters: list[_Cluster] = []
+
+
+class _SplitReport(BaseModel):
+    """The parts of split_report.json the card reads."""
+
+    model_config = ConfigDict(extra="allow")
+    input: str | None = None
+    users_in: int
+    left_out: dict[str, int]
+    settings: dict[str, _SettingReport]
+
+
+def read_split_report(splits_dir: Path, present: list[str]) -> dict[str, Any]:
+    """split_report.json, checked to hold what the card reads and to describe the split
+    files that are there."""
+    path = splits_dir / REPORT_FILE
+    report = _read_json(path, "the split's report, which the card quotes", SPLIT_HINT)
+    if not isinstance(report, dict):
+        raise InputError(f"{path}: not a split report (a JSON object is expected)", SPLIT_HINT)
+    try:
+        _SplitReport.model_validate(report)
+    except ValidationError as exc:
+        raise InputError(f"{path}: not a split report ({first_problem(exc)})", SPLIT_HINT) from None
+    if sorted(report["settings"]) != sorted(present):
+        raise InputError(
+            f"{path}: describes the settings {', '.join(sorted(report['settings'])) or 'none'}, "
+            f"but {splits_dir} holds {', '.join(sorted(present))}",
+            SPLIT_HINT,
+        )
+    return report
+
+
+def read_splits(files: dict[str, dict[str, Path]]) -> dict[str, dict[str, list[dict]]]:
+    """setting -> split -> checked user rows, for the files `split_files` found."""
+    return {
+        setting: {split: read_split_users(path) for split, path in paths.items()}
+        for setting, paths in files.items()
+    }
+
+
+def _datasets(users: dict[str, dict[str, list[dict]]], include_dialogue: bool) -> dict[str, Any]:
     from datasets import Dataset, DatasetDict, disable_progress_bars
 
     disable_progress_bars()
     found = {}
-    for setting in SETTINGS:
-        paths = {split: splits_dir / setting / f"{split}.jsonl" for split in SPLITS}
-        if not all(p.exists() for p in paths.values()):
-            continue
-        parts = {}
-        for split, path in paths.items():
-            rows = []
-            for _, _, user in iter_jsonl(path, ErrorPolicy("fail")):
-                rows.extend(dataset_rows(user, include_dialogue))
-            parts[split] = Dataset.from_list(rows, features=features(include_dialogue))
-        found[setting] = DatasetDict(parts)
-    if not found:
-        raise InputError(f"{splits_dir}: no random/ or ood/ train.jsonl + test.jsonl", "run personaemp split")
+    for setting, parts in users.items():
+        found[setting] = DatasetDict(
+            {
+                split: Dataset.from_list(
+                    [row for user in rows for row in dataset_rows(user, include_dialogue)],
+                    features=features(include_dialogue),
+                )
+                for split, rows in parts.items()
+            }
+        )
     return found
 
 
-def card_facts(splits_dir: Path, datasets: dict[str, Any]) -> dict[str, Any]:
-    """What the card reports, read from this run's files (missing ones are left out)."""
-    processed = splits_dir.parent
-    facts: dict[str, Any] = {"settings": {}, "provenance": Counter(), "languages": Counter()}
-    for name, path in (
-        ("filter", processed / "filter_report.json"),
-        ("split", splits_dir / "split_report.json"),
-        ("run", processed / ".personaemp" / "run_report.json"),
-    ):
-        if path.exists():
-            facts[name] = json.loads(path.read_text(encoding="utf-8"))
+# --- what the card reports ---------------------------------------------------------------------
+
+
+def stage_reports(split_report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The filter report and the LLM stages' run-report entries of this build, and warnings.
+
+    Found by following the split's input (the queries file) back through the manifests
+    the stages wrote beside their outputs; nothing is guessed from folder names. A run
+    report entry is used only if it is a full run (not a `--limit`/`--users` quick look)
+    that wrote the file the manifest names.
+    """
+    facts: dict[str, Any] = {}
+    warnings: list[str] = []
+    source = split_report.get("input")
+    if not isinstance(source, str) or not source:
+        warnings.append(
+            "split_report.json does not name its input file (an older split): re-run personaemp "
+            "split to have the filter and LLM stages in the card"
+        )
+        return facts, warnings
+    chain = stage_chain(Path(source))
+    hint = "re-run that stage, or delete the file and its entry in manifest.json"
+    for stage in ("filter", "infer-persona", "gen-queries"):
+        entry = chain.get(stage)
+        report_path = entry and entry.get("report")
+        if not report_path:
+            warnings.append(f"no report of {stage} was recorded for {source}: it is left out of the card")
+            continue
+        path = Path(report_path)
+        if not path.is_file():
+            warnings.append(f"{path}: the report of {stage} is gone: it is left out of the card")
+            continue
+        report = _read_json(path, f"the report of {stage}", hint)
+        if not isinstance(report, dict):
+            raise InputError(f"{path}: not a report of {stage} (a JSON object is expected)", hint)
+        if stage == "filter":
+            facts["filter"] = report
+            continue
+        run = (report.get("stages") or {}).get(stage)
+        if not isinstance(run, dict) or run.get("full") is False:
+            warnings.append(f"{path}: no full run of {stage}: it is left out of the card")
+            continue
+        if run.get("output") and os.path.abspath(run["output"]) != os.path.abspath(entry["output"]):
+            warnings.append(
+                f"{path}: the last full run of {stage} wrote {run['output']}, not {entry['output']}: "
+                "it is left out of the card"
+            )
+            continue
+        facts.setdefault("run", {"stages": {}})["stages"][stage] = run
+    return facts, warnings
+
+
+def card_facts(
+    splits_dir: Path, datasets: dict[str, Any], split_report: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """What the card reports, read from this build's files (missing ones are left out)."""
+    facts: dict[str, Any] = {"settings": {}, "provenance": Counter(), "languages": Counter(), "warnings": []}
+    if split_report is not None:
+        facts["split"] = split_report
+        found, facts["warnings"] = stage_reports(split_report)
+        facts.update(found)
     for setting, parts in datasets.items():
         summary = {}
         for split, data in parts.items():
@@ -141,31 +324,104 @@ def card_facts(splits_dir: Path, datasets: dict[str, Any]) -> dict[str, Any]:
         if path.exists():
             for _, _, user in iter_jsonl(path, ErrorPolicy("fail")):
                 # The persona's provenance (persona, big_five prompts), then the queries'.
-                sources = [("infer-persona", user.get("provenance") or {})]
-                sources += [("gen-queries", q.get("provenance") or {}) for q in user.get("queries", [])[:1]]
+                sources = [("infer-persona", user.get("provenance"))]
+                sources += [("gen-queries", q.get("provenance")) for q in user.get("queries", [])[:1]]
                 for stage, prov in sources:
-                    if prov:
-                        entry = {"stage": stage, "model": prov.get("model"), **prov.get("prompts", {})}
+                    if isinstance(prov, dict) and prov:
+                        prompts = prov.get("prompts") if isinstance(prov.get("prompts"), dict) else {}
+                        entry = {"stage": stage, "model": prov.get("model"), **prompts}
                         facts["provenance"][json.dumps(entry)] += 1
+                break
             break
     return facts
 
 
-def write_repository(datasets: dict[str, Any], out: Path, card: str) -> dict[str, dict[str, int]]:
-    """The Hub repository layout: <config>/<split>-00000-of-00001.parquet and README.md."""
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob("*/*.parquet"):  # from an earlier dry run with other settings
-        stale.unlink()
-    rows = {}
+# --- the repository ------------------------------------------------------------------------------
+
+
+def _data_path(setting: str, split: str) -> str:
+    return f"{setting}/{split}-00000-of-00001.parquet"
+
+
+def write_files(
+    datasets: dict[str, Any], folder: Path, card: str
+) -> tuple[list[str], dict[str, dict[str, int]]]:
+    """Write the repository's files under `folder` (each atomically); return their relative
+    paths and the rows per setting and split."""
+    written, rows = [], {}
     for setting, parts in datasets.items():
         rows[setting] = {}
         for split, data in parts.items():
-            target = out / setting / f"{split}-00000-of-00001.parquet"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            data.to_parquet(str(target))
+            relative = _data_path(setting, split)
+            with atomic_output(folder / relative) as handle:
+                data.to_parquet(handle)
+            written.append(relative)
             rows[setting][split] = len(data)
-    (out / "README.md").write_text(card, encoding="utf-8")
+    with atomic_output(folder / CARD_FILE) as handle:
+        handle.write(card.encode("utf-8"))
+    written.append(CARD_FILE)
+    return written, rows
+
+
+def read_export_manifest(out: Path) -> list[str]:
+    """The files an earlier export wrote into `out` (relative paths); none without a manifest."""
+    path = out / EXPORT_MANIFEST
+    if not path.exists():
+        return []
+    hint = f"delete {path} (files it listed are then left in place) or choose another --out"
+    manifest = _read_json(path, "the list of files an earlier export wrote", hint)
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, list) or not all(isinstance(f, str) and _inside(f) for f in files):
+        raise InputError(f"{path}: not an export manifest (files: a list of relative paths)", hint)
+    return files
+
+
+def _inside(relative: str) -> bool:
+    """A relative path that stays inside the folder it is relative to."""
+    path = PurePosixPath(relative)
+    return bool(relative) and not path.is_absolute() and ".." not in path.parts and "\\" not in relative
+
+
+def write_repository(datasets: dict[str, Any], out: Path, card: str) -> dict[str, dict[str, int]]:
+    """The Hub repository layout under `out`: <config>/<split>-00000-of-00001.parquet, README.md.
+
+    Files that an earlier export listed in `out`'s manifest and this one no longer writes
+    are removed; files it did not write are never touched.
+    """
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out}: not a folder", "pass a folder for --out")
+    previous = read_export_manifest(out)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = out / EXPORT_MANIFEST
+    planned = [_data_path(s, split) for s, parts in datasets.items() for split in parts] + [CARD_FILE]
+    # Listed before they are written: a run that stops half-way leaves nothing unlisted.
+    write_json_atomic(manifest, {"tool": "personaemp", "files": sorted(set(previous) | set(planned))})
+    written, rows = write_files(datasets, out, card)
+    for relative in sorted(set(previous) - set(written)):
+        stale = out / relative
+        stale.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the folder of a config no longer built, if now empty
+            if stale.parent != out:
+                stale.parent.rmdir()
+    write_json_atomic(manifest, {"tool": "personaemp", "files": sorted(written)})
     return rows
+
+
+def stale_repo_files(repo_files: list[str], kept: list[str]) -> list[str]:
+    """Files of the Hub repository to delete: parquet files in the data folders this tool
+    writes, matched by a card pattern `<config>/<split>-*`, that this build does not write."""
+    stale = []
+    for name in repo_files:
+        parts = name.split("/")
+        if (
+            len(parts) == 2
+            and parts[0] in SETTINGS
+            and parts[1].endswith(".parquet")
+            and any(parts[1].startswith(f"{split}-") for split in SPLITS)
+            and name not in kept
+        ):
+            stale.append(name)
+    return sorted(stale)
 
 
 def publish(
@@ -182,38 +438,54 @@ def publish(
         raise InputError("give either --repo-id OWNER/NAME or --dry-run --out DIR")
     if repo_id is not None and repo_id.count("/") != 1:
         raise InputError(f"--repo-id must look like OWNER/NAME, not {repo_id!r}")
-    datasets = build_datasets(splits_dir, include_dialogue)
-    card = render_card(card_facts(splits_dir, datasets), include_dialogue)
+    files = split_files(splits_dir)
+    split_report = read_split_report(splits_dir, list(files))
+    datasets = _datasets(read_splits(files), include_dialogue)
+    facts = card_facts(splits_dir, datasets, split_report)
+    card = render_card(facts, include_dialogue)
     if out is not None:
         rows = write_repository(datasets, out, card)
-        return PublishResult(target=str(out), rows=rows, card=out / "README.md")
-    return _push(datasets, card, repo_id, private, revision)
+        return PublishResult(target=str(out), rows=rows, card=out / CARD_FILE, warnings=facts["warnings"])
+    result = _push(datasets, card, repo_id, private, revision)
+    result.warnings = facts["warnings"]
+    return result
 
 
 def _push(datasets, card: str, repo_id: str, private: bool, revision: str | None) -> PublishResult:
+    """One commit: every data file and the card, and deletions of stale data files."""
     from personaemp.hub import check_hub_reachable
 
     check_hub_reachable(repo_id, "check your network; --dry-run --out DIR writes the same files locally")
-    from huggingface_hub import HfApi
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
     token = os.environ.get("HF_TOKEN")  # else the user's `huggingface-cli login`
-    rows = {}
-    try:
-        for setting, parts in datasets.items():
-            parts.push_to_hub(repo_id, config_name=setting, private=private, token=token, revision=revision)
-            rows[setting] = {split: len(data) for split, data in parts.items()}
-        HfApi(token=token).upload_file(
-            path_or_fileobj=card.encode(),
-            path_in_repo="README.md",
-            repo_id=repo_id,
-            repo_type="dataset",
-            revision=revision,
-            commit_message="Dataset card",
-        )
-    except Exception as exc:  # the Hub client raises many kinds; the user needs one line
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        text = text.replace(token, "[redacted]") if token else text
-        raise PersonaempError(
-            f"{repo_id}: the push failed ({text})", "check HF_TOKEN and the repo id"
-        ) from None
+    with tempfile.TemporaryDirectory(prefix="personaemp-push-") as staging:
+        written, rows = write_files(datasets, Path(staging), card)
+        try:
+            api = HfApi(token=token)
+            api.create_repo(repo_id, repo_type="dataset", private=private or None, exist_ok=True)
+            if revision:
+                api.create_branch(repo_id, branch=revision, repo_type="dataset", exist_ok=True)
+            existing = api.list_repo_files(repo_id, repo_type="dataset", revision=revision)
+            operations = [
+                CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(Path(staging) / name))
+                for name in written
+            ]
+            operations += [
+                CommitOperationDelete(path_in_repo=name) for name in stale_repo_files(existing, written)
+            ]
+            configs = ", ".join(datasets)
+            api.create_commit(
+                repo_id,
+                operations=operations,
+                commit_message=f"personaemp push: configs {configs} and the dataset card",
+                repo_type="dataset",
+                revision=revision,
+            )
+        except Exception as exc:  # the Hub client raises many kinds; the user needs one line
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            text = text.replace(token, "[redacted]") if token else text
+            raise PersonaempError(
+                f"{repo_id}: the push failed ({text})", "check HF_TOKEN and the repo id"
+            ) from None
     return PublishResult(target=f"https://huggingface.co/datasets/{repo_id}", rows=rows)

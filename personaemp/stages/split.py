@@ -4,10 +4,17 @@ Random: users shuffled with a seed, `test_size` of them to test (the paper's 9:1
 OOD: users clustered on their five Big Five levels with KModes; one whole cluster is the
 test set, so test personalities are profiles the training data never shows. Splitting
 is by user, never by query: no user is in two splits.
+
+The input must be gen-queries' output (every row has `queries`). Users that cannot be
+split are left out and counted by reason in split_report.json, which also explains each
+reason (`left_out_reasons`): ineligible personas, users without a complete Big Five
+profile, and users with 0 accepted queries (they would publish no row). The report also
+names the input file, so `push` can find the earlier stages' reports (workspace.py).
 """
 
 from __future__ import annotations
 
+import os
 import random
 from collections import Counter
 from collections.abc import Sequence
@@ -16,13 +23,69 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from pydantic import ValidationError
 
-from personaemp.errors import InputError
+from personaemp.errors import InputError, RowError, first_problem
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_atomic
-from personaemp.records import BIG_FIVE
+from personaemp.records import BIG_FIVE, Category, Memory, Record, Trait, Turn
+from personaemp.workspace import record_stage
 
 LEVELS = ("low", "medium", "high")
 REPORT_FILE = "split_report.json"
+STAGE = "split"
+SETTINGS_WRITTEN = ("random", "ood")  # the folders a split writes under its --out-dir
+# Why a user is left out of every split; written into the report, so it documents itself.
+LEFT_OUT_REASONS = {
+    "ineligible": "the persona failed infer-persona's depth gate (eligible: false)",
+    "no_big_five": "no complete Big Five profile (five levels, each low, medium or high)",
+    "no_accepted_query": "no query passed gen-queries' checks: a user is published through "
+    "their queries, so a user with none has nothing to train or test on",
+}
+
+
+# --- what a queries row must hold to be split and published ----------------------------------
+
+
+class QuerySituation(Record):
+    topic: str
+    text: str
+
+
+class PublishedQuery(Record):
+    query_id: str
+    category: Category
+    query: str
+    situation: QuerySituation
+    memory_ids: list[str]
+
+
+class QueriesRow(Record):
+    """A gen-queries row as far as split and push read it (the rest is carried along as is).
+
+    The Big Five is checked by `profile_of` instead: a user without a complete profile is
+    counted as left out, not refused.
+    """
+
+    user_id: str
+    eligible: bool = True
+    language: str | None = None
+    profile: str = ""
+    topics: list[str] = []
+    traits: list[Trait] = []
+    memories: list[Memory]
+    turns: list[Turn] = []
+    big_five: Any = None
+    queries: list[PublishedQuery]
+
+
+def check_queries_row(row: Any, location: str, hint: str) -> QueriesRow:
+    """`row` validated as a queries row, else an InputError naming `location` and the field."""
+    if not isinstance(row, dict):
+        raise InputError(f"{location}: not a queries row (a JSON object is expected)", hint)
+    try:
+        return QueriesRow.model_validate(row)
+    except ValidationError as exc:
+        raise InputError(f"{location}: not a queries row ({first_problem(exc)})", hint) from None
 
 
 @dataclass
@@ -30,32 +93,51 @@ class SplitReport:
     users_in: int = 0
     left_out: dict[str, int] = field(default_factory=dict)  # reason -> users
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    input: str = ""  # the queries file read (absolute): push follows it to the earlier stages
 
     def as_dict(self) -> dict[str, Any]:
-        return {"users_in": self.users_in, "left_out": self.left_out, "settings": self.settings}
+        return {
+            "input": self.input,
+            "users_in": self.users_in,
+            "left_out": self.left_out,
+            "left_out_reasons": {reason: LEFT_OUT_REASONS[reason] for reason in sorted(self.left_out)},
+            "settings": self.settings,
+        }
 
 
 def profile_of(row: dict) -> tuple[str, ...] | None:
     """The user's five levels in BIG_FIVE order, or None if it has no complete Big Five."""
-    big_five = row.get("big_five") or {}
-    levels = tuple((big_five.get(trait) or {}).get("level") for trait in BIG_FIVE)
+    big_five = row.get("big_five")
+    if not isinstance(big_five, dict):
+        return None
+    entries = [big_five.get(trait) for trait in BIG_FIVE]
+    levels = tuple(entry.get("level") if isinstance(entry, dict) else None for entry in entries)
     return levels if all(level in LEVELS for level in levels) else None
 
 
 def read_users(path: Path) -> tuple[list[dict], Counter]:
-    """Users that can be split, and the others counted by reason."""
-    rows, left_out = [], Counter()
-    for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
-        if not isinstance(row, dict) or "user_id" not in row:
-            raise InputError(f"{path}:{lineno}: not a user row (no user_id)")
-        if not row.get("eligible", True):
-            left_out["ineligible"] += 1
-        elif profile_of(row) is None:
-            left_out["no_big_five"] += 1
-        elif "queries" in row and not row["queries"]:
-            left_out["no_accepted_query"] += 1
-        else:
-            rows.append(row)
+    """Users that can be split, and the others counted by reason (see LEFT_OUT_REASONS).
+
+    Every row must be a queries row (the output of gen-queries): a persona or filter row,
+    which has no `queries`, is refused with its file:line, not split into 0-query users.
+    """
+    rows, left_out, read = [], Counter(), 0
+    try:
+        for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
+            read += 1
+            record = check_queries_row(row, f"{path}:{lineno}", "pass the output of gen-queries")
+            if not record.eligible:
+                left_out["ineligible"] += 1
+            elif profile_of(row) is None:
+                left_out["no_big_five"] += 1
+            elif not record.queries:
+                left_out["no_accepted_query"] += 1
+            else:
+                rows.append(row)
+    except RowError as error:  # split has no --on-error: the row's own hint would mislead
+        raise InputError(f"{error.location}: {error.reason}", "fix the line or re-run gen-queries") from None
+    if not read:
+        raise InputError(f"{path}: the file holds no rows", "pass the output of gen-queries")
     ids = Counter(str(r["user_id"]) for r in rows)
     repeated = [uid for uid, count in ids.items() if count > 1]
     if repeated:
@@ -203,7 +285,11 @@ def split_users(
     rows.sort(key=lambda r: str(r["user_id"]))  # the input's order must not matter
     if len(rows) < 2:
         raise InputError(f"{input_path}: {len(rows)} user(s) can be split; at least 2 are needed")
-    report = SplitReport(users_in=len(rows) + sum(left_out.values()), left_out=dict(left_out))
+    report = SplitReport(
+        users_in=len(rows) + sum(left_out.values()),
+        left_out=dict(left_out),
+        input=os.path.abspath(input_path),
+    )
 
     # Everything is computed before anything is written: a run that fails (e.g. on the
     # OOD options) leaves the previous outputs as they were, consistent with each other.
@@ -235,4 +321,5 @@ def split_users(
         for name in ("train", "test"):
             (out_dir / "ood" / f"{name}.jsonl").unlink(missing_ok=True)
     write_json_atomic(out_dir / REPORT_FILE, report.as_dict())
+    record_stage(out_dir, STAGE, report=out_dir / REPORT_FILE, failures=None, full=True, input=input_path)
     return report
