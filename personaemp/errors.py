@@ -42,4 +42,5 @@ class UnitError(PersonaempError):
 def first_problem(exc) -> str:
     """'field.path: message' of a pydantic ValidationError's first error, for one-line errors."""
     problem = exc.errors()[0]
-    return f"{'.'.join(str(part) for part in problem['loc'])}: {problem['msg']}"
+    where = ".".join(str(part) for part in problem["loc"])
+    return f"{where}: {problem['msg']}" if where else problem["msg"]

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import IO, Any
 
 import msgspec
+from pydantic import ValidationError
 
-from personaemp.errors import InputError, RowError
+from personaemp.errors import InputError, RowError, first_problem
 
 
 class ErrorPolicy:
@@ -194,41 +195,50 @@ class _Buffer:
             self.decode(decoder)
 
 
-def read_stage_rows(
-    path: Path,
-    model,
-    *,
-    limit: int | None = None,
-    users=None,
-    keep=None,
-    kind: str = "user",
-    missing_label: str = "user",
-) -> tuple[list[dict], int]:
+def read_stage_rows(path: Path, model, *, keep=None, kind: str = "user") -> tuple[list[dict], int]:
     """The rows of a stage's input file, each validated as `model` (a pydantic model).
 
-    `users` picks rows by id, `keep(record)` drops the rows it refuses (counted, returned
-    second), `limit` stops after that many rows. A picked user that is not there is an
-    error, unless the limit stopped reading before it could be seen.
+    `keep(record)` drops the rows it refuses (counted, returned second). An empty input is
+    an error: a stage never replaces its previous output with nothing.
     """
-    wanted, rows, skipped = {str(u) for u in users or ()}, [], 0
-    for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
-        try:
-            record = model.model_validate(row)
-        except Exception as exc:
-            raise InputError(f"{path}:{lineno}: not a {kind} row ({str(exc).splitlines()[0]})") from None
-        if wanted and str(row["user_id"]) not in wanted:
-            continue
-        if keep is not None and not keep(record):
-            skipped += 1
-            continue
-        rows.append(row)
-        if limit is not None and len(rows) >= limit:
-            break  # stopped early: users further on are not missing, just not read
-    else:
-        missing = wanted - {str(r["user_id"]) for r in rows}
-        if missing:
-            raise InputError(f"{path}: no {missing_label} {', '.join(sorted(missing))}")
+    rows, skipped = [], 0
+    try:
+        for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
+            try:
+                record = model.model_validate(row)
+            except ValidationError as exc:
+                raise InputError(f"{path}:{lineno}: not a {kind} row ({first_problem(exc)})") from None
+            if keep is not None and not keep(record):
+                skipped += 1
+                continue
+            rows.append(row)
+    except RowError as error:  # its hint names --on-error, which the LLM stages do not have
+        raise InputError(
+            error.message, "fix the line, or run the stage that writes this file again"
+        ) from None
+    if not rows and not skipped:
+        raise InputError(f"{path}: no rows", "check that the previous stage wrote this file")
     return rows, skipped
+
+
+def pick_units(
+    rows: list[dict], path: Path, *, limit: int | None = None, users=None, label: str = "user"
+) -> set[str] | None:
+    """The ids a quick look works on (`users`, then the first `limit`), or None for all.
+
+    A picked user that is not among the rows is an error."""
+    if limit is not None and limit < 1:
+        raise InputError(f"--limit must be at least 1, not {limit}")
+    if limit is None and not users:
+        return None
+    ids = [str(row["user_id"]) for row in rows]
+    if users:
+        wanted = {str(u) for u in users}
+        missing = wanted - set(ids)
+        if missing:
+            raise InputError(f"{path}: no {label} {', '.join(sorted(missing))}")
+        ids = [uid for uid in ids if uid in wanted]
+    return set(ids[:limit] if limit is not None else ids)
 
 
 @contextlib.contextmanager

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic_core import PydanticCustomError
 
 
 class Record(BaseModel):
@@ -122,11 +123,46 @@ class Persona(User):
     grounding: Grounding = Grounding()
     provenance: Provenance
 
+    @model_validator(mode="after")
+    def _eligible_is_complete(self) -> Persona:
+        """An eligible persona is what later stages build on: it needs all three parts."""
+        if self.eligible:
+            for name, value in (
+                ("traits", self.traits),
+                ("profile", self.profile),
+                ("big_five", self.big_five),
+            ):
+                if not value:
+                    raise PydanticCustomError("eligible_incomplete", f"an eligible persona needs {name}")
+        return self
+
 
 # --- gen-queries ---------------------------------------------------------------------
 
 Category = Literal["ES", "HEQ", "SS"]
 CATEGORIES = ("ES", "HEQ", "SS")
+# The one definition of each query category (name, what the user wants): the situations
+# prompt and the judge's prompt both render it.
+CATEGORY_DEFINITIONS = {
+    "ES": ("emotional support", "they want to feel heard, validated, comforted."),
+    "HEQ": (
+        "high-EQ interaction",
+        "an emotionally delicate interpersonal moment: a conflict, keeping a relationship "
+        "going, calming a tense situation.",
+    ),
+    "SS": (
+        "social strategy",
+        "they want to know what to say or do to reach a goal with other people: etiquette, "
+        "persuasion, how to frame or ask for something.",
+    ),
+}
+
+
+def category_definitions(categories=CATEGORIES) -> str:
+    """The definitions as prompt lines, for the prompts' $category_definitions slot."""
+    return "\n".join(
+        f"- {code} ({CATEGORY_DEFINITIONS[code][0]}): {CATEGORY_DEFINITIONS[code][1]}" for code in categories
+    )
 
 
 class Situation(Record):

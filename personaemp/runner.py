@@ -2,12 +2,14 @@
 
 Each finished unit is appended to the stage's output file at once (a killed run loses at
 most the units in flight); each unit that fails for good is appended to the failures
-file with its reason. A re-run skips both (or, with `retry_failed`, retries only the
-failures). At the end the output is rewritten atomically in input order, so a finished
-stage's file does not depend on completion order.
+file with its reason. A re-run skips both, except failures the endpoint caused
+(connection, 5xx, HTTP errors), which are simply tried again; `retry_failed` also
+retries content failures (invalid, truncated, empty, ungrounded...). At the end both
+files are rewritten atomically in input order, holding only units of the current input.
 
 A unit counts as finished only if it was computed from the same input row and the same
-stage fingerprint (model, prompts, ...): its `input_hash` must match.
+stage fingerprint (model, prompts, sampling, ...): its `input_hash` must match.
+One process writes an output at a time (a lock file beside it).
 """
 
 from __future__ import annotations
@@ -24,10 +26,14 @@ from typing import Any
 import jsonlines
 import msgspec
 
+from personaemp import locks
 from personaemp.errors import PersonaempError, UnitError
 from personaemp.io import atomic_output
+from personaemp.secrets import redact
 
 Work = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+# Failures that say nothing about the unit: the next run tries them again by itself.
+ENDPOINT_KINDS = frozenset({"rate_limited", "timeout", "connection", "server_error", "http_error"})
 
 
 @dataclass
@@ -47,15 +53,6 @@ class StageOutcome:
 def unit_hash(row: dict[str, Any], fingerprint: str) -> str:
     encoded = msgspec.json.encode({"row": row, "fingerprint": fingerprint}, order="sorted")
     return hashlib.sha256(encoded).hexdigest()[:16]
-
-
-def redact(text: str | None, secrets: Sequence[str]) -> str | None:
-    if text is None:
-        return None
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "[redacted]")
-    return text
 
 
 def _repair_tail(path: Path) -> None:
@@ -81,8 +78,8 @@ def _repair_tail(path: Path) -> None:
             position = max(0, position - (1 << 16))
 
 
-def _scan(path: Path, key: str) -> dict[str, tuple[int, str]]:
-    """unit id -> (byte offset, input_hash) of the last row for it in a checkpoint file."""
+def _scan(path: Path, key: str, field: str = "input_hash") -> dict[str, tuple[int, str]]:
+    """unit id -> (byte offset, `field`) of the last row for it in a checkpoint file."""
     found: dict[str, tuple[int, str]] = {}
     if not path.exists():
         return found
@@ -96,7 +93,7 @@ def _scan(path: Path, key: str) -> dict[str, tuple[int, str]]:
                 raise PersonaempError(
                     f"{path}:{lineno}: corrupt checkpoint line", "delete the file to start this stage over"
                 ) from None
-            found[str(row[key])] = (offset, row.get("input_hash", ""))
+            found[str(row[key])] = (offset, row.get(field, ""))
             offset += len(line)
     return found
 
@@ -110,31 +107,41 @@ async def run_units(
     failures: Path,
     fingerprint: str,
     window: int,
+    selected: set[str] | None = None,
     retry_failed: bool = False,
-    keep_others: bool = False,
-    secrets: Sequence[str] = (),
     on_progress: Callable[[StageOutcome], None] | None = None,
 ) -> StageOutcome:
     """Run `work(unit)` for every unit not finished yet; return the balanced outcome.
 
-    `keep_others`: `units` is a subset of the stage's input (--limit, --users), so rows of
-    other units already in the output stay; otherwise they are stale and go.
+    `units` is the stage's whole current input: it decides which rows the output keeps.
+    `selected` (ids; --limit, --users) restricts what this run computes.
     """
-    outcome = StageOutcome(units=len(units))
+    with locks.exclusive(output):
+        return await _run_locked(
+            units, work, key, output, failures, fingerprint, window, selected, retry_failed, on_progress
+        )
+
+
+async def _run_locked(
+    units, work, key, output, failures, fingerprint, window, selected, retry_failed, on_progress
+) -> StageOutcome:
     hashes = {str(unit[key]): unit_hash(unit, fingerprint) for unit in units}
+    chosen = [unit for unit in units if selected is None or str(unit[key]) in selected]
+    outcome = StageOutcome(units=len(chosen))
     for path in (output, failures):
         path.parent.mkdir(parents=True, exist_ok=True)
         _repair_tail(path)
-    previous = _scan(output, key)  # its order is kept for other units with keep_others
-    done = {uid: pos for uid, pos in previous.items() if hashes.get(uid) == pos[1]}
-    failed_before = {uid for uid, pos in _scan(failures, key).items() if hashes.get(uid) == pos[1]}
-    failed_before -= done.keys()
+    done = {uid for uid, pos in _scan(output, key).items() if hashes.get(uid) == pos[1]}
+    failed_before = {
+        uid for uid, pos in _scan(failures, key).items() if hashes.get(uid) == pos[1] and uid not in done
+    }
+    kinds = {uid: pos[1] for uid, pos in _scan(failures, key, "kind").items()}
     todo = []
-    for unit in units:
+    for unit in chosen:
         uid = str(unit[key])
         if uid in done:
             outcome.done_before += 1
-        elif uid in failed_before and not retry_failed:
+        elif uid in failed_before and not retry_failed and kinds.get(uid) not in ENDPOINT_KINDS:
             outcome.failed_before += 1
         else:
             todo.append(unit)
@@ -142,36 +149,39 @@ async def run_units(
         on_progress(outcome)
 
     encode = msgspec.json.Encoder()
-    with (
-        jsonlines.open(output, "a", dumps=lambda v: encode.encode(v).decode(), flush=True) as out,
-        jsonlines.open(failures, "a", dumps=lambda v: encode.encode(v).decode(), flush=True) as bad,
-    ):
+    try:
+        with (
+            jsonlines.open(output, "a", dumps=lambda v: encode.encode(v).decode(), flush=True) as out,
+            jsonlines.open(failures, "a", dumps=lambda v: encode.encode(v).decode(), flush=True) as bad,
+        ):
 
-        async def one(unit: dict[str, Any]) -> None:
-            uid = str(unit[key])
-            try:
-                row = await work(unit)
-            except UnitError as error:
-                bad.write(
-                    {
-                        key: unit[key],
-                        "kind": error.kind,
-                        "error": redact(str(error), secrets),
-                        "raw": redact(error.raw, secrets),
-                        "attempts": error.attempts,
-                        "input_hash": hashes[uid],
-                    }
-                )
-                outcome.failed += 1
-                outcome.failures_by_kind[error.kind] += 1
-            else:
-                out.write({**row, "input_hash": hashes[uid]})
-                outcome.done += 1
-            if on_progress:
-                on_progress(outcome)
+            async def one(unit: dict[str, Any]) -> None:
+                uid = str(unit[key])
+                try:
+                    row = await work(unit)
+                except UnitError as error:
+                    bad.write(
+                        {
+                            key: unit[key],
+                            "kind": error.kind,
+                            "error": redact(str(error)),
+                            "raw": redact(error.raw),
+                            "attempts": error.attempts,
+                            "input_hash": hashes[uid],
+                        }
+                    )
+                    outcome.failed += 1
+                    outcome.failures_by_kind[error.kind] += 1
+                else:
+                    out.write({**row, "input_hash": hashes[uid]})
+                    outcome.done += 1
+                if on_progress:
+                    on_progress(outcome)
 
-        await _run_window(todo, one, window)
-    _finish(output, failures, units, key, hashes, list(previous) if keep_others else None)
+            await _run_window(todo, one, window)
+    finally:
+        # Also after a run-level stop: what finished is kept, and nothing stale stays.
+        _finish(output, failures, units, key, hashes)
     return outcome
 
 
@@ -184,12 +194,10 @@ async def _run_window(units: Sequence[dict[str, Any]], one, window: int) -> None
             pending.add(asyncio.create_task(one(unit)))
             if len(pending) >= window:
                 finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in finished:
-                    task.result()  # a non-unit error (auth, bug) stops the run
+                _raise_first(finished)
         while pending:
             finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in finished:
-                task.result()
+            _raise_first(finished)
     finally:
         for task in pending:
             task.cancel()
@@ -197,25 +205,24 @@ async def _run_window(units: Sequence[dict[str, Any]], one, window: int) -> None
             await asyncio.gather(*pending, return_exceptions=True)
 
 
-def _finish(output: Path, failures: Path, units, key: str, hashes, previous: list[str] | None) -> None:
-    """Rewrite both files atomically: input order, one current row per unit, nothing stale.
+def _raise_first(finished: set[asyncio.Task]) -> None:
+    """A non-unit error (auth, a dead endpoint, a bug) stops the run. Every finished task's
+    exception is retrieved, so asyncio prints no "never retrieved" traceback for the rest."""
+    errors = [task.exception() for task in finished if not task.cancelled()]
+    errors = [error for error in errors if error is not None]
+    if errors:
+        raise errors[0]
 
-    With `previous` (the output's unit order before this run), rows of other units stay,
-    in that order, and units new to the file follow in input order."""
+
+def _finish(output: Path, failures: Path, units, key: str, hashes) -> None:
+    """Rewrite both files atomically: input order, one current row per unit of the current
+    input, nothing stale (a unit no longer in the input, or whose input row changed)."""
     order = [str(unit[key]) for unit in units]
     found, found_failed = _scan(output, key), _scan(failures, key)
     rows = {uid: pos for uid, pos in found.items() if hashes.get(uid) == pos[1]}
     failed = {uid: pos for uid, pos in found_failed.items() if hashes.get(uid) == pos[1]}
-    rows_order = [uid for uid in order if uid in rows]
-    failed_order = [uid for uid in order if uid in failed and uid not in rows]
-    if previous is not None:
-        rows.update((uid, pos) for uid, pos in found.items() if uid not in hashes)
-        failed.update((uid, pos) for uid, pos in found_failed.items() if uid not in hashes)
-        known = set(previous)
-        rows_order = [uid for uid in previous if uid in rows] + [u for u in rows_order if u not in known]
-        failed_order += [uid for uid in found_failed if uid not in hashes and uid not in rows]
-    _rewrite(output, rows, rows_order)
-    _rewrite(failures, failed, failed_order)
+    _rewrite(output, rows, [uid for uid in order if uid in rows])
+    _rewrite(failures, failed, [uid for uid in order if uid in failed and uid not in rows])
 
 
 def _rewrite(path: Path, rows: dict[str, tuple[int, str]], order: list[str]) -> None:

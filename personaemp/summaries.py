@@ -39,28 +39,33 @@ def print_stage_report(report, console: Console) -> None:
     console.print(
         f"[bold]{report.stage}[/]: {outcome.units} units = {outcome.done} done + "
         f"{outcome.done_before} done earlier + {outcome.failed} failed + {outcome.failed_before} "
-        f"failed earlier (not retried; --retry-failed)"
+        f"failed earlier (content failures, kept; --retry-failed asks again)"
     )
     table = Table(title=f"{report.stage} · {report.model} ({report.endpoint_kind})", title_justify="left")
-    for column in ("step", "calls", "sent", "cached", "retry", "re-ask", "tok in", "tok out"):
-        table.add_column(column, justify="left" if column == "step" else "right")
+    columns = {
+        "calls": "calls", "requests": "sent", "cache_hits": "cached", "retries": "retry",
+        "reasks": "re-ask", "cut_replies": "cut", "prompt_tokens": "tok in",
+        "completion_tokens": "tok out", "reasoning_tokens": "of them think",
+    }  # fmt: skip
+    table.add_column("step")
+    for title in columns.values():
+        table.add_column(title, justify="right")
     for name, stats in report.steps.items():
-        table.add_row(
-            name,
-            *(
-                str(stats[k])
-                for k in (
-                    "calls",
-                    "requests",
-                    "cache_hits",
-                    "retries",
-                    "reasks",
-                    "prompt_tokens",
-                    "completion_tokens",
-                )
-            ),
-        )
+        table.add_row(name, *(str(stats.get(field, 0)) for field in columns))
     console.print(table)
+    structured = report.structured
+    if structured:
+        refused = "; refused " + " | ".join(structured["refused"]) if structured.get("refused") else ""
+        console.print(
+            f"structured output: {structured['configured']} -> {structured['used']} "
+            f"({structured['decided_by']}){escape(refused)}"
+        )
+    cut_thinking = sum(stats.get("cut_in_reasoning", 0) for stats in report.steps.values())
+    if cut_thinking:
+        console.print(
+            f"{cut_thinking} replies were cut while reasoning (re-asked with twice the budget): "
+            "raise --max-tokens for this model"
+        )
     if outcome.failures_by_kind:
         kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(outcome.failures_by_kind.items()))
         console.print(f"failures by kind: {kinds} · see {report.failures}")

@@ -369,7 +369,7 @@ def test_failing_run_keeps_the_previous_output(tmp_path, sample_copy):
         filter_users(str(sample_copy), output, report_path=out / "report.json")
     assert output.read_bytes() == b'{"sentinel": true}\n'
     assert (out / "report.json").read_text() == "old report"
-    assert files_in(out) == ["filtered.jsonl", "report.json"]
+    assert files_in(out) == ["filtered.jsonl", "report.json"]  # no manifest entry either
 
 
 def test_failing_run_on_unmatched_reference_writes_nothing(tmp_path):
@@ -425,12 +425,16 @@ def test_report_not_written_without_report_path(tmp_path):
     folder = simple_task1(tmp_path / "task1", ["b__1"])
     report, output = run(tmp_path, folder)
     assert report.kept == 1
-    assert files_in(output.parent) == ["filtered.jsonl"]
+    assert files_in(output.parent) == ["filtered.jsonl", "manifest.json"]
 
 
-def test_empty_input_writes_an_empty_file(tmp_path):
+def test_empty_input_is_refused_and_keeps_the_previous_output(tmp_path):
+    """An empty input used to exit 0 and replace the previous output with an empty file."""
     folder = write_task1(tmp_path / "task1", [], [])
-    report, output = run(tmp_path, folder, report_path=tmp_path / "out" / "report.json")
-    assert output.read_bytes() == b""
-    assert report.users_in == 0 and report.kept == 0
-    assert json.loads((tmp_path / "out" / "report.json").read_text())["top_labels_all"] == {}
+    output = tmp_path / "out" / "filtered.jsonl"
+    output.parent.mkdir()
+    output.write_bytes(b'{"sentinel": true}\n')
+    with pytest.raises(InputError, match="no users to read"):
+        run(tmp_path, folder, report_path=tmp_path / "out" / "report.json")
+    assert output.read_bytes() == b'{"sentinel": true}\n'
+    assert files_in(output.parent) == ["filtered.jsonl"]

@@ -23,9 +23,10 @@ from pydantic import BaseModel
 
 from personaemp.errors import PersonaempError
 from personaemp.llm.endpoints import LLMError, _retry_after
-from personaemp.llm.engine import REASK, bounded
+from personaemp.llm.engine import EndpointError, bounded
 from personaemp.llm.session import open_engine
 from personaemp.llm.settings import LLMSettings
+from personaemp.llm.step import RejectedReply, Step
 
 GOOD = {"text": "hello", "mood": 3}
 
@@ -33,6 +34,9 @@ GOOD = {"text": "hello", "mood": 3}
 class Greeting(BaseModel):
     text: str
     mood: int
+
+
+GREET = Step("greet", Greeting)
 
 
 def settings_for(server: FakeOpenAI, tmp_path: Path, **overrides) -> LLMSettings:
@@ -52,7 +56,7 @@ def ask(settings: LLMSettings, count: int = 1, **call_options):
                     {"role": "system", "content": "Be brief."},
                     {"role": "user", "content": f"#{number}"},
                 ]
-                return await engine.call("greet", messages, Greeting, **call_options)
+                return await engine.call(GREET, messages, **call_options)
 
             results = await asyncio.gather(*(one(n) for n in range(count)), return_exceptions=True)
             return results, engine.accounting.step("greet")
@@ -101,9 +105,13 @@ def test_bad_replies_are_reasked_with_the_reason(tmp_path, fault, echo):
         assert result.value == Greeting(**GOOD)
         assert (stats.requests, stats.reasks, stats.retries) == (2, 1, 0)
         first, second = (r.body for r in server.chat_requests)
-        assert second["messages"][: len(first["messages"])] == first["messages"]
-        assert second["messages"][-2] == {"role": "assistant", "content": echo}
-        assert second["messages"][-1]["content"].startswith(REASK.split("{error}")[0])
+        # The bad reply is quoted inside the user turn, never replayed as an assistant turn
+        # (DeepSeek's thinking mode refuses assistant turns without their reasoning).
+        assert [m["role"] for m in second["messages"]] == [m["role"] for m in first["messages"]]
+        assert second["messages"][0] == first["messages"][0]
+        reask = second["messages"][-1]["content"]
+        assert reask.startswith(first["messages"][-1]["content"] + "\n\n")
+        assert "could not be used" in reask and f"<<<\n{echo}\n>>>" in reask
         # A cut reply gets room to finish the second time.
         assert second["max_tokens"] == (200 if fault.finish_reason == "length" else 100)
 
@@ -116,12 +124,25 @@ def test_reask_names_the_invalid_field(tmp_path):
         assert "mood" in reask and "integer" in reask
 
 
-def test_persistent_transport_fault_ends_as_llm_error(tmp_path):
-    with FakeOpenAI(responder=lambda body, n: server_error(502)) as server:
-        [error], stats = ask(settings_for(server, tmp_path, max_retries=2))
+def test_persistent_transport_fault_after_replies_ends_as_llm_error(tmp_path):
+    faults = iter([None, *[server_error(502)] * 10])
+    with FakeOpenAI(responder=lambda body, n: next(faults) or reply(GOOD)) as server:
+        [ok, error], stats = ask(settings_for(server, tmp_path, max_retries=2), count=2)
+        assert ok.value == Greeting(**GOOD)
         assert isinstance(error, LLMError)
         assert (error.kind, error.attempts) == ("server_error", 3)
-        assert server.count == 3 and stats.failures == {"server_error": 1}
+        assert server.count == 4 and stats.failures == {"server_error": 1}
+
+
+def test_endpoint_failing_before_any_reply_stops_the_run(tmp_path):
+    """A 5xx on every request before any reply is about the endpoint, not the units: a
+    run-level EndpointError, not a unit failure."""
+    with FakeOpenAI(responder=lambda body, n: server_error(502)) as server:
+        results, _ = ask(settings_for(server, tmp_path, max_retries=2), count=3)
+        assert all(isinstance(r, EndpointError) for r in results)
+        assert "HTTP 502" in str(results[0]) and "check its log" in str(results[0])
+        # One request at a time until the endpoint has answered: only the first unit's went out.
+        assert server.count == 3 and server.max_in_flight == 1
 
 
 def test_persistent_bad_replies_end_as_llm_error_with_raw(tmp_path):
@@ -139,16 +160,21 @@ def test_unauthorized_stops_the_run(tmp_path):
         assert "API key" in str(error) and server.count == 1
 
 
-def test_check_callback_rejections_are_reasked(tmp_path):
-    def check(value: Greeting) -> None:
+def test_parse_rejections_are_reasked_and_give_the_failure_kind(tmp_path):
+    def parse(value: Greeting) -> int:
         if value.mood > 5:
-            raise ValueError("mood must be at most 5")
+            raise RejectedReply("too_moody", "mood must be at most 5")
+        return value.mood * 10
 
     with FakeOpenAI() as server:
         server.queue(reply({"text": "x", "mood": 9}), reply(GOOD))
-        [result], stats = ask(settings_for(server, tmp_path), check=check)
-        assert result.value.mood == 3 and stats.reasks == 1
+        [result], stats = ask(settings_for(server, tmp_path), parse=parse)
+        assert result.value.mood == 3 and result.parsed == 30 and stats.reasks == 1
         assert "mood must be at most 5" in server.chat_requests[1].body["messages"][-1]["content"]
+    with FakeOpenAI(responder=lambda body, n: reply({"text": "x", "mood": 9})) as server:
+        [error], stats = ask(settings_for(server, tmp_path / "again", max_reasks=1), parse=parse)
+        assert isinstance(error, LLMError) and error.kind == "too_moody"
+        assert stats.failures == {"too_moody": 1}
 
 
 def test_second_run_is_served_from_cache(tmp_path):
@@ -162,13 +188,19 @@ def test_second_run_is_served_from_cache(tmp_path):
         assert all(r.cached for r in second)
 
 
-def test_reasked_calls_replay_from_cache_too(tmp_path):
+def test_bad_replies_are_never_served_from_the_cache(tmp_path):
+    """A reply that failed validation is stored for the record but never answers a later
+    request: the next run (a retry) asks afresh, and only the valid reply is replayed."""
     with FakeOpenAI() as server:
         server.queue(invalid_json_content(), reply(GOOD))
         settings = settings_for(server, tmp_path)
         ask(settings)
+        assert server.count == 2
         [result], stats = ask(settings)
-        assert server.count == 2 and stats.cache_hits == 2 and result.value.text == "hello"
+        assert server.count == 3 and stats.cache_hits == 0 and stats.requests == 1
+        [again], stats = ask(settings)
+        assert server.count == 3 and stats.cache_hits == 1 and again.cached
+        assert again.value == result.value
 
 
 def test_no_cache_and_refresh(tmp_path):
@@ -230,6 +262,16 @@ def test_every_request_carries_max_tokens_and_the_schema(tmp_path):
         assert server.chat_requests[0].headers["authorization"] == "Bearer sk-test"
 
 
+def test_a_cut_reply_under_a_grammar_keeps_its_budget(tmp_path):
+    """Under a bounded grammar (the embedded model) a cut reply means the model looped:
+    doubling max_tokens only let it loop for minutes longer."""
+    with FakeOpenAI() as server:
+        server.queue(truncated('{"text": "hel'), reply(GOOD))
+        [result], stats = ask(settings_for(server, tmp_path, structured="json_object_schema", max_tokens=100))
+        assert result.value == Greeting(**GOOD) and stats.cut_replies == 1
+        assert [r.body["max_tokens"] for r in server.chat_requests] == [100, 100]
+
+
 @pytest.mark.parametrize("mode", ["json_object_schema", "json_object", "none"])
 def test_structured_modes(tmp_path, mode):
     with FakeOpenAI(responder=lambda body, n: reply(GOOD)) as server:
@@ -282,9 +324,13 @@ def test_bounded_schema_limits_free_strings_and_lists_only():
             "short": {"type": "string", "maxLength": 10},
             "tags": {"type": "array", "items": {"type": ["string", "null"]}},
             "few": {"type": "array", "maxItems": 2, "items": {"type": "integer"}},
+            "many": {"type": "array", "maxItems": 8, "items": {"type": "integer"}},
+            "exact": {"type": "array", "minItems": 6, "maxItems": 6, "items": {"type": "integer"}},
         },
     }
     result = bounded(schema)["properties"]
+    assert result["many"]["maxItems"] == 4  # a larger bound comes down too
+    assert result["exact"]["maxItems"] == 6  # never below minItems
     assert result["name"]["maxLength"] == 200 and "maxLength" not in result["kind"]
     assert result["short"]["maxLength"] == 10
     assert result["tags"]["maxItems"] == 4 and result["tags"]["items"]["maxLength"] == 200

@@ -1,8 +1,9 @@
 """The LLM stages end to end on the embedded local model (gemma3-270m via llama.cpp).
 
-Real requests to a real local server: slow (about a minute per user on 2 cores), so two
-users only. The base model's content is weak; what is checked is that every reply went
-through the schema, the grounding and check rules, and that the books balance.
+Real requests to a real local server: slow (about a minute per user on 2 cores), so one
+user only, at temperature 0 as in the demo. The base model's content is weak; what is
+checked is that every reply went through the schema, the grounding and check rules, and
+that the books balance.
 """
 
 from __future__ import annotations
@@ -24,16 +25,16 @@ SAMPLE = Path(__file__).resolve().parent.parent / "data" / "raw" / "alpsbench_sa
 def test_persona_and_queries_on_the_embedded_model(tmp_path):
     quiet = Console(file=open(tmp_path / "console.txt", "w"))  # noqa: SIM115
     filter_users(str(SAMPLE), tmp_path / "filtered.jsonl", console=quiet)
-    settings = LLMSettings(llm="local", work_dir=tmp_path / "work")
+    settings = LLMSettings(llm="local", work_dir=tmp_path / "work", temperature=0.0)  # as the demo
 
     report, summary = infer_personas(
-        tmp_path / "filtered.jsonl", tmp_path / "personas.jsonl", settings, limit=2, require_depth=False
+        tmp_path / "filtered.jsonl", tmp_path / "personas.jsonl", settings, limit=1, require_depth=False
     )
-    assert report.outcome.balanced and report.outcome.units == 2
+    assert report.outcome.balanced and report.outcome.units == 1
     assert report.model == "gemma3-270m-local" and report.endpoint_kind == "local"
     rows = [json.loads(line) for line in (tmp_path / "personas.jsonl").read_text().splitlines()]
     failures = (tmp_path / "infer-persona.failures.jsonl").read_text().splitlines()
-    assert len(rows) + len(failures) == 2
+    assert len(rows) + len(failures) == 1
     for row in rows:
         persona = Persona.model_validate(row)
         memory_ids = {m.memory_id for m in persona.memories}

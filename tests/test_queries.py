@@ -26,7 +26,7 @@ from personaemp.cli import app
 from personaemp.errors import InputError
 from personaemp.llm.settings import LLMSettings
 from personaemp.prompts import load_prompt
-from personaemp.records import Persona
+from personaemp.records import CATEGORY_DEFINITIONS, Persona, category_definitions
 from personaemp.stages.queries import (
     JUDGED,
     LANGUAGE_NAMES,
@@ -72,6 +72,12 @@ def memory(memory_id: str, label: str, value: str, **extra) -> dict:
     return {"memory_id": memory_id, "label": label, "value": value, **extra}
 
 
+BIG_FIVE_LEVELS = {
+    trait: {"level": "medium", "evidence": [], "rationale": "Evidence is thin.", "thin_evidence": True}
+    for trait in ("openness", "conscientiousness", "extraversion", "agreeableness", "neuroticism")
+}
+
+
 def persona_row(
     user_id: str,
     *,
@@ -97,7 +103,7 @@ def persona_row(
         "topics": ["family"] if traits else [],
         "traits": traits,
         "profile": profile,
-        "big_five": None,
+        "big_five": BIG_FIVE_LEVELS if eligible else None,
         "grounding": {"traits_proposed": len(traits), "traits_dropped": 0, "citations_dropped": 0},
         "provenance": PROVENANCE,
     }
@@ -404,7 +410,7 @@ def test_situation_messages_golden():
 
 
 def test_situation_messages_tell_the_model_the_cap_and_the_categories():
-    """The system section of prompts/situations.md has $per_category and $categories slots:
+    """The system section of personaemp/prompts/situations.md has $per_category and $categories slots:
     they must be filled, or the model is told "at most $per_category per category"."""
     options = QueryOptions(categories=("ES", "SS"), per_category=2)
     messages = build_situation_messages(persona(english_user()), options, PROMPTS["situations"])
@@ -440,7 +446,7 @@ def test_query_messages_for_a_user_without_turns_say_none():
 
 @pytest.mark.parametrize(("row", "name"), [(chinese_user(), "Chinese"), (english_user(), "English")])
 def test_query_messages_name_the_users_language(row, name):
-    """prompts/query.md says "in $language" (in its system section): the model must be told
+    """personaemp/prompts/query.md says "in $language" (in its system section): the model must be told
     the language by name (LANGUAGE_NAMES), never see the bare slot."""
     assert LANGUAGE_NAMES[row["language"]] == name
     messages = build_query_messages(persona(row), [situation(memory_ids=["c1"])], PROMPTS["query"])
@@ -466,7 +472,8 @@ def test_check_messages_golden():
     ]
     texts = [EN_MESSAGES[0], EN_MESSAGES[3]]
     messages = build_check_messages(persona(english_user()), situations, texts, PROMPTS["check"])
-    assert messages[0] == {"role": "system", "content": PROMPTS["check"].system.template}  # no slots
+    system = PROMPTS["check"].system.template.replace("$category_definitions", category_definitions())
+    assert messages[0] == {"role": "system", "content": system}  # the one slot: the categories
     assert messages[1]["content"] == (
         f"Profile:\n{EN_PROFILE}\n\nMemories:\n{EN_MEMORIES_TEXT}\n\nMessages:\n"
         f"1. (moment: Their sister cancelled the hospital visit again.) {EN_MESSAGES[0]}\n"
@@ -1258,3 +1265,16 @@ def test_enforce_decides_which_checks_count_but_all_are_recorded():
     assert lenient.reasons == {"emotional_support": "Purely factual."}
     with pytest.raises(InputError, match="--enforce"):
         QueryOptions(enforce=("memory_ids_valid", "vibes"))
+
+
+def test_the_judge_and_the_situations_prompt_share_one_definition_of_each_category():
+    """check.md used to say nothing of ES, HEQ and SS while the judge had to name one."""
+    situations = build_situation_messages(persona(english_user()), QueryOptions(), PROMPTS["situations"])
+    checks = build_check_messages(persona(english_user()), [situation()], ["I feel low."], PROMPTS["check"])
+    for code, (name, meaning) in CATEGORY_DEFINITIONS.items():
+        line = f"- {code} ({name}): {meaning}"
+        assert line in situations[0]["content"] and line in checks[0]["content"]
+    only_two = build_situation_messages(
+        persona(english_user()), QueryOptions(categories=("ES", "SS")), PROMPTS["situations"]
+    )
+    assert "- HEQ (" not in only_two[0]["content"]

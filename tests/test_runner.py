@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from personaemp.errors import UnitError
 from personaemp.llm.run import run_llm_stage
 from personaemp.llm.settings import LLMSettings
+from personaemp.llm.step import Step
 from personaemp.runner import run_units
 
 TESTS = Path(__file__).parent
@@ -146,13 +147,14 @@ from pathlib import Path
 from pydantic import BaseModel
 from personaemp.llm.run import run_llm_stage
 from personaemp.llm.settings import LLMSettings
+from personaemp.llm.step import Step
 
 class Echo(BaseModel):
     text: str
 
 def make_work(engine):
     async def work(unit):
-        result = await engine.call("echo", [{"role": "user", "content": f"unit {unit['id']}"}], Echo)
+        result = await engine.call(Step("echo", Echo), [{"role": "user", "content": f"unit {unit['id']}"}])
         return {**unit, "echo": result.value.text}
     return work
 
@@ -209,7 +211,7 @@ def test_stage_report_balances_and_records_no_key(tmp_path):
 
     def make_work(engine):
         async def work(unit):
-            result = await engine.call("echo", [{"role": "user", "content": str(unit["id"])}], Echo)
+            result = await engine.call(Step("echo", Echo), [{"role": "user", "content": str(unit["id"])}])
             return {**unit, "echo": result.value.text}
 
         return work

@@ -2,19 +2,33 @@
 
 The public API the stages build on:
 
-    settings = LLMSettings(base_urls=[...], model="...")      # or LLMSettings(llm="local")
+    STEP = Step("persona", PersonaReply, prompt="persona")          # declared once per step
+    settings = LLMSettings(base_urls=[...], model="...")             # or LLMSettings(llm="local")
     report = run_llm_stage("my-stage", rows, make_work, settings=settings, key="user_id",
-                           output=path, fingerprint=lambda engine: f"{engine.model}|v1")
+                           output=path, fingerprint=lambda engine: engine.fingerprint(STEP, hash))
 
 where `make_work(engine)` returns an async function of one row that calls
-`await engine.call(step, messages, ReplyModel, schema=..., check=...)` and returns the
-output row; a unit that fails for good raises `UnitError` (LLMError is one).
+`await engine.call(STEP, messages, schema=..., parse=...)` and returns the output row; a
+unit that fails for good raises `UnitError` (LLMError is one), a parse that refuses a reply
+raises `RejectedReply` (the engine re-asks first). `EndpointError` stops the whole run.
 """
 
 from personaemp.llm.endpoints import LLMError
-from personaemp.llm.engine import CallResult, Engine
+from personaemp.llm.engine import CallResult, EndpointError, Engine
 from personaemp.llm.run import StageReport, run_llm_stage
 from personaemp.llm.session import open_engine
 from personaemp.llm.settings import LLMSettings
+from personaemp.llm.step import RejectedReply, Step
 
-__all__ = ["CallResult", "Engine", "LLMError", "LLMSettings", "StageReport", "open_engine", "run_llm_stage"]
+__all__ = [
+    "CallResult",
+    "EndpointError",
+    "Engine",
+    "LLMError",
+    "LLMSettings",
+    "RejectedReply",
+    "StageReport",
+    "Step",
+    "open_engine",
+    "run_llm_stage",
+]

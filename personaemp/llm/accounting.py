@@ -13,8 +13,11 @@ class StepStats:
     cache_hits: int = 0
     retries: int = 0  # network/HTTP retries
     reasks: int = 0  # follow-up requests after an invalid or truncated reply
+    cut_replies: int = 0  # replies that ended at max_tokens (finish_reason "length")
+    cut_in_reasoning: int = 0  # ... of which before any answer, while reasoning
     prompt_tokens: int = 0  # as the endpoint reported them, for requests actually sent
     completion_tokens: int = 0
+    reasoning_tokens: int = 0  # included in completion_tokens; estimated when not reported
     prompt_chars: int = 0  # every call, cached or not; chars/4 is the endpoint-free estimate
     completion_chars: int = 0
     failures: Counter = field(default_factory=Counter)

@@ -1,7 +1,9 @@
 """The reply cache: SQLite, keyed by a hash of the exact request, raw replies only.
 
 Parsed records live in the stage outputs; keeping raw replies apart means a changed
-parser re-reads the cache instead of paying for LLM calls again.
+parser re-reads the cache instead of paying for LLM calls again. Only replies that
+passed validation answer a later request: the others are kept for the record, so a
+retry sends a fresh request instead of replaying the same bad reply.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ CREATE TABLE IF NOT EXISTS replies (
     step TEXT NOT NULL,
     request TEXT NOT NULL,
     reply TEXT NOT NULL,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    valid INTEGER NOT NULL DEFAULT 0
 )
 """
 
@@ -45,19 +48,23 @@ class ReplyCache:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=30000")
         self._db.execute(SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(replies)")}
+        if "valid" not in columns:  # a cache from before validity was recorded: serve none of it
+            self._db.execute("ALTER TABLE replies ADD COLUMN valid INTEGER NOT NULL DEFAULT 0")
 
     def get(self, key: str) -> dict[str, Any] | None:
         if not self.read:
             return None
-        row = self._db.execute("SELECT reply FROM replies WHERE key = ?", (key,)).fetchone()
+        row = self._db.execute("SELECT reply FROM replies WHERE key = ? AND valid = 1", (key,)).fetchone()
         return json.loads(row[0]) if row else None
 
-    def put(self, key: str, step: str, request: dict[str, Any], reply: dict[str, Any]) -> None:
+    def put(self, key: str, step: str, request: dict[str, Any], reply: dict[str, Any], valid: bool) -> None:
         if not self.write:
             return
         self._db.execute(
-            "INSERT OR REPLACE INTO replies (key, step, request, reply, created_at) VALUES (?, ?, ?, ?, ?)",
-            (key, step, json.dumps(request, ensure_ascii=False), json.dumps(reply), time.time()),
+            "INSERT OR REPLACE INTO replies (key, step, request, reply, created_at, valid) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (key, step, json.dumps(request, ensure_ascii=False), json.dumps(reply), time.time(), int(valid)),
         )
 
     def __len__(self) -> int:

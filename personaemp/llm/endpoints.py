@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import random
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -16,15 +17,28 @@ from typing import Any
 import openai
 
 from personaemp.errors import PersonaempError, UnitError
+from personaemp.secrets import redact
 
 RETRIABLE_STATUS = {408, 409, 429}
+TRANSPORT_KINDS = ("rate_limited", "timeout", "connection", "server_error")
+CAUTIOUS_CONNECTION_RETRIES = 2  # before an endpoint has ever answered: a dead one fails in ~2 s
+_FORMAT_WORDS = re.compile(
+    r"response[_ ]?format|json[_ ]?schema|json[_ ]?object|structured|guided|grammar", re.I
+)
 BACKOFF_BASE = 0.5  # seconds; doubled per attempt, with jitter
 BACKOFF_CAP = 30.0
 RETRY_AFTER_CAP = 120.0  # a server asking for longer than this is treated as asking for this
 
 
 class LLMError(UnitError):
-    """One call failed for good; the unit that made it goes to the failures file."""
+    """One call failed for good; the unit that made it goes to the failures file.
+
+    `status` and `server_message` are set for HTTP errors (the endpoint's own words)."""
+
+    status: int | None = None
+    server_message: str = ""
+    retry_after: float | None = None
+    endpoint: str = "the endpoint"  # its base URL, for run-level messages
 
 
 @dataclass
@@ -33,6 +47,8 @@ class RawReply:
     finish_reason: str | None
     prompt_tokens: int | None
     completion_tokens: int | None
+    reasoning: str = ""  # reasoning_content / reasoning, as vLLM, SGLang and DeepSeek send it
+    reasoning_tokens: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -97,15 +113,23 @@ class EndpointPool:
             ),
         )
 
-    async def send(self, request: dict[str, Any], on_retry) -> RawReply:
-        """Send one chat request; retry retriable failures with backoff. Raises LLMError."""
+    async def send(self, request: dict[str, Any], on_retry, *, cautious: bool = False) -> RawReply:
+        """Send one chat request; retry retriable failures with backoff. Raises LLMError.
+
+        `cautious` (no reply seen yet on this run): a refused connection is retried only
+        briefly, so a dead endpoint is told in seconds. A refused response format is never
+        retried: the engine steps down to another format instead."""
         attempt = 0
         while True:
             try:
                 return await self._send_once(request)
             except LLMError as error:
-                retriable = error.kind in ("rate_limited", "timeout", "connection", "server_error")
-                if not retriable or attempt >= self.max_retries:
+                retries = self.max_retries
+                if cautious and error.kind == "connection":
+                    retries = min(retries, CAUTIOUS_CONNECTION_RETRIES)
+                if refuses_format(error, request):
+                    retries = 0
+                if error.kind not in TRANSPORT_KINDS or attempt >= retries:
                     error.attempts = attempt + 1
                     raise
                 delay = getattr(error, "retry_after", None)
@@ -131,7 +155,7 @@ class EndpointPool:
             except openai.APITimeoutError:
                 error = LLMError("timeout", "the request timed out")
             except openai.APIConnectionError as exc:
-                error = LLMError("connection", f"connection failed ({_first_line(exc)})")
+                error = LLMError("connection", f"connection failed ({_connection_cause(exc)})")
             except (openai.APIResponseValidationError, ValueError) as exc:
                 error = LLMError("server_error", f"unreadable response ({_first_line(exc)})")
             else:
@@ -139,6 +163,8 @@ class EndpointPool:
             finally:
                 endpoint.in_flight -= 1
             _note_health(endpoint, error)
+            if isinstance(error, LLMError):
+                error.endpoint = endpoint.base_url
             if error is not None:
                 raise error
         return _parse_completion(response)
@@ -147,18 +173,39 @@ class EndpointPool:
 def _parse_completion(response: Any) -> RawReply:
     try:
         choice = response["choices"][0]
-        content = choice["message"].get("content") or ""
+        message = choice["message"]
+        content = message.get("content") or ""
+        reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
         usage = response.get("usage") or {}
-        if not isinstance(content, str):
+        details = usage.get("completion_tokens_details") or {}
+        if not isinstance(content, str) or not isinstance(reasoning, str):
             raise TypeError("content is not a string")
         return RawReply(
-            content=content,
+            content=redact(content),
             finish_reason=choice.get("finish_reason"),
             prompt_tokens=usage.get("prompt_tokens"),
             completion_tokens=usage.get("completion_tokens"),
+            reasoning=redact(reasoning),
+            reasoning_tokens=details.get("reasoning_tokens"),
         )
     except (KeyError, IndexError, TypeError, AttributeError) as exc:
         raise LLMError("server_error", f"not a chat completion ({type(exc).__name__}: {exc})") from None
+
+
+def refuses_format(error: LLMError, request: dict[str, Any]) -> bool:
+    """Did the endpoint refuse the request's response_format? DeepSeek says 400 "This
+    response_format type is unavailable now", llama-cpp-python 500 with a validation error
+    on response_format.type, others 422: all name it."""
+    return (
+        "response_format" in request
+        and error.status is not None
+        and (error.status in (400, 422) or error.status >= 500)
+        and bool(_FORMAT_WORDS.search(error.server_message))
+    )
+
+
+def mentions_format(message: str) -> bool:
+    return bool(_FORMAT_WORDS.search(message))
 
 
 def _note_health(endpoint: Endpoint, error: Exception | None) -> None:
@@ -170,23 +217,46 @@ def _note_health(endpoint: Endpoint, error: Exception | None) -> None:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
+    text = redact(str(exc).strip())
     return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def _connection_cause(exc: BaseException) -> str:
+    """The innermost cause's words ("Connection refused", a DNS failure), not the wrapper's."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return _first_line(exc)
+
+
+def server_message(exc: openai.APIStatusError) -> str:
+    """The endpoint's own error message: body.error.message, body.message, or the first line."""
+    body = exc.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        text = inner.get("message") if isinstance(inner, dict) else inner
+        if isinstance(text, str) and text.strip():
+            return redact(" ".join(text.split()))[:300]
+    return _first_line(exc)
 
 
 def _status_error(exc: openai.APIStatusError) -> Exception:
     status = exc.status_code
-    message = f"HTTP {status}: {_first_line(exc)}"
+    said = server_message(exc)
+    message = f"HTTP {status}: {said}"
     if status in (401, 403):
         # Every request would fail the same way: stop the run, do not fill the failures file.
         return PersonaempError(f"the endpoint refused the API key ({message})", "check OPENAI_API_KEY")
     if status == 404:
-        return PersonaempError(f"the endpoint has no such model or path ({message})", "check --model")
-    if status in RETRIABLE_STATUS or status >= 500:
+        return PersonaempError(
+            f"the endpoint has no such model or path ({message})", "check --model and --base-url"
+        )
+    if (status in RETRIABLE_STATUS or status >= 500) and status != 501:
         error = LLMError("rate_limited" if status == 429 else "server_error", message)
         error.retry_after = _retry_after(exc.response.headers)
-        return error
-    return LLMError("http_error", message)
+    else:  # 400, 422, 501 Not Implemented...: asking again would get the same answer
+        error = LLMError("http_error", message)
+    error.status, error.server_message = status, said
+    return error
 
 
 def _retry_after(headers) -> float | None:

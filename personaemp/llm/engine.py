@@ -1,35 +1,79 @@
-"""The engine: one structured LLM call = request building, cache, send, validate, re-ask."""
+"""The engine: one structured LLM call = request building, cache, send, validate, re-ask.
+
+Also what makes it work on the endpoints people really use:
+- the structured-output mode is negotiated per run (json_schema, else json_object with
+  the schema in the prompt, else the schema in the prompt alone) and remembered in the
+  work dir; a refused format never fails a unit;
+- replies are read through reasoning blocks, preambles and fenced code (reply.py);
+- re-asks quote the bad reply inside the user turn, so endpoints that demand
+  `reasoning_content` on replayed assistant turns accept them;
+- until an endpoint has answered once, requests go one at a time, and a dead or
+  refusing endpoint stops the run (EndpointError) instead of failing every unit.
+"""
 
 from __future__ import annotations
 
-import functools
+import asyncio
+import contextlib
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from personaemp.llm.accounting import Accounting
+from personaemp.errors import PersonaempError
+from personaemp.io import write_json_atomic
+from personaemp.llm.accounting import Accounting, StepStats
 from personaemp.llm.cache import ReplyCache, request_key
-from personaemp.llm.endpoints import LLMError, RawReply
+from personaemp.llm.endpoints import LLMError, RawReply, mentions_format, refuses_format
+from personaemp.llm.reply import EXTRACTOR_VERSION, extract_json, split_reasoning
+from personaemp.llm.step import RejectedReply, Step
+from personaemp.secrets import redact
 
 Reply = TypeVar("Reply", bound=BaseModel)
 Message = dict[str, str]
 
-REASK = (
-    "Your previous reply could not be used: {error}. Reply again with only one JSON object "
-    "that follows the required format."
+LADDER = ("json_schema", "json_object", "none")  # what `--structured auto` tries, in order
+SCHEMA_IN_PROMPT = (
+    "Answer in json: one JSON object that follows this JSON schema, and nothing else.\n{schema}"
 )
-SCHEMA_IN_PROMPT = "Reply with only one JSON object that follows this JSON schema:\n{schema}"
-MAX_REASK_ECHO = 2000  # characters of a bad reply echoed back in a re-ask
+REASK = (
+    "Your previous answer could not be used: {error}.\n"
+    "It was:\n<<<\n{reply}\n>>>\n"
+    "Answer again with only the JSON object, in the required format."
+)
+MAX_REASK_ECHO = 2000  # characters of a bad reply quoted back in a re-ask
+EARLY_HTTP_ERRORS = 3  # the same refusal this often before any reply: the endpoint refuses us
+FAILURES_IN_ROW = 8  # failed requests in a row after replies: the endpoint went away
+DECISIONS_FILE = "endpoints.json"
+
+
+class EndpointError(PersonaempError):
+    """The endpoint cannot be used for this run (dead, refusing every request): exit 1.
+
+    Units in flight are not recorded as failed: the next run does them."""
 
 
 @dataclass
 class CallResult(Generic[Reply]):
-    value: Reply
-    raw: str  # the reply text the value was parsed from
+    value: Reply  # the reply model
+    parsed: Any  # what the step's parse made of it (the value itself without a parse)
+    raw: str  # the reply text the value was read from
     cached: bool  # True when no request was sent for the accepted reply
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float
+    max_tokens: int
+    seed: int | None
+
+
+class _FormatRefused(Exception):
+    """The endpoint refused the response format; the mode stepped down, build again."""
 
 
 class Engine:
@@ -48,131 +92,330 @@ class Engine:
         cache: ReplyCache | None,
         accounting: Accounting | None = None,
         endpoint_kind: str = "remote",
+        seed: int | None = None,
+        steps: dict[str, dict[str, Any]] | None = None,
+        decisions: Path | None = None,
+        notify: Callable[[str], None] | None = None,
     ):
-        self.pool, self.model, self.structured = pool, model, structured
+        self.pool, self.model, self.configured = pool, model, structured
         self.fold_system, self.max_tokens, self.temperature = fold_system, max_tokens, temperature
-        self.max_reasks, self.cache = max_reasks, cache
+        self.max_reasks, self.cache, self.seed = max_reasks, cache, seed
+        self.step_settings = steps or {}
         self.accounting = accounting or Accounting()
         self.endpoint_kind = endpoint_kind
+        self.notify = notify or (lambda message: None)
+        self.decisions = decisions
+        self.refusals: list[str] = []
+        self.mode, self.confirmed, self.mode_source = structured, structured != "auto", "set"
+        if structured == "auto":
+            self.mode, self.mode_source = self._remembered_mode() or (LADDER[0], "first try")
+            self.confirmed = self.mode_source == "remembered"
+        self.answered = False  # has the endpoint answered a request on this run?
+        self._gate = asyncio.Lock()
+        self._early_http_errors = 0
+        self._failures_in_row = 0
+        self._dead: PersonaempError | None = None  # once judged unusable, nothing more is sent
+
+    # --- the call -----------------------------------------------------------------------
 
     async def call(
         self,
-        step: str,
+        step: Step,
         messages: list[Message],
-        reply_model: type[Reply],
         *,
         schema: dict[str, Any] | None = None,
-        check: Callable[[Reply], None] | None = None,
+        parse: Callable[[Any], Any] | None = None,
         sample: int = 0,
-        max_tokens: int | None = None,
-    ) -> CallResult[Reply]:
-        """Ask for a `reply_model` JSON object; re-ask on an invalid, empty or cut reply.
+    ) -> CallResult:
+        """Ask for `step.reply` JSON; re-ask on an invalid, empty, cut or refused reply.
 
-        `schema` overrides the model's JSON schema (e.g. to narrow ids to an enum per user);
-        `check` may raise ValueError for rules a schema cannot say. Raises LLMError.
+        `schema` overrides the reply model's schema (e.g. to narrow ids to an enum per user);
+        `parse(value)` turns the reply into the stage's result and may raise RejectedReply
+        (or ValueError) for rules a schema cannot say. Raises LLMError or EndpointError.
         """
-        stats = self.accounting.step(step)
+        stats = self.accounting.step(step.name)
         stats.calls += 1
-        schema = schema or _schema_of(reply_model)
-        conversation = list(messages)
-        budget = max_tokens or self.max_tokens
-        reply = None
+        schema = schema or step.schema
+        sampling = self.sampling(step)
+        budget, conversation, kind, error = sampling.max_tokens, messages, "invalid", ""
+        reply = RawReply("", None, None, None)
         for attempt in range(self.max_reasks + 1):
             if attempt:
                 stats.reasks += 1
-            request = self.build_request(conversation, schema, budget)
-            # The attempt is part of the key: a second re-ask repeats the first one's request,
-            # and must not be answered with the same cached bad reply.
-            reply, cached = await self._reply(step, request, f"{sample}.{attempt}" if attempt else sample)
-            error = _problem(reply)
+            # The attempt is part of the key: a second re-ask may repeat the first one's request.
+            sample_key = f"{sample}.{attempt}" if attempt else sample
+            reply, key, request, cached = await self._reply(
+                stats, conversation, schema, sampling, budget, sample_key
+            )
+            answer = split_reasoning(reply.content)[0]
+            kind, error = _problem(reply, answer)
             if error is None:
                 try:
-                    value = reply_model.model_validate(_loads(reply.content))
-                    if check is not None:
-                        check(value)
-                    return CallResult(value=value, raw=reply.content, cached=cached)
+                    value = step.reply.model_validate(extract_json(reply.content))
+                    parsed = parse(value) if parse is not None else value
                 except ValidationError as exc:
-                    error = _validation_summary(exc)
+                    kind, error = "invalid", _validation_summary(exc)
+                except RejectedReply as exc:
+                    kind, error = exc.kind, str(exc)
                 except ValueError as exc:
-                    error = str(exc)
+                    kind, error = "invalid", str(exc)
+                else:
+                    if not cached:
+                        self._store(key, step.name, request, reply, valid=True)
+                    return CallResult(value=value, parsed=parsed, raw=reply.content, cached=cached)
+            # Kept for the record, never served again: a retry must ask afresh.
+            self._store(key, step.name, request, reply, valid=False)
             if reply.finish_reason == "length":
-                budget *= 2  # the reply was cut: give the retry room to finish
-            conversation = [
-                *messages,
-                {"role": "assistant", "content": reply.content[:MAX_REASK_ECHO]},
-                {"role": "user", "content": REASK.format(error=error)},
-            ]
-        kind = "truncated" if reply.finish_reason == "length" else "empty" if not reply.content else "invalid"
+                stats.cut_replies += 1
+                if not answer and (reply.reasoning or "<think>" in reply.content.lower()):
+                    stats.cut_in_reasoning += 1
+                # The reply was cut: give the retry room to finish. Not under a grammar (the
+                # bounded schema caps a valid answer): there a cut reply means a loop.
+                if self.mode != "json_object_schema":
+                    budget *= 2
+            conversation = _reask(messages, answer or reply.content, error)
         stats.failures[kind] += 1
         raise LLMError(
             kind,
-            f"{step}: no valid reply after {self.max_reasks} re-asks ({error})",
+            f"{step.name}: no valid reply after {self.max_reasks} re-asks ({error})",
             reply.content,
             attempts=self.max_reasks + 1,
         )
 
-    def build_request(self, messages: list[Message], schema: dict[str, Any], max_tokens: int) -> dict:
-        """The exact chat-completions request for this engine's model and structured mode."""
-        if self.structured in ("json_object", "none"):
+    def sampling(self, step: Step) -> Sampling:
+        """A step's sampling: the run's per-step setting, else the step's default, else the run's."""
+        chosen = self.step_settings.get(step.name, {})
+
+        def pick(name: str, declared, run_value):
+            value = chosen.get(name)
+            return value if value is not None else declared if declared is not None else run_value
+
+        return Sampling(
+            temperature=pick("temperature", step.temperature, self.temperature),
+            max_tokens=pick("max_tokens", step.max_tokens, self.max_tokens),
+            seed=self.seed,
+        )
+
+    def fingerprint(self, step: Step, prompt_hash: str = "") -> str:
+        """What decides whether a finished row was made by the same recipe for this step."""
+        sampling = self.sampling(step)
+        return "/".join(
+            str(part)
+            for part in (
+                step.name, step.version, prompt_hash, step.schema_hash, self.model, self.configured,
+                sampling.temperature, sampling.max_tokens, sampling.seed, f"x{EXTRACTOR_VERSION}",
+            )
+        )  # fmt: skip
+
+    def build_request(
+        self, messages: list[Message], schema: dict[str, Any], sampling: Sampling, max_tokens: int, mode: str
+    ) -> dict:
+        """The exact chat-completions request for this model in structured mode `mode`."""
+        if mode in ("json_object", "none"):
             messages = _with_schema_text(messages, schema)
         if self.fold_system:
             messages = _fold_system(messages)
         request: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
-            "temperature": self.temperature,
+            "temperature": sampling.temperature,
             "max_tokens": max_tokens,
         }
-        if self.structured == "json_schema":
+        if sampling.seed is not None:
+            request["seed"] = sampling.seed
+        if mode == "json_schema":
             request["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": "reply", "schema": schema},
             }
-        elif self.structured == "json_object_schema":
+        elif mode == "json_object_schema":
             request["response_format"] = {"type": "json_object", "schema": bounded(schema)}
-        elif self.structured == "json_object":
+        elif mode == "json_object":
             request["response_format"] = {"type": "json_object"}
         return request
 
-    async def _reply(self, step: str, request: dict, sample: int | str) -> tuple[RawReply, bool]:
-        stats = self.accounting.step(step)
-        key = request_key(request, sample) if self.cache is not None else None
-        stored = self.cache.get(key) if self.cache is not None else None
-        if stored is not None:
-            stats.cache_hits += 1
-            reply = RawReply(**stored)
-            self._count_tokens(stats, request, reply, sent=False)
-            return reply, True
+    def structured_report(self) -> dict[str, Any]:
+        return {
+            "configured": self.configured,
+            "used": self.mode,
+            "decided_by": self.mode_source,
+            "refused": list(self.refusals),
+        }
+
+    # --- cache and sending --------------------------------------------------------------
+
+    async def _reply(self, stats: StepStats, messages, schema, sampling, budget, sample):
+        while True:
+            mode = self.mode
+            request = self.build_request(messages, schema, sampling, budget, mode)
+            key = request_key(request, sample) if self.cache is not None else None
+            stored = self.cache.get(key) if self.cache is not None else None
+            if stored is not None:
+                stats.cache_hits += 1
+                reply = RawReply(**stored)
+                _count_tokens(stats, request, reply, sent=False)
+                return reply, key, request, True
+            try:
+                reply = await self._send(stats, request, mode)
+            except _FormatRefused:
+                continue
+            _count_tokens(stats, request, reply)
+            return reply, key, request, False
+
+    async def _send(self, stats: StepStats, request: dict, mode: str) -> RawReply:
+        """Send a request built in structured `mode`; raise _FormatRefused to have it built
+        again when the mode changes (refused now, or by another request while this waited)."""
 
         def on_retry() -> None:
             stats.retries += 1
             stats.requests += 1
 
-        stats.requests += 1
-        try:
-            reply = await self.pool.send(request, on_retry)
-        except LLMError as error:
-            stats.failures[error.kind] += 1
-            raise
-        self._count_tokens(stats, request, reply)
-        if self.cache is not None:
-            self.cache.put(key, step, request, reply.as_dict())
-        return reply, False
+        async with self._turn():
+            if self._dead is not None:
+                raise type(self._dead)(self._dead.message, self._dead.hint)
+            if mode != self.mode:
+                raise _FormatRefused
+            stats.requests += 1
+            try:
+                reply = await self.pool.send(request, on_retry, cautious=not self.answered)
+            except LLMError as error:
+                if self._refuses_format(error, request):
+                    self._step_down(mode, error)
+                    raise _FormatRefused from None
+                stats.failures[error.kind] += 1
+                try:
+                    self._judge_failure(error)
+                except EndpointError as dead:
+                    self._dead = dead
+                    raise
+                raise
+            except PersonaempError as error:  # 401, 403, 404: every request would get the same
+                self._dead = error
+                raise
+        self._answered(mode)
+        return reply
 
-    @staticmethod
-    def _count_tokens(stats, request: dict, reply: RawReply, sent: bool = True) -> None:
-        """Characters count every reply (the pipeline's size, cache or not); tokens count
-        only what was sent and paid for."""
-        prompt_chars = sum(len(m["content"]) for m in request["messages"])
-        stats.prompt_chars += prompt_chars
-        stats.completion_chars += len(reply.content)
-        if not sent:
-            return
-        # Endpoints that report no usage get the chars/4 estimate.
-        stats.prompt_tokens += reply.prompt_tokens if reply.prompt_tokens is not None else prompt_chars // 4
-        stats.completion_tokens += (
-            reply.completion_tokens if reply.completion_tokens is not None else len(reply.content) // 4
+    @contextlib.asynccontextmanager
+    async def _turn(self):
+        """One request at a time until the endpoint has answered once; then no limit here."""
+        held = False
+        if not self.answered:
+            await self._gate.acquire()
+            held = not self.answered
+            if not held:
+                self._gate.release()
+        try:
+            yield
+        finally:
+            if held:
+                self._gate.release()
+
+    def _answered(self, mode: str) -> None:
+        self.answered, self._failures_in_row = True, 0
+        if not self.confirmed and mode == self.mode:
+            self.confirmed = True
+            if self.configured == "auto":
+                self.mode_source = "refusals" if self.refusals else "accepted"
+                self._remember(mode)
+
+    def _judge_failure(self, error: LLMError) -> None:
+        """Raise EndpointError when the failure is about the endpoint, not about the unit."""
+        where = getattr(error, "endpoint", "the endpoint")
+        if not self.answered and error.kind != "http_error":
+            raise EndpointError(f"{where} did not answer: {error}", _hint(error))
+        self._failures_in_row += 1
+        if not self.answered:
+            self._early_http_errors += 1
+            if self._early_http_errors >= EARLY_HTTP_ERRORS:
+                raise EndpointError(
+                    f"{where} refused the first {EARLY_HTTP_ERRORS} requests: {error}", _hint(error)
+                )
+        elif self._failures_in_row >= FAILURES_IN_ROW:
+            raise EndpointError(f"{where} failed {FAILURES_IN_ROW} requests in a row: {error}", _hint(error))
+
+    # --- structured-mode negotiation ----------------------------------------------------
+
+    def _refuses_format(self, error: LLMError, request: dict) -> bool:
+        return self.configured == "auto" and refuses_format(error, request)
+
+    def _step_down(self, mode: str, error: LLMError) -> None:
+        if mode != self.mode:
+            return  # a request in flight at the same time already stepped down
+        self.mode = LADDER[LADDER.index(mode) + 1]
+        self.confirmed, self.mode_source = False, "refusals"
+        self.refusals.append(f"{mode}: HTTP {error.status} {error.server_message}")
+        self.notify(
+            f"structured output: the endpoint refused {mode} (HTTP {error.status}: "
+            f"{error.server_message}); trying {self.mode}"
         )
+
+    def _decision_keys(self) -> list[str]:
+        return [f"{endpoint.base_url} {self.model}" for endpoint in self.pool.endpoints]
+
+    def _remembered_mode(self) -> tuple[str, str] | None:
+        decisions = _read_decisions(self.decisions)
+        modes = [decisions.get(key, {}).get("structured") for key in self._decision_keys()]
+        if not modes or any(mode not in LADDER for mode in modes):
+            return None
+        return max(modes, key=LADDER.index), "remembered"
+
+    def _remember(self, mode: str) -> None:
+        if self.decisions is None:
+            return
+        decisions = _read_decisions(self.decisions)
+        for key in self._decision_keys():
+            decisions[key] = {
+                "structured": mode,
+                "refused": list(self.refusals),
+                "decided_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            }
+        with contextlib.suppress(OSError):
+            write_json_atomic(self.decisions, decisions)
+
+    def _store(self, key, step: str, request: dict, reply: RawReply, valid: bool) -> None:
+        if self.cache is not None and key is not None:
+            self.cache.put(key, step, request, reply.as_dict(), valid=valid)
+
+
+def _read_decisions(path: Path | None) -> dict[str, Any]:
+    if path is None or not path.exists():
+        return {}
+    try:
+        decisions = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return decisions if isinstance(decisions, dict) else {}
+
+
+def _hint(error: LLMError) -> str:
+    if mentions_format(error.server_message):
+        return "this endpoint refuses that response format: use --structured auto"
+    if error.kind == "connection":
+        return "is the server running? check --base-url"
+    if error.kind == "timeout":
+        return "the server did not answer in time: check it, or raise --timeout"
+    if error.kind in ("server_error", "rate_limited"):
+        return "the server fails every request: check its log, or try again later"
+    return "the endpoint refuses these requests: check --model, --max-tokens and --temperature for it"
+
+
+def _count_tokens(stats: StepStats, request: dict, reply: RawReply, sent: bool = True) -> None:
+    """Characters count every reply (the pipeline's size, cache or not); tokens count only
+    what was sent and paid for."""
+    prompt_chars = sum(len(m["content"]) for m in request["messages"])
+    stats.prompt_chars += prompt_chars
+    stats.completion_chars += len(reply.content)
+    if not sent:
+        return
+    # Endpoints that report no usage get the chars/4 estimate.
+    stats.prompt_tokens += reply.prompt_tokens if reply.prompt_tokens is not None else prompt_chars // 4
+    stats.completion_tokens += (
+        reply.completion_tokens if reply.completion_tokens is not None else len(reply.content) // 4
+    )
+    if reply.reasoning_tokens is not None:
+        stats.reasoning_tokens += reply.reasoning_tokens
+    else:
+        stats.reasoning_tokens += (len(reply.reasoning) + len(split_reasoning(reply.content)[1])) // 4
 
 
 GRAMMAR_MAX_STRING = 200  # characters
@@ -195,32 +438,22 @@ def bounded(schema: Any) -> Any:
     if "string" in kinds and "enum" not in result:
         result.setdefault("maxLength", GRAMMAR_MAX_STRING)
     if "array" in kinds:
-        result.setdefault("maxItems", GRAMMAR_MAX_ITEMS)
+        # Also below a larger bound (8 traits): a small model fills every list to its limit.
+        ceiling = min(result.get("maxItems", GRAMMAR_MAX_ITEMS), GRAMMAR_MAX_ITEMS)
+        result["maxItems"] = max(ceiling, result.get("minItems", 0))
     return result
 
 
-@functools.lru_cache(maxsize=256)
-def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
-    return model.model_json_schema()
-
-
-def _loads(text: str) -> Any:
-    """JSON, tolerating raw control characters inside strings (small models write literal
-    newlines there); a ValueError names what is wrong otherwise."""
-    try:
-        return json.loads(text, strict=False)
-    except json.JSONDecodeError as exc:
-        raise ValueError(
-            f"the reply is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
-        ) from None
-
-
-def _problem(reply: RawReply) -> str | None:
-    if not reply.content.strip():
-        return "the reply was empty"
+def _problem(reply: RawReply, answer: str) -> tuple[str, str | None]:
+    """(failure kind, reason) of a reply that cannot be read at all, or (_, None)."""
     if reply.finish_reason == "length":
-        return "the reply was cut off by the token limit; answer more briefly"
-    return None
+        return "truncated", "the reply was cut off by the token limit; answer more briefly"
+    if not answer:
+        return (
+            "empty",
+            "the reply was empty" if not reply.content.strip() else "the reply held only reasoning",
+        )
+    return "invalid", None
 
 
 def _validation_summary(exc: ValidationError) -> str:
@@ -231,8 +464,21 @@ def _validation_summary(exc: ValidationError) -> str:
     return "; ".join(problems)
 
 
+def _reask(messages: list[Message], bad_reply: str, error: str) -> list[Message]:
+    """The original messages with the bad reply quoted inside the last user turn.
+
+    Not replayed as an assistant turn: thinking-mode endpoints (DeepSeek) refuse an
+    assistant turn without its reasoning, and strict chat templates want roles to alternate."""
+    note = REASK.format(error=redact(error), reply=bad_reply[:MAX_REASK_ECHO])
+    last = messages[-1]
+    if last["role"] == "user":
+        return [*messages[:-1], {"role": "user", "content": f"{last['content']}\n\n{note}"}]
+    return [*messages, {"role": "user", "content": note}]
+
+
 def _with_schema_text(messages: list[Message], schema: dict[str, Any]) -> list[Message]:
-    """For endpoints that cannot take a schema: state it in the system message."""
+    """For endpoints that cannot take a schema: state it in the system message (with the
+    word json, which DeepSeek and OpenAI require for json_object)."""
     text = SCHEMA_IN_PROMPT.format(schema=json.dumps(schema, separators=(",", ":")))
     if messages and messages[0]["role"] == "system":
         return [{"role": "system", "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]

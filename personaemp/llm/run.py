@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from personaemp.llm.engine import Engine
 from personaemp.llm.session import open_engine
 from personaemp.llm.settings import LLMSettings
 from personaemp.runner import StageOutcome, Work, run_units
+from personaemp.workspace import locked, record_stage
 
 REPORT_FILE = "run_report.json"
 
@@ -33,6 +33,8 @@ class StageReport:
     endpoint_kind: str
     steps: dict[str, dict] = field(default_factory=dict)
     totals: dict[str, Any] = field(default_factory=dict)
+    structured: dict[str, Any] = field(default_factory=dict)
+    full: bool = True  # the whole input, not a quick look (--limit, --users)
     cost: float | None = None
     output: str = ""
     failures: str = ""
@@ -45,6 +47,8 @@ class StageReport:
             "wall_seconds": round(self.wall_seconds, 3),
             "model": self.model,
             "endpoint_kind": self.endpoint_kind,
+            "structured": self.structured,
+            "full": self.full,
             "units": outcome.units,
             "done": outcome.done,
             "done_before": outcome.done_before,
@@ -68,21 +72,27 @@ def run_llm_stage(
     key: str,
     output: Path,
     fingerprint: Callable[[Engine], str],
+    selected: set[str] | None = None,
+    full: bool | None = None,
+    input_path: Path | None = None,
     retry_failed: bool = False,
-    keep_others: bool = False,
     console: Console | None = None,
 ) -> StageReport:
-    """Run `make_work(engine)` over `units`, resumably; write and return the stage report.
+    """Run `make_work(engine)` over `units` (the stage's whole current input; `selected`
+    ids only), resumably; write and return the stage report.
 
-    `fingerprint(engine)` names what makes a finished unit reusable (model, prompts, ...).
+    `fingerprint(engine)` names what makes a finished unit reusable (see Engine.fingerprint).
+    `full`: the report describes the build (default: nothing was selected); a quick look's
+    report is kept apart so a dataset card never quotes it.
     """
+    full = selected is None if full is None else full
     console = console or Console(stderr=True)
     failures = output.with_name(f"{stage}.failures.jsonl")
-    secrets = [s for s in (settings.api_key, os.environ.get("HF_TOKEN")) if s]
     started = time.perf_counter()
 
     async def main() -> StageReport:
-        async with open_engine(settings) as engine:
+        async with open_engine(settings, notify=lambda line: console.print(f"[yellow]{line}[/]")) as engine:
+            console.print(_header(stage, engine))
             with _progress(console) as progress:
                 task = progress.add_task(stage, total=len(units), stats="")
 
@@ -105,9 +115,8 @@ def run_llm_stage(
                     failures=failures,
                     fingerprint=fingerprint(engine),
                     window=max(4, 2 * sum(e.concurrency for e in engine.pool.endpoints)),
+                    selected=selected,
                     retry_failed=retry_failed,
-                    keep_others=keep_others,
-                    secrets=secrets,
                     on_progress=on_progress,
                 )
             totals = engine.accounting.totals()
@@ -119,6 +128,8 @@ def run_llm_stage(
                 endpoint_kind=engine.endpoint_kind,
                 steps=engine.accounting.as_dict(),
                 totals={**totals.__dict__, "failures": dict(totals.failures)},
+                structured=engine.structured_report(),
+                full=full,
                 cost=engine.accounting.cost(settings.price_in, settings.price_out),
                 output=str(output),
                 failures=str(failures),
@@ -126,19 +137,45 @@ def run_llm_stage(
 
     report = asyncio.run(main())
     append_report(settings.work_dir / REPORT_FILE, report.as_dict(), settings)
+    record_stage(
+        output, stage, report=settings.work_dir / REPORT_FILE, failures=failures, full=full, input=input_path
+    )
     return report
 
 
-def append_report(path: Path, entry: dict[str, Any], settings: LLMSettings) -> None:
-    """The run report keeps the latest entry of each stage, plus the (key-free) settings."""
-    report: dict[str, Any] = {}
-    if path.exists():
+def append_report(path: Path, entry: dict[str, Any], settings: LLMSettings, full: bool | None = None) -> None:
+    """Record a stage's run in the run report, with the (key-free) settings.
+
+    `stages` keeps, per stage, the latest FULL run (the whole input): what the dataset card
+    quotes. A quick look (`--limit`, `--users`; `full=False`) goes to `quick_looks`, latest
+    per stage, so it is visible without replacing the full run's figures. Each entry
+    carries `full`; when `full` is not given, the entry's own `full` decides (default True).
+    The read-modify-write holds a lock, so stages finishing at the same time in two
+    processes keep both entries; a report that cannot be parsed is replaced.
+    """
+    full = bool(entry.get("full", True)) if full is None else full
+    section = "stages" if full else "quick_looks"
+    with locked(path):
+        report: dict[str, Any] = {}
         try:
             report = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             report = {}
-    report.setdefault("stages", {})[entry["stage"]] = {**entry, "settings": settings.public()}
-    write_json_atomic(path, report)
+        if not isinstance(report, dict):
+            report = {}
+        entries = report.get(section)
+        if not isinstance(entries, dict):
+            entries = report[section] = {}
+        entries[entry["stage"]] = {**entry, "full": full, "settings": settings.public()}
+        write_json_atomic(path, report)
+
+
+def _header(stage: str, engine: Engine) -> str:
+    endpoints = ", ".join(endpoint.base_url for endpoint in engine.pool.endpoints)
+    mode = engine.mode
+    if engine.configured == "auto":
+        mode = f"auto: {mode}" + (" (remembered)" if engine.mode_source == "remembered" else " (first try)")
+    return f"[bold]{stage}[/]: model {engine.model} at {endpoints} · structured output {mode}"
 
 
 def _progress(console: Console) -> Progress:

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from personaemp.errors import InputError
 from personaemp.llm.cache import ReplyCache
 from personaemp.llm.endpoints import Endpoint, EndpointPool
-from personaemp.llm.engine import Engine
+from personaemp.llm.engine import DECISIONS_FILE, Engine
 from personaemp.llm.settings import LLMSettings
 
 
 @contextlib.asynccontextmanager
-async def open_engine(settings: LLMSettings) -> AsyncIterator[Engine]:
-    """Yield a ready engine; the local server (if used) is stopped and the cache closed after."""
+async def open_engine(
+    settings: LLMSettings, notify: Callable[[str], None] | None = None
+) -> AsyncIterator[Engine]:
+    """Yield a ready engine; the local server (if used) is stopped and the cache closed after.
+
+    `notify(line)` hears what the engine decides on the way (a refused response format)."""
     async with contextlib.AsyncExitStack() as stack:
         if settings.uses_local:
             from personaemp.llm.local import LocalServer
@@ -36,7 +40,7 @@ async def open_engine(settings: LLMSettings) -> AsyncIterator[Engine]:
                 "remote",
             )
             timeout = settings.timeout
-            structured = "json_schema" if settings.structured == "auto" else settings.structured
+            structured = settings.structured  # auto: negotiated by the engine
         endpoints = [Endpoint(url, settings.api_key, concurrency, settings.rpm, timeout) for url in base_urls]
         for endpoint in endpoints:
             stack.push_async_callback(endpoint.client.close)
@@ -56,4 +60,8 @@ async def open_engine(settings: LLMSettings) -> AsyncIterator[Engine]:
             max_reasks=settings.max_reasks,
             cache=cache,
             endpoint_kind=kind,
+            seed=settings.seed,
+            steps=settings.steps,
+            decisions=settings.work_dir / DECISIONS_FILE,
+            notify=notify,
         )

@@ -9,12 +9,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from personaemp import locks
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, atomic_output, write_json_atomic
 from personaemp.records import FilterMatch, Memory
 from personaemp.rules import RuleSet, load_rules
 from personaemp.sources import read_users
 from personaemp.sources.normalize import SourceUser
+from personaemp.workspace import record_stage
 
 # Gates in the order they are applied; a dropped user is counted under the first it fails.
 GATES = ("intents", "min_memories", "memory_labels", "language")
@@ -111,7 +113,7 @@ def filter_users(
     users = read_users(source, policy, fmt=fmt, split=split, hf_config=hf_config)
     report = FilterReport(input=source, output=str(output))
     all_labels, kept_labels, rules_hit, languages = Tally(), Tally(), Tally(), Tally()
-    with atomic_output(output) as handle, _progress(console) as progress:
+    with locks.exclusive(output), atomic_output(output) as handle, _progress(console) as progress:
         task = progress.add_task("filter", total=None)
         for user in users:
             try:
@@ -138,6 +140,8 @@ def filter_users(
             if report.users_in % 500 == 0:
                 progress.update(task, completed=report.users_in, description=f"filter: {report.kept} kept")
         progress.update(task, completed=report.users_in, description=f"filter: {report.kept} kept")
+        if report.users_in == 0:  # raised inside the block: the previous output stays as it was
+            raise InputError(f"{source}: no users to read", "check --input and --format")
     report.bad_rows_skipped = len(policy.skipped)
     report.skipped_rows = policy.skipped[:100]
     report.top_labels_all = all_labels.top(TOP_LABELS)
@@ -146,6 +150,7 @@ def filter_users(
     report.languages_kept = languages.top()
     if report_path is not None:
         write_json_atomic(report_path, report.__dict__)
+    record_stage(output, "filter", report=report_path, failures=None, full=True)
     return report
 
 

@@ -1,11 +1,13 @@
 """`personaemp infer-persona`: evidence-grounded personas and Big Five levels.
 
-Two LLM steps per user, each a messages builder, a reply schema and a parser:
+Two LLM steps per user (PERSONA_STEP, BIG_FIVE_STEP below), each a messages builder, a reply schema
+and a parser:
   persona  -> depth gate, topics, traits citing memory ids
   big_five -> five levels citing memory ids (eligible users with a grounded trait only)
 Cited ids are constrained by the schema (an enum of the user's memory ids) and then
-checked anyway: a trait with no valid evidence is dropped, a user left with none fails
-as `ungrounded`. The profile text later stages read is built from grounded traits only.
+checked anyway: a trait with no valid evidence is dropped; a reply left with none is
+re-asked, and the user fails as `ungrounded` if it stays so. The profile text later
+stages read is built from grounded traits only.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from personaemp.errors import UnitError
-from personaemp.io import ErrorPolicy, iter_jsonl, read_stage_rows
+from personaemp.io import ErrorPolicy, iter_jsonl, pick_units, read_stage_rows
+from personaemp.llm.step import RejectedReply, Step
 from personaemp.prompts import Prompt, load_prompt
 from personaemp.records import (
     BIG_FIVE,
@@ -75,6 +77,11 @@ class BigFiveReply(BaseModel):
     extraversion: LevelReply
     agreeableness: LevelReply
     neuroticism: LevelReply
+
+
+PERSONA_STEP = Step("persona", PersonaReply, prompt="persona")
+BIG_FIVE_STEP = Step("big_five", BigFiveReply, prompt="big_five")
+STEPS = (PERSONA_STEP, BIG_FIVE_STEP)
 
 
 # --- rendering ------------------------------------------------------------------------------
@@ -144,14 +151,12 @@ class PersonaParse:
     grounding: Grounding = field(default_factory=Grounding)
 
 
-def parse_persona(
-    user: User, reply: PersonaReply, raw: str | None = None, require_depth: bool = True
-) -> PersonaParse:
+def parse_persona(user: User, reply: PersonaReply, require_depth: bool = True) -> PersonaParse:
     """Keep only traits with evidence among the user's memories; count what was removed.
 
-    `raw` is the reply text as sent, kept in the failure record of an ungrounded user.
     `require_depth=False` (an ablation, and the embedded demo model's setting) keeps users
-    the depth check turned away when they have grounded traits; gate_reason says so."""
+    the depth check turned away when they have grounded traits; gate_reason says so.
+    Raises RejectedReply("ungrounded") when no trait is left."""
     known = {m.memory_id for m in user.memories}
     grounding = Grounding(traits_proposed=len(reply.traits))
     reason = reply.depth.reason
@@ -170,10 +175,8 @@ def parse_persona(
         else:
             grounding.traits_dropped += 1
     if not traits:
-        raise UnitError(
-            "ungrounded",
-            f"none of {len(reply.traits)} proposed traits cites one of the user's memories",
-            raw=raw if raw is not None else reply.model_dump_json(),
+        raise RejectedReply(
+            "ungrounded", f"none of the {len(reply.traits)} traits cites one of the user's memory ids"
         )
     return PersonaParse(True, reason, reply.topics, traits, grounding)
 
@@ -220,9 +223,9 @@ class PersonaSummary:
     thin_levels: int = 0  # Big Five levels with no valid evidence
 
 
-def read_rows(path: Path, limit: int | None = None, users: Sequence[str] | None = None) -> list[dict]:
-    """The rows of a stage file (validated as users), optionally limited or picked by id."""
-    return read_stage_rows(path, User, limit=limit, users=users)[0]
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a stage file, each validated as a user."""
+    return read_stage_rows(path, User)[0]
 
 
 def infer_personas(
@@ -233,35 +236,41 @@ def infer_personas(
     limit: int | None = None,
     users: Sequence[str] | None = None,
     retry_failed: bool = False,
+    full: bool | None = None,
     require_depth: bool = True,
     console=None,
 ):
-    """Infer a persona for every user of `input_path`; returns (stage report, summary)."""
+    """Infer a persona for every user of `input_path`; returns (stage report, summary).
+
+    `limit`/`users` compute only some users (the output keeps the other current rows);
+    `full` says whether such a run's report stands for the build (`run` with a limit: yes;
+    a quick look from the command line, the default: no)."""
     from personaemp.llm.run import run_llm_stage
 
-    rows = read_rows(input_path, limit, users)
-    persona_prompt, big_five_prompt = load_prompt("persona"), load_prompt("big_five")
-    hashes = {"persona": persona_prompt.hash, "big_five": big_five_prompt.hash}
+    rows = read_rows(input_path)
+    selected = pick_units(rows, input_path, limit=limit, users=users)
+    prompts = {step.name: load_prompt(step.prompt) for step in STEPS}
+    hashes = {name: prompt.hash for name, prompt in prompts.items()}
 
     def make_work(engine):
         async def work(row: dict) -> dict:
             user = User.model_validate(row)
             result = await engine.call(
-                "persona",
-                build_persona_messages(user, persona_prompt),
-                PersonaReply,
+                PERSONA_STEP,
+                build_persona_messages(user, prompts["persona"]),
                 schema=persona_schema(user),
+                parse=lambda reply: parse_persona(user, reply, require_depth),
             )
-            parsed = parse_persona(user, result.value, result.raw, require_depth)
+            parsed = result.parsed
             big_five, dropped = None, 0
             if parsed.eligible:
                 levels = await engine.call(
-                    "big_five",
-                    build_big_five_messages(user, parsed.traits, big_five_prompt),
-                    BigFiveReply,
+                    BIG_FIVE_STEP,
+                    build_big_five_messages(user, parsed.traits, prompts["big_five"]),
                     schema=big_five_schema(user),
+                    parse=lambda reply: parse_big_five(user, reply),
                 )
-                big_five, dropped = parse_big_five(user, levels.value)
+                big_five, dropped = levels.parsed
             parsed.grounding.citations_dropped += dropped
             persona = Persona(
                 **user.model_dump(),
@@ -290,12 +299,17 @@ def infer_personas(
         settings=settings,
         key="user_id",
         output=output_path,
-        fingerprint=lambda engine: f"{engine.model}|{hashes['persona']}|{hashes['big_five']}|{require_depth}",
+        fingerprint=lambda engine: "|".join(
+            [*(engine.fingerprint(step, hashes[step.name]) for step in STEPS), f"depth={require_depth}"]
+        ),
+        selected=selected,
+        full=full,
+        input_path=input_path,
         retry_failed=retry_failed,
-        keep_others=bool(limit or users),
         console=console,
     )
-    return report, summarize(output_path, rows)
+    picked = rows if selected is None else [row for row in rows if str(row["user_id"]) in selected]
+    return report, summarize(output_path, picked)
 
 
 def summarize(output_path: Path, rows: Sequence[dict]) -> PersonaSummary:

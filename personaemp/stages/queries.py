@@ -24,10 +24,20 @@ from pydantic import BaseModel, Field
 
 from personaemp import checks
 from personaemp.errors import InputError
-from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, read_stage_rows
+from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, pick_units, read_stage_rows
 from personaemp.language import LANGUAGE_NAMES, normalize_language
+from personaemp.llm.step import Step
 from personaemp.prompts import Prompt, load_prompt
-from personaemp.records import CATEGORIES, Category, Checks, Persona, Provenance, Query, Situation
+from personaemp.records import (
+    CATEGORIES,
+    Category,
+    Checks,
+    Persona,
+    Provenance,
+    Query,
+    Situation,
+    category_definitions,
+)
 from personaemp.stages.persona import render_memories, render_turns
 
 STAGE = "gen-queries"
@@ -74,6 +84,12 @@ class ReviewsReply(BaseModel):
     reviews: list[ReviewReply]
 
 
+SITUATIONS = Step("situations", SituationsReply, prompt="situations")
+QUERY = Step("query", QueriesReply, prompt="query")
+CHECK = Step("check", ReviewsReply, prompt="check", temperature=0.0)  # a judge should be repeatable
+STEPS = (SITUATIONS, QUERY, CHECK)
+
+
 # --- step 1: situations ----------------------------------------------------------------------
 
 
@@ -100,6 +116,7 @@ def build_situation_messages(persona: Persona, options: QueryOptions, prompt: Pr
         memories=render_memories(persona.memories),
         per_category=str(options.per_category),
         categories=", ".join(options.categories),
+        category_definitions=category_definitions(options.categories),
     )
 
 
@@ -171,7 +188,12 @@ def parse_queries(reply: QueriesReply, count: int) -> dict[int, str]:
 
 def build_check_messages(persona: Persona, situations, texts: Sequence[str], prompt: Prompt) -> list[dict]:
     queries = _numbered([f"(moment: {s.text}) {text}" for s, text in zip(situations, texts, strict=True)])
-    return prompt.render(profile=persona.profile, memories=render_memories(persona.memories), queries=queries)
+    return prompt.render(
+        profile=persona.profile,
+        memories=render_memories(persona.memories),
+        queries=queries,
+        category_definitions=category_definitions(),  # all three: the judge may say another one fits
+    )
 
 
 def reviews_schema(count: int) -> dict[str, Any]:
@@ -230,16 +252,10 @@ def judge_checks(
 # --- the stage -------------------------------------------------------------------------------
 
 
-def read_personas(path: Path, limit: int | None, users: Sequence[str] | None) -> tuple[list[dict], int]:
+def read_personas(path: Path) -> tuple[list[dict], int]:
     """Eligible persona rows (and how many ineligible ones were skipped)."""
     return read_stage_rows(
-        path,
-        Persona,
-        limit=limit,
-        users=users,
-        keep=lambda persona: persona.eligible and bool(persona.traits),
-        kind="persona",
-        missing_label="eligible persona for",
+        path, Persona, keep=lambda persona: persona.eligible and bool(persona.traits), kind="persona"
     )
 
 
@@ -252,14 +268,18 @@ def generate_queries(
     limit: int | None = None,
     users: Sequence[str] | None = None,
     retry_failed: bool = False,
+    full: bool | None = None,
     console=None,
 ):
-    """Queries for every eligible persona; returns (stage report, funnel)."""
+    """Queries for every eligible persona; returns (stage report, funnel).
+
+    `limit`, `users` and `full` as for `infer_personas`."""
     from personaemp.llm.run import run_llm_stage
 
     options = options or QueryOptions()
-    rows, ineligible = read_personas(input_path, limit, users)
-    prompts = {name: load_prompt(name) for name in ("situations", "query", "check")}
+    rows, ineligible = read_personas(input_path)
+    selected = pick_units(rows, input_path, limit=limit, users=users, label="eligible persona for")
+    prompts = {step.name: load_prompt(step.prompt) for step in STEPS}
     hashes = {name: prompt.hash for name, prompt in prompts.items()}
 
     def make_work(engine):
@@ -275,9 +295,7 @@ def generate_queries(
 
         return work
 
-    fingerprint = "|".join(
-        [*hashes.values(), ",".join(options.categories), str(options.per_category), ",".join(options.enforce)]
-    )
+    stage_options = f"{','.join(options.categories)}|{options.per_category}|{','.join(options.enforce)}"
     report = run_llm_stage(
         STAGE,
         rows,
@@ -285,12 +303,17 @@ def generate_queries(
         settings=settings,
         key="user_id",
         output=output_path,
-        fingerprint=lambda engine: f"{engine.model}|{fingerprint}",
+        fingerprint=lambda engine: "|".join(
+            [*(engine.fingerprint(step, hashes[step.name]) for step in STEPS), stage_options]
+        ),
+        selected=selected,
+        full=full,
+        input_path=input_path,
         retry_failed=retry_failed,
-        keep_others=bool(limit or users),
         console=console,
     )
-    funnel = write_rejected_and_count(output_path, output_path.with_name("rejected.jsonl"), rows)
+    picked = rows if selected is None else [row for row in rows if str(row["user_id"]) in selected]
+    funnel = write_rejected_and_count(output_path, output_path.with_name("rejected.jsonl"), picked)
     funnel.ineligible_skipped = ineligible
     return report, funnel
 
@@ -299,22 +322,22 @@ async def queries_for(engine, persona: Persona, options: QueryOptions, prompts, 
     """One user's accepted and rejected queries, and situation counts ("kept", and the
     dropped ones by reason)."""
     reply = await engine.call(
-        "situations",
+        SITUATIONS,
         build_situation_messages(persona, options, prompts["situations"]),
-        SituationsReply,
         schema=situations_schema(persona, options),
+        parse=lambda value: parse_situations(persona, value, options),
     )
-    situations, dropped = parse_situations(persona, reply.value, options)
+    situations, dropped = reply.parsed
     dropped["kept"] = len(situations)
     if not situations:
         return [], [], dropped
     reply = await engine.call(
-        "query",
+        QUERY,
         build_query_messages(persona, situations, prompts["query"]),
-        QueriesReply,
         schema=queries_schema(len(situations)),
+        parse=lambda value: parse_queries(value, len(situations)),
     )
-    written = parse_queries(reply.value, len(situations))
+    written = reply.parsed
     numbers = sorted(written)
     if len(numbers) < len(situations):
         dropped["no_query_written"] += len(situations) - len(numbers)
@@ -323,9 +346,8 @@ async def queries_for(engine, persona: Persona, options: QueryOptions, prompts, 
     chosen = [situations[n - 1] for n in numbers]
     texts = [written[n] for n in numbers]
     reply = await engine.call(
-        "check",
+        CHECK,
         build_check_messages(persona, chosen, texts, prompts["check"]),
-        ReviewsReply,
         schema=reviews_schema(len(texts)),
     )
     reviews = {}

@@ -1,0 +1,55 @@
+"""An LLM step, declared once: its prompt, the reply it expects, its version and sampling.
+
+Everything else follows from the declaration: the schema sent to the endpoint, the
+sampling of each request, the fingerprint that says whether a finished row was made by
+the same recipe, and the provenance written with it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    reply: type[BaseModel]
+    prompt: str | None = None  # template name (personaemp/prompts/<prompt>.md)
+    version: int = 1  # bump when the stage reads this reply differently
+    temperature: float | None = None  # None: the run's --temperature
+    max_tokens: int | None = None  # None: the run's --max-tokens
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        return _schema_of(self.reply)
+
+    @property
+    def schema_hash(self) -> str:
+        return _hash(self.schema)
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
+    return model.model_json_schema()
+
+
+def _hash(value: Any) -> str:
+    encoded = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(encoded).hexdigest()[:12]
+
+
+class RejectedReply(ValueError):
+    """A stage's parse refuses a well-formed reply (e.g. no trait cites a real memory).
+
+    The engine re-asks with the reason; if every attempt is refused, the unit fails with
+    this `kind`."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
