@@ -294,17 +294,21 @@ def test_structured_modes(tmp_path, mode):
 def test_api_key_never_reaches_a_file(tmp_path):
     secret = "sk-live-DO-NOT-STORE-1234567890"
 
-    def leaky(body, number):  # an endpoint that echoes the key in its error message
-        return server_error(400) if number == 0 else reply(GOOD)
+    def leaky(body, number):  # an endpoint that echoes the key in its first (bad) reply
+        return reply(f"cannot help, key {secret}") if number == 1 else reply(GOOD)
 
     with FakeOpenAI(responder=leaky) as server:
         settings = settings_for(server, tmp_path, api_key=secret)
-        ask(settings, count=3)
+        [result], stats = ask(settings)
+        assert result.value == Greeting(**GOOD) and stats.reasks == 1  # the leaky branch ran
         assert server.chat_requests[0].headers["authorization"] == f"Bearer {secret}"
+        # The re-ask quotes the bad reply: scrubbed before it was ever sent back.
+        assert "[redacted]" in server.chat_requests[1].body["messages"][-1]["content"]
     assert secret not in repr(settings)
-    for path in tmp_path.rglob("*"):
-        if path.is_file():
-            assert secret.encode() not in path.read_bytes(), path
+    files = [path for path in tmp_path.rglob("*") if path.is_file()]
+    assert any(path.name == "cache.sqlite" for path in files)
+    for path in files:
+        assert secret.encode() not in path.read_bytes(), path
 
 
 def test_retry_after_header_forms():
