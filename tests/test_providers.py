@@ -33,6 +33,7 @@ EXPECTED_MODE = {
     "fenced": "json_object",
     "llamacpp": "json_object",
 }
+DRAFTING = 'The user seems anxious. A first draft: {"depth": "maybe"} ... no, follow the schema.'
 REASONING = {"deepseek", "minimax", "minimax_open_dropped", "vllm"}
 
 
@@ -65,7 +66,8 @@ def run_both(server: FakeOpenAI, filtered: Path, folder: Path, **persona_options
 @pytest.mark.parametrize("profile", PROFILES)
 def test_both_llm_stages_complete_on_every_provider(tmp_path, filtered, profile):
     assert set(EXPECTED_MODE) == set(PROFILES)
-    with FakeOpenAI(profile=profile) as server:
+    # Reasoning that drafts a wrong JSON object, as thinking models do: never the answer.
+    with FakeOpenAI(profile=profile, reasoning=DRAFTING) as server:
         # One bad reply first, so a re-ask happens on every profile (DeepSeek refuses a
         # replayed assistant turn without its reasoning_content: re-asks must not replay).
         server.queue(reply({"not": "a persona"}))
