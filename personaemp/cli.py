@@ -195,10 +195,12 @@ def serve_local_command(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8011,
     n_ctx: Annotated[int, typer.Option(help="Context size in tokens.")] = 8192,
 ) -> None:
-    """Serve the embedded model (OpenAI-compatible, foreground) for other tools."""
+    """Serve the embedded model (OpenAI-compatible, foreground) for other tools; Ctrl-C stops it."""
     from personaemp.llm.local import serve_local
 
-    serve_local(host=host, port=port, n_ctx=n_ctx)
+    code = serve_local(host=host, port=port, n_ctx=n_ctx)
+    if code:
+        raise typer.Exit(code)
 
 
 @stage_command("split")

@@ -53,6 +53,14 @@ def print_stage_report(report, console: Console) -> None:
     for name, stats in report.steps.items():
         table.add_row(name, *(str(stats.get(field, 0)) for field in columns))
     console.print(table)
+    timings = [
+        f"{name} {stats['seconds'] / stats['answered']:.1f}/{stats['slowest']:.1f} s, "
+        f"{stats['completion_tokens'] / stats['seconds']:.0f} tok/s"
+        for name, stats in report.steps.items()
+        if stats.get("answered") and stats.get("seconds")
+    ]
+    if timings:
+        console.print("answer time per request (mean/max): " + " · ".join(timings))
     structured = report.structured
     if structured:
         refused = "; refused " + " | ".join(structured["refused"]) if structured.get("refused") else ""

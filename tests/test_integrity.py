@@ -10,11 +10,12 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
-from fake_openai import FakeOpenAI, lognormal_latency, reply
+from fake_openai import FakeOpenAI, reply
 from rich.console import Console
 
 from personaemp.errors import InputError
@@ -180,9 +181,15 @@ def test_a_second_writer_stops_at_once_and_no_row_is_lost(tmp_path, sample_rows)
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
     env = {**os.environ, "NO_COLOR": "1"}
-    import random
+    # Replies are held until the second writer has been turned away: the first is still
+    # writing then, however slow the machine.
+    release = threading.Event()
 
-    with FakeOpenAI(latency=lognormal_latency(0.2, 0.1, random.Random(1))) as server:
+    def held() -> float:
+        release.wait(60)
+        return 0.0
+
+    with FakeOpenAI(latency=held) as server:
 
         def writer(users):
             command = [sys.executable, str(script), server.base_url, str(filtered), str(output), *users]
@@ -196,6 +203,7 @@ def test_a_second_writer_stops_at_once_and_no_row_is_lost(tmp_path, sample_rows)
             time.sleep(0.05)
         second = writer(everyone[5:])
         out, err = second.communicate(timeout=60)
+        release.set()
         assert second.returncode == 1, (out, err)  # InputError, exit 2 on the CLI
         assert f"is being written by process {first.pid}" in err
         out, err = first.communicate(timeout=60)

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
+import threading
 import time
+import urllib.request
+from pathlib import Path
 from typing import Literal
 
 import openai
@@ -12,7 +20,16 @@ import pytest
 from pydantic import BaseModel, Field
 
 from personaemp.errors import PersonaempError
-from personaemp.llm.local import MODEL_NAME, LocalServer
+from personaemp.llm.local import (
+    MODEL_NAME,
+    GrammarLastSampler,
+    LocalServer,
+    _patch_llama_cpp,
+    local_model_path,
+)
+
+pytestmark = pytest.mark.embedded
+REPO = Path(__file__).resolve().parent.parent
 
 
 class Mood(BaseModel):
@@ -74,3 +91,105 @@ def test_startup_timeout_stops_the_half_started_server(tmp_path):
         pass
     assert server.process.poll() is not None
     assert not port_is_open(server.port)
+
+
+def test_grammar_checked_last_writes_what_upstream_writes(monkeypatch):
+    """llama-cpp-python masks the whole vocabulary before every token; the patched sampler
+    checks only the token it picked and masks only when that one breaks the grammar."""
+    import llama_cpp.llama_cpp as llama_lib
+    from llama_cpp import Llama
+
+    # Undone after the test: _patch_llama_cpp replaces both on the class and the module.
+    monkeypatch.setattr(Llama, "_init_sampler", Llama._init_sampler)
+    monkeypatch.setattr(llama_lib, "llama_model_default_params", llama_lib.llama_model_default_params)
+    upstream = Llama._init_sampler
+    _patch_llama_cpp()
+    llm = Llama(
+        model_path=str(local_model_path()), n_ctx=1024, n_threads=1, verbose=False, chat_format="gemma"
+    )
+    schema = {
+        "type": "object",
+        "properties": {
+            "mood": {"type": "string", "maxLength": 40},
+            "words": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 6},
+        },
+        "required": ["mood", "words"],
+    }
+    request = {
+        "messages": [
+            {
+                "role": "user",
+                "content": "A student who loves music had a hard week. Her mood and some words, as JSON.",
+            }
+        ],
+        "response_format": {"type": "json_object", "schema": schema},
+        "max_tokens": 200,
+        "temperature": 0.0,
+    }
+    patched = llm.create_chat_completion(**request)
+    sampler = llm._sampler
+    assert isinstance(sampler, GrammarLastSampler)
+    tokens = patched["usage"]["completion_tokens"]
+    assert sampler.full_scans < tokens / 2, "most tokens are taken without masking the vocabulary"
+
+    monkeypatch.setattr(Llama, "_init_sampler", upstream)
+    reference = llm.create_chat_completion(**request)
+    assert patched["choices"][0]["message"]["content"] == reference["choices"][0]["message"]["content"]
+    json.loads(patched["choices"][0]["message"]["content"])
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_serve_local_stops_its_server_mid_reply(tmp_path):
+    """Before: serve-local exec'd the server, and SIGTERM let it finish its reply (minutes)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "personaemp", "serve-local", "--port", str(port), "--n-ctx", "2048"],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "serve.log", "wb"),  # noqa: SIM115
+        cwd=REPO,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not port_is_open(port):
+            assert cli.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.2)
+        (server,) = _children(cli.pid)
+        body = json.dumps(
+            {"messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 4000}
+        )
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            body.encode(),
+            {"Content-Type": "application/json"},
+        )
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        threading.Thread(target=lambda: _ignore_errors(opener.open, request), daemon=True).start()
+        time.sleep(1.0)  # the reply is being generated (4000 tokens: over a minute)
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(timeout=60) == 0
+        with pytest.raises(ProcessLookupError):
+            os.kill(server, 0)  # reaped by serve-local, not left running
+        assert not port_is_open(port)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+
+
+def _ignore_errors(function, *args) -> None:
+    with contextlib.suppress(OSError):
+        function(*args, timeout=120).read()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from personaemp.llm.settings import LLMSettings
@@ -19,6 +20,7 @@ from personaemp.stages.filter import filter_users
 from personaemp.stages.persona import infer_personas
 from personaemp.stages.queries import QueryOptions, generate_queries
 
+pytestmark = pytest.mark.embedded
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "raw" / "alpsbench_sample" / "task1"
 
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -175,7 +176,16 @@ def test_sigkill_mid_stage_then_resume_repeats_no_finished_unit(tmp_path):
     def unit_of(recorded) -> int:
         return int(recorded.body["messages"][-1]["content"].split()[-1])
 
-    with FakeOpenAI(responder=lambda body, n: reply({"text": "ok"}), latency=lambda: 0.05) as server:
+    # The first 10 requests are answered, the rest held until the kill: the kill lands mid-stage
+    # however slow the machine is.
+    release = threading.Event()
+
+    def responder(body, n):
+        if n > 10:
+            release.wait(60)
+        return reply({"text": "ok"})
+
+    with FakeOpenAI(responder=responder) as server:
         env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
         process = subprocess.Popen([sys.executable, str(driver), server.base_url, str(out)], env=env)
         deadline = time.monotonic() + 60
@@ -185,8 +195,9 @@ def test_sigkill_mid_stage_then_resume_repeats_no_finished_unit(tmp_path):
             time.sleep(0.01)
         process.send_signal(signal.SIGKILL)
         process.wait()
+        release.set()
         finished = [json.loads(line)["id"] for line in out.read_bytes().splitlines() if line.endswith(b"}")]
-        assert 10 <= len(finished) < 40
+        assert len(finished) == 10
         before = server.count
 
         result = subprocess.run(

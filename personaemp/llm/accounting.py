@@ -20,7 +20,15 @@ class StepStats:
     reasoning_tokens: int = 0  # included in completion_tokens; estimated when not reported
     prompt_chars: int = 0  # every call, cached or not; chars/4 is the endpoint-free estimate
     completion_chars: int = 0
+    answered: int = 0  # requests the endpoint answered (timed)
+    seconds: float = 0.0  # the endpoint's answer time, summed over them
+    slowest: float = 0.0  # the longest single answer
     failures: Counter = field(default_factory=Counter)
+
+    def record(self, seconds: float) -> None:
+        self.answered += 1
+        self.seconds += seconds
+        self.slowest = max(self.slowest, seconds)
 
 
 class Accounting:
@@ -28,6 +36,28 @@ class Accounting:
 
     def __init__(self) -> None:
         self.steps: dict[str, StepStats] = {}
+        self.calls: list[dict] = []  # one per answered request, for the run report
+
+    def record_call(
+        self, step: str, seconds: float, *, prompt_tokens: int, completion_tokens: int, mode: str
+    ) -> None:
+        self.step(step).record(seconds)
+        self.calls.append(
+            {
+                "step": step,
+                "seconds": round(seconds, 3),
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "tokens_per_second": round(completion_tokens / seconds, 1) if seconds > 0 else None,
+                "structured": mode,
+            }
+        )
+
+    def slowest_calls(self, keep: int) -> list[dict]:
+        """Every call when there are few (a demo), else the `keep` slowest."""
+        if len(self.calls) <= keep:
+            return list(self.calls)
+        return sorted(self.calls, key=lambda call: call["seconds"], reverse=True)[:keep]
 
     def step(self, name: str) -> StepStats:
         return self.steps.setdefault(name, StepStats())
@@ -38,6 +68,8 @@ class Accounting:
             for name, value in asdict(stats).items():
                 if name == "failures":
                     total.failures.update(stats.failures)
+                elif name == "slowest":
+                    total.slowest = max(total.slowest, stats.slowest)
                 else:
                     setattr(total, name, getattr(total, name) + value)
         return total

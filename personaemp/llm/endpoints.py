@@ -49,9 +49,10 @@ class RawReply:
     completion_tokens: int | None
     reasoning: str = ""  # reasoning_content / reasoning, as vLLM, SGLang and DeepSeek send it
     reasoning_tokens: int | None = None
+    seconds: float | None = None  # how long the endpoint took to answer (not cached)
 
     def as_dict(self) -> dict[str, Any]:
-        return self.__dict__.copy()
+        return {name: value for name, value in self.__dict__.items() if name != "seconds"}
 
 
 class RateLimiter:
@@ -147,6 +148,7 @@ class EndpointPool:
             endpoint.in_flight += 1
             try:
                 await endpoint.limiter.wait()
+                started = time.monotonic()
                 # The generic post() sends the request as built: chat.completions.create()
                 # would walk every message and schema to "transform" them (~1 ms CPU each).
                 response = await endpoint.client.post("/chat/completions", body=request, cast_to=dict)
@@ -167,7 +169,9 @@ class EndpointPool:
                 error.endpoint = endpoint.base_url
             if error is not None:
                 raise error
-        return _parse_completion(response)
+        reply = _parse_completion(response)
+        reply.seconds = time.monotonic() - started
+        return reply
 
 
 def _parse_completion(response: Any) -> RawReply:

@@ -96,8 +96,10 @@ class Engine:
         steps: dict[str, dict[str, Any]] | None = None,
         decisions: Path | None = None,
         notify: Callable[[str], None] | None = None,
+        request_extras: dict[str, Any] | None = None,
     ):
         self.pool, self.model, self.configured = pool, model, structured
+        self.request_extras = request_extras or {}  # sent with every request (the local model's sampler)
         self.fold_system, self.max_tokens, self.temperature = fold_system, max_tokens, temperature
         self.max_reasks, self.cache, self.seed = max_reasks, cache, seed
         self.step_settings = steps or {}
@@ -145,7 +147,7 @@ class Engine:
             # The attempt is part of the key: a second re-ask may repeat the first one's request.
             sample_key = f"{sample}.{attempt}" if attempt else sample
             reply, key, request, cached = await self._reply(
-                stats, conversation, schema, sampling, budget, sample_key
+                step.name, conversation, schema, sampling, budget, sample_key
             )
             answer = split_reasoning(reply.content)[0]
             kind, error = _problem(reply, answer)
@@ -204,6 +206,7 @@ class Engine:
             for part in (
                 step.name, step.version, prompt_hash, step.schema_hash, self.model, self.configured,
                 sampling.temperature, sampling.max_tokens, sampling.seed, f"x{EXTRACTOR_VERSION}",
+                *(f"{key}={value}" for key, value in sorted(self.request_extras.items())),
             )
         )  # fmt: skip
 
@@ -220,6 +223,7 @@ class Engine:
             "messages": messages,
             "temperature": sampling.temperature,
             "max_tokens": max_tokens,
+            **self.request_extras,
         }
         if sampling.seed is not None:
             request["seed"] = sampling.seed
@@ -244,7 +248,8 @@ class Engine:
 
     # --- cache and sending --------------------------------------------------------------
 
-    async def _reply(self, stats: StepStats, messages, schema, sampling, budget, sample):
+    async def _reply(self, step_name: str, messages, schema, sampling, budget, sample):
+        stats = self.accounting.step(step_name)
         while True:
             mode = self.mode
             request = self.build_request(messages, schema, sampling, budget, mode)
@@ -260,6 +265,14 @@ class Engine:
             except _FormatRefused:
                 continue
             _count_tokens(stats, request, reply)
+            if reply.seconds is not None:
+                self.accounting.record_call(
+                    step_name,
+                    reply.seconds,
+                    prompt_tokens=reply.prompt_tokens or 0,
+                    completion_tokens=reply.completion_tokens or 0,
+                    mode=mode,
+                )
             return reply, key, request, False
 
     async def _send(self, stats: StepStats, request: dict, mode: str) -> RawReply:
@@ -419,6 +432,7 @@ def _count_tokens(stats: StepStats, request: dict, reply: RawReply, sent: bool =
 
 
 GRAMMAR_MAX_STRING = 200  # characters
+GRAMMAR_TEXT_CHAR = r"[^\"\\{}<>#\[\]\n\r\t]"  # no quotes, escapes, brackets or markup
 GRAMMAR_MAX_ITEMS = 4  # a small model fills a list to its limit, and slowly (~50 ms/token)
 
 
@@ -435,8 +449,10 @@ def bounded(schema: Any) -> Any:
     result = {key: bounded(value) for key, value in schema.items()}
     kinds = result.get("type")
     kinds = kinds if isinstance(kinds, list) else [kinds]
-    if "string" in kinds and "enum" not in result:
+    if "string" in kinds and not {"enum", "const", "format", "pattern"} & result.keys():
         result.setdefault("maxLength", GRAMMAR_MAX_STRING)
+        # Plain text only: a small model otherwise closes a list inside a string ("... }, {").
+        result["pattern"] = f"^{GRAMMAR_TEXT_CHAR}{{{result.get('minLength', 0)},{result['maxLength']}}}$"
     if "array" in kinds:
         # Also below a larger bound (8 traits): a small model fills every list to its limit.
         ceiling = min(result.get("maxItems", GRAMMAR_MAX_ITEMS), GRAMMAR_MAX_ITEMS)

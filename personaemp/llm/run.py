@@ -22,6 +22,7 @@ from personaemp.runner import StageOutcome, Work, run_units
 from personaemp.workspace import locked, record_stage
 
 REPORT_FILE = "run_report.json"
+CALLS_KEPT = 200  # per-request timings in the report: all of a small run, the slowest of a big one
 
 
 @dataclass
@@ -36,6 +37,7 @@ class StageReport:
     structured: dict[str, Any] = field(default_factory=dict)
     full: bool = True  # the whole input, not a quick look (--limit, --users)
     cost: float | None = None
+    calls: list[dict] = field(default_factory=list)  # per-request timings (the slowest, on big runs)
     output: str = ""
     failures: str = ""
 
@@ -58,6 +60,7 @@ class StageReport:
             "steps": self.steps,
             "totals": self.totals,
             "cost": self.cost,
+            "calls": self.calls,
             "output": self.output,
             "failures_file": self.failures,
         }
@@ -131,6 +134,7 @@ def run_llm_stage(
                 structured=engine.structured_report(),
                 full=full,
                 cost=engine.accounting.cost(settings.price_in, settings.price_out),
+                calls=engine.accounting.slowest_calls(CALLS_KEPT),
                 output=str(output),
                 failures=str(failures),
             )

@@ -9,6 +9,7 @@ from personaemp.errors import InputError
 from personaemp.llm.cache import ReplyCache
 from personaemp.llm.endpoints import Endpoint, EndpointPool
 from personaemp.llm.engine import DECISIONS_FILE, Engine
+from personaemp.llm.local import REQUEST_EXTRAS as LOCAL_REQUEST_EXTRAS
 from personaemp.llm.settings import LLMSettings
 
 
@@ -64,4 +65,5 @@ async def open_engine(
             steps=settings.steps,
             decisions=settings.work_dir / DECISIONS_FILE,
             notify=notify,
+            request_extras=LOCAL_REQUEST_EXTRAS if kind == "local" else None,
         )
