@@ -342,6 +342,20 @@ def test_bounded_schema_limits_free_strings_and_lists_only():
     assert "maxLength" not in schema["properties"]["name"]  # the input is not changed
 
 
+def test_bounded_free_strings_are_plain_text_for_the_grammar():
+    """The embedded model wrote queries ending in '}, {' (closing the list inside a string)."""
+    import re
+
+    result = bounded({"type": "object", "properties": {"q": {"type": "string", "minLength": 2}}})
+    pattern = result["properties"]["q"]["pattern"]
+    assert pattern.startswith("^") and pattern.endswith("{2,200}$")
+    assert re.fullmatch(pattern[1:-1], "I want to feel heard, validated and comforted.")
+    for broken in ("heard. }, {", 'say "hi"', "a\\nb", "<b>loud</b>", "# heading", "line\nbreak", "x"):
+        assert not re.fullmatch(pattern[1:-1], broken), broken
+    kept = bounded({"type": "string", "enum": ["a"]}), bounded({"type": "string", "pattern": "^m[0-9]+$"})
+    assert "pattern" not in kept[0] and kept[1]["pattern"] == "^m[0-9]+$"
+
+
 def test_rpm_spaces_request_starts(tmp_path):
     with FakeOpenAI() as server:
         results, _ = ask(settings_for(server, tmp_path, rpm=600, concurrency=5), count=5)
@@ -350,3 +364,31 @@ def test_rpm_spaces_request_starts(tmp_path):
         # 600 per minute: one start every 0.1 s although 5 could be in flight at once, so
         # the five arrive over at least 0.4 s (less a margin for connection set-up jitter).
         assert len(arrivals) == 5 and arrivals[-1] - arrivals[0] >= 0.35
+
+
+def test_every_answered_request_is_timed_and_cached_replies_are_not(tmp_path):
+    """The run report's per-call timings: one entry per answered request (re-asks included),
+    none for cache hits."""
+    with FakeOpenAI(responder=lambda body, n: reply(GOOD), latency=lambda: 0.05) as server:
+        server.queue(invalid_json_content())
+        settings = settings_for(server, tmp_path)
+
+        async def main():
+            async with open_engine(settings) as engine:
+                for number in range(3):
+                    await engine.call(GREET, [{"role": "user", "content": f"#{number}"}])
+                return engine.accounting
+
+        accounting = asyncio.run(main())
+        stats = accounting.step("greet")
+        assert stats.requests == 4 and stats.answered == 4 and len(accounting.calls) == 4
+        assert all(call["step"] == "greet" and call["seconds"] >= 0.05 for call in accounting.calls)
+        assert stats.slowest >= 0.05 and stats.seconds >= 4 * 0.05
+        assert all(call["completion_tokens"] > 0 for call in accounting.calls)
+        assert accounting.slowest_calls(2) == sorted(accounting.calls, key=lambda c: -c["seconds"])[:2]
+
+        sent = server.count
+        again = asyncio.run(main())
+        # The invalid first reply is never served again: one fresh request, two cache hits.
+        assert server.count == sent + 1 and len(again.calls) == 1
+        assert again.step("greet").answered == 1 and again.step("greet").cache_hits == 2
