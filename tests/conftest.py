@@ -20,18 +20,17 @@ SAMPLE_KEPT = 16
 
 
 def pytest_collection_modifyitems(items):
-    """The embedded-model tests first and together (`make test` runs pytest -n 2 --dist
-    loadgroup): one worker runs them while the other runs the rest."""
-    for item in items:
-        if item.get_closest_marker("embedded"):
-            item.add_marker(pytest.mark.xdist_group("embedded"))
+    """The embedded-model tests first (`make test` runs pytest -n 3 on 2 cores): the long
+    ones start at once on their own workers instead of running alone at the end, while the
+    tests that mostly wait on servers and subprocesses fill the idle time."""
     items.sort(key=lambda item: item.get_closest_marker("embedded") is None)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _one_thread_for_the_embedded_model():
-    """`make test` runs two workers on two cores: a two-thread llama.cpp server next to the
-    other worker waits on its slower thread every token (measured: the suite 188 s vs 97 s)."""
+    """`make test` runs three workers on two cores: a two-thread llama.cpp server next to
+    another worker waits on its slower thread every token (measured: the suite 188 s vs 97 s
+    on two workers)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PERSONAEMP_LOCAL_THREADS", "1")
         yield

@@ -110,8 +110,8 @@ def test_grammar_checked_last_writes_what_upstream_writes(monkeypatch):
     schema = {
         "type": "object",
         "properties": {
-            "mood": {"type": "string", "maxLength": 40},
-            "words": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 6},
+            "mood": {"type": "string", "maxLength": 24},
+            "words": {"type": "array", "items": {"type": "string", "maxLength": 16}, "maxItems": 3},
         },
         "required": ["mood", "words"],
     }

@@ -1,7 +1,8 @@
 """The LLM stages end to end on the embedded local model (gemma3-270m via llama.cpp).
 
-Real requests to a real local server: slow (about a minute per user on 2 cores), so one
-user only, at temperature 0 as in the demo. The base model's content is weak; what is
+Real requests to a real local server: slow (half a minute per stage and user on one core),
+so one user only, at temperature 0 as in the demo, and each stage in its own test so the
+two run on different workers. The base model's content is weak; what is
 checked is that every reply went through the schema, the grounding and check rules, and
 that the books balance.
 """
@@ -12,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fake_openai import FakeOpenAI
 from rich.console import Console
 
 from personaemp.llm.settings import LLMSettings
@@ -24,7 +26,7 @@ pytestmark = pytest.mark.embedded
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "raw" / "alpsbench_sample" / "task1"
 
 
-def test_persona_and_queries_on_the_embedded_model(tmp_path):
+def test_infer_persona_on_the_embedded_model(tmp_path):
     quiet = Console(file=open(tmp_path / "console.txt", "w"))  # noqa: SIM115
     filter_users(str(SAMPLE), tmp_path / "filtered.jsonl", console=quiet)
     settings = LLMSettings(llm="local", work_dir=tmp_path / "work", temperature=0.0)  # as the demo
@@ -34,6 +36,7 @@ def test_persona_and_queries_on_the_embedded_model(tmp_path):
     )
     assert report.outcome.balanced and report.outcome.units == 1
     assert report.model == "gemma3-270m-local" and report.endpoint_kind == "local"
+    assert report.calls and all(call["structured"] == "json_object_schema" for call in report.calls)
     rows = [json.loads(line) for line in (tmp_path / "personas.jsonl").read_text().splitlines()]
     failures = (tmp_path / "infer-persona.failures.jsonl").read_text().splitlines()
     assert len(rows) + len(failures) == 1
@@ -45,11 +48,24 @@ def test_persona_and_queries_on_the_embedded_model(tmp_path):
             assert persona.big_five is not None and persona.traits
     assert summary.eligible + summary.ineligible == len(rows)
 
+
+def test_gen_queries_on_the_embedded_model(tmp_path):
+    """From one persona written by the test server (a valid, eligible one), so this test
+    does not depend on what the base model makes of the persona step."""
+    quiet = Console(file=open(tmp_path / "console.txt", "w"))  # noqa: SIM115
+    filter_users(str(SAMPLE), tmp_path / "filtered.jsonl", console=quiet)
+    with FakeOpenAI() as server:
+        fake = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=tmp_path / "fake-work")
+        infer_personas(tmp_path / "filtered.jsonl", tmp_path / "personas.jsonl", fake, limit=1, console=quiet)
+    assert Persona.model_validate_json((tmp_path / "personas.jsonl").read_text().splitlines()[0]).eligible
+
+    settings = LLMSettings(llm="local", work_dir=tmp_path / "work", temperature=0.0)  # as the demo
     options = QueryOptions(enforce=("memory_ids_valid", "length_ok", "not_duplicate"))
     report, funnel = generate_queries(
         tmp_path / "personas.jsonl", tmp_path / "queries.jsonl", settings, options=options
     )
-    assert report.outcome.balanced
+    assert report.outcome.balanced and report.outcome.units == 1
+    assert report.endpoint_kind == "local"
     assert funnel.generated == sum(funnel.accepted.values()) + sum(funnel.rejected.values())
     for line in (tmp_path / "queries.jsonl").read_text().splitlines():
         row = json.loads(line)
@@ -57,3 +73,4 @@ def test_persona_and_queries_on_the_embedded_model(tmp_path):
         for query in (Query.model_validate(q) for q in row["queries"]):
             assert set(query.memory_ids) <= memory_ids and query.checks.passed
             assert query.category in options.categories
+            assert not {"{", "}", "[", "]", '"'} & set(query.query), "plain text under the grammar"

@@ -206,7 +206,8 @@ def test_sigkill_mid_stage_then_resume_repeats_no_finished_unit(tmp_path):
         assert result.returncode == 0, result.stderr
         done, done_before, balanced = result.stdout.split()
         assert int(done) + int(done_before) == 40 and balanced == "True"
-        resumed = {unit_of(r) for r in server.chat_requests[before:]}
+        # A request the kill cut short may be recorded late, without a body: not the resume's.
+        resumed = {unit_of(r) for r in server.chat_requests[before:] if isinstance(r.body, dict)}
         assert not resumed & set(finished)
     rows = lines(out)
     assert [r["id"] for r in rows] == list(range(40))
