@@ -20,9 +20,13 @@ SAMPLE_KEPT = 16
 
 
 def pytest_collection_modifyitems(items):
-    """The embedded-model tests first (`make test` runs pytest -n 3 on 2 cores): the long
-    ones start at once on their own workers instead of running alone at the end, while the
-    tests that mostly wait on servers and subprocesses fill the idle time."""
+    """`make test` runs pytest -n 3 --dist loadgroup on 2 cores: the embedded-model tests
+    (CPU-bound, one thread each) go first and together to one worker, so they hold one
+    core from the start; the two other workers share the other core, as most of their
+    tests wait on servers and subprocesses."""
+    for item in items:
+        if item.get_closest_marker("embedded"):
+            item.add_marker(pytest.mark.xdist_group("embedded"))
     items.sort(key=lambda item: item.get_closest_marker("embedded") is None)
 
 
