@@ -149,6 +149,7 @@ async def _run_locked(
         on_progress(outcome)
 
     encode = msgspec.json.Encoder()
+    stopped = True
     try:
         with (
             jsonlines.open(output, "a", dumps=lambda v: encode.encode(v).decode(), flush=True) as out,
@@ -179,9 +180,13 @@ async def _run_locked(
                     on_progress(outcome)
 
             await _run_window(todo, one, window)
+            stopped = False
     finally:
-        # Also after a run-level stop: what finished is kept, and nothing stale stays.
-        _finish(output, failures, units, key, hashes)
+        # What finished is kept and nothing stale stays, also after a run-level stop. A run
+        # stopped before any unit finished (a dead endpoint, a wrong key or model) learned
+        # nothing: the files stay as they were, so a typo never costs an earlier run's rows.
+        if not stopped or outcome.done or outcome.failed:
+            _finish(output, failures, units, key, hashes)
     return outcome
 
 

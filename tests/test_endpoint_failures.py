@@ -41,13 +41,15 @@ def closed_port() -> int:
         return sock.getsockname()[1]  # nothing listens there once the socket is closed
 
 
-def infer(tmp_path: Path, filtered: Path, base_url: str, key: str = KEY) -> subprocess.CompletedProcess:
+def infer(
+    tmp_path: Path, filtered: Path, base_url: str, key: str = KEY, model: str = "fake"
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "OPENAI_API_KEY": key, "NO_COLOR": "1", "COLUMNS": "200"}
     env.pop("OPENAI_BASE_URL", None)
     return subprocess.run(
         [sys.executable, "-m", "personaemp", "infer-persona", "--input", str(filtered),
          "--output", str(tmp_path / "personas.jsonl"), "--work-dir", str(tmp_path / "work"),
-         "--base-url", base_url, "--model", "fake"],
+         "--base-url", base_url, "--model", model],
         capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path,
     )  # fmt: skip
 
@@ -91,6 +93,19 @@ def test_dead_endpoint_stops_with_one_line_and_records_nothing(tmp_path, filtere
     assert rows(tmp_path / "infer-persona.failures.jsonl") == []
     assert_key_nowhere(tmp_path, result.stdout, result.stderr)
     then_a_working_endpoint_does_every_unit(tmp_path, filtered)
+
+
+def test_a_run_stopped_before_any_unit_leaves_earlier_rows_alone(tmp_path, filtered):
+    """Before: a mistyped --base-url with another --model emptied personas.jsonl (the final
+    rewrite keeps only rows of the current recipe, and the stopped run made none)."""
+    with FakeOpenAI() as good:
+        assert infer(tmp_path, filtered, good.base_url).returncode == 0
+    files = [tmp_path / "personas.jsonl", tmp_path / "infer-persona.failures.jsonl"]
+    before = [path.read_bytes() for path in files]
+    assert len(rows(files[0])) + len(rows(files[1])) == USERS
+    result = infer(tmp_path, filtered, f"http://127.0.0.1:{closed_port()}/v1", model="another")
+    assert_one_clean_line(result, "did not answer")
+    assert [path.read_bytes() for path in files] == before
 
 
 @pytest.mark.parametrize("status", [400, 501])
