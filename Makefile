@@ -16,7 +16,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DCMAKE_PROJECT_llama.cp
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# --no-compile: byte-compiling every installed module took 25 of 59 s; Python compiles
-	# the modules it imports on first use.
+	# the modules it imports on first use (the first test run pays part of it back).
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet --no-compile --disable-pip-version-check -e '.[dev,local]'
 	touch $@
 
