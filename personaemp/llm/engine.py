@@ -264,13 +264,13 @@ class Engine:
                 reply = await self._send(stats, request, mode)
             except _FormatRefused:
                 continue
-            _count_tokens(stats, request, reply)
+            prompt_tokens, completion_tokens = _count_tokens(stats, request, reply)
             if reply.seconds is not None:
                 self.accounting.record_call(
                     step_name,
                     reply.seconds,
-                    prompt_tokens=reply.prompt_tokens or 0,
-                    completion_tokens=reply.completion_tokens or 0,
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=completion_tokens,
                     mode=mode,
                 )
             return reply, key, request, False
@@ -412,23 +412,24 @@ def _hint(error: LLMError) -> str:
     return "the endpoint refuses these requests: check --model, --max-tokens and --temperature for it"
 
 
-def _count_tokens(stats: StepStats, request: dict, reply: RawReply, sent: bool = True) -> None:
+def _count_tokens(stats: StepStats, request: dict, reply: RawReply, sent: bool = True) -> tuple[int, int]:
     """Characters count every reply (the pipeline's size, cache or not); tokens count only
-    what was sent and paid for."""
+    what was sent and paid for. Returns the (prompt, completion) tokens counted."""
     prompt_chars = sum(len(m["content"]) for m in request["messages"])
     stats.prompt_chars += prompt_chars
     stats.completion_chars += len(reply.content)
     if not sent:
-        return
+        return 0, 0
     # Endpoints that report no usage get the chars/4 estimate.
-    stats.prompt_tokens += reply.prompt_tokens if reply.prompt_tokens is not None else prompt_chars // 4
-    stats.completion_tokens += (
-        reply.completion_tokens if reply.completion_tokens is not None else len(reply.content) // 4
-    )
+    prompt = reply.prompt_tokens if reply.prompt_tokens is not None else prompt_chars // 4
+    completion = reply.completion_tokens if reply.completion_tokens is not None else len(reply.content) // 4
+    stats.prompt_tokens += prompt
+    stats.completion_tokens += completion
     if reply.reasoning_tokens is not None:
         stats.reasoning_tokens += reply.reasoning_tokens
     else:
         stats.reasoning_tokens += (len(reply.reasoning) + len(split_reasoning(reply.content)[1])) // 4
+    return prompt, completion
 
 
 GRAMMAR_MAX_STRING = 200  # characters
