@@ -179,7 +179,7 @@ def test_serve_local_stops_its_server_mid_reply(tmp_path):
         )
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         threading.Thread(target=lambda: _ignore_errors(opener.open, request), daemon=True).start()
-        time.sleep(1.0)  # the reply is being generated (4000 tokens: over a minute)
+        time.sleep(0.5)  # the reply is being generated (4000 tokens: over a minute)
         cli.send_signal(signal.SIGTERM)
         assert cli.wait(timeout=60) == 0
         with pytest.raises(ProcessLookupError):

@@ -31,7 +31,7 @@ MODEL_NAME = "gemma3-270m-local"
 # "student, student, …") until the grammar's length bound; a mild penalty on tokens
 # repeated within the last 64 stops most loops without bending the JSON.
 REQUEST_EXTRAS = {"repeat_penalty": 1.15}
-STOP_GRACE = 3.0  # seconds a stopped server gets to exit before it is killed (it would finish its reply)
+STOP_GRACE = 1.0  # seconds a stopped server gets to exit before it is killed (it would finish its reply)
 _INSTALL_HINT = "pip install 'personaemp[local]' (compiles llama-cpp-python: minutes; see the README)"
 
 
