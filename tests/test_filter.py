@@ -8,6 +8,7 @@ import pytest
 from conftest import (
     FLAG,
     SAMPLE_KEPT,
+    SAMPLE_TASK1,
     SAMPLE_USERS,
     files_in,
     memory_item,
@@ -20,6 +21,7 @@ from conftest import (
     write_jsonl,
     write_task1,
 )
+from rich.console import Console
 
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy
@@ -438,3 +440,11 @@ def test_empty_input_is_refused_and_keeps_the_previous_output(tmp_path):
         run(tmp_path, folder, report_path=tmp_path / "out" / "report.json")
     assert output.read_bytes() == b'{"sentinel": true}\n'
     assert files_in(output.parent) == ["filtered.jsonl"]
+
+
+def test_filter_users_takes_paths_or_strings_for_both_ends(tmp_path):
+    """Before: a Path source failed in detect_format and a str output failed at the lock."""
+    by_path = filter_users(SAMPLE_TASK1, str(tmp_path / "a.jsonl"), console=Console(quiet=True))
+    by_str = filter_users(str(SAMPLE_TASK1), tmp_path / "b.jsonl", console=Console(quiet=True))
+    assert by_path.kept == by_str.kept == SAMPLE_KEPT
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()

@@ -88,8 +88,8 @@ def _label_key(label: str) -> str:
 
 
 def filter_users(
-    source: str,
-    output: Path,
+    source: str | Path,
+    output: str | Path,
     *,
     fmt: str = "auto",
     rules_path: Path | None = None,
@@ -107,6 +107,7 @@ def filter_users(
     """
     if keep_turns not in ("user", "all"):
         raise InputError(f"--turns must be 'user' or 'all', not {keep_turns!r}")
+    source, output = str(source), Path(output)  # a library caller may pass either
     roles = ("user",) if keep_turns == "user" else None
     rules = RuleSet(load_rules(rules_path))
     policy = ErrorPolicy(on_error)
