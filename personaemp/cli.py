@@ -28,7 +28,8 @@ app = typer.Typer(
 def main(
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
-    """Staged commands: filter -> infer-persona -> gen-queries -> split -> push."""
+    """Staged commands: filter -> infer-persona -> gen-queries -> split -> push; then
+    criteria -> respond -> evaluate to benchmark models on the dataset."""
     if version:
         from personaemp import __version__
 
@@ -186,6 +187,30 @@ def gen_queries_command(options: Resolver) -> None:
     from personaemp.pipeline import run_queries
 
     run_queries(options.queries, options.llm, stderr_console())
+
+
+@stage_command("criteria")
+def criteria_command(options: Resolver) -> None:
+    """Write 4-6 weighted evaluation criteria per query and PERM dimension, seeing no response (LLM)."""
+    from personaemp.pipeline import run_criteria
+
+    run_criteria(options.criteria, options.llm, stderr_console())
+
+
+@stage_command("respond")
+def respond_command(options: Resolver) -> None:
+    """Have a policy model answer every query of a split, with the chosen context (LLM)."""
+    from personaemp.pipeline import run_respond
+
+    run_respond(options.respond, options.llm, stderr_console())
+
+
+@stage_command("evaluate")
+def evaluate_command(options: Resolver) -> None:
+    """Score systems' responses per PERM dimension (fixed criteria, or dynamic @k), side by side (LLM)."""
+    from personaemp.pipeline import run_evaluate
+
+    run_evaluate(options.evaluate, options.llm, Console(soft_wrap=True))
 
 
 @app.command("serve-local")

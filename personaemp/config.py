@@ -117,6 +117,9 @@ class Resolver:
     queries = property(lambda self: self.section("queries"))
     split = property(lambda self: self.section("split"))
     push = property(lambda self: self.section("push"))
+    criteria = property(lambda self: self.section("criteria"))
+    respond = property(lambda self: self.section("respond"))
+    evaluate = property(lambda self: self.section("evaluate"))
 
     def _resolve(self, name: str) -> Section:
         model = SECTIONS[name]

@@ -1,7 +1,8 @@
 """Every option of every stage, declared once.
 
 One pydantic model per TOML section: `[filter]`, `[persona]` (infer-persona), `[queries]`
-(gen-queries), `[split]`, `[push]`, `[llm]` (the options both LLM stages share) and
+(gen-queries), `[split]`, `[push]`, `[criteria]`, `[respond]`, `[evaluate]`, `[llm]` (the options
+every LLM command shares) and
 `[paths]` (where a config's files live). A field is an option: its name is the TOML key,
 its type, default and constraints are the validation, and its `Opt` metadata holds the
 help text, the CLI spelling (default `--field-name`), the environment variable and, for
@@ -50,7 +51,10 @@ CHECKS = (
     "emotional_support", "logical_consistency", "role_awareness", "memory_ids_valid",
     "category_match", "length_ok", "language_match", "not_duplicate",
 )  # fmt: skip  # personaemp.stages.queries.CHECKS
-STEPS = ("persona", "big_five", "situations", "query", "check")  # the stages' Step names
+STEPS = (
+    "persona", "big_five", "situations", "query", "check",
+    "criteria", "respond", "judge", "judge_dynamic", "bystander",
+)  # fmt: skip  # the stages' Step names
 STEP_KEYS = ("temperature", "max_tokens")
 
 Format = Literal["auto", "task1", "raw", "hf"]
@@ -58,7 +62,10 @@ Check = Literal[
     "emotional_support", "logical_consistency", "role_awareness", "memory_ids_valid",
     "category_match", "length_ok", "language_match", "not_duplicate",
 ]  # fmt: skip
-StepName = Literal["persona", "big_five", "situations", "query", "check"]
+StepName = Literal[
+    "persona", "big_five", "situations", "query", "check",
+    "criteria", "respond", "judge", "judge_dynamic", "bystander",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -179,7 +186,7 @@ class StepSampling(Section):
 
 
 class LLMOptions(Section):
-    """[llm]: the options infer-persona and gen-queries share. The API key is not one of
+    """[llm]: the options every LLM command shares. The API key is not one of
     them: it comes from OPENAI_API_KEY only (a flag would land in shell history)."""
 
     base_url: Annotated[
@@ -367,6 +374,14 @@ class PushOptions(Section):
     private: Annotated[bool, Opt("Create the repo private.")] = False
     revision: Annotated[str | None, Opt("Branch to push to.")] = None
     include_dialogue: Annotated[bool, Opt("Also publish the users' own messages.")] = False
+    criteria: Annotated[
+        Path,
+        Opt(
+            "Criteria file (`personaemp criteria`); published as a `criteria` column when it exists.",
+            ("--criteria",),
+            derive="processed:criteria.jsonl",
+        ),
+    ] = PROCESSED / "criteria.jsonl"
 
     @field_validator("repo_id")
     @classmethod
@@ -387,6 +402,95 @@ class PushOptions(Section):
         return self.dry_run or not self.repo_id
 
 
+class CriteriaOptions(Section):
+    input: Annotated[
+        Path,
+        Opt("Queries (gen-queries' output, or a split file).", ("--input", "-i"), derive="queries.output"),
+    ] = PROCESSED / "queries.jsonl"
+    output: Annotated[
+        Path,
+        Opt("Criteria per query and dimension.", ("--output", "-o"), derive="processed:criteria.jsonl"),
+    ] = PROCESSED / "criteria.jsonl"
+    limit: Annotated[int | None, Field(ge=1), Opt("Only the first N queries.")] = None
+    users: Annotated[
+        Names | None,
+        Field(min_length=1),
+        Opt("Only the queries of these user ids (repeat or comma-separate).", metavar="ID"),
+    ] = None
+
+
+SplitName = Literal["random", "ood"]
+Part = Literal["train", "test"]
+
+
+class RespondOptions(Section):
+    splits: Annotated[
+        Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir")
+    ] = PROCESSED / "splits"
+    split: Annotated[SplitName, Opt("Split setting.")] = "random"
+    part: Annotated[Part, Opt("Part of the split.")] = "test"
+    context: Annotated[
+        Literal["none", "memory", "persona", "rag"],
+        Opt(
+            "What the policy sees besides the query: nothing, the numbered memories (the paper's "
+            "input), the persona, or the rag_k memories most similar to the query."
+        ),
+    ] = "memory"
+    rag_k: Annotated[int, Field(ge=1), Opt("Memories given with --context rag.")] = 3
+    output: Annotated[
+        Path | None,
+        Opt(
+            "Responses, one per query (default: responses-<context>.jsonl beside the splits folder).",
+            ("--output", "-o"),
+        ),
+    ] = None
+    limit: Annotated[int | None, Field(ge=1), Opt("Only the first N queries.")] = None
+
+    @property
+    def output_path(self) -> Path:
+        return self.output or self.splits.parent / f"responses-{self.context}.jsonl"
+
+
+class EvaluateOptions(Section):
+    splits: Annotated[
+        Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir")
+    ] = PROCESSED / "splits"
+    split: Annotated[SplitName, Opt("Split setting.")] = "random"
+    part: Annotated[Part, Opt("Part of the split.")] = "test"
+    responses: Annotated[
+        Names,
+        Opt(
+            "Responses file of a system (query_id, response per line); repeat for several, each "
+            "named by its file name.",
+            metavar="FILE",
+        ),
+    ] = []
+    criteria_file: Annotated[
+        Path, Opt("Fixed criteria (`personaemp criteria`).", derive="criteria.output")
+    ] = PROCESSED / "criteria.jsonl"
+    judge_model: Annotated[str | None, Opt("Judge model (default: --model).")] = None
+    dynamic: Annotated[bool, Opt("PereGRM: the judge writes its own criteria in each call.")] = False
+    samples: Annotated[int, Field(ge=1), Opt("Judgments averaged per dimension with --dynamic (@k).")] = 1
+    bystander: Annotated[bool, Opt("Also the persona-blind bystander score B and the reward.")] = False
+    reward_lambda: Annotated[
+        float, Field(ge=0), Opt("lambda of reward = H + lambda * (B - 1).", ("--lambda",))
+    ] = 0.5
+    report: Annotated[
+        Path,
+        Opt(
+            "Report (JSON); the scores go beside it (<name>.scores.jsonl).",
+            ("--report", "-o"),
+            derive="processed:evaluation/report.json",
+        ),
+    ] = PROCESSED / "evaluation" / "report.json"
+
+    @model_validator(mode="after")
+    def _samples_need_dynamic(self) -> EvaluateOptions:
+        if self.samples > 1 and not self.dynamic:
+            raise OptionProblem("samples", "applies to {dynamic} judging", "add {dynamic}")
+        return self
+
+
 class RunOptions(Section):
     """personaemp.toml: every section (the file may leave any out).
 
@@ -400,6 +504,9 @@ class RunOptions(Section):
     queries: QueriesOptions = QueriesOptions()
     split: SplitOptions = SplitOptions()
     push: PushOptions = PushOptions()
+    criteria: CriteriaOptions = CriteriaOptions()
+    respond: RespondOptions = RespondOptions()
+    evaluate: EvaluateOptions = EvaluateOptions()
 
     @model_validator(mode="after")
     def _derived_paths(self) -> RunOptions:
@@ -435,6 +542,9 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "gen-queries": ("queries", "llm"),
     "split": ("split",),
     "push": ("push",),
+    "criteria": ("criteria", "llm"),
+    "respond": ("respond", "llm"),
+    "evaluate": ("evaluate", "llm"),
 }
 # Options of the stage commands that are not stage settings: no TOML key.
 CLI_ONLY: dict[str, dict[str, str]] = {
@@ -635,6 +745,9 @@ _TITLES = {
     "gen-queries": "`personaemp gen-queries` — TOML `[queries]`",
     "split": "`personaemp split` — TOML `[split]`",
     "push": "`personaemp push` — TOML `[push]`",
+    "criteria": "`personaemp criteria` — TOML `[criteria]`",
+    "respond": "`personaemp respond` — TOML `[respond]`",
+    "evaluate": "`personaemp evaluate` — TOML `[evaluate]`",
 }
 
 
@@ -697,7 +810,7 @@ def markdown_tables() -> str:
         )
         out.append(f"Command-only (no TOML key): {only}.")
         out.append("")
-    out.append("#### LLM options of `infer-persona` and `gen-queries` — TOML `[llm]`")
+    out.append("#### LLM options of every LLM command — TOML `[llm]`")
     out.append("")
     out.extend(_table(specs("llm")))
     out.append("")

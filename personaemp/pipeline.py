@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -19,11 +20,14 @@ from rich.markup import escape
 
 from personaemp.config import llm_settings
 from personaemp.options import (
+    CriteriaOptions,
+    EvaluateOptions,
     FilterOptions,
     LLMOptions,
     PersonaOptions,
     PushOptions,
     QueriesOptions,
+    RespondOptions,
     RunOptions,
     SplitOptions,
 )
@@ -141,6 +145,7 @@ def run_push(options: PushOptions, console: Console):
         private=options.private,
         revision=options.revision,
         include_dialogue=options.include_dialogue,
+        criteria=options.criteria,
     )
     if dry and not options.dry_run:
         console.print("no repo_id: a dry run, the repository that would be pushed goes to a folder")
@@ -150,6 +155,77 @@ def run_push(options: PushOptions, console: Console):
         console.print(f"[yellow]warning:[/] {escape(warning)}")
     console.print(f"wrote {result.target}")
     return result
+
+
+def run_criteria(
+    options: CriteriaOptions, llm: LLMOptions, console: Console, env: Mapping[str, str] | None = None
+):
+    from personaemp import summaries
+    from personaemp.stages import criteria as stage
+
+    report = stage.write_criteria(
+        options.input,
+        options.output,
+        llm_settings(llm, env),
+        limit=options.limit,
+        users=options.users,
+        retry_failed=llm.retry_failed,
+        console=console,
+    )
+    summaries.print_stage_report(report, console)
+    return report
+
+
+def run_respond(
+    options: RespondOptions, llm: LLMOptions, console: Console, env: Mapping[str, str] | None = None
+):
+    from personaemp import summaries
+    from personaemp.stages import respond as stage
+
+    report = stage.write_responses(
+        options.splits,
+        options.output_path,
+        llm_settings(llm, env),
+        split=options.split,
+        part=options.part,
+        context=options.context,
+        rag_k=options.rag_k,
+        limit=options.limit,
+        retry_failed=llm.retry_failed,
+        console=console,
+    )
+    summaries.print_stage_report(report, console)
+    console.print(f"wrote {options.output_path}")
+    return report
+
+
+def run_evaluate(
+    options: EvaluateOptions, llm: LLMOptions, console: Console, env: Mapping[str, str] | None = None
+):
+    from personaemp import summaries
+    from personaemp.stages import evaluate as stage
+
+    report, evaluation = stage.evaluate(
+        options.splits,
+        [Path(path) for path in options.responses],
+        options.report,
+        llm_settings(llm, env),
+        split=options.split,
+        part=options.part,
+        criteria_file=options.criteria_file,
+        judge_model=options.judge_model,
+        options=stage.JudgeOptions(
+            dynamic=options.dynamic,
+            samples=options.samples,
+            bystander=options.bystander,
+            reward_lambda=options.reward_lambda,
+        ),
+        retry_failed=llm.retry_failed,
+        console=console,
+    )
+    summaries.print_stage_report(report, console)
+    summaries.print_evaluation(evaluation, console)
+    return evaluation
 
 
 def run_pipeline(

@@ -195,3 +195,32 @@ class Query(Record):
     memory_ids: list[str]
     checks: Checks
     provenance: Provenance
+
+
+# --- criteria, respond, evaluate -------------------------------------------------------
+
+Dimension = Literal["resonation", "expression", "reception"]
+# The one definition of each PERM dimension (extended with the user's persona and
+# memories): the criteria prompt and both judge prompts render it.
+DIMENSION_DEFINITIONS = {
+    "resonation": "does the response understand this user's emotions and the needs under "
+    "them, given what they have lived through and who they are?",
+    "expression": "are the response's strategy, tone and style the ones that suit this particular person?",
+    "reception": "would this user, as the memories and persona describe them, feel "
+    "supported by the response?",
+}
+DIMENSIONS = tuple(DIMENSION_DEFINITIONS)
+
+
+class Criterion(Record):
+    name: str
+    weight: float  # normalised: a query's criteria for one dimension sum to 100
+    description: str
+    given_weight: float | None = None  # what the model wrote before normalising
+
+
+class Response(Record):
+    """A row of a responses file: what `evaluate` needs (bring your own with these two)."""
+
+    query_id: str
+    response: str | None

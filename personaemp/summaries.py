@@ -182,3 +182,52 @@ def print_split_report(report, out_dir, console: Console) -> None:
             levels.add_row(trait, *(f"{shares[lv]:.2f} → {test[lv]:.2f}" for lv in ("low", "medium", "high")))
         console.print(levels)
     console.print(f"wrote {out_dir}")
+
+
+def print_evaluation(evaluation: dict, console: Console) -> None:
+    """Systems side by side: counts, each dimension, Avg, H (and B, reward), then Avg by
+    query category and by each Big Five level."""
+    from personaemp.records import BIG_FIVE, DIMENSIONS
+
+    systems = evaluation["systems"]
+    title = (
+        f"evaluate · {evaluation['split']}/{evaluation['part']} · judge {evaluation['judge_model']} "
+        f"({evaluation['mode']})"
+    )
+    table = Table(title=title, title_justify="left")
+    table.add_column("")
+    for name in systems:
+        table.add_column(escape(name), justify="right")
+
+    def row(label: str, value) -> None:
+        table.add_row(label, *(value(entry) for entry in systems.values()))
+
+    def number(value, digits: int = 2) -> str:
+        return "—" if value is None else f"{value:.{digits}f}"
+
+    for field, label in (("queries", "queries"), ("judged", "judged"), ("missing", "missing"),
+                         ("empty", "empty"), ("unparsed", "unparsed"), ("n", "n (scored)")):  # fmt: skip
+        row(label, lambda entry, field=field: str(entry.get(field, 0)))
+    for dimension in DIMENSIONS:
+        row(dimension, lambda e, d=dimension: number(e.get("dimensions", {}).get(d)))
+    row("Avg", lambda e: number(e.get("avg")))
+    row("H (0-1)", lambda e: number(e.get("harmonic"), 3))
+    if any("bystander" in entry for entry in systems.values()):
+        row("bystander B", lambda e: number(e.get("bystander"), 3))
+        row(f"reward (λ={evaluation['lambda']:g})", lambda e: number(e.get("reward"), 3))
+    categories = sorted({c for entry in systems.values() for c in entry.get("by_category", {})})
+    for category in categories:
+        row(f"Avg · {category}", lambda e, c=category: _avg_n(e.get("by_category", {}).get(c)))
+    for trait in BIG_FIVE:
+        for level in ("low", "medium", "high"):
+            cells = [_avg_n(e["by_big_five"][trait][level]) for e in systems.values()]
+            if any(cell != "—" for cell in cells):
+                table.add_row(f"Avg · {trait} {level}", *cells)
+    console.print(table)
+    console.print(f"wrote {evaluation['scores_file']} and the report beside it")
+
+
+def _avg_n(metrics: dict | None) -> str:
+    if not metrics or not metrics.get("n"):
+        return "—"
+    return f"{metrics['avg']:.2f} (n={metrics['n']})"

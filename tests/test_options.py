@@ -126,7 +126,10 @@ def test_the_names_options_repeat_agree_with_the_stages():
 
     assert opts.FORMATS == FORMATS
     assert opts.CHECKS == queries.CHECKS
-    assert set(opts.STEPS) == {step.name for step in (*persona.STEPS, *queries.STEPS)}
+    from personaemp.stages import criteria, evaluate, respond
+
+    stages = (persona, queries, criteria, respond, evaluate)
+    assert set(opts.STEPS) == {step.name for stage in stages for step in stage.STEPS}
     assert RunOptions().queries.categories == list(CATEGORIES)
     assert set(opts.STEP_KEYS) == set(opts.StepSampling.model_fields)
 
@@ -340,6 +343,30 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "private": True,
         "revision": "dev",
         "include_dialogue": True,
+        "criteria": "c/crit.jsonl",
+    },
+    "criteria": {"input": "c/in.jsonl", "output": "c/out.jsonl", "limit": 4, "users": ["u9"]},
+    "respond": {
+        "splits": "r/splits",
+        "split": "ood",
+        "part": "train",
+        "context": "rag",
+        "rag_k": 5,
+        "output": "r/out.jsonl",
+        "limit": 7,
+    },
+    "evaluate": {
+        "splits": "e/splits",
+        "split": "ood",
+        "part": "train",
+        "responses": ["a.jsonl", "b.jsonl"],
+        "criteria_file": "e/criteria.jsonl",
+        "judge_model": "judge",
+        "dynamic": True,
+        "samples": 8,
+        "bystander": True,
+        "reward_lambda": 0.25,
+        "report": "e/report.json",
     },
 }
 
@@ -406,8 +433,9 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
     )
     assert by_run["push"] == (
         (Path("s/out"),),
-        {"repo_id": "me/data", "out": None, "private": True, "revision": "dev", "include_dialogue": True},
-    )
+        {"repo_id": "me/data", "out": None, "private": True, "revision": "dev", "include_dialogue": True,
+         "criteria": Path("c/crit.jsonl")},
+    )  # fmt: skip
 
 
 def test_env_vars_reach_the_commands_and_run_alike(calls, tmp_path):
@@ -455,7 +483,7 @@ def test_push_dry_run_without_out_goes_to_the_processed_dataset_folder(calls):
     assert calls["push"] == (
         (Path("data/processed/splits"),),
         {"repo_id": None, "out": Path("data/processed/dataset"), "private": False, "revision": None,
-         "include_dialogue": False},
+         "include_dialogue": False, "criteria": Path("data/processed/criteria.jsonl")},
     )  # fmt: skip
 
 
@@ -621,3 +649,50 @@ def test_update_readme_rewrites_only_the_block(tmp_path):
     assert text.startswith(f"intro\n{opts.BEGIN}\n") and text.endswith(f"{opts.END}\noutro\n")
     assert opts.readme_block(text) == opts.markdown_tables()
     assert opts.update_readme(readme) is False
+
+
+def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(monkeypatch, tmp_path):
+    """criteria, respond and evaluate are not part of `run`; their flags and their TOML
+    sections must still reach the stage function identically."""
+    from personaemp import summaries
+    from personaemp.stages import criteria, evaluate, respond
+
+    calls: dict[str, tuple] = {}
+
+    def recorder(name, result):
+        def record(*args, **kwargs):
+            kwargs.pop("console", None)
+            calls[name] = (tuple(a for a in args if not isinstance(a, LLMSettings)), kwargs)
+            return result
+
+        return record
+
+    evaluation = {"systems": {}, "split": "", "part": "", "judge_model": "", "mode": "", "lambda": 0.5,
+                  "scores_file": ""}  # fmt: skip
+    monkeypatch.setattr(criteria, "write_criteria", recorder("criteria", None))
+    monkeypatch.setattr(respond, "write_responses", recorder("respond", None))
+    monkeypatch.setattr(evaluate, "evaluate", recorder("evaluate", (None, evaluation)))
+    for name in dir(summaries):
+        if name.startswith("print_"):
+            monkeypatch.setattr(summaries, name, lambda *args, **kwargs: None)
+    config = tmp_path / "bench.toml"
+    config.write_text(
+        toml_text({k: NON_DEFAULT[k] for k in ("criteria", "respond", "evaluate")}), encoding="utf-8"
+    )
+    for command in ("criteria", "respond", "evaluate"):
+        invoke(command, "--config", config)
+        by_config = calls.pop(command)
+        invoke(command, *cli_args(command, NON_DEFAULT[command]))
+        assert calls.pop(command) == by_config, command
+    invoke("respond", "--config", config)
+    args, kwargs = calls["respond"]
+    assert args == (Path("r/splits"), Path("r/out.jsonl"))
+    assert kwargs == {"split": "ood", "part": "train", "context": "rag", "rag_k": 5, "limit": 7,
+                      "retry_failed": False}  # fmt: skip
+    invoke("evaluate", "--config", config)
+    args, kwargs = calls["evaluate"]
+    assert args == (Path("e/splits"), [Path("a.jsonl"), Path("b.jsonl")], Path("e/report.json"))
+    assert kwargs["judge_model"] == "judge" and kwargs["criteria_file"] == Path("e/criteria.jsonl")
+    assert kwargs["options"] == evaluate.JudgeOptions(
+        dynamic=True, samples=8, bystander=True, reward_lambda=0.25
+    )

@@ -30,7 +30,10 @@ from fake_openai import FakeOpenAI
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = ("persona", "big_five", "situations", "query", "check")
+PROMPTS = (
+    "persona", "big_five", "situations", "query", "check",
+    "criteria", "respond", "judge", "judge_dynamic", "bystander",
+)  # fmt: skip
 DATA_FILES = [f"personaemp/prompts/{name}.md" for name in PROMPTS] + ["personaemp/default_rules.toml"]
 # What a wheel is built from; the build runs on a copy so the checkout gets no build/ or *.egg-info.
 SOURCES = ("pyproject.toml", "README.md", "personaemp")

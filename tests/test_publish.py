@@ -285,7 +285,7 @@ def test_dry_run_loads_back_with_counts_features_and_content(splits, tmp_path):
             assert len(part) == expected_count
             assert result.rows[setting][split] == expected_count
             assert part.features == features(False)
-            assert part.column_names == [c for c in COLUMNS if c != "user_turns"]
+            assert part.column_names == [c for c in COLUMNS if c not in ("user_turns", "criteria")]
             assert part.column_names[0] == "user_id"
             assert "turns" not in part.column_names and "user_turns" not in part.column_names
             assert set(part["user_id"]) == {u["user_id"] for u in users}
@@ -403,7 +403,7 @@ def test_card_reports_this_runs_funnel_split_and_distributions(splits, tmp_path)
                 assert f"| {setting} | {split} | {trait} | {counts} |" in lines
 
     # schema, license, citations, ethics
-    for column in (c for c in COLUMNS if c != "user_turns"):
+    for column in (c for c in COLUMNS if c not in ("user_turns", "criteria")):
         assert f"| {column} |" in card
     assert "| user_turns |" not in card
     assert "ODC-BY" in card
@@ -1162,3 +1162,24 @@ def test_real_push_failure_is_one_line_without_the_token(splits, hub, monkeypatc
     assert "me/x: the push failed (401 Unauthorized" in text
     assert SECRET not in text
     assert snapshot(tmp_path) == before  # the staged files are gone
+
+
+def test_criteria_are_published_as_a_column_when_the_file_exists(splits, tmp_path):
+    from personaemp.records import DIMENSIONS
+
+    published = [q["query_id"] for u in users_of(splits, "random", "test") for q in u["queries"]]
+    item = {"name": "names the loss", "weight": 60.0, "description": "d", "given_weight": 3}
+    rows = [{"query_id": published[0], "criteria": {d: [item] for d in DIMENSIONS}}]
+    criteria = tmp_path / "criteria.jsonl"
+    criteria.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+    result = publish(splits, out=tmp_path / "repo", criteria=criteria)
+    data = load(tmp_path / "repo", "random", tmp_path / "cache")["test"]
+    by_id = {row["query_id"]: row["criteria"] for row in data}
+    assert by_id[published[0]] == {d: [{"name": "names the loss", "weight": 60.0, "description": "d"}]
+                                   for d in DIMENSIONS}  # fmt: skip
+    assert all(by_id[q] == {d: [] for d in DIMENSIONS} for q in published[1:])
+    assert any("no criteria for" in warning for warning in result.warnings)
+    # without the file: no column at all
+    publish(splits, out=tmp_path / "plain", criteria=tmp_path / "missing.jsonl")
+    assert "criteria" not in load(tmp_path / "plain", "random", tmp_path / "cache2")["test"].column_names

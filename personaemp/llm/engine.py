@@ -37,6 +37,7 @@ Reply = TypeVar("Reply", bound=BaseModel)
 Message = dict[str, str]
 
 LADDER = ("json_schema", "json_object", "none")  # what `--structured auto` tries, in order
+TEXT = "text"  # a free-text request (Engine.text): outside the ladder, never refused for its format
 SCHEMA_IN_PROMPT = (
     "Answer in json: one JSON object that follows this JSON schema, and nothing else.\n{schema}"
 )
@@ -184,6 +185,45 @@ class Engine:
             attempts=self.max_reasks + 1,
         )
 
+    async def text(self, step: Step, messages: list[Message], *, sample: int = 0) -> CallResult:
+        """Ask for free text (a policy model's response): no response format, no schema.
+
+        Reasoning (`<think>` blocks, `reasoning_content`) is set aside; an empty answer is
+        asked again, and one cut while reasoning gets twice the budget. An answer cut by
+        the token limit is kept: `parsed` is the finish reason, so the stage can say so.
+        """
+        stats = self.accounting.step(step.name)
+        stats.calls += 1
+        sampling = self.sampling(step)
+        budget = sampling.max_tokens
+        reply = RawReply("", None, None, None)
+        for attempt in range(self.max_reasks + 1):
+            if attempt:
+                stats.reasks += 1
+            sample_key = f"{sample}.{attempt}" if attempt else sample
+            reply, key, request, cached = await self._reply(
+                step.name, messages, None, sampling, budget, sample_key
+            )
+            answer = split_reasoning(reply.content)[0]
+            if answer:
+                if not cached:
+                    self._store(key, step.name, request, reply, valid=True)
+                return CallResult(value=answer, parsed=reply.finish_reason, raw=reply.content, cached=cached)
+            self._store(key, step.name, request, reply, valid=False)
+            if reply.finish_reason == "length":
+                stats.cut_replies += 1
+                stats.cut_in_reasoning += 1
+                budget *= 2
+        kind = "truncated" if reply.finish_reason == "length" else "empty"
+        stats.failures[kind] += 1
+        raise LLMError(
+            kind,
+            f"{step.name}: no answer after {self.max_reasks} re-asks "
+            f"({'cut while reasoning' if kind == 'truncated' else 'empty reply'})",
+            reply.content,
+            attempts=self.max_reasks + 1,
+        )
+
     def sampling(self, step: Step) -> Sampling:
         """A step's sampling: the run's per-step setting, else the step's default, else the run's."""
         chosen = self.step_settings.get(step.name, {})
@@ -213,7 +253,8 @@ class Engine:
     def build_request(
         self, messages: list[Message], schema: dict[str, Any], sampling: Sampling, max_tokens: int, mode: str
     ) -> dict:
-        """The exact chat-completions request for this model in structured mode `mode`."""
+        """The exact chat-completions request for this model in structured mode `mode`
+        (TEXT: a free-text request, no response format)."""
         if mode in ("json_object", "none"):
             messages = _with_schema_text(messages, schema)
         if self.fold_system:
@@ -249,9 +290,10 @@ class Engine:
     # --- cache and sending --------------------------------------------------------------
 
     async def _reply(self, step_name: str, messages, schema, sampling, budget, sample):
+        """`schema` None: a free-text request, whatever the structured mode."""
         stats = self.accounting.step(step_name)
         while True:
-            mode = self.mode
+            mode = TEXT if schema is None else self.mode
             request = self.build_request(messages, schema, sampling, budget, mode)
             key = request_key(request, sample) if self.cache is not None else None
             stored = self.cache.get(key) if self.cache is not None else None
@@ -286,7 +328,7 @@ class Engine:
         async with self._turn():
             if self._dead is not None:
                 raise type(self._dead)(self._dead.message, self._dead.hint)
-            if mode != self.mode:
+            if mode not in (self.mode, TEXT):
                 raise _FormatRefused
             stats.requests += 1
             try:

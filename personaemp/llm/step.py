@@ -19,7 +19,7 @@ from pydantic import BaseModel
 @dataclass(frozen=True)
 class Step:
     name: str
-    reply: type[BaseModel]
+    reply: type[BaseModel] | None  # None: a free-text step (Engine.text), no JSON asked for
     prompt: str | None = None  # template name (personaemp/prompts/<prompt>.md)
     version: int = 1  # bump when the stage reads this reply differently
     temperature: float | None = None  # None: the run's --temperature
@@ -27,7 +27,7 @@ class Step:
 
     @property
     def schema(self) -> dict[str, Any]:
-        return _schema_of(self.reply)
+        return _schema_of(self.reply) if self.reply is not None else {}
 
     @property
     def schema_hash(self) -> str:

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from personaemp.errors import InputError, PersonaempError, RowError, first_problem
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_atomic
-from personaemp.records import BIG_FIVE
+from personaemp.records import BIG_FIVE, DIMENSIONS
 from personaemp.stages.dataset_card import render_card
 from personaemp.stages.split import REPORT_FILE, SETTINGS_WRITTEN, check_queries_row, profile_of
 from personaemp.workspace import stage_chain
@@ -39,7 +39,7 @@ from personaemp.workspace import stage_chain
 SETTINGS = SETTINGS_WRITTEN  # the configs, one per split setting
 COLUMNS = (
     "user_id", "query_id", "query", "category", "situation", "memory_ids", "language",
-    "persona_profile", "persona_traits", "topics", "big_five", "memories", "user_turns",
+    "persona_profile", "persona_traits", "topics", "big_five", "memories", "user_turns", "criteria",
 )  # fmt: skip
 SPLITS = ("train", "test")
 EXPORT_MANIFEST = ".personaemp-export.json"
@@ -47,7 +47,7 @@ CARD_FILE = "README.md"
 SPLIT_HINT = "re-run personaemp split (on the output of gen-queries)"
 
 
-def features(include_dialogue: bool):
+def features(include_dialogue: bool, with_criteria: bool = False):
     from datasets import Features, Sequence, Value
 
     string = Value("string")
@@ -67,11 +67,17 @@ def features(include_dialogue: bool):
     }
     if include_dialogue:
         columns["user_turns"] = Sequence(string)
+    if with_criteria:
+        criterion = [{"name": string, "weight": Value("float64"), "description": string}]
+        columns["criteria"] = {dimension: criterion for dimension in DIMENSIONS}
     return Features(columns)
 
 
-def dataset_rows(user: dict[str, Any], include_dialogue: bool) -> list[dict[str, Any]]:
-    """One published row per accepted query of a user row."""
+def dataset_rows(
+    user: dict[str, Any], include_dialogue: bool, criteria: dict[str, dict] | None = None
+) -> list[dict[str, Any]]:
+    """One published row per accepted query of a user row (with its evaluation criteria
+    when `criteria` is given: query id -> dimension -> criteria; none: empty lists)."""
     shared = {
         "user_id": str(user["user_id"]),
         "language": user.get("language") or "",
@@ -98,6 +104,12 @@ def dataset_rows(user: dict[str, Any], include_dialogue: bool) -> list[dict[str,
             "memory_ids": q["memory_ids"],
             **shared,
         }
+        if criteria is not None:
+            given = criteria.get(q["query_id"], {})
+            row["criteria"] = {
+                d: [{k: c[k] for k in ("name", "weight", "description")} for c in given.get(d, [])]
+                for d in DIMENSIONS
+            }
         rows.append({name: row[name] for name in COLUMNS if name in row})  # the features' order
     return rows
 
@@ -227,7 +239,9 @@ def read_splits(files: dict[str, dict[str, Path]]) -> dict[str, dict[str, list[d
     }
 
 
-def _datasets(users: dict[str, dict[str, list[dict]]], include_dialogue: bool) -> dict[str, Any]:
+def _datasets(
+    users: dict[str, dict[str, list[dict]]], include_dialogue: bool, criteria: dict | None = None
+) -> dict[str, Any]:
     from datasets import Dataset, DatasetDict, disable_progress_bars
 
     disable_progress_bars()
@@ -236,8 +250,8 @@ def _datasets(users: dict[str, dict[str, list[dict]]], include_dialogue: bool) -
         found[setting] = DatasetDict(
             {
                 split: Dataset.from_list(
-                    [row for user in rows for row in dataset_rows(user, include_dialogue)],
-                    features=features(include_dialogue),
+                    [row for user in rows for row in dataset_rows(user, include_dialogue, criteria)],
+                    features=features(include_dialogue, criteria is not None),
                 )
                 for split, rows in parts.items()
             }
@@ -432,16 +446,32 @@ def publish(
     private: bool = False,
     revision: str | None = None,
     include_dialogue: bool = False,
+    criteria: Path | None = None,
 ) -> PublishResult:
-    """Push both configs to `repo_id`, or write the same repository to `out` (dry run)."""
+    """Push both configs to `repo_id`, or write the same repository to `out` (dry run).
+
+    `criteria`: a `personaemp criteria` file; when it exists, each row gets its query's
+    criteria as a `criteria` column (queries it lacks get empty lists, and a warning)."""
     if (repo_id is None) == (out is None):
         raise InputError("give either --repo-id OWNER/NAME or --dry-run --out DIR")
     if repo_id is not None and repo_id.count("/") != 1:
         raise InputError(f"--repo-id must look like OWNER/NAME, not {repo_id!r}")
     files = split_files(splits_dir)
     split_report = read_split_report(splits_dir, list(files))
-    datasets = _datasets(read_splits(files), include_dialogue)
+    users = read_splits(files)
+    found = None
+    if criteria is not None and Path(criteria).exists():
+        from personaemp.stages.criteria import read_criteria
+
+        found = read_criteria(Path(criteria))
+    datasets = _datasets(users, include_dialogue, found)
     facts = card_facts(splits_dir, datasets, split_report)
+    if found is not None:
+        published = {q["query_id"] for parts in users.values() for rows in parts.values()
+                     for user in rows for q in user.get("queries", [])}  # fmt: skip
+        lacking = len(published - found.keys())
+        if lacking:
+            facts["warnings"].append(f"{criteria}: no criteria for {lacking} published queries (empty lists)")
     card = render_card(facts, include_dialogue)
     if out is not None:
         rows = write_repository(datasets, out, card)

@@ -1,0 +1,208 @@
+"""`personaemp criteria`: fixed evaluation criteria for every accepted query (LLM).
+
+For each query and each PERM dimension (resonation, expression, reception) the model
+writes 4-6 weighted criteria from the user's memories, persona, the situation and the
+query, without seeing any response. Weights are normalised to sum to 100 (what the model
+wrote is kept as `given_weight`). `evaluate` then scores every system against the same
+criteria, as the paper does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from personaemp.errors import InputError, RowError
+from personaemp.io import ErrorPolicy, iter_jsonl
+from personaemp.llm.step import RejectedReply, Step
+from personaemp.prompts import Prompt, load_prompt
+from personaemp.records import DIMENSION_DEFINITIONS, DIMENSIONS, Criterion, Provenance
+
+STAGE = "criteria"
+
+
+class CriterionReply(BaseModel):
+    name: str
+    weight: float = Field(description="how much this criterion counts, a positive number")
+    description: str = Field(description="what a response must do to meet it, for this user")
+
+
+class CriteriaReply(BaseModel):
+    criteria: list[CriterionReply] = Field(min_length=4, max_length=6)
+
+
+CRITERIA = Step("criteria", CriteriaReply, prompt="criteria", temperature=0.0)  # shared by every system
+STEPS = (CRITERIA,)
+
+
+# --- the units: one per accepted query ---------------------------------------------------------
+
+
+def numbered_memories(memories: Sequence[dict]) -> str:
+    return "\n".join(f"[{m['memory_id']}] {m['value']}" for m in memories) or "(none)"
+
+
+def query_units(path: Path, hint: str) -> list[dict[str, Any]]:
+    """Every accepted query of a gen-queries or split file, with what a judge reads about
+    its user. Query ids must be unique: they key the criteria, responses and scores."""
+    from personaemp.stages.split import check_queries_row, profile_of
+
+    units: list[dict[str, Any]] = []
+    seen: dict[str, str] = {}
+    try:
+        for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
+            record = check_queries_row(row, f"{path}:{lineno}", hint)
+            levels = profile_of(row)
+            for query in record.queries:
+                if query.query_id in seen:
+                    raise InputError(
+                        f"{path}:{lineno}: query id {query.query_id} appears twice "
+                        f"(first at {seen[query.query_id]})",
+                        hint,
+                    )
+                seen[query.query_id] = f"{path}:{lineno}"
+                units.append(
+                    {
+                        "query_id": query.query_id,
+                        "user_id": record.user_id,
+                        "category": query.category,
+                        "query": query.query,
+                        "situation": query.situation.text,
+                        "profile": record.profile,
+                        "memories": [m.model_dump(include={"memory_id", "value"}) for m in record.memories],
+                        "big_five": dict(zip(("openness", "conscientiousness", "extraversion",
+                                              "agreeableness", "neuroticism"), levels, strict=True))
+                        if levels else None,
+                    }
+                )  # fmt: skip
+    except RowError as error:
+        raise InputError(f"{error.location}: {error.reason}", hint) from None
+    if not units:
+        raise InputError(f"{path}: no accepted query", hint)
+    return units
+
+
+def pick_queries(units: list[dict], path: Path, limit: int | None, users: Sequence[str] | None):
+    """The query ids a quick look works on (the queries of `users`, then the first `limit`)."""
+    if limit is None and not users:
+        return None
+    chosen = units
+    if users:
+        wanted = {str(u) for u in users}
+        missing = wanted - {u["user_id"] for u in units}
+        if missing:
+            raise InputError(f"{path}: no queries of user {', '.join(sorted(missing))}")
+        chosen = [u for u in units if u["user_id"] in wanted]
+    return {u["query_id"] for u in (chosen[:limit] if limit is not None else chosen)}
+
+
+# --- one call per dimension --------------------------------------------------------------------
+
+
+def build_messages(unit: dict, dimension: str, prompt: Prompt) -> list[dict]:
+    return prompt.render(
+        dimension=dimension,
+        definition=DIMENSION_DEFINITIONS[dimension],
+        profile=unit["profile"] or "(none)",
+        memories=numbered_memories(unit["memories"]),
+        situation=unit["situation"],
+        query=unit["query"],
+    )
+
+
+def normalise(reply: CriteriaReply) -> list[Criterion]:
+    """Weights scaled to sum to 100 (two decimals); a weight <= 0 is refused and re-asked."""
+    given = [c.weight for c in reply.criteria]
+    if any(w <= 0 for w in given):
+        raise RejectedReply("invalid", "every weight must be a positive number")
+    total = sum(given)
+    return [
+        Criterion(
+            name=c.name.strip(),
+            weight=round(c.weight * 100 / total, 2),
+            description=c.description.strip(),
+            given_weight=c.weight,
+        )
+        for c in reply.criteria
+    ]
+
+
+def write_criteria(
+    input_path: Path,
+    output_path: Path,
+    settings,
+    *,
+    limit: int | None = None,
+    users: Sequence[str] | None = None,
+    retry_failed: bool = False,
+    full: bool | None = None,
+    console=None,
+):
+    """Criteria for every accepted query of `input_path`; returns the stage report."""
+    from personaemp.llm.run import run_llm_stage
+
+    units = query_units(input_path, "pass gen-queries' output (queries.jsonl) or a split file")
+    selected = pick_queries(units, input_path, limit, users)
+    prompt = load_prompt(CRITERIA.prompt)
+
+    def make_work(engine):
+        async def work(unit: dict) -> dict:
+            criteria = {}
+            for dimension in DIMENSIONS:
+                reply = await engine.call(CRITERIA, build_messages(unit, dimension, prompt), parse=normalise)
+                criteria[dimension] = [c.model_dump(mode="json") for c in reply.parsed]
+            provenance = Provenance(
+                model=engine.model,
+                endpoint_kind=engine.endpoint_kind,
+                prompts={CRITERIA.name: prompt.hash},
+                created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            )
+            return {
+                "query_id": unit["query_id"],
+                "user_id": unit["user_id"],
+                "criteria": criteria,
+                "provenance": provenance.model_dump(mode="json"),
+            }
+
+        return work
+
+    return run_llm_stage(
+        STAGE,
+        units,
+        make_work,
+        settings=settings,
+        key="query_id",
+        output=output_path,
+        fingerprint=lambda engine: engine.fingerprint(CRITERIA, prompt.hash),
+        selected=selected,
+        full=full,
+        input_path=input_path,
+        retry_failed=retry_failed,
+        console=console,
+    )
+
+
+def read_criteria(path: Path) -> dict[str, dict[str, list[dict]]]:
+    """query id -> {dimension: criteria} from a criteria file."""
+    found: dict[str, dict[str, list[dict]]] = {}
+    hint = "pass the output of `personaemp criteria`"
+    try:
+        for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
+            criteria = row.get("criteria") if isinstance(row, dict) else None
+            if not isinstance(criteria, dict) or not all(
+                isinstance(criteria.get(d), list) and criteria[d] for d in DIMENSIONS
+            ):
+                raise InputError(
+                    f"{path}:{lineno}: not a criteria row (criteria for {', '.join(DIMENSIONS)})", hint
+                )
+            for dimension in DIMENSIONS:
+                for item in criteria[dimension]:
+                    Criterion.model_validate(item)
+            found[str(row.get("query_id"))] = {d: criteria[d] for d in DIMENSIONS}
+    except RowError as error:
+        raise InputError(f"{error.location}: {error.reason}", hint) from None
+    return found
