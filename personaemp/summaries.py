@@ -224,6 +224,12 @@ def print_evaluation(evaluation: dict, console: Console) -> None:
             if any(cell != "—" for cell in cells):
                 table.add_row(f"Avg · {trait} {level}", *cells)
     console.print(table)
+    for name, entry in systems.items():
+        if entry.get("unknown_query_ids"):
+            console.print(
+                f"[yellow]{escape(name)}:[/] {entry['unknown_query_ids']} responses to queries not in "
+                f"this split, e.g. {escape(entry['unknown_examples'][0])}"
+            )
     console.print(f"wrote {evaluation['scores_file']} and the report beside it")
 
 

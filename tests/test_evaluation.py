@@ -254,6 +254,8 @@ def test_an_unreadable_judgment_is_counted_never_filled(workspace):
     assert entry["dimensions"]["resonation"] == round((5 + 2 + 3) / 3, 3), "the unparsed query is left out"
     failures = read_jsonl(workspace / "evaluate.failures.jsonl")
     assert [f["unit_id"] for f in failures] == ["full/u2-q1"]
+    scores = {r["query_id"]: r["scores"] for r in read_jsonl(workspace / "report.scores.jsonl")}
+    assert scores == {q: dict(zip(DIMENSIONS, SCORES[q], strict=True)) for q in ("u1-q1", "u1-q2", "u3-q1")}
 
 
 def test_dynamic_at_k_averages_k_samples_and_needs_a_temperature(workspace):
@@ -331,3 +333,42 @@ def test_the_three_commands_from_the_cli(workspace, monkeypatch):
         "expression": 3.75,
         "reception": 2.5,
     }
+
+
+def test_a_rerun_sends_nothing_and_a_changed_response_is_judged_again_alone(workspace):
+    criteria = write_criteria_file(workspace)
+    rows = [{"query_id": q, "response": f"reply {q}"} for q in SCORES]
+    mine = write_jsonl(workspace / "mine.jsonl", rows)
+    with FakeOpenAI(responder=judge) as server:
+        run = lambda: evaluate(  # noqa: E731
+            workspace / "splits", [mine], workspace / "r.json", settings(server, workspace),
+            criteria_file=criteria, console=QUIET,
+        )  # fmt: skip
+        first = run()[1]
+        assert server.count == 4 * 3
+        report, again = run()
+        assert server.count == 4 * 3, "a re-run sends 0 requests"
+        assert report.outcome.done_before == 4 and again["systems"] == first["systems"]
+        rows[2]["response"] = "a different reply"
+        write_jsonl(mine, rows)
+        run()
+        assert server.count == 4 * 3 + 3, "only the changed response is judged again"
+
+
+def test_own_responses_lose_their_reasoning_and_unknown_ids_are_named(workspace):
+    criteria = write_criteria_file(workspace)
+    own = write_jsonl(workspace / "own.jsonl", [
+        {"query_id": "u1-q1", "response": "<think>the user is sad</think>I am sorry."},
+        {"query_id": "u1-q2", "response": "<think>never closed"},
+        {"query_id": "typo-q1", "response": "hello"},
+    ])  # fmt: skip
+    with FakeOpenAI(responder=judge) as server:
+        _, evaluation = evaluate(
+            workspace / "splits", [own], workspace / "r.json", settings(server, workspace),
+            criteria_file=criteria, console=QUIET,
+        )  # fmt: skip
+        judged = json.dumps([r.body["messages"] for r in server.chat_requests])
+    assert "I am sorry." in judged and "the user is sad" not in judged and "never closed" not in judged
+    entry = evaluation["systems"]["own"]
+    assert (entry["judged"], entry["empty"], entry["missing"]) == (1, 1, 2)  # reasoning only: empty
+    assert entry["unknown_query_ids"] == 1 and entry["unknown_examples"] == [f"{own}:3 typo-q1"]

@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from personaemp.errors import InputError, RowError, UnitError, first_problem
 from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
+from personaemp.llm.reply import split_reasoning
 from personaemp.llm.step import Step
 from personaemp.prompts import Prompt, load_prompt
 from personaemp.records import BIG_FIVE, DIMENSION_DEFINITIONS, DIMENSIONS, Response
@@ -80,8 +81,22 @@ class JudgeOptions:
 # --- inputs ------------------------------------------------------------------------------------
 
 
-def read_responses(path: Path) -> dict[str, str | None]:
-    """query id -> response of a responses file (rows need `query_id` and `response`)."""
+@dataclasses.dataclass
+class Responses:
+    """A responses file: query id -> response (reasoning removed), and where each one is."""
+
+    path: Path
+    texts: dict[str, str | None]
+    lines: dict[str, int]
+
+    def unknown(self, query_ids: set[str]) -> list[str]:
+        """`file:line query_id` of the responses to queries the split does not have."""
+        return [f"{self.path}:{line} {qid}" for qid, line in self.lines.items() if qid not in query_ids]
+
+
+def read_responses(path: Path) -> Responses:
+    """A responses file (rows need `query_id` and `response`). A reasoning model's
+    `<think>...</think>` is removed first: the judge reads what the user would."""
     hint = 'each line needs query_id and response (a string; null or "" for none)'
     found: dict[str, str | None] = {}
     lines: dict[str, int] = {}
@@ -99,10 +114,11 @@ def read_responses(path: Path) -> dict[str, str | None]:
                     f"{lines[record.query_id]})",
                     "keep one response per query",
                 )
-            found[record.query_id], lines[record.query_id] = record.response, lineno
+            response = split_reasoning(record.response)[0] if record.response else record.response
+            found[record.query_id], lines[record.query_id] = response, lineno
     except RowError as error:
         raise InputError(f"{error.location}: {error.reason}", hint) from None
-    return found
+    return Responses(path, found, lines)
 
 
 def system_names(paths: Sequence[Path]) -> list[str]:
@@ -116,9 +132,10 @@ def system_names(paths: Sequence[Path]) -> list[str]:
     return names
 
 
-def build_units(queries: list[dict], systems: dict[str, dict[str, str | None]], criteria, dynamic: bool):
+def build_units(queries: list[dict], systems: dict[str, Responses], criteria, dynamic: bool):
     units = []
-    for system, responses in systems.items():
+    for system, file in systems.items():
+        responses = file.texts
         for query in queries:
             response = responses.get(query["query_id"])
             units.append(
@@ -276,6 +293,8 @@ def evaluate(
         retry_failed=retry_failed,
         console=console,
     )
+    query_ids = {q["query_id"] for q in queries}
+    unknown = {name: file.unknown(query_ids) for name, file in systems.items()}
     evaluation = summarise(
         scores_path,
         scores_path.with_name(f"{STAGE}.failures.jsonl"),
@@ -295,6 +314,10 @@ def evaluate(
             "scores_file": str(scores_path),
         },
     )
+    for name, found in unknown.items():
+        # Not an error: a responses file may cover both splits. Named, so a typo shows.
+        evaluation["systems"][name]["unknown_query_ids"] = len(found)
+        evaluation["systems"][name]["unknown_examples"] = found[:20]
     write_json_atomic(report_path, evaluation)
     return report, evaluation
 
