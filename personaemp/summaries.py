@@ -230,6 +230,10 @@ def print_evaluation(evaluation: dict, console: Console) -> None:
                 f"[yellow]{escape(name)}:[/] {entry['unknown_query_ids']} responses to queries not in "
                 f"this split, e.g. {escape(entry['unknown_examples'][0])}"
             )
+        if entry.get("blank_lines"):
+            console.print(
+                f"[yellow]{escape(name)}:[/] blank lines skipped: {escape(', '.join(entry['blank_lines']))}"
+            )
     console.print(f"wrote {evaluation['scores_file']} and the report beside it")
 
 

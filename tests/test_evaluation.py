@@ -360,6 +360,7 @@ def test_own_responses_lose_their_reasoning_and_unknown_ids_are_named(workspace)
     own = write_jsonl(workspace / "own.jsonl", [
         {"query_id": "u1-q1", "response": "<think>the user is sad</think>I am sorry."},
         {"query_id": "u1-q2", "response": "<think>never closed"},
+        "",
         {"query_id": "typo-q1", "response": "hello"},
     ])  # fmt: skip
     with FakeOpenAI(responder=judge) as server:
@@ -371,4 +372,5 @@ def test_own_responses_lose_their_reasoning_and_unknown_ids_are_named(workspace)
     assert "I am sorry." in judged and "the user is sad" not in judged and "never closed" not in judged
     entry = evaluation["systems"]["own"]
     assert (entry["judged"], entry["empty"], entry["missing"]) == (1, 1, 2)  # reasoning only: empty
-    assert entry["unknown_query_ids"] == 1 and entry["unknown_examples"] == [f"{own}:3 typo-q1"]
+    assert entry["unknown_query_ids"] == 1 and entry["unknown_examples"] == [f"{own}:4 typo-q1"]
+    assert entry["blank_lines"] == [f"{own}:3"]

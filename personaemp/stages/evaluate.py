@@ -88,6 +88,7 @@ class Responses:
     path: Path
     texts: dict[str, str | None]
     lines: dict[str, int]
+    blank: list[int] = dataclasses.field(default_factory=list)  # line numbers of blank lines
 
     def unknown(self, query_ids: set[str]) -> list[str]:
         """`file:line query_id` of the responses to queries the split does not have."""
@@ -118,7 +119,9 @@ def read_responses(path: Path) -> Responses:
             found[record.query_id], lines[record.query_id] = response, lineno
     except RowError as error:
         raise InputError(f"{error.location}: {error.reason}", hint) from None
-    return Responses(path, found, lines)
+    with path.open("rb") as handle:  # skipped by the reader; named, as a lost response may hide there
+        blank = [number for number, line in enumerate(handle, 1) if line.isspace()]
+    return Responses(path, found, lines, blank)
 
 
 def system_names(paths: Sequence[Path]) -> list[str]:
@@ -318,6 +321,9 @@ def evaluate(
         # Not an error: a responses file may cover both splits. Named, so a typo shows.
         evaluation["systems"][name]["unknown_query_ids"] = len(found)
         evaluation["systems"][name]["unknown_examples"] = found[:20]
+        evaluation["systems"][name]["blank_lines"] = [
+            f"{systems[name].path}:{n}" for n in systems[name].blank
+        ]
     write_json_atomic(report_path, evaluation)
     return report, evaluation
 
