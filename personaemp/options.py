@@ -440,7 +440,8 @@ class RespondOptions(Section):
     output: Annotated[
         Path | None,
         Opt(
-            "Responses, one per query (default: responses-<context>.jsonl beside the splits folder).",
+            "Responses, one per query (default: responses-<split>-<part>-<context>.jsonl beside the "
+            "splits folder; name one per model).",
             ("--output", "-o"),
         ),
     ] = None
@@ -448,7 +449,7 @@ class RespondOptions(Section):
 
     @property
     def output_path(self) -> Path:
-        return self.output or self.splits.parent / f"responses-{self.context}.jsonl"
+        return self.output or self.splits.parent / f"responses-{self.split}-{self.part}-{self.context}.jsonl"
 
 
 class EvaluateOptions(Section):

@@ -252,7 +252,7 @@ def test_an_unreadable_judgment_is_counted_never_filled(workspace):
     )
     assert (entry["queries"], entry["judged"], entry["n"]) == (4, 3, 3)
     assert entry["dimensions"]["resonation"] == round((5 + 2 + 3) / 3, 3), "the unparsed query is left out"
-    failures = read_jsonl(workspace / "evaluate.failures.jsonl")
+    failures = read_jsonl(workspace / "report.failures.jsonl")
     assert [f["unit_id"] for f in failures] == ["full/u2-q1"]
     scores = {r["query_id"]: r["scores"] for r in read_jsonl(workspace / "report.scores.jsonl")}
     assert scores == {q: dict(zip(DIMENSIONS, SCORES[q], strict=True)) for q in ("u1-q1", "u1-q2", "u3-q1")}
@@ -374,3 +374,75 @@ def test_own_responses_lose_their_reasoning_and_unknown_ids_are_named(workspace)
     assert (entry["judged"], entry["empty"], entry["missing"]) == (1, 1, 2)  # reasoning only: empty
     assert entry["unknown_query_ids"] == 1 and entry["unknown_examples"] == [f"{own}:4 typo-q1"]
     assert entry["blank_lines"] == [f"{own}:3"]
+
+
+def test_two_models_answering_into_one_folder_keep_their_own_failures(workspace):
+    """Before: every respond output in a folder shared respond.failures.jsonl, and each run
+    rewrote it with its own rows only, so a re-run of the first model asked again."""
+
+    def policy(body, n):
+        if "[u2-q1]" in json.dumps(body["messages"]) and body["model"] == "a":
+            return ""  # model a never answers u2-q1: a failure to keep
+        return "I hear you."
+
+    with FakeOpenAI(responder=policy) as server:
+        for model in ("a", "b"):
+            s = LLMSettings(base_urls=[server.base_url], model=model, work_dir=workspace / "work")
+            write_responses(workspace / "splits", workspace / "runs" / f"{model}.jsonl", s, console=QUIET)
+        sent = server.count
+        s = LLMSettings(base_urls=[server.base_url], model="a", work_dir=workspace / "work")
+        report = write_responses(workspace / "splits", workspace / "runs" / "a.jsonl", s, console=QUIET)
+        assert server.count == sent and report.outcome.failed_before == 1
+    assert [f["query_id"] for f in read_jsonl(workspace / "runs" / "a.failures.jsonl")] == ["u2-q1"]
+
+
+def test_weights_sum_to_exactly_100_and_bad_criteria_rows_are_one_line(workspace):
+    from personaemp.stages.criteria import CriteriaReply, normalise
+
+    six = CriteriaReply.model_validate({"criteria": [{"name": "n", "weight": 1, "description": "d"}] * 6})
+    assert sum(c.weight for c in normalise(six)) == 100 and {c.weight for c in normalise(six)} == {
+        16.67,
+        16.66,
+    }
+    item = {"name": "n", "weight": "25", "description": "d"}
+    bad = write_jsonl(
+        workspace / "crit.jsonl", [{"query_id": "u1-q1", "criteria": {d: [item] for d in DIMENSIONS}}]
+    )
+    full = write_jsonl(workspace / "full.jsonl", [{"query_id": "u1-q1", "response": "r"}])
+    with pytest.raises(InputError, match=r"crit.jsonl:1: not a criteria row \(weight"):
+        evaluate(
+            workspace / "splits", [full], workspace / "r.json", LLMSettings(model="m"), criteria_file=bad
+        )
+
+
+def test_dynamic_counts_an_unreadable_sample_and_refuses_a_fixed_seed(workspace):
+    full = write_jsonl(workspace / "full.jsonl", [{"query_id": q, "response": f"r {q}"} for q in SCORES])
+
+    seen = []
+
+    def once_unreadable(body, n):
+        """The first sample of u3-q1's resonation is unreadable, re-asks included (3 requests)."""
+        text = json.dumps(body["messages"])
+        if "[u3-q1]" in text and "Dimension: resonation" in text:
+            seen.append(n)
+            if len(seen) <= 3:
+                return invalid_json_content()
+        return judge(body, n)
+
+    with FakeOpenAI(responder=once_unreadable) as server:
+        with pytest.raises(InputError, match="identical requests"):
+            evaluate(workspace / "splits", [full], workspace / "r.json",
+                     LLMSettings(base_urls=[server.base_url], model="m", seed=3, work_dir=workspace / "w",
+                                 steps={"judge_dynamic": {"temperature": 0.7}}),
+                     options=JudgeOptions(dynamic=True, samples=2), console=QUIET)  # fmt: skip
+        _, evaluation = evaluate(
+            workspace / "splits", [full], workspace / "r.json",
+            settings(server, workspace, judge_dynamic={"temperature": 0.7}),
+            options=JudgeOptions(dynamic=True, samples=2), console=QUIET,
+        )  # fmt: skip
+    entry = evaluation["systems"]["full"]
+    assert entry["unparsed"] == 0 and entry["judged"] == 4
+    assert entry["unparsed_samples"] == 1
+    rows = {r["query_id"]: r for r in read_jsonl(workspace / "r.scores.jsonl")}
+    assert rows["u3-q1"]["unparsed_samples"] == entry["unparsed_samples"]
+    assert rows["u3-q1"]["scores"]["resonation"] == 3  # the readable samples, all 3

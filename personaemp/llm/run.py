@@ -80,6 +80,7 @@ def run_llm_stage(
     input_path: Path | None = None,
     retry_failed: bool = False,
     console: Console | None = None,
+    failures: Path | None = None,
 ) -> StageReport:
     """Run `make_work(engine)` over `units` (the stage's whole current input; `selected`
     ids only), resumably; write and return the stage report.
@@ -90,7 +91,9 @@ def run_llm_stage(
     """
     full = selected is None if full is None else full
     console = console or Console(stderr=True)
-    failures = output.with_name(f"{stage}.failures.jsonl")
+    # Default: one per stage and folder. Commands that write many outputs into one folder
+    # (respond, evaluate: one per system) pass their own, so one run never drops another's.
+    failures = failures or output.with_name(f"{stage}.failures.jsonl")
     started = time.perf_counter()
 
     async def main() -> StageReport:

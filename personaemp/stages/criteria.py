@@ -9,14 +9,16 @@ criteria, as the paper does.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
-from personaemp.errors import InputError, RowError
+from personaemp.errors import InputError, RowError, first_problem
 from personaemp.io import ErrorPolicy, iter_jsonl
 from personaemp.llm.step import RejectedReply, Step
 from personaemp.prompts import Prompt, load_prompt
@@ -115,20 +117,29 @@ def build_messages(unit: dict, dimension: str, prompt: Prompt) -> list[dict]:
 
 
 def normalise(reply: CriteriaReply) -> list[Criterion]:
-    """Weights scaled to sum to 100 (two decimals); a weight <= 0 is refused and re-asked."""
+    """Weights scaled to sum to exactly 100, in hundredths (largest remainders get the
+    rounding); a weight <= 0, or one too small to show, is refused and re-asked."""
     given = [c.weight for c in reply.criteria]
     if any(w <= 0 for w in given):
         raise RejectedReply("invalid", "every weight must be a positive number")
     total = sum(given)
+    exact = [w * 10_000 / total for w in given]  # in hundredths of a point
+    cents = [int(x) for x in exact]
+    for index in sorted(range(len(exact)), key=lambda i: cents[i] - exact[i])[: 10_000 - sum(cents)]:
+        cents[index] += 1
+    if min(cents) == 0:
+        raise RejectedReply("invalid", "a weight is too small next to the others: give each at least 1")
     return [
         Criterion(
-            name=c.name.strip(),
-            weight=round(c.weight * 100 / total, 2),
-            description=c.description.strip(),
-            given_weight=c.weight,
+            name=c.name.strip(), weight=cent / 100, description=c.description.strip(), given_weight=c.weight
         )
-        for c in reply.criteria
+        for c, cent in zip(reply.criteria, cents, strict=True)
     ]
+
+
+def definitions_hash() -> str:
+    """The dimension definitions rendered into the prompts live in code: part of the fingerprint."""
+    return hashlib.sha256(json.dumps(DIMENSION_DEFINITIONS, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def write_criteria(
@@ -177,7 +188,7 @@ def write_criteria(
         settings=settings,
         key="query_id",
         output=output_path,
-        fingerprint=lambda engine: engine.fingerprint(CRITERIA, prompt.hash),
+        fingerprint=lambda engine: f"{engine.fingerprint(CRITERIA, prompt.hash)}|{definitions_hash()}",
         selected=selected,
         full=full,
         input_path=input_path,
@@ -199,10 +210,16 @@ def read_criteria(path: Path) -> dict[str, dict[str, list[dict]]]:
                 raise InputError(
                     f"{path}:{lineno}: not a criteria row (criteria for {', '.join(DIMENSIONS)})", hint
                 )
-            for dimension in DIMENSIONS:
-                for item in criteria[dimension]:
-                    Criterion.model_validate(item)
-            found[str(row.get("query_id"))] = {d: criteria[d] for d in DIMENSIONS}
+            try:
+                checked = {
+                    d: [Criterion.model_validate(item, strict=True).model_dump() for item in criteria[d]]
+                    for d in DIMENSIONS
+                }
+            except ValidationError as exc:
+                raise InputError(
+                    f"{path}:{lineno}: not a criteria row ({first_problem(exc)})", hint
+                ) from None
+            found[str(row.get("query_id"))] = checked
     except RowError as error:
         raise InputError(f"{error.location}: {error.reason}", hint) from None
     return found

@@ -35,7 +35,13 @@ from personaemp.llm.step import Step
 from personaemp.prompts import Prompt, load_prompt
 from personaemp.records import BIG_FIVE, DIMENSION_DEFINITIONS, DIMENSIONS, Response
 from personaemp.runner import ENDPOINT_KINDS
-from personaemp.stages.criteria import CriterionReply, numbered_memories, query_units, read_criteria
+from personaemp.stages.criteria import (
+    CriterionReply,
+    definitions_hash,
+    numbered_memories,
+    query_units,
+    read_criteria,
+)
 from personaemp.stages.respond import split_file
 
 STAGE = "evaluate"
@@ -190,17 +196,17 @@ async def score_unit(engine, unit: dict, options: JudgeOptions, prompts: dict[st
         row["bystander"] = 0.0 if options.bystander else None
         return row
     step = JUDGE_DYNAMIC if options.dynamic else JUDGE
-    scores, samples, analyses = {}, {}, {}
+    scores, samples, analyses, unparsed_samples = {}, {}, {}, 0
     for dimension in DIMENSIONS:
         messages = judge_messages(unit, dimension, prompts[step.name])
-        got, notes, last_error = [], [], None
+        got, notes, last_error, dropped = [], [], None, 0
         for sample in range(options.samples if options.dynamic else 1):
             try:
                 reply = await engine.call(step, messages, sample=sample)
             except UnitError as error:
                 if error.kind in ENDPOINT_KINDS or not options.dynamic:
                     raise
-                last_error = error  # one unreadable sample of k: the others still count
+                last_error, dropped = error, dropped + 1  # one unreadable sample of k: counted
                 continue
             got.append(reply.value.score)
             notes.append(reply.value.analysis)
@@ -208,7 +214,10 @@ async def score_unit(engine, unit: dict, options: JudgeOptions, prompts: dict[st
             raise last_error  # type: ignore[misc]  # every sample failed
         scores[dimension] = statistics.fmean(got)
         samples[dimension], analyses[dimension] = got, notes[0]
-    row.update(scores=scores, samples=samples, analyses=analyses, bystander=None)
+        unparsed_samples += dropped
+    row.update(
+        scores=scores, samples=samples, analyses=analyses, bystander=None, unparsed_samples=unparsed_samples
+    )
     if options.bystander:
         reply = await engine.call(BYSTANDER, prompts[BYSTANDER.name].render(
             query=unit["query"], response=unit["response"]))  # fmt: skip
@@ -246,6 +255,11 @@ def evaluate(
         settings = dataclasses.replace(settings, model=judge_model)
     step = JUDGE_DYNAMIC if options.dynamic else JUDGE
     temperature = settings.steps.get(step.name, {}).get("temperature", step.temperature)
+    if options.samples > 1 and settings.seed is not None:
+        raise InputError(
+            f"--samples {options.samples} with --seed would send {options.samples} identical requests",
+            "leave --seed out when sampling several judgments",
+        )
     if options.samples > 1 and temperature == 0:
         raise InputError(
             f"--samples {options.samples} at temperature 0 would give {options.samples} identical judgments",
@@ -274,6 +288,7 @@ def evaluate(
     used = [step, *([BYSTANDER] if options.bystander else [])]
     prompts = {s.name: load_prompt(s.prompt) for s in used}
     scores_path = scores_file(report_path)
+    failures_path = report_path.with_name(f"{report_path.stem}.failures.jsonl")
 
     def make_work(engine):
         async def work(unit: dict) -> dict:
@@ -290,17 +305,23 @@ def evaluate(
         key="unit_id",
         output=scores_path,
         fingerprint=lambda engine: "|".join(
-            [*(engine.fingerprint(s, prompts[s.name].hash) for s in used), mode]
+            [
+                *(engine.fingerprint(s, prompts[s.name].hash) for s in used),
+                mode,
+                definitions_hash(),
+                f"floor{FLOOR}",
+            ]
         ),
         input_path=input_path,
         retry_failed=retry_failed,
         console=console,
+        failures=failures_path,
     )
     query_ids = {q["query_id"] for q in queries}
     unknown = {name: file.unknown(query_ids) for name, file in systems.items()}
     evaluation = summarise(
         scores_path,
-        scores_path.with_name(f"{STAGE}.failures.jsonl"),
+        failures_path,
         units,
         names,
         options,
@@ -380,7 +401,10 @@ def summarise(scores_path, failures_path, units, systems, options, header) -> di
             "judged": status["judged"],
             "missing": status["missing"],
             "empty": status["empty"],
-            "unparsed": sum(failed[system].values()),
+            # A judgment that could not be read; endpoint failures (retried by the next run) apart.
+            "unparsed": sum(n for kind, n in failed[system].items() if kind not in ENDPOINT_KINDS),
+            "endpoint_failures": sum(n for kind, n in failed[system].items() if kind in ENDPOINT_KINDS),
+            "unparsed_samples": sum(row.get("unparsed_samples", 0) for row in scored),
             "failures_by_kind": dict(failed[system]),
             **metrics(scored, options.reward_lambda),
         }

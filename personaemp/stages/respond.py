@@ -127,10 +127,19 @@ def write_responses(
         settings=settings,
         key="query_id",
         output=output_path,
-        fingerprint=lambda engine: f"{engine.fingerprint(RESPOND, prompt.hash)}|{context}|{rag_k}",
+        fingerprint=lambda engine: (
+            f"{engine.fingerprint(RESPOND, prompt.hash)}|{context}"
+            + (f"|{rag_k}" if context == "rag" else "")
+        ),
         selected=selected,
         full=selected is None,
         input_path=input_path,
         retry_failed=retry_failed,
         console=console,
+        failures=failures_file(output_path),
     )
+
+
+def failures_file(output: Path) -> Path:
+    """`<output name>.failures.jsonl`: each system's responses keep their own failures."""
+    return output.with_name(f"{output.stem}.failures.jsonl")
