@@ -33,7 +33,7 @@ demo: $(BIN)/.installed
 test: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/pytest -q -n 3  # 3 workers on 2 cores: see tests/conftest.py
+	$(BIN)/pytest -q -n 3 --dist worksteal  # 3 workers on 2 cores: see tests/conftest.py
 
 format: $(BIN)/.installed
 	$(BIN)/ruff check --fix .
