@@ -279,6 +279,19 @@ class Engine:
             request["response_format"] = {"type": "json_object"}
         return request
 
+    def provenance(self, prompts: dict[str, str]):
+        """Who made a row, from which prompts (name -> hash), and when."""
+        from datetime import UTC, datetime
+
+        from personaemp.records import Provenance
+
+        return Provenance(
+            model=self.model,
+            endpoint_kind=self.endpoint_kind,
+            prompts=prompts,
+            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        )
+
     def structured_report(self) -> dict[str, Any]:
         return {
             "configured": self.configured,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from personaemp.errors import InputError, RowError, first_problem
 from personaemp.io import ErrorPolicy, iter_jsonl
 from personaemp.llm.step import RejectedReply, Step
 from personaemp.prompts import Prompt, load_prompt
-from personaemp.records import DIMENSION_DEFINITIONS, DIMENSIONS, Criterion, Provenance
+from personaemp.records import DIMENSION_DEFINITIONS, DIMENSIONS, Criterion
 
 STAGE = "criteria"
 
@@ -166,12 +165,7 @@ def write_criteria(
             for dimension in DIMENSIONS:
                 reply = await engine.call(CRITERIA, build_messages(unit, dimension, prompt), parse=normalise)
                 criteria[dimension] = [c.model_dump(mode="json") for c in reply.parsed]
-            provenance = Provenance(
-                model=engine.model,
-                endpoint_kind=engine.endpoint_kind,
-                prompts={CRITERIA.name: prompt.hash},
-                created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-            )
+            provenance = engine.provenance({CRITERIA.name: prompt.hash})
             return {
                 "query_id": unit["query_id"],
                 "user_id": unit["user_id"],

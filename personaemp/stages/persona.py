@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,6 @@ from personaemp.records import (
     Level,
     Memory,
     Persona,
-    Provenance,
     Trait,
     TraitLevel,
     User,
@@ -281,12 +279,7 @@ def infer_personas(
                 profile=profile_text(parsed.traits),
                 big_five=big_five,
                 grounding=parsed.grounding,
-                provenance=Provenance(
-                    model=engine.model,
-                    endpoint_kind=engine.endpoint_kind,
-                    prompts=hashes,
-                    created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-                ),
+                provenance=engine.provenance(hashes),
             )
             return {**row, **persona.model_dump(mode="json")}
 

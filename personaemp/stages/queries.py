@@ -15,7 +15,6 @@ import copy
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,6 @@ from personaemp.records import (
     Category,
     Checks,
     Persona,
-    Provenance,
     Query,
     Situation,
     category_definitions,
@@ -354,12 +352,7 @@ async def queries_for(engine, persona: Persona, options: QueryOptions, prompts, 
     for review in reply.value.reviews:
         reviews.setdefault(review.message, review)
     repeats = checks.duplicates(texts)
-    provenance = Provenance(
-        model=engine.model,
-        endpoint_kind=engine.endpoint_kind,
-        prompts=hashes,
-        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-    )
+    provenance = engine.provenance(hashes)
     accepted, rejected = [], []
     for index, (situation, text, number) in enumerate(zip(chosen, texts, numbers, strict=True)):
         query = Query(

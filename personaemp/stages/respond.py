@@ -15,13 +15,11 @@ import math
 import re
 from collections import Counter
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 
 from personaemp.errors import InputError
 from personaemp.llm.step import Step
 from personaemp.prompts import Prompt, load_prompt
-from personaemp.records import Provenance
 from personaemp.stages.criteria import pick_queries, query_units
 
 STAGE = "respond"
@@ -102,12 +100,7 @@ def write_responses(
     def make_work(engine):
         async def work(unit: dict) -> dict:
             reply = await engine.text(RESPOND, build_messages(unit, context, rag_k, prompt))
-            provenance = Provenance(
-                model=engine.model,
-                endpoint_kind=engine.endpoint_kind,
-                prompts={RESPOND.name: prompt.hash},
-                created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-            )
+            provenance = engine.provenance({RESPOND.name: prompt.hash})
             return {
                 "query_id": unit["query_id"],
                 "user_id": unit["user_id"],
