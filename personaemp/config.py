@@ -203,4 +203,5 @@ def llm_settings(options: LLMOptions, env: Mapping[str, str] | None = None):
         refresh=options.refresh,
         price_in=options.price_in,
         price_out=options.price_out,
+        max_cost=options.max_cost,
     )

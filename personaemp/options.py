@@ -252,6 +252,21 @@ class LLMOptions(Section):
     )
     price_in: Annotated[float | None, Field(ge=0), Opt("Price per million prompt tokens.")] = None
     price_out: Annotated[float | None, Field(ge=0), Opt("Price per million completion tokens.")] = None
+    max_cost: Annotated[
+        float | None,
+        Field(gt=0),
+        Opt(
+            "Stop (resumable) before the cost spent, counted from the endpoint's usage at "
+            "--price-in/--price-out, could exceed this many dollars.",
+            metavar="USD",
+        ),
+    ] = None
+
+    @model_validator(mode="after")
+    def _a_budget_needs_prices(self) -> LLMOptions:
+        if self.max_cost is not None and self.price_in is None and self.price_out is None:
+            raise OptionProblem("max_cost", "needs a price to count with", "give {price_in} and {price_out}")
+        return self
 
     @model_validator(mode="after")
     def _remote_needs_an_endpoint(self) -> LLMOptions:

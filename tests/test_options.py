@@ -306,6 +306,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "retry_failed": True,
         "price_in": 1.5,
         "price_out": 2.5,
+        "max_cost": 3.0,
     },
     "persona": {
         "input": "p/in.jsonl",

@@ -18,7 +18,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -73,6 +73,34 @@ class Sampling:
     seed: int | None
 
 
+class BudgetReached(PersonaempError):
+    """The next request could take the spend over --max-cost: the run stops, resumable.
+
+    Units in flight are not recorded as failed: a run with a larger budget does them."""
+
+
+@dataclass
+class Budget:
+    """--max-cost: a request is sent only if the spend so far, the requests in flight and
+    this one at its most (its prompt, and max_tokens of completion) fit in `limit`. One
+    that does not fit waits for those in flight (they usually cost less than their most);
+    when none is left and it still does not fit, the run stops."""
+
+    limit: float  # dollars
+    price_in: float | None  # per million tokens
+    price_out: float | None
+    reserved: float = 0.0  # the most the requests in flight can cost
+    in_flight: int = 0
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    def most(self, request: dict) -> float:
+        prompt = sum(len(m["content"]) for m in request["messages"]) // 4 + 16  # chars/4 and the template
+        return self.dollars(prompt, request["max_tokens"])
+
+    def dollars(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (prompt_tokens * (self.price_in or 0) + completion_tokens * (self.price_out or 0)) / 1e6
+
+
 class _FormatRefused(Exception):
     """The endpoint refused the response format; the mode stepped down, build again."""
 
@@ -98,9 +126,11 @@ class Engine:
         decisions: Path | None = None,
         notify: Callable[[str], None] | None = None,
         request_extras: dict[str, Any] | None = None,
+        budget: Budget | None = None,
     ):
         self.pool, self.model, self.configured = pool, model, structured
         self.request_extras = request_extras or {}  # sent with every request (the local model's sampler)
+        self.budget = budget
         self.fold_system, self.max_tokens, self.temperature = fold_system, max_tokens, temperature
         self.max_reasks, self.cache, self.seed = max_reasks, cache, seed
         self.step_settings = steps or {}
@@ -343,6 +373,7 @@ class Engine:
                 raise type(self._dead)(self._dead.message, self._dead.hint)
             if mode not in (self.mode, TEXT):
                 raise _FormatRefused
+            most = await self._reserve(request)
             stats.requests += 1
             try:
                 reply = await self.pool.send(request, on_retry, cautious=not self.answered)
@@ -360,8 +391,41 @@ class Engine:
             except PersonaempError as error:  # 401, 403, 404: every request would get the same
                 self._dead = error
                 raise
+            finally:
+                await self._release(most)
         self._answered(mode)
         return reply
+
+    async def _reserve(self, request: dict) -> float:
+        """Wait until this request fits in --max-cost at its most; BudgetReached if it never will."""
+        budget = self.budget
+        if budget is None:
+            return 0.0
+        most = budget.most(request)
+        async with budget.changed:
+            while True:
+                spent = self.accounting.cost(budget.price_in, budget.price_out) or 0.0
+                if spent + budget.reserved + most <= budget.limit:
+                    budget.reserved += most
+                    budget.in_flight += 1
+                    return most
+                if not budget.in_flight:
+                    raise BudgetReached(
+                        f"stopped before --max-cost ${budget.limit:g}: spent ${spent:.4f}, the next "
+                        f"request could cost up to ${most:.4f}",
+                        "finished units are kept; run again with a larger --max-cost to go on",
+                    )
+                await budget.changed.wait()
+
+    async def _release(self, most: float) -> None:
+        """A request is over: its tokens are counted (by the caller, before any wait ends)."""
+        budget = self.budget
+        if budget is None:
+            return
+        async with budget.changed:
+            budget.reserved -= most
+            budget.in_flight -= 1
+            budget.changed.notify_all()
 
     @contextlib.asynccontextmanager
     async def _turn(self):

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from personaemp.errors import InputError
 from personaemp.llm.cache import ReplyCache
 from personaemp.llm.endpoints import Endpoint, EndpointPool
-from personaemp.llm.engine import DECISIONS_FILE, Engine
+from personaemp.llm.engine import DECISIONS_FILE, Budget, Engine
 from personaemp.llm.local import REQUEST_EXTRAS as LOCAL_REQUEST_EXTRAS
 from personaemp.llm.settings import LLMSettings
 
@@ -66,4 +66,7 @@ async def open_engine(
             decisions=settings.work_dir / DECISIONS_FILE,
             notify=notify,
             request_extras=LOCAL_REQUEST_EXTRAS if kind == "local" else None,
+            budget=Budget(settings.max_cost, settings.price_in, settings.price_out)
+            if settings.max_cost is not None
+            else None,
         )

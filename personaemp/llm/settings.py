@@ -48,6 +48,7 @@ class LLMSettings:
     refresh: bool = _DEFAULT.refresh  # ignore cached replies, overwrite them
     price_in: float | None = _DEFAULT.price_in  # per million prompt tokens
     price_out: float | None = _DEFAULT.price_out  # per million completion tokens
+    max_cost: float | None = _DEFAULT.max_cost  # dollars: stop before spending more
     local_log: Path | None = None
 
     def __post_init__(self) -> None:
@@ -72,6 +73,7 @@ class LLMSettings:
             "refresh": self.refresh,
             "price_in": self.price_in,
             "price_out": self.price_out,
+            "max_cost": self.max_cost,
         }
         flag = lambda name, lead: spec("llm", name).flag if name else "LLM settings"  # noqa: E731
         try:
@@ -103,4 +105,5 @@ class LLMSettings:
             "steps": self.steps,
             "cache": self.use_cache,
             "refresh": self.refresh,
+            "max_cost": self.max_cost,
         }

@@ -1,0 +1,73 @@
+"""--max-cost: the run stops before its spend could pass the budget, and resumes after.
+
+Real files and the fake server, which reports usage for every reply; prices of $1 per
+token make the dollars easy to follow.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import SAMPLE_TASK1, read_jsonl
+from fake_openai import FakeOpenAI, default_content, reply
+from rich.console import Console
+
+from personaemp.errors import InputError
+from personaemp.llm.engine import BudgetReached
+from personaemp.llm.settings import LLMSettings
+from personaemp.options import LLMOptions
+from personaemp.stages.filter import filter_users
+from personaemp.stages.persona import infer_personas
+
+QUIET = Console(quiet=True)
+PRICES = {"price_in": 1e6, "price_out": 1e6}  # $1 per token
+USAGE = {"prompt_tokens": 100, "completion_tokens": 50, "total_tokens": 150}  # so $150 a request
+
+
+def priced(body: dict, number: int):
+    return reply(default_content(body), usage=USAGE)
+
+
+def settings(server: FakeOpenAI, work: Path, **extra) -> LLMSettings:
+    return LLMSettings(base_urls=[server.base_url], model="fake", work_dir=work, max_tokens=200,
+                       concurrency=1, **PRICES, **extra)  # fmt: skip
+
+
+def test_the_spend_stays_under_the_budget_and_a_larger_one_finishes_the_rest(tmp_path):
+    filtered = tmp_path / "filtered.jsonl"
+    filter_users(SAMPLE_TASK1, filtered, console=QUIET)
+    with FakeOpenAI(responder=priced) as server:
+        full, _ = infer_personas(
+            filtered, tmp_path / "all.jsonl", settings(server, tmp_path / "w1"), console=QUIET
+        )
+        whole, requests = full.cost, server.count
+    assert full.outcome.done == 16 and whole == 150 * requests
+
+    budget = whole / 2
+    with FakeOpenAI(responder=priced) as server:
+        with pytest.raises(BudgetReached, match=r"--max-cost") as stop:
+            infer_personas(filtered, tmp_path / "p.jsonl", settings(server, tmp_path / "w2", max_cost=budget),
+                           console=QUIET)  # fmt: skip
+        first = server.count
+        assert 150 * first <= budget, "never past the budget"
+        assert 0 < first < requests
+        assert "finished units are kept" in str(stop.value)
+        kept = read_jsonl(tmp_path / "p.jsonl")
+        assert 0 < len(kept) < 16
+        assert not (tmp_path / "infer-persona.failures.jsonl").exists() or not read_jsonl(
+            tmp_path / "infer-persona.failures.jsonl"
+        ), "a budget stop records no failure"
+
+        larger = settings(server, tmp_path / "w2", max_cost=whole * 10)
+        report, _ = infer_personas(filtered, tmp_path / "p.jsonl", larger, console=QUIET)
+        assert report.outcome.done_before == len(kept) and report.outcome.done + len(kept) == 16
+    assert [r["user_id"] for r in read_jsonl(tmp_path / "p.jsonl")] == [
+        r["user_id"] for r in read_jsonl(tmp_path / "all.jsonl")
+    ]
+
+
+def test_a_budget_needs_a_price():
+    with pytest.raises(InputError, match="--max-cost needs a price"):
+        LLMSettings(max_cost=1.0)
+    assert LLMOptions(max_cost=2.0, price_in=1.0).max_cost == 2.0
