@@ -189,30 +189,6 @@ def gen_queries_command(options: Resolver) -> None:
     run_queries(options.queries, options.llm, stderr_console())
 
 
-@stage_command("criteria")
-def criteria_command(options: Resolver) -> None:
-    """Write 4-6 weighted evaluation criteria per query and PERM dimension, seeing no response (LLM)."""
-    from personaemp.pipeline import run_criteria
-
-    run_criteria(options.criteria, options.llm, stderr_console())
-
-
-@stage_command("respond")
-def respond_command(options: Resolver) -> None:
-    """Have a policy model answer every query of a split, with the chosen context (LLM)."""
-    from personaemp.pipeline import run_respond
-
-    run_respond(options.respond, options.llm, stderr_console())
-
-
-@stage_command("evaluate")
-def evaluate_command(options: Resolver) -> None:
-    """Score systems' responses per PERM dimension (fixed criteria, or dynamic @k), side by side (LLM)."""
-    from personaemp.pipeline import run_evaluate
-
-    run_evaluate(options.evaluate, options.llm, Console(soft_wrap=True))
-
-
 @app.command("serve-local")
 @reports_errors
 def serve_local_command(
@@ -258,3 +234,27 @@ def run_command(
 
     options = load_config(config)  # every section now: a bad value stops before any stage
     run_pipeline(options, stderr_console())
+
+
+@stage_command("criteria")
+def criteria_command(options: Resolver) -> None:
+    """Write 4-6 weighted evaluation criteria per query and PERM dimension, seeing no response (LLM)."""
+    from personaemp.pipeline import run_criteria
+
+    run_criteria(options.criteria, options.llm, stderr_console())
+
+
+@stage_command("respond")
+def respond_command(options: Resolver) -> None:
+    """Have a policy model answer every query of a split, with the chosen context (LLM)."""
+    from personaemp.pipeline import run_respond
+
+    run_respond(options.respond, options.llm, stderr_console())
+
+
+@stage_command("evaluate")
+def evaluate_command(options: Resolver) -> None:
+    """Score systems' responses per PERM dimension (fixed criteria, or dynamic @k), side by side (LLM)."""
+    from personaemp.pipeline import run_evaluate
+
+    run_evaluate(options.evaluate, options.llm, Console(soft_wrap=True))
