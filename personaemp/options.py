@@ -252,6 +252,13 @@ class LLMOptions(Section):
     )
     price_in: Annotated[float | None, Field(ge=0), Opt("Price per million prompt tokens.")] = None
     price_out: Annotated[float | None, Field(ge=0), Opt("Price per million completion tokens.")] = None
+    estimate: Annotated[
+        bool,
+        Opt(
+            "Print the requests, tokens and cost this command would send now (from the cache and "
+            "the rendered prompts), and send and write nothing."
+        ),
+    ] = False
     max_cost: Annotated[
         float | None,
         Field(gt=0),

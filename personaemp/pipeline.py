@@ -80,7 +80,8 @@ def run_persona(
         console=console,
     )
     summaries.print_stage_report(report, console)
-    summaries.print_persona_summary(summary, console)
+    if report.estimate is None:
+        summaries.print_persona_summary(summary, console)
     return report
 
 
@@ -111,7 +112,8 @@ def run_queries(
         console=console,
     )
     summaries.print_stage_report(report, console)
-    summaries.print_query_funnel(funnel, console)
+    if report.estimate is None:
+        summaries.print_query_funnel(funnel, console)
     return report
 
 
@@ -224,7 +226,8 @@ def run_evaluate(
         console=console,
     )
     summaries.print_stage_report(report, console)
-    summaries.print_evaluation(evaluation, console)
+    if evaluation is not None:  # None after --estimate
+        summaries.print_evaluation(evaluation, console)
     return evaluation
 
 
@@ -232,6 +235,14 @@ def run_pipeline(
     options: RunOptions, console: Console, env: Mapping[str, str] | None = None
 ) -> PipelineResult:
     """Every stage in order, each from its section of `options` (see config.load_config)."""
+    if options.llm.estimate:
+        from personaemp.errors import InputError
+
+        # Later stages read what earlier ones write, and an estimate writes nothing.
+        raise InputError(
+            "[llm] estimate works per stage, not in `run` yet",
+            "run `personaemp infer-persona --estimate` (and gen-queries on its output)",
+        )
     result = PipelineResult()
     console.rule("filter")
     result.reports["filter"] = run_filter(options.filter, console)

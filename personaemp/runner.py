@@ -43,11 +43,13 @@ class StageOutcome:
     done_before: int = 0  # finished in an earlier run, skipped
     failed: int = 0  # failed for good in this run
     failed_before: int = 0  # failed in an earlier run, not retried (see retry_failed)
+    pending: int = 0  # --estimate: stopped at a request the cache could not answer
     failures_by_kind: Counter = field(default_factory=Counter)
 
     @property
     def balanced(self) -> bool:
-        return self.units == self.done + self.done_before + self.failed + self.failed_before
+        finished = self.done + self.done_before + self.failed + self.failed_before
+        return self.units == finished + self.pending
 
 
 def unit_hash(row: dict[str, Any], fingerprint: str) -> str:
@@ -110,27 +112,30 @@ async def run_units(
     selected: set[str] | None = None,
     retry_failed: bool = False,
     on_progress: Callable[[StageOutcome], None] | None = None,
+    dry: bool = False,
 ) -> StageOutcome:
     """Run `work(unit)` for every unit not finished yet; return the balanced outcome.
 
     `units` is the stage's whole current input: it decides which rows the output keeps.
-    `selected` (ids; --limit, --users) restricts what this run computes.
+    `selected` (ids; --limit, --users) restricts what this run computes. `dry`
+    (--estimate): nothing is written; a unit that reaches an uncached request is pending.
     """
     with locks.exclusive(output):
         return await _run_locked(
-            units, work, key, output, failures, fingerprint, window, selected, retry_failed, on_progress
+            units, work, key, output, failures, fingerprint, window, selected, retry_failed, on_progress, dry
         )
 
 
 async def _run_locked(
-    units, work, key, output, failures, fingerprint, window, selected, retry_failed, on_progress
+    units, work, key, output, failures, fingerprint, window, selected, retry_failed, on_progress, dry
 ) -> StageOutcome:
     hashes = {str(unit[key]): unit_hash(unit, fingerprint) for unit in units}
     chosen = [unit for unit in units if selected is None or str(unit[key]) in selected]
     outcome = StageOutcome(units=len(chosen))
     for path in (output, failures):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _repair_tail(path)
+        if not dry:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _repair_tail(path)
     done = {uid for uid, pos in _scan(output, key).items() if hashes.get(uid) == pos[1]}
     failed_before = {
         uid for uid, pos in _scan(failures, key).items() if hashes.get(uid) == pos[1] and uid not in done
@@ -148,6 +153,8 @@ async def _run_locked(
     if on_progress:
         on_progress(outcome)
 
+    if dry:
+        return await _run_dry(todo, work, window, outcome, on_progress)
     encode = msgspec.json.Encoder()
     stopped = True
     try:
@@ -187,6 +194,27 @@ async def _run_locked(
         # nothing: the files stay as they were, so a typo never costs an earlier run's rows.
         if not stopped or outcome.done or outcome.failed:
             _finish(output, failures, units, key, hashes)
+    return outcome
+
+
+async def _run_dry(todo, work, window: int, outcome: StageOutcome, on_progress) -> StageOutcome:
+    """--estimate: each unit runs as far as the cache answers; nothing is written."""
+    from personaemp.llm.engine import Pending
+
+    async def one(unit: dict[str, Any]) -> None:
+        try:
+            await work(unit)
+        except Pending:
+            outcome.pending += 1
+        except UnitError as error:  # what the cache holds already fails it: so would a real run
+            outcome.failed += 1
+            outcome.failures_by_kind[error.kind] += 1
+        else:
+            outcome.done += 1
+        if on_progress:
+            on_progress(outcome)
+
+    await _run_window(todo, one, window)
     return outcome
 
 

@@ -35,6 +35,9 @@ def print_filter_summary(report: FilterReport, console: Console) -> None:
 
 def print_stage_report(report, console: Console) -> None:
     """The run report of an LLM stage: outcome, then per-step requests, cache, tokens."""
+    if report.estimate is not None:
+        print_estimate(report, console)
+        return
     outcome = report.outcome
     console.print(
         f"[bold]{report.stage}[/]: {outcome.units} units = {outcome.done} done + "
@@ -241,3 +244,25 @@ def _avg_n(metrics: dict | None) -> str:
     if not metrics or not metrics.get("n"):
         return "—"
     return f"{metrics['avg']:.2f} (n={metrics['n']})"
+
+
+def print_estimate(report, console: Console) -> None:
+    """--estimate: what the stage would send now, per step, and the cost at the given prices."""
+    estimate, outcome = report.estimate, report.outcome
+    console.print(
+        f"[bold]{report.stage} --estimate[/]: {outcome.units} units: {outcome.done_before} done earlier, "
+        f"{outcome.done} would come from the cache, {estimate['units_pending']} need requests, "
+        f"{outcome.failed_before + outcome.failed} failed (kept). Nothing was sent or written."
+    )
+    table = Table(title=f"{report.stage} · {report.model}", title_justify="left")
+    for title in ("step", "calls", "tok in", "tok out", "from"):
+        table.add_column(title, justify="left" if title in ("step", "from") else "right")
+    for name, entry in estimate["steps"].items():
+        table.add_row(name, f"{entry['calls']:,}", f"{entry['prompt_tokens']:,}",
+                      f"{entry['completion_tokens']:,}", escape(entry["source"]))  # fmt: skip
+    console.print(table)
+    cost = "" if estimate["cost"] is None else f" · about ${estimate['cost']:.2f} at --price-in/--price-out"
+    console.print(
+        f"tokens ({estimate['counted_as']}): {estimate['prompt_tokens']:,} in + "
+        f"{estimate['completion_tokens']:,} out{cost}"
+    )

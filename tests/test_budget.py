@@ -71,3 +71,57 @@ def test_a_budget_needs_a_price():
     with pytest.raises(InputError, match="--max-cost needs a price"):
         LLMSettings(max_cost=1.0)
     assert LLMOptions(max_cost=2.0, price_in=1.0).max_cost == 2.0
+
+
+# --- --estimate ---------------------------------------------------------------------------------
+
+
+def spent_tokens(report) -> int:
+    return sum(s["prompt_tokens"] + s["completion_tokens"] for s in report.steps.values())
+
+
+@pytest.mark.parametrize("stage", ["infer-persona", "gen-queries"])
+def test_estimate_sends_and_writes_nothing_and_lands_within_30_percent(tmp_path, stage):
+    """After a quick look (--limit 2, which fills the cache with each step's sizes), the
+    estimate for the whole input is compared with what the stage then spends."""
+    from personaemp.stages.queries import generate_queries
+
+    filtered = tmp_path / "filtered.jsonl"
+    filter_users(SAMPLE_TASK1, filtered, console=QUIET)
+    with FakeOpenAI() as server:
+        plain = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=tmp_path / "w")
+        if stage == "infer-persona":
+            run = lambda s, **kw: infer_personas(filtered, tmp_path / "out.jsonl", s, console=QUIET, **kw)  # noqa: E731
+        else:
+            infer_personas(filtered, tmp_path / "personas.jsonl", plain, console=QUIET)
+            run = lambda s, **kw: generate_queries(tmp_path / "personas.jsonl", tmp_path / "out.jsonl", s,  # noqa: E731
+                                                   console=QUIET, **kw)  # fmt: skip
+        run(plain, limit=2)
+        before = server.count
+        files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and "w" not in p.parts[-2:-1]}
+        estimating = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=tmp_path / "w",
+                                 estimate=True, price_in=1.0, price_out=2.0)  # fmt: skip
+        report, _ = run(estimating)
+        assert server.count == before, "an estimate sends nothing"
+        assert {p: p.read_bytes() for p in files} == files, "and writes nothing"
+        estimate = report.estimate
+        assert report.outcome.balanced and report.outcome.done_before == 2 and estimate["units_pending"] > 0
+        real, _ = run(plain)
+    spent = spent_tokens(real)
+    guessed = estimate["prompt_tokens"] + estimate["completion_tokens"]
+    assert abs(guessed - spent) <= 0.3 * spent, (guessed, spent)
+    assert estimate["cost"] == pytest.approx(
+        (estimate["prompt_tokens"] + 2 * estimate["completion_tokens"]) / 1e6, rel=1e-3
+    )
+    print(stage, "estimated", guessed, "spent", spent)
+
+
+def test_run_refuses_an_estimate_in_one_line(tmp_path):
+    from personaemp.config import load_config
+    from personaemp.pipeline import run_pipeline
+
+    config = tmp_path / "p.toml"
+    config.write_text(f'[paths]\nprocessed = "{tmp_path}"\n[llm]\nestimate = true\n', encoding="utf-8")
+    with pytest.raises(InputError, match="works per stage"):
+        run_pipeline(load_config(config), QUIET)
+    assert not (tmp_path / "filtered.jsonl").exists(), "refused before the first stage"

@@ -171,8 +171,9 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
         return record
 
     monkeypatch.setattr(filter, "filter_users", recorder("filter", None))
-    monkeypatch.setattr(persona, "infer_personas", recorder("persona", (None, None)))
-    monkeypatch.setattr(queries, "generate_queries", recorder("queries", (None, None)))
+    report = SimpleNamespace(estimate=None)  # what the summaries look at; they are stubbed too
+    monkeypatch.setattr(persona, "infer_personas", recorder("persona", (report, None)))
+    monkeypatch.setattr(queries, "generate_queries", recorder("queries", (report, None)))
     monkeypatch.setattr(split, "split_users", recorder("split", None))
     pushed = SimpleNamespace(rows={}, target="somewhere", warnings=[])
     monkeypatch.setattr(publish, "publish", recorder("push", pushed))
@@ -307,6 +308,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "price_in": 1.5,
         "price_out": 2.5,
         "max_cost": 3.0,
+        "estimate": False,
     },
     "persona": {
         "input": "p/in.jsonl",
@@ -379,7 +381,8 @@ def test_the_non_default_values_cover_every_option():
             assert set(NON_DEFAULT[name]) == set(SECTIONS[name].model_fields), name
     for name, values in NON_DEFAULT.items():
         for key, value in values.items():
-            if key != "dry_run":  # the one option whose default stays (with a repo_id)
+            # dry_run keeps its default (with a repo_id), estimate too (`run` refuses it)
+            if key not in ("dry_run", "estimate"):
                 assert value != getattr(getattr(defaults, name), key), f"{name}.{key}"
 
 

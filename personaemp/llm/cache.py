@@ -67,6 +67,12 @@ class ReplyCache:
             (key, step, json.dumps(request, ensure_ascii=False), json.dumps(reply), time.time(), int(valid)),
         )
 
+    def replies_of(self, step: str, limit: int) -> list[tuple[str, str]]:
+        """(request, reply) JSON of up to `limit` valid replies of one step (for --estimate)."""
+        return self._db.execute(
+            "SELECT request, reply FROM replies WHERE step = ? AND valid = 1 LIMIT ?", (step, limit)
+        ).fetchall()
+
     def __len__(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM replies").fetchone()[0]
 

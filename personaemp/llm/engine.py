@@ -101,6 +101,10 @@ class Budget:
         return (prompt_tokens * (self.price_in or 0) + completion_tokens * (self.price_out or 0)) / 1e6
 
 
+class Pending(Exception):
+    """--estimate: the cache cannot answer this request; it was counted, not sent."""
+
+
 class _FormatRefused(Exception):
     """The endpoint refused the response format; the mode stepped down, build again."""
 
@@ -127,10 +131,12 @@ class Engine:
         notify: Callable[[str], None] | None = None,
         request_extras: dict[str, Any] | None = None,
         budget: Budget | None = None,
+        estimate=None,
     ):
         self.pool, self.model, self.configured = pool, model, structured
         self.request_extras = request_extras or {}  # sent with every request (the local model's sampler)
         self.budget = budget
+        self.estimate = estimate  # an llm.estimate.Estimate: count what would be sent, send nothing
         self.fold_system, self.max_tokens, self.temperature = fold_system, max_tokens, temperature
         self.max_reasks, self.cache, self.seed = max_reasks, cache, seed
         self.step_settings = steps or {}
@@ -345,6 +351,9 @@ class Engine:
                 reply = RawReply(**stored)
                 _count_tokens(stats, request, reply, sent=False)
                 return reply, key, request, True
+            if self.estimate is not None:
+                self.estimate.add(step_name, request)
+                raise Pending
             try:
                 reply = await self._send(stats, request, mode)
             except _FormatRefused:

@@ -16,8 +16,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from personaemp.io import write_json_atomic
 from personaemp.llm.engine import Engine
+from personaemp.llm.estimate import Estimate, cache_history
 from personaemp.llm.session import open_engine
 from personaemp.llm.settings import LLMSettings
+from personaemp.llm.step import Step
 from personaemp.runner import StageOutcome, Work, run_units
 from personaemp.workspace import locked, record_stage
 
@@ -38,6 +40,7 @@ class StageReport:
     full: bool = True  # the whole input, not a quick look (--limit, --users)
     cost: float | None = None
     calls: list[dict] = field(default_factory=list)  # per-request timings (the slowest, on big runs)
+    estimate: dict[str, Any] | None = None  # --estimate: what would be sent (llm/estimate.py)
     output: str = ""
     failures: str = ""
 
@@ -81,13 +84,15 @@ def run_llm_stage(
     retry_failed: bool = False,
     console: Console | None = None,
     failures: Path | None = None,
+    chain: Sequence[tuple[Step, int]] = (),
 ) -> StageReport:
     """Run `make_work(engine)` over `units` (the stage's whole current input; `selected`
     ids only), resumably; write and return the stage report.
 
     `fingerprint(engine)` names what makes a finished unit reusable (see Engine.fingerprint).
     `full`: the report describes the build (default: nothing was selected); a quick look's
-    report is kept apart so a dataset card never quotes it.
+    report is kept apart so a dataset card never quotes it. `chain`: (step, calls per unit)
+    in the order a unit makes them, for --estimate (which sends and writes nothing).
     """
     full = selected is None if full is None else full
     console = console or Console(stderr=True)
@@ -95,9 +100,11 @@ def run_llm_stage(
     # (respond, evaluate: one per system) pass their own, so one run never drops another's.
     failures = failures or output.with_name(f"{stage}.failures.jsonl")
     started = time.perf_counter()
+    estimate = Estimate([(step.name, calls) for step, calls in chain]) if settings.estimate else None
 
     async def main() -> StageReport:
-        async with open_engine(settings, notify=lambda line: console.print(f"[yellow]{line}[/]")) as engine:
+        notify = lambda line: console.print(f"[yellow]{line}[/]")  # noqa: E731
+        async with open_engine(settings, notify=notify, estimate=estimate) as engine:
             console.print(_header(stage, engine))
             with _progress(console) as progress:
                 task = progress.add_task(stage, total=len(units), stats="")
@@ -124,6 +131,7 @@ def run_llm_stage(
                     selected=selected,
                     retry_failed=retry_failed,
                     on_progress=on_progress,
+                    dry=estimate is not None,
                 )
             totals = engine.accounting.totals()
             return StageReport(
@@ -140,9 +148,14 @@ def run_llm_stage(
                 calls=engine.accounting.slowest_calls(CALLS_KEPT),
                 output=str(output),
                 failures=str(failures),
+                estimate=estimate.report(cache_history(engine.cache), settings.price_in, settings.price_out)
+                if estimate is not None
+                else None,
             )
 
     report = asyncio.run(main())
+    if estimate is not None:
+        return report  # nothing was sent or written: no run to record
     append_report(settings.work_dir / REPORT_FILE, report.as_dict(), settings)
     record_stage(
         output, stage, report=settings.work_dir / REPORT_FILE, failures=failures, full=full, input=input_path

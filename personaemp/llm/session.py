@@ -15,19 +15,23 @@ from personaemp.llm.settings import LLMSettings
 
 @contextlib.asynccontextmanager
 async def open_engine(
-    settings: LLMSettings, notify: Callable[[str], None] | None = None
+    settings: LLMSettings, notify: Callable[[str], None] | None = None, estimate=None
 ) -> AsyncIterator[Engine]:
     """Yield a ready engine; the local server (if used) is stopped and the cache closed after.
 
     `notify(line)` hears what the engine decides on the way (a refused response format)."""
     async with contextlib.AsyncExitStack() as stack:
         if settings.uses_local:
-            from personaemp.llm.local import LocalServer
+            from personaemp.llm.local import MODEL_NAME, LocalServer
 
-            server = stack.enter_context(LocalServer(log_path=settings.local_log))
+            if estimate is None:
+                server = stack.enter_context(LocalServer(log_path=settings.local_log))
+                base_url = server.base_url
+            else:  # nothing will be sent: no server to start
+                base_url = "http://127.0.0.1/v1"
             # llama.cpp serves one request at a time: more in flight would only queue there
             # and run into timeouts.
-            base_urls, model, concurrency, kind = [server.base_url], server.model, 1, "local"
+            base_urls, model, concurrency, kind = [base_url], MODEL_NAME, 1, "local"
             # Schema-constrained generation runs at ~20 tokens/s on 2 cores: allow for it.
             timeout = max(settings.timeout, 600.0)
             structured = "json_object_schema" if settings.structured == "auto" else settings.structured
@@ -46,10 +50,13 @@ async def open_engine(
         for endpoint in endpoints:
             stack.push_async_callback(endpoint.client.close)
         cache = None
-        if settings.use_cache or settings.refresh:
-            cache = ReplyCache(
-                settings.work_dir / "cache.sqlite", read=settings.use_cache and not settings.refresh
-            )
+        path = settings.work_dir / "cache.sqlite"
+        if estimate is not None:  # read what is there, create and write nothing
+            if settings.use_cache and not settings.refresh and path.exists():
+                cache = ReplyCache(path, read=True, write=False)
+                stack.callback(cache.close)
+        elif settings.use_cache or settings.refresh:
+            cache = ReplyCache(path, read=settings.use_cache and not settings.refresh)
             stack.callback(cache.close)
         yield Engine(
             EndpointPool(endpoints, settings.max_retries),
@@ -66,6 +73,7 @@ async def open_engine(
             decisions=settings.work_dir / DECISIONS_FILE,
             notify=notify,
             request_extras=LOCAL_REQUEST_EXTRAS if kind == "local" else None,
+            estimate=estimate,
             budget=Budget(settings.max_cost, settings.price_in, settings.price_out)
             if settings.max_cost is not None
             else None,

@@ -49,6 +49,7 @@ class LLMSettings:
     price_in: float | None = _DEFAULT.price_in  # per million prompt tokens
     price_out: float | None = _DEFAULT.price_out  # per million completion tokens
     max_cost: float | None = _DEFAULT.max_cost  # dollars: stop before spending more
+    estimate: bool = _DEFAULT.estimate  # count what would be sent; send and write nothing
     local_log: Path | None = None
 
     def __post_init__(self) -> None:
@@ -74,6 +75,7 @@ class LLMSettings:
             "price_in": self.price_in,
             "price_out": self.price_out,
             "max_cost": self.max_cost,
+            "estimate": self.estimate,
         }
         flag = lambda name, lead: spec("llm", name).flag if name else "LLM settings"  # noqa: E731
         try:

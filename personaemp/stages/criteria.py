@@ -188,6 +188,7 @@ def write_criteria(
         input_path=input_path,
         retry_failed=retry_failed,
         console=console,
+        chain=[(CRITERIA, len(DIMENSIONS))],
     )
 
 

@@ -316,7 +316,13 @@ def evaluate(
         retry_failed=retry_failed,
         console=console,
         failures=failures_path,
+        chain=[
+            (step, len(DIMENSIONS) * (options.samples if options.dynamic else 1)),
+            *([(BYSTANDER, 1)] if options.bystander else []),
+        ],  # fmt: skip
     )
+    if report.estimate is not None:
+        return report, None
     query_ids = {q["query_id"] for q in queries}
     unknown = {name: file.unknown(query_ids) for name, file in systems.items()}
     evaluation = summarise(

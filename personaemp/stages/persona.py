@@ -299,6 +299,7 @@ def infer_personas(
         full=full,
         input_path=input_path,
         retry_failed=retry_failed,
+        chain=[(step, 1) for step in STEPS],
         console=console,
     )
     picked = rows if selected is None else [row for row in rows if str(row["user_id"]) in selected]

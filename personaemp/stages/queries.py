@@ -309,7 +309,10 @@ def generate_queries(
         input_path=input_path,
         retry_failed=retry_failed,
         console=console,
+        chain=[(step, 1) for step in STEPS],
     )
+    if report.estimate is not None:  # nothing was written: no funnel to update
+        return report, QueryFunnel(users_in=len(rows), ineligible_skipped=ineligible)
     picked = rows if selected is None else [row for row in rows if str(row["user_id"]) in selected]
     funnel = write_rejected_and_count(output_path, output_path.with_name("rejected.jsonl"), picked)
     funnel.ineligible_skipped = ineligible

@@ -130,6 +130,7 @@ def write_responses(
         retry_failed=retry_failed,
         console=console,
         failures=failures_file(output_path),
+        chain=[(RESPOND, 1)],
     )
 
 

@@ -1,0 +1,109 @@
+"""`--estimate`: what a stage would send now, counted without sending anything.
+
+The stage runs as usual, but every request the cache cannot answer is recorded and its
+unit stops there (engine.Pending). A unit stopped at step S is counted as needing all of
+S's calls (a little over, when some of them were cached) and every later step of the
+stage's chain. Token counts:
+- prompt tokens of the requests that would be sent now: exact text, counted as
+  characters / 4 (no tokenizer is assumed);
+- later calls: the mean prompt of that step's replies in the cache, else the prompt of
+  the step the unit stopped at;
+- completion tokens: the mean reply of that step in the cache, else DEFAULT_COMPLETION
+  (never over the step's max_tokens).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_COMPLETION = 300  # tokens per reply when the cache has none of the step yet
+
+
+def tokens(chars: float) -> float:
+    return chars / 4
+
+
+@dataclass
+class Estimate:
+    chain: Sequence[tuple[str, int]]  # (step name, calls per unit), in the order a unit makes them
+    pending: Counter = field(default_factory=Counter)  # step -> units stopped at it
+    prompt_chars: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    max_tokens: dict[str, int] = field(default_factory=dict)
+
+    def add(self, step: str, request: dict[str, Any]) -> None:
+        self.pending[step] += 1
+        self.prompt_chars[step].append(sum(len(m["content"]) for m in request["messages"]))
+        self.max_tokens[step] = request["max_tokens"]
+
+    def report(self, history, price_in: float | None, price_out: float | None) -> dict[str, Any]:
+        """Per step: calls, prompt and completion tokens, and where each figure comes from.
+
+        `history(step)` -> (mean prompt chars, mean completion chars, replies) from the cache."""
+        order = [name for name, _ in self.chain]
+        per_unit = dict(self.chain)
+        steps: dict[str, dict[str, Any]] = {
+            name: {"calls": 0, "prompt_tokens": 0.0, "completion_tokens": 0.0} for name in order
+        }
+        sources: dict[str, str] = {}
+        for stopped, units in self.pending.items():
+            if stopped not in per_unit:
+                continue
+            exact = sum(self.prompt_chars[stopped]) / units
+            for name in order[order.index(stopped) :]:
+                mean_prompt, mean_reply, seen = history(name)
+                calls = units * per_unit[name]
+                if name == stopped:
+                    prompt, source = exact, "rendered now"
+                elif seen:
+                    prompt, source = mean_prompt, f"cache mean of {seen}"
+                else:
+                    prompt, source = exact, f"as {stopped} (no {name} reply in the cache yet)"
+                cap = self.max_tokens.get(name) or self.max_tokens.get(stopped) or DEFAULT_COMPLETION
+                completion = min(tokens(mean_reply), cap) if seen else min(DEFAULT_COMPLETION, cap)
+                entry = steps[name]
+                entry["calls"] += calls
+                entry["prompt_tokens"] += calls * tokens(prompt)
+                entry["completion_tokens"] += calls * completion
+                sources[name] = source + (
+                    f"; replies: cache mean of {seen}" if seen else f"; replies: {DEFAULT_COMPLETION} assumed"
+                )
+        total_in = sum(entry["prompt_tokens"] for entry in steps.values())
+        total_out = sum(entry["completion_tokens"] for entry in steps.values())
+        for name, entry in steps.items():
+            entry["prompt_tokens"] = round(entry["prompt_tokens"])
+            entry["completion_tokens"] = round(entry["completion_tokens"])
+            entry["source"] = sources.get(name, "")
+        cost = None
+        if price_in is not None or price_out is not None:
+            cost = (total_in * (price_in or 0) + total_out * (price_out or 0)) / 1e6
+        return {
+            "units_pending": sum(self.pending.values()),
+            "steps": steps,
+            "prompt_tokens": round(total_in),
+            "completion_tokens": round(total_out),
+            "cost": cost,
+            "counted_as": "characters / 4",
+        }
+
+
+def cache_history(cache):
+    """history(step) over the valid replies in the cache (at most 2,000 per step)."""
+    memo: dict[str, tuple[float, float, int]] = {}
+
+    def history(step: str) -> tuple[float, float, int]:
+        if step not in memo:
+            rows = cache.replies_of(step, 2000) if cache is not None else []
+            prompts = [sum(len(m["content"]) for m in json.loads(request)["messages"]) for request, _ in rows]
+            replies = [len(json.loads(reply).get("content", "")) for _, reply in rows]
+            memo[step] = (
+                sum(prompts) / len(prompts) if prompts else 0.0,
+                sum(replies) / len(replies) if replies else 0.0,
+                len(rows),
+            )
+        return memo[step]
+
+    return history
