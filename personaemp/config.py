@@ -205,4 +205,5 @@ def llm_settings(options: LLMOptions, env: Mapping[str, str] | None = None):
         price_out=options.price_out,
         max_cost=options.max_cost,
         estimate=options.estimate,
+        batch=options.batch,
     )

@@ -252,6 +252,15 @@ class LLMOptions(Section):
     )
     price_in: Annotated[float | None, Field(ge=0), Opt("Price per million prompt tokens.")] = None
     price_out: Annotated[float | None, Field(ge=0), Opt("Price per million completion tokens.")] = None
+    batch: Annotated[
+        Path | None,
+        Opt(
+            "Work from batch files in this folder instead of an endpoint: import the answer files "
+            "found there, go as far as they allow, write the requests still needed as the next "
+            "round's input (OpenAI Batch / vllm run-batch format).",
+            metavar="DIR",
+        ),
+    ] = None
     estimate: Annotated[
         bool,
         Opt(
@@ -268,6 +277,14 @@ class LLMOptions(Section):
             metavar="USD",
         ),
     ] = None
+
+    @model_validator(mode="after")
+    def _a_batch_needs_the_cache(self) -> LLMOptions:
+        if self.batch is not None and (self.no_cache or self.refresh):
+            raise OptionProblem("batch", "works through the cache", "leave out {no_cache} and {refresh}")
+        if self.batch is not None and self.estimate:
+            raise OptionProblem("batch", "and {estimate} exclude each other", "give one of them")
+        return self
 
     @model_validator(mode="after")
     def _a_budget_needs_prices(self) -> LLMOptions:

@@ -31,6 +31,7 @@ from personaemp.options import (
     RunOptions,
     SplitOptions,
 )
+from personaemp.summaries import waits_for_a_batch
 
 
 @dataclass
@@ -80,7 +81,7 @@ def run_persona(
         console=console,
     )
     summaries.print_stage_report(report, console)
-    if report.estimate is None:
+    if report.estimate is None and not summaries.waits_for_a_batch(report):
         summaries.print_persona_summary(summary, console)
     return report
 
@@ -112,7 +113,7 @@ def run_queries(
         console=console,
     )
     summaries.print_stage_report(report, console)
-    if report.estimate is None:
+    if report.estimate is None and not summaries.waits_for_a_batch(report):
         summaries.print_query_funnel(funnel, console)
     return report
 
@@ -249,8 +250,12 @@ def run_pipeline(
     console.rule("infer-persona")
     # In `run`, a [persona] limit is the size of the build, not a quick look: the card quotes it.
     result.reports["infer-persona"] = run_persona(options.persona, options.llm, console, env, full=True)
+    if waits_for_a_batch(result.reports["infer-persona"]):
+        return result  # --batch: the next stage starts when this one's rounds are done
     console.rule("gen-queries")
     result.reports["gen-queries"] = run_queries(options.queries, options.llm, console, env, full=True)
+    if waits_for_a_batch(result.reports["gen-queries"]):
+        return result
     console.rule("split")
     result.reports["split"] = run_split(options.split, console)
     console.rule("push (dry run)" if options.push.is_dry_run else "push")

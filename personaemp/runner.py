@@ -153,6 +153,8 @@ async def _run_locked(
     if on_progress:
         on_progress(outcome)
 
+    from personaemp.llm.engine import Pending
+
     if dry:
         return await _run_dry(todo, work, window, outcome, on_progress)
     encode = msgspec.json.Encoder()
@@ -167,6 +169,8 @@ async def _run_locked(
                 uid = str(unit[key])
                 try:
                     row = await work(unit)
+                except Pending:  # --batch: it waits for a request of the next round
+                    outcome.pending += 1
                 except UnitError as error:
                     bad.write(
                         {

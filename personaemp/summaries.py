@@ -38,6 +38,9 @@ def print_stage_report(report, console: Console) -> None:
     if report.estimate is not None:
         print_estimate(report, console)
         return
+    if waits_for_a_batch(report):
+        print_batch_round(report, console)
+        return
     outcome = report.outcome
     console.print(
         f"[bold]{report.stage}[/]: {outcome.units} units = {outcome.done} done + "
@@ -265,4 +268,26 @@ def print_estimate(report, console: Console) -> None:
     console.print(
         f"tokens ({estimate['counted_as']}): {estimate['prompt_tokens']:,} in + "
         f"{estimate['completion_tokens']:,} out{cost}"
+    )
+
+
+def waits_for_a_batch(report) -> bool:
+    """--batch: this round wrote requests still to be answered (the stage is not done)."""
+    return bool(getattr(report, "batch", None) and report.batch["files"])
+
+
+def print_batch_round(report, console: Console) -> None:
+    batch, outcome = report.batch, report.outcome
+    files = batch["files"]
+    console.print(
+        f"[bold]{report.stage} --batch[/]: imported {batch['imported']} answers ({batch['failed']} failed "
+        f"lines asked again); {outcome.done + outcome.done_before} of {outcome.units} units done, "
+        f"{outcome.pending} waiting on {batch['requests']} requests."
+    )
+    first = escape(files[0])
+    more = f" (and {len(files) - 1} more files)" if len(files) > 1 else ""
+    console.print(
+        f"Submit {first}{more} to the OpenAI Batch API, or run `vllm run-batch -i {first} "
+        f"-o {first.removesuffix('.jsonl')}.output.jsonl --model {escape(report.model)}`; put the output "
+        "file in the same folder and run this command again."
     )

@@ -239,6 +239,8 @@ def cli_args(section: str, values: dict[str, Any]) -> list[str]:
         if option.name not in values:
             continue
         value = values[option.name]
+        if value is None:  # an unset option has no flag
+            continue
         on, _, off = option.flags[0].partition("/")
         if option.kind == "bool":
             args.append(on if value else off)
@@ -309,6 +311,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "price_out": 2.5,
         "max_cost": 3.0,
         "estimate": False,
+        "batch": None,
     },
     "persona": {
         "input": "p/in.jsonl",
@@ -381,8 +384,9 @@ def test_the_non_default_values_cover_every_option():
             assert set(NON_DEFAULT[name]) == set(SECTIONS[name].model_fields), name
     for name, values in NON_DEFAULT.items():
         for key, value in values.items():
-            # dry_run keeps its default (with a repo_id), estimate too (`run` refuses it)
-            if key not in ("dry_run", "estimate"):
+            # dry_run keeps its default (with a repo_id); estimate (`run` refuses it) and batch
+            # (which excludes the no_cache and refresh set here) too
+            if key not in ("dry_run", "estimate", "batch"):
                 assert value != getattr(getattr(defaults, name), key), f"{name}.{key}"
 
 

@@ -102,7 +102,7 @@ class Budget:
 
 
 class Pending(Exception):
-    """--estimate: the cache cannot answer this request; it was counted, not sent."""
+    """--estimate, --batch: the cache cannot answer this request; it was handed on, not sent."""
 
 
 class _FormatRefused(Exception):
@@ -131,12 +131,14 @@ class Engine:
         notify: Callable[[str], None] | None = None,
         request_extras: dict[str, Any] | None = None,
         budget: Budget | None = None,
-        estimate=None,
+        offline=None,
     ):
         self.pool, self.model, self.configured = pool, model, structured
         self.request_extras = request_extras or {}  # sent with every request (the local model's sampler)
         self.budget = budget
-        self.estimate = estimate  # an llm.estimate.Estimate: count what would be sent, send nothing
+        # --estimate (llm.estimate.Estimate) or --batch (llm.batch.BatchQueue): a request the
+        # cache cannot answer is handed to it, not sent, and its unit stops (Pending).
+        self.offline = offline
         self.fold_system, self.max_tokens, self.temperature = fold_system, max_tokens, temperature
         self.max_reasks, self.cache, self.seed = max_reasks, cache, seed
         self.step_settings = steps or {}
@@ -351,8 +353,8 @@ class Engine:
                 reply = RawReply(**stored)
                 _count_tokens(stats, request, reply, sent=False)
                 return reply, key, request, True
-            if self.estimate is not None:
-                self.estimate.add(step_name, request)
+            if self.offline is not None:
+                self.offline.add(step_name, request, key or request_key(request, sample))
                 raise Pending
             try:
                 reply = await self._send(stats, request, mode)

@@ -34,7 +34,7 @@ class Estimate:
     prompt_chars: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     max_tokens: dict[str, int] = field(default_factory=dict)
 
-    def add(self, step: str, request: dict[str, Any]) -> None:
+    def add(self, step: str, request: dict[str, Any], key: str = "") -> None:
         self.pending[step] += 1
         self.prompt_chars[step].append(sum(len(m["content"]) for m in request["messages"]))
         self.max_tokens[step] = request["max_tokens"]

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from personaemp.io import write_json_atomic
+from personaemp.llm.batch import BatchQueue, import_answers, write_requests
 from personaemp.llm.engine import Engine
 from personaemp.llm.estimate import Estimate, cache_history
 from personaemp.llm.session import open_engine
@@ -41,6 +42,7 @@ class StageReport:
     cost: float | None = None
     calls: list[dict] = field(default_factory=list)  # per-request timings (the slowest, on big runs)
     estimate: dict[str, Any] | None = None  # --estimate: what would be sent (llm/estimate.py)
+    batch: dict[str, Any] | None = None  # --batch: answers imported, requests written (llm/batch.py)
     output: str = ""
     failures: str = ""
 
@@ -101,11 +103,21 @@ def run_llm_stage(
     failures = failures or output.with_name(f"{stage}.failures.jsonl")
     started = time.perf_counter()
     estimate = Estimate([(step.name, calls) for step, calls in chain]) if settings.estimate else None
+    queue = BatchQueue() if settings.batch is not None else None
+    imported: dict[str, int] = {}
 
     async def main() -> StageReport:
         notify = lambda line: console.print(f"[yellow]{line}[/]")  # noqa: E731
-        async with open_engine(settings, notify=notify, estimate=estimate) as engine:
-            console.print(_header(stage, engine))
+        async with open_engine(settings, notify=notify, offline=estimate or queue) as engine:
+            if queue is not None:
+                console.print(f"[bold]{stage}[/]: model {engine.model} · batch files in {settings.batch}")
+            elif estimate is not None:
+                console.print(f"[bold]{stage}[/]: model {engine.model} · estimate (nothing is sent)")
+            else:
+                console.print(_header(stage, engine))
+            if queue is not None:
+                settings.batch.mkdir(parents=True, exist_ok=True)
+                imported.update(import_answers(settings.batch, engine.cache))
             with _progress(console) as progress:
                 task = progress.add_task(stage, total=len(units), stats="")
 
@@ -156,6 +168,11 @@ def run_llm_stage(
     report = asyncio.run(main())
     if estimate is not None:
         return report  # nothing was sent or written: no run to record
+    if queue is not None:
+        files = write_requests(settings.batch, stage, queue) if queue.requests else []
+        report.batch = {**imported, "requests": len(queue.requests), "files": [str(f) for f in files]}
+        if files:
+            return report  # the stage goes on next round: nothing to record yet
     append_report(settings.work_dir / REPORT_FILE, report.as_dict(), settings)
     record_stage(
         output, stage, report=settings.work_dir / REPORT_FILE, failures=failures, full=full, input=input_path

@@ -15,16 +15,17 @@ from personaemp.llm.settings import LLMSettings
 
 @contextlib.asynccontextmanager
 async def open_engine(
-    settings: LLMSettings, notify: Callable[[str], None] | None = None, estimate=None
+    settings: LLMSettings, notify: Callable[[str], None] | None = None, offline=None
 ) -> AsyncIterator[Engine]:
     """Yield a ready engine; the local server (if used) is stopped and the cache closed after.
 
-    `notify(line)` hears what the engine decides on the way (a refused response format)."""
+    `notify(line)` hears what the engine decides on the way (a refused response format).
+    `offline` (--estimate, --batch): no request will be sent, so no server is started."""
     async with contextlib.AsyncExitStack() as stack:
-        if settings.uses_local:
+        if settings.uses_local and not (offline is not None and settings.model):
             from personaemp.llm.local import MODEL_NAME, LocalServer
 
-            if estimate is None:
+            if offline is None:
                 server = stack.enter_context(LocalServer(log_path=settings.local_log))
                 base_url = server.base_url
             else:  # nothing will be sent: no server to start
@@ -39,7 +40,7 @@ async def open_engine(
             if not settings.model:
                 raise InputError("no model given for the endpoint", "pass --model or set PERSONAEMP_MODEL")
             base_urls, model, concurrency, kind = (
-                settings.base_urls,
+                settings.base_urls or ["http://127.0.0.1/v1"],  # offline: a batch needs no endpoint
                 settings.model,
                 settings.concurrency,
                 "remote",
@@ -51,11 +52,11 @@ async def open_engine(
             stack.push_async_callback(endpoint.client.close)
         cache = None
         path = settings.work_dir / "cache.sqlite"
-        if estimate is not None:  # read what is there, create and write nothing
+        if settings.estimate:  # read what is there, create and write nothing
             if settings.use_cache and not settings.refresh and path.exists():
                 cache = ReplyCache(path, read=True, write=False)
                 stack.callback(cache.close)
-        elif settings.use_cache or settings.refresh:
+        elif settings.use_cache or settings.refresh or settings.batch is not None:
             cache = ReplyCache(path, read=settings.use_cache and not settings.refresh)
             stack.callback(cache.close)
         yield Engine(
@@ -73,7 +74,7 @@ async def open_engine(
             decisions=settings.work_dir / DECISIONS_FILE,
             notify=notify,
             request_extras=LOCAL_REQUEST_EXTRAS if kind == "local" else None,
-            estimate=estimate,
+            offline=offline,
             budget=Budget(settings.max_cost, settings.price_in, settings.price_out)
             if settings.max_cost is not None
             else None,

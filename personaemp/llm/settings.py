@@ -50,6 +50,7 @@ class LLMSettings:
     price_out: float | None = _DEFAULT.price_out  # per million completion tokens
     max_cost: float | None = _DEFAULT.max_cost  # dollars: stop before spending more
     estimate: bool = _DEFAULT.estimate  # count what would be sent; send and write nothing
+    batch: Path | None = _DEFAULT.batch  # work from batch files in this folder, no endpoint
     local_log: Path | None = None
 
     def __post_init__(self) -> None:
@@ -76,6 +77,7 @@ class LLMSettings:
             "price_out": self.price_out,
             "max_cost": self.max_cost,
             "estimate": self.estimate,
+            "batch": self.batch,
         }
         flag = lambda name, lead: spec("llm", name).flag if name else "LLM settings"  # noqa: E731
         try:

@@ -321,8 +321,8 @@ def evaluate(
             *([(BYSTANDER, 1)] if options.bystander else []),
         ],  # fmt: skip
     )
-    if report.estimate is not None:
-        return report, None
+    if report.estimate is not None or (report.batch and report.batch["files"]):
+        return report, None  # nothing judged yet for some units: no report to write
     query_ids = {q["query_id"] for q in queries}
     unknown = {name: file.unknown(query_ids) for name, file in systems.items()}
     evaluation = summarise(

@@ -1,0 +1,117 @@
+"""`--batch DIR`: a stage built from batch files (OpenAI Batch API, `vllm run-batch`).
+
+No endpoint is contacted. Each invocation
+1. imports every answer file in DIR into the cache (lines with `custom_id` and `response`
+   or `error`); a line that failed (an error, a status other than 200, a body that is not
+   a chat completion) is not imported, so its request is asked for again;
+2. runs the stage as far as the cache answers (engine.Pending stops the other units);
+3. writes the requests still needed as the next round's input in DIR and says what to
+   submit. Chained steps and re-asks simply take more rounds; with nothing left, the stage
+   has finished as usual.
+A request's `custom_id` is its step and cache key, so an answer can only land on the
+request that asked for it, and a request asked twice is written once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from personaemp.errors import InputError
+from personaemp.llm.endpoints import LLMError, _parse_completion
+
+MAX_LINES = 50_000  # the OpenAI Batch API's limits per input file
+MAX_BYTES = 190 * 2**20  # (200 MB), with room to spare
+URL = "/v1/chat/completions"
+_ROUND = re.compile(r"-round-(\d+)")
+
+
+class BatchQueue:
+    """The requests a run could not answer from the cache: custom_id -> (step, key, body)."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, tuple[str, str, dict[str, Any]]] = {}
+
+    def add(self, step: str, request: dict[str, Any], key: str) -> None:
+        self.requests.setdefault(f"{step}-{key}", (step, key, request))
+
+
+def _lines(path: Path):
+    with path.open(encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if line.strip():
+                try:
+                    yield lineno, json.loads(line)
+                except ValueError:
+                    raise InputError(
+                        f"{path}:{lineno}: not a JSON line", "a batch file holds one object per line"
+                    ) from None
+
+
+def import_answers(folder: Path, cache) -> dict[str, int]:
+    """Every answer line of every answer file in `folder` into the cache; counts."""
+    requests: dict[str, tuple[str, dict]] = {}
+    answers: list[dict] = []
+    for path in sorted(folder.glob("*.jsonl")):
+        for lineno, row in _lines(path):
+            if not isinstance(row, dict) or "custom_id" not in row:
+                raise InputError(
+                    f"{path}:{lineno}: no custom_id", "only batch input and output files go in DIR"
+                )
+            if "body" in row:
+                requests[row["custom_id"]] = (row["custom_id"].split("-", 1)[0], row["body"])
+            else:
+                answers.append(row)
+    counts = {"imported": 0, "failed": 0, "unknown": 0}
+    for row in answers:
+        custom_id = row["custom_id"]
+        if custom_id not in requests:
+            counts["unknown"] += 1  # an answer to a request this folder never asked for
+            continue
+        response = row.get("response") or {}
+        if row.get("error") or response.get("status_code") != 200:
+            counts["failed"] += 1
+            continue
+        try:
+            reply = _parse_completion(response.get("body"))
+        except LLMError:
+            counts["failed"] += 1
+            continue
+        step, body = requests[custom_id]
+        cache.put(custom_id.split("-", 1)[1], step, body, reply.as_dict(), valid=True)
+        counts["imported"] += 1
+    return counts
+
+
+def write_requests(folder: Path, stage: str, queue: BatchQueue) -> list[Path]:
+    """The next round's input files (OpenAI batch input lines), split at the API's limits."""
+    rounds = [int(m.group(1)) for p in folder.glob(f"{stage}-round-*.jsonl") if (m := _ROUND.search(p.name))]
+    number = max(rounds, default=0) + 1
+    written: list[Path] = []
+    lines: list[bytes] = []
+    size = 0
+
+    def flush() -> None:
+        path = folder / f"{stage}-round-{number}-part-{len(written) + 1}.jsonl"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(b"".join(lines))
+        tmp.replace(path)
+        written.append(path)
+
+    for custom_id, (_, _, body) in queue.requests.items():
+        line = (
+            json.dumps(
+                {"custom_id": custom_id, "method": "POST", "url": URL, "body": body}, ensure_ascii=False
+            ).encode()
+            + b"\n"
+        )
+        if lines and (len(lines) >= MAX_LINES or size + len(line) > MAX_BYTES):
+            flush()
+            lines, size = [], 0
+        lines.append(line)
+        size += len(line)
+    if lines:
+        flush()
+    return written
