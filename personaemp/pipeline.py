@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from rich.console import Console
@@ -237,13 +238,7 @@ def run_pipeline(
 ) -> PipelineResult:
     """Every stage in order, each from its section of `options` (see config.load_config)."""
     if options.llm.estimate:
-        from personaemp.errors import InputError
-
-        # Later stages read what earlier ones write, and an estimate writes nothing.
-        raise InputError(
-            "[llm] estimate works per stage, not in `run` yet",
-            "run `personaemp infer-persona --estimate` (and gen-queries on its output)",
-        )
+        return estimate_pipeline(options, console, env)
     result = PipelineResult()
     console.rule("filter")
     result.reports["filter"] = run_filter(options.filter, console)
@@ -260,4 +255,79 @@ def run_pipeline(
     result.reports["split"] = run_split(options.split, console)
     console.rule("push (dry run)" if options.push.is_dry_run else "push")
     result.reports["push"] = run_push(options.push, console)
+    return result
+
+
+def estimate_pipeline(options: RunOptions, console: Console, env: Mapping[str, str] | None = None):
+    """`run` with [llm] estimate: what the LLM stages would send now, writing nothing.
+
+    The filter runs into a temporary folder; infer-persona is estimated on its output;
+    gen-queries on the personas already written, plus, for the users whose persona is
+    still to be written, its whole chain at the eligible share seen so far (else all)."""
+    import tempfile
+
+    from personaemp import summaries
+    from personaemp.llm.cache import ReplyCache
+    from personaemp.llm.estimate import cache_history, project
+    from personaemp.records import Persona
+    from personaemp.runner import StageOutcome
+    from personaemp.stages import queries as queries_stage
+
+    result = PipelineResult()
+    with tempfile.TemporaryDirectory() as folder:
+        filtered = Path(folder) / "filtered.jsonl"
+        run_filter(options.filter.model_copy(update={"output": filtered}), Console(quiet=True))
+        persona_options = options.persona.model_copy(update={"input": filtered})
+        console.rule("infer-persona --estimate")
+        persona = result.reports["infer-persona"] = run_persona(persona_options, options.llm, console, env)
+    written = options.queries.input
+    if written.exists():
+        console.rule("gen-queries --estimate (personas written)")
+        result.reports["gen-queries"] = run_queries(options.queries, options.llm, console, env)
+    rows = (
+        [Persona.model_validate_json(line) for line in written.read_text().splitlines()]
+        if written.exists()
+        else []
+    )
+    share = sum(row.eligible for row in rows) / len(rows) if rows else 1.0
+    units = round(persona.estimate["units_pending"] * share)
+    cache_path = options.llm.work_dir / "cache.sqlite"
+    cache = ReplyCache(cache_path, write=False) if cache_path.exists() and not options.llm.no_cache else None
+    try:
+        history = cache_history(cache)
+        mean_prompt = (
+            persona.estimate["steps"]["persona"]["prompt_tokens"]
+            * 4
+            / max(persona.estimate["steps"]["persona"]["calls"], 1)
+        )
+        seen = history("situations")
+        prompt, source = (seen[0], f"cache mean of {seen[2]}") if seen[2] else (mean_prompt, "as persona")
+        projected = project(
+            [(step, 1) for step in (s.name for s in queries_stage.STEPS)],
+            units, prompt, source, options.llm.max_tokens, history,
+            (options.llm.price_in, options.llm.price_out),
+        )  # fmt: skip
+    finally:
+        if cache is not None:
+            cache.close()
+    console.rule("gen-queries --estimate (personas still to write)")
+    later = SimpleNamespace(
+        stage="gen-queries", model=persona.model, estimate=projected,
+        outcome=StageOutcome(units=units, pending=units),
+    )  # fmt: skip
+    summaries.print_estimate(later, console)
+    basis = "of the personas written" if rows else "assumed"
+    console.print(
+        f"({units} of the {persona.estimate['units_pending']} users still without a persona, "
+        f"at the eligible share {share:.0%} {basis})"
+    )
+    parts = [r.estimate for r in result.reports.values()] + [projected]
+    tokens_in, tokens_out = sum(p["prompt_tokens"] for p in parts), sum(p["completion_tokens"] for p in parts)
+    costs = [p["cost"] for p in parts if p["cost"] is not None]
+    cost = f" · about ${sum(costs):.2f}" if costs else ""
+    console.rule("the whole run")
+    console.print(
+        f"tokens (characters / 4): {tokens_in:,} in + {tokens_out:,} out{cost}. Nothing was sent or written."
+    )
+    result.reports["gen-queries (projected)"] = later
     return result

@@ -116,12 +116,38 @@ def test_estimate_sends_and_writes_nothing_and_lands_within_30_percent(tmp_path,
     print(stage, "estimated", guessed, "spent", spent)
 
 
-def test_run_refuses_an_estimate_in_one_line(tmp_path):
+def test_run_estimate_sends_and_writes_nothing_and_lands_within_30_percent(tmp_path):
+    """After a quick look at two users (both LLM stages), `run` with [llm] estimate is
+    compared with what the whole run then spends."""
     from personaemp.config import load_config
     from personaemp.pipeline import run_pipeline
+    from personaemp.stages.queries import generate_queries
 
-    config = tmp_path / "p.toml"
-    config.write_text(f'[paths]\nprocessed = "{tmp_path}"\n[llm]\nestimate = true\n', encoding="utf-8")
-    with pytest.raises(InputError, match="works per stage"):
-        run_pipeline(load_config(config), QUIET)
-    assert not (tmp_path / "filtered.jsonl").exists(), "refused before the first stage"
+    processed = tmp_path / "processed"
+    with FakeOpenAI() as server:
+        text = (f'[paths]\ninput = "{SAMPLE_TASK1}"\nprocessed = "{processed}"\n'
+                f'[llm]\nbase_url = ["{server.base_url}"]\nmodel = "fake"\n'
+                '[queries]\nenforce = ["memory_ids_valid"]\n[split]\nood = false\n')  # fmt: skip
+        config = tmp_path / "p.toml"
+        config.write_text(text, encoding="utf-8")
+        options = load_config(config)
+        plain = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=processed / ".personaemp")
+        processed.mkdir()
+        filter_users(SAMPLE_TASK1, processed / "filtered.jsonl", console=QUIET)
+        infer_personas(
+            processed / "filtered.jsonl", processed / "personas.jsonl", plain, limit=2, console=QUIET
+        )
+        generate_queries(processed / "personas.jsonl", processed / "queries.jsonl", plain, console=QUIET)
+        before = server.count
+        files = {p: p.read_bytes() for p in processed.rglob("*") if p.is_file()}
+        estimating = options.model_copy(update={"llm": options.llm.model_copy(update={"estimate": True})})
+        result = run_pipeline(estimating, QUIET)
+        assert server.count == before, "an estimate sends nothing"
+        assert {p: p.read_bytes() for p in processed.rglob("*") if p.is_file()} == files, "and writes nothing"
+        guessed = sum(
+            r.estimate["prompt_tokens"] + r.estimate["completion_tokens"] for r in result.reports.values()
+        )
+        done = run_pipeline(options, QUIET)
+        spent = spent_tokens(done.reports["infer-persona"]) + spent_tokens(done.reports["gen-queries"])
+    assert abs(guessed - spent) <= 0.3 * spent, (guessed, spent)
+    print("run estimated", guessed, "spent", spent)

@@ -33,6 +33,7 @@ class Estimate:
     pending: Counter = field(default_factory=Counter)  # step -> units stopped at it
     prompt_chars: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     max_tokens: dict[str, int] = field(default_factory=dict)
+    first_source: str = "rendered now"  # where the stopped step's prompts come from
 
     def add(self, step: str, request: dict[str, Any], key: str = "") -> None:
         self.pending[step] += 1
@@ -57,7 +58,7 @@ class Estimate:
                 mean_prompt, mean_reply, seen = history(name)
                 calls = units * per_unit[name]
                 if name == stopped:
-                    prompt, source = exact, "rendered now"
+                    prompt, source = exact, self.first_source
                 elif seen:
                     prompt, source = mean_prompt, f"cache mean of {seen}"
                 else:
@@ -107,3 +108,15 @@ def cache_history(cache):
         return memo[step]
 
     return history
+
+
+def project(chain, units: int, prompt_chars: float, source: str, max_tokens: int, history, prices):
+    """The estimate for `units` units not written yet (their input does not exist yet), each
+    starting the chain with a prompt of `prompt_chars` (from `source`)."""
+    estimate = Estimate(chain, first_source=source)
+    if units:
+        first = chain[0][0]
+        estimate.pending[first] = units
+        estimate.prompt_chars[first] = [round(prompt_chars)] * units
+        estimate.max_tokens[first] = max_tokens
+    return estimate.report(history, *prices)
