@@ -105,3 +105,36 @@ def test_both_llm_stages_finish_over_batch_rounds_as_an_online_run_would(tmp_pat
               if not f.name.endswith(".output.jsonl") for line in read_jsonl(f)]  # fmt: skip
     ids = [line["custom_id"] for line in inputs]
     assert len(ids) - len(set(ids)) == persona_failed + query_failed
+
+
+def test_request_files_are_split_at_the_line_limit_with_unique_ids(tmp_path, monkeypatch):
+    from personaemp.llm import batch
+
+    monkeypatch.setattr(batch, "MAX_LINES", 3)
+    queue = batch.BatchQueue()
+    for n in range(7):
+        body = {"model": "m", "messages": [{"role": "user", "content": f"q{n}"}], "max_tokens": 5}
+        queue.add("persona", body, f"k{n}")
+    queue.add("persona", {"model": "m", "messages": [], "max_tokens": 5}, "k0")  # asked twice: written once
+    files = batch.write_requests(tmp_path, "infer-persona", queue)
+    assert [f.name for f in files] == [f"infer-persona-round-1-part-{k}.jsonl" for k in (1, 2, 3)]
+    ids = [line["custom_id"] for f in files for line in read_jsonl(f)]
+    assert [len(read_jsonl(f)) for f in files] == [3, 3, 1] and ids == [f"persona-k{n}" for n in range(7)]
+    assert batch.write_requests(tmp_path, "infer-persona", queue)[0].name.startswith("infer-persona-round-2-")
+
+
+def test_run_with_batch_stops_after_the_stage_that_waits(tmp_path):
+    from personaemp.config import load_config
+    from personaemp.pipeline import run_pipeline
+
+    config = tmp_path / "p.toml"
+    config.write_text(
+        f'[paths]\ninput = "{SAMPLE_TASK1}"\nprocessed = "{tmp_path / "out"}"\n'
+        f'[llm]\nbase_url = ["{DEAD}"]\nmodel = "fake"\nbatch = "{tmp_path / "batches"}"\n',
+        encoding="utf-8",
+    )
+    result = run_pipeline(load_config(config), QUIET)
+    assert list(result.reports) == ["filter", "infer-persona"]
+    assert result.reports["infer-persona"].batch["requests"] == 16
+    assert [p.name for p in (tmp_path / "batches").iterdir()] == ["infer-persona-round-1-part-1.jsonl"]
+    assert not (tmp_path / "out" / "queries.jsonl").exists()
