@@ -272,8 +272,8 @@ class LLMOptions(Section):
         float | None,
         Field(gt=0),
         Opt(
-            "Stop (resumable) before the cost spent, counted from the endpoint's usage at "
-            "--price-in/--price-out, could exceed this many dollars.",
+            "Stop (resumable) before this run's spend, counted from the endpoint's usage at "
+            "--price-in/--price-out, could exceed this many dollars (each stage of `run` its own).",
             metavar="USD",
         ),
     ] = None
@@ -282,6 +282,8 @@ class LLMOptions(Section):
     def _a_batch_needs_the_cache(self) -> LLMOptions:
         if self.batch is not None and (self.no_cache or self.refresh):
             raise OptionProblem("batch", "works through the cache", "leave out {no_cache} and {refresh}")
+        if self.batch is not None and not self.model:
+            raise OptionProblem("batch", "needs {model}: every request in a batch file names it")
         if self.batch is not None and self.estimate:
             raise OptionProblem("batch", "and {estimate} exclude each other", "give one of them")
         return self

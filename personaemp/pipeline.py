@@ -199,7 +199,8 @@ def run_respond(
         console=console,
     )
     summaries.print_stage_report(report, console)
-    console.print(f"wrote {options.output_path}")
+    if report.estimate is None and not summaries.waits_for_a_batch(report):
+        console.print(f"wrote {options.output_path}")
     return report
 
 
@@ -290,7 +291,9 @@ def estimate_pipeline(options: RunOptions, console: Console, env: Mapping[str, s
         else []
     )
     share = sum(row.eligible for row in rows) / len(rows) if rows else 1.0
-    units = round(persona.estimate["units_pending"] * share)
+    # Personas still to write: those needing requests, and those the cache alone would write.
+    coming = persona.estimate["units_pending"] + persona.outcome.done
+    units = round(coming * share)
     cache_path = options.llm.work_dir / "cache.sqlite"
     cache = ReplyCache(cache_path, write=False) if cache_path.exists() and not options.llm.no_cache else None
     try:
@@ -318,8 +321,7 @@ def estimate_pipeline(options: RunOptions, console: Console, env: Mapping[str, s
     summaries.print_estimate(later, console)
     basis = "of the personas written" if rows else "assumed"
     console.print(
-        f"({units} of the {persona.estimate['units_pending']} users still without a persona, "
-        f"at the eligible share {share:.0%} {basis})"
+        f"({units} of the {coming} users still without a persona, at the eligible share {share:.0%} {basis})"
     )
     parts = [r.estimate for r in result.reports.values()] + [projected]
     tokens_in, tokens_out = sum(p["prompt_tokens"] for p in parts), sum(p["completion_tokens"] for p in parts)

@@ -15,6 +15,7 @@ One process writes an output at a time (a lock file beside it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 from collections import Counter
@@ -120,7 +121,9 @@ async def run_units(
     `selected` (ids; --limit, --users) restricts what this run computes. `dry`
     (--estimate): nothing is written; a unit that reaches an uncached request is pending.
     """
-    with locks.exclusive(output):
+    # An estimate writes nothing, not even a lock file (it reads a file another run may be writing).
+    lock = contextlib.nullcontext() if dry else locks.exclusive(output)
+    with lock:
         return await _run_locked(
             units, work, key, output, failures, fingerprint, window, selected, retry_failed, on_progress, dry
         )

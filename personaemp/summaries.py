@@ -278,12 +278,17 @@ def waits_for_a_batch(report) -> bool:
 
 def print_batch_round(report, console: Console) -> None:
     batch, outcome = report.batch, report.outcome
-    files = batch["files"]
+    files = batch["new_files"] or batch["files"]
+    unknown = f", {batch['unknown']} answers to requests whose input file is gone" if batch["unknown"] else ""
     console.print(
-        f"[bold]{report.stage} --batch[/]: imported {batch['imported']} answers ({batch['failed']} failed "
-        f"lines asked again); {outcome.done + outcome.done_before} of {outcome.units} units done, "
-        f"{outcome.pending} waiting on {batch['requests']} requests."
+        f"[bold]{report.stage} --batch[/]: {batch['imported']} new answers, {batch['failed']} failed lines "
+        f"(asked again), {batch['refused']} refused (their units fail){unknown}; "
+        f"{outcome.done + outcome.done_before} of {outcome.units} units done, {outcome.pending} waiting on "
+        f"{batch['requests']} requests."
     )
+    if not batch["new_files"]:
+        console.print(f"No new requests: waiting for the answers to {escape(', '.join(files))}.")
+        return
     first = escape(files[0])
     more = f" (and {len(files) - 1} more files)" if len(files) > 1 else ""
     console.print(

@@ -116,11 +116,13 @@ def test_request_files_are_split_at_the_line_limit_with_unique_ids(tmp_path, mon
         body = {"model": "m", "messages": [{"role": "user", "content": f"q{n}"}], "max_tokens": 5}
         queue.add("persona", body, f"k{n}")
     queue.add("persona", {"model": "m", "messages": [], "max_tokens": 5}, "k0")  # asked twice: written once
-    files = batch.write_requests(tmp_path, "infer-persona", queue)
+    files = batch.write_requests(tmp_path, "infer-persona", queue, {})
     assert [f.name for f in files] == [f"infer-persona-round-1-part-{k}.jsonl" for k in (1, 2, 3)]
     ids = [line["custom_id"] for f in files for line in read_jsonl(f)]
     assert [len(read_jsonl(f)) for f in files] == [3, 3, 1] and ids == [f"persona-k{n}" for n in range(7)]
-    assert batch.write_requests(tmp_path, "infer-persona", queue)[0].name.startswith("infer-persona-round-2-")
+    assert batch.write_requests(tmp_path, "infer-persona", queue, {})[0].name.startswith(
+        "infer-persona-round-2-"
+    )
 
 
 def test_run_with_batch_stops_after_the_stage_that_waits(tmp_path):
@@ -138,3 +140,38 @@ def test_run_with_batch_stops_after_the_stage_that_waits(tmp_path):
     assert result.reports["infer-persona"].batch["requests"] == 16
     assert [p.name for p in (tmp_path / "batches").iterdir()] == ["infer-persona-round-1-part-1.jsonl"]
     assert not (tmp_path / "out" / "queries.jsonl").exists()
+
+
+def test_a_refused_line_fails_its_unit_and_a_round_is_never_written_twice(tmp_path):
+    """Before: a 400 answer was asked again every round, and running the command again
+    before the answers came wrote the same requests into a second round."""
+    import pytest
+
+    from personaemp.errors import InputError
+
+    filtered = tmp_path / "filtered.jsonl"
+    filter_users(SAMPLE_TASK1, filtered, console=QUIET)
+    folder = tmp_path / "batches"
+    batch = LLMSettings(base_urls=[DEAD], model="fake", work_dir=tmp_path / "w", batch=folder)
+    run = lambda: infer_personas(filtered, tmp_path / "p.jsonl", batch, console=QUIET)[0]  # noqa: E731
+    first = run()
+    again = run()  # nothing answered yet: the same file is still the one to submit
+    assert again.batch["new_files"] == [] and again.batch["files"] == first.batch["files"]
+    assert [p.name for p in folder.iterdir()] == ["infer-persona-round-1-part-1.jsonl"]
+
+    lines = read_jsonl(Path(first.batch["files"][0]))
+    refused = lines[0]["custom_id"]
+    with FakeOpenAI() as executor:
+        output = execute(Path(first.batch["files"][0]), executor, 99)  # 99: a round where no line fails
+    rows = read_jsonl(output)
+    rows[0]["response"] = {"status_code": 400, "body": {"error": {"message": "max_tokens is too large"}}}
+    output.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    report = run()
+    assert report.batch["refused"] == 1 and report.outcome.failed == 1
+    assert refused not in {
+        line["custom_id"] for f in report.batch["new_files"] for line in read_jsonl(Path(f))
+    }
+    failure = read_jsonl(tmp_path / "infer-persona.failures.jsonl")[0]
+    assert failure["kind"] == "http_error" and "max_tokens is too large" in failure["error"]
+    with pytest.raises(InputError, match="needs --model"):
+        LLMSettings(base_urls=[DEAD], batch=folder)

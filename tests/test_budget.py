@@ -22,11 +22,18 @@ from personaemp.stages.persona import infer_personas
 
 QUIET = Console(quiet=True)
 PRICES = {"price_in": 1e6, "price_out": 1e6}  # $1 per token
-USAGE = {"prompt_tokens": 100, "completion_tokens": 50, "total_tokens": 150}  # so $150 a request
+BILLED: list[int] = []  # what each answered request cost, in tokens (= dollars here)
 
 
 def priced(body: dict, number: int):
-    return reply(default_content(body), usage=USAGE)
+    """The fake's own reply, with its usage (characters / 4, as a tokenizer roughly gives)
+    written down, so the test knows what was spent."""
+    content = default_content(body)
+    prompt = -(-sum(len(m["content"]) for m in body["messages"]) // 4)
+    completion = -(-len(content) // 4)
+    BILLED.append(prompt + completion)
+    return reply(content, usage={"prompt_tokens": prompt, "completion_tokens": completion,
+                                 "total_tokens": prompt + completion})  # fmt: skip
 
 
 def settings(server: FakeOpenAI, work: Path, **extra) -> LLMSettings:
@@ -37,20 +44,22 @@ def settings(server: FakeOpenAI, work: Path, **extra) -> LLMSettings:
 def test_the_spend_stays_under_the_budget_and_a_larger_one_finishes_the_rest(tmp_path):
     filtered = tmp_path / "filtered.jsonl"
     filter_users(SAMPLE_TASK1, filtered, console=QUIET)
+    BILLED.clear()
     with FakeOpenAI(responder=priced) as server:
         full, _ = infer_personas(
             filtered, tmp_path / "all.jsonl", settings(server, tmp_path / "w1"), console=QUIET
         )
         whole, requests = full.cost, server.count
-    assert full.outcome.done == 16 and whole == 150 * requests
+    assert full.outcome.done == 16 and whole == sum(BILLED) and len(BILLED) == requests
 
     budget = whole / 2
+    BILLED.clear()
     with FakeOpenAI(responder=priced) as server:
         with pytest.raises(BudgetReached, match=r"--max-cost") as stop:
             infer_personas(filtered, tmp_path / "p.jsonl", settings(server, tmp_path / "w2", max_cost=budget),
                            console=QUIET)  # fmt: skip
         first = server.count
-        assert 150 * first <= budget, "never past the budget"
+        assert sum(BILLED) <= budget, "never past the budget"
         assert 0 < first < requests
         assert "finished units are kept" in str(stop.value)
         kept = read_jsonl(tmp_path / "p.jsonl")
@@ -76,6 +85,11 @@ def test_a_budget_needs_a_price():
 # --- --estimate ---------------------------------------------------------------------------------
 
 
+def snapshot(folder: Path) -> dict[Path, bytes | None]:
+    """Every path under `folder` (folders too), with the bytes of each file."""
+    return {p: p.read_bytes() if p.is_file() else None for p in folder.rglob("*")}
+
+
 def spent_tokens(report) -> int:
     return sum(s["prompt_tokens"] + s["completion_tokens"] for s in report.steps.values())
 
@@ -98,12 +112,12 @@ def test_estimate_sends_and_writes_nothing_and_lands_within_30_percent(tmp_path,
                                                    console=QUIET, **kw)  # fmt: skip
         run(plain, limit=2)
         before = server.count
-        files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and "w" not in p.parts[-2:-1]}
+        files = snapshot(tmp_path)
         estimating = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=tmp_path / "w",
                                  estimate=True, price_in=1.0, price_out=2.0)  # fmt: skip
         report, _ = run(estimating)
         assert server.count == before, "an estimate sends nothing"
-        assert {p: p.read_bytes() for p in files} == files, "and writes nothing"
+        assert snapshot(tmp_path) == files, "and writes or creates nothing"
         estimate = report.estimate
         assert report.outcome.balanced and report.outcome.done_before == 2 and estimate["units_pending"] > 0
         real, _ = run(plain)
@@ -139,11 +153,11 @@ def test_run_estimate_sends_and_writes_nothing_and_lands_within_30_percent(tmp_p
         )
         generate_queries(processed / "personas.jsonl", processed / "queries.jsonl", plain, console=QUIET)
         before = server.count
-        files = {p: p.read_bytes() for p in processed.rglob("*") if p.is_file()}
+        files = snapshot(tmp_path)
         estimating = options.model_copy(update={"llm": options.llm.model_copy(update={"estimate": True})})
         result = run_pipeline(estimating, QUIET)
         assert server.count == before, "an estimate sends nothing"
-        assert {p: p.read_bytes() for p in processed.rglob("*") if p.is_file()} == files, "and writes nothing"
+        assert snapshot(tmp_path) == files, "and writes or creates nothing"
         guessed = sum(
             r.estimate["prompt_tokens"] + r.estimate["completion_tokens"] for r in result.reports.values()
         )

@@ -677,8 +677,9 @@ def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(mon
 
     evaluation = {"systems": {}, "split": "", "part": "", "judge_model": "", "mode": "", "lambda": 0.5,
                   "scores_file": ""}  # fmt: skip
-    monkeypatch.setattr(criteria, "write_criteria", recorder("criteria", None))
-    monkeypatch.setattr(respond, "write_responses", recorder("respond", None))
+    report = SimpleNamespace(estimate=None, batch=None)  # what the commands look at after a stage
+    monkeypatch.setattr(criteria, "write_criteria", recorder("criteria", report))
+    monkeypatch.setattr(respond, "write_responses", recorder("respond", report))
     monkeypatch.setattr(evaluate, "evaluate", recorder("evaluate", (None, evaluation)))
     for name in dir(summaries):
         if name.startswith("print_"):

@@ -50,9 +50,16 @@ def _lines(path: Path):
                     ) from None
 
 
-def import_answers(folder: Path, cache) -> dict[str, int]:
-    """Every answer line of every answer file in `folder` into the cache; counts."""
-    requests: dict[str, tuple[str, dict]] = {}
+def import_answers(folder: Path, cache) -> tuple[dict[str, int], dict[str, Path]]:
+    """The answer lines in `folder` not in the cache yet, into the cache. Returns the counts
+    and the requests of input files that have no answer line yet (custom_id -> file).
+
+    A 4xx answer (the request itself was refused) is stored as an error, so its unit fails
+    instead of asking the same request round after round; a line that failed otherwise
+    (an error, a 5xx or 429, not a chat completion) is left out: it is asked again. A reply
+    already in the cache is never replaced: the engine's verdict on it (invalid, re-asked)
+    stands, and --retry-failed can ask afresh."""
+    requests: dict[str, tuple[str, dict, Path]] = {}
     answers: list[dict] = []
     for path in sorted(folder.glob("*.jsonl")):
         for lineno, row in _lines(path):
@@ -61,32 +68,44 @@ def import_answers(folder: Path, cache) -> dict[str, int]:
                     f"{path}:{lineno}: no custom_id", "only batch input and output files go in DIR"
                 )
             if "body" in row:
-                requests[row["custom_id"]] = (row["custom_id"].split("-", 1)[0], row["body"])
+                requests[row["custom_id"]] = (row["custom_id"].split("-", 1)[0], row["body"], path)
             else:
                 answers.append(row)
-    counts = {"imported": 0, "failed": 0, "unknown": 0}
+    counts = {"imported": 0, "failed": 0, "refused": 0, "unknown": 0}
+    answered: set[str] = set()
     for row in answers:
         custom_id = row["custom_id"]
+        answered.add(custom_id)
         if custom_id not in requests:
-            counts["unknown"] += 1  # an answer to a request this folder never asked for
+            counts["unknown"] += 1  # its input file is gone: the request is asked again if needed
             continue
+        step, body, _ = requests[custom_id]
+        key = custom_id.split("-", 1)[1]
+        if cache.has(key):
+            continue  # imported in an earlier round
         response = row.get("response") or {}
-        if row.get("error") or response.get("status_code") != 200:
-            counts["failed"] += 1
+        status = response.get("status_code")
+        if isinstance(status, int) and 400 <= status < 500 and status not in (408, 409, 429):
+            message = json.dumps((response.get("body") or {}).get("error", response.get("body")))[:300]
+            cache.put(key, step, body, {"error": f"HTTP {status}: {message}", "status": status}, valid=True)
+            counts["refused"] += 1
             continue
         try:
+            if row.get("error") or status != 200:
+                raise LLMError("server_error", "failed line")
             reply = _parse_completion(response.get("body"))
         except LLMError:
             counts["failed"] += 1
             continue
-        step, body = requests[custom_id]
-        cache.put(custom_id.split("-", 1)[1], step, body, reply.as_dict(), valid=True)
+        cache.put(key, step, body, reply.as_dict(), valid=True)
         counts["imported"] += 1
-    return counts
+    awaiting = {cid: path for cid, (_, _, path) in requests.items() if cid not in answered}
+    return counts, awaiting
 
 
-def write_requests(folder: Path, stage: str, queue: BatchQueue) -> list[Path]:
-    """The next round's input files (OpenAI batch input lines), split at the API's limits."""
+def write_requests(folder: Path, stage: str, queue: BatchQueue, awaiting: dict[str, Path]) -> list[Path]:
+    """The next round's input files (OpenAI batch input lines), split at the API's limits,
+    for the queued requests not already waiting in an unanswered input file."""
     rounds = [int(m.group(1)) for p in folder.glob(f"{stage}-round-*.jsonl") if (m := _ROUND.search(p.name))]
     number = max(rounds, default=0) + 1
     written: list[Path] = []
@@ -101,6 +120,8 @@ def write_requests(folder: Path, stage: str, queue: BatchQueue) -> list[Path]:
         written.append(path)
 
     for custom_id, (_, _, body) in queue.requests.items():
+        if custom_id in awaiting:
+            continue  # already in a file waiting for its answers: submitting twice pays twice
         line = (
             json.dumps(
                 {"custom_id": custom_id, "method": "POST", "url": URL, "body": body}, ensure_ascii=False

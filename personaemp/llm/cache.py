@@ -42,6 +42,12 @@ class ReplyCache:
 
     def __init__(self, path: Path, read: bool = True, write: bool = True):
         self.path, self.read, self.write = path, read, write
+        if not write:  # --estimate: read what is there, change nothing (not even the journal mode)
+            # immutable: not even the -shm file a WAL reader makes (a writer elsewhere is not seen)
+            self._db = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, check_same_thread=False)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(replies)")}
+            self.read = read and "valid" in columns
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -66,6 +72,10 @@ class ReplyCache:
             "VALUES (?, ?, ?, ?, ?, ?)",
             (key, step, json.dumps(request, ensure_ascii=False), json.dumps(reply), time.time(), int(valid)),
         )
+
+    def has(self, key: str) -> bool:
+        """Whether the cache holds any reply (valid or not) for this request."""
+        return self._db.execute("SELECT 1 FROM replies WHERE key = ?", (key,)).fetchone() is not None
 
     def replies_of(self, step: str, limit: int) -> list[tuple[str, str]]:
         """(request, reply) JSON of up to `limit` valid replies of one step (for --estimate)."""

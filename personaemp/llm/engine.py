@@ -94,7 +94,9 @@ class Budget:
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     def most(self, request: dict) -> float:
-        prompt = sum(len(m["content"]) for m in request["messages"]) // 4 + 16  # chars/4 and the template
+        # A byte-level BPE token (GPT, DeepSeek, Qwen, Llama) is at least one byte: the UTF-8
+        # bytes bound the prompt's tokens in any language (chars/4 overspent on Russian).
+        prompt = sum(len(m["content"].encode()) for m in request["messages"]) + 32  # and the template
         return self.dollars(prompt, request["max_tokens"])
 
     def dollars(self, prompt_tokens: int, completion_tokens: int) -> float:
@@ -348,6 +350,11 @@ class Engine:
             request = self.build_request(messages, schema, sampling, budget, mode)
             key = request_key(request, sample) if self.cache is not None else None
             stored = self.cache.get(key) if self.cache is not None else None
+            if stored is not None and "error" in stored:  # --batch: the batch refused this request
+                stats.failures["http_error"] += 1
+                error = LLMError("http_error", f"{step_name}: the batch answered {stored['error']}")
+                error.status = stored.get("status")
+                raise error
             if stored is not None:
                 stats.cache_hits += 1
                 reply = RawReply(**stored)
@@ -424,7 +431,7 @@ class Engine:
                     raise BudgetReached(
                         f"stopped before --max-cost ${budget.limit:g}: spent ${spent:.4f}, the next "
                         f"request could cost up to ${most:.4f}",
-                        "finished units are kept; run again with a larger --max-cost to go on",
+                        "finished units are kept; each run has its own budget: run again to go on",
                     )
                 await budget.changed.wait()
 

@@ -105,6 +105,7 @@ def run_llm_stage(
     estimate = Estimate([(step.name, calls) for step, calls in chain]) if settings.estimate else None
     queue = BatchQueue() if settings.batch is not None else None
     imported: dict[str, int] = {}
+    awaiting: dict[str, Path] = {}
 
     async def main() -> StageReport:
         notify = lambda line: console.print(f"[yellow]{line}[/]")  # noqa: E731
@@ -117,7 +118,9 @@ def run_llm_stage(
                 console.print(_header(stage, engine))
             if queue is not None:
                 settings.batch.mkdir(parents=True, exist_ok=True)
-                imported.update(import_answers(settings.batch, engine.cache))
+                counts, waiting = import_answers(settings.batch, engine.cache)
+                imported.update(counts)
+                awaiting.update(waiting)
             with _progress(console) as progress:
                 task = progress.add_task(stage, total=len(units), stats="")
 
@@ -169,9 +172,13 @@ def run_llm_stage(
     if estimate is not None:
         return report  # nothing was sent or written: no run to record
     if queue is not None:
-        files = write_requests(settings.batch, stage, queue) if queue.requests else []
-        report.batch = {**imported, "requests": len(queue.requests), "files": [str(f) for f in files]}
-        if files:
+        new = write_requests(settings.batch, stage, queue, awaiting) if queue.requests else []
+        waiting = sorted({str(awaiting[cid]) for cid in queue.requests if cid in awaiting})
+        report.batch = {
+            **imported, "requests": len(queue.requests), "new_files": [str(f) for f in new],
+            "files": [str(f) for f in new] + waiting,
+        }  # fmt: skip
+        if report.batch["files"]:
             return report  # the stage goes on next round: nothing to record yet
     append_report(settings.work_dir / REPORT_FILE, report.as_dict(), settings)
     record_stage(
