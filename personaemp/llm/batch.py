@@ -19,7 +19,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from personaemp.errors import InputError
+from personaemp.errors import InputError, RowError
+from personaemp.io import ErrorPolicy, iter_jsonl
 from personaemp.llm.endpoints import LLMError, _parse_completion
 
 MAX_LINES = 50_000  # the OpenAI Batch API's limits per input file
@@ -39,15 +40,14 @@ class BatchQueue:
 
 
 def _lines(path: Path):
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if line.strip():
-                try:
-                    yield lineno, json.loads(line)
-                except ValueError:
-                    raise InputError(
-                        f"{path}:{lineno}: not a JSON line", "a batch file holds one object per line"
-                    ) from None
+    """(line number, object) of a batch file: the toolkit's JSONL reader, one-line errors."""
+    try:
+        for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
+            yield lineno, row
+    except RowError as error:
+        raise InputError(
+            f"{error.location}: {error.reason}", "a batch file holds one object per line"
+        ) from None
 
 
 def import_answers(folder: Path, cache) -> tuple[dict[str, int], dict[str, Path]]:

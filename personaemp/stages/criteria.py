@@ -21,7 +21,7 @@ from personaemp.errors import InputError, RowError, first_problem
 from personaemp.io import ErrorPolicy, iter_jsonl
 from personaemp.llm.step import RejectedReply, Step
 from personaemp.prompts import Prompt, load_prompt
-from personaemp.records import DIMENSION_DEFINITIONS, DIMENSIONS, Criterion
+from personaemp.records import BIG_FIVE, DIMENSION_DEFINITIONS, DIMENSIONS, Criterion
 
 STAGE = "criteria"
 
@@ -75,9 +75,7 @@ def query_units(path: Path, hint: str) -> list[dict[str, Any]]:
                         "situation": query.situation.text,
                         "profile": record.profile,
                         "memories": [m.model_dump(include={"memory_id", "value"}) for m in record.memories],
-                        "big_five": dict(zip(("openness", "conscientiousness", "extraversion",
-                                              "agreeableness", "neuroticism"), levels, strict=True))
-                        if levels else None,
+                        "big_five": dict(zip(BIG_FIVE, levels, strict=True)) if levels else None,
                     }
                 )  # fmt: skip
     except RowError as error:

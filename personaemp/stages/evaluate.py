@@ -43,10 +43,10 @@ from personaemp.stages.criteria import (
     read_criteria,
 )
 from personaemp.stages.respond import split_file
+from personaemp.stages.split import LEVELS
 
 STAGE = "evaluate"
 FLOOR = 1  # the score of a missing or empty response, on every dimension
-LEVELS = ("low", "medium", "high")
 
 
 class ScoreReply(BaseModel):
