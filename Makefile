@@ -20,6 +20,9 @@ export PYTHONDONTWRITEBYTECODE :=
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	# Python 3.11's bundled pip 23.2 spends 20 s of CPU resolving this project; pip >= 25
+	# resolves it in 12 s, and upgrading itself takes 3 (first install 39 s -> 35 s).
+	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade 'pip>=25'
 	# --no-compile: byte-compiling every installed module took 25 of 59 s; Python compiles
 	# the modules it imports on first use (the first test run pays part of it back).
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet --no-compile --disable-pip-version-check -e '.[dev,local]'
