@@ -130,7 +130,9 @@ def test_grammar_checked_last_writes_what_upstream_writes(monkeypatch):
     sampler = llm._sampler
     assert isinstance(sampler, GrammarLastSampler)
     tokens = patched["usage"]["completion_tokens"]
-    assert sampler.full_scans < tokens / 2, "most tokens are taken without masking the vocabulary"
+    # Before the FEW best logits were tried first, 30 of 59 tokens of a reply like this one
+    # masked all 262,144 tokens.
+    assert sampler.full_scans < tokens / 8, (sampler.full_scans, tokens)
 
     monkeypatch.setattr(Llama, "_init_sampler", upstream)
     reference = llm.create_chat_completion(**request)
