@@ -30,6 +30,7 @@ from pydantic import BaseModel
 
 from personaemp.llm.session import open_engine
 from personaemp.llm.settings import LLMSettings
+from personaemp.llm.step import Step
 from personaemp.runner import run_units
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,6 +40,9 @@ class Reply(BaseModel):
     summary: str
     score: int
     tags: list[str]
+
+
+STEP = Step("bench", Reply, max_tokens=64)
 
 
 def start_server(fault_rate: float, median: float, sigma: float) -> tuple[subprocess.Popen, str]:
@@ -77,9 +81,7 @@ async def run(base_url: str, units: int, in_flight: int, work_dir: Path) -> tupl
     async with open_engine(settings) as engine:
 
         async def work(unit):
-            result = await engine.call(
-                "bench", [{"role": "user", "content": f"unit {unit['id']}"}], Reply, max_tokens=64
-            )
+            result = await engine.call(STEP, [{"role": "user", "content": f"unit {unit['id']}"}])
             return {**unit, "reply": result.value.model_dump()}
 
         cpu, wall = time.process_time(), time.perf_counter()

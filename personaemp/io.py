@@ -195,15 +195,41 @@ class _Buffer:
             self.decode(decoder)
 
 
-def read_stage_rows(path: Path, model, *, keep=None, kind: str = "user") -> tuple[list[dict], int]:
+class StageRows:
+    """A stage's input file, validated once and then read again row by row when iterated.
+
+    Holds the ids and byte offsets of the rows kept, not the rows: an LLM stage's memory
+    does not grow with its input (100K users of AlpsBench are gigabytes of dialogue)."""
+
+    def __init__(self, path: Path, ids: list[str], offsets: list[int]):
+        self.path, self.ids, self.offsets = path, ids, offsets
+        self._stamp = _stamp(path)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __iter__(self) -> Iterator[dict]:
+        if _stamp(self.path) != self._stamp:
+            raise InputError(f"{self.path} changed while the stage was reading it", "run the stage again")
+        with self.path.open("rb") as handle:
+            for offset in self.offsets:
+                yield read_jsonl_at(handle, offset)
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    status = path.stat()
+    return status.st_size, status.st_mtime_ns
+
+
+def read_stage_rows(path: Path, model, *, keep=None, kind: str = "user") -> tuple[StageRows, int]:
     """The rows of a stage's input file, each validated as `model` (a pydantic model).
 
     `keep(record)` drops the rows it refuses (counted, returned second). An empty input is
     an error: a stage never replaces its previous output with nothing.
     """
-    rows, skipped = [], 0
+    ids, offsets, skipped = [], [], 0
     try:
-        for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
+        for lineno, offset, row in iter_jsonl(path, ErrorPolicy("fail")):
             try:
                 record = model.model_validate(row)
             except ValidationError as exc:
@@ -211,18 +237,19 @@ def read_stage_rows(path: Path, model, *, keep=None, kind: str = "user") -> tupl
             if keep is not None and not keep(record):
                 skipped += 1
                 continue
-            rows.append(row)
+            ids.append(str(row["user_id"]))
+            offsets.append(offset)
     except RowError as error:  # its hint names --on-error, which the LLM stages do not have
         raise InputError(
             error.message, "fix the line, or run the stage that writes this file again"
         ) from None
-    if not rows and not skipped:
+    if not ids and not skipped:
         raise InputError(f"{path}: no rows", "check that the previous stage wrote this file")
-    return rows, skipped
+    return StageRows(path, ids, offsets), skipped
 
 
 def pick_units(
-    rows: list[dict], path: Path, *, limit: int | None = None, users=None, label: str = "user"
+    ids: list[str], path: Path, *, limit: int | None = None, users=None, label: str = "user"
 ) -> set[str] | None:
     """The ids a quick look works on (`users`, then the first `limit`), or None for all.
 
@@ -231,7 +258,6 @@ def pick_units(
         raise InputError(f"--limit must be at least 1, not {limit}")
     if limit is None and not users:
         return None
-    ids = [str(row["user_id"]) for row in rows]
     if users:
         wanted = {str(u) for u in users}
         missing = wanted - set(ids)

@@ -97,16 +97,11 @@ def run_queries(
     from personaemp import summaries
     from personaemp.stages import queries as stage
 
-    query_options = stage.QueryOptions(
-        categories=tuple(options.categories),
-        per_category=options.per_category,
-        **({"enforce": tuple(options.enforce)} if options.enforce is not None else {}),
-    )
     report, funnel = stage.generate_queries(
         options.input,
         options.output,
         llm_settings(llm, env),
-        options=query_options,
+        options=_query_options(options),
         limit=options.limit,
         users=options.users,
         retry_failed=llm.retry_failed,
@@ -117,6 +112,56 @@ def run_queries(
     if report.estimate is None and not summaries.waits_for_a_batch(report):
         summaries.print_query_funnel(funnel, console)
     return report
+
+
+def _query_options(options: QueriesOptions):
+    from personaemp.stages.queries import QueryOptions
+
+    return QueryOptions(
+        categories=tuple(options.categories),
+        per_category=options.per_category,
+        **({"enforce": tuple(options.enforce)} if options.enforce is not None else {}),
+    )
+
+
+def run_persona_and_queries(options: RunOptions, console: Console, env: Mapping[str, str] | None = None):
+    """`run`'s two LLM stages on one engine, a user going on to gen-queries as soon as its
+    persona is written (llm.run.run_llm_chain); each stage's files and report as alone."""
+    from personaemp import summaries
+    from personaemp.llm.run import run_llm_chain
+    from personaemp.stages import persona, queries
+
+    # In `run`, a [persona] limit is the size of the build, not a quick look: the card quotes it.
+    first = persona.persona_stage(
+        options.persona.input, options.persona.output, limit=options.persona.limit,
+        users=options.persona.users, retry_failed=options.llm.retry_failed, full=True,
+        require_depth=options.persona.require_depth,
+    )  # fmt: skip
+    second = queries.queries_stage(
+        options.queries.input, options.queries.output, options=_query_options(options.queries),
+        limit=options.queries.limit, users=options.queries.users, retry_failed=options.llm.retry_failed,
+        full=True, chained=True,
+    )  # fmt: skip
+    reports = run_llm_chain(
+        first, second, queries.handoff, lambda: queries.read_personas(options.queries.input)[0],
+        settings=llm_settings(options.llm, env), console=console,
+    )  # fmt: skip
+    summaries.print_stage_report(reports[0], console)
+    summaries.print_persona_summary(persona.summarize(first.output, first.picked()), console)
+    summaries.print_stage_report(reports[1], console)
+    summaries.print_query_funnel(queries.funnel(second), console)
+    return reports
+
+
+def chains(options: RunOptions) -> bool:
+    """Whether `run` can feed gen-queries while infer-persona runs: not for a batch (rounds
+    of files), nor when gen-queries picks its users (--limit / --users need its whole input)."""
+    return (
+        options.llm.batch is None
+        and options.queries.limit is None
+        and not options.queries.users
+        and options.queries.input == options.persona.output
+    )
 
 
 def run_split(options: SplitOptions, console: Console):
@@ -243,6 +288,11 @@ def run_pipeline(
     result = PipelineResult()
     console.rule("filter")
     result.reports["filter"] = run_filter(options.filter, console)
+    if chains(options):
+        console.rule("infer-persona → gen-queries")
+        reports = run_persona_and_queries(options, console, env)
+        result.reports["infer-persona"], result.reports["gen-queries"] = reports
+        return _split_and_push(options, console, result)
     console.rule("infer-persona")
     # In `run`, a [persona] limit is the size of the build, not a quick look: the card quotes it.
     result.reports["infer-persona"] = run_persona(options.persona, options.llm, console, env, full=True)
@@ -252,6 +302,10 @@ def run_pipeline(
     result.reports["gen-queries"] = run_queries(options.queries, options.llm, console, env, full=True)
     if waits_for_a_batch(result.reports["gen-queries"]):
         return result
+    return _split_and_push(options, console, result)
+
+
+def _split_and_push(options: RunOptions, console: Console, result: PipelineResult) -> PipelineResult:
     console.rule("split")
     result.reports["split"] = run_split(options.split, console)
     console.rule("push (dry run)" if options.push.is_dry_run else "push")

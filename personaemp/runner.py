@@ -18,8 +18,8 @@ import asyncio
 import contextlib
 import hashlib
 import os
-from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ import msgspec
 
 from personaemp import locks
 from personaemp.errors import PersonaempError, UnitError
-from personaemp.io import atomic_output
+from personaemp.io import atomic_output, read_jsonl_at
 from personaemp.secrets import redact
 
 Work = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -101,8 +101,111 @@ def _scan(path: Path, key: str, field: str = "input_hash") -> dict[str, tuple[in
     return found
 
 
+class StageRun:
+    """One stage's bookkeeping over its output and failures files, unit by unit.
+
+    `admit(unit)` says whether a unit is to be worked on (and counts the others); `do`
+    runs one and appends its row or failure at once; `finish` rewrites both files. Units
+    can be admitted while others run: `run` feeds gen-queries the personas as they are
+    written (see run_chain). Only ids and hashes are held, never the rows.
+    """
+
+    def __init__(self, *, key, output, failures, fingerprint, selected=None, retry_failed=False, dry=False):
+        self.key, self.output, self.failures, self.fingerprint = key, output, failures, fingerprint
+        self.selected, self.retry_failed, self.dry = selected, retry_failed, dry
+        self.outcome = StageOutcome()
+        self.hashes: dict[str, str] = {}  # every unit admitted: the current input, in order
+        for path in (output, failures):
+            if not dry:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                _repair_tail(path)
+        self._done = _scan(output, key)
+        self._failed = _scan(failures, key)
+        self._kinds = {uid: pos[1] for uid, pos in _scan(failures, key, "kind").items()}
+        self._out = self._bad = None
+        self._encode = msgspec.json.Encoder()
+
+    def admit(self, unit: dict[str, Any]) -> bool:
+        """Record the unit as part of the current input; True if this run must work on it."""
+        uid = str(unit[self.key])
+        digest = self.hashes[uid] = unit_hash(unit, self.fingerprint)
+        if self.selected is not None and uid not in self.selected:
+            return False
+        self.outcome.units += 1
+        if self._done.get(uid, (0, None))[1] == digest:
+            self.outcome.done_before += 1
+            return False
+        failed_before = self._failed.get(uid, (0, None))[1] == digest
+        if failed_before and not self.retry_failed and self._kinds.get(uid) not in ENDPOINT_KINDS:
+            self.outcome.failed_before += 1
+            return False
+        return True
+
+    def done_rows(self) -> Iterator[dict[str, Any]]:
+        """The rows already in the output for admitted units (as a later stage reads them)."""
+        wanted = [pos for uid, pos in self._done.items() if self.hashes.get(uid) == pos[1]]
+        if not wanted:
+            return
+        with self.output.open("rb") as handle:
+            for offset, _ in sorted(wanted):
+                yield read_jsonl_at(handle, offset)
+
+    def __enter__(self) -> StageRun:
+        if not self.dry:
+            dumps = lambda value: self._encode.encode(value).decode()  # noqa: E731
+            self._out = jsonlines.open(self.output, "a", dumps=dumps, flush=True)
+            self._bad = jsonlines.open(self.failures, "a", dumps=dumps, flush=True)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for writer in (self._out, self._bad):
+            if writer is not None:
+                writer.close()
+
+    async def do(self, unit: dict[str, Any], work: Work) -> dict[str, Any] | None:
+        """Run one unit; return the row written (None if it failed or is pending)."""
+        from personaemp.llm.engine import Pending
+
+        uid = str(unit[self.key])
+        try:
+            row = await work(unit)
+        except Pending:  # --estimate, --batch: it waits for a request not sent
+            self.outcome.pending += 1
+            return None
+        except UnitError as error:
+            self.outcome.failed += 1
+            self.outcome.failures_by_kind[error.kind] += 1
+            if self._bad is not None:
+                self._bad.write(
+                    {
+                        self.key: unit[self.key],
+                        "kind": error.kind,
+                        "error": redact(str(error)),
+                        "raw": redact(error.raw),
+                        "attempts": error.attempts,
+                        "input_hash": self.hashes[uid],
+                    }
+                )
+            return None
+        self.outcome.done += 1
+        if self._out is None:
+            return None
+        row = {**row, "input_hash": self.hashes[uid]}
+        self._out.write(row)
+        return row
+
+    def finish(self, stopped: bool, hashes: dict[str, str] | None = None) -> None:
+        """Rewrite both files (see _finish). A run stopped before any unit finished (a dead
+        endpoint, a wrong key or model) learned nothing: the files stay as they were, so a
+        typo never costs an earlier run's rows. `hashes`: the final input, when it was
+        not all admitted (run_chain)."""
+        if self.dry or (stopped and not (self.outcome.done or self.outcome.failed)):
+            return
+        _finish(self.output, self.failures, self.key, hashes if hashes is not None else self.hashes)
+
+
 async def run_units(
-    units: Sequence[dict[str, Any]],
+    units: Iterable[dict[str, Any]],
     work: Work,
     *,
     key: str,
@@ -117,125 +220,121 @@ async def run_units(
 ) -> StageOutcome:
     """Run `work(unit)` for every unit not finished yet; return the balanced outcome.
 
-    `units` is the stage's whole current input: it decides which rows the output keeps.
+    `units` is the stage's whole current input (re-iterable: it is read twice, and may be
+    a file read lazily, see io.StageRows): it decides which rows the output keeps.
     `selected` (ids; --limit, --users) restricts what this run computes. `dry`
     (--estimate): nothing is written; a unit that reaches an uncached request is pending.
     """
     # An estimate writes nothing, not even a lock file (it reads a file another run may be writing).
     lock = contextlib.nullcontext() if dry else locks.exclusive(output)
     with lock:
-        return await _run_locked(
-            units, work, key, output, failures, fingerprint, window, selected, retry_failed, on_progress, dry
-        )
+        run = StageRun(
+            key=key, output=output, failures=failures, fingerprint=fingerprint,
+            selected=selected, retry_failed=retry_failed, dry=dry,
+        )  # fmt: skip
+        todo = {str(unit[key]) for unit in units if run.admit(unit)}
+        if on_progress:
+            on_progress(run.outcome)
+
+        async def one(unit: dict[str, Any]) -> None:
+            await run.do(unit, work)
+            if on_progress:
+                on_progress(run.outcome)
+
+        stopped = True
+        try:
+            with run:
+                await _run_window((unit for unit in units if str(unit[key]) in todo), one, window)
+            stopped = False
+        finally:
+            run.finish(stopped)
+        return run.outcome
 
 
-async def _run_locked(
-    units, work, key, output, failures, fingerprint, window, selected, retry_failed, on_progress, dry
-) -> StageOutcome:
-    hashes = {str(unit[key]): unit_hash(unit, fingerprint) for unit in units}
-    chosen = [unit for unit in units if selected is None or str(unit[key]) in selected]
-    outcome = StageOutcome(units=len(chosen))
-    for path in (output, failures):
-        if not dry:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _repair_tail(path)
-    done = {uid for uid, pos in _scan(output, key).items() if hashes.get(uid) == pos[1]}
-    failed_before = {
-        uid for uid, pos in _scan(failures, key).items() if hashes.get(uid) == pos[1] and uid not in done
-    }
-    kinds = {uid: pos[1] for uid, pos in _scan(failures, key, "kind").items()}
-    todo = []
-    for unit in chosen:
-        uid = str(unit[key])
-        if uid in done:
-            outcome.done_before += 1
-        elif uid in failed_before and not retry_failed and kinds.get(uid) not in ENDPOINT_KINDS:
-            outcome.failed_before += 1
-        else:
-            todo.append(unit)
-    if on_progress:
-        on_progress(outcome)
+@dataclass
+class Link:
+    """One stage of a chain (run_chain): its bookkeeping, work and input."""
 
-    from personaemp.llm.engine import Pending
+    run: StageRun
+    work: Work
+    on_progress: Callable[[StageOutcome], None] | None = None
 
-    if dry:
-        return await _run_dry(todo, work, window, outcome, on_progress)
-    encode = msgspec.json.Encoder()
+
+async def run_chain(
+    first: Link,
+    units: Iterable[dict[str, Any]],
+    second: Link,
+    handoff: Callable[[dict[str, Any]], dict[str, Any] | None],
+    final_input: Callable[[], Iterable[dict[str, Any]]],
+    window: int,
+) -> None:
+    """Two stages with no barrier: each row the first writes (or wrote before) goes to the
+    second at once, as `handoff(row)` makes it (None: not a unit of the second). One window
+    holds the units of both, the second's first (they end users, the first's start them).
+    At the end each stage's files are rewritten as if it had run alone; `final_input()`
+    reads the second's whole input again (the first's output, rewritten) for that."""
+    ready: deque[dict[str, Any]] = deque()  # the second's units waiting for a place in the window
+
+    def pass_on(row: dict[str, Any] | None) -> None:
+        unit = handoff(row) if row is not None else None
+        if unit is not None and second.run.admit(unit):
+            ready.append(unit)
+        if second.on_progress:
+            second.on_progress(second.run.outcome)
+
+    async def one_first(unit: dict[str, Any]) -> None:
+        pass_on(await first.run.do(unit, first.work))
+        if first.on_progress:
+            first.on_progress(first.run.outcome)
+
+    async def one_second(unit: dict[str, Any]) -> None:
+        await second.run.do(unit, second.work)
+        if second.on_progress:
+            second.on_progress(second.run.outcome)
+
+    todo = {str(unit[first.run.key]) for unit in units if first.run.admit(unit)}
+    for row in first.run.done_rows():
+        pass_on(row)
+    if first.on_progress:
+        first.on_progress(first.run.outcome)
+    fresh = (unit for unit in units if str(unit[first.run.key]) in todo)
+
+    def next_job():
+        if ready:
+            return one_second(ready.popleft())
+        unit = next(fresh, None)
+        return one_first(unit) if unit is not None else None
+
     stopped = True
     try:
-        with (
-            jsonlines.open(output, "a", dumps=lambda v: encode.encode(v).decode(), flush=True) as out,
-            jsonlines.open(failures, "a", dumps=lambda v: encode.encode(v).decode(), flush=True) as bad,
-        ):
-
-            async def one(unit: dict[str, Any]) -> None:
-                uid = str(unit[key])
-                try:
-                    row = await work(unit)
-                except Pending:  # --batch: it waits for a request of the next round
-                    outcome.pending += 1
-                except UnitError as error:
-                    bad.write(
-                        {
-                            key: unit[key],
-                            "kind": error.kind,
-                            "error": redact(str(error)),
-                            "raw": redact(error.raw),
-                            "attempts": error.attempts,
-                            "input_hash": hashes[uid],
-                        }
-                    )
-                    outcome.failed += 1
-                    outcome.failures_by_kind[error.kind] += 1
-                else:
-                    out.write({**row, "input_hash": hashes[uid]})
-                    outcome.done += 1
-                if on_progress:
-                    on_progress(outcome)
-
-            await _run_window(todo, one, window)
-            stopped = False
+        with first.run, second.run:
+            await _run_feed(next_job, window)
+        stopped = False
     finally:
-        # What finished is kept and nothing stale stays, also after a run-level stop. A run
-        # stopped before any unit finished (a dead endpoint, a wrong key or model) learned
-        # nothing: the files stay as they were, so a typo never costs an earlier run's rows.
-        if not stopped or outcome.done or outcome.failed:
-            _finish(output, failures, units, key, hashes)
-    return outcome
+        first.run.finish(stopped)
+    # Stopped, the second saw only part of its input: its files stay as appended (the next
+    # run finishes them), since a rewrite now would drop the rows of units it never saw.
+    second.run.finish(
+        False, {str(u[second.run.key]): unit_hash(u, second.run.fingerprint) for u in final_input()}
+    )
 
 
-async def _run_dry(todo, work, window: int, outcome: StageOutcome, on_progress) -> StageOutcome:
-    """--estimate: each unit runs as far as the cache answers; nothing is written."""
-    from personaemp.llm.engine import Pending
-
-    async def one(unit: dict[str, Any]) -> None:
-        try:
-            await work(unit)
-        except Pending:
-            outcome.pending += 1
-        except UnitError as error:  # what the cache holds already fails it: so would a real run
-            outcome.failed += 1
-            outcome.failures_by_kind[error.kind] += 1
-        else:
-            outcome.done += 1
-        if on_progress:
-            on_progress(outcome)
-
-    await _run_window(todo, one, window)
-    return outcome
-
-
-async def _run_window(units: Sequence[dict[str, Any]], one, window: int) -> None:
+async def _run_window(units: Iterable[dict[str, Any]], one, window: int) -> None:
     """Keep up to `window` units in flight; start the next as soon as any one ends."""
-    pending: set[asyncio.Task] = set()
     queue = iter(units)
+    await _run_feed(lambda: one(unit) if (unit := next(queue, None)) is not None else None, window)
+
+
+async def _run_feed(next_job: Callable[[], Awaitable[None] | None], window: int) -> None:
+    """Keep up to `window` jobs in flight. `next_job()` gives the next one, or None when
+    there is none now; a job that ends may make more (run_chain), so it is asked again."""
+    pending: set[asyncio.Task] = set()
     try:
-        for unit in queue:
-            pending.add(asyncio.create_task(one(unit)))
-            if len(pending) >= window:
-                finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                _raise_first(finished)
-        while pending:
+        while True:
+            while len(pending) < window and (job := next_job()) is not None:
+                pending.add(asyncio.ensure_future(job))
+            if not pending:
+                return
             finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             _raise_first(finished)
     finally:
@@ -254,10 +353,11 @@ def _raise_first(finished: set[asyncio.Task]) -> None:
         raise errors[0]
 
 
-def _finish(output: Path, failures: Path, units, key: str, hashes) -> None:
-    """Rewrite both files atomically: input order, one current row per unit of the current
-    input, nothing stale (a unit no longer in the input, or whose input row changed)."""
-    order = [str(unit[key]) for unit in units]
+def _finish(output: Path, failures: Path, key: str, hashes: dict[str, str]) -> None:
+    """Rewrite both files atomically: input order (`hashes`' order), one current row per
+    unit of the current input, nothing stale (a unit no longer in the input, or whose
+    input row changed)."""
+    order = list(hashes)
     found, found_failed = _scan(output, key), _scan(failures, key)
     rows = {uid: pos for uid, pos in found.items() if hashes.get(uid) == pos[1]}
     failed = {uid: pos for uid, pos in found_failed.items() if hashes.get(uid) == pos[1]}

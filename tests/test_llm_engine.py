@@ -381,14 +381,29 @@ def test_every_answered_request_is_timed_and_cached_replies_are_not(tmp_path):
 
         accounting = asyncio.run(main())
         stats = accounting.step("greet")
-        assert stats.requests == 4 and stats.answered == 4 and len(accounting.calls) == 4
-        assert all(call["step"] == "greet" and call["seconds"] >= 0.05 for call in accounting.calls)
+        calls = accounting.slowest_calls()
+        assert stats.requests == 4 and stats.answered == 4 and len(calls) == 4
+        assert all(call["step"] == "greet" and call["seconds"] >= 0.05 for call in calls)
         assert stats.slowest >= 0.05 and stats.seconds >= 4 * 0.05
-        assert all(call["completion_tokens"] > 0 for call in accounting.calls)
-        assert accounting.slowest_calls(2) == sorted(accounting.calls, key=lambda c: -c["seconds"])[:2]
+        assert all(call["completion_tokens"] > 0 for call in calls)
 
         sent = server.count
         again = asyncio.run(main())
         # The invalid first reply is never served again: one fresh request, two cache hits.
-        assert server.count == sent + 1 and len(again.calls) == 1
+        assert server.count == sent + 1 and len(again.slowest_calls()) == 1
         assert again.step("greet").answered == 1 and again.step("greet").cache_hits == 2
+
+
+def test_a_long_run_keeps_only_the_slowest_calls_in_its_report():
+    """Before: every answered request's timing stayed in memory (200K dicts at 100K users)."""
+    from personaemp.llm.accounting import CALLS_KEPT, Accounting
+
+    accounting = Accounting()
+    timings = [(i * 7919 % 1000) / 100 for i in range(CALLS_KEPT + 300)]
+    for seconds in timings:
+        step = "persona" if seconds < 5 else "big_five"
+        accounting.record_call(step, seconds, prompt_tokens=1, completion_tokens=1, mode="json_schema")
+    kept = [call["seconds"] for call in accounting.slowest_calls()]
+    assert kept == sorted(timings, reverse=True)[:CALLS_KEPT] and len(accounting._slowest) == CALLS_KEPT
+    assert {call["step"] for call in accounting.only({"big_five"}).slowest_calls()} == {"big_five"}
+    assert accounting.step("persona").answered + accounting.step("big_five").answered == len(timings)

@@ -174,6 +174,29 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
     report = SimpleNamespace(estimate=None)  # what the summaries look at; they are stubbed too
     monkeypatch.setattr(persona, "infer_personas", recorder("persona", (report, None)))
     monkeypatch.setattr(queries, "generate_queries", recorder("queries", (report, None)))
+
+    # `run` chains the two LLM stages on one engine: the stage plans get the arguments the
+    # commands give the stage functions, and the chain the settings.
+    def plan(stage: str):
+        def make(*args, **kwargs):
+            kwargs.pop("console", None)
+            assert kwargs.pop("full", None) is True and kwargs.pop("chained", True) is True
+            return SimpleNamespace(stage=stage, args=args, kwargs=kwargs, output=None, picked=set)
+
+        return make
+
+    def chain(first, second, handoff, final_input, *, settings, console=None):
+        for stage in (first, second):
+            recorded[stage.stage] = ((*stage.args, settings), stage.kwargs)
+        return report, report
+
+    from personaemp.llm import run as llm_run
+
+    monkeypatch.setattr(persona, "persona_stage", plan("persona"))
+    monkeypatch.setattr(queries, "queries_stage", plan("queries"))
+    monkeypatch.setattr(llm_run, "run_llm_chain", chain)
+    monkeypatch.setattr(persona, "summarize", lambda *args: None)
+    monkeypatch.setattr(queries, "funnel", lambda *args: None)
     monkeypatch.setattr(split, "split_users", recorder("split", None))
     pushed = SimpleNamespace(rows={}, target="somewhere", warnings=[])
     monkeypatch.setattr(publish, "publish", recorder("push", pushed))

@@ -757,7 +757,7 @@ def test_summary_counts_match_the_rows(scripted_run):
     assert summary.traits_dropped == 1
     assert summary.citations_dropped == 4
     assert summary.thin_levels == 11 * 3
-    again = summarize(run["output"], read_jsonl(run["input"]))
+    again = summarize(run["output"], {row["user_id"] for row in read_jsonl(run["input"])})
     assert again == summary
     rows = [Persona.model_validate(r) for r in run["rows"].values()]
     assert summary.traits_kept == sum(len(p.traits) for p in rows)
@@ -974,12 +974,12 @@ def test_cli_users_and_limit_options(tmp_path):
 def test_pick_units_limit_with_users_does_not_call_a_present_user_missing(tmp_path):
     """`--limit 1 --users A --users B`: B is in the file, so no "no user B" error."""
     input_path = filtered_users(tmp_path)
-    rows = read_rows(input_path)
-    users = [row["user_id"] for row in rows]
-    assert pick_units(rows, input_path, limit=1, users=[users[5], users[3]]) == {users[3]}
-    assert pick_units(rows, input_path) is None
+    users = read_rows(input_path).ids
+    assert users == [row["user_id"] for row in read_rows(input_path)]
+    assert pick_units(users, input_path, limit=1, users=[users[5], users[3]]) == {users[3]}
+    assert pick_units(users, input_path) is None
     with pytest.raises(InputError, match="--limit must be at least 1"):
-        pick_units(rows, input_path, limit=0)
+        pick_units(users, input_path, limit=0)
 
 
 def test_quick_look_with_users_keeps_the_other_finished_personas(tmp_path):

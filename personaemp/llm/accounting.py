@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
+
+CALLS_KEPT = 200  # per-request timings kept: all of a small run, the slowest of a big one
 
 
 @dataclass
@@ -36,28 +40,44 @@ class Accounting:
 
     def __init__(self) -> None:
         self.steps: dict[str, StepStats] = {}
-        self.calls: list[dict] = []  # one per answered request, for the run report
+        # The CALLS_KEPT slowest answered requests as (seconds, order, call): a run of 200K
+        # requests keeps 200 dicts, not 200K.
+        self._slowest: list[tuple[float, int, dict]] = []
+        self._answered = 0
 
     def record_call(
         self, step: str, seconds: float, *, prompt_tokens: int, completion_tokens: int, mode: str
     ) -> None:
         self.step(step).record(seconds)
-        self.calls.append(
-            {
-                "step": step,
-                "seconds": round(seconds, 3),
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "tokens_per_second": round(completion_tokens / seconds, 1) if seconds > 0 else None,
-                "structured": mode,
-            }
-        )
+        call = {
+            "step": step,
+            "seconds": round(seconds, 3),
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "tokens_per_second": round(completion_tokens / seconds, 1) if seconds > 0 else None,
+            "structured": mode,
+        }
+        self._answered += 1
+        entry = (seconds, self._answered, call)
+        if len(self._slowest) < CALLS_KEPT:
+            heapq.heappush(self._slowest, entry)
+        else:
+            heapq.heappushpop(self._slowest, entry)
 
-    def slowest_calls(self, keep: int) -> list[dict]:
-        """Every call when there are few (a demo), else the `keep` slowest."""
-        if len(self.calls) <= keep:
-            return list(self.calls)
-        return sorted(self.calls, key=lambda call: call["seconds"], reverse=True)[:keep]
+    def slowest_calls(self, steps: Collection[str] | None = None) -> list[dict]:
+        """Every call in order when there were few (a demo), else the slowest first."""
+        kept = [entry for entry in self._slowest if steps is None or entry[2]["step"] in steps]
+        if self._answered <= CALLS_KEPT:
+            return [call for _, _, call in sorted(kept, key=lambda entry: entry[1])]
+        return [call for _, _, call in sorted(kept, key=lambda entry: entry[0], reverse=True)]
+
+    def only(self, steps: Collection[str]) -> Accounting:
+        """The figures of some steps (one stage's, when `run` shares an engine between two)."""
+        part = Accounting()
+        part.steps = {name: stats for name, stats in self.steps.items() if name in steps}
+        part._slowest = [entry for entry in self._slowest if entry[2]["step"] in steps]
+        part._answered = self._answered
+        return part
 
     def step(self, name: str) -> StepStats:
         return self.steps.setdefault(name, StepStats())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from personaemp import locks
 from personaemp.io import write_json_atomic
 from personaemp.llm.batch import BatchQueue, import_answers, write_requests
 from personaemp.llm.engine import Engine
@@ -21,11 +22,10 @@ from personaemp.llm.estimate import Estimate, cache_history
 from personaemp.llm.session import open_engine
 from personaemp.llm.settings import LLMSettings
 from personaemp.llm.step import Step
-from personaemp.runner import StageOutcome, Work, run_units
+from personaemp.runner import Link, StageOutcome, StageRun, Work, run_chain, run_units
 from personaemp.workspace import locked, record_stage
 
 REPORT_FILE = "run_report.json"
-CALLS_KEPT = 200  # per-request timings in the report: all of a small run, the slowest of a big one
 
 
 @dataclass
@@ -71,9 +71,73 @@ class StageReport:
         }
 
 
+@dataclass
+class LLMStage:
+    """One LLM stage as run_llm_stage runs it (see there for what each field means)."""
+
+    stage: str
+    units: Iterable[dict[str, Any]]
+    make_work: Callable[[Engine], Work]
+    key: str
+    output: Path
+    fingerprint: Callable[[Engine], str]
+    steps: Sequence[Step] = ()  # its LLM steps, in the order a unit makes them
+    selected: set[str] | None = None
+    full: bool | None = None
+    input_path: Path | None = None
+    retry_failed: bool = False
+    failures: Path | None = None
+    skipped: int = 0  # input rows that are not units (gen-queries: ineligible personas)
+
+    def __post_init__(self) -> None:
+        self.full = self.selected is None if self.full is None else self.full
+        # Default: one per stage and folder. Commands that write many outputs into one folder
+        # (respond, evaluate: one per system) pass their own, so one run never drops another's.
+        self.failures = self.failures or self.output.with_name(f"{self.stage}.failures.jsonl")
+
+    def picked(self) -> set[str]:
+        """The ids of the units this run is about (a lazily read input: io.StageRows)."""
+        return set(self.units.ids) if self.selected is None else set(self.selected)
+
+    def bookkeeping(self, engine: Engine, settings: LLMSettings) -> StageRun:
+        return StageRun(
+            key=self.key, output=self.output, failures=self.failures, fingerprint=self.fingerprint(engine),
+            selected=self.selected, retry_failed=self.retry_failed, dry=settings.estimate,
+        )  # fmt: skip
+
+    def report(
+        self, engine: Engine, settings: LLMSettings, outcome, started: float, part=None
+    ) -> StageReport:
+        """The stage's report; `part`: its steps' share of an engine two stages shared."""
+        accounting = part or engine.accounting
+        totals = accounting.totals()
+        return StageReport(
+            stage=self.stage,
+            outcome=outcome,
+            wall_seconds=time.perf_counter() - started,
+            model=engine.model,
+            endpoint_kind=engine.endpoint_kind,
+            steps=accounting.as_dict(),
+            totals={**totals.__dict__, "failures": dict(totals.failures)},
+            structured=engine.structured_report(),
+            full=self.full,
+            cost=accounting.cost(settings.price_in, settings.price_out),
+            calls=accounting.slowest_calls(),
+            output=str(self.output),
+            failures=str(self.failures),
+        )
+
+    def record(self, report: StageReport, settings: LLMSettings) -> None:
+        append_report(settings.work_dir / REPORT_FILE, report.as_dict(), settings)
+        record_stage(
+            self.output, self.stage, report=settings.work_dir / REPORT_FILE, failures=self.failures,
+            full=self.full, input=self.input_path,
+        )  # fmt: skip
+
+
 def run_llm_stage(
     stage: str,
-    units: Sequence[dict[str, Any]],
+    units: Iterable[dict[str, Any]],
     make_work: Callable[[Engine], Work],
     *,
     settings: LLMSettings,
@@ -88,19 +152,19 @@ def run_llm_stage(
     failures: Path | None = None,
     chain: Sequence[tuple[Step, int]] = (),
 ) -> StageReport:
-    """Run `make_work(engine)` over `units` (the stage's whole current input; `selected`
-    ids only), resumably; write and return the stage report.
+    """Run `make_work(engine)` over `units` (the stage's whole current input, re-iterable;
+    `selected` ids only), resumably; write and return the stage report.
 
     `fingerprint(engine)` names what makes a finished unit reusable (see Engine.fingerprint).
     `full`: the report describes the build (default: nothing was selected); a quick look's
     report is kept apart so a dataset card never quotes it. `chain`: (step, calls per unit)
     in the order a unit makes them, for --estimate (which sends and writes nothing).
     """
-    full = selected is None if full is None else full
+    plan = LLMStage(
+        stage, units, make_work, key, output, fingerprint, steps=[step for step, _ in chain],
+        selected=selected, full=full, input_path=input_path, retry_failed=retry_failed, failures=failures,
+    )  # fmt: skip
     console = console or Console(stderr=True)
-    # Default: one per stage and folder. Commands that write many outputs into one folder
-    # (respond, evaluate: one per system) pass their own, so one run never drops another's.
-    failures = failures or output.with_name(f"{stage}.failures.jsonl")
     started = time.perf_counter()
     estimate = Estimate([(step.name, calls) for step, calls in chain]) if settings.estimate else None
     queue = BatchQueue() if settings.batch is not None else None
@@ -122,51 +186,25 @@ def run_llm_stage(
                 imported.update(counts)
                 awaiting.update(waiting)
             with _progress(console) as progress:
-                task = progress.add_task(stage, total=len(units), stats="")
-
-                def on_progress(outcome: StageOutcome) -> None:
-                    totals = engine.accounting.totals()
-                    finished = outcome.done + outcome.done_before + outcome.failed + outcome.failed_before
-                    progress.update(
-                        task,
-                        completed=finished,
-                        stats=f"done {outcome.done + outcome.done_before} · failed "
-                        f"{outcome.failed + outcome.failed_before} · requests {totals.requests} · "
-                        f"cached {totals.cache_hits}",
-                    )
-
                 outcome = await run_units(
                     units,
                     make_work(engine),
                     key=key,
                     output=output,
-                    failures=failures,
+                    failures=plan.failures,
                     fingerprint=fingerprint(engine),
-                    window=max(4, 2 * sum(e.concurrency for e in engine.pool.endpoints)),
+                    window=_window(engine),
                     selected=selected,
                     retry_failed=retry_failed,
-                    on_progress=on_progress,
+                    on_progress=_progress_bar(progress, stage, len(units), engine),
                     dry=estimate is not None,
                 )
-            totals = engine.accounting.totals()
-            return StageReport(
-                stage=stage,
-                outcome=outcome,
-                wall_seconds=time.perf_counter() - started,
-                model=engine.model,
-                endpoint_kind=engine.endpoint_kind,
-                steps=engine.accounting.as_dict(),
-                totals={**totals.__dict__, "failures": dict(totals.failures)},
-                structured=engine.structured_report(),
-                full=full,
-                cost=engine.accounting.cost(settings.price_in, settings.price_out),
-                calls=engine.accounting.slowest_calls(CALLS_KEPT),
-                output=str(output),
-                failures=str(failures),
-                estimate=estimate.report(cache_history(engine.cache), settings.price_in, settings.price_out)
-                if estimate is not None
-                else None,
-            )
+            report = plan.report(engine, settings, outcome, started)
+            if estimate is not None:
+                report.estimate = estimate.report(
+                    cache_history(engine.cache), settings.price_in, settings.price_out
+                )
+            return report
 
     report = asyncio.run(main())
     if estimate is not None:
@@ -180,11 +218,98 @@ def run_llm_stage(
         }  # fmt: skip
         if report.batch["files"]:
             return report  # the stage goes on next round: nothing to record yet
-    append_report(settings.work_dir / REPORT_FILE, report.as_dict(), settings)
-    record_stage(
-        output, stage, report=settings.work_dir / REPORT_FILE, failures=failures, full=full, input=input_path
-    )
+    plan.record(report, settings)
     return report
+
+
+def run_stage(plan: LLMStage, *, settings: LLMSettings, console: Console | None = None) -> StageReport:
+    """run_llm_stage for a stage declared as an LLMStage (one call per step and unit)."""
+    return run_llm_stage(
+        plan.stage, plan.units, plan.make_work, settings=settings, key=plan.key, output=plan.output,
+        fingerprint=plan.fingerprint, selected=plan.selected, full=plan.full, input_path=plan.input_path,
+        retry_failed=plan.retry_failed, console=console, failures=plan.failures,
+        chain=[(step, 1) for step in plan.steps],
+    )  # fmt: skip
+
+
+def run_llm_chain(
+    first: LLMStage,
+    second: LLMStage,
+    handoff: Callable[[dict[str, Any]], dict[str, Any] | None],
+    final_input: Callable[[], Iterable[dict[str, Any]]],
+    *,
+    settings: LLMSettings,
+    console: Console | None = None,
+) -> tuple[StageReport, StageReport]:
+    """Two stages on one engine with no barrier between them (runner.run_chain): a unit
+    of `second` starts as soon as `first` writes the row it comes from, so the endpoint is
+    kept busy to the end. Each stage writes, resumes and reports as if it had run alone.
+    `second.units` is not read (its input is what `first` writes)."""
+    console = console or Console(stderr=True)
+    started = time.perf_counter()
+
+    async def main() -> tuple[StageReport, StageReport]:
+        notify = lambda line: console.print(f"[yellow]{line}[/]")  # noqa: E731
+        async with open_engine(settings, notify=notify) as engine:
+            console.print(_header(f"{first.stage} → {second.stage}", engine))
+            runs = first.bookkeeping(engine, settings), second.bookkeeping(engine, settings)
+            ended = [0.0]
+            with (
+                locks.exclusive(first.output),
+                locks.exclusive(second.output),
+                _progress(console) as progress,
+            ):
+                bars = [
+                    _progress_bar(progress, first.stage, len(first.units), engine),
+                    _progress_bar(progress, second.stage, None, engine),
+                ]
+
+                def first_progress(outcome):
+                    bars[0](outcome)
+                    ended[0] = time.perf_counter()
+
+                await run_chain(
+                    Link(runs[0], first.make_work(engine), first_progress),
+                    first.units,
+                    Link(runs[1], second.make_work(engine), bars[1]),
+                    handoff,
+                    final_input,
+                    window=_window(engine),
+                )
+            reports = []
+            for plan, run in zip((first, second), runs, strict=True):
+                part = engine.accounting.only({step.name for step in plan.steps})
+                reports.append(plan.report(engine, settings, run.outcome, started, part))
+            reports[0].wall_seconds = (ended[0] or time.perf_counter()) - started
+            return reports[0], reports[1]
+
+    reports = asyncio.run(main())
+    for plan, report in zip((first, second), reports, strict=True):
+        plan.record(report, settings)
+    return reports
+
+
+def _window(engine: Engine) -> int:
+    """Units in flight: twice the requests the endpoints take, so none waits for a unit."""
+    return max(4, 2 * sum(endpoint.concurrency for endpoint in engine.pool.endpoints))
+
+
+def _progress_bar(progress: Progress, stage: str, total: int | None, engine: Engine):
+    task = progress.add_task(stage, total=total, stats="")
+
+    def on_progress(outcome: StageOutcome) -> None:
+        totals = engine.accounting.totals()
+        finished = outcome.done + outcome.done_before + outcome.failed + outcome.failed_before
+        progress.update(
+            task,
+            completed=finished,
+            total=total if total is not None else outcome.units,
+            stats=f"done {outcome.done + outcome.done_before} · failed "
+            f"{outcome.failed + outcome.failed_before} · requests {totals.requests} · "
+            f"cached {totals.cache_hits}",
+        )
+
+    return on_progress
 
 
 def append_report(path: Path, entry: dict[str, Any], settings: LLMSettings, full: bool | None = None) -> None:

@@ -243,10 +243,31 @@ def infer_personas(
     `limit`/`users` compute only some users (the output keeps the other current rows);
     `full` says whether such a run's report stands for the build (`run` with a limit: yes;
     a quick look from the command line, the default: no)."""
-    from personaemp.llm.run import run_llm_stage
+    from personaemp.llm.run import run_stage
+
+    plan = persona_stage(
+        input_path, output_path, limit=limit, users=users, retry_failed=retry_failed, full=full,
+        require_depth=require_depth,
+    )  # fmt: skip
+    report = run_stage(plan, settings=settings, console=console)
+    return report, summarize(output_path, plan.picked())
+
+
+def persona_stage(
+    input_path: Path,
+    output_path: Path,
+    *,
+    limit: int | None = None,
+    users: Sequence[str] | None = None,
+    retry_failed: bool = False,
+    full: bool | None = None,
+    require_depth: bool = True,
+):
+    """The stage as an LLMStage: its input (read lazily), its work per user, its fingerprint."""
+    from personaemp.llm.run import LLMStage
 
     rows = read_rows(input_path)
-    selected = pick_units(rows, input_path, limit=limit, users=users)
+    selected = pick_units(rows.ids, input_path, limit=limit, users=users)
     prompts = {step.name: load_prompt(step.prompt) for step in STEPS}
     hashes = {name: prompt.hash for name, prompt in prompts.items()}
 
@@ -285,31 +306,18 @@ def infer_personas(
 
         return work
 
-    report = run_llm_stage(
-        STAGE,
-        rows,
-        make_work,
-        settings=settings,
-        key="user_id",
-        output=output_path,
+    return LLMStage(
+        STAGE, rows, make_work, "user_id", output_path,
         fingerprint=lambda engine: "|".join(
             [*(engine.fingerprint(step, hashes[step.name]) for step in STEPS), f"depth={require_depth}"]
         ),
-        selected=selected,
-        full=full,
-        input_path=input_path,
-        retry_failed=retry_failed,
-        chain=[(step, 1) for step in STEPS],
-        console=console,
-    )
-    picked = rows if selected is None else [row for row in rows if str(row["user_id"]) in selected]
-    return report, summarize(output_path, picked)
+        steps=STEPS, selected=selected, full=full, input_path=input_path, retry_failed=retry_failed,
+    )  # fmt: skip
 
 
-def summarize(output_path: Path, rows: Sequence[dict]) -> PersonaSummary:
-    """Counts over the finished personas of this input (this run's and earlier runs')."""
-    wanted = {str(r["user_id"]) for r in rows}
-    summary = PersonaSummary(users_in=len(rows))
+def summarize(output_path: Path, wanted: set[str]) -> PersonaSummary:
+    """Counts over the finished personas of the `wanted` users (this run's and earlier runs')."""
+    summary = PersonaSummary(users_in=len(wanted))
     if not output_path.exists():
         return summary
     for _, _, row in iter_jsonl(output_path, ErrorPolicy("fail")):

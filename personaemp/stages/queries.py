@@ -272,11 +272,38 @@ def generate_queries(
     """Queries for every eligible persona; returns (stage report, funnel).
 
     `limit`, `users` and `full` as for `infer_personas`."""
-    from personaemp.llm.run import run_llm_stage
+    from personaemp.llm.run import run_stage
+
+    plan = queries_stage(
+        input_path, output_path, options=options, limit=limit, users=users, retry_failed=retry_failed,
+        full=full,
+    )  # fmt: skip
+    report = run_stage(plan, settings=settings, console=console)
+    if report.estimate is not None:  # nothing was written: no funnel to update
+        return report, QueryFunnel(users_in=len(plan.units), ineligible_skipped=plan.skipped)
+    return report, funnel(plan)
+
+
+def queries_stage(
+    input_path: Path,
+    output_path: Path,
+    *,
+    options: QueryOptions | None = None,
+    limit: int | None = None,
+    users: Sequence[str] | None = None,
+    retry_failed: bool = False,
+    full: bool | None = None,
+    chained: bool = False,
+):
+    """The stage as an LLMStage. `chained`: its input is still being written (by
+    infer-persona in the same run, see `handoff`), so it is not read now."""
+    from personaemp.llm.run import LLMStage
 
     options = options or QueryOptions()
-    rows, ineligible = read_personas(input_path)
-    selected = pick_units(rows, input_path, limit=limit, users=users, label="eligible persona for")
+    rows, ineligible, selected = [], 0, None
+    if not chained:
+        rows, ineligible = read_personas(input_path)
+        selected = pick_units(rows.ids, input_path, limit=limit, users=users, label="eligible persona for")
     prompts = {step.name: load_prompt(step.prompt) for step in STEPS}
     hashes = {name: prompt.hash for name, prompt in prompts.items()}
 
@@ -294,29 +321,30 @@ def generate_queries(
         return work
 
     stage_options = f"{','.join(options.categories)}|{options.per_category}|{','.join(options.enforce)}"
-    report = run_llm_stage(
-        STAGE,
-        rows,
-        make_work,
-        settings=settings,
-        key="user_id",
-        output=output_path,
+    return LLMStage(
+        STAGE, rows, make_work, "user_id", output_path,
         fingerprint=lambda engine: "|".join(
             [*(engine.fingerprint(step, hashes[step.name]) for step in STEPS), stage_options]
         ),
-        selected=selected,
-        full=full,
-        input_path=input_path,
-        retry_failed=retry_failed,
-        console=console,
-        chain=[(step, 1) for step in STEPS],
-    )
-    if report.estimate is not None:  # nothing was written: no funnel to update
-        return report, QueryFunnel(users_in=len(rows), ineligible_skipped=ineligible)
-    picked = rows if selected is None else [row for row in rows if str(row["user_id"]) in selected]
-    funnel = write_rejected_and_count(output_path, output_path.with_name("rejected.jsonl"), picked)
-    funnel.ineligible_skipped = ineligible
-    return report, funnel
+        steps=STEPS, selected=selected, full=full, input_path=input_path, retry_failed=retry_failed,
+        skipped=ineligible,
+    )  # fmt: skip
+
+
+def handoff(row: dict) -> dict | None:
+    """A persona row just written, as this stage reads it from the file (None: not eligible)."""
+    row = msgspec.json.decode(msgspec.json.encode(row))
+    persona = Persona.model_validate(row)
+    return row if persona.eligible and persona.traits else None
+
+
+def funnel(plan) -> QueryFunnel:
+    """The funnel of the stage's users, once it has run (rewrites rejected.jsonl)."""
+    if not plan.units:  # chained: the input is complete now
+        plan.units, plan.skipped = read_personas(plan.input_path)
+    result = write_rejected_and_count(plan.output, plan.output.with_name("rejected.jsonl"), plan.picked())
+    result.ineligible_skipped = plan.skipped
+    return result
 
 
 async def queries_for(engine, persona: Persona, options: QueryOptions, prompts, hashes):
@@ -396,11 +424,10 @@ class QueryFunnel:
         return sum(counts) / len(counts), min(counts), max(counts)
 
 
-def write_rejected_and_count(output: Path, rejected_path: Path, rows: Sequence[dict]) -> QueryFunnel:
+def write_rejected_and_count(output: Path, rejected_path: Path, wanted: set[str]) -> QueryFunnel:
     """rejected.jsonl (one line per rejected query of every user in the output, with the
-    user id) and the funnel counts of this run's users."""
-    wanted = {str(r["user_id"]) for r in rows}
-    funnel = QueryFunnel(users_in=len(rows))
+    user id) and the funnel counts of the `wanted` users."""
+    funnel = QueryFunnel(users_in=len(wanted))
     with atomic_output(rejected_path) as handle:
         if not output.exists():
             return funnel
