@@ -189,6 +189,31 @@ def gen_queries_command(options: Resolver) -> None:
     run_queries(options.queries, options.llm, stderr_console())
 
 
+@app.command("merge")
+@reports_errors
+def merge_command(
+    stage: Annotated[str, typer.Argument(help="The stage run as shards: infer-persona or gen-queries.")],
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="personaemp.toml to read the stage's paths from.")
+    ] = None,
+    input: Annotated[  # noqa: A002 - the flag's name
+        Path | None, typer.Option("--input", "-i", help="The stage's input (default: from the config).")
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output", "-o", help="The stage's output; the shards are beside it (default: config)."
+        ),
+    ] = None,
+) -> None:
+    """Join the shard files of an LLM stage (--shard I/N) into its output, checking that
+    every user is in exactly one shard."""
+    from personaemp.config import load_config
+    from personaemp.pipeline import run_merge
+
+    run_merge(stage, load_config(config), stderr_console(), input_path=input, output=output)
+
+
 @app.command("serve-local")
 @reports_errors
 def serve_local_command(

@@ -208,6 +208,11 @@ class StageRows:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def part(self, keep) -> StageRows:
+        """The rows whose id `keep(id)` accepts (a shard's)."""
+        kept = [(uid, offset) for uid, offset in zip(self.ids, self.offsets, strict=True) if keep(uid)]
+        return StageRows(self.path, [uid for uid, _ in kept], [offset for _, offset in kept])
+
     def __iter__(self) -> Iterator[dict]:
         if _stamp(self.path) != self._stamp:
             raise InputError(f"{self.path} changed while the stage was reading it", "run the stage again")

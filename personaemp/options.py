@@ -111,6 +111,15 @@ def _upper(value: Any) -> Any:
 
 
 Names = Annotated[list[str], BeforeValidator(_split_commas)]
+Shard = Annotated[
+    str | None,
+    Field(pattern=r"^\s*\d+/\d+\s*$"),
+    Opt(
+        "Work on part I of N of the users (by a hash of the id; many machines, one part each) "
+        "into <output>.shard-I-of-N.jsonl; `personaemp merge` joins the parts.",
+        metavar="I/N",
+    ),
+]
 Categories = Annotated[list[Category], BeforeValidator(_upper)]
 Checks = Annotated[list[Check], BeforeValidator(_split_commas)]
 
@@ -327,6 +336,7 @@ class PersonaOptions(Section):
     require_depth: Annotated[
         bool, Opt("Drop users the depth check turns away (--no-require-depth keeps grounded ones).")
     ] = True
+    shard: Shard = None
 
 
 class QueriesOptions(Section):
@@ -358,6 +368,7 @@ class QueriesOptions(Section):
         Field(min_length=1),
         Opt("Only these user ids (repeat or comma-separate).", metavar="ID"),
     ] = None
+    shard: Shard = None
 
     @field_validator("enforce")
     @classmethod

@@ -79,6 +79,7 @@ def run_persona(
         retry_failed=llm.retry_failed,
         require_depth=options.require_depth,
         full=full,
+        shard=options.shard,
         console=console,
     )
     summaries.print_stage_report(report, console)
@@ -106,6 +107,7 @@ def run_queries(
         users=options.users,
         retry_failed=llm.retry_failed,
         full=full,
+        shard=options.shard,
         console=console,
     )
     summaries.print_stage_report(report, console)
@@ -135,12 +137,12 @@ def run_persona_and_queries(options: RunOptions, console: Console, env: Mapping[
     first = persona.persona_stage(
         options.persona.input, options.persona.output, limit=options.persona.limit,
         users=options.persona.users, retry_failed=options.llm.retry_failed, full=True,
-        require_depth=options.persona.require_depth,
+        require_depth=options.persona.require_depth, shard=options.persona.shard,
     )  # fmt: skip
     second = queries.queries_stage(
         options.queries.input, options.queries.output, options=_query_options(options.queries),
         limit=options.queries.limit, users=options.queries.users, retry_failed=options.llm.retry_failed,
-        full=True, chained=True,
+        full=True, shard=options.queries.shard, chained=True,
     )  # fmt: skip
     reports = run_llm_chain(
         first, second, queries.handoff, lambda: queries.read_personas(options.queries.input)[0],
@@ -162,6 +164,27 @@ def chains(options: RunOptions) -> bool:
         and not options.queries.users
         and options.queries.input == options.persona.output
     )
+
+
+def run_merge(
+    stage: str,
+    options: RunOptions,
+    console: Console,
+    input_path: Path | None = None,
+    output: Path | None = None,
+):
+    """`personaemp merge STAGE`: the stage's shard files into its output (stages/merge.py)."""
+    from personaemp.stages.merge import merge_shards
+
+    section = options.persona if stage == "infer-persona" else options.queries
+    report = merge_shards(stage, input_path or section.input, output or section.output, options.llm.work_dir)
+    kinds = ", ".join(f"{kind} {n}" for kind, n in report.failures_by_kind.most_common())
+    console.print(
+        f"[bold]{stage}[/]: {report.shards} shards merged: {report.units} units, {report.done} done, "
+        f"{report.failed} failed{f' ({kinds})' if kinds else ''}"
+    )
+    console.print(f"wrote {report.output}" + (f" and {report.failures}" if report.failed else ""))
+    return report
 
 
 def run_split(options: SplitOptions, console: Console):
@@ -283,6 +306,13 @@ def run_pipeline(
     options: RunOptions, console: Console, env: Mapping[str, str] | None = None
 ) -> PipelineResult:
     """Every stage in order, each from its section of `options` (see config.load_config)."""
+    if options.persona.shard or options.queries.shard:
+        from personaemp.errors import InputError
+
+        raise InputError(
+            "run does not work on shards: split and push need every user",
+            "run infer-persona / gen-queries --shard I/N on each machine, then personaemp merge",
+        )
     if options.llm.estimate:
         return estimate_pipeline(options, console, env)
     result = PipelineResult()

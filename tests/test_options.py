@@ -342,6 +342,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "limit": 3,
         "users": ["u1", "u2"],
         "require_depth": False,
+        "shard": None,  # `run` refuses a shard: see test_a_shard_reaches_the_stage_and_run_refuses_it
     },
     "queries": {
         "input": "q/in.jsonl",
@@ -351,6 +352,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "enforce": ["length_ok", "not_duplicate"],
         "limit": 2,
         "users": ["u3"],
+        "shard": None,
     },
     "split": {
         "input": "s/in.jsonl",
@@ -409,7 +411,7 @@ def test_the_non_default_values_cover_every_option():
         for key, value in values.items():
             # dry_run keeps its default (with a repo_id); estimate (`run` refuses it) and batch
             # (which excludes the no_cache and refresh set here) too
-            if key not in ("dry_run", "estimate", "batch"):
+            if key not in ("dry_run", "estimate", "batch", "shard"):
                 assert value != getattr(getattr(defaults, name), key), f"{name}.{key}"
 
 
@@ -443,7 +445,9 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
     }
     args, kwargs = by_run["persona"]
     assert args[:2] == (Path("p/in.jsonl"), Path("p/out.jsonl"))
-    assert kwargs == {"limit": 3, "users": ["u1", "u2"], "retry_failed": True, "require_depth": False}
+    assert kwargs == {
+        "limit": 3, "users": ["u1", "u2"], "retry_failed": True, "require_depth": False, "shard": None
+    }  # fmt: skip
     settings = args[2]
     assert settings.base_urls == ["http://a.example/v1", "http://b.example/v1"]
     assert (settings.model, settings.llm, settings.structured) == ("m", "remote", "json_object")
@@ -728,3 +732,21 @@ def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(mon
     assert kwargs["options"] == evaluate.JudgeOptions(
         dynamic=True, samples=8, bystander=True, reward_lambda=0.25
     )
+
+
+def test_a_shard_reaches_the_stage_and_run_refuses_it(calls, tmp_path):
+    for command, stage in (("infer-persona", "persona"), ("gen-queries", "queries")):
+        calls.clear()
+        invoke(command, "--shard", "2/3")
+        assert calls[stage][1]["shard"] == "2/3"
+        config = tmp_path / f"{stage}.toml"
+        config.write_text(f'[{stage}]\nshard = "1/4"\n', encoding="utf-8")
+        calls.clear()
+        invoke(command, "--config", config)
+        assert calls[stage][1]["shard"] == "1/4"
+        calls.clear()
+        result = CliRunner().invoke(app, ["run", "--config", str(config)])
+        assert result.exit_code == 2 and "run does not work on shards" in result.output
+        assert calls == {}, "refused before any stage ran"
+    result = CliRunner().invoke(app, ["infer-persona", "--shard", "two"])
+    assert result.exit_code == 2 and "shard" in result.output

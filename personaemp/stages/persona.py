@@ -35,6 +35,7 @@ from personaemp.records import (
     TraitLevel,
     User,
 )
+from personaemp.stages.merge import failures_path, sharded
 
 STAGE = "infer-persona"
 MEMORY_TEXT = 240  # characters of a memory's value kept in a prompt
@@ -236,18 +237,20 @@ def infer_personas(
     retry_failed: bool = False,
     full: bool | None = None,
     require_depth: bool = True,
+    shard: str | None = None,
     console=None,
 ):
     """Infer a persona for every user of `input_path`; returns (stage report, summary).
 
     `limit`/`users` compute only some users (the output keeps the other current rows);
     `full` says whether such a run's report stands for the build (`run` with a limit: yes;
-    a quick look from the command line, the default: no)."""
+    a quick look from the command line, the default: no). `shard` ("I/N"): only part I of
+    N of the users, into its own files (see stages/merge.py)."""
     from personaemp.llm.run import run_stage
 
     plan = persona_stage(
         input_path, output_path, limit=limit, users=users, retry_failed=retry_failed, full=full,
-        require_depth=require_depth,
+        require_depth=require_depth, shard=shard,
     )  # fmt: skip
     report = run_stage(plan, settings=settings, console=console)
     return report, summarize(output_path, plan.picked())
@@ -262,11 +265,13 @@ def persona_stage(
     retry_failed: bool = False,
     full: bool | None = None,
     require_depth: bool = True,
+    shard: str | None = None,
 ):
     """The stage as an LLMStage: its input (read lazily), its work per user, its fingerprint."""
     from personaemp.llm.run import LLMStage
 
     rows = read_rows(input_path)
+    name, output_path, rows = sharded(STAGE, output_path, rows, shard)
     selected = pick_units(rows.ids, input_path, limit=limit, users=users)
     prompts = {step.name: load_prompt(step.prompt) for step in STEPS}
     hashes = {name: prompt.hash for name, prompt in prompts.items()}
@@ -307,11 +312,12 @@ def persona_stage(
         return work
 
     return LLMStage(
-        STAGE, rows, make_work, "user_id", output_path,
+        name, rows, make_work, "user_id", output_path,
         fingerprint=lambda engine: "|".join(
             [*(engine.fingerprint(step, hashes[step.name]) for step in STEPS), f"depth={require_depth}"]
         ),
         steps=STEPS, selected=selected, full=full, input_path=input_path, retry_failed=retry_failed,
+        failures=failures_path(output_path, STAGE),
     )  # fmt: skip
 
 

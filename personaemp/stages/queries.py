@@ -36,6 +36,7 @@ from personaemp.records import (
     Situation,
     category_definitions,
 )
+from personaemp.stages.merge import failures_path, sharded
 from personaemp.stages.persona import render_memories, render_turns
 
 STAGE = "gen-queries"
@@ -267,16 +268,17 @@ def generate_queries(
     users: Sequence[str] | None = None,
     retry_failed: bool = False,
     full: bool | None = None,
+    shard: str | None = None,
     console=None,
 ):
     """Queries for every eligible persona; returns (stage report, funnel).
 
-    `limit`, `users` and `full` as for `infer_personas`."""
+    `limit`, `users`, `full` and `shard` as for `infer_personas`."""
     from personaemp.llm.run import run_stage
 
     plan = queries_stage(
         input_path, output_path, options=options, limit=limit, users=users, retry_failed=retry_failed,
-        full=full,
+        full=full, shard=shard,
     )  # fmt: skip
     report = run_stage(plan, settings=settings, console=console)
     if report.estimate is not None:  # nothing was written: no funnel to update
@@ -293,6 +295,7 @@ def queries_stage(
     users: Sequence[str] | None = None,
     retry_failed: bool = False,
     full: bool | None = None,
+    shard: str | None = None,
     chained: bool = False,
 ):
     """The stage as an LLMStage. `chained`: its input is still being written (by
@@ -300,9 +303,10 @@ def queries_stage(
     from personaemp.llm.run import LLMStage
 
     options = options or QueryOptions()
-    rows, ineligible, selected = [], 0, None
+    rows, ineligible, selected, name = [], 0, None, STAGE
     if not chained:
         rows, ineligible = read_personas(input_path)
+        name, output_path, rows = sharded(STAGE, output_path, rows, shard)
         selected = pick_units(rows.ids, input_path, limit=limit, users=users, label="eligible persona for")
     prompts = {step.name: load_prompt(step.prompt) for step in STEPS}
     hashes = {name: prompt.hash for name, prompt in prompts.items()}
@@ -322,12 +326,12 @@ def queries_stage(
 
     stage_options = f"{','.join(options.categories)}|{options.per_category}|{','.join(options.enforce)}"
     return LLMStage(
-        STAGE, rows, make_work, "user_id", output_path,
+        name, rows, make_work, "user_id", output_path,
         fingerprint=lambda engine: "|".join(
             [*(engine.fingerprint(step, hashes[step.name]) for step in STEPS), stage_options]
         ),
         steps=STEPS, selected=selected, full=full, input_path=input_path, retry_failed=retry_failed,
-        skipped=ineligible,
+        skipped=ineligible, failures=failures_path(output_path, STAGE),
     )  # fmt: skip
 
 

@@ -1,0 +1,234 @@
+"""`personaemp merge`: join the parts of an LLM stage run as shards on many machines.
+
+`infer-persona --shard I/N` (or gen-queries) works on part I of N of the users, chosen by
+a hash of the user id (the same partition on every machine), and writes
+`<output stem>.shard-I-of-N.jsonl` and its own failures file beside the output: shards
+never share a file or a lock. They can share a work dir (the SQLite cache takes several
+writers). `merge` checks that every unit of the stage's current input is in exactly one
+part, finished or failed, and in the part the hash gives it, then writes the stage's
+normal output and failures files (input order), its manifest entry and a run-report
+entry that adds up the parts'. The result is what one run over the whole input writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from personaemp import locks
+from personaemp.errors import InputError
+from personaemp.io import atomic_output
+
+SHARD = re.compile(r"^(\d+)/(\d+)$")
+STAGES = ("infer-persona", "gen-queries")
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'2/3' -> (2, 3); an InputError unless 1 <= I <= N."""
+    match = SHARD.match(text.strip())
+    if match is None or not 1 <= int(match[1]) <= int(match[2]):
+        raise InputError(f"--shard {text!r}: expected I/N with 1 <= I <= N, e.g. 2/3")
+    return int(match[1]), int(match[2])
+
+
+def shard_of(user_id: str, count: int) -> int:
+    """The part (1..count) a user belongs to: a hash, so every machine agrees."""
+    return int(hashlib.sha256(user_id.encode()).hexdigest()[:12], 16) % count + 1
+
+
+def shard_name(stage: str, shard: tuple[int, int]) -> str:
+    """The part's name in reports and manifests ('infer-persona shard 2/3')."""
+    return f"{stage} shard {shard[0]}/{shard[1]}"
+
+
+def shard_path(path: Path, shard: tuple[int, int]) -> Path:
+    """personas.jsonl -> personas.shard-2-of-3.jsonl"""
+    return path.with_name(f"{path.stem}.shard-{shard[0]}-of-{shard[1]}{path.suffix}")
+
+
+def failures_path(output: Path, stage: str) -> Path:
+    """The failures file beside an output (a shard's has the shard in its name)."""
+    match = re.search(r"\.(shard-\d+-of-\d+)$", output.stem)
+    return output.with_name(f"{stage}.{match[1]}.failures.jsonl" if match else f"{stage}.failures.jsonl")
+
+
+def sharded(stage: str, output: Path, rows, shard: str | None):
+    """(name, output, rows) of a stage's run on one shard; unchanged without one."""
+    if shard is None:
+        return stage, output, rows
+    part = parse_shard(shard)
+    return (
+        shard_name(stage, part),
+        shard_path(output, part),
+        rows.part(lambda uid: shard_of(uid, part[1]) == part[0]),
+    )
+
+
+@dataclass
+class MergeReport:
+    stage: str
+    shards: int
+    units: int
+    done: int = 0
+    failed: int = 0
+    failures_by_kind: Counter = field(default_factory=Counter)
+    output: str = ""
+    failures: str = ""
+
+
+def merge_shards(stage: str, input_path: Path, output_path: Path, work_dir: Path) -> MergeReport:
+    """Join the shard files of `stage` beside `output_path` into `output_path` (see the
+    module's docstring). Nothing is written unless every unit is accounted for."""
+    from personaemp.llm.run import REPORT_FILE
+    from personaemp.runner import _scan
+    from personaemp.workspace import locked, record_stage
+
+    if stage not in STAGES:
+        raise InputError(f"merge: no shards for stage {stage!r}", f"use one of {', '.join(STAGES)}")
+    parts = _find_parts(output_path)
+    count = len(parts)
+    ids = _input_ids(stage, input_path)
+    wanted = set(ids)
+    failures = failures_path(output_path, stage)
+    report = MergeReport(stage, count, len(ids), output=str(output_path), failures=str(failures))
+    rows: dict[str, tuple[Path, int]] = {}
+    failed: dict[str, tuple[Path, int]] = {}
+    kinds: Counter = Counter()
+    with contextlib.ExitStack() as held:
+        for path in [*parts.values(), output_path]:  # a shard still running holds its lock
+            held.enter_context(locks.exclusive(path))
+        for number, part in parts.items():
+            part_failures = failures_path(part, stage)
+            done = _scan(part, "user_id")
+            bad = _scan(part_failures, "user_id")
+            bad_kinds = _scan(part_failures, "user_id", "kind")
+            for uid, (offset, _) in [*done.items(), *bad.items()]:
+                if uid not in wanted:
+                    raise InputError(
+                        f"{part}: user {uid} is not in {input_path} (the input changed since)",
+                        f"run shard {number}/{count} again, then merge",
+                    )
+                if shard_of(uid, count) != number:
+                    raise InputError(f"{part}: user {uid} belongs to shard {shard_of(uid, count)}/{count}")
+                if uid in rows or uid in failed:
+                    raise InputError(f"{part}: user {uid} is in two shards")
+                if uid in done:
+                    rows[uid] = (part, offset)
+                else:
+                    failed[uid] = (part_failures, offset)
+                    kinds[bad_kinds[uid][1]] += 1
+        missing = [uid for uid in ids if uid not in rows and uid not in failed]
+        if missing:
+            shards = sorted({shard_of(uid, count) for uid in missing})
+            raise InputError(
+                f"{len(missing)} of {len(ids)} users are in no shard (e.g. {missing[0]})",
+                f"run shard{'s' if len(shards) > 1 else ''} {', '.join(f'{i}/{count}' for i in shards)} "
+                "again (it resumes), then merge",
+            )
+        _write(output_path, [rows[uid] for uid in ids if uid in rows])
+        _write(failures, [failed[uid] for uid in ids if uid in failed])
+    report.done, report.failed, report.failures_by_kind = len(rows), len(failed), kinds
+    report_file = Path(work_dir) / REPORT_FILE
+    with locked(report_file):
+        _add_up_reports(report_file, stage, count, report)
+    record_stage(output_path, stage, report=report_file, failures=failures, full=True, input=input_path)
+    return report
+
+
+def _find_parts(output: Path) -> dict[int, Path]:
+    pattern = re.compile(rf"^{re.escape(output.stem)}\.shard-(\d+)-of-(\d+){re.escape(output.suffix)}$")
+    found: dict[int, dict[int, Path]] = {}
+    for path in output.parent.glob(f"{output.stem}.shard-*"):
+        match = pattern.match(path.name)
+        if match:
+            found.setdefault(int(match[2]), {})[int(match[1])] = path
+    if not found:
+        raise InputError(f"no shards of {output} (files named {output.stem}.shard-I-of-N{output.suffix})")
+    if len(found) > 1:
+        raise InputError(
+            f"shards of {output} from runs cut {' and '.join(map(str, sorted(found)))} ways",
+            "delete the shard files of the partition you do not want",
+        )
+    [(count, parts)] = found.items()
+    absent = [str(i) for i in range(1, count + 1) if i not in parts]
+    if absent:
+        raise InputError(
+            f"shard{'s' if len(absent) > 1 else ''} {', '.join(absent)} of {count} not found beside {output}",
+            "run it, then merge",
+        )
+    return dict(sorted(parts.items()))
+
+
+def _input_ids(stage: str, input_path: Path) -> list[str]:
+    if stage == "infer-persona":
+        from personaemp.stages.persona import read_rows
+
+        return read_rows(input_path).ids
+    from personaemp.stages.queries import read_personas
+
+    return read_personas(input_path)[0].ids
+
+
+def _write(path: Path, lines: list[tuple[Path, int]]) -> None:
+    handles: dict[Path, Any] = {}
+    try:
+        with atomic_output(path) as target:
+            for source, offset in lines:
+                handle = handles.get(source) or handles.setdefault(source, source.open("rb"))
+                handle.seek(offset)
+                target.write(handle.readline())
+    finally:
+        for handle in handles.values():
+            handle.close()
+
+
+def _add_up_reports(path: Path, stage: str, count: int, merged: MergeReport) -> None:
+    """The stage's run-report entry: the parts' entries added up (tokens, requests, steps)."""
+    from personaemp.io import write_json_atomic
+
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        report = {}
+    report = report if isinstance(report, dict) else {}
+    stages = report.setdefault("stages", {})
+    parts = [stages.get(shard_name(stage, (i, count))) for i in range(1, count + 1)]
+    parts = [part for part in parts if isinstance(part, dict)]
+    entry: dict[str, Any] = dict(parts[0]) if parts else {"stage": stage}
+    entry.update(stage=stage, full=True, units=merged.units, done=merged.done, failed=merged.failed)
+    entry.update(done_before=0, failed_before=0, failures_by_kind=dict(merged.failures_by_kind))
+    entry.update(output=merged.output, failures_file=merged.failures, shards=count)
+    if parts:
+        entry["wall_seconds"] = max(part.get("wall_seconds", 0) for part in parts)
+        entry["totals"] = _add(part.get("totals", {}) for part in parts)
+        steps = {name for part in parts for name in part.get("steps", {})}
+        entry["steps"] = {name: _add(part.get("steps", {}).get(name, {}) for part in parts) for name in steps}
+        costs = [part.get("cost") for part in parts if part.get("cost") is not None]
+        entry["cost"] = sum(costs) if costs else None
+        entry["calls"] = sorted(
+            (call for part in parts for call in part.get("calls", [])), key=lambda c: -c["seconds"]
+        )[:200]
+    stages[stage] = entry
+    write_json_atomic(path, report)
+
+
+def _add(dicts) -> dict[str, Any]:
+    """Numbers added, `slowest` the largest, nested counters (failures) added per key."""
+    total: dict[str, Any] = {}
+    for part in dicts:
+        for key, value in part.items():
+            if isinstance(value, dict):
+                inner = total.setdefault(key, {})
+                for name, number in value.items():
+                    inner[name] = inner.get(name, 0) + number
+            elif key == "slowest":
+                total[key] = max(total.get(key, 0), value)
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                total[key] = total.get(key, 0) + value
+    return total
