@@ -255,3 +255,20 @@ def files_in(folder: Path) -> list[str]:
     return sorted(
         p.name for p in folder.iterdir() if not (p.name.startswith(".") and p.name.endswith(".lock"))
     )
+
+
+def order_free_responder(seed: int = 7):
+    """bench/cost_bench.py's capable model, with each reply drawn from the request itself,
+    so the replies do not depend on the order concurrent requests arrive in."""
+    import hashlib
+    import random
+    import sys
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from cost_bench import responder
+
+    def answer(body: dict, number: int):
+        digest = hashlib.sha256(json.dumps(body["messages"], sort_keys=True).encode()).hexdigest()
+        return responder(random.Random(f"{seed}:{digest}"))(body, number)
+
+    return answer

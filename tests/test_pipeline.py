@@ -10,15 +10,12 @@ folder that `datasets.load_dataset` opens.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import random
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SAMPLE_TASK1, read_jsonl
+from conftest import REPO, SAMPLE_TASK1, order_free_responder, read_jsonl
 from fake_openai import FakeOpenAI
 from rich.console import Console
 from typer.testing import CliRunner
@@ -28,9 +25,6 @@ from personaemp.config import llm_settings, load_config
 from personaemp.errors import InputError
 from personaemp.options import LLMOptions, PathsOptions, PersonaOptions, RunOptions
 from personaemp.pipeline import run_pipeline
-
-sys.path.insert(0, str(REPO / "bench"))
-from cost_bench import responder as capable_responder  # noqa: E402
 
 ENV_NAMES = (
     "OPENAI_BASE_URL",
@@ -256,17 +250,6 @@ def test_run_with_an_empty_enforce_exits_2(tmp_path, monkeypatch):
 
 
 # --- the whole pipeline -----------------------------------------------------------------------
-
-
-def order_free_responder(seed: int = 7):
-    """cost_bench's capable model, with each reply drawn from the request itself, so the
-    replies do not depend on the order concurrent requests arrive in."""
-
-    def answer(body: dict, number: int):
-        digest = hashlib.sha256(json.dumps(body["messages"], sort_keys=True).encode()).hexdigest()
-        return capable_responder(random.Random(f"{seed}:{digest}"))(body, number)
-
-    return answer
 
 
 @pytest.fixture

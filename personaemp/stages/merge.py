@@ -84,10 +84,11 @@ class MergeReport:
 
 def merge_shards(stage: str, input_path: Path, output_path: Path, work_dir: Path) -> MergeReport:
     """Join the shard files of `stage` beside `output_path` into `output_path` (see the
-    module's docstring). Nothing is written unless every unit is accounted for."""
+    module's docstring). Nothing is written unless every unit is accounted for. The
+    summed report goes where the parts' reports are (`work_dir`'s if none was recorded)."""
     from personaemp.llm.run import REPORT_FILE
     from personaemp.runner import _scan
-    from personaemp.workspace import locked, record_stage
+    from personaemp.workspace import locked, read_manifest, record_stage
 
     if stage not in STAGES:
         raise InputError(f"merge: no shards for stage {stage!r}", f"use one of {', '.join(STAGES)}")
@@ -134,7 +135,10 @@ def merge_shards(stage: str, input_path: Path, output_path: Path, work_dir: Path
         _write(output_path, [rows[uid] for uid in ids if uid in rows])
         _write(failures, [failed[uid] for uid in ids if uid in failed])
     report.done, report.failed, report.failures_by_kind = len(rows), len(failed), kinds
-    report_file = Path(work_dir) / REPORT_FILE
+    # The parts' reports are where their manifest entries say (their --work-dir).
+    manifest = read_manifest(output_path.parent)
+    recorded = [manifest.get(shard_name(stage, (i, count)), {}).get("report") for i in parts]
+    report_file = Path(next((path for path in recorded if path), Path(work_dir) / REPORT_FILE))
     with locked(report_file):
         _add_up_reports(report_file, stage, count, report)
     record_stage(output_path, stage, report=report_file, failures=failures, full=True, input=input_path)

@@ -1,0 +1,195 @@
+"""Scale: `run` feeds gen-queries while infer-persona still runs, LLM stages read their input
+lazily, and shards on several processes merge into what one run writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import SAMPLE_TASK1, order_free_responder, read_jsonl
+from fake_openai import FakeOpenAI, server_error
+from rich.console import Console
+
+from personaemp.errors import InputError
+from personaemp.io import read_stage_rows
+from personaemp.llm.settings import LLMSettings
+from personaemp.options import LLMOptions, PathsOptions, RunOptions, SplitOptions
+from personaemp.pipeline import run_pipeline
+from personaemp.records import User
+from personaemp.stages.filter import filter_users
+from personaemp.stages.merge import shard_of
+from personaemp.stages.persona import infer_personas
+from personaemp.stages.queries import generate_queries
+
+QUIET = Console(quiet=True)
+
+
+def step_of(body: dict) -> str:
+    properties = body["response_format"]["json_schema"]["schema"]["properties"]
+    if "depth" in properties:
+        return "persona"
+    return "big_five" if "openness" in properties else "gen-queries"
+
+
+def comparable(path: Path) -> list[dict]:
+    """A stage file's rows without the time they were made at (which a queries row's
+    input_hash covers: its input row holds the persona's)."""
+    rows = read_jsonl(path)
+    for row in rows:
+        row.get("provenance", {}).pop("created_at", None)
+        if "queries" in row:
+            row.pop("input_hash")
+        for query in [*row.get("queries", []), *row.get("rejected_queries", [])]:
+            query["provenance"].pop("created_at", None)
+    return rows
+
+
+def one_stage_at_a_time(folder: Path, base_url: str) -> None:
+    """The reference: filter, then each LLM stage alone over its whole input."""
+    filter_users(str(SAMPLE_TASK1), folder / "filtered.jsonl", console=QUIET)
+    settings = LLMSettings(base_urls=[base_url], model="fake", work_dir=folder / "work")
+    infer_personas(folder / "filtered.jsonl", folder / "personas.jsonl", settings, console=QUIET)
+    generate_queries(folder / "personas.jsonl", folder / "queries.jsonl", settings, console=QUIET)
+
+
+def test_run_starts_gen_queries_before_the_last_persona_and_writes_what_the_stages_write(tmp_path):
+    """Before: gen-queries waited for the slowest persona (the endpoint idled meanwhile)."""
+    with FakeOpenAI(responder=order_free_responder(), latency=lambda: 0.01) as server:
+        processed = tmp_path / "processed"
+        options = RunOptions(
+            paths=PathsOptions(input=str(SAMPLE_TASK1), processed=processed),
+            llm=LLMOptions(base_url=[server.base_url], model="fake", concurrency=2),
+            split=SplitOptions(ood=False),
+        )
+        result = run_pipeline(options, QUIET)
+        steps = [step_of(request.body) for request in server.chat_requests]
+        assert steps.index("gen-queries") < len(steps) - 1 - steps[::-1].index("persona")
+
+        sent = server.count
+        again = run_pipeline(options, QUIET)
+        assert server.count == sent, "a re-run sends nothing"
+        assert again.reports["infer-persona"].outcome.done == 0
+        assert again.reports["gen-queries"].outcome.done_before == result.reports["gen-queries"].outcome.units
+        # The command alone finds every row the chain wrote finished (same input hashes).
+        settings = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=processed / ".personaemp")
+        alone, _ = generate_queries(processed / "personas.jsonl", processed / "queries.jsonl", settings)
+        assert alone.outcome.done_before == alone.outcome.units and server.count == sent
+
+        one_stage_at_a_time(tmp_path / "alone", server.base_url)
+    for name in ("personas.jsonl", "queries.jsonl", "rejected.jsonl"):
+        assert comparable(processed / name) == comparable(tmp_path / "alone" / name), name
+    for report in result.reports["infer-persona"], result.reports["gen-queries"]:
+        assert report.outcome.balanced and report.outcome.done == report.outcome.units > 0
+    steps_of = {name: set(result.reports[name].steps) for name in ("infer-persona", "gen-queries")}
+    assert steps_of == {
+        "infer-persona": {"persona", "big_five"},
+        "gen-queries": {"situations", "query", "check"},
+    }
+    manifest = json.loads((processed / "manifest.json").read_text())
+    assert {"infer-persona", "gen-queries"} <= set(manifest)
+    assert (processed / "dataset" / "README.md").is_file()
+
+
+def test_a_stopped_chain_keeps_what_both_stages_finished(tmp_path):
+    """The endpoint goes away mid-run: the next run sends only what was not finished."""
+    with FakeOpenAI(responder=order_free_responder()) as server:
+        processed = tmp_path / "processed"
+        options = RunOptions(
+            paths=PathsOptions(input=str(SAMPLE_TASK1), processed=processed),
+            llm=LLMOptions(base_url=[server.base_url], model="fake", concurrency=1, max_retries=0),
+            split=SplitOptions(ood=False),
+        )
+        budget = 30  # requests answered before every later one fails
+        healthy = server.responder
+        server.responder = lambda body, n: healthy(body, n) if n <= budget else server_error(500)
+        with pytest.raises(Exception, match="failed 8 requests in a row"):
+            run_pipeline(options, QUIET)
+        finished = len(read_jsonl(processed / "personas.jsonl")), len(read_jsonl(processed / "queries.jsonl"))
+        assert finished[0] > 0 and finished[1] > 0
+        server.responder = healthy
+        run_pipeline(options, QUIET)
+        one_stage_at_a_time(tmp_path / "alone", server.base_url)
+    for name in ("personas.jsonl", "queries.jsonl"):
+        assert comparable(processed / name) == comparable(tmp_path / "alone" / name), name
+
+
+def test_stage_rows_are_read_lazily_and_a_changed_input_stops_the_stage(tmp_path):
+    path = tmp_path / "filtered.jsonl"
+    filter_users(str(SAMPLE_TASK1), path, console=QUIET)
+    rows, skipped = read_stage_rows(path, User)
+    assert skipped == 0 and not hasattr(rows, "rows"), "ids and offsets only"
+    assert [row["user_id"] for row in rows] == rows.ids == [row["user_id"] for row in read_jsonl(path)]
+    first = rows.part(lambda uid: shard_of(uid, 2) == 1)
+    second = rows.part(lambda uid: shard_of(uid, 2) == 2)
+    assert sorted(first.ids + second.ids) == sorted(rows.ids) and first.ids and second.ids
+    with path.open("a") as handle:
+        handle.write("\n")
+    with pytest.raises(InputError, match="changed while the stage was reading it"):
+        list(rows)
+
+
+def cli(*args: str, base_url: str) -> subprocess.Popen:
+    env = {**os.environ, "OPENAI_API_KEY": "sk-test", "NO_COLOR": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "personaemp", *args, "--base-url", base_url, "--model", "fake"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+
+
+def in_parallel(processes: list[subprocess.Popen]) -> None:
+    for process in processes:
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 0, stderr
+
+
+def merge(folder: Path, stage: str, input_name: str, output_name: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "personaemp", "merge", stage, "-i", str(folder / input_name),
+         "-o", str(folder / output_name)],
+        capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"}, cwd=folder, timeout=60,
+    )  # fmt: skip
+
+
+def test_three_shards_in_parallel_processes_merge_into_what_one_run_writes(tmp_path):
+    shards = tmp_path / "shards"
+    filter_users(str(SAMPLE_TASK1), shards / "filtered.jsonl", console=QUIET)
+    work = ["--work-dir", str(shards / "work")]  # one cache for all: SQLite takes several writers
+    with FakeOpenAI(responder=order_free_responder(), latency=lambda: 0.005) as server:
+        url = server.base_url
+        persona = ["-i", str(shards / "filtered.jsonl"), "-o", str(shards / "personas.jsonl"), *work]
+        in_parallel([cli("infer-persona", *persona, "--shard", f"{i}/3", base_url=url) for i in (1, 2, 3)])
+        parts = [read_jsonl(shards / f"personas.shard-{i}-of-3.jsonl") for i in (1, 2, 3)]
+        assert all(parts) and all(
+            shard_of(row["user_id"], 3) == i for i, part in enumerate(parts, 1) for row in part
+        )
+
+        early = merge(shards, "gen-queries", "personas.jsonl", "queries.jsonl")
+        assert early.returncode == 2 and "no shards of" in early.stderr
+        result = merge(shards, "infer-persona", "filtered.jsonl", "personas.jsonl")
+        assert result.returncode == 0, result.stderr
+        assert "3 shards merged: 16 units, 16 done, 0 failed" in result.stderr
+
+        queries = ["-i", str(shards / "personas.jsonl"), "-o", str(shards / "queries.jsonl"), *work]
+        in_parallel([cli("gen-queries", *queries, "--shard", f"{i}/3", base_url=url) for i in (1, 2, 3)])
+        (shards / "queries.shard-2-of-3.jsonl").rename(tmp_path / "aside.jsonl")
+        missing = merge(shards, "gen-queries", "personas.jsonl", "queries.jsonl")
+        assert missing.returncode == 2 and "shard 2 of 3 not found" in missing.stderr
+        assert not (shards / "queries.jsonl").exists(), "nothing written"
+        (tmp_path / "aside.jsonl").rename(shards / "queries.shard-2-of-3.jsonl")
+        result = merge(shards, "gen-queries", "personas.jsonl", "queries.jsonl")
+        assert result.returncode == 0, result.stderr
+
+        one_stage_at_a_time(tmp_path / "alone", url)
+    for name in ("personas.jsonl", "queries.jsonl"):
+        assert comparable(shards / name) == comparable(tmp_path / "alone" / name), name
+    report = json.loads((shards / "work" / "run_report.json").read_text())["stages"]
+    assert report["infer-persona"]["shards"] == 3 and report["infer-persona"]["done"] == 16
+    assert report["infer-persona"]["totals"]["requests"] == sum(
+        report[f"infer-persona shard {i}/3"]["totals"]["requests"] for i in (1, 2, 3)
+    )
+    manifest = json.loads((shards / "manifest.json").read_text())
+    assert manifest["gen-queries"]["output"] == "queries.jsonl" and manifest["gen-queries"]["full"]
