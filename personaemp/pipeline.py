@@ -155,6 +155,22 @@ def run_persona_and_queries(options: RunOptions, console: Console, env: Mapping[
     return reports
 
 
+def _import_in_background(*modules: str) -> None:
+    """Import what later stages need while the LLM stages wait on the endpoint: kmodes
+    (scikit-learn) and datasets took 3 of the 8 s of a `run` with nothing left to ask."""
+    import importlib
+    import threading
+
+    def load() -> None:
+        for module in modules:
+            try:
+                importlib.import_module(module)
+            except Exception:  # noqa: BLE001 - the stage that needs it reports it properly
+                return
+
+    threading.Thread(target=load, name="personaemp-imports", daemon=True).start()
+
+
 def chains(options: RunOptions) -> bool:
     """Whether `run` can feed gen-queries while infer-persona runs: not for a batch (rounds
     of files), nor when gen-queries picks its users (--limit / --users need its whole input)."""
@@ -319,6 +335,7 @@ def run_pipeline(
     console.rule("filter")
     result.reports["filter"] = run_filter(options.filter, console)
     if chains(options):
+        _import_in_background("kmodes.kmodes", "datasets")  # for split and push, later
         console.rule("infer-persona → gen-queries")
         reports = run_persona_and_queries(options, console, env)
         result.reports["infer-persona"], result.reports["gen-queries"] = reports

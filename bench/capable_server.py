@@ -1,0 +1,42 @@
+"""The fake OpenAI server of the tests, answering like a capable model (bench/cost_bench.py's
+replies, each drawn from its request so the order requests arrive in does not matter),
+with a log-normal latency. Prints READY <base url> and serves until killed.
+
+    .venv/bin/python bench/capable_server.py [--latency-median 0.3] [--latency-sigma 0.6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from conftest import order_free_responder  # noqa: E402
+from fake_openai import FakeOpenAI, lognormal_latency  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--latency-median", type=float, default=0.0, help="seconds; 0 = no latency")
+    parser.add_argument("--latency-sigma", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    latency = None
+    if args.latency_median > 0:
+        latency = lognormal_latency(args.latency_median, args.latency_sigma, random.Random(args.seed))
+    server = FakeOpenAI(responder=order_free_responder(), latency=latency, seed=args.seed)
+    print(f"READY {server.base_url}", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
