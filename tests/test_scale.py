@@ -13,7 +13,9 @@ import pytest
 from conftest import SAMPLE_TASK1, order_free_responder, read_jsonl
 from fake_openai import FakeOpenAI, server_error
 from rich.console import Console
+from typer.testing import CliRunner
 
+from personaemp.cli import app
 from personaemp.errors import InputError
 from personaemp.io import read_stage_rows
 from personaemp.llm.settings import LLMSettings
@@ -146,12 +148,9 @@ def in_parallel(processes: list[subprocess.Popen]) -> None:
         assert process.returncode == 0, stderr
 
 
-def merge(folder: Path, stage: str, input_name: str, output_name: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "personaemp", "merge", stage, "-i", str(folder / input_name),
-         "-o", str(folder / output_name)],
-        capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"}, cwd=folder, timeout=60,
-    )  # fmt: skip
+def merge(folder: Path, stage: str, input_name: str, output_name: str):
+    args = ["merge", stage, "-i", str(folder / input_name), "-o", str(folder / output_name)]
+    return CliRunner().invoke(app, args)
 
 
 def test_three_shards_in_parallel_processes_merge_into_what_one_run_writes(tmp_path):
@@ -168,20 +167,24 @@ def test_three_shards_in_parallel_processes_merge_into_what_one_run_writes(tmp_p
         )
 
         early = merge(shards, "gen-queries", "personas.jsonl", "queries.jsonl")
-        assert early.returncode == 2 and "no shards of" in early.stderr
+        assert early.exit_code == 2 and "no shards of" in early.stderr
         result = merge(shards, "infer-persona", "filtered.jsonl", "personas.jsonl")
-        assert result.returncode == 0, result.stderr
+        assert result.exit_code == 0, result.output
         assert "3 shards merged: 16 units, 16 done, 0 failed" in result.stderr
 
         queries = ["-i", str(shards / "personas.jsonl"), "-o", str(shards / "queries.jsonl"), *work]
-        in_parallel([cli("gen-queries", *queries, "--shard", f"{i}/3", base_url=url) for i in (1, 2, 3)])
+        for i in (1, 2, 3):  # here one after the other, in this process
+            done = CliRunner().invoke(
+                app, ["gen-queries", *queries, "--shard", f"{i}/3", "--base-url", url, "--model", "fake"]
+            )
+            assert done.exit_code == 0, done.output
         (shards / "queries.shard-2-of-3.jsonl").rename(tmp_path / "aside.jsonl")
         missing = merge(shards, "gen-queries", "personas.jsonl", "queries.jsonl")
-        assert missing.returncode == 2 and "shard 2 of 3 not found" in missing.stderr
+        assert missing.exit_code == 2 and "shard 2 of 3 not found" in missing.stderr
         assert not (shards / "queries.jsonl").exists(), "nothing written"
         (tmp_path / "aside.jsonl").rename(shards / "queries.shard-2-of-3.jsonl")
         result = merge(shards, "gen-queries", "personas.jsonl", "queries.jsonl")
-        assert result.returncode == 0, result.stderr
+        assert result.exit_code == 0, result.output
 
         one_stage_at_a_time(tmp_path / "alone", url)
     for name in ("personas.jsonl", "queries.jsonl"):
