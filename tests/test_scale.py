@@ -196,3 +196,19 @@ def test_three_shards_in_parallel_processes_merge_into_what_one_run_writes(tmp_p
     )
     manifest = json.loads((shards / "manifest.json").read_text())
     assert manifest["gen-queries"]["output"] == "queries.jsonl" and manifest["gen-queries"]["full"]
+
+
+def test_run_stops_at_once_when_another_process_writes_the_queries(tmp_path):
+    from personaemp import locks
+
+    processed = tmp_path / "processed"
+    options = RunOptions(
+        paths=PathsOptions(input=str(SAMPLE_TASK1), processed=processed),
+        llm=LLMOptions(base_url=["http://127.0.0.1:9/v1"], model="fake"),
+    )
+    processed.mkdir()
+    (processed / "queries.jsonl").write_bytes(b"")
+    writing = locks.exclusive(processed / "queries.jsonl")  # as a gen-queries elsewhere would
+    with writing, pytest.raises(InputError, match="queries.jsonl is being written by process"):
+        run_pipeline(options, QUIET)
+    assert not (processed / "personas.jsonl").exists(), "no stage started"

@@ -252,13 +252,14 @@ def run_llm_chain(
         notify = lambda line: console.print(f"[yellow]{line}[/]")  # noqa: E731
         async with open_engine(settings, notify=notify) as engine:
             console.print(_header(f"{first.stage} → {second.stage}", engine))
-            runs = first.bookkeeping(engine, settings), second.bookkeeping(engine, settings)
             ended = [0.0]
             with (
                 locks.exclusive(first.output),
                 locks.exclusive(second.output),
                 _progress(console) as progress,
             ):
+                # Inside the locks: the bookkeeping repairs and reads the files.
+                runs = first.bookkeeping(engine, settings), second.bookkeeping(engine, settings)
                 bars = [
                     _progress_bar(progress, first.stage, len(first.units), engine),
                     _progress_bar(progress, second.stage, None, engine),
