@@ -36,6 +36,7 @@ SHARED = ROOT.parent / "shared" / "alpsbench" / "task1"
 
 
 def copy_sample(target: Path, copies: int) -> None:
+    """The shared sample `copies` times under new ids, each copy's first memory marked."""
     target.mkdir(parents=True)
     for name in ("model_input.jsonl", "reference_output.jsonl"):
         with (target / name).open("w", encoding="utf-8") as out:
@@ -43,6 +44,8 @@ def copy_sample(target: Path, copies: int) -> None:
                 for line in (SHARED / name).read_text(encoding="utf-8").splitlines():
                     row = json.loads(line)
                     row["benchmark_id"] = f"{row['benchmark_id']}-c{copy}"
+                    if copy and row.get("gold", {}).get("memory_items"):  # else the cache answers copies
+                        row["gold"]["memory_items"][0]["value"] += f" (copy {copy})"
                     out.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 

@@ -212,3 +212,20 @@ def test_run_stops_at_once_when_another_process_writes_the_queries(tmp_path):
     with writing, pytest.raises(InputError, match="queries.jsonl is being written by process"):
         run_pipeline(options, QUIET)
     assert not (processed / "personas.jsonl").exists(), "no stage started"
+
+
+def test_per_user_schemas_leave_the_step_schema_as_it_was():
+    """Schemas are edited along one path (no deep copy per request): the cached schema of
+    the step must not pick up one user's ids."""
+    from types import SimpleNamespace
+
+    from personaemp.stages.persona import PERSONA_STEP, PersonaReply, persona_schema
+
+    def user(*ids):
+        return SimpleNamespace(memories=[SimpleNamespace(memory_id=i) for i in ids])
+
+    before = json.dumps(PersonaReply.model_json_schema())
+    first, second = persona_schema(user("m1", "m2")), persona_schema(user("m9"))
+    evidence = lambda schema: schema["$defs"]["TraitReply"]["properties"]["evidence"]["items"]  # noqa: E731
+    assert evidence(first)["enum"] == ["m1", "m2"] and evidence(second)["enum"] == ["m9"]
+    assert json.dumps(PERSONA_STEP.schema) == before

@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Collection
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 CALLS_KEPT = 200  # per-request timings kept: all of a small run, the slowest of a big one
 
@@ -33,6 +33,9 @@ class StepStats:
         self.answered += 1
         self.seconds += seconds
         self.slowest = max(self.slowest, seconds)
+
+
+_SUMMED = [f.name for f in fields(StepStats) if f.name not in ("failures", "slowest")]
 
 
 class Accounting:
@@ -83,15 +86,13 @@ class Accounting:
         return self.steps.setdefault(name, StepStats())
 
     def totals(self) -> StepStats:
+        # Called on every progress update: field by field, not through asdict (a copy of all).
         total = StepStats()
         for stats in self.steps.values():
-            for name, value in asdict(stats).items():
-                if name == "failures":
-                    total.failures.update(stats.failures)
-                elif name == "slowest":
-                    total.slowest = max(total.slowest, stats.slowest)
-                else:
-                    setattr(total, name, getattr(total, name) + value)
+            for name in _SUMMED:
+                setattr(total, name, getattr(total, name) + getattr(stats, name))
+            total.failures.update(stats.failures)
+            total.slowest = max(total.slowest, stats.slowest)
         return total
 
     def cost(self, price_in: float | None, price_out: float | None) -> float | None:

@@ -39,6 +39,16 @@ def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
     return model.model_json_schema()
 
 
+def edit_schema(schema: dict[str, Any], path: tuple[str, ...], value: Any = None, **update: Any) -> dict:
+    """`schema` with the dict at `path` replaced by `value` (or updated with `update`),
+    copying only the dicts along the path: the rest is shared with `schema`, which stays
+    as it was (Step.schema is cached). A deep copy per request cost a millisecond."""
+    if not path:
+        return value if value is not None else {**schema, **update}
+    head, rest = path[0], path[1:]
+    return {**schema, head: edit_schema(schema[head], rest, value, **update)}
+
+
 def _hash(value: Any) -> str:
     encoded = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(encoded).hexdigest()[:12]

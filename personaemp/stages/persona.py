@@ -12,7 +12,6 @@ stages read is built from grounded traits only.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from personaemp.io import ErrorPolicy, iter_jsonl, pick_units, read_stage_rows
-from personaemp.llm.step import RejectedReply, Step
+from personaemp.llm.step import RejectedReply, Step, edit_schema
 from personaemp.prompts import Prompt, load_prompt
 from personaemp.records import (
     BIG_FIVE,
@@ -122,11 +121,10 @@ def profile_text(traits: Sequence[Trait]) -> str:
     return "\n".join(f"- {t.aspect.replace('_', ' ')}: {t.statement}" for t in traits)
 
 
-def _ids_enum(schema: dict[str, Any], definition: str, ids: list[str]) -> dict[str, Any]:
-    """The schema with `evidence` items narrowed to this user's memory ids."""
-    schema = copy.deepcopy(schema)
-    schema["$defs"][definition]["properties"]["evidence"]["items"] = {"type": "string", "enum": ids}
-    return schema
+def _ids_enum(step: Step, definition: str, ids: list[str]) -> dict[str, Any]:
+    """The step's schema with `evidence` items narrowed to this user's memory ids."""
+    path = ("$defs", definition, "properties", "evidence", "items")
+    return edit_schema(step.schema, path, {"type": "string", "enum": ids})
 
 
 # --- step 1: persona -----------------------------------------------------------------------
@@ -138,7 +136,7 @@ def build_persona_messages(user: User, prompt: Prompt) -> list[dict[str, str]]:
 
 def persona_schema(user: User) -> dict[str, Any]:
     ids = [m.memory_id for m in user.memories]
-    return _ids_enum(PersonaReply.model_json_schema(), "TraitReply", ids)
+    return _ids_enum(PERSONA_STEP, "TraitReply", ids)
 
 
 @dataclass
@@ -188,7 +186,7 @@ def build_big_five_messages(user: User, traits: Sequence[Trait], prompt: Prompt)
 
 
 def big_five_schema(user: User) -> dict[str, Any]:
-    return _ids_enum(BigFiveReply.model_json_schema(), "LevelReply", [m.memory_id for m in user.memories])
+    return _ids_enum(BIG_FIVE_STEP, "LevelReply", [m.memory_id for m in user.memories])
 
 
 def parse_big_five(user: User, reply: BigFiveReply) -> tuple[BigFive, int]:

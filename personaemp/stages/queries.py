@@ -11,7 +11,6 @@ Only queries that pass every check are kept; the others are kept apart with reas
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from personaemp import checks
 from personaemp.errors import InputError
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, pick_units, read_stage_rows
 from personaemp.language import LANGUAGE_NAMES, normalize_language
-from personaemp.llm.step import Step
+from personaemp.llm.step import Step, edit_schema
 from personaemp.prompts import Prompt, load_prompt
 from personaemp.records import (
     CATEGORIES,
@@ -120,12 +119,13 @@ def build_situation_messages(persona: Persona, options: QueryOptions, prompt: Pr
 
 
 def situations_schema(persona: Persona, options: QueryOptions) -> dict[str, Any]:
-    schema = copy.deepcopy(SituationsReply.model_json_schema())
-    item = schema["$defs"]["SituationReply"]["properties"]
-    item["memory_ids"]["items"] = {"type": "string", "enum": [m.memory_id for m in persona.memories]}
-    item["category"] = {"type": "string", "enum": list(options.categories)}
-    schema["properties"]["situations"]["maxItems"] = options.per_category * len(options.categories)
-    return schema
+    item = ("$defs", "SituationReply", "properties")
+    ids = {"type": "string", "enum": [m.memory_id for m in persona.memories]}
+    schema = edit_schema(SITUATIONS.schema, (*item, "memory_ids", "items"), ids)
+    schema = edit_schema(schema, (*item, "category"), {"type": "string", "enum": list(options.categories)})
+    return edit_schema(
+        schema, ("properties", "situations"), maxItems=options.per_category * len(options.categories)
+    )
 
 
 def parse_situations(
@@ -167,10 +167,8 @@ def build_query_messages(
 
 
 def queries_schema(count: int) -> dict[str, Any]:
-    schema = copy.deepcopy(QueriesReply.model_json_schema())
-    schema["properties"]["messages"].update(minItems=count, maxItems=count)
-    schema["$defs"]["MessageReply"]["properties"]["situation"].update(minimum=1, maximum=count)
-    return schema
+    schema = edit_schema(QUERY.schema, ("properties", "messages"), minItems=count, maxItems=count)
+    return edit_schema(schema, ("$defs", "MessageReply", "properties", "situation"), minimum=1, maximum=count)
 
 
 def parse_queries(reply: QueriesReply, count: int) -> dict[int, str]:
@@ -196,10 +194,8 @@ def build_check_messages(persona: Persona, situations, texts: Sequence[str], pro
 
 
 def reviews_schema(count: int) -> dict[str, Any]:
-    schema = copy.deepcopy(ReviewsReply.model_json_schema())
-    schema["properties"]["reviews"].update(minItems=count, maxItems=count)
-    schema["$defs"]["ReviewReply"]["properties"]["message"].update(minimum=1, maximum=count)
-    return schema
+    schema = edit_schema(CHECK.schema, ("properties", "reviews"), minItems=count, maxItems=count)
+    return edit_schema(schema, ("$defs", "ReviewReply", "properties", "message"), minimum=1, maximum=count)
 
 
 def judge_checks(
@@ -337,9 +333,9 @@ def queries_stage(
 
 def handoff(row: dict) -> dict | None:
     """A persona row just written, as this stage reads it from the file (None: not eligible)."""
+    # The row was made from a validated Persona just now: its fields are read, not checked again.
     row = msgspec.json.decode(msgspec.json.encode(row))
-    persona = Persona.model_validate(row)
-    return row if persona.eligible and persona.traits else None
+    return row if row.get("eligible") and row.get("traits") else None
 
 
 def funnel(plan) -> QueryFunnel:
