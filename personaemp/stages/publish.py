@@ -323,15 +323,18 @@ def card_facts(
     for setting, parts in datasets.items():
         summary = {}
         for split, data in parts.items():
+            # Whole columns from Arrow: data[name] formats the rows one by one (1 s a build).
+            column = lambda name: data.data.column(name).to_pylist()  # noqa: E731, B023
+            big_five = column("big_five")
             summary[split] = {
                 "rows": len(data),
-                "users": len(set(data["user_id"])),
-                "categories": dict(Counter(data["category"])),
+                "users": len(set(column("user_id"))),
+                "categories": dict(Counter(column("category"))),
                 "big_five": {
-                    trait: dict(Counter(levels[trait] for levels in data["big_five"])) for trait in BIG_FIVE
+                    trait: dict(Counter(levels[trait] for levels in big_five)) for trait in BIG_FIVE
                 },
             }
-            facts["languages"].update(data["language"])
+            facts["languages"].update(column("language"))
         facts["settings"][setting] = summary
     for setting in SETTINGS:
         path = splits_dir / setting / "train.jsonl"
