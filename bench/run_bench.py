@@ -119,11 +119,11 @@ def main() -> None:
             )
             wall = run(folder)
             first = stats(base_url)
+            processed = folder / "processed"
+            report = json.loads((processed / ".personaemp" / "run_report.json").read_text())["stages"]
             again = run(folder)
             second = stats(base_url)
-            processed = folder / "processed"
             personas = [json.loads(line) for line in (processed / "personas.jsonl").open(encoding="utf-8")]
-            report = json.loads((processed / ".personaemp" / "run_report.json").read_text())["stages"]
     finally:
         server.kill()
         server.wait()
@@ -139,6 +139,15 @@ def main() -> None:
     print(
         f"simulated greedy scheduler, same chains and latency model, no overhead: "
         f"{makespan:.1f} s / {bound:.1f} s -> ratio {makespan / bound:.3f}"
+    )
+    steps = [step for stage in report.values() for step in stage.get("steps", {}).values()]
+    answered = sum(step["answered"] for step in steps)
+    client = sum(step["seconds"] for step in steps) / max(answered, 1)
+    server_mean = sum(first["latencies"]) / len(first["latencies"])
+    llm = max(stage["wall_seconds"] for stage in report.values())
+    print(
+        f"of which both LLM stages: {llm:.1f} s ({llm / ideal:.3f}x the ideal); a request took "
+        f"{client * 1000:.0f} ms seen by the client, {server_mean * 1000:.0f} ms slept by the server"
     )
     print(f"re-run: {second['count'] - requests} requests, wall {again:.1f} s")
 
