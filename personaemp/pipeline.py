@@ -155,7 +155,7 @@ def run_persona_and_queries(options: RunOptions, console: Console, env: Mapping[
     return reports
 
 
-def _import_in_background(*modules: str) -> None:
+def _import_in_background(*modules: str):
     """Import what later stages need while the LLM stages wait on the endpoint: kmodes
     (scikit-learn) and datasets took 3 of the 8 s of a `run` with nothing left to ask."""
     import importlib
@@ -168,7 +168,9 @@ def _import_in_background(*modules: str) -> None:
             except Exception:  # noqa: BLE001 - the stage that needs it reports it properly
                 return
 
-    threading.Thread(target=load, name="personaemp-imports", daemon=True).start()
+    thread = threading.Thread(target=load, name="personaemp-imports", daemon=True)
+    thread.start()
+    return thread
 
 
 def chains(options: RunOptions) -> bool:
@@ -335,10 +337,11 @@ def run_pipeline(
     console.rule("filter")
     result.reports["filter"] = run_filter(options.filter, console)
     if chains(options):
-        _import_in_background("kmodes.kmodes", "datasets")  # for split and push, later
+        importing = _import_in_background("kmodes.kmodes", "datasets")  # for split and push, later
         console.rule("infer-persona → gen-queries")
         reports = run_persona_and_queries(options, console, env)
         result.reports["infer-persona"], result.reports["gen-queries"] = reports
+        importing.join()  # before split forks its workers: no thread may hold the import lock
         return _split_and_push(options, console, result)
     console.rule("infer-persona")
     # In `run`, a [persona] limit is the size of the build, not a quick look: the card quotes it.

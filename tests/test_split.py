@@ -796,3 +796,23 @@ def test_cli_split_of_a_personas_file_exits_2_with_one_line(runner, tmp_path):
     assert f"{path}:1" in result.stderr and "queries" in result.stderr
     assert "Traceback" not in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_the_elbow_sweep_over_forked_workers_clusters_as_one_process_does(monkeypatch):
+    """Large splits spread the sweep's seeded fits over the cores: same clusters, same costs."""
+    import random as stdlib_random
+
+    from personaemp.stages import split as split_stage
+
+    rng = stdlib_random.Random(3)
+    profiles = [tuple(rng.choice(split_stage.LEVELS) for _ in range(5)) for _ in range(600)]
+    monkeypatch.setattr(split_stage, "PARALLEL_FITS", 10**9)
+    alone = split_stage.cluster_profiles(profiles, None, (2, 5), 2, 11)
+    monkeypatch.setattr(split_stage, "PARALLEL_FITS", 0)
+    spread = split_stage.cluster_profiles(profiles, None, (2, 5), 2, 11)
+    assert (spread.k, spread.labels, spread.modes, spread.costs) == (
+        alone.k,
+        alone.labels,
+        alone.modes,
+        alone.costs,
+    )
