@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import msgspec
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from personaemp.errors import InputError, PersonaempError, RowError, first_problem
@@ -34,6 +35,7 @@ from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_ato
 from personaemp.records import BIG_FIVE, DIMENSIONS
 from personaemp.stages.dataset_card import render_card
 from personaemp.stages.split import REPORT_FILE, SETTINGS_WRITTEN, check_queries_row, profile_of
+from personaemp.stages.stats import FIGURE_DIR, STATS_FILE, compute_stats, render_figures, sources_of_split
 from personaemp.workspace import stage_chain
 
 SETTINGS = SETTINGS_WRITTEN  # the configs, one per split setting
@@ -358,11 +360,16 @@ def _data_path(setting: str, split: str) -> str:
 
 
 def write_files(
-    datasets: dict[str, Any], folder: Path, card: str
+    datasets: dict[str, Any], folder: Path, card: str, extra: dict[str, bytes] | None = None
 ) -> tuple[list[str], dict[str, dict[str, int]]]:
     """Write the repository's files under `folder` (each atomically); return their relative
-    paths and the rows per setting and split."""
+    paths and the rows per setting and split. `extra`: more files (relative path -> bytes),
+    the card's plots and stats.json."""
     written, rows = [], {}
+    for relative, data in (extra or {}).items():
+        with atomic_output(folder / relative) as handle:
+            handle.write(data)
+        written.append(relative)
     for setting, parts in datasets.items():
         rows[setting] = {}
         for split, data in parts.items():
@@ -396,7 +403,9 @@ def _inside(relative: str) -> bool:
     return bool(relative) and not path.is_absolute() and ".." not in path.parts and "\\" not in relative
 
 
-def write_repository(datasets: dict[str, Any], out: Path, card: str) -> dict[str, dict[str, int]]:
+def write_repository(
+    datasets: dict[str, Any], out: Path, card: str, extra: dict[str, bytes] | None = None
+) -> dict[str, dict[str, int]]:
     """The Hub repository layout under `out`: <config>/<split>-00000-of-00001.parquet, README.md.
 
     Files that an earlier export listed in `out`'s manifest and this one no longer writes
@@ -408,9 +417,10 @@ def write_repository(datasets: dict[str, Any], out: Path, card: str) -> dict[str
     out.mkdir(parents=True, exist_ok=True)
     manifest = out / EXPORT_MANIFEST
     planned = [_data_path(s, split) for s, parts in datasets.items() for split in parts] + [CARD_FILE]
+    planned += list(extra or {})
     # Listed before they are written: a run that stops half-way leaves nothing unlisted.
     write_json_atomic(manifest, {"tool": "personaemp", "files": sorted(set(previous) | set(planned))})
-    written, rows = write_files(datasets, out, card)
+    written, rows = write_files(datasets, out, card, extra)
     for relative in sorted(set(previous) - set(written)):
         stale = out / relative
         stale.unlink(missing_ok=True)
@@ -472,16 +482,22 @@ def publish(
         lacking = len(published - found.keys())
         if lacking:
             facts["warnings"].append(f"{criteria}: no criteria for {lacking} published queries (empty lists)")
-    card = render_card(facts, include_dialogue)
+    # The build's statistics, computed once: the card's tables, its plots and stats.json.
+    stats = compute_stats(sources_of_split(splits_dir, split_report))
+    extra = {f"{FIGURE_DIR}/{name}": data for name, data in render_figures(stats).items()}
+    card = render_card(facts, include_dialogue, stats, list(extra))
+    extra[STATS_FILE] = msgspec.json.format(msgspec.json.encode(stats), indent=2) + b"\n"
     if out is not None:
-        rows = write_repository(datasets, out, card)
+        rows = write_repository(datasets, out, card, extra)
         return PublishResult(target=str(out), rows=rows, card=out / CARD_FILE, warnings=facts["warnings"])
-    result = _push(datasets, card, repo_id, private, revision)
+    result = _push(datasets, card, repo_id, private, revision, extra)
     result.warnings = facts["warnings"]
     return result
 
 
-def _push(datasets, card: str, repo_id: str, private: bool, revision: str | None) -> PublishResult:
+def _push(
+    datasets, card: str, repo_id: str, private: bool, revision: str | None, extra: dict[str, bytes]
+) -> PublishResult:
     """One commit: every data file and the card, and deletions of stale data files."""
     from personaemp.hub import check_hub_reachable
 
@@ -490,7 +506,7 @@ def _push(datasets, card: str, repo_id: str, private: bool, revision: str | None
 
     token = os.environ.get("HF_TOKEN")  # else the user's `huggingface-cli login`
     with tempfile.TemporaryDirectory(prefix="personaemp-push-") as staging:
-        written, rows = write_files(datasets, Path(staging), card)
+        written, rows = write_files(datasets, Path(staging), card, extra)
         try:
             api = HfApi(token=token)
             api.create_repo(repo_id, repo_type="dataset", private=private or None, exist_ok=True)
