@@ -433,17 +433,18 @@ def write_repository(
 
 def stale_repo_files(repo_files: list[str], kept: list[str]) -> list[str]:
     """Files of the Hub repository to delete: parquet files in the data folders this tool
-    writes, matched by a card pattern `<config>/<split>-*`, that this build does not write."""
+    writes, matched by a card pattern `<config>/<split>-*`, and plots in its figures folder,
+    that this build does not write."""
     stale = []
     for name in repo_files:
         parts = name.split("/")
-        if (
+        ours = (
             len(parts) == 2
             and parts[0] in SETTINGS
             and parts[1].endswith(".parquet")
             and any(parts[1].startswith(f"{split}-") for split in SPLITS)
-            and name not in kept
-        ):
+        ) or (len(parts) == 2 and parts[0] == FIGURE_DIR and parts[1].endswith(".png"))
+        if ours and name not in kept:
             stale.append(name)
     return sorted(stale)
 

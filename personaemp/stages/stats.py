@@ -174,8 +174,8 @@ def _read_filter_report(path: Path) -> dict[str, Any]:
         report = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: not valid JSON ({exc})", HINT) from None
-    if not isinstance(report, dict) or not all(isinstance(report.get(k), int) for k in ("users_in", "kept")):
-        raise InputError(f"{path}: not a filter report (users_in and kept, whole numbers, are needed)", HINT)
+    if not isinstance(report, dict):
+        raise InputError(f"{path}: not a filter report (a JSON object is expected)", HINT)
     return report
 
 
@@ -225,10 +225,10 @@ def compute_stats(sources: StatsSources) -> dict[str, Any]:
     users_funnel, queries_funnel = stats["funnel"]["users"], stats["funnel"]["queries"]
     if sources.filter_report:
         report = _read_filter_report(sources.filter_report)
-        users_funnel += [
-            {"stage": "read by filter", "count": report["users_in"]},
-            {"stage": "kept by filter", "count": report["kept"]},
-        ]
+        # An older report may lack a figure: it is left out, not made up (nor a reason to stop).
+        for key, stage in (("users_in", "read by filter"), ("kept", "kept by filter")):
+            if isinstance(report.get(key), int):
+                users_funnel.append({"stage": stage, "count": report[key]})
     if sources.personas:
         personas = _rows(sources.personas, _PersonaRow, "persona")
         eligible = [row for row in personas if row.eligible]
@@ -369,32 +369,41 @@ def _shares(levels: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
     }
 
 
+def figure_names(stats: dict[str, Any]) -> list[str]:
+    """The plots `render_figures` draws for these stats (a missing part of the build has none)."""
+    names = ["funnel.png"] if stats["funnel"]["users"] else []
+    names += ["big_five.png"] if "big_five" in stats else []
+    names += [f"big_five_{setting}.png" for setting in stats.get("splits") or {}]
+    names += ["queries.png", "query_shape.png"] if "queries" in stats else []
+    names += ["checks.png"] if stats.get("checks") else []
+    return names
+
+
 def render_figures(stats: dict[str, Any]) -> dict[str, bytes]:
-    """PNG plots (file name -> bytes) drawn from `compute_stats`' dict alone; a part of the
-    build that is missing from it has no plot."""
-    figures: dict[str, bytes] = {}
-    funnel = stats["funnel"]
-    if funnel["users"]:
-        columns = 2 if funnel["queries"] else 1
-        figure, axes = _figure(columns)
-        users, queries = funnel["users"], funnel["queries"]
+    """PNG plots (file name -> bytes) drawn from `compute_stats`' dict alone."""
+    return {name: _png(_draw(name, stats)) for name in figure_names(stats)}
+
+
+def _draw(name: str, stats: dict[str, Any]):
+    if name == "funnel.png":
+        users, queries = stats["funnel"]["users"], stats["funnel"]["queries"]
+        figure, axes = _figure(2 if queries else 1)
         labels, counts = [s["stage"] for s in users], [s["count"] for s in users]
         _bars(axes[0][0], labels, counts, "Users through the build", horizontal=True)
         if queries:
             _bars(axes[0][1], [s["stage"] for s in queries], [s["count"] for s in queries], "Queries")
-        figures["funnel.png"] = _png(figure)
-    if "big_five" in stats:
+    elif name == "big_five.png":
         figure, axes = _figure(1)
         title = f"Big Five levels of all {stats['big_five']['users']} users with a persona"
         _level_bars(axes[0][0], stats["big_five"]["levels"], title, share=False)
-        figures["big_five.png"] = _png(figure)
-    for setting, parts in (stats.get("splits") or {}).items():
+    elif name.startswith("big_five_"):
+        setting = name.removeprefix("big_five_").removesuffix(".png")
+        parts = stats["splits"][setting]
         figure, axes = _figure(len(parts))
         for axis, (part, data) in zip(axes[0], parts.items(), strict=True):
             title = f"{setting} {part}: {data['users']} users (share per level)"
             _level_bars(axis, _shares(data["levels"]), title, share=True)
-        figures[f"big_five_{setting}.png"] = _png(figure)
-    if "queries" in stats:
+    elif name == "queries.png":
         queries = stats["queries"]
         figure, axes = _figure(3)
         categories = queries["categories"]
@@ -403,22 +412,21 @@ def render_figures(stats: dict[str, Any]) -> dict[str, bytes]:
         _bars(axes[0][1], [code for code, _ in top], [n for _, n in top], "Queries per language")
         counts = queries["per_user"]["counts"]
         _bars(axes[0][2], list(counts), list(counts.values()), "Users by accepted queries")
-        figures["queries.png"] = _png(figure)
+    elif name == "query_shape.png":
+        queries = stats["queries"]
         figure, axes = _figure(2)
         bins = queries["length"]["bins"]
         _bars(axes[0][0], list(bins), list(bins.values()), "Queries by length (characters)")
         axes[0][0].tick_params(axis="x", labelsize=7)
         cited = queries["memories_cited"]["counts"]
         _bars(axes[0][1], list(cited), list(cited.values()), "Queries by memories cited")
-        figures["query_shape.png"] = _png(figure)
-    if stats.get("checks"):
+    else:  # checks.png
         checks = stats["checks"]
         figure, axes = _figure(1)
         rates = [c["rate"] for c in checks.values()]
         _bars(axes[0][0], list(checks), rates, "Pass rate of each check over the generated queries", True)
         axes[0][0].set_xlim(0, 1.15)
-        figures["checks.png"] = _png(figure)
-    return figures
+    return figure
 
 
 # --- the command -----------------------------------------------------------------------------------
