@@ -52,7 +52,7 @@ _BROUGHT_ALONG = re.compile(
     re.S,
 )
 _BROUGHT_MARKS = ("`", "://", "www.", "@", '"', "“", "„", "«", "「", "『")
-_CODE_CHARS = str.maketrans("", "", "{}[]();:.=<>_\\|$#@*&^~/+")  # deleted, to count them
+_CODE_CHARS = re.compile(r"[{}\[\]();:.=<>_\\|$#@*&^~/+]")
 # "translate" in the languages AlpsBench users write in, with the language of the word
 # (None: shared by several): a turn that asks for a translation brings text that is not
 # (necessarily) the user's, and a user whose own words are only that request ("Translate"
@@ -115,7 +115,7 @@ def _strip_foreign_block(text: str, runs: list[tuple[str, int]]) -> str:
 
 def _looks_like_code(line: str) -> bool:
     """Code, stack traces, file paths: symbols where words would be."""
-    symbols = len(line) - len(line.translate(_CODE_CHARS))
+    symbols = len(_CODE_CHARS.findall(line))
     return symbols >= 3 and symbols >= 0.1 * len(line.strip())
 
 
