@@ -401,7 +401,8 @@ def _draw(name: str, stats: dict[str, Any]):
         parts = stats["splits"][setting]
         figure, axes = _figure(len(parts))
         for axis, (part, data) in zip(axes[0], parts.items(), strict=True):
-            title = f"{setting} {part}: {data['users']} users (share per level)"
+            users = f"{data['users']} user" + ("" if data["users"] == 1 else "s")
+            title = f"{setting} {part}: {users} (share per level)"
             _level_bars(axis, _shares(data["levels"]), title, share=True)
     elif name == "queries.png":
         queries = stats["queries"]
