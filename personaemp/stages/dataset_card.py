@@ -6,9 +6,7 @@ import json
 from typing import Any
 
 from personaemp.records import BIG_FIVE
-
-FIGURE_DIR = "figures"  # personaemp.stages.stats.FIGURE_DIR
-STATS_FILE = "stats.json"  # personaemp.stages.stats.STATS_FILE
+from personaemp.stages.stats import FIGURE_DIR, STATS_FILE
 
 CITATIONS = """\
 - **PersonaEmp** — *From Empathy to Personalized Empathy: Adapting Empathetic Strategies

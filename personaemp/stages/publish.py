@@ -5,6 +5,10 @@ One row per accepted query, carrying its user's persona, Big Five levels and mem
 text unless asked for (`include_dialogue`). Configs `random` and `ood`, each with train
 and test. `--dry-run` writes exactly the repository that would be uploaded.
 
+The card's statistics (personaemp.stages.stats) are computed once from the same build and
+published three ways: the card's tables, its plots (`figures/*.png`, linked relatively)
+and `stats.json`.
+
 Every input is checked before anything is written or sent: the split files row by row
 (file:line and the field), split_report.json, and the reports the card quotes, which are
 found by following the split's input back through the stages' manifests (workspace.py).

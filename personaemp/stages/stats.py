@@ -24,6 +24,7 @@ categories, its Figure 6):
 from __future__ import annotations
 
 import io
+import json
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
@@ -168,8 +169,6 @@ def _level_counts(profiles: list[dict[str, str]]) -> dict[str, dict[str, int]]:
 
 
 def _read_filter_report(path: Path) -> dict[str, Any]:
-    import json
-
     try:
         report = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
