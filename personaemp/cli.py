@@ -28,7 +28,7 @@ app = typer.Typer(
 def main(
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
-    """Staged commands: filter -> infer-persona -> gen-queries -> split -> push; then
+    """Staged commands: filter -> infer-persona -> gen-queries -> split -> stats -> push; then
     criteria -> respond -> evaluate to benchmark models on the dataset."""
     if version:
         from personaemp import __version__
@@ -237,6 +237,14 @@ def split_command(options: Resolver) -> None:
     run_split(options.split, stderr_console())
 
 
+@stage_command("stats")
+def stats_command(options: Resolver) -> None:
+    """Describe a build: funnel, Big Five levels, queries, checks, as stats.json, plots and a summary."""
+    from personaemp.pipeline import run_stats
+
+    run_stats(options.stats, stderr_console())
+
+
 @stage_command("push")
 def push_command(options: Resolver) -> None:
     """Publish the splits as a Hub dataset (configs random and ood) with a dataset card;
@@ -253,7 +261,7 @@ def run_command(
         Path | None, typer.Option("--config", "-c", help="personaemp.toml (default: built-in settings).")
     ] = None,
 ) -> None:
-    """Run filter -> infer-persona -> gen-queries -> split -> push from one config, resuming."""
+    """Run filter -> infer-persona -> gen-queries -> split -> stats -> push from one config, resuming."""
     from personaemp.config import load_config
     from personaemp.pipeline import run_pipeline
 

@@ -116,6 +116,7 @@ class Resolver:
     persona = property(lambda self: self.section("persona"))
     queries = property(lambda self: self.section("queries"))
     split = property(lambda self: self.section("split"))
+    stats = property(lambda self: self.section("stats"))
     push = property(lambda self: self.section("push"))
     criteria = property(lambda self: self.section("criteria"))
     respond = property(lambda self: self.section("respond"))

@@ -1,7 +1,7 @@
 """Every option of every stage, declared once.
 
 One pydantic model per TOML section: `[filter]`, `[persona]` (infer-persona), `[queries]`
-(gen-queries), `[split]`, `[push]`, `[criteria]`, `[respond]`, `[evaluate]`, `[llm]` (the options
+(gen-queries), `[split]`, `[stats]`, `[push]`, `[criteria]`, `[respond]`, `[evaluate]`, `[llm]` (the options
 every LLM command shares) and
 `[paths]` (where a config's files live). A field is an option: its name is the TOML key,
 its type, default and constraints are the validation, and its `Opt` metadata holds the
@@ -412,6 +412,20 @@ class SplitOptions(Section):
         return self
 
 
+class StatsOptions(Section):
+    processed: Annotated[
+        Path,
+        Opt(
+            "Folder the stages wrote to (its manifest.json names their files): the build to describe.",
+            ("--processed",),
+            derive="paths.processed",
+        ),
+    ] = PROCESSED
+    out: Annotated[
+        Path, Opt("Folder of stats.json and the plots (figures/*.png).", ("--out",), derive="processed:stats")
+    ] = PROCESSED / "stats"
+
+
 class PushOptions(Section):
     splits: Annotated[
         Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir")
@@ -556,6 +570,7 @@ class RunOptions(Section):
     persona: PersonaOptions = PersonaOptions()
     queries: QueriesOptions = QueriesOptions()
     split: SplitOptions = SplitOptions()
+    stats: StatsOptions = StatsOptions()
     push: PushOptions = PushOptions()
     criteria: CriteriaOptions = CriteriaOptions()
     respond: RespondOptions = RespondOptions()
@@ -594,6 +609,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "infer-persona": ("persona", "llm"),
     "gen-queries": ("queries", "llm"),
     "split": ("split",),
+    "stats": ("stats",),
     "push": ("push",),
     "criteria": ("criteria", "llm"),
     "respond": ("respond", "llm"),
@@ -797,6 +813,7 @@ _TITLES = {
     "infer-persona": "`personaemp infer-persona` — TOML `[persona]`",
     "gen-queries": "`personaemp gen-queries` — TOML `[queries]`",
     "split": "`personaemp split` — TOML `[split]`",
+    "stats": "`personaemp stats` — TOML `[stats]`",
     "push": "`personaemp push` — TOML `[push]`",
     "criteria": "`personaemp criteria` — TOML `[criteria]`",
     "respond": "`personaemp respond` — TOML `[respond]`",

@@ -3,7 +3,7 @@
 `run_<stage>(options, ...)` is the one place a stage function is called from options
 (and its summary printed): `personaemp <stage>` calls it with the options of its flags,
 `personaemp run` with those of personaemp.toml, so both sides pass the same arguments.
-`run_pipeline` chains filter -> infer-persona -> gen-queries -> split -> push; finished
+`run_pipeline` chains filter -> infer-persona -> gen-queries -> split -> stats -> push; finished
 LLM work is skipped through the stages' own resume (and the cache), so re-running the
 pipeline after a crash or an edit redoes only what changed.
 """
@@ -31,6 +31,7 @@ from personaemp.options import (
     RespondOptions,
     RunOptions,
     SplitOptions,
+    StatsOptions,
 )
 from personaemp.summaries import waits_for_a_batch
 
@@ -224,6 +225,15 @@ def run_split(options: SplitOptions, console: Console):
     return report
 
 
+def run_stats(options: StatsOptions, console: Console):
+    from personaemp import summaries
+    from personaemp.stages import stats as stage
+
+    result = stage.write_stats(options.processed, options.out)
+    summaries.print_stats(result, console)
+    return result
+
+
 def run_push(options: PushOptions, console: Console):
     from personaemp.stages import publish as stage
 
@@ -358,6 +368,8 @@ def run_pipeline(
 def _split_and_push(options: RunOptions, console: Console, result: PipelineResult) -> PipelineResult:
     console.rule("split")
     result.reports["split"] = run_split(options.split, console)
+    console.rule("stats")
+    result.reports["stats"] = run_stats(options.stats, console)
     console.rule("push (dry run)" if options.push.is_dry_run else "push")
     result.reports["push"] = run_push(options.push, console)
     return result

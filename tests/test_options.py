@@ -37,6 +37,7 @@ STAGE_OF = {
     "infer-persona": "persona",
     "gen-queries": "queries",
     "split": "split",
+    "stats": "stats",
     "push": "push",
 }
 
@@ -154,7 +155,7 @@ def test_derived_defaults_match_the_static_ones():
 def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
     """Replace the five stage functions (and the summaries) by recorders."""
     from personaemp import summaries
-    from personaemp.stages import filter, persona, publish, queries, split
+    from personaemp.stages import filter, persona, publish, queries, split, stats
 
     recorded: dict[str, tuple[tuple, dict]] = {}
 
@@ -198,6 +199,7 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
     monkeypatch.setattr(persona, "summarize", lambda *args: None)
     monkeypatch.setattr(queries, "funnel", lambda *args: None)
     monkeypatch.setattr(split, "split_users", recorder("split", None))
+    monkeypatch.setattr(stats, "write_stats", recorder("stats", None))
     pushed = SimpleNamespace(rows={}, target="somewhere", warnings=[])
     monkeypatch.setattr(publish, "publish", recorder("push", pushed))
     for name in dir(summaries):
@@ -293,6 +295,7 @@ def test_run_with_the_default_toml_calls_the_stages_as_the_commands_do(calls, tm
     # the defaults the two sides used to disagree on
     assert by_commands["split"][1]["ood"] is True
     assert by_commands["push"][1]["out"] == Path("data/processed/dataset")
+    assert by_commands["stats"][0] == (Path("data/processed"), Path("data/processed/stats"))
     assert by_commands["push"][1]["repo_id"] is None
     assert by_commands["filter"][1]["keep_turns"] == "user"
     settings = by_commands["persona"][0][2]
@@ -366,6 +369,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "holdout": 1,
         "seeds": 2,
     },
+    "stats": {"processed": "x/build", "out": "x/stats"},
     "push": {
         "splits": "s/out",
         "repo_id": "me/data",
@@ -466,6 +470,7 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
         (Path("s/in.jsonl"), Path("s/out")),
         {"ood": False, "seed": 5, "test_size": 0.2, "k": 3, "k_range": (3, 6), "holdout": 1, "seeds": 2},
     )
+    assert by_run["stats"] == ((Path("x/build"), Path("x/stats")), {})
     assert by_run["push"] == (
         (Path("s/out"),),
         {"repo_id": "me/data", "out": None, "private": True, "revision": "dev", "include_dialogue": True,

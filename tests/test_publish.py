@@ -145,6 +145,17 @@ def queries_rows() -> list[dict]:
     return rows
 
 
+@pytest.fixture(autouse=True)
+def _plots_not_drawn(monkeypatch):
+    """The plots are drawn and checked in tests/test_stats.py; drawing them for each of the
+    many pushes here would cost about a second each. Their names (so the files, the card's
+    links and the export list) are the real ones."""
+    from personaemp.stages import publish as stage
+    from personaemp.stages.stats import figure_names
+
+    monkeypatch.setattr(stage, "render_figures", lambda stats: {n: b"\x89PNG" for n in figure_names(stats)})
+
+
 @pytest.fixture
 def splits(tmp_path) -> Path:
     """processed/splits with random and ood (k=3 over three distinct profiles)."""
@@ -397,10 +408,11 @@ def test_card_reports_this_runs_funnel_split_and_distributions(splits, tmp_path)
             categories = Counter(q["category"] for q in queries)
             cats = ", ".join(f"{c} {n}" for c, n in sorted(categories.items()))
             assert f"| {setting} | {split} | {len(users)} | {len(queries)} | {cats} |" in lines
+            # Big Five levels per user (personaemp stats, the paper's Figure 6), not per query
             for index, trait in enumerate(BIG_FIVE):
-                levels = Counter(PROFILES_BY_LEVELS[u["user_id"]][index] for u in users for _ in u["queries"])
+                levels = Counter(PROFILES_BY_LEVELS[u["user_id"]][index] for u in users)
                 counts = " | ".join(str(levels[lv]) for lv in ("low", "medium", "high"))
-                assert f"| {setting} | {split} | {trait} | {counts} |" in lines
+                assert f"| {setting} | {split} | {len(users)} | {trait} | {counts} |" in lines
 
     # schema, license, citations, ethics
     for column in (c for c in COLUMNS if c not in ("user_turns", "criteria")):
@@ -411,6 +423,15 @@ def test_card_reports_this_runs_funnel_split_and_distributions(splits, tmp_path)
         assert cited in card.split("## License and citation", 1)[1]
     assert "No dialogue text" in card
     assert "includes the users' own messages" not in card
+
+
+# What `personaemp stats` adds to a repository built from the `splits` fixture (no filter
+# report, no personas file: no plot of all users' levels).
+PLOTS = ["figures/checks.png", "figures/funnel.png", "figures/queries.png", "figures/query_shape.png"]
+
+
+def stats_files(*settings: str) -> list[str]:
+    return sorted([*PLOTS, *(f"figures/big_five_{s}.png" for s in settings), "stats.json"])
 
 
 PROFILES_BY_LEVELS = {
@@ -948,13 +969,14 @@ def exported(out: Path) -> list[str]:
 def test_dry_run_lists_what_it_wrote(splits, tmp_path):
     out = tmp_path / "repo"
     publish(splits, out=out)
-    assert exported(out) == [
+    assert exported(out) == sorted([
         "README.md",
         "ood/test-00000-of-00001.parquet",
         "ood/train-00000-of-00001.parquet",
         "random/test-00000-of-00001.parquet",
         "random/train-00000-of-00001.parquet",
-    ]
+        *stats_files("random", "ood"),
+    ])  # fmt: skip
     on_disk = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
     assert on_disk == set(exported(out)) | {EXPORT_MANIFEST}
 
@@ -982,11 +1004,12 @@ def test_dry_run_never_deletes_files_it_did_not_write(splits, tmp_path):
     assert not (out / "ood" / "train-00000-of-00001.parquet").exists()
     assert not (out / "ood" / "test-00000-of-00001.parquet").exists()
     assert (out / "ood").is_dir()  # still holds a foreign file
-    assert exported(out) == [
+    assert exported(out) == sorted([
         "README.md",
         "random/test-00000-of-00001.parquet",
         "random/train-00000-of-00001.parquet",
-    ]
+        *stats_files("random"),
+    ])  # fmt: skip
 
 
 def test_dry_run_removes_the_folder_of_a_config_no_longer_built(splits, tmp_path):
@@ -995,7 +1018,10 @@ def test_dry_run_removes_the_folder_of_a_config_no_longer_built(splits, tmp_path
     split_users(splits.parent / "queries.jsonl", splits, ood=False, seed=5)
     publish(splits, out=out)
     assert not (out / "ood").exists()
-    assert sorted(p.name for p in out.iterdir()) == sorted([EXPORT_MANIFEST, "README.md", "random"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [EXPORT_MANIFEST, "README.md", "random", "figures", "stats.json"]
+    )
+    assert not (out / "figures" / "big_five_ood.png").exists()
 
 
 @pytest.mark.parametrize(
@@ -1097,6 +1123,8 @@ def test_real_push_is_one_commit_of_data_card_and_stale_deletions(splits, tmp_pa
         "ood/test-00000-of-00001.parquet",
         "ood/README.md",
         "extra/train-00000-of-00001.parquet",  # another folder: never touched
+        "figures/big_five_ood.png",  # a plot of the config no longer built
+        "figures/logo.svg",  # not a plot this tool writes
     ]
     split_users(splits.parent / "queries.jsonl", splits, ood=False, seed=5)  # only random now
     result = publish(splits, repo_id="me/x", revision="dev")
@@ -1111,8 +1139,12 @@ def test_real_push_is_one_commit_of_data_card_and_stale_deletions(splits, tmp_pa
 
     adds = sorted(op.path_in_repo for op in commit["operations"] if isinstance(op, CommitOperationAdd))
     deletes = sorted(op.path_in_repo for op in commit["operations"] if isinstance(op, CommitOperationDelete))
-    assert adds == ["README.md", "random/test-00000-of-00001.parquet", "random/train-00000-of-00001.parquet"]
+    assert adds == sorted(
+        ["README.md", "random/test-00000-of-00001.parquet", "random/train-00000-of-00001.parquet",
+         *stats_files("random")]
+    )  # fmt: skip
     assert deletes == [
+        "figures/big_five_ood.png",
         "ood/test-00000-of-00001.parquet",
         "ood/train-00000-of-00001.parquet",
         "random/train-00000-of-00002.parquet",
@@ -1141,7 +1173,7 @@ def test_real_push_of_both_configs_deletes_nothing_it_does_not_replace(splits, h
     from huggingface_hub import CommitOperationDelete
 
     assert not [op for op in commit["operations"] if isinstance(op, CommitOperationDelete)]
-    assert len(commit["operations"]) == 5  # 4 parquet files and the card
+    assert len(commit["operations"]) == 5 + len(stats_files("random", "ood"))  # 4 parquet files, the card
     assert commit["revision"] is None
     assert "create_branch" not in [name for name, _ in hub.calls]
     create = next(kwargs for name, kwargs in hub.calls if name == "create_repo")

@@ -13,7 +13,7 @@ import msgspec
 from pydantic import ValidationError
 
 from personaemp.errors import RowError, first_problem
-from personaemp.language import detect_language
+from personaemp.language import user_language
 from personaemp.records import FilterMatch, Intent, Memory, Source, Turn, User
 
 
@@ -181,12 +181,8 @@ class SourceUser:
     def language(self) -> str | None:
         if self._language:
             return self._language
-        sample, size = [], 0
-        for role, text, _, _ in self._raw_turns:
-            if role == "user" and size < _LANGUAGE_SAMPLE:
-                sample.append(self._text(text)[: _LANGUAGE_SAMPLE - size])
-                size += len(sample[-1]) + 1
-        return detect_language(" ".join(sample))
+        # From the user's own words: not what they paste to translate, quote or debug.
+        return user_language(self._text(text) for role, text, _, _ in self._raw_turns if role == "user")
 
     def to_user(self, memories: list[Memory], match: FilterMatch, roles: tuple[str, ...] | None) -> User:
         """The output record: given memories, turns of the given roles (None: all)."""
@@ -202,6 +198,3 @@ class SourceUser:
                 "filter": match,
             }
         )
-
-
-_LANGUAGE_SAMPLE = 1000  # characters of the user's own text

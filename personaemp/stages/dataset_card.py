@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from personaemp.records import BIG_FIVE
+from personaemp.stages.stats import FIGURE_DIR, STATS_FILE
 
 CITATIONS = """\
 - **PersonaEmp** — *From Empathy to Personalized Empathy: Adapting Empathetic Strategies
@@ -90,7 +91,82 @@ def _funnel(facts: dict[str, Any]) -> str:
     return "\n".join(parts) or "- (the stage reports of this build were not found)"
 
 
-def render_card(facts: dict[str, Any], include_dialogue: bool) -> str:
+def _image(name: str, text: str, figures: list[str]) -> list[str]:
+    """A relative Markdown image link (the Hub shows it from the repository), if drawn."""
+    path = f"{FIGURE_DIR}/{name}"
+    return [f"![{text}]({path})", ""] if path in figures else []
+
+
+def stats_section(stats: dict[str, Any], figures: list[str]) -> str:
+    """The card's statistics: every figure from `stats` (personaemp.stages.stats.compute_stats,
+    the dict published as stats.json beside the card), and its plots (`figures`: their paths)."""
+    out = ["## Statistics", "", f"The same figures are in `{STATS_FILE}` (from `personaemp stats`).", ""]
+    funnel = stats.get("funnel") or {}
+    if funnel.get("users"):
+        out += _image("funnel.png", "Users and queries through the build", figures)
+        rows = [["users", s["stage"], s["count"]] for s in funnel["users"]]
+        rows += [["queries", s["stage"], s["count"]] for s in funnel.get("queries", [])]
+        out += [_table(["unit", "stage", "count"], rows), ""]
+    if "big_five" in stats or stats.get("splits"):
+        out += ["### Big Five levels (users)", ""]
+        out += _image("big_five.png", "Big Five levels of all users", figures)
+        rows = []
+        if "big_five" in stats:
+            levels = stats["big_five"]["levels"]
+            rows += [["all", "", stats["big_five"]["users"], t, *levels[t].values()] for t in BIG_FIVE]
+        for setting, parts in (stats.get("splits") or {}).items():
+            out += _image(f"big_five_{setting}.png", f"Big Five levels, {setting} train vs test", figures)
+            for part, data in parts.items():
+                rows += [[setting, part, data["users"], t, *data["levels"][t].values()] for t in BIG_FIVE]
+        out += [_table(["users", "split", "count", "trait", "low", "medium", "high"], rows), ""]
+    queries = stats.get("queries")
+    if queries:
+        out += ["### Queries", ""]
+        out += _image("queries.png", "Queries per category, per language, per user", figures)
+        out += _image("query_shape.png", "Query length and memories cited", figures)
+        per_user, length, cited = queries["per_user"], queries["length"], queries["memories_cited"]
+        categories = ", ".join(f"{name} {n}" for name, n in queries["categories"].items())
+        languages = ", ".join(f"{code} {n}" for code, n in queries["languages"].items())
+        out += [
+            _table(
+                ["figure", "value"],
+                [
+                    ["accepted queries", queries["accepted"]],
+                    ["per category", categories or "none"],
+                    ["per language (the user's)", languages or "none"],
+                    ["per user: mean, median, min, max", _spread(per_user)],
+                    ["users by accepted queries", _bins(per_user["counts"])],
+                    ["length in characters: mean, median, min, max", _spread(length)],
+                    ["queries by length", _bins(length["bins"])],
+                    ["memories cited: mean, median, min, max", _spread(cited)],
+                    ["queries by memories cited", _bins(cited["counts"])],
+                ],
+            ),
+            "",
+        ]
+    checks = stats.get("checks")
+    if checks:
+        out += ["### Checks (every generated query, accepted or rejected)", ""]
+        out += _image("checks.png", "Pass rate of each check", figures)
+        rows = [[name, c["passed"], c["of"], f"{c['rate']:.1%}"] for name, c in checks.items()]
+        out += [_table(["check", "passed", "of", "rate"], rows), ""]
+    return "\n".join(out).rstrip("\n")
+
+
+def _spread(values: dict[str, Any]) -> str:
+    return ", ".join(f"{values[k]:g}" for k in ("mean", "median", "min", "max"))
+
+
+def _bins(counts: dict[str, int]) -> str:
+    return ", ".join(f"{name}: {n}" for name, n in counts.items()) or "none"
+
+
+def render_card(
+    facts: dict[str, Any],
+    include_dialogue: bool,
+    stats: dict[str, Any] | None = None,
+    figures: list[str] | None = None,
+) -> str:
     sections = [_front_matter(facts), "", "# PersonaEmp (rebuilt with personaemp)", ""]
     sections.append(
         "Empathy-seeking user queries, each grounded in one real user's long-term memories "
@@ -136,16 +212,8 @@ def render_card(facts: dict[str, Any], include_dialogue: bool) -> str:
             sections += ["", _table(["cluster", "users", *BIG_FIVE], cluster_rows)]
             curve = ", ".join(f"k={k}: {v:g}" for k, v in details["cost_curve"].items())
             sections += ["", f"KModes cost by k: {curve}."]
-    sections += ["", "## Big Five level distribution (queries)", ""]
-    level_rows = []
-    for setting, parts in facts["settings"].items():
-        for name, part in parts.items():
-            for trait in BIG_FIVE:
-                counts = part["big_five"][trait]
-                level_rows.append(
-                    [setting, name, trait, *(counts.get(lv, 0) for lv in ("low", "medium", "high"))]
-                )
-    sections += [_table(["config", "split", "trait", "low", "medium", "high"], level_rows)]
+    if stats is not None:
+        sections += ["", stats_section(stats, figures or [])]
     sections += ["", "## Schema (one row per query)", ""]
     schema = [
         ["user_id", "string", "AlpsBench user (the task1 benchmark id when the user id is empty)"],

@@ -5,6 +5,10 @@ One row per accepted query, carrying its user's persona, Big Five levels and mem
 text unless asked for (`include_dialogue`). Configs `random` and `ood`, each with train
 and test. `--dry-run` writes exactly the repository that would be uploaded.
 
+The card's statistics (personaemp.stages.stats) are computed once from the same build and
+published three ways: the card's tables, its plots (`figures/*.png`, linked relatively)
+and `stats.json`.
+
 Every input is checked before anything is written or sent: the split files row by row
 (file:line and the field), split_report.json, and the reports the card quotes, which are
 found by following the split's input back through the stages' manifests (workspace.py).
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import msgspec
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from personaemp.errors import InputError, PersonaempError, RowError, first_problem
@@ -34,6 +39,7 @@ from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_ato
 from personaemp.records import BIG_FIVE, DIMENSIONS
 from personaemp.stages.dataset_card import render_card
 from personaemp.stages.split import REPORT_FILE, SETTINGS_WRITTEN, check_queries_row, profile_of
+from personaemp.stages.stats import FIGURE_DIR, STATS_FILE, compute_stats, render_figures, sources_of_split
 from personaemp.workspace import stage_chain
 
 SETTINGS = SETTINGS_WRITTEN  # the configs, one per split setting
@@ -361,11 +367,16 @@ def _data_path(setting: str, split: str) -> str:
 
 
 def write_files(
-    datasets: dict[str, Any], folder: Path, card: str
+    datasets: dict[str, Any], folder: Path, card: str, extra: dict[str, bytes] | None = None
 ) -> tuple[list[str], dict[str, dict[str, int]]]:
     """Write the repository's files under `folder` (each atomically); return their relative
-    paths and the rows per setting and split."""
+    paths and the rows per setting and split. `extra`: more files (relative path -> bytes),
+    the card's plots and stats.json."""
     written, rows = [], {}
+    for relative, data in (extra or {}).items():
+        with atomic_output(folder / relative) as handle:
+            handle.write(data)
+        written.append(relative)
     for setting, parts in datasets.items():
         rows[setting] = {}
         for split, data in parts.items():
@@ -399,7 +410,9 @@ def _inside(relative: str) -> bool:
     return bool(relative) and not path.is_absolute() and ".." not in path.parts and "\\" not in relative
 
 
-def write_repository(datasets: dict[str, Any], out: Path, card: str) -> dict[str, dict[str, int]]:
+def write_repository(
+    datasets: dict[str, Any], out: Path, card: str, extra: dict[str, bytes] | None = None
+) -> dict[str, dict[str, int]]:
     """The Hub repository layout under `out`: <config>/<split>-00000-of-00001.parquet, README.md.
 
     Files that an earlier export listed in `out`'s manifest and this one no longer writes
@@ -411,9 +424,10 @@ def write_repository(datasets: dict[str, Any], out: Path, card: str) -> dict[str
     out.mkdir(parents=True, exist_ok=True)
     manifest = out / EXPORT_MANIFEST
     planned = [_data_path(s, split) for s, parts in datasets.items() for split in parts] + [CARD_FILE]
+    planned += list(extra or {})
     # Listed before they are written: a run that stops half-way leaves nothing unlisted.
     write_json_atomic(manifest, {"tool": "personaemp", "files": sorted(set(previous) | set(planned))})
-    written, rows = write_files(datasets, out, card)
+    written, rows = write_files(datasets, out, card, extra)
     for relative in sorted(set(previous) - set(written)):
         stale = out / relative
         stale.unlink(missing_ok=True)
@@ -426,17 +440,18 @@ def write_repository(datasets: dict[str, Any], out: Path, card: str) -> dict[str
 
 def stale_repo_files(repo_files: list[str], kept: list[str]) -> list[str]:
     """Files of the Hub repository to delete: parquet files in the data folders this tool
-    writes, matched by a card pattern `<config>/<split>-*`, that this build does not write."""
+    writes, matched by a card pattern `<config>/<split>-*`, and plots in its figures folder,
+    that this build does not write."""
     stale = []
     for name in repo_files:
         parts = name.split("/")
-        if (
+        ours = (
             len(parts) == 2
             and parts[0] in SETTINGS
             and parts[1].endswith(".parquet")
             and any(parts[1].startswith(f"{split}-") for split in SPLITS)
-            and name not in kept
-        ):
+        ) or (len(parts) == 2 and parts[0] == FIGURE_DIR and parts[1].endswith(".png"))
+        if ours and name not in kept:
             stale.append(name)
     return sorted(stale)
 
@@ -475,16 +490,22 @@ def publish(
         lacking = len(published - found.keys())
         if lacking:
             facts["warnings"].append(f"{criteria}: no criteria for {lacking} published queries (empty lists)")
-    card = render_card(facts, include_dialogue)
+    # The build's statistics, computed once: the card's tables, its plots and stats.json.
+    stats = compute_stats(sources_of_split(splits_dir, split_report))
+    extra = {f"{FIGURE_DIR}/{name}": data for name, data in render_figures(stats).items()}
+    card = render_card(facts, include_dialogue, stats, list(extra))
+    extra[STATS_FILE] = msgspec.json.format(msgspec.json.encode(stats), indent=2) + b"\n"
     if out is not None:
-        rows = write_repository(datasets, out, card)
+        rows = write_repository(datasets, out, card, extra)
         return PublishResult(target=str(out), rows=rows, card=out / CARD_FILE, warnings=facts["warnings"])
-    result = _push(datasets, card, repo_id, private, revision)
+    result = _push(datasets, card, repo_id, private, revision, extra)
     result.warnings = facts["warnings"]
     return result
 
 
-def _push(datasets, card: str, repo_id: str, private: bool, revision: str | None) -> PublishResult:
+def _push(
+    datasets, card: str, repo_id: str, private: bool, revision: str | None, extra: dict[str, bytes]
+) -> PublishResult:
     """One commit: every data file and the card, and deletions of stale data files."""
     from personaemp.hub import check_hub_reachable
 
@@ -493,7 +514,7 @@ def _push(datasets, card: str, repo_id: str, private: bool, revision: str | None
 
     token = os.environ.get("HF_TOKEN")  # else the user's `huggingface-cli login`
     with tempfile.TemporaryDirectory(prefix="personaemp-push-") as staging:
-        written, rows = write_files(datasets, Path(staging), card)
+        written, rows = write_files(datasets, Path(staging), card, extra)
         try:
             api = HfApi(token=token)
             api.create_repo(repo_id, repo_type="dataset", private=private or None, exist_ok=True)

@@ -1,0 +1,451 @@
+"""`personaemp stats`: the shape of a build, as numbers (stats.json), a summary and plots.
+
+Computed once, rendered twice: `compute_stats` reads the build's files and returns one
+JSON-ready dict; `render_figures` draws PNG plots from that dict only, and the dataset
+card (`dataset_card.stats_section`) writes its tables from the same dict, so the card's
+figures, its plots and stats.json cannot disagree. `push` calls both for the card.
+
+What it reads, all optional but at least one (a build that stopped early is described
+as far as it went): the filter's report, personas.jsonl, queries.jsonl and the splits.
+Where they are: `sources_in(processed)` asks the manifest of the processed folder (each
+stage notes its output there, workspace.py), falling back to the default file names;
+`sources_of_split(report)` follows the split's input back through the manifests.
+
+Figures (the paper describes its dataset with user personality distributions and query
+categories, its Figure 6):
+- funnel: users from the filter's input to the splits, and queries generated to accepted;
+- Big Five levels per trait, over all users with a persona, and train vs test per split
+  config (shares);
+- accepted queries per category, per language, per user; query length (characters);
+  memories cited per query;
+- the pass rate of each check over every generated query (accepted and rejected).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from personaemp.errors import InputError, RowError, first_problem
+from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_atomic
+from personaemp.options import CHECKS
+from personaemp.records import BIG_FIVE
+from personaemp.workspace import read_manifest, stage_chain
+
+STATS_FILE = "stats.json"
+FIGURE_DIR = "figures"
+LEVELS = ("low", "medium", "high")
+CATEGORIES = ("ES", "HEQ", "SS")
+LENGTH_BINS = (0, 100, 200, 300, 400, 600, 800, 1000)  # characters; a query has at most 1,000
+SETTINGS = ("random", "ood")
+PARTS = ("train", "test")
+HINT = "re-run the stage that wrote it"
+
+
+@dataclass(frozen=True)
+class StatsSources:
+    """The files a build's statistics are read from (None: not there)."""
+
+    filter_report: Path | None = None
+    personas: Path | None = None
+    queries: Path | None = None
+    splits: Path | None = None
+
+    def found(self) -> dict[str, str | None]:
+        return {name: str(path) if path else None for name, path in vars(self).items()}
+
+
+@dataclass
+class StatsResult:
+    stats: dict[str, Any]
+    sources: StatsSources
+    out: Path
+    files: list[str] = field(default_factory=list)
+
+
+# --- where the files are -------------------------------------------------------------------------
+
+
+def _existing(path: Any) -> Path | None:
+    return Path(path) if path and Path(path).exists() else None
+
+
+def sources_in(processed: Path) -> StatsSources:
+    """The build in `processed`: the manifest's entries, else the default file names."""
+    processed = Path(processed)
+    if not processed.is_dir():
+        raise InputError(f"{processed}: no such folder", "pass the folder the stages wrote to (--processed)")
+    manifest = read_manifest(processed)
+
+    def entry(stage: str, key: str, default: str) -> Path | None:
+        return _existing((manifest.get(stage) or {}).get(key) or processed / default)
+
+    sources = StatsSources(
+        filter_report=entry("filter", "report", "filter_report.json"),
+        personas=entry("infer-persona", "output", "personas.jsonl"),
+        queries=entry("gen-queries", "output", "queries.jsonl"),
+        splits=entry("split", "output", "splits"),
+    )
+    if not any(vars(sources).values()):
+        raise InputError(
+            f"{processed}: holds no output of the stages (filter_report.json, personas.jsonl, "
+            "queries.jsonl, splits/)",
+            "run personaemp filter (or personaemp run) first, or pass --processed DIR",
+        )
+    return sources
+
+
+def sources_of_split(splits: Path, split_report: dict[str, Any]) -> StatsSources:
+    """The build behind a split: its input (the queries) and the stages before, by manifest."""
+    source = split_report.get("input")
+    chain = stage_chain(Path(source)) if isinstance(source, str) and source else {}
+    return StatsSources(
+        filter_report=_existing((chain.get("filter") or {}).get("report")),
+        personas=_existing((chain.get("infer-persona") or {}).get("output")),
+        queries=_existing(source),
+        splits=_existing(splits),
+    )
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+
+class _Level(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    level: str
+
+
+class _PersonaRow(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    user_id: str
+    eligible: bool = True
+    language: str | None = None
+    big_five: dict[str, _Level] | None = None
+
+
+class _Query(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    category: str
+    query: str
+    memory_ids: list[str] = []
+    checks: dict[str, Any] = {}
+
+
+class _QueriesRow(_PersonaRow):
+    queries: list[_Query] = []
+    rejected_queries: list[_Query] = []
+
+
+def _rows(path: Path, model: type[BaseModel], what: str) -> list[BaseModel]:
+    rows = []
+    try:
+        for lineno, _, value in iter_jsonl(path, ErrorPolicy("fail")):
+            try:
+                rows.append(model.model_validate(value))
+            except ValidationError as exc:
+                raise InputError(f"{path}:{lineno}: not a {what} row ({first_problem(exc)})", HINT) from None
+    except RowError as error:  # an unreadable line
+        raise InputError(f"{error.location}: {error.reason}", HINT) from None
+    return rows
+
+
+def _profile(row: _PersonaRow) -> dict[str, str] | None:
+    """The five levels, or None when the row has no complete, valid Big Five."""
+    if not row.big_five:
+        return None
+    levels = {trait: row.big_five[trait].level for trait in BIG_FIVE if trait in row.big_five}
+    return levels if len(levels) == len(BIG_FIVE) and set(levels.values()) <= set(LEVELS) else None
+
+
+def _level_counts(profiles: list[dict[str, str]]) -> dict[str, dict[str, int]]:
+    return {trait: {lv: sum(p[trait] == lv for p in profiles) for lv in LEVELS} for trait in BIG_FIVE}
+
+
+def _read_filter_report(path: Path) -> dict[str, Any]:
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: not valid JSON ({exc})", HINT) from None
+    if not isinstance(report, dict):
+        raise InputError(f"{path}: not a filter report (a JSON object is expected)", HINT)
+    return report
+
+
+def _split_users(splits: Path) -> dict[str, dict[str, list[_QueriesRow]]]:
+    found = {}
+    for setting in SETTINGS:
+        paths = {part: splits / setting / f"{part}.jsonl" for part in PARTS}
+        if all(path.is_file() for path in paths.values()):
+            found[setting] = {part: _rows(path, _QueriesRow, "split") for part, path in paths.items()}
+    return found
+
+
+# --- the numbers ---------------------------------------------------------------------------------
+
+
+def _spread(values: list[int]) -> dict[str, Any]:
+    if not values:
+        return {"mean": 0.0, "median": 0.0, "min": 0, "max": 0}
+    return {
+        "mean": round(statistics.fmean(values), 2),
+        "median": float(statistics.median(values)),
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+def _length_bins(lengths: list[int]) -> dict[str, int]:
+    bins = {}
+    for low, high in zip(LENGTH_BINS, (*LENGTH_BINS[1:], None), strict=True):
+        name = f"{low}-{high - 1}" if high else f"{low}+"
+        bins[name] = sum(low <= n and (high is None or n < high) for n in lengths)
+    return bins
+
+
+def _counts(values: list[int]) -> dict[str, int]:
+    """How many items have each value, every value from the smallest to the largest."""
+    if not values:
+        return {}
+    seen = Counter(values)
+    return {str(n): seen.get(n, 0) for n in range(min(values), max(values) + 1)}
+
+
+def compute_stats(sources: StatsSources) -> dict[str, Any]:
+    """The statistics of a build, from its files (what is missing is left out, not made up)."""
+    # No file paths in it: push publishes it beside the card.
+    stats: dict[str, Any] = {"funnel": {"users": [], "queries": []}}
+    users_funnel, queries_funnel = stats["funnel"]["users"], stats["funnel"]["queries"]
+    if sources.filter_report:
+        report = _read_filter_report(sources.filter_report)
+        # An older report may lack a figure: it is left out, not made up (nor a reason to stop).
+        for key, stage in (("users_in", "read by filter"), ("kept", "kept by filter")):
+            if isinstance(report.get(key), int):
+                users_funnel.append({"stage": stage, "count": report[key]})
+    if sources.personas:
+        personas = _rows(sources.personas, _PersonaRow, "persona")
+        eligible = [row for row in personas if row.eligible]
+        profiles = [p for row in eligible if (p := _profile(row))]
+        users_funnel += [
+            {"stage": "persona written", "count": len(personas)},
+            {"stage": "eligible, with Big Five", "count": len(profiles)},
+        ]
+        stats["big_five"] = {"users": len(profiles), "levels": _level_counts(profiles)}
+    if sources.queries:
+        rows = _rows(sources.queries, _QueriesRow, "queries")
+        accepted = [(row, q) for row in rows for q in row.queries]
+        generated = accepted + [(row, q) for row in rows for q in row.rejected_queries]
+        users_funnel.append({"stage": "with an accepted query", "count": sum(bool(r.queries) for r in rows)})
+        queries_funnel += [
+            {"stage": "generated", "count": len(generated)},
+            {"stage": "accepted", "count": len(accepted)},
+        ]
+        per_user = [len(row.queries) for row in rows]
+        lengths = [len(q.query) for _, q in accepted]
+        cited = [len(q.memory_ids) for _, q in accepted]
+        categories = Counter(q.category for _, q in accepted)
+        stats["queries"] = {
+            "accepted": len(accepted),
+            "categories": {c: categories.get(c, 0) for c in sorted(categories, key=_category_order)},
+            "languages": _most_first(Counter(row.language or "unknown" for row, _ in accepted)),
+            "per_user": {"users": len(per_user), **_spread(per_user), "counts": _counts(per_user)},
+            "length": {**_spread(lengths), "bins": _length_bins(lengths)},
+            "memories_cited": {**_spread(cited), "counts": _counts(cited)},
+        }
+        stats["checks"] = {}
+        for name in CHECKS:
+            results = [q.checks[name] for _, q in generated if isinstance(q.checks.get(name), bool)]
+            if results:
+                passed = sum(results)
+                stats["checks"][name] = {
+                    "passed": passed,
+                    "of": len(results),
+                    "rate": round(passed / len(results), 4),
+                }
+    if sources.splits:
+        settings = _split_users(sources.splits)
+        if settings:
+            first = next(iter(settings.values()))
+            users_funnel.append({"stage": "in the splits", "count": sum(len(first[part]) for part in PARTS)})
+        stats["splits"] = {
+            setting: {
+                part: {
+                    "users": len(rows),
+                    "queries": sum(len(row.queries) for row in rows),
+                    "levels": _level_counts([p for row in rows if (p := _profile(row))]),
+                }
+                for part, rows in parts.items()
+            }
+            for setting, parts in settings.items()
+        }
+    return stats
+
+
+def _most_first(counts: Counter[str]) -> dict[str, int]:
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+def _category_order(category: str) -> tuple[int, str]:
+    return (CATEGORIES.index(category) if category in CATEGORIES else len(CATEGORIES), category)
+
+
+# --- the plots -------------------------------------------------------------------------------------
+
+FIGURE_SIZE = (9.0, 3.2)  # inches
+DPI = 100
+LEVEL_COLORS = {"low": "#9ecae1", "medium": "#4292c6", "high": "#08519c"}
+BAR = "#4292c6"
+
+
+def _figure(columns: int, rows: int = 1, height: float = FIGURE_SIZE[1]):
+    # matplotlib is imported here: it takes a few hundred ms, which `--help` should not pay.
+    # Figure + the Agg canvas directly: no pyplot global state, no interactive backend.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(FIGURE_SIZE[0], height * rows), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(rows, columns, squeeze=False)
+    return figure, axes
+
+
+def _png(figure) -> bytes:
+    buffer = io.BytesIO()
+    # No "Software" (matplotlib's version) in the PNG: the same stats give the same bytes.
+    figure.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def _bars(axis, labels: list[str], values: list[float], title: str, horizontal: bool = False) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    positions = range(len(labels))
+    if all(isinstance(value, int) for value in values):  # counts: whole-number ticks
+        (axis.xaxis if horizontal else axis.yaxis).set_major_locator(MaxNLocator(integer=True))
+    if horizontal:
+        axis.barh(positions, values, color=BAR)
+        axis.set_yticks(list(positions), labels)
+        axis.invert_yaxis()
+        for y, value in zip(positions, values, strict=True):
+            axis.annotate(f"{value:g}", (value, y), xytext=(3, 0), textcoords="offset points", va="center")
+    else:
+        axis.bar(positions, values, color=BAR)
+        axis.set_xticks(list(positions), labels)
+        for x, value in zip(positions, values, strict=True):
+            axis.annotate(f"{value:g}", (x, value), xytext=(0, 2), textcoords="offset points", ha="center")
+    axis.set_title(title, fontsize=10)
+    axis.margins(x=0.15 if horizontal else 0.05, y=0.05 if horizontal else 0.15)
+
+
+def _level_bars(axis, levels: dict[str, dict[str, float]], title: str, share: bool) -> None:
+    """Grouped bars: per trait, one bar per level."""
+    width = 0.27
+    for offset, level in enumerate(LEVELS):
+        values = [levels[trait][level] for trait in BIG_FIVE]
+        xs = [i + (offset - 1) * width for i in range(len(BIG_FIVE))]
+        axis.bar(xs, values, width, color=LEVEL_COLORS[level], label=level)
+    axis.set_xticks(range(len(BIG_FIVE)), [t[:5] + "." if len(t) > 6 else t for t in BIG_FIVE], fontsize=8)
+    axis.set_title(title, fontsize=10)
+    top = 1 if share else max((n for counts in levels.values() for n in counts.values()), default=0) or 1
+    axis.set_ylim(0, top * 1.25)  # room for the legend above the bars
+    if not share:
+        from matplotlib.ticker import MaxNLocator
+
+        axis.yaxis.set_major_locator(MaxNLocator(integer=True))
+    axis.legend(fontsize=7, frameon=False, ncols=3, loc="upper center")
+
+
+def _shares(levels: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
+    return {
+        trait: {lv: (n / total if (total := sum(counts.values())) else 0.0) for lv, n in counts.items()}
+        for trait, counts in levels.items()
+    }
+
+
+def figure_names(stats: dict[str, Any]) -> list[str]:
+    """The plots `render_figures` draws for these stats (a missing part of the build has none)."""
+    names = ["funnel.png"] if stats["funnel"]["users"] else []
+    names += ["big_five.png"] if "big_five" in stats else []
+    names += [f"big_five_{setting}.png" for setting in stats.get("splits") or {}]
+    names += ["queries.png", "query_shape.png"] if "queries" in stats else []
+    names += ["checks.png"] if stats.get("checks") else []
+    return names
+
+
+def render_figures(stats: dict[str, Any]) -> dict[str, bytes]:
+    """PNG plots (file name -> bytes) drawn from `compute_stats`' dict alone."""
+    return {name: _png(_draw(name, stats)) for name in figure_names(stats)}
+
+
+def _draw(name: str, stats: dict[str, Any]):
+    if name == "funnel.png":
+        users, queries = stats["funnel"]["users"], stats["funnel"]["queries"]
+        figure, axes = _figure(2 if queries else 1)
+        labels, counts = [s["stage"] for s in users], [s["count"] for s in users]
+        _bars(axes[0][0], labels, counts, "Users through the build", horizontal=True)
+        if queries:
+            _bars(axes[0][1], [s["stage"] for s in queries], [s["count"] for s in queries], "Queries")
+    elif name == "big_five.png":
+        figure, axes = _figure(1)
+        title = f"Big Five levels of all {stats['big_five']['users']} users with a persona"
+        _level_bars(axes[0][0], stats["big_five"]["levels"], title, share=False)
+    elif name.startswith("big_five_"):
+        setting = name.removeprefix("big_five_").removesuffix(".png")
+        parts = stats["splits"][setting]
+        figure, axes = _figure(len(parts))
+        for axis, (part, data) in zip(axes[0], parts.items(), strict=True):
+            users = f"{data['users']} user" + ("" if data["users"] == 1 else "s")
+            title = f"{setting} {part}: {users} (share per level)"
+            _level_bars(axis, _shares(data["levels"]), title, share=True)
+    elif name == "queries.png":
+        queries = stats["queries"]
+        figure, axes = _figure(3)
+        categories = queries["categories"]
+        _bars(axes[0][0], list(categories), list(categories.values()), "Queries per category")
+        top = list(queries["languages"].items())[:8]
+        _bars(axes[0][1], [code for code, _ in top], [n for _, n in top], "Queries per language")
+        counts = queries["per_user"]["counts"]
+        _bars(axes[0][2], list(counts), list(counts.values()), "Users by accepted queries")
+    elif name == "query_shape.png":
+        queries = stats["queries"]
+        figure, axes = _figure(2)
+        bins = queries["length"]["bins"]
+        _bars(axes[0][0], list(bins), list(bins.values()), "Queries by length (characters)")
+        axes[0][0].tick_params(axis="x", labelsize=7)
+        cited = queries["memories_cited"]["counts"]
+        _bars(axes[0][1], list(cited), list(cited.values()), "Queries by memories cited")
+    else:  # checks.png
+        checks = stats["checks"]
+        figure, axes = _figure(1)
+        rates = [c["rate"] for c in checks.values()]
+        _bars(axes[0][0], list(checks), rates, "Pass rate of each check over the generated queries", True)
+        axes[0][0].set_xlim(0, 1.15)
+    return figure
+
+
+# --- the command -----------------------------------------------------------------------------------
+
+
+def write_stats(processed: Path, out: Path) -> StatsResult:
+    """`personaemp stats`: compute the build's statistics once, write stats.json and the plots
+    (each file atomically) into `out`; nothing is written if a file cannot be read."""
+    sources = sources_in(Path(processed))
+    stats = compute_stats(sources)
+    figures = render_figures(stats)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out}: not a folder", "pass a folder for --out")
+    files = []
+    for name, data in figures.items():
+        with atomic_output(out / FIGURE_DIR / name) as handle:
+            handle.write(data)
+        files.append(f"{FIGURE_DIR}/{name}")
+    write_json_atomic(out / STATS_FILE, stats)
+    files.append(STATS_FILE)
+    return StatsResult(stats=stats, sources=sources, out=out, files=files)

@@ -1,0 +1,271 @@
+"""`personaemp stats` (personaemp.stages.stats) and the statistics in the dataset card.
+
+A small hand-made build (filter report, personas, queries, real splits) whose figures are
+worked out by hand below; the card is checked against the stats.json published beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import write_json, write_jsonl
+from test_publish import load, user_row, write_reports
+from typer.testing import CliRunner
+
+from personaemp.cli import app
+from personaemp.stages.publish import publish
+from personaemp.stages.split import split_users
+from personaemp.stages.stats import compute_stats, sources_in, write_stats
+from personaemp.workspace import record_stage
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def query(row: dict, category: str, text: str, cited: int, emotional: bool) -> dict:
+    ids = [m["memory_id"] for m in row["memories"]][:cited]
+    return {
+        "query_id": f"{row['user_id']}-{category}",
+        "category": category,
+        "situation": {"topic": "t", "text": "s", "memory_ids": ids},
+        "query": text,
+        "memory_ids": ids,
+        "checks": {"emotional_support": emotional, "length_ok": True, "language": "en", "passed": emotional},
+    }
+
+
+def build(processed: Path) -> Path:
+    """Three users with a persona (profiles A, B, A) and one ineligible; five queries
+    generated, three accepted (20, 150 and 99 characters citing 1, 2 and 3 memories)."""
+    u1, u2, u3 = user_row("u1", "A", 0, language="ru"), user_row("u2", "B", 0), user_row("u3", "A", 0)
+    u4 = user_row("u4", "B", 0, eligible=False)
+    u1["queries"] = [query(u1, "ES", "x" * 20, 1, True), query(u1, "HEQ", "y" * 150, 2, True)]
+    u1["rejected_queries"] = [query(u1, "SS", "z" * 40, 1, False)]
+    u2["queries"] = [query(u2, "SS", "w" * 99, 3, True)]
+    u3["rejected_queries"] = [query(u3, "ES", "v" * 30, 1, False)]
+    personas = [
+        {k: v for k, v in row.items() if k not in ("queries", "rejected_queries")} for row in (u1, u2, u3, u4)
+    ]
+    write_jsonl(processed / "personas.jsonl", personas)
+    write_jsonl(processed / "queries.jsonl", [u1, u2, u3])
+    write_reports(processed)  # filter_report.json (4,321 read, 1,234 kept) and the manifest
+    write_json(processed / "filter_report.json", {"users_in": 10, "kept": 5, "dropped": {}})
+    split_users(processed / "queries.jsonl", processed / "splits", ood=True, k=2, seed=1, test_size=0.5)
+    return processed
+
+
+@pytest.fixture
+def processed(tmp_path) -> Path:
+    return build(tmp_path / "processed")
+
+
+A = {"openness": "high", "conscientiousness": "high", "extraversion": "high", "agreeableness": "low",
+     "neuroticism": "low"}  # fmt: skip
+
+
+def test_figures_of_a_hand_made_build(processed):
+    stats = compute_stats(sources_in(processed))
+
+    assert stats["funnel"]["users"] == [
+        {"stage": "read by filter", "count": 10},
+        {"stage": "kept by filter", "count": 5},
+        {"stage": "persona written", "count": 4},
+        {"stage": "eligible, with Big Five", "count": 3},
+        {"stage": "with an accepted query", "count": 2},
+        {"stage": "in the splits", "count": 2},
+    ]
+    assert stats["funnel"]["queries"] == [
+        {"stage": "generated", "count": 5},
+        {"stage": "accepted", "count": 3},
+    ]
+    # u1 and u3 are profile A (high, high, high, low, low), u2 profile B (low, medium, low, high, high)
+    assert stats["big_five"] == {
+        "users": 3,
+        "levels": {
+            "openness": {"low": 1, "medium": 0, "high": 2},
+            "conscientiousness": {"low": 0, "medium": 1, "high": 2},
+            "extraversion": {"low": 1, "medium": 0, "high": 2},
+            "agreeableness": {"low": 2, "medium": 0, "high": 1},
+            "neuroticism": {"low": 2, "medium": 0, "high": 1},
+        },
+    }
+    queries = stats["queries"]
+    assert queries["accepted"] == 3
+    assert queries["categories"] == {"ES": 1, "HEQ": 1, "SS": 1}
+    assert queries["languages"] == {"ru": 2, "en": 1}  # the user's language, per accepted query
+    assert queries["per_user"] == {
+        "users": 3, "mean": 1.0, "median": 1.0, "min": 0, "max": 2, "counts": {"0": 1, "1": 1, "2": 1}
+    }  # fmt: skip
+    assert queries["length"] == {
+        "mean": 89.67, "median": 99.0, "min": 20, "max": 150,
+        "bins": {"0-99": 2, "100-199": 1, "200-299": 0, "300-399": 0, "400-599": 0, "600-799": 0,
+                 "800-999": 0, "1000+": 0},
+    }  # fmt: skip
+    assert queries["memories_cited"] == {
+        "mean": 2.0, "median": 2.0, "min": 1, "max": 3, "counts": {"1": 1, "2": 1, "3": 1}
+    }  # fmt: skip
+    # over the five generated queries: the two rejected ones failed emotional_support
+    assert stats["checks"] == {
+        "emotional_support": {"passed": 3, "of": 5, "rate": 0.6},
+        "length_ok": {"passed": 5, "of": 5, "rate": 1.0},
+    }
+    splits = stats["splits"]
+    assert sorted(splits) == ["ood", "random"]
+    for parts in splits.values():
+        assert sum(part["users"] for part in parts.values()) == 2
+        assert sum(part["queries"] for part in parts.values()) == 3
+    ood_test = splits["ood"]["test"]
+    assert ood_test["users"] == 1  # k=2 over two profiles: one user held out
+    held_out = {
+        trait: next(lv for lv, n in counts.items() if n) for trait, counts in ood_test["levels"].items()
+    }
+    train = splits["ood"]["train"]["levels"]
+    assert all(train[trait][level] == 0 for trait, level in held_out.items() if trait == "openness")
+    assert held_out in (A, {"openness": "low", "conscientiousness": "medium", "extraversion": "low",
+                            "agreeableness": "high", "neuroticism": "high"})  # fmt: skip
+
+
+def test_stats_command_writes_stats_json_and_plots_byte_identical_on_rerun(processed, tmp_path):
+    out = tmp_path / "stats"
+    result = CliRunner().invoke(app, ["stats", "--processed", str(processed), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "read by filter 10 → kept by filter 5" in result.output
+    assert "emotional_support 60%" in result.output
+    written = json.loads((out / "stats.json").read_text(encoding="utf-8"))
+    assert written == compute_stats(sources_in(processed))
+    names = sorted(p.name for p in (out / "figures").iterdir())
+    assert names == sorted(["funnel.png", "big_five.png", "big_five_random.png", "big_five_ood.png",
+                            "queries.png", "query_shape.png", "checks.png"])  # fmt: skip
+    first = {name: (out / "figures" / name).read_bytes() for name in names}
+    for data in first.values():
+        assert data.startswith(PNG)
+        assert b"matplotlib" not in data  # no Software chunk naming the version
+    result = CliRunner().invoke(app, ["stats", "--processed", str(processed), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert {name: (out / "figures" / name).read_bytes() for name in names} == first
+
+
+def test_a_bad_queries_line_exits_2_naming_it_and_writes_nothing(processed, tmp_path):
+    out = tmp_path / "stats"
+    write_stats(processed, out)
+    before = (out / "stats.json").read_bytes()
+    lines = (processed / "queries.jsonl").read_text(encoding="utf-8").splitlines()
+    lines[1] = lines[1][:-1]  # the second row loses its closing brace
+    (processed / "queries.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["stats", "--processed", str(processed), "--out", str(out)])
+    assert result.exit_code == 2
+    assert f"{processed / 'queries.jsonl'}:2: not valid JSON" in result.output
+    assert (out / "stats.json").read_bytes() == before
+
+
+def test_a_row_that_is_not_a_queries_row_exits_2(processed, tmp_path):
+    write_jsonl(processed / "queries.jsonl", [{"user_id": "u1", "queries": [{"category": "ES"}]}])
+    result = CliRunner().invoke(app, ["stats", "--processed", str(processed), "--out", str(tmp_path / "s")])
+    assert result.exit_code == 2
+    assert "queries.jsonl:1: not a queries row (queries.0.query: Field required)" in result.output
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("make", ["missing", "empty"])
+def test_no_build_to_describe_exits_2(tmp_path, make):
+    folder = tmp_path / "processed"
+    if make == "empty":
+        folder.mkdir()
+    result = CliRunner().invoke(app, ["stats", "--processed", str(folder), "--out", str(tmp_path / "s")])
+    assert result.exit_code == 2
+    assert str(folder) in result.output and "Traceback" not in result.output
+
+
+def test_a_build_that_stopped_after_the_filter_has_its_funnel_only(tmp_path):
+    processed = tmp_path / "processed"
+    write_json(processed / "filter_report.json", {"users_in": 7, "kept": 3})
+    result = write_stats(processed, tmp_path / "s")
+    users = [{"stage": "read by filter", "count": 7}, {"stage": "kept by filter", "count": 3}]
+    assert result.stats == {"funnel": {"users": users, "queries": []}}
+    assert result.files == ["figures/funnel.png", "stats.json"]
+
+
+def test_files_are_found_through_the_manifest(processed, tmp_path):
+    """A stage's --output elsewhere: the manifest names it, not the default file name."""
+    moved = tmp_path / "elsewhere" / "my_personas.jsonl"
+    moved.parent.mkdir()
+    (processed / "personas.jsonl").rename(moved)
+    record_stage(moved, "infer-persona", report=None, failures=None, full=True)
+    # the manifest beside the processed outputs is the one stats reads: point it there too
+    record_stage(
+        processed / "queries.jsonl", "gen-queries", report=None, failures=None, full=True, input=moved
+    )
+    manifest = json.loads((processed / "manifest.json").read_text())
+    manifest["infer-persona"] = {"output": str(moved), "full": True}
+    (processed / "manifest.json").write_text(json.dumps(manifest))
+    assert sources_in(processed).personas == moved
+    assert compute_stats(sources_in(processed))["big_five"]["users"] == 3
+
+
+def table_rows(card: str, header: str) -> list[list[str]]:
+    """The rows of the Markdown table whose header line is `header`."""
+    lines = card.splitlines()
+    start = lines.index(header) + 2
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_the_card_shows_the_plots_and_the_figures_of_the_stats_json_beside_it(processed, tmp_path):
+    out = tmp_path / "dataset"
+    publish(processed / "splits", out=out)
+    card = (out / "README.md").read_text(encoding="utf-8")
+    stats = json.loads((out / "stats.json").read_text(encoding="utf-8"))
+    # the same computation as `personaemp stats` on the same build
+    assert stats == write_stats(processed, tmp_path / "stats").stats
+
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", card)
+    assert images == [
+        "figures/funnel.png", "figures/big_five.png", "figures/big_five_random.png",
+        "figures/big_five_ood.png", "figures/queries.png", "figures/query_shape.png", "figures/checks.png",
+    ]  # fmt: skip
+    for image in images:  # relative links to files of the repository
+        assert (out / image).read_bytes().startswith(PNG)
+    assert (out / "figures" / "funnel.png").read_bytes() == (
+        tmp_path / "stats" / "figures" / "funnel.png"
+    ).read_bytes()
+
+    funnel = [[unit, stage, int(n)] for unit, stage, n in table_rows(card, "| unit | stage | count |")]
+    assert funnel == [["users", s["stage"], s["count"]] for s in stats["funnel"]["users"]] + [
+        ["queries", s["stage"], s["count"]] for s in stats["funnel"]["queries"]
+    ]
+    assert funnel[0] == ["users", "read by filter", 10]
+    levels = table_rows(card, "| users | split | count | trait | low | medium | high |")
+    all_users = {row[3]: [int(n) for n in row[4:]] for row in levels if row[0] == "all"}
+    assert all_users == {t: list(c.values()) for t, c in stats["big_five"]["levels"].items()}
+    for setting, parts in stats["splits"].items():
+        for part, data in parts.items():
+            got = {row[3]: [int(n) for n in row[4:]] for row in levels if row[:2] == [setting, part]}
+            assert got == {t: list(c.values()) for t, c in data["levels"].items()}
+    checks = {
+        row[0]: (int(row[1]), int(row[2])) for row in table_rows(card, "| check | passed | of | rate |")
+    }
+    assert checks == {name: (c["passed"], c["of"]) for name, c in stats["checks"].items()}
+    figures = dict(table_rows(card, "| figure | value |"))
+    assert figures["per category"] == "ES 1, HEQ 1, SS 1"
+    assert figures["per language (the user's)"] == "ru 2, en 1"
+    assert figures["length in characters: mean, median, min, max"] == "89.67, 99, 20, 150"
+
+    data = load(out, "random", tmp_path / "cache")  # the plots and stats.json do not disturb loading
+    assert sum(len(part) for part in data.values()) == 3
+
+
+def test_a_second_dry_run_keeps_the_plots_listed_and_drops_stale_ones(processed, tmp_path):
+    out = tmp_path / "dataset"
+    publish(processed / "splits", out=out)
+    (processed / "queries.jsonl").unlink()  # the split's input is gone: no query plots
+    publish(processed / "splits", out=out)
+    assert not (out / "figures" / "queries.png").exists()
+    assert (out / "figures" / "funnel.png").exists()
+    listed = json.loads((out / ".personaemp-export.json").read_text())["files"]
+    assert "stats.json" in listed and "figures/funnel.png" in listed and "figures/queries.png" not in listed
