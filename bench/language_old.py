@@ -62,20 +62,3 @@ def detect_language(text: str) -> str | None:
     if not scores:
         return None
     return max(sorted(scores), key=lambda lang: (scores[lang], lang == "en"))
-
-
-LANGUAGE_NAMES = {
-    "en": "English", "zh": "Chinese", "ru": "Russian", "es": "Spanish", "pt": "Portuguese",
-    "fr": "French", "de": "German", "it": "Italian", "ja": "Japanese", "ko": "Korean",
-    "ar": "Arabic", "tr": "Turkish", "pl": "Polish", "nl": "Dutch", "id": "Indonesian",
-    "vi": "Vietnamese", "el": "Greek", "hi": "Hindi", "he": "Hebrew", "th": "Thai",
-}  # fmt: skip
-_NAMES = {name.lower(): code for code, name in LANGUAGE_NAMES.items()}
-
-
-def normalize_language(value: object) -> str | None:
-    """Map a source's language field ('English', 'en', 'EN-us') to an ISO 639-1 code."""
-    if not isinstance(value, str) or not value.strip():
-        return None
-    value = value.strip().lower()
-    return _NAMES.get(value) or value.split("-")[0].split("_")[0][:3]
