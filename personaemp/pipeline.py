@@ -158,7 +158,8 @@ def run_persona_and_queries(options: RunOptions, console: Console, env: Mapping[
 
 def _import_in_background(*modules: str):
     """Import what later stages need while the LLM stages wait on the endpoint: kmodes
-    (scikit-learn) and datasets took 3 of the 8 s of a `run` with nothing left to ask."""
+    (scikit-learn), datasets and matplotlib took 3.5 of the 9 s of a `run` with nothing
+    left to ask."""
     import importlib
     import threading
 
@@ -347,7 +348,10 @@ def run_pipeline(
     console.rule("filter")
     result.reports["filter"] = run_filter(options.filter, console)
     if chains(options):
-        importing = _import_in_background("kmodes.kmodes", "datasets")  # for split and push, later
+        # For split, stats and push, later.
+        importing = _import_in_background(
+            "kmodes.kmodes", "datasets", "matplotlib.figure", "matplotlib.backends.backend_agg"
+        )
         console.rule("infer-persona → gen-queries")
         reports = run_persona_and_queries(options, console, env)
         result.reports["infer-persona"], result.reports["gen-queries"] = reports
