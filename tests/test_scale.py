@@ -20,7 +20,7 @@ from personaemp.errors import InputError
 from personaemp.io import read_stage_rows
 from personaemp.llm.settings import LLMSettings
 from personaemp.options import LLMOptions, PathsOptions, RunOptions, SplitOptions
-from personaemp.pipeline import run_pipeline
+from personaemp.pipeline import run_filter, run_persona_and_queries, run_pipeline
 from personaemp.records import User
 from personaemp.stages.filter import filter_users
 from personaemp.stages.merge import shard_of
@@ -67,15 +67,15 @@ def test_run_starts_gen_queries_before_the_last_persona_and_writes_what_the_stag
             llm=LLMOptions(base_url=[server.base_url], model="fake", concurrency=2),
             split=SplitOptions(ood=False),
         )
-        result = run_pipeline(options, QUIET)
+        result = run_pipeline(options, QUIET)  # the whole run once: the chain is what it uses
         steps = [step_of(request.body) for request in server.chat_requests]
         assert steps.index("gen-queries") < len(steps) - 1 - steps[::-1].index("persona")
 
         sent = server.count
-        again = run_pipeline(options, QUIET)
+        again = run_persona_and_queries(options, QUIET)
         assert server.count == sent, "a re-run sends nothing"
-        assert again.reports["infer-persona"].outcome.done == 0
-        assert again.reports["gen-queries"].outcome.done_before == result.reports["gen-queries"].outcome.units
+        assert again[0].outcome.done == 0
+        assert again[1].outcome.done_before == result.reports["gen-queries"].outcome.units
         # The command alone finds every row the chain wrote finished (same input hashes).
         settings = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=processed / ".personaemp")
         alone, _ = generate_queries(processed / "personas.jsonl", processed / "queries.jsonl", settings)
@@ -108,12 +108,13 @@ def test_a_stopped_chain_keeps_what_both_stages_finished(tmp_path):
         budget = 30  # requests answered before every later one fails
         healthy = server.responder
         server.responder = lambda body, n: healthy(body, n) if n <= budget else server_error(500)
+        run_filter(options.filter, QUIET)
         with pytest.raises(Exception, match="failed 8 requests in a row"):
-            run_pipeline(options, QUIET)
+            run_persona_and_queries(options, QUIET)
         finished = len(read_jsonl(processed / "personas.jsonl")), len(read_jsonl(processed / "queries.jsonl"))
         assert finished[0] > 0 and finished[1] > 0
         server.responder = healthy
-        run_pipeline(options, QUIET)
+        run_persona_and_queries(options, QUIET)
         one_stage_at_a_time(tmp_path / "alone", server.base_url)
     for name in ("personas.jsonl", "queries.jsonl"):
         assert comparable(processed / name) == comparable(tmp_path / "alone" / name), name
