@@ -285,6 +285,8 @@ def test_pipeline_end_to_end_then_resumes_without_requests(tmp_path, server):
     result = run_pipeline(config, quiet)
 
     assert server.count > 0
+    quiet.file.flush()
+    assert "infer-persona → gen-queries" in (tmp_path / "console.txt").read_text(), "the chained LLM stages"
     for name in ("filtered.jsonl", "filter_report.json", "personas.jsonl", "queries.jsonl"):
         assert (processed / name).is_file(), name
     assert (processed / ".personaemp" / "run_report.json").is_file()
