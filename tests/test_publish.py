@@ -150,10 +150,12 @@ def _plots_not_drawn(monkeypatch):
     """The plots are drawn and checked in tests/test_stats.py; drawing them for each of the
     many pushes here would cost about a second each. Their names (so the files, the card's
     links and the export list) are the real ones."""
-    from personaemp.stages import publish as stage
-    from personaemp.stages.stats import figure_names
+    from personaemp.stages import stats as stage
 
-    monkeypatch.setattr(stage, "render_figures", lambda stats: {n: b"\x89PNG" for n in figure_names(stats)})
+    monkeypatch.setattr(
+        stage, "render_figures", lambda stats: {n: b"\x89PNG" for n in stage.figure_names(stats)}
+    )
+    monkeypatch.setattr(stage, "_DRAWN", {})  # nor reuse drawings of another test
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_ato
 from personaemp.records import BIG_FIVE, DIMENSIONS
 from personaemp.stages.dataset_card import render_card
 from personaemp.stages.split import REPORT_FILE, SETTINGS_WRITTEN, check_queries_row, profile_of
-from personaemp.stages.stats import FIGURE_DIR, STATS_FILE, compute_stats, render_figures, sources_of_split
+from personaemp.stages.stats import FIGURE_DIR, STATS_FILE, sources_of_split, stats_and_figures
 from personaemp.workspace import stage_chain
 
 SETTINGS = SETTINGS_WRITTEN  # the configs, one per split setting
@@ -491,8 +491,8 @@ def publish(
         if lacking:
             facts["warnings"].append(f"{criteria}: no criteria for {lacking} published queries (empty lists)")
     # The build's statistics, computed once: the card's tables, its plots and stats.json.
-    stats = compute_stats(sources_of_split(splits_dir, split_report))
-    extra = {f"{FIGURE_DIR}/{name}": data for name, data in render_figures(stats).items()}
+    stats, figures = stats_and_figures(sources_of_split(splits_dir, split_report))
+    extra = {f"{FIGURE_DIR}/{name}": data for name, data in figures.items()}
     card = render_card(facts, include_dialogue, stats, list(extra))
     extra[STATS_FILE] = msgspec.json.format(msgspec.json.encode(stats), indent=2) + b"\n"
     if out is not None:
