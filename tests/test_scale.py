@@ -232,3 +232,17 @@ def test_per_user_schemas_leave_the_step_schema_as_it_was():
     evidence = lambda schema: schema["$defs"]["TraitReply"]["properties"]["evidence"]["items"]  # noqa: E731
     assert evidence(first)["enum"] == ["m1", "m2"] and evidence(second)["enum"] == ["m9"]
     assert json.dumps(PERSONA_STEP.schema) == before
+
+
+def test_a_shard_summarizes_its_own_personas(tmp_path):
+    """Before: infer-persona --shard counted the personas of the unsharded output file."""
+    filter_users(str(SAMPLE_TASK1), tmp_path / "filtered.jsonl", console=QUIET)
+    with FakeOpenAI(responder=order_free_responder()) as server:
+        settings = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=tmp_path / "work")
+        _, summary = infer_personas(
+            tmp_path / "filtered.jsonl", tmp_path / "personas.jsonl", settings, shard="2/3", console=QUIET
+        )
+    rows = read_jsonl(tmp_path / "personas.shard-2-of-3.jsonl")
+    assert rows and not (tmp_path / "personas.jsonl").exists()
+    assert summary.users_in == len(rows) == summary.eligible + summary.ineligible
+    assert summary.eligible == sum(row["eligible"] for row in rows)

@@ -251,7 +251,7 @@ def infer_personas(
         require_depth=require_depth, shard=shard,
     )  # fmt: skip
     report = run_stage(plan, settings=settings, console=console)
-    return report, summarize(output_path, plan.picked())
+    return report, summarize(plan.output, plan.picked())
 
 
 def persona_stage(
