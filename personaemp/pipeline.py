@@ -72,17 +72,9 @@ def run_persona(
     from personaemp.stages import persona as stage
 
     report, summary = stage.infer_personas(
-        options.input,
-        options.output,
-        llm_settings(llm, env),
-        limit=options.limit,
-        users=options.users,
-        retry_failed=llm.retry_failed,
-        require_depth=options.require_depth,
-        full=full,
-        shard=options.shard,
+        options.input, options.output, llm_settings(llm, env), **_persona_args(options, llm), full=full,
         console=console,
-    )
+    )  # fmt: skip
     summaries.print_stage_report(report, console)
     if report.estimate is None and not summaries.waits_for_a_batch(report):
         summaries.print_persona_summary(summary, console)
@@ -100,31 +92,35 @@ def run_queries(
     from personaemp.stages import queries as stage
 
     report, funnel = stage.generate_queries(
-        options.input,
-        options.output,
-        llm_settings(llm, env),
-        options=_query_options(options),
-        limit=options.limit,
-        users=options.users,
-        retry_failed=llm.retry_failed,
-        full=full,
-        shard=options.shard,
+        options.input, options.output, llm_settings(llm, env), **_queries_args(options, llm), full=full,
         console=console,
-    )
+    )  # fmt: skip
     summaries.print_stage_report(report, console)
     if report.estimate is None and not summaries.waits_for_a_batch(report):
         summaries.print_query_funnel(funnel, console)
     return report
 
 
-def _query_options(options: QueriesOptions):
+def _persona_args(options: PersonaOptions, llm: LLMOptions) -> dict[str, Any]:
+    """infer-persona's arguments from its options, for the command and for `run`'s chain."""
+    return {
+        "limit": options.limit, "users": options.users, "retry_failed": llm.retry_failed,
+        "require_depth": options.require_depth, "shard": options.shard,
+    }  # fmt: skip
+
+
+def _queries_args(options: QueriesOptions, llm: LLMOptions) -> dict[str, Any]:
+    """gen-queries' arguments from its options, for the command and for `run`'s chain."""
     from personaemp.stages.queries import QueryOptions
 
-    return QueryOptions(
-        categories=tuple(options.categories),
-        per_category=options.per_category,
-        **({"enforce": tuple(options.enforce)} if options.enforce is not None else {}),
-    )
+    enforce = {"enforce": tuple(options.enforce)} if options.enforce is not None else {}
+    return {
+        "options": QueryOptions(
+            categories=tuple(options.categories), per_category=options.per_category, **enforce
+        ),
+        "limit": options.limit, "users": options.users, "retry_failed": llm.retry_failed,
+        "shard": options.shard,
+    }  # fmt: skip
 
 
 def run_persona_and_queries(options: RunOptions, console: Console, env: Mapping[str, str] | None = None):
@@ -136,14 +132,12 @@ def run_persona_and_queries(options: RunOptions, console: Console, env: Mapping[
 
     # In `run`, a [persona] limit is the size of the build, not a quick look: the card quotes it.
     first = persona.persona_stage(
-        options.persona.input, options.persona.output, limit=options.persona.limit,
-        users=options.persona.users, retry_failed=options.llm.retry_failed, full=True,
-        require_depth=options.persona.require_depth, shard=options.persona.shard,
+        options.persona.input, options.persona.output, **_persona_args(options.persona, options.llm),
+        full=True,
     )  # fmt: skip
     second = queries.queries_stage(
-        options.queries.input, options.queries.output, options=_query_options(options.queries),
-        limit=options.queries.limit, users=options.queries.users, retry_failed=options.llm.retry_failed,
-        full=True, shard=options.queries.shard, chained=True,
+        options.queries.input, options.queries.output, **_queries_args(options.queries, options.llm),
+        full=True, chained=True,
     )  # fmt: skip
     reports = run_llm_chain(
         first, second, queries.handoff, lambda: queries.read_personas(options.queries.input)[0],
@@ -356,7 +350,7 @@ def run_pipeline(
         reports = run_persona_and_queries(options, console, env)
         result.reports["infer-persona"], result.reports["gen-queries"] = reports
         importing.join()  # before split forks its workers: no thread may hold the import lock
-        return _split_and_push(options, console, result)
+        return _split_stats_push(options, console, result)
     console.rule("infer-persona")
     # In `run`, a [persona] limit is the size of the build, not a quick look: the card quotes it.
     result.reports["infer-persona"] = run_persona(options.persona, options.llm, console, env, full=True)
@@ -366,10 +360,10 @@ def run_pipeline(
     result.reports["gen-queries"] = run_queries(options.queries, options.llm, console, env, full=True)
     if waits_for_a_batch(result.reports["gen-queries"]):
         return result
-    return _split_and_push(options, console, result)
+    return _split_stats_push(options, console, result)
 
 
-def _split_and_push(options: RunOptions, console: Console, result: PipelineResult) -> PipelineResult:
+def _split_stats_push(options: RunOptions, console: Console, result: PipelineResult) -> PipelineResult:
     console.rule("split")
     result.reports["split"] = run_split(options.split, console)
     console.rule("stats")

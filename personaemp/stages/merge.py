@@ -195,6 +195,7 @@ def _write(path: Path, lines: list[tuple[Path, int]]) -> None:
 def _add_up_reports(path: Path, stage: str, count: int, merged: MergeReport) -> None:
     """The stage's run-report entry: the parts' entries added up (tokens, requests, steps)."""
     from personaemp.io import write_json_atomic
+    from personaemp.llm.accounting import CALLS_KEPT
 
     try:
         report = json.loads(path.read_text(encoding="utf-8"))
@@ -217,7 +218,7 @@ def _add_up_reports(path: Path, stage: str, count: int, merged: MergeReport) -> 
         entry["cost"] = sum(costs) if costs else None
         entry["calls"] = sorted(
             (call for part in parts for call in part.get("calls", [])), key=lambda c: -c["seconds"]
-        )[:200]
+        )[:CALLS_KEPT]
     stages[stage] = entry
     write_json_atomic(path, report)
 
