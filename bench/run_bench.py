@@ -67,13 +67,18 @@ def stats(base_url: str) -> dict:
         return json.load(response)
 
 
-def run(folder: Path) -> float:
-    started = time.perf_counter()
-    subprocess.run(
+def run(folder: Path) -> tuple[float, str]:
+    """The command's wall time, and its closing line of stage times ("run: filter 2.1 s · ...")."""
+    started, launched = time.perf_counter(), time.time()
+    done = subprocess.run(
         [sys.executable, "-m", "personaemp", "run", "--config", str(folder / "personaemp.toml")],
-        cwd=folder, check=True, stdout=subprocess.DEVNULL, stderr=open(folder / "run.log", "a"),  # noqa: SIM115
+        cwd=folder, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    return time.perf_counter() - started
+    wall = time.perf_counter() - started
+    (folder / "run.log").open("a", encoding="utf-8").write(done.stderr)
+    timings = [line for line in done.stderr.splitlines() if line.startswith("run: ")]
+    (folder / "launched").write_text(repr(launched))
+    return wall, timings[-1] if timings else "run: (no stage times printed)"
 
 
 def simulate(
@@ -117,11 +122,12 @@ def main() -> None:
                 f'[llm]\nbase_url = ["{base_url}"]\nmodel = "fake"\nconcurrency = {args.in_flight}\n',
                 encoding="utf-8",
             )
-            wall = run(folder)
+            wall, timings = run(folder)
+            launched = float((folder / "launched").read_text())
             first = stats(base_url)
             processed = folder / "processed"
             report = json.loads((processed / ".personaemp" / "run_report.json").read_text())["stages"]
-            again = run(folder)
+            again, _ = run(folder)
             second = stats(base_url)
             personas = [json.loads(line) for line in (processed / "personas.jsonl").open(encoding="utf-8")]
     finally:
@@ -134,6 +140,7 @@ def main() -> None:
     reasks = sum(step["reasks"] for stage in report.values() for step in stage.get("steps", {}).values())
     print(f"users through the LLM stages: {len(personas)}; requests: {requests} ({reasks} re-asks)")
     print(f"wall of `personaemp run` (start-up, filter, split, push included): {wall:.1f} s")
+    print(f"  in process, {timings.removeprefix('run: ')} (the rest: start-up)")
     print(f"ideal Sum(latency)/{args.in_flight}: {ideal:.1f} s -> ratio {wall / ideal:.3f} (target <= 1.15)")
     bound = total / args.in_flight
     print(
@@ -148,6 +155,13 @@ def main() -> None:
     print(
         f"of which both LLM stages: {llm:.1f} s ({llm / ideal:.3f}x the ideal); a request took "
         f"{client * 1000:.0f} ms seen by the client, {server_mean * 1000:.0f} ms slept by the server"
+    )
+    ends = [start + latency for start, latency in zip(first["started"], first["latencies"], strict=True)]
+    busy = max(ends) - min(first["started"])
+    print(
+        f"the endpoint's first request {min(first['started']) - launched:.1f} s after launch, its last reply "
+        f"{launched + wall - max(ends):.1f} s before the end; in between {busy:.1f} s with "
+        f"{sum(first['latencies']) / busy:.1f} of {args.in_flight} in flight on average"
     )
     print(f"re-run: {second['count'] - requests} requests, wall {again:.1f} s")
 

@@ -10,7 +10,9 @@ pipeline after a crash or an edit redoes only what changed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -39,6 +41,21 @@ from personaemp.summaries import waits_for_a_batch
 @dataclass
 class PipelineResult:
     reports: dict[str, Any] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time of each stage, in order
+
+    @contextmanager
+    def stage(self, name: str, console: Console):
+        """A stage of `run`: its rule before, its wall time kept for the closing line."""
+        console.rule(name)
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = time.perf_counter() - started
+
+    def print_timings(self, console: Console) -> None:
+        parts = " · ".join(f"{name} {seconds:.1f} s" for name, seconds in self.seconds.items())
+        console.print(f"run: {parts} · total {sum(self.seconds.values()):.1f} s")
 
 
 def run_filter(options: FilterOptions, console: Console):
@@ -123,9 +140,15 @@ def _queries_args(options: QueriesOptions, llm: LLMOptions) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def run_persona_and_queries(options: RunOptions, console: Console, env: Mapping[str, str] | None = None):
+def run_persona_and_queries(
+    options: RunOptions,
+    console: Console,
+    env: Mapping[str, str] | None = None,
+    meanwhile: Callable[[], object] | None = None,
+):
     """`run`'s two LLM stages on one engine, a user going on to gen-queries as soon as its
-    persona is written (llm.run.run_llm_chain); each stage's files and report as alone."""
+    persona is written (llm.run.run_llm_chain); each stage's files and report as alone.
+    `meanwhile` is called once the first requests are going out."""
     from personaemp import summaries
     from personaemp.llm.run import run_llm_chain
     from personaemp.stages import persona, queries
@@ -141,7 +164,7 @@ def run_persona_and_queries(options: RunOptions, console: Console, env: Mapping[
     )  # fmt: skip
     reports = run_llm_chain(
         first, second, queries.handoff, lambda: queries.read_personas(options.queries.input)[0],
-        settings=llm_settings(options.llm, env), console=console,
+        settings=llm_settings(options.llm, env), console=console, meanwhile=meanwhile,
     )  # fmt: skip
     summaries.print_stage_report(reports[0], console)
     summaries.print_persona_summary(persona.summarize(first.output, first.picked()), console)
@@ -150,23 +173,33 @@ def run_persona_and_queries(options: RunOptions, console: Console, env: Mapping[
     return reports
 
 
-def _import_in_background(*modules: str):
+class _BackgroundImports:
     """Import what later stages need while the LLM stages wait on the endpoint: kmodes
     (scikit-learn), datasets and matplotlib took 3.5 of the 9 s of a `run` with nothing
-    left to ask."""
-    import importlib
-    import threading
+    left to ask. Started once requests are out: begun before, the thread slowed the LLM
+    stages' own imports and setup (they share the GIL and module locks) by about 2 s."""
 
-    def load() -> None:
-        for module in modules:
+    def __init__(self, *modules: str) -> None:
+        self.modules, self.thread = modules, None
+
+    def start(self) -> None:
+        import threading
+
+        self.thread = threading.Thread(target=self._load, name="personaemp-imports", daemon=True)
+        self.thread.start()
+
+    def _load(self) -> None:
+        import importlib
+
+        for module in self.modules:
             try:
                 importlib.import_module(module)
             except Exception:  # noqa: BLE001 - the stage that needs it reports it properly
                 return
 
-    thread = threading.Thread(target=load, name="personaemp-imports", daemon=True)
-    thread.start()
-    return thread
+    def join(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
 
 
 def chains(options: RunOptions) -> bool:
@@ -338,38 +371,45 @@ def run_pipeline(
         )
     if options.llm.estimate:
         return estimate_pipeline(options, console, env)
-    result = PipelineResult()
-    console.rule("filter")
-    result.reports["filter"] = run_filter(options.filter, console)
+    result = _run_stages(options, console, env, PipelineResult())
+    result.print_timings(console)
+    return result
+
+
+def _run_stages(
+    options: RunOptions, console: Console, env: Mapping[str, str] | None, result: PipelineResult
+) -> PipelineResult:
+    with result.stage("filter", console):
+        result.reports["filter"] = run_filter(options.filter, console)
     if chains(options):
         # For split, stats and push, later.
-        importing = _import_in_background(
+        importing = _BackgroundImports(
             "kmodes.kmodes", "datasets", "matplotlib.figure", "matplotlib.backends.backend_agg"
         )
-        console.rule("infer-persona → gen-queries")
-        reports = run_persona_and_queries(options, console, env)
-        result.reports["infer-persona"], result.reports["gen-queries"] = reports
-        importing.join()  # before split forks its workers: no thread may hold the import lock
+        with result.stage("infer-persona → gen-queries", console):
+            reports = run_persona_and_queries(options, console, env, meanwhile=importing.start)
+            result.reports["infer-persona"], result.reports["gen-queries"] = reports
+            importing.join()  # before split forks its workers: no thread may hold the import lock
         return _split_stats_push(options, console, result)
-    console.rule("infer-persona")
     # In `run`, a [persona] limit is the size of the build, not a quick look: the card quotes it.
-    result.reports["infer-persona"] = run_persona(options.persona, options.llm, console, env, full=True)
+    with result.stage("infer-persona", console):
+        result.reports["infer-persona"] = run_persona(options.persona, options.llm, console, env, full=True)
     if waits_for_a_batch(result.reports["infer-persona"]):
         return result  # --batch: the next stage starts when this one's rounds are done
-    console.rule("gen-queries")
-    result.reports["gen-queries"] = run_queries(options.queries, options.llm, console, env, full=True)
+    with result.stage("gen-queries", console):
+        result.reports["gen-queries"] = run_queries(options.queries, options.llm, console, env, full=True)
     if waits_for_a_batch(result.reports["gen-queries"]):
         return result
     return _split_stats_push(options, console, result)
 
 
 def _split_stats_push(options: RunOptions, console: Console, result: PipelineResult) -> PipelineResult:
-    console.rule("split")
-    result.reports["split"] = run_split(options.split, console)
-    console.rule("stats")
-    result.reports["stats"] = run_stats(options.stats, console)
-    console.rule("push (dry run)" if options.push.is_dry_run else "push")
-    result.reports["push"] = run_push(options.push, console)
+    with result.stage("split", console):
+        result.reports["split"] = run_split(options.split, console)
+    with result.stage("stats", console):
+        result.reports["stats"] = run_stats(options.stats, console)
+    with result.stage("push (dry run)" if options.push.is_dry_run else "push", console):
+        result.reports["push"] = run_push(options.push, console)
     return result
 
 

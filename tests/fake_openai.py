@@ -655,7 +655,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, json.dumps(data).encode())
         elif path == "/stats":  # for benchmarks: the latencies the server slept
             with self.server.fake._lock:
-                stats = {"count": self.server.fake.count, "latencies": list(self.server.fake.latencies)}
+                fake = self.server.fake
+                stats = {
+                    "count": fake.count,
+                    "latencies": list(fake.latencies),
+                    "started": list(fake.started),
+                }
             self._send(200, json.dumps(stats).encode())
         elif path in ("/health", "/v1/health"):
             self._send(200, b'{"status": "ok"}')
@@ -705,6 +710,7 @@ class _Handler(BaseHTTPRequestHandler):
                 seconds = fake.latency()
                 with fake._lock:
                     fake.latencies.append(seconds)
+                    fake.started.append(time.time())
                 fake._wait(seconds)
             if action.kind == "hang":
                 fake._wait(action.seconds)
@@ -812,6 +818,7 @@ class FakeOpenAI:
         self.requests: list[Recorded] = []
         self.errors: list[BaseException] = []  # exceptions raised by the responder / latency
         self.latencies: list[float] = []  # every latency slept, for benchmarks (GET /stats)
+        self.started: list[float] = []  # and when each sleep began (time.time(): the client's clock too)
         self.max_in_flight = 0
         self._in_flight = 0
         self._count = 0

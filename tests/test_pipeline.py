@@ -11,6 +11,7 @@ folder that `datasets.load_dataset` opens.
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from pathlib import Path
 
@@ -359,6 +360,10 @@ ood = true
     assert all(r.headers.get("authorization") == f"Bearer {SECRET}" for r in server.chat_requests)
     assert (processed / "dataset" / "README.md").is_file()
     assert f"wrote {processed / 'dataset'}" in result.stderr
+    # The closing line: every stage's wall time, in order, and their total.
+    closing = result.stderr.strip().splitlines()[-1]
+    stages = "filter", "infer-persona → gen-queries", "split", "stats", r"push \(dry run\)", "total"
+    assert re.fullmatch("run: " + " · ".join(f"{name} [0-9.]+ s" for name in stages), closing), closing
     data = load(processed / "dataset", "ood", tmp_path / "cache")
     assert len(data["train"]) > 0 and len(data["test"]) > 0
     assert SECRET not in result.output

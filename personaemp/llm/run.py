@@ -240,11 +240,13 @@ def run_llm_chain(
     *,
     settings: LLMSettings,
     console: Console | None = None,
+    meanwhile: Callable[[], object] | None = None,
 ) -> tuple[StageReport, StageReport]:
     """Two stages on one engine with no barrier between them (runner.run_chain): a unit
     of `second` starts as soon as `first` writes the row it comes from, so the endpoint is
     kept busy to the end. Each stage writes, resumes and reports as if it had run alone.
-    `second.units` is not read (its input is what `first` writes)."""
+    `second.units` is not read (its input is what `first` writes). `meanwhile` is called
+    as the first requests go out (e.g. to start a thread with work for later)."""
     console = console or Console(stderr=True)
     started = time.perf_counter()
 
@@ -268,6 +270,9 @@ def run_llm_chain(
                 def first_progress(outcome):
                     bars[0](outcome)
                     ended[0] = time.perf_counter()
+
+                if meanwhile is not None:
+                    asyncio.get_running_loop().call_soon(meanwhile)  # once run_chain is under way
 
                 await run_chain(
                     Link(runs[0], first.make_work(engine), first_progress),

@@ -1,0 +1,170 @@
+"""`personaemp run` at scale against a fake endpoint with a real latency: is it kept busy?
+
+The shared AlpsBench sample (../shared/alpsbench) copied --copies times under new ids
+(3: 3,600 users, about 1,100 kept by the filter) goes through the whole `run` command in a
+child process (start-up, filter, both LLM stages, split, push --dry-run: all timed)
+against tests/fake_openai.py in another process, which sleeps a log-normal latency per
+request (median 0.3 s, sigma 0.6) and answers like a capable model. 32 requests in flight.
+
+Prints the wall time against the ideal Sum(latency)/32 (target <= 1.15x), and beside it
+the makespan of a simulated greedy scheduler over the same request chains (each user:
+persona, Big Five if eligible, then situations, queries and checks) and the same latency
+model, with no overhead and no start-up: the bound any client could reach. Then runs the
+command again: it must send 0 requests.
+
+    .venv/bin/python bench/run_bench.py [--copies 3] [--in-flight 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from demo_bench import machine  # noqa: E402
+
+SHARED = ROOT.parent / "shared" / "alpsbench" / "task1"
+
+
+def copy_sample(target: Path, copies: int) -> None:
+    """The shared sample `copies` times under new ids, each copy's first memory marked."""
+    target.mkdir(parents=True)
+    for name in ("model_input.jsonl", "reference_output.jsonl"):
+        with (target / name).open("w", encoding="utf-8") as out:
+            for copy in range(copies):
+                for line in (SHARED / name).read_text(encoding="utf-8").splitlines():
+                    row = json.loads(line)
+                    row["benchmark_id"] = f"{row['benchmark_id']}-c{copy}"
+                    if copy and row.get("gold", {}).get("memory_items"):  # else the cache answers copies
+                        row["gold"]["memory_items"][0]["value"] += f" (copy {copy})"
+                    out.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def start_server(median: float, sigma: float) -> tuple[subprocess.Popen, str]:
+    command = [
+        sys.executable, str(ROOT / "bench" / "capable_server.py"), "--latency-median", str(median),
+        "--latency-sigma", str(sigma), "--seed", "1",
+    ]  # fmt: skip
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    line = server.stdout.readline().strip()
+    if not line.startswith("READY "):
+        server.kill()
+        sys.exit(f"fake server did not start: {line!r}")
+    return server, line.split(" ", 1)[1]
+
+
+def stats(base_url: str) -> dict:
+    with urllib.request.urlopen(base_url.removesuffix("/v1") + "/stats") as response:
+        return json.load(response)
+
+
+def run(folder: Path) -> tuple[float, str]:
+    """The command's wall time, and its closing line of stage times ("run: filter 2.1 s · ...")."""
+    started, launched = time.perf_counter(), time.time()
+    done = subprocess.run(
+        ["/tmp/tools/bin/py-spy", "record", "-r", "200", "-f", "raw", "-o", str(folder / "prof.txt"), "--", sys.executable, "-m", "personaemp", "run", "--config", str(folder / "personaemp.toml")],
+        cwd=folder, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    wall = time.perf_counter() - started
+    (folder / "run.log").open("a", encoding="utf-8").write(done.stderr)
+    timings = [line for line in done.stderr.splitlines() if line.startswith("run: ")]
+    (folder / "launched").write_text(repr(launched))
+    return wall, timings[-1] if timings else "run: (no stage times printed)"
+
+
+def simulate(
+    chains: list[int], slots: int, median: float, sigma: float, seed: int = 1
+) -> tuple[float, float]:
+    """(makespan, sum of latencies) of a greedy scheduler: a free slot takes the next call of
+    a chain whose previous call is done, else starts the next chain; no overhead at all."""
+    rng = random.Random(seed)
+    draw = lambda: median * rng.lognormvariate(0, sigma)  # noqa: E731
+    waiting = list(reversed(chains))  # calls left per chain not started yet
+    ready: list[int] = []  # calls left of chains whose previous call has ended
+    running: list[tuple[float, int]] = []  # (end time, calls left after this one)
+    now, total = 0.0, 0.0
+    while waiting or ready or running:
+        while len(running) < slots and (ready or waiting):
+            left = ready.pop() if ready else waiting.pop()
+            latency = draw()
+            total += latency
+            heapq.heappush(running, (now + latency, left - 1))
+        now, left = heapq.heappop(running)
+        if left:
+            ready.append(left)
+    return now, total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--copies", type=int, default=3)
+    parser.add_argument("--in-flight", type=int, default=32)
+    parser.add_argument("--median", type=float, default=0.3)
+    parser.add_argument("--sigma", type=float, default=0.6)
+    args = parser.parse_args()
+    print(f"machine: {machine()}")
+    server, base_url = start_server(args.median, args.sigma)
+    try:
+        with tempfile.TemporaryDirectory(prefix="personaemp-run-bench-") as name:
+            folder = Path(name)
+            copy_sample(folder / "input", args.copies)
+            (folder / "personaemp.toml").write_text(
+                f'[paths]\ninput = "{folder / "input"}"\nprocessed = "{folder / "processed"}"\n'
+                f'[llm]\nbase_url = ["{base_url}"]\nmodel = "fake"\nconcurrency = {args.in_flight}\n',
+                encoding="utf-8",
+            )
+            wall, timings = run(folder)
+            launched = float((folder / "launched").read_text())
+            first = stats(base_url)
+            processed = folder / "processed"
+            report = json.loads((processed / ".personaemp" / "run_report.json").read_text())["stages"]
+            import shutil; shutil.copy(folder / "prof.txt", "/tmp/prof.txt"); again, _ = run(folder)
+            second = stats(base_url)
+            personas = [json.loads(line) for line in (processed / "personas.jsonl").open(encoding="utf-8")]
+    finally:
+        server.kill()
+        server.wait()
+    requests = first["count"]
+    ideal = sum(first["latencies"]) / args.in_flight
+    chains = [(2 if p["eligible"] else 1) + (3 if p["eligible"] and p["traits"] else 0) for p in personas]
+    makespan, total = simulate(chains, args.in_flight, args.median, args.sigma)
+    reasks = sum(step["reasks"] for stage in report.values() for step in stage.get("steps", {}).values())
+    print(f"users through the LLM stages: {len(personas)}; requests: {requests} ({reasks} re-asks)")
+    print(f"wall of `personaemp run` (start-up, filter, split, push included): {wall:.1f} s")
+    print(f"  in process, {timings.removeprefix('run: ')} (the rest: start-up)")
+    print(f"ideal Sum(latency)/{args.in_flight}: {ideal:.1f} s -> ratio {wall / ideal:.3f} (target <= 1.15)")
+    bound = total / args.in_flight
+    print(
+        f"simulated greedy scheduler, same chains and latency model, no overhead: "
+        f"{makespan:.1f} s / {bound:.1f} s -> ratio {makespan / bound:.3f}"
+    )
+    steps = [step for stage in report.values() for step in stage.get("steps", {}).values()]
+    answered = sum(step["answered"] for step in steps)
+    client = sum(step["seconds"] for step in steps) / max(answered, 1)
+    server_mean = sum(first["latencies"]) / len(first["latencies"])
+    llm = max(stage["wall_seconds"] for stage in report.values())
+    print(
+        f"of which both LLM stages: {llm:.1f} s ({llm / ideal:.3f}x the ideal); a request took "
+        f"{client * 1000:.0f} ms seen by the client, {server_mean * 1000:.0f} ms slept by the server"
+    )
+    ends = [start + latency for start, latency in zip(first["started"], first["latencies"], strict=True)]
+    busy = max(ends) - min(first["started"])
+    print(
+        f"the endpoint's first request {min(first['started']) - launched:.1f} s after launch, its last reply "
+        f"{launched + wall - max(ends):.1f} s before the end; in between {busy:.1f} s with "
+        f"{sum(first['latencies']) / busy:.1f} of {args.in_flight} in flight on average"
+    )
+    print(f"re-run: {second['count'] - requests} requests, wall {again:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
