@@ -186,7 +186,7 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
 
         return make
 
-    def chain(first, second, handoff, final_input, *, settings, console=None):
+    def chain(first, second, handoff, final_input, *, settings, console=None, meanwhile=None):
         for stage in (first, second):
             recorded[stage.stage] = ((*stage.args, settings), stage.kwargs)
         return report, report
