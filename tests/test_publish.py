@@ -155,7 +155,6 @@ def _plots_not_drawn(monkeypatch):
     monkeypatch.setattr(
         stage, "render_figures", lambda stats: {n: b"\x89PNG" for n in stage.figure_names(stats)}
     )
-    monkeypatch.setattr(stage, "_DRAWN", {})  # nor reuse drawings of another test
 
 
 @pytest.fixture

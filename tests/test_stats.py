@@ -271,18 +271,20 @@ def test_a_second_dry_run_keeps_the_plots_listed_and_drops_stale_ones(processed,
     assert "stats.json" in listed and "figures/funnel.png" in listed and "figures/queries.png" not in listed
 
 
-def test_push_after_stats_reuses_the_drawing_until_a_file_changes(processed, monkeypatch):
-    """`run` computes and draws the statistics once for stats and push; a file written in
-    between (a new split) is read again, so the card never shows stale figures."""
+def test_push_after_stats_reuses_the_drawing_until_the_figures_change(processed, monkeypatch):
+    """`run` draws the plots once for stats and push; a file written in between that
+    changes the figures (a new filter report) is read again, so the card never shows stale plots."""
     from personaemp.stages import stats as stage
 
-    monkeypatch.setattr(stage, "_DRAWN", {})
-    computed = []
-    real = stage.compute_stats
-    monkeypatch.setattr(stage, "compute_stats", lambda sources: computed.append(1) or real(sources))
+    monkeypatch.setattr(stage, "_RENDERED", {})
+    drawn = []
+    real = stage._draw
+    monkeypatch.setattr(stage, "_draw", lambda name, stats: drawn.append(name) or real(name, stats))
     first, figures = stage.stats_and_figures(sources_in(processed))
+    assert sorted(drawn) == sorted(figures) and len(figures) == 7
     again, same = stage.stats_and_figures(sources_in(processed))
-    assert (again, same) == (first, figures) and len(computed) == 1
-    split_users(processed / "queries.jsonl", processed / "splits", ood=True, k=2, seed=2, test_size=0.5)
-    stage.stats_and_figures(sources_in(processed))
-    assert len(computed) == 2
+    assert (again, same) == (first, figures) and len(drawn) == 7
+    write_json(processed / "filter_report.json", {"users_in": 11, "kept": 5, "dropped": {}})
+    changed, redrawn = stage.stats_and_figures(sources_in(processed))
+    assert changed["funnel"] != first["funnel"] and len(drawn) == 14
+    assert redrawn["funnel.png"] != figures["funnel.png"]

@@ -23,7 +23,6 @@ categories, its Figure 6):
 
 from __future__ import annotations
 
-import copy
 import io
 import json
 import statistics
@@ -380,8 +379,17 @@ def figure_names(stats: dict[str, Any]) -> list[str]:
 
 
 def render_figures(stats: dict[str, Any]) -> dict[str, bytes]:
-    """PNG plots (file name -> bytes) drawn from `compute_stats`' dict alone."""
-    return {name: _png(_draw(name, stats)) for name in figure_names(stats)}
+    """PNG plots (file name -> bytes) drawn from `compute_stats`' dict alone; a dict drawn
+    before in this process is not drawn again (the PNGs are the same bytes)."""
+    key = json.dumps(stats, sort_keys=True)
+    if key not in _RENDERED:
+        if len(_RENDERED) >= 8:
+            _RENDERED.pop(next(iter(_RENDERED)))
+        _RENDERED[key] = {name: _png(_draw(name, stats)) for name in figure_names(stats)}
+    return dict(_RENDERED[key])
+
+
+_RENDERED: dict[str, dict[str, bytes]] = {}  # stats dict as JSON -> its plots (the last few drawn)
 
 
 def _draw(name: str, stats: dict[str, Any]):
@@ -432,30 +440,12 @@ def _draw(name: str, stats: dict[str, Any]):
 
 # --- the command -----------------------------------------------------------------------------------
 
-_DRAWN: dict[tuple, tuple[dict[str, Any], dict[str, bytes]]] = {}  # see stats_and_figures
-
-
-def _state(sources: StatsSources) -> tuple:
-    """Every file the statistics read, with its inode, size and times (an atomic rewrite
-    is a new inode; an edit in place changes the times)."""
-    paths = []
-    for path in vars(sources).values():
-        if path is not None:
-            paths.extend(sorted(Path(path).rglob("*.jsonl")) if Path(path).is_dir() else [Path(path)])
-    states = [(str(path), path.stat()) for path in paths]
-    return tuple((name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) for name, st in states)
-
 
 def stats_and_figures(sources: StatsSources) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """compute_stats and render_figures, once per state of the files in a process: `run`'s
-    push draws the card from what its stats stage has just computed (2-3 s a build)."""
-    key = _state(sources)
-    if key not in _DRAWN:
-        stats = compute_stats(sources)
-        _DRAWN.clear()  # one build at a time: a long-lived process keeps no old drawings
-        _DRAWN[key] = (stats, render_figures(stats))
-    stats, figures = _DRAWN[key]
-    return copy.deepcopy(stats), dict(figures)
+    """compute_stats, then render_figures (which draws a dict it has drawn before only once:
+    `run`'s push reuses the plots its stats stage has just drawn, 1-3 s a build)."""
+    stats = compute_stats(sources)
+    return stats, render_figures(stats)
 
 
 def write_stats(processed: Path, out: Path) -> StatsResult:
