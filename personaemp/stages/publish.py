@@ -248,20 +248,24 @@ def read_splits(files: dict[str, dict[str, Path]]) -> dict[str, dict[str, list[d
 def _datasets(
     users: dict[str, dict[str, list[dict]]], include_dialogue: bool, criteria: dict | None = None
 ) -> dict[str, Any]:
-    from datasets import Dataset, DatasetDict, disable_progress_bars
+    import pyarrow as pa
+    from datasets import Dataset, DatasetDict, DatasetInfo, disable_progress_bars
+    from datasets.fingerprint import generate_random_fingerprint
 
     disable_progress_bars()
+    columns = features(include_dialogue, criteria is not None)
     found = {}
     for setting, parts in users.items():
-        found[setting] = DatasetDict(
-            {
-                split: Dataset.from_list(
-                    [row for user in rows for row in dataset_rows(user, include_dialogue, criteria)],
-                    features=features(include_dialogue, criteria is not None),
-                )
-                for split, rows in parts.items()
-            }
-        )
+        found[setting] = DatasetDict()
+        for split, rows in parts.items():
+            published = [row for user in rows for row in dataset_rows(user, include_dialogue, criteria)]
+            # Not Dataset.from_list: given no fingerprint, a Dataset pickles its whole table to
+            # hash one (a third of a push). The fingerprint only names cached transforms: none here.
+            found[setting][split] = Dataset(
+                pa.Table.from_pylist(published, schema=columns.arrow_schema),
+                info=DatasetInfo(features=columns),
+                fingerprint=generate_random_fingerprint(),
+            )
     return found
 
 
