@@ -18,6 +18,7 @@ command again: it must send 0 requests.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import heapq
 import json
 import random
@@ -110,11 +111,14 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=32)
     parser.add_argument("--median", type=float, default=0.3)
     parser.add_argument("--sigma", type=float, default=0.6)
+    parser.add_argument(
+        "--keep", type=Path, help="an empty folder to run in and keep (default: a temporary one)"
+    )
     args = parser.parse_args()
     print(f"machine: {machine()}")
     server, base_url = start_server(args.median, args.sigma)
     try:
-        with tempfile.TemporaryDirectory(prefix="personaemp-run-bench-") as name:
+        with contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory() as name:
             folder = Path(name)
             copy_sample(folder / "input", args.copies)
             (folder / "personaemp.toml").write_text(

@@ -271,20 +271,24 @@ def test_a_second_dry_run_keeps_the_plots_listed_and_drops_stale_ones(processed,
     assert "stats.json" in listed and "figures/funnel.png" in listed and "figures/queries.png" not in listed
 
 
-def test_push_after_stats_reuses_the_drawing_until_the_figures_change(processed, monkeypatch):
-    """`run` draws the plots once for stats and push; a file written in between that
-    changes the figures (a new filter report) is read again, so the card never shows stale plots."""
+def test_push_after_stats_reuses_the_drawing_until_a_file_changes(processed, monkeypatch):
+    """`run` reads the files and draws the plots once for stats and push; a file written in
+    between is read again, and plots whose figures changed are drawn again, so the card
+    never shows stale figures."""
     from personaemp.stages import stats as stage
 
+    monkeypatch.setattr(stage, "_COMPUTED", {})
     monkeypatch.setattr(stage, "_RENDERED", {})
-    drawn = []
-    real = stage._draw
-    monkeypatch.setattr(stage, "_draw", lambda name, stats: drawn.append(name) or real(name, stats))
+    computed, drawn = [], []
+    real_compute, real_draw = stage.compute_stats, stage._draw
+    monkeypatch.setattr(stage, "compute_stats", lambda sources: computed.append(1) or real_compute(sources))
+    monkeypatch.setattr(stage, "_draw", lambda name, stats: drawn.append(name) or real_draw(name, stats))
     first, figures = stage.stats_and_figures(sources_in(processed))
-    assert sorted(drawn) == sorted(figures) and len(figures) == 7
+    assert sorted(drawn) == sorted(figures) and len(figures) == 7 and len(computed) == 1
     again, same = stage.stats_and_figures(sources_in(processed))
-    assert (again, same) == (first, figures) and len(drawn) == 7
+    assert (again, same) == (first, figures) and len(drawn) == 7 and len(computed) == 1
     write_json(processed / "filter_report.json", {"users_in": 11, "kept": 5, "dropped": {}})
+    split_users(processed / "queries.jsonl", processed / "splits", ood=True, k=2, seed=2, test_size=0.5)
     changed, redrawn = stage.stats_and_figures(sources_in(processed))
-    assert changed["funnel"] != first["funnel"] and len(drawn) == 14
+    assert len(computed) == 2 and changed["funnel"] != first["funnel"] and len(drawn) == 14
     assert redrawn["funnel.png"] != figures["funnel.png"]

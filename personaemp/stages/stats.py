@@ -23,6 +23,7 @@ categories, its Figure 6):
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import statistics
@@ -441,10 +442,28 @@ def _draw(name: str, stats: dict[str, Any]):
 # --- the command -----------------------------------------------------------------------------------
 
 
+_COMPUTED: dict[tuple, dict[str, Any]] = {}  # the statistics of the files' last state read
+
+
+def _state(sources: StatsSources) -> tuple:
+    """Every file the statistics read, with its inode, size and times (an atomic rewrite
+    is a new inode; an edit in place changes the times)."""
+    paths = []
+    for path in vars(sources).values():
+        if path is not None:
+            paths.extend(sorted(Path(path).rglob("*.jsonl")) if Path(path).is_dir() else [Path(path)])
+    states = [(str(path), path.stat()) for path in paths]
+    return tuple((name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) for name, st in states)
+
+
 def stats_and_figures(sources: StatsSources) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """compute_stats, then render_figures (which draws a dict it has drawn before only once:
-    `run`'s push reuses the plots its stats stage has just drawn, 1-3 s a build)."""
-    stats = compute_stats(sources)
+    """compute_stats and render_figures, each once per state of the files in a process:
+    `run`'s push reuses what its stats stage has just read (1 s at 1,000 users) and drew (2 s)."""
+    key = _state(sources)
+    if key not in _COMPUTED:
+        _COMPUTED.clear()
+        _COMPUTED[key] = compute_stats(sources)
+    stats = copy.deepcopy(_COMPUTED[key])
     return stats, render_figures(stats)
 
 
