@@ -271,6 +271,16 @@ def test_a_second_dry_run_keeps_the_plots_listed_and_drops_stale_ones(processed,
     assert "stats.json" in listed and "figures/funnel.png" in listed and "figures/queries.png" not in listed
 
 
+def test_plots_drawn_over_the_cores_are_the_bytes_drawn_in_one_process(processed):
+    from personaemp.stages import stats as stage
+
+    stats = compute_stats(sources_in(processed))
+    stage._RENDERED.clear()
+    assert stage.render_figures(stats) == {
+        name: stage._drawn_png(name, stats) for name in stage.figure_names(stats)
+    }
+
+
 def test_push_after_stats_reuses_the_drawing_until_a_file_changes(processed, monkeypatch):
     """`run` reads the files and draws the plots once for stats and push; a file written in
     between is read again, and plots whose figures changed are drawn again, so the card
@@ -280,9 +290,12 @@ def test_push_after_stats_reuses_the_drawing_until_a_file_changes(processed, mon
     monkeypatch.setattr(stage, "_COMPUTED", {})
     monkeypatch.setattr(stage, "_RENDERED", {})
     computed, drawn = [], []
-    real_compute, real_draw = stage.compute_stats, stage._draw
+    real_compute, real_map = stage.compute_stats, stage.fork_map
     monkeypatch.setattr(stage, "compute_stats", lambda sources: computed.append(1) or real_compute(sources))
-    monkeypatch.setattr(stage, "_draw", lambda name, stats: drawn.append(name) or real_draw(name, stats))
+    # The drawing happens in forked workers: what is handed to them is counted.
+    monkeypatch.setattr(
+        stage, "fork_map", lambda draw, names, **kw: drawn.extend(names) or real_map(draw, names, **kw)
+    )
     first, figures = stage.stats_and_figures(sources_in(processed))
     assert sorted(drawn) == sorted(figures) and len(figures) == 7 and len(computed) == 1
     again, same = stage.stats_and_figures(sources_in(processed))

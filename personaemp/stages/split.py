@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from personaemp.errors import InputError, RowError, first_problem
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_atomic
+from personaemp.parallel import fork_map
 from personaemp.records import BIG_FIVE, Category, Memory, Record, Trait, Turn
 from personaemp.workspace import record_stage
 
@@ -181,7 +182,10 @@ def cluster_profiles(
         candidates = list(range(max(2, low), min(high, distinct) + 1)) or [2]
     import kmodes.kmodes  # noqa: F401  (imported before the workers fork)
 
-    fitted = dict(zip(candidates, _map(partial(_fit, data, seeds, seed), candidates, len(data)), strict=True))
+    # The elbow sweep's 35 fits took 2.5 s of a 1,100-user split; each fit is seeded, so
+    # spreading them over the cores changes no result.
+    fits = fork_map(partial(_fit, data, seeds, seed), candidates, worth_it=len(data) >= PARALLEL_FITS)
+    fitted = dict(zip(candidates, fits, strict=True))
     costs = {n: cost for n, (cost, _) in fitted.items()}
     chosen = candidates[0] if len(candidates) == 1 else elbow(costs)
     model = fitted[chosen][1]
@@ -214,19 +218,6 @@ def _fit(data, seeds: int, seed: int, n_clusters: int) -> tuple[float, Any]:
 
 
 PARALLEL_FITS = 500  # users from which the sweep's fits are spread over the cores
-
-
-def _map(function, items: list, users: int) -> list:
-    """map(), over the cores for a large split: the elbow sweep's 35 fits took 2.5 s of a
-    1,100-user split. Forked workers start with kmodes imported (no 1.5 s import each);
-    each fit is seeded, so the results do not change."""
-    import multiprocessing
-
-    workers = min(len(items), os.cpu_count() or 1)
-    if users < PARALLEL_FITS or workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        return [function(item) for item in items]
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
-        return pool.map(function, items, chunksize=1)
 
 
 def elbow(costs: dict[int, float]) -> int:
