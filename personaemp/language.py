@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 from collections import Counter
 from collections.abc import Iterable
 
@@ -161,10 +162,19 @@ def own_words(turns: Iterable[str], limit: int = OWN_WORDS_LIMIT) -> str:
     return "\n".join(kept)
 
 
-@functools.cache
+_LOADING = threading.Lock()
+
+
 def _identifier():
     # Imported here: loading the model takes about half a second, which `personaemp
-    # --help` and the commands that never guess a language should not pay.
+    # --help` and the commands that never guess a language should not pay. Loaded under a
+    # lock: functools.cache alone let 32 threads of a server load it 32 times at once.
+    with _LOADING:
+        return _load_identifier()
+
+
+@functools.cache
+def _load_identifier():
     from py3langid.langid import MODEL_FILE, LanguageIdentifier
 
     identifier = LanguageIdentifier.from_model_file(MODEL_FILE)

@@ -660,6 +660,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "count": fake.count,
                     "latencies": list(fake.latencies),
                     "started": list(fake.started),
+                    "handled": list(fake.handled),
                 }
             self._send(200, json.dumps(stats).encode())
         elif path in ("/health", "/v1/health"):
@@ -669,6 +670,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         raw = self._read_body()
+        begun = time.perf_counter()
         rec = self._record(raw)
         path = self.path.split("?", 1)[0]
         if path != CHAT_PATH:
@@ -681,6 +683,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._chat(rec, number)
         finally:
             self._end_chat()
+            with fake._lock:
+                fake.handled.append(time.perf_counter() - begun)
 
     def _end_chat(self) -> None:
         # Leave the in-flight count *before* the client can see the answer, so that a test
@@ -819,6 +823,7 @@ class FakeOpenAI:
         self.errors: list[BaseException] = []  # exceptions raised by the responder / latency
         self.latencies: list[float] = []  # every latency slept, for benchmarks (GET /stats)
         self.started: list[float] = []  # and when each sleep began (time.time(): the client's clock too)
+        self.handled: list[float] = []  # seconds from a chat request read to its reply sent
         self.max_in_flight = 0
         self._in_flight = 0
         self._count = 0

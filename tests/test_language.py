@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import threading
+import time
 
 import pytest
 from conftest import REPO
 
+from personaemp import language
 from personaemp.language import detect_language, normalize_language, own_words, user_language
 from personaemp.stages.filter import filter_users
 
@@ -166,3 +170,33 @@ def test_shipped_users_of_the_hand_checked_list(sample_task1):
     found = {g["user_id"]: user_language(shipped_turns(g["user_id"], sample_task1)) for g in shipped}
     misses = {g["user_id"] for g in shipped if found[g["user_id"]] != g["language"]}
     assert misses <= {"sess_54bbbfa1dbc1__92123"}
+
+
+def test_threads_asking_at_once_load_the_model_once(monkeypatch):
+    """A threaded server (the benches' fake endpoint) asked from 32 threads at once:
+    functools.cache alone let each thread load the 0.5 s model (16 s of CPU)."""
+    from py3langid.langid import LanguageIdentifier
+
+    loads = []
+    real = LanguageIdentifier.from_model_file.__func__
+
+    def counted(cls, *args, **kwargs):
+        loads.append(1)
+        time.sleep(0.05)  # the real load is slow: every thread arrives before the first ends
+        return real(cls, *args, **kwargs)
+
+    monkeypatch.setattr(LanguageIdentifier, "from_model_file", classmethod(counted))
+    fresh = importlib.reload(language)  # a module that has loaded no model yet
+    start = threading.Barrier(8)
+    found = []
+
+    def detect() -> None:
+        start.wait()
+        found.append(fresh.detect_language("Das ist ein ganz normaler deutscher Satz über das Wetter."))
+
+    threads = [threading.Thread(target=detect) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(loads) == 1 and found == ["de"] * 8
