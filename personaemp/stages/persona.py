@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from personaemp.io import ErrorPolicy, iter_jsonl, pick_units, read_stage_rows
+from personaemp.io import ErrorPolicy, StageRows, iter_jsonl, pick_units, read_stage_rows
 from personaemp.llm.step import RejectedReply, Step, edit_schema
 from personaemp.prompts import Prompt, load_prompt
 from personaemp.records import (
@@ -220,8 +220,8 @@ class PersonaSummary:
     thin_levels: int = 0  # Big Five levels with no valid evidence
 
 
-def read_rows(path: Path) -> list[dict]:
-    """The rows of a stage file, each validated as a user."""
+def read_rows(path: Path) -> StageRows:
+    """The rows of a stage file, each validated as a user (ids and offsets; rows read when iterated)."""
     return read_stage_rows(path, User)[0]
 
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 
 from personaemp import checks
 from personaemp.errors import InputError
-from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, pick_units, read_stage_rows
+from personaemp.io import ErrorPolicy, StageRows, atomic_output, iter_jsonl, pick_units, read_stage_rows
 from personaemp.language import LANGUAGE_NAMES, normalize_language
 from personaemp.llm.step import Step, edit_schema
 from personaemp.prompts import Prompt, load_prompt
@@ -247,7 +247,7 @@ def judge_checks(
 # --- the stage -------------------------------------------------------------------------------
 
 
-def read_personas(path: Path) -> tuple[list[dict], int]:
+def read_personas(path: Path) -> tuple[StageRows, int]:
     """Eligible persona rows (and how many ineligible ones were skipped)."""
     return read_stage_rows(
         path, Persona, keep=lambda persona: persona.eligible and bool(persona.traits), kind="persona"
