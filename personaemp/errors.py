@@ -14,6 +14,18 @@ class PersonaempError(Exception):
     def __str__(self) -> str:
         return f"{self.message} — {self.hint}" if self.hint else self.message
 
+    def __reduce__(self):
+        # Pickled whole (run's forked filter sends its error to the parent): the default
+        # rebuilds from args alone, which loses the hint and breaks RowError(location, message).
+        return _rebuild, (type(self), self.args, self.__dict__)
+
+
+def _rebuild(cls: type, args: tuple, state: dict) -> PersonaempError:
+    error = Exception.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
 
 class InputError(PersonaempError):
     """The input data, rules or options are wrong (exit code 2)."""

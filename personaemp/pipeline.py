@@ -62,20 +62,19 @@ def run_filter(options: FilterOptions, console: Console):
     from personaemp import summaries
     from personaemp.stages import filter as stage
 
-    report = stage.filter_users(
-        options.input,
-        options.output,
-        fmt=options.format,
-        rules_path=options.rules,
-        split=options.split,
-        hf_config=options.hf_config,
-        on_error=options.on_error,
-        keep_turns=options.turns,
-        report_path=options.output.with_name("filter_report.json"),
-        console=console,
-    )
+    report = stage.filter_users(**filter_args(options), console=console)
     summaries.print_filter_summary(report, console)
     return report
+
+
+def filter_args(options: FilterOptions) -> dict[str, Any]:
+    """filter_users' arguments from its options, for the command and for `run`'s streamed filter."""
+    return {
+        "source": options.input, "output": options.output, "fmt": options.format,
+        "rules_path": options.rules, "split": options.split, "hf_config": options.hf_config,
+        "on_error": options.on_error, "keep_turns": options.turns,
+        "report_path": options.output.with_name("filter_report.json"),
+    }  # fmt: skip
 
 
 def run_persona(
@@ -145,10 +144,12 @@ def run_persona_and_queries(
     console: Console,
     env: Mapping[str, str] | None = None,
     meanwhile: Callable[[], object] | None = None,
+    stream=None,
 ):
     """`run`'s two LLM stages on one engine, a user going on to gen-queries as soon as its
     persona is written (llm.run.run_llm_chain); each stage's files and report as alone.
-    `meanwhile` is called once the first requests are going out."""
+    `meanwhile` is called once the first requests are going out. `stream`: infer-persona's
+    input as the filter writes it (streaming.FilterFeed), whose summary is printed first."""
     from personaemp import summaries
     from personaemp.llm.run import run_llm_chain
     from personaemp.stages import persona, queries
@@ -156,7 +157,7 @@ def run_persona_and_queries(
     # In `run`, a [persona] limit is the size of the build, not a quick look: the card quotes it.
     first = persona.persona_stage(
         options.persona.input, options.persona.output, **_persona_args(options.persona, options.llm),
-        full=True,
+        full=True, stream=stream,
     )  # fmt: skip
     second = queries.queries_stage(
         options.queries.input, options.queries.output, **_queries_args(options.queries, options.llm),
@@ -166,6 +167,8 @@ def run_persona_and_queries(
         first, second, queries.handoff, lambda: queries.read_personas(options.queries.input)[0],
         settings=llm_settings(options.llm, env), console=console, meanwhile=meanwhile,
     )  # fmt: skip
+    if stream is not None:
+        summaries.print_filter_summary(stream.report, console)
     summaries.print_stage_report(reports[0], console)
     summaries.print_persona_summary(persona.summarize(first.output, first.picked()), console)
     summaries.print_stage_report(reports[1], console)
@@ -210,6 +213,26 @@ def chains(options: RunOptions) -> bool:
         and options.queries.limit is None
         and not options.queries.users
         and options.queries.input == options.persona.output
+    )
+
+
+def streams(options: RunOptions) -> bool:
+    """Whether `run` can hand infer-persona the filter's users as the filter writes them
+    (streaming.py): not when infer-persona picks its users (--limit / --users)."""
+    from personaemp.streaming import can_stream
+
+    return (
+        can_stream()
+        and options.persona.limit is None
+        and not options.persona.users
+        and options.persona.input == options.filter.output
+    )
+
+
+def _background_imports() -> _BackgroundImports:
+    """What split, stats and push import, loaded while the endpoint works."""
+    return _BackgroundImports(
+        "kmodes.kmodes", "datasets", "matplotlib.figure", "matplotlib.backends.backend_agg"
     )
 
 
@@ -379,13 +402,21 @@ def run_pipeline(
 def _run_stages(
     options: RunOptions, console: Console, env: Mapping[str, str] | None, result: PipelineResult
 ) -> PipelineResult:
+    if chains(options) and streams(options):
+        from personaemp.streaming import FilterFeed
+
+        importing = _background_imports()
+        with result.stage("filter → infer-persona → gen-queries", console):
+            with FilterFeed(filter_args(options.filter)) as stream:
+                reports = run_persona_and_queries(options, console, env, importing.start, stream)
+            result.reports["filter"] = stream.report
+            result.reports["infer-persona"], result.reports["gen-queries"] = reports
+            importing.join()  # before split forks its workers: no thread may hold the import lock
+        return _split_stats_push(options, console, result)
     with result.stage("filter", console):
         result.reports["filter"] = run_filter(options.filter, console)
     if chains(options):
-        # For split, stats and push, later.
-        importing = _BackgroundImports(
-            "kmodes.kmodes", "datasets", "matplotlib.figure", "matplotlib.backends.backend_agg"
-        )
+        importing = _background_imports()
         with result.stage("infer-persona → gen-queries", console):
             reports = run_persona_and_queries(options, console, env, meanwhile=importing.start)
             result.reports["infer-persona"], result.reports["gen-queries"] = reports

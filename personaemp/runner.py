@@ -19,7 +19,7 @@ import contextlib
 import hashlib
 import os
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,7 +122,7 @@ class StageRun:
         self._done = _scan(output, key)
         self._failed = _scan(failures, key)
         self._kinds = {uid: pos[1] for uid, pos in _scan(failures, key, "kind").items()}
-        self._out = self._bad = None
+        self._out = self._bad = self._reading = None
         self._encode = msgspec.json.Encoder()
 
     def admit(self, unit: dict[str, Any]) -> bool:
@@ -141,14 +141,14 @@ class StageRun:
             return False
         return True
 
-    def done_rows(self) -> Iterator[dict[str, Any]]:
-        """The rows already in the output for admitted units (as a later stage reads them)."""
-        wanted = [pos for uid, pos in self._done.items() if self.hashes.get(uid) == pos[1]]
-        if not wanted:
-            return
-        with self.output.open("rb") as handle:
-            for offset, _ in sorted(wanted):
-                yield read_jsonl_at(handle, offset)
+    def done_row(self, uid: str) -> dict[str, Any] | None:
+        """The row already in the output for an admitted unit, if any (as a later stage reads it)."""
+        offset, digest = self._done.get(uid, (0, None))
+        if digest is None or self.hashes.get(uid) != digest:
+            return None
+        if self._reading is None:
+            self._reading = self.output.open("rb")
+        return read_jsonl_at(self._reading, offset)
 
     def __enter__(self) -> StageRun:
         if not self.dry:
@@ -158,9 +158,9 @@ class StageRun:
         return self
 
     def __exit__(self, *exc_info) -> None:
-        for writer in (self._out, self._bad):
-            if writer is not None:
-                writer.close()
+        for handle in (self._out, self._bad, self._reading):
+            if handle is not None:
+                handle.close()
 
     async def do(self, unit: dict[str, Any], work: Work) -> dict[str, Any] | None:
         """Run one unit; return the row written (None if it failed or is pending)."""
@@ -194,12 +194,13 @@ class StageRun:
         self._out.write(row)
         return row
 
-    def finish(self, stopped: bool, hashes: dict[str, str] | None = None) -> None:
+    def finish(self, stopped: bool, hashes: dict[str, str] | None = None, partial: bool = False) -> None:
         """Rewrite both files (see _finish). A run stopped before any unit finished (a dead
         endpoint, a wrong key or model) learned nothing: the files stay as they were, so a
         typo never costs an earlier run's rows. `hashes`: the final input, when it was
-        not all admitted (run_chain)."""
-        if self.dry or (stopped and not (self.outcome.done or self.outcome.failed)):
+        not all admitted (run_chain). `partial`: stopped before all was admitted, the files
+        stay as appended (the next run finishes them)."""
+        if self.dry or (stopped and (partial or not (self.outcome.done or self.outcome.failed))):
             return
         _finish(self.output, self.failures, self.key, hashes if hashes is not None else self.hashes)
 
@@ -262,7 +263,7 @@ class Link:
 
 async def run_chain(
     first: Link,
-    units: Iterable[dict[str, Any]],
+    units: Iterable[dict[str, Any]] | AsyncIterator[dict[str, Any]],
     second: Link,
     handoff: Callable[[dict[str, Any]], dict[str, Any] | None],
     final_input: Callable[[], Iterable[dict[str, Any]]],
@@ -271,9 +272,15 @@ async def run_chain(
     """Two stages with no barrier: each row the first writes (or wrote before) goes to the
     second at once, as `handoff(row)` makes it (None: not a unit of the second). One window
     holds the units of both, the second's first (they end users, the first's start them).
-    At the end each stage's files are rewritten as if it had run alone; `final_input()`
-    reads the second's whole input again (the first's output, rewritten) for that."""
+    `units`, the first's input, is read as the window has room: a file, or an async stream
+    still being written (`run`'s filter, streaming.py). At the end each stage's files are
+    rewritten as if it had run alone; `final_input()` reads the second's whole input again
+    (the first's output, rewritten) for that."""
     ready: deque[dict[str, Any]] = deque()  # the second's units waiting for a place in the window
+    arrived: deque[dict[str, Any]] = deque()  # the first's, read from a stream
+    streamed = hasattr(units, "__anext__")
+    source = units if streamed else iter(units)
+    state = {"ended": False, "reading": False}
 
     def pass_on(row: dict[str, Any] | None) -> None:
         unit = handoff(row) if row is not None else None
@@ -281,6 +288,16 @@ async def run_chain(
             ready.append(unit)
         if second.on_progress:
             second.on_progress(second.run.outcome)
+
+    def take(unit: dict[str, Any]) -> dict[str, Any] | None:
+        """Admit one unit of the first: returned if it is to be worked on; one finished
+        before goes straight on to the second."""
+        work = first.run.admit(unit)
+        if not work:
+            pass_on(first.run.done_row(str(unit[first.run.key])))
+        if first.on_progress:
+            first.on_progress(first.run.outcome)
+        return unit if work else None
 
     async def one_first(unit: dict[str, Any]) -> None:
         pass_on(await first.run.do(unit, first.work))
@@ -292,18 +309,34 @@ async def run_chain(
         if second.on_progress:
             second.on_progress(second.run.outcome)
 
-    todo = {str(unit[first.run.key]) for unit in units if first.run.admit(unit)}
-    for row in first.run.done_rows():
-        pass_on(row)
-    if first.on_progress:
-        first.on_progress(first.run.outcome)
-    fresh = (unit for unit in units if str(unit[first.run.key]) in todo)
+    async def read_one() -> None:
+        """A job of its own: the stream's next unit, so the window never waits on the stream."""
+        try:
+            unit = await anext(source)
+        except StopAsyncIteration:
+            state["ended"] = True
+        else:
+            if take(unit) is not None:
+                arrived.append(unit)
+        finally:
+            state["reading"] = False
 
     def next_job():
-        if ready:
-            return one_second(ready.popleft())
-        unit = next(fresh, None)
-        return one_first(unit) if unit is not None else None
+        while True:
+            if ready:
+                return one_second(ready.popleft())
+            if arrived:
+                return one_first(arrived.popleft())
+            if state["ended"] or state["reading"]:
+                return None
+            if streamed:
+                state["reading"] = True
+                return read_one()
+            unit = next(source, None)
+            if unit is None:
+                state["ended"] = True
+            elif take(unit) is not None:
+                return one_first(unit)
 
     stopped = True
     try:
@@ -311,7 +344,9 @@ async def run_chain(
             await _run_feed(next_job, window)
         stopped = False
     finally:
-        first.run.finish(stopped)
+        # Stopped before its whole input was read, the first keeps its files as appended
+        # too: a rewrite from the units seen so far would drop the rows of the others.
+        first.run.finish(stopped, partial=not state["ended"])
     # Stopped, the second saw only part of its input: its files stay as appended (the next
     # run finishes them), since a rewrite now would drop the rows of units it never saw.
     second.run.finish(

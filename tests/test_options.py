@@ -172,6 +172,23 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
         return record
 
     monkeypatch.setattr(filter, "filter_users", recorder("filter", None))
+
+    class RecordedFeed:
+        """`run` streams the filter from a child process (streaming.py): its arguments are
+        recorded here as the filter's call instead."""
+
+        def __init__(self, filter_args):
+            self.report = filter.filter_users(**filter_args)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info):
+            pass
+
+    from personaemp import streaming
+
+    monkeypatch.setattr(streaming, "FilterFeed", RecordedFeed)
     report = SimpleNamespace(estimate=None)  # what the summaries look at; they are stubbed too
     monkeypatch.setattr(persona, "infer_personas", recorder("persona", (report, None)))
     monkeypatch.setattr(queries, "generate_queries", recorder("queries", (report, None)))
@@ -182,6 +199,7 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
         def make(*args, **kwargs):
             kwargs.pop("console", None)
             assert kwargs.pop("full", None) is True and kwargs.pop("chained", True) is True
+            kwargs.pop("stream", None)  # the streamed filter's rows (RecordedFeed above)
             return SimpleNamespace(stage=stage, args=args, kwargs=kwargs, output=None, picked=set)
 
         return make
@@ -437,8 +455,10 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
     assert by_flags == by_run
 
     args, kwargs = by_run["filter"]
-    assert args == ("raw/task1", Path("f/filtered.jsonl"))
+    assert args == ()
     assert kwargs == {
+        "source": "raw/task1",
+        "output": Path("f/filtered.jsonl"),
         "fmt": "raw",
         "rules_path": Path("my_rules.toml"),
         "split": "dev",
@@ -492,7 +512,7 @@ def test_env_vars_reach_the_commands_and_run_alike(calls, tmp_path):
 
     by_commands = each_command(calls, "--config", config, env=env)
     assert run_all(calls, config, env=env) == by_commands
-    assert by_commands["filter"][0][0] == "env/input"
+    assert by_commands["filter"][1]["source"] == "env/input"
     settings = by_commands["persona"][0][2]
     assert settings.base_urls == ["http://x.example/v1", "http://y.example/v1"]
     assert (settings.model, settings.concurrency) == ("env-model", 4)

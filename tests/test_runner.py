@@ -252,3 +252,59 @@ def test_stage_report_balances_and_records_no_key(tmp_path):
     for path in tmp_path.rglob("*"):
         if path.is_file():
             assert secret.encode() not in path.read_bytes()
+
+
+def test_a_chain_whose_streamed_input_fails_keeps_the_rows_of_users_it_never_saw(tmp_path):
+    """The stream (run's filter) fails after one new unit was done: the first stage must not
+    rewrite its file from that one alone; the rows of an earlier run stay."""
+    from personaemp.errors import InputError
+    from personaemp.runner import Link, StageRun, run_chain
+
+    output, failures = tmp_path / "first.jsonl", tmp_path / "first.failures.jsonl"
+    second_out = tmp_path / "second.jsonl"
+
+    def runs():
+        first = StageRun(key="id", output=output, failures=failures, fingerprint="f")
+        second = StageRun(
+            key="id", output=second_out, failures=tmp_path / "s.failures.jsonl", fingerprint="s"
+        )
+        return first, second
+
+    async def work(unit):
+        return {"id": unit["id"], "value": unit["text"].upper()}
+
+    async def echo(unit):
+        return {"id": unit["id"]}
+
+    async def chain(units, final):
+        first, second = runs()
+        await run_chain(Link(first, work), units, Link(second, echo), lambda row: dict(row), final, window=4)
+
+    earlier = [{"id": f"u{i}", "text": f"old {i}"} for i in range(3)]
+    asyncio.run(chain(earlier, lambda: [dict(json.loads(line)) for line in output.read_text().splitlines()]))
+    assert [json.loads(line)["id"] for line in output.read_text().splitlines()] == ["u0", "u1", "u2"]
+
+    written = asyncio.Event()
+
+    async def stream():
+        yield {"id": "u9", "text": "new"}
+        await written.wait()
+        raise InputError("input.jsonl:5: not JSON")
+
+    async def noting(unit):
+        row = await work(unit)
+        asyncio.get_running_loop().call_soon(written.set)  # once the row is appended
+        return row
+
+    async def stopped():
+        first, second = runs()
+        await run_chain(Link(first, noting), stream(), Link(second, echo), lambda row: None, list, window=4)
+
+    try:
+        asyncio.run(stopped())
+    except InputError:
+        pass
+    else:
+        raise AssertionError("the stream's error stops the chain")
+    ids = [json.loads(line)["id"] for line in output.read_text().splitlines()]
+    assert ids == ["u0", "u1", "u2", "u9"], "appended, not rewritten from the one unit seen"

@@ -17,7 +17,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from personaemp.cli import app
-from personaemp.errors import InputError
+from personaemp.errors import InputError, PersonaempError
 from personaemp.io import read_stage_rows
 from personaemp.llm.settings import LLMSettings
 from personaemp.options import LLMOptions, PathsOptions, RunOptions, SplitOptions
@@ -246,3 +246,128 @@ def test_a_shard_summarizes_its_own_personas(tmp_path):
     assert rows and not (tmp_path / "personas.jsonl").exists()
     assert summary.users_in == len(rows) == summary.eligible + summary.ineligible
     assert summary.eligible == sum(row["eligible"] for row in rows)
+
+
+# --- run: the filter streamed into infer-persona (streaming.py) --------------------------------
+
+
+def copied_sample(target: Path, copies: int) -> Path:
+    """The sample `copies` times under new ids: more kept rows than the pipe holds (64 KB),
+    so the filter cannot finish before infer-persona has taken some of them."""
+    target.mkdir(parents=True)
+    for name in ("model_input.jsonl", "reference_output.jsonl"):
+        with (target / name).open("w", encoding="utf-8") as out:
+            for copy in range(copies):
+                for line in (SAMPLE_TASK1 / name).read_text(encoding="utf-8").splitlines():
+                    row = json.loads(line)
+                    row["benchmark_id"] = f"{row['benchmark_id']}-c{copy}"
+                    out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return target
+
+
+def streamed_options(source: Path, processed: Path, base_url: str, **llm) -> RunOptions:
+    return RunOptions(
+        paths=PathsOptions(input=str(source), processed=processed),
+        llm=LLMOptions(base_url=[base_url], model="fake", concurrency=1, **llm),
+        split=SplitOptions(ood=False),
+    )
+
+
+def test_run_sends_requests_while_the_filter_still_reads_and_writes_what_the_stages_write(tmp_path):
+    source = copied_sample(tmp_path / "input", 3)
+    processed = tmp_path / "processed"
+    seen_filtered = []  # at each request: had the filter written its output yet?
+    responder = order_free_responder()
+
+    def noting(body, n):
+        seen_filtered.append((processed / "filtered.jsonl").exists())
+        return responder(body, n)
+
+    with FakeOpenAI(responder=noting) as server:
+        console = Console(file=open(tmp_path / "console.txt", "w"))  # noqa: SIM115
+        result = run_pipeline(streamed_options(source, processed, server.base_url), console)
+        console.file.close()
+        assert seen_filtered[0] is False, "the first request went out before the filter ended"
+        assert seen_filtered[-1] is True
+        sent = server.count
+        again = run_pipeline(streamed_options(source, processed, server.base_url), QUIET)
+        assert server.count == sent, "a re-run sends nothing"
+        assert (
+            again.reports["infer-persona"].outcome.done_before
+            == result.reports["infer-persona"].outcome.units
+        )
+
+        alone = tmp_path / "alone"
+        report = filter_users(str(source), alone / "filtered.jsonl", console=QUIET)
+        settings = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=alone / "work")
+        infer_personas(alone / "filtered.jsonl", alone / "personas.jsonl", settings, console=QUIET)
+        generate_queries(alone / "personas.jsonl", alone / "queries.jsonl", settings, console=QUIET)
+    text = (tmp_path / "console.txt").read_text()
+    assert "filter → infer-persona → gen-queries" in text and "filter funnel" in text
+    assert result.reports["filter"].kept == report.kept == 48
+    assert (processed / "filtered.jsonl").read_bytes() == (alone / "filtered.jsonl").read_bytes()
+    for name in ("personas.jsonl", "queries.jsonl", "rejected.jsonl"):
+        assert comparable(processed / name) == comparable(alone / name), name
+    manifest = json.loads((processed / "manifest.json").read_text())
+    assert {"filter", "infer-persona", "gen-queries", "split"} <= set(manifest)
+    assert json.loads((processed / "filter_report.json").read_text())["kept"] == 48
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(path.name for path in folder.rglob("*.tmp"))
+
+
+def filter_children() -> list[int]:
+    """This process's children still running the streamed filter (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            command = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"filter_child" in command:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_a_bad_row_the_streamed_filter_meets_late_stops_run_and_loses_nothing(tmp_path):
+    """infer-persona has admitted the users before the bad row: it must not rewrite its file
+    from those alone (the others' personas would be lost), and the filter keeps its output."""
+    source = copied_sample(tmp_path / "input", 3)
+    processed = tmp_path / "processed"
+    with FakeOpenAI(responder=order_free_responder()) as server:
+        run_pipeline(streamed_options(source, processed, server.base_url), QUIET)
+        before = {name: (processed / name).read_bytes() for name in ("filtered.jsonl", "personas.jsonl")}
+        lines = (source / "model_input.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+        lines[-3] = "{not json\n"
+        (source / "model_input.jsonl").write_text("".join(lines), encoding="utf-8")
+        with pytest.raises(InputError, match=rf"model_input.jsonl:{len(lines) - 2}"):
+            run_pipeline(streamed_options(source, processed, server.base_url), QUIET)
+    for name, data in before.items():
+        assert (processed / name).read_bytes() == data, name
+    assert leftovers(processed) == [] and filter_children() == []
+
+
+def test_run_stopped_by_the_endpoint_stops_the_streamed_filter_and_leaves_no_partial_file(tmp_path):
+    source = copied_sample(tmp_path / "input", 3)
+    processed = tmp_path / "processed"
+    with FakeOpenAI(responder=order_free_responder(), require_key="sk-right") as server:
+        options = streamed_options(source, processed, server.base_url, max_retries=0)
+        with pytest.raises(PersonaempError, match="(?i)api key"):
+            run_pipeline(options, QUIET, env={"OPENAI_API_KEY": "sk-wrong"})
+    assert not (processed / "filtered.jsonl").exists(), "the filter stopped with the run"
+    assert leftovers(processed) == [] and filter_children() == []
+
+
+def test_errors_cross_a_process_whole():
+    """The streamed filter's error reaches `run` as if raised there (hint, location, code)."""
+    import pickle
+
+    from personaemp.errors import RowError
+
+    error = pickle.loads(pickle.dumps(RowError("in.jsonl:7", "not JSON")))
+    assert (type(error), error.location, error.exit_code) == (RowError, "in.jsonl:7", 2)
+    assert str(error) == "in.jsonl:7: not JSON — fix the row or pass --on-error skip"
+    hinted = pickle.loads(pickle.dumps(InputError("bad", "do this")))
+    assert str(hinted) == "bad — do this"

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -245,7 +246,8 @@ def run_llm_chain(
     """Two stages on one engine with no barrier between them (runner.run_chain): a unit
     of `second` starts as soon as `first` writes the row it comes from, so the endpoint is
     kept busy to the end. Each stage writes, resumes and reports as if it had run alone.
-    `second.units` is not read (its input is what `first` writes). `meanwhile` is called
+    `second.units` is not read (its input is what `first` writes); `first.units` may be a
+    stream (runner.run_chain). `meanwhile` is called
     as the first requests go out (e.g. to start a thread with work for later)."""
     console = console or Console(stderr=True)
     started = time.perf_counter()
@@ -262,8 +264,9 @@ def run_llm_chain(
             ):
                 # Inside the locks: the bookkeeping repairs and reads the files.
                 runs = first.bookkeeping(engine, settings), second.bookkeeping(engine, settings)
+                total = len(first.units) if isinstance(first.units, Sized) else None  # a stream: grows
                 bars = [
-                    _progress_bar(progress, first.stage, len(first.units), engine),
+                    _progress_bar(progress, first.stage, total, engine),
                     _progress_bar(progress, second.stage, None, engine),
                 ]
 
@@ -274,14 +277,17 @@ def run_llm_chain(
                 if meanwhile is not None:
                     asyncio.get_running_loop().call_soon(meanwhile)  # once run_chain is under way
 
-                await run_chain(
-                    Link(runs[0], first.make_work(engine), first_progress),
-                    first.units,
-                    Link(runs[1], second.make_work(engine), bars[1]),
-                    handoff,
-                    final_input,
-                    window=_window(engine),
-                )
+                async with contextlib.AsyncExitStack() as stack:
+                    if hasattr(first.units, "__aenter__"):  # a stream (streaming.py) reads on this loop
+                        await stack.enter_async_context(first.units)
+                    await run_chain(
+                        Link(runs[0], first.make_work(engine), first_progress),
+                        first.units,
+                        Link(runs[1], second.make_work(engine), bars[1]),
+                        handoff,
+                        final_input,
+                        window=_window(engine),
+                    )
             reports = []
             for plan, run in zip((first, second), runs, strict=True):
                 part = engine.accounting.only({step.name for step in plan.steps})

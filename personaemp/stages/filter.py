@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,11 +100,13 @@ def filter_users(
     keep_turns: str = "user",
     report_path: Path | None = None,
     console: Console | None = None,
+    on_kept: Callable[[bytes], None] | None = None,
 ) -> FilterReport:
     """Read users from `source`, write the kept ones to `output` (atomically), return the funnel.
 
     `keep_turns`: "user" keeps only the user's own turns (all later stages need), "all"
     keeps assistant turns too. Nothing is written if the run stops on a bad row.
+    `on_kept(line)`: each kept row's line as it is written (`run` streams them, streaming.py).
     """
     if keep_turns not in ("user", "all"):
         raise InputError(f"--turns must be 'user' or 'all', not {keep_turns!r}")
@@ -135,7 +138,10 @@ def filter_users(
                 kept_labels.add(_label_key(m.label) for m in kept.memories if m.memory_id in matched)
                 rules_hit.add(decision.match.matched_rules)
                 languages.add([kept.language or "unknown"])
-                handle.write(kept.model_dump_json().encode() + b"\n")
+                line = kept.model_dump_json().encode() + b"\n"
+                handle.write(line)
+                if on_kept is not None:
+                    on_kept(line)
             else:
                 report.dropped[decision.gate] += 1
             if report.users_in % 500 == 0:
@@ -155,35 +161,18 @@ def filter_users(
     return report
 
 
-class Tally:
-    """Counts of strings, aggregated with polars in batches so memory stays flat on big inputs."""
+class Tally(Counter):
+    """Counts of strings (labels, rules, languages: a few hundred distinct at most).
 
-    BATCH = 50_000
-
-    def __init__(self):
-        self._batch: list[str] = []
-        self._counts = None
+    A Counter, not polars: `run` forks the filter (streaming.py), and polars' thread pool
+    hangs in a process forked after the parent used it."""
 
     def add(self, values: Iterable[str]) -> None:
-        self._batch.extend(values)
-        if len(self._batch) >= self.BATCH:
-            self._flush()
-
-    def _flush(self) -> None:
-        import polars as pl
-
-        frame = pl.DataFrame({"value": self._batch}, schema={"value": pl.String}).group_by("value").len()
-        if self._counts is not None:
-            frame = pl.concat([self._counts, frame]).group_by("value").agg(pl.col("len").sum())
-        self._counts, self._batch = frame, []
+        self.update(values)
 
     def top(self, limit: int | None = None) -> dict[str, int]:
         """Most frequent first, ties by name, so the report is deterministic."""
-        self._flush()
-        counts = self._counts.sort(["len", "value"], descending=[True, False])
-        if limit is not None:
-            counts = counts.head(limit)
-        return dict(zip(counts["value"].to_list(), counts["len"].to_list(), strict=True))
+        return dict(sorted(self.items(), key=lambda item: (-item[1], item[0]))[:limit])
 
 
 def _progress(console: Console | None) -> Progress:

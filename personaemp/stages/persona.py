@@ -264,13 +264,22 @@ def persona_stage(
     full: bool | None = None,
     require_depth: bool = True,
     shard: str | None = None,
+    stream=None,
 ):
-    """The stage as an LLMStage: its input (read lazily), its work per user, its fingerprint."""
+    """The stage as an LLMStage: its input (read lazily), its work per user, its fingerprint.
+
+    `stream`: the input's rows as the filter writes them (`run`, streaming.FilterFeed),
+    instead of reading `input_path`; every user then, no shard."""
     from personaemp.llm.run import LLMStage
 
-    rows = read_rows(input_path)
-    name, output_path, rows = sharded(STAGE, output_path, rows, shard)
-    selected = pick_units(rows.ids, input_path, limit=limit, users=users)
+    if stream is not None:
+        if limit is not None or users or shard:
+            raise ValueError("a streamed input is every user: no limit, users or shard")
+        name, rows, selected = STAGE, stream, None
+    else:
+        rows = read_rows(input_path)
+        name, output_path, rows = sharded(STAGE, output_path, rows, shard)
+        selected = pick_units(rows.ids, input_path, limit=limit, users=users)
     prompts = {step.name: load_prompt(step.prompt) for step in STEPS}
     hashes = {name: prompt.hash for name, prompt in prompts.items()}
 
