@@ -21,7 +21,9 @@ import argparse
 import contextlib
 import heapq
 import json
+import os
 import random
+import resource
 import subprocess
 import sys
 import tempfile
@@ -71,11 +73,15 @@ def stats(base_url: str) -> dict:
 def run(folder: Path) -> tuple[float, str]:
     """The command's wall time, and its closing line of stage times ("run: filter 2.1 s · ...")."""
     started, launched = time.perf_counter(), time.time()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(
         [sys.executable, "-m", "personaemp", "run", "--config", str(folder / "personaemp.toml")],
         cwd=folder, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    (folder / "cpu").write_text(repr(cpu))  # the command and its children (the streamed filter)
     (folder / "run.log").open("a", encoding="utf-8").write(done.stderr)
     timings = [line for line in done.stderr.splitlines() if line.startswith("run: ")]
     (folder / "launched").write_text(repr(launched))
@@ -127,6 +133,7 @@ def main() -> None:
                 encoding="utf-8",
             )
             wall, timings = run(folder)
+            first_cpu = float((folder / "cpu").read_text())
             launched = float((folder / "launched").read_text())
             first = stats(base_url)
             processed = folder / "processed"
@@ -134,9 +141,11 @@ def main() -> None:
             again, _ = run(folder)
             second = stats(base_url)
             personas = [json.loads(line) for line in (processed / "personas.jsonl").open(encoding="utf-8")]
+            client_cpu = float((folder / "cpu").read_text())
     finally:
         server.kill()
-        server.wait()
+        server_usage = os.wait4(server.pid, 0)[2]
+        server.returncode = -9
     requests = first["count"]
     ideal = sum(first["latencies"]) / args.in_flight
     chains = [(2 if p["eligible"] else 1) + (3 if p["eligible"] and p["traits"] else 0) for p in personas]
@@ -168,7 +177,11 @@ def main() -> None:
         f"{launched + wall - max(ends):.1f} s before the end; in between {busy:.1f} s with "
         f"{sum(first['latencies']) / busy:.1f} of {args.in_flight} in flight on average"
     )
-    print(f"re-run: {second['count'] - requests} requests, wall {again:.1f} s")
+    print(
+        f"CPU: the command (with its filter child) {first_cpu:.1f} s over its {wall:.1f} s; the fake "
+        f"endpoint {server_usage.ru_utime + server_usage.ru_stime:.1f} s over both runs"
+    )
+    print(f"re-run: {second['count'] - requests} requests, wall {again:.1f} s (CPU {client_cpu:.1f} s)")
 
 
 if __name__ == "__main__":
