@@ -816,3 +816,25 @@ def test_the_elbow_sweep_over_forked_workers_clusters_as_one_process_does(monkey
         alone.modes,
         alone.costs,
     )
+
+
+def test_the_remembered_dissimilarity_fits_exactly_what_kmodes_alone_fits():
+    """split._fit hands KModes a memo of its matching dissimilarity (for speed): the fits,
+    and so the splits, must be the ones kmodes' own function gives."""
+    import random as stdlib_random
+
+    import numpy as np
+    from kmodes.kmodes import KModes
+
+    from personaemp.stages.split import _fit
+
+    rng = stdlib_random.Random(3)
+    data = np.array([[rng.choice((0, 1, 2)) for _ in range(5)] for _ in range(400)])
+    for k in (2, 4, 7):
+        cost, model = _fit(data, 3, 11, k)
+        plain = [KModes(n_clusters=k, init="Huang", n_init=1, random_state=s).fit(data) for s in (11, 12, 13)]
+        best = min(plain, key=lambda m: m.cost_)  # the first of equal costs, as _fit keeps
+        assert cost == best.cost_
+        assert model.labels_.tolist() == best.labels_.tolist()
+        assert model.cluster_centroids_.tolist() == best.cluster_centroids_.tolist()
+        assert model.predict(data).tolist() == best.predict(data).tolist()
