@@ -184,6 +184,13 @@ def _load_identifier():
     return identifier
 
 
+def load_in_background() -> None:
+    """Start loading the model in a thread, for a process that will soon need it (`run`'s
+    filter child; gen-queries' checks in `run`): half a second, most of it LZMA
+    decompression, which runs beside the caller's work instead of stopping it."""
+    threading.Thread(target=_identifier, name="personaemp-language", daemon=True).start()
+
+
 def detect_language(text: str) -> str | None:
     """Return an ISO 639-1 code, or None when the text gives too little to go on."""
     sizes = _sizes(_runs(text[:OWN_WORDS_LIMIT]))

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -177,9 +178,9 @@ def run_persona_and_queries(
 
 
 class _BackgroundImports:
-    """Import what later stages need while the LLM stages wait on the endpoint: kmodes
-    (scikit-learn), datasets and matplotlib took 3.5 of the 9 s of a `run` with nothing
-    left to ask. Started once requests are out: begun before, the thread slowed the LLM
+    """Load what later work needs while the LLM stages wait on the endpoint: the language
+    model (gen-queries' checks), then kmodes (scikit-learn), datasets and matplotlib, which
+    took 3.5 of the 9 s of a `run` with nothing left to ask. Started once requests are out: begun before, the thread slowed the LLM
     stages' own imports and setup (they share the GIL and module locks) by about 2 s."""
 
     def __init__(self, *modules: str) -> None:
@@ -194,9 +195,13 @@ class _BackgroundImports:
     def _load(self) -> None:
         import importlib
 
-        for module in self.modules:
+        from personaemp.language import _identifier
+
+        # First the language model: gen-queries' checks need it within seconds, and loading
+        # it there would stop the event loop (and 32 requests' replies) for half a second.
+        for load in (_identifier, *(partial(importlib.import_module, module) for module in self.modules)):
             try:
-                importlib.import_module(module)
+                load()
             except Exception:  # noqa: BLE001 - the stage that needs it reports it properly
                 return
 

@@ -114,6 +114,9 @@ class FilterFeed:
 def filter_child() -> None:
     """The child: filter_users with the pickled arguments on stdin; each kept row, then the
     outcome, as frames on stdout."""
+    from personaemp.language import load_in_background
+
+    load_in_background()  # needed at the first user to pass the other gates; loads meanwhile
     from rich.console import Console
 
     from personaemp.stages.filter import filter_users
