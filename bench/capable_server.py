@@ -29,6 +29,11 @@ def main() -> None:
     latency = None
     if args.latency_median > 0:
         latency = lognormal_latency(args.latency_median, args.latency_sigma, random.Random(args.seed))
+    # The responder detects languages: load the model now, not inside the first requests
+    # (it held the first 32 for half a second, time that counted against the client).
+    from personaemp.language import detect_language
+
+    detect_language("A sentence long enough for the model to be asked about it.")
     server = FakeOpenAI(responder=order_free_responder(), latency=latency, seed=args.seed)
     print(f"READY {server.base_url}", flush=True)
     try:
