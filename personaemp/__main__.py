@@ -1,3 +1,3 @@
-from personaemp.cli import app
+from personaemp.cli import entry
 
-app(prog_name="personaemp")
+entry()

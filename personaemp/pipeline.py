@@ -180,8 +180,9 @@ def run_persona_and_queries(
 class _BackgroundImports:
     """Load what later work needs while the LLM stages wait on the endpoint: the language
     model (gen-queries' checks), then kmodes (scikit-learn), datasets and matplotlib, which
-    took 3.5 of the 9 s of a `run` with nothing left to ask. Started once requests are out: begun before, the thread slowed the LLM
-    stages' own imports and setup (they share the GIL and module locks) by about 2 s."""
+    took 3.5 of the 9 s of a `run` with nothing left to ask. Started once requests are out:
+    begun before, the thread slowed the LLM stages' own imports and setup (they share the
+    GIL and module locks) by about 2 s."""
 
     def __init__(self, *modules: str) -> None:
         self.modules, self.thread = modules, None

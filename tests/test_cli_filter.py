@@ -168,3 +168,44 @@ def test_python_dash_m_help():
     assert result.returncode == 0, result.stderr
     assert "Usage: personaemp" in result.stdout
     assert "filter" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "stream", "text"),
+    [
+        (["--version"], 0, "stdout", "."),
+        (["filter", "--input", "no/such/folder", "--output", "{tmp}/f.jsonl"], 2, "stderr", "Error:"),
+        (["no-such-command"], 2, "stderr", "No such command"),
+        (["filter", "--on-error", "maybe"], 2, "stderr", "maybe"),
+    ],
+)
+def test_the_program_exits_at_once_with_the_command_s_code_and_all_its_output(
+    tmp_path, args, code, stream, text
+):
+    """cli.entry ends the process with os._exit after the work (Python's teardown of what a
+    run imports took 0.6 s): the exit code and every line written must survive it."""
+    program = [sys.executable, "-m", "personaemp", *(a.format(tmp=tmp_path) for a in args)]
+    result = subprocess.run(
+        program, capture_output=True, text=True, timeout=60, env={**os.environ, "NO_COLOR": "1"}
+    )
+    assert result.returncode == code, result.stderr
+    assert text in getattr(result, stream)
+    if code == 0:
+        assert result.stdout.endswith("\n")
+
+
+def test_the_console_script_is_the_quick_exit_entry():
+    from importlib.metadata import entry_points
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "personaemp"]
+    assert script.value == "personaemp.cli:entry"
+
+
+def test_a_long_output_through_a_pipe_is_whole_after_the_quick_exit(runner):
+    result = subprocess.run(
+        [sys.executable, "-m", "personaemp", "filter", "--show-rules"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "NO_COLOR": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    in_process = runner.invoke(app, ["filter", "--show-rules"])
+    assert len(result.stdout) > 2000 and result.stdout == in_process.stdout
