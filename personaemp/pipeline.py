@@ -10,11 +10,11 @@ pipeline after a crash or an edit redoes only what changed.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -164,10 +164,13 @@ def run_persona_and_queries(
         options.queries.input, options.queries.output, **_queries_args(options.queries, options.llm),
         full=True, chained=True,
     )  # fmt: skip
+    written = functools.cache(lambda: queries.read_personas(options.queries.input))  # read once, at the end
     reports = run_llm_chain(
-        first, second, queries.handoff, lambda: queries.read_personas(options.queries.input)[0],
+        first, second, queries.handoff, lambda: written()[0],
         settings=llm_settings(options.llm, env), console=console, meanwhile=meanwhile,
     )  # fmt: skip
+    if written.cache_info().currsize:  # read as the chain ended: the funnel counts over it
+        second.units, second.skipped = written()
     if stream is not None:
         summaries.print_filter_summary(stream.report, console)
     summaries.print_stage_report(reports[0], console)
@@ -200,7 +203,10 @@ class _BackgroundImports:
 
         # First the language model: gen-queries' checks need it within seconds, and loading
         # it there would stop the event loop (and 32 requests' replies) for half a second.
-        for load in (_identifier, *(partial(importlib.import_module, module) for module in self.modules)):
+        for load in (
+            _identifier,
+            *(functools.partial(importlib.import_module, module) for module in self.modules),
+        ):
             try:
                 load()
             except Exception:  # noqa: BLE001 - the stage that needs it reports it properly
