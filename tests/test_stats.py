@@ -308,3 +308,17 @@ def test_push_after_stats_reuses_the_drawing_until_a_file_changes(processed, mon
     changed, redrawn = stage.stats_and_figures(sources_in(processed))
     assert len(computed) == 2 and changed["funnel"] != first["funnel"] and len(drawn) == 14
     assert redrawn["funnel.png"] != figures["funnel.png"]
+
+
+def test_a_plot_drawn_once_is_the_png_savefig_makes(processed):
+    """stats._png draws once and encodes the canvas (savefig drew twice, the first time to
+    lay the plot out): the PNG must not change."""
+    import io
+
+    from personaemp.stages import stats as stage
+
+    stats = compute_stats(sources_in(processed))
+    for name in stage.figure_names(stats):
+        saved = io.BytesIO()
+        stage._draw(name, stats).savefig(saved, format="png", dpi=stage.DPI, metadata={"Software": None})
+        assert stage._png(stage._draw(name, stats)) == saved.getvalue(), name
