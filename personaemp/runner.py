@@ -280,7 +280,18 @@ async def run_chain(
     arrived: deque[dict[str, Any]] = deque()  # the first's, read from a stream
     streamed = hasattr(units, "__anext__")
     source = units if streamed else iter(units)
-    state = {"ended": False, "reading": False}
+    state = {"ended": False, "reading": False, "first_running": 0}
+    finishing: list[asyncio.Future] = []  # the first's finish, begun once its last unit is done
+
+    def finish_first() -> dict[str, str]:
+        """The first's files rewritten, then the second's whole input hashed for its own
+        finish. Done in a thread while the second's last units run: the CPU is idle then."""
+        first.run.finish(False)
+        return {str(u[second.run.key]): unit_hash(u, second.run.fingerprint) for u in final_input()}
+
+    def first_may_be_done() -> None:
+        if not finishing and state["ended"] and not arrived and not state["first_running"]:
+            finishing.append(asyncio.get_running_loop().run_in_executor(None, finish_first))
 
     def pass_on(row: dict[str, Any] | None) -> None:
         unit = handoff(row) if row is not None else None
@@ -299,10 +310,18 @@ async def run_chain(
             first.on_progress(first.run.outcome)
         return unit if work else None
 
+    def start_first(unit: dict[str, Any]):
+        state["first_running"] += 1  # counted from now: the task starts later
+        return one_first(unit)
+
     async def one_first(unit: dict[str, Any]) -> None:
-        pass_on(await first.run.do(unit, first.work))
+        try:
+            pass_on(await first.run.do(unit, first.work))
+        finally:
+            state["first_running"] -= 1
         if first.on_progress:
             first.on_progress(first.run.outcome)
+        first_may_be_done()
 
     async def one_second(unit: dict[str, Any]) -> None:
         await second.run.do(unit, second.work)
@@ -315,6 +334,7 @@ async def run_chain(
             unit = await anext(source)
         except StopAsyncIteration:
             state["ended"] = True
+            first_may_be_done()
         else:
             if take(unit) is not None:
                 arrived.append(unit)
@@ -326,7 +346,7 @@ async def run_chain(
             if ready:
                 return one_second(ready.popleft())
             if arrived:
-                return one_first(arrived.popleft())
+                return start_first(arrived.popleft())
             if state["ended"] or state["reading"]:
                 return None
             if streamed:
@@ -335,8 +355,9 @@ async def run_chain(
             unit = next(source, None)
             if unit is None:
                 state["ended"] = True
+                first_may_be_done()
             elif take(unit) is not None:
-                return one_first(unit)
+                return start_first(unit)
 
     stopped = True
     try:
@@ -344,14 +365,18 @@ async def run_chain(
             await _run_feed(next_job, window)
         stopped = False
     finally:
-        # Stopped before its whole input was read, the first keeps its files as appended
-        # too: a rewrite from the units seen so far would drop the rows of the others.
-        first.run.finish(stopped, partial=not state["ended"])
+        if finishing:  # the first was done: its finish runs (or ran) in the thread, whole
+            hashes = await asyncio.shield(finishing[0])
+        else:
+            # Stopped before its whole input was read, the first keeps its files as appended
+            # too: a rewrite from the units seen so far would drop the rows of the others.
+            first.run.finish(stopped, partial=not state["ended"])
+            hashes = None
     # Stopped, the second saw only part of its input: its files stay as appended (the next
     # run finishes them), since a rewrite now would drop the rows of units it never saw.
-    second.run.finish(
-        False, {str(u[second.run.key]): unit_hash(u, second.run.fingerprint) for u in final_input()}
-    )
+    if hashes is None:
+        hashes = {str(u[second.run.key]): unit_hash(u, second.run.fingerprint) for u in final_input()}
+    second.run.finish(False, hashes)
 
 
 async def _run_window(units: Iterable[dict[str, Any]], one, window: int) -> None:

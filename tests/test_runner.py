@@ -308,3 +308,41 @@ def test_a_chain_whose_streamed_input_fails_keeps_the_rows_of_users_it_never_saw
         raise AssertionError("the stream's error stops the chain")
     ids = [json.loads(line)["id"] for line in output.read_text().splitlines()]
     assert ids == ["u0", "u1", "u2", "u9"], "appended, not rewritten from the one unit seen"
+
+
+def test_a_chain_finishes_the_first_stage_while_the_second_still_works(tmp_path):
+    """The first stage's rewrite (and the reading of the second's whole input) is done as
+    soon as its last unit ends, beside the second's last units, not after them."""
+    from personaemp.runner import Link, StageRun, run_chain
+
+    output = tmp_path / "first.jsonl"
+    output.write_text(json.dumps({"id": "gone", "value": "stale", "input_hash": "x"}) + "\n")
+    first = StageRun(key="id", output=output, failures=tmp_path / "f.failures.jsonl", fingerprint="f")
+    second = StageRun(
+        key="id", output=tmp_path / "s.jsonl", failures=tmp_path / "s.failures.jsonl", fingerprint="s"
+    )
+    final_reads = []
+
+    async def upper(unit):
+        return {"id": unit["id"], "value": unit["text"].upper()}
+
+    async def waits_for_the_rewrite(unit):
+        for _ in range(500):
+            if "gone" not in output.read_text():
+                return {"id": unit["id"]}
+            await asyncio.sleep(0.01)
+        raise AssertionError("the first stage was not finished while the second worked")
+
+    def final_input():
+        final_reads.append(output.read_text())
+        return [json.loads(line) for line in output.read_text().splitlines()]
+
+    units = [{"id": f"u{i}", "text": f"t{i}"} for i in range(3)]
+    asyncio.run(
+        run_chain(Link(first, upper), units, Link(second, waits_for_the_rewrite), dict, final_input, window=4)
+    )
+    assert [json.loads(line)["id"] for line in output.read_text().splitlines()] == ["u0", "u1", "u2"]
+    assert len(final_reads) == 1 and "gone" not in final_reads[0]
+    assert sorted(json.loads(line)["id"] for line in (tmp_path / "s.jsonl").read_text().splitlines()) == [
+        "u0", "u1", "u2",
+    ]  # fmt: skip
