@@ -30,7 +30,11 @@ from personaemp.errors import PersonaempError
 
 _HEADER = struct.Struct(">cQ")  # frame kind, payload length
 _ROW, _END = b"r", b"e"
-_CHILD = "from personaemp.streaming import filter_child; filter_child()"
+# The language model first (its half second is the child's longest step), then the rest.
+_CHILD = (
+    "from personaemp.language import load_in_background; load_in_background(); "
+    "from personaemp.streaming import filter_child; filter_child()"
+)
 
 
 def can_stream() -> bool:
@@ -114,9 +118,6 @@ class FilterFeed:
 def filter_child() -> None:
     """The child: filter_users with the pickled arguments on stdin; each kept row, then the
     outcome, as frames on stdout."""
-    from personaemp.language import load_in_background
-
-    load_in_background()  # needed at the first user to pass the other gates; loads meanwhile
     from rich.console import Console
 
     from personaemp.stages.filter import filter_users
