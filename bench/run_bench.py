@@ -167,7 +167,8 @@ def main() -> None:
     llm = max(stage["wall_seconds"] for stage in report.values())
     print(
         f"of which both LLM stages: {llm:.1f} s ({llm / ideal:.3f}x the ideal); a request took "
-        f"{client * 1000:.0f} ms seen by the client, {server_mean * 1000:.0f} ms slept by the server, "
+        f"{client * 1000:.0f} ms seen by the client, {server_mean * 1000:.0f} ms drawn as the endpoint's "
+        "answer time, "
         f"{sum(first['handled']) / len(first['handled']) * 1000:.0f} ms from read to reply sent there"
     )
     ends = [start + latency for start, latency in zip(first["started"], first["latencies"], strict=True)]

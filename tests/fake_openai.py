@@ -709,13 +709,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(*refused)
             return
         try:
-            action = fake._next_action(body, number)
-            if fake.latency is not None:
-                seconds = fake.latency()
+            seconds = fake.latency() if fake.latency is not None else None
+            if seconds is not None:
                 with fake._lock:
                     fake.latencies.append(seconds)
                     fake.started.append(time.time())
-                fake._wait(seconds)
+            answering = time.perf_counter()
+            action = fake._next_action(body, number)
+            if seconds is not None:
+                # The latency is the endpoint's time to answer: working the reply out is part of
+                # it, as on a real server (added on top, it was counted against the client).
+                fake._wait(seconds - (time.perf_counter() - answering))
             if action.kind == "hang":
                 fake._wait(action.seconds)
                 action = fake._after_hang(action, body, number)
@@ -821,8 +825,8 @@ class FakeOpenAI:
         self.rng = random.Random(seed)
         self.requests: list[Recorded] = []
         self.errors: list[BaseException] = []  # exceptions raised by the responder / latency
-        self.latencies: list[float] = []  # every latency slept, for benchmarks (GET /stats)
-        self.started: list[float] = []  # and when each sleep began (time.time(): the client's clock too)
+        self.latencies: list[float] = []  # every latency (answer time), for benchmarks (GET /stats)
+        self.started: list[float] = []  # and when each answer began (time.time(): the client's clock too)
         self.handled: list[float] = []  # seconds from a chat request read to its reply sent
         self.max_in_flight = 0
         self._in_flight = 0
