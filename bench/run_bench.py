@@ -35,21 +35,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from demo_bench import machine  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "tests"))
+from conftest import copy_sample  # noqa: E402
+
 SHARED = ROOT.parent / "shared" / "alpsbench" / "task1"
-
-
-def copy_sample(target: Path, copies: int) -> None:
-    """The shared sample `copies` times under new ids, each copy's first memory marked."""
-    target.mkdir(parents=True)
-    for name in ("model_input.jsonl", "reference_output.jsonl"):
-        with (target / name).open("w", encoding="utf-8") as out:
-            for copy in range(copies):
-                for line in (SHARED / name).read_text(encoding="utf-8").splitlines():
-                    row = json.loads(line)
-                    row["benchmark_id"] = f"{row['benchmark_id']}-c{copy}"
-                    if copy and row.get("gold", {}).get("memory_items"):  # else the cache answers copies
-                        row["gold"]["memory_items"][0]["value"] += f" (copy {copy})"
-                    out.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
 def start_server(median: float, sigma: float) -> tuple[subprocess.Popen, str]:
@@ -126,7 +115,7 @@ def main() -> None:
     try:
         with contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory() as name:
             folder = Path(name)
-            copy_sample(folder / "input", args.copies)
+            copy_sample(SHARED, folder / "input", args.copies, mark=True)
             (folder / "personaemp.toml").write_text(
                 f'[paths]\ninput = "{folder / "input"}"\nprocessed = "{folder / "processed"}"\n'
                 f'[llm]\nbase_url = ["{base_url}"]\nmodel = "fake"\nconcurrency = {args.in_flight}\n',

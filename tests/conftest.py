@@ -19,6 +19,23 @@ SAMPLE_USERS = 48
 SAMPLE_KEPT = 16
 
 
+def copy_sample(source: Path, target: Path, copies: int, *, mark: bool = False) -> Path:
+    """An AlpsBench task1 folder `copies` times under new ids (bench/run_bench.py, the scale
+    tests). `mark`: each later copy's first memory changed too, so the reply cache cannot
+    answer a copy with the first one's replies."""
+    target.mkdir(parents=True)
+    for name in ("model_input.jsonl", "reference_output.jsonl"):
+        with (target / name).open("w", encoding="utf-8") as out:
+            for copy in range(copies):
+                for line in (source / name).read_text(encoding="utf-8").splitlines():
+                    row = json.loads(line)
+                    row["benchmark_id"] = f"{row['benchmark_id']}-c{copy}"
+                    if mark and copy and row.get("gold", {}).get("memory_items"):
+                        row["gold"]["memory_items"][0]["value"] += f" (copy {copy})"
+                    out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return target
+
+
 def pytest_collection_modifyitems(items):
     """`make test` runs pytest -n 3 --dist worksteal on 2 cores: the embedded-model tests
     (the longest, CPU-bound, one thread each) are handed out first, so no worker is left

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import SAMPLE_TASK1, order_free_responder, read_jsonl
+from conftest import SAMPLE_TASK1, copy_sample, order_free_responder, read_jsonl
 from fake_openai import FakeOpenAI, server_error
 from rich.console import Console
 from typer.testing import CliRunner
@@ -252,17 +252,9 @@ def test_a_shard_summarizes_its_own_personas(tmp_path):
 
 
 def copied_sample(target: Path, copies: int) -> Path:
-    """The sample `copies` times under new ids: more kept rows than the pipe holds (64 KB),
-    so the filter cannot finish before infer-persona has taken some of them."""
-    target.mkdir(parents=True)
-    for name in ("model_input.jsonl", "reference_output.jsonl"):
-        with (target / name).open("w", encoding="utf-8") as out:
-            for copy in range(copies):
-                for line in (SAMPLE_TASK1 / name).read_text(encoding="utf-8").splitlines():
-                    row = json.loads(line)
-                    row["benchmark_id"] = f"{row['benchmark_id']}-c{copy}"
-                    out.write(json.dumps(row, ensure_ascii=False) + "\n")
-    return target
+    """More kept rows than the pipe holds (64 KB): the filter cannot finish before
+    infer-persona has taken some of them."""
+    return copy_sample(SAMPLE_TASK1, target, copies)
 
 
 def streamed_options(source: Path, processed: Path, base_url: str, **llm) -> RunOptions:
