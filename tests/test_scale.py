@@ -260,7 +260,7 @@ def copied_sample(target: Path, copies: int) -> Path:
 def streamed_options(source: Path, processed: Path, base_url: str, **llm) -> RunOptions:
     return RunOptions(
         paths=PathsOptions(input=str(source), processed=processed),
-        llm=LLMOptions(base_url=[base_url], model="fake", concurrency=1, **llm),
+        llm=LLMOptions(base_url=[base_url], model="fake", concurrency=2, **llm),  # a window of 4 units
         split=SplitOptions(ood=False),
     )
 
@@ -291,7 +291,8 @@ def test_run_sends_requests_while_the_filter_still_reads_and_writes_what_the_sta
 
         alone = tmp_path / "alone"
         report = filter_users(str(source), alone / "filtered.jsonl", console=QUIET)
-        settings = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=alone / "work")
+        # The run's own cache: the stages alone get the same replies without asking again.
+        settings = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=processed / ".personaemp")
         infer_personas(alone / "filtered.jsonl", alone / "personas.jsonl", settings, console=QUIET)
         generate_queries(alone / "personas.jsonl", alone / "queries.jsonl", settings, console=QUIET)
     text = (tmp_path / "console.txt").read_text()

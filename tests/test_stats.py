@@ -318,7 +318,7 @@ def test_a_plot_drawn_once_is_the_png_savefig_makes(processed):
     from personaemp.stages import stats as stage
 
     stats = compute_stats(sources_in(processed))
-    for name in stage.figure_names(stats):
+    for name in ("funnel.png", "big_five_random.png"):  # one panel per kind of plot is enough
         saved = io.BytesIO()
         stage._draw(name, stats).savefig(saved, format="png", dpi=stage.DPI, metadata={"Software": None})
         assert stage._png(stage._draw(name, stats)) == saved.getvalue(), name
