@@ -64,8 +64,11 @@ class FilterFeed:
             [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": path},
         )  # fmt: skip
-        self._process.stdin.write(pickle.dumps(self.filter_args))
-        self._process.stdin.close()
+        try:
+            self._process.stdin.write(pickle.dumps(self.filter_args))
+            self._process.stdin.close()
+        except BrokenPipeError:  # the child died at once: reading its output says so
+            pass
         return self
 
     def __exit__(self, *exc_info) -> None:
