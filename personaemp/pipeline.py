@@ -212,7 +212,13 @@ class _BackgroundImports:
             except Exception:  # noqa: BLE001 - the stage that needs it reports it properly
                 return
 
-    def join(self) -> None:
+    def __enter__(self) -> _BackgroundImports:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        # Joined even when the run stops: a thread still importing holds module locks, and a
+        # process forked then (split's or the plots' workers, later in the same process)
+        # waits on them for ever (a test after a failed `run` hung so).
         if self.thread is not None:
             self.thread.join()
 
@@ -417,22 +423,21 @@ def _run_stages(
     if chains(options) and streams(options):
         from personaemp.streaming import FilterFeed
 
-        importing = _background_imports()
-        with result.stage("filter → infer-persona → gen-queries", console):
+        with (
+            result.stage("filter → infer-persona → gen-queries", console),
+            _background_imports() as importing,
+        ):
             with FilterFeed(filter_args(options.filter)) as stream:
                 reports = run_persona_and_queries(options, console, env, importing.start, stream)
             result.reports["filter"] = stream.report
             result.reports["infer-persona"], result.reports["gen-queries"] = reports
-            importing.join()  # before split forks its workers: no thread may hold the import lock
         return _split_stats_push(options, console, result)
     with result.stage("filter", console):
         result.reports["filter"] = run_filter(options.filter, console)
     if chains(options):
-        importing = _background_imports()
-        with result.stage("infer-persona → gen-queries", console):
+        with result.stage("infer-persona → gen-queries", console), _background_imports() as importing:
             reports = run_persona_and_queries(options, console, env, meanwhile=importing.start)
             result.reports["infer-persona"], result.reports["gen-queries"] = reports
-            importing.join()  # before split forks its workers: no thread may hold the import lock
         return _split_stats_push(options, console, result)
     # In `run`, a [persona] limit is the size of the build, not a quick look: the card quotes it.
     with result.stage("infer-persona", console):

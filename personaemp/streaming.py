@@ -15,6 +15,7 @@ their thread pools can hang in them (polars did, in a test that had used it befo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pickle
 import signal
@@ -31,7 +32,10 @@ from personaemp.errors import PersonaempError
 _HEADER = struct.Struct(">cQ")  # frame kind, payload length
 _ROW, _END = b"r", b"e"
 # The language model first (its half second is the child's longest step), then the rest.
+# SIGINT back to Python's handler: a `run` started with it ignored (`personaemp run &` from a
+# script) would pass that on, and the child could then not be stopped cleanly.
 _CHILD = (
+    "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
     "from personaemp.language import load_in_background; load_in_background(); "
     "from personaemp.streaming import filter_child; filter_child()"
 )
@@ -75,6 +79,9 @@ class FilterFeed:
         process = self._process
         if self._transport is None:  # never read on a loop
             process.stdout.close()
+        if self.report is not None:  # it has finished: let it end by itself
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(5)
         if process.poll() is None:
             # A stopped run: the child stops at once (SIGINT: its partial output is removed).
             process.send_signal(signal.SIGINT)

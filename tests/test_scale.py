@@ -364,3 +364,25 @@ def test_errors_cross_a_process_whole():
     assert str(error) == "in.jsonl:7: not JSON — fix the row or pass --on-error skip"
     hinted = pickle.loads(pickle.dumps(InputError("bad", "do this")))
     assert str(hinted) == "bad — do this"
+
+
+def test_the_streamed_filter_stops_cleanly_when_run_was_started_with_sigint_ignored(tmp_path):
+    """`personaemp run &` from a script starts with SIGINT ignored; the child inherited that,
+    so stopping it waited 10 s, killed it and left its partial output behind."""
+    import signal
+    import time
+
+    from personaemp.pipeline import filter_args
+    from personaemp.streaming import FilterFeed
+
+    source = copied_sample(tmp_path / "input", 3)
+    options = streamed_options(source, tmp_path / "processed", "http://127.0.0.1:9/v1")
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with FilterFeed(filter_args(options.filter)):
+            time.sleep(1.5)  # the child is writing its output, blocked on the full pipe
+            started = time.monotonic()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert time.monotonic() - started < 5, "stopped by SIGINT, not killed after the 10 s wait"
+    assert leftovers(tmp_path / "processed") == [] and filter_children() == []

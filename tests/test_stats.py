@@ -322,3 +322,10 @@ def test_a_plot_drawn_once_is_the_png_savefig_makes(processed):
         saved = io.BytesIO()
         stage._draw(name, stats).savefig(saved, format="png", dpi=stage.DPI, metadata={"Software": None})
         assert stage._png(stage._draw(name, stats)) == saved.getvalue(), name
+
+
+def test_a_line_that_is_not_utf8_exits_2_naming_it(processed, tmp_path):
+    (processed / "personas.jsonl").write_bytes(b'{"user_id": "a\xff", "eligible": true}\n')
+    result = CliRunner().invoke(app, ["stats", "--processed", str(processed), "--out", str(tmp_path / "s")])
+    assert result.exit_code == 2
+    assert "personas.jsonl:1: not valid UTF-8" in result.output

@@ -235,7 +235,8 @@ def _remembered_matching():
     memo: dict[tuple[bytes, bytes], Any] = {}
 
     def dissim(centroids, point, **_):
-        key = (centroids.tobytes(), point.tobytes())
+        # As integers: kmodes' centroids may be object arrays, whose bytes are pointers.
+        key = (np.asarray(centroids, dtype=np.int64).tobytes(), np.asarray(point, dtype=np.int64).tobytes())
         found = memo.get(key)
         if found is None:
             found = memo[key] = np.sum(centroids != point, axis=1)

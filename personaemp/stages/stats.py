@@ -159,6 +159,8 @@ def _rows(path: Path, model: type[msgspec.Struct], what: str) -> list:
                 rows.append(typed.decode(line))
             except msgspec.ValidationError as exc:
                 raise InputError(f"{path}:{lineno}: not a {what} row ({exc})", HINT) from None
+            except UnicodeDecodeError:  # a string _RAW skipped over without decoding it
+                raise InputError(f"{path}:{lineno}: not valid UTF-8", HINT) from None
     except RowError as error:  # an unreadable line
         raise InputError(f"{error.location}: {error.reason}", HINT) from None
     return rows
