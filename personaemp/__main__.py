@@ -1,3 +1,10 @@
-from personaemp.cli import entry
+try:
+    from personaemp.cli import entry
+except KeyboardInterrupt:  # Ctrl-C while the program starts
+    import os
+    import sys
+
+    sys.stderr.write("Interrupted — run it again to resume\n")
+    os._exit(130)
 
 entry()

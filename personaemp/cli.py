@@ -44,8 +44,13 @@ def entry() -> None:
     by then, so after the atexit handlers and a flush the process just ends."""
     import atexit
     import os
+    import signal
     import sys
 
+    # Started with SIGINT ignored (`personaemp run &` in a script), a run went on after
+    # `kill -INT` while its filter child, which resets it, died: Ctrl-C always stops it.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         app(prog_name="personaemp")
         code = 0
@@ -54,6 +59,8 @@ def entry() -> None:
         if isinstance(code, str):
             sys.stderr.write(code + "\n")
             code = 1
+    except KeyboardInterrupt:  # outside a command (parsing the flags), or a second Ctrl-C
+        code = interrupted()
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -62,6 +69,18 @@ def entry() -> None:
 
 def stderr_console() -> Console:
     return Console(stderr=True, soft_wrap=True)
+
+
+INTERRUPTED = "Interrupted — run it again to resume"
+
+
+def interrupted() -> int:
+    """Ctrl-C: one line (finished outputs are kept; a re-run resumes), and exit code 130."""
+    import sys
+
+    sys.stderr.write(INTERRUPTED + "\n")
+    sys.stderr.flush()
+    return 130
 
 
 def reports_errors(command):
@@ -77,8 +96,7 @@ def reports_errors(command):
             stderr_console().print(f"[bold red]Error:[/] {escape(redact(str(error)))}")
             raise typer.Exit(error.exit_code) from None
         except KeyboardInterrupt:
-            stderr_console().print("[bold red]Interrupted.[/] Finished outputs were left as they were.")
-            raise typer.Exit(130) from None
+            raise typer.Exit(interrupted()) from None
 
     return wrapper
 

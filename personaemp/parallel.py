@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -15,5 +16,11 @@ def fork_map(function: Callable[[Any], Any], items: list, *, worth_it: bool = Tr
     workers = min(len(items), os.cpu_count() or 1)
     if not worth_it or workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
         return [function(item) for item in items]
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
+    with multiprocessing.get_context("fork").Pool(workers, initializer=_leave_sigint_to_the_parent) as pool:
         return pool.map(function, items, chunksize=1)
+
+
+def _leave_sigint_to_the_parent() -> None:
+    """A Ctrl-C reaches the workers too (one process group): each printed its traceback. The
+    parent's KeyboardInterrupt ends the pool (terminate) and is reported once, by the parent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -215,11 +215,12 @@ class _BackgroundImports:
     def __enter__(self) -> _BackgroundImports:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, exc_type, *exc_info) -> None:
         # Joined even when the run stops: a thread still importing holds module locks, and a
         # process forked then (split's or the plots' workers, later in the same process)
-        # waits on them for ever (a test after a failed `run` hung so).
-        if self.thread is not None:
+        # waits on them for ever (a test after a failed `run` hung so). Not after Ctrl-C:
+        # nothing is forked after it, and the join held the exit up to 6 s (datasets' import).
+        if self.thread is not None and not (exc_type and issubclass(exc_type, KeyboardInterrupt)):
             self.thread.join()
 
 

@@ -31,14 +31,27 @@ from personaemp.errors import PersonaempError
 
 _HEADER = struct.Struct(">cQ")  # frame kind, payload length
 _ROW, _END = b"r", b"e"
-# The language model first (its half second is the child's longest step), then the rest.
-# SIGINT back to Python's handler: a `run` started with it ignored (`personaemp run &` from a
-# script) would pass that on, and the child could then not be stopped cleanly.
+# The child is in a process group of its own, so a Ctrl-C in the terminal reaches only the
+# parent, which stops the child itself (SIGTERM, raised in the child as KeyboardInterrupt: its
+# partial output is removed). Both the parent and the child stopping at once raced: a child
+# dead before its last frame read as "the filter ended without a result", its traceback on
+# the terminal. SIGTERM before the handler is set kills it silently (it has written nothing).
+# Then the language model first (its half second is the child's longest step), then the rest.
 _CHILD = (
-    "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
-    "from personaemp.language import load_in_background; load_in_background(); "
-    "from personaemp.streaming import filter_child; filter_child()"
+    "import os, signal\n"
+    "def stop(signum, frame): raise KeyboardInterrupt\n"
+    "signal.signal(signal.SIGTERM, stop)\n"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    "try:\n"
+    "    from personaemp.streaming import filter_child, tie_to_parent\n"
+    "    tie_to_parent()\n"
+    "    from personaemp.language import load_in_background\n"
+    "    load_in_background()\n"
+    "    filter_child()\n"
+    "except KeyboardInterrupt:\n"
+    "    os._exit(1)\n"
 )
+_PARENT_PID = "PERSONAEMP_FILTER_PARENT"
 
 
 def can_stream() -> bool:
@@ -66,30 +79,38 @@ class FilterFeed:
         path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
         self._process = subprocess.Popen(
             [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": path},
+            env={**os.environ, "PYTHONPATH": path, _PARENT_PID: str(os.getpid())},
+            process_group=0,
         )  # fmt: skip
         try:
             self._process.stdin.write(pickle.dumps(self.filter_args))
             self._process.stdin.close()
         except BrokenPipeError:  # the child died at once: reading its output says so
             pass
+        except BaseException:  # Ctrl-C right now: no __exit__ will stop it
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc_info) -> None:
         process = self._process
-        if self._transport is None:  # never read on a loop
-            process.stdout.close()
-        if self.report is not None:  # it has finished: let it end by itself
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(5)
-        if process.poll() is None:
-            # A stopped run: the child stops at once (SIGINT: its partial output is removed).
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
+        try:
+            if self._transport is None:  # never read on a loop
+                process.stdout.close()
+            if self.report is not None:  # it has finished: let it end by itself
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(5)
+            if process.poll() is None:
+                # A stopped run: the child stops at once (its partial output is removed).
+                process.terminate()
+                try:
+                    process.wait(10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+        finally:
+            if process.poll() is None:  # a second Ctrl-C cut the above short: no child outlives run
                 process.kill()
-        process.wait()
+            process.wait()
 
     async def __aenter__(self) -> FilterFeed:
         loop = asyncio.get_running_loop()
@@ -123,6 +144,19 @@ class FilterFeed:
             raise outcome
         self.report = outcome
         raise StopAsyncIteration
+
+
+def tie_to_parent() -> None:
+    """Linux: SIGTERM (a clean stop) to the child when `run` dies without stopping it
+    (kill -9); the child is in its own process group, so a kill of `run`'s misses it."""
+    parent = int(os.environ.get(_PARENT_PID, "0"))
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if parent and os.getppid() != parent:  # it died before that took effect
+        os._exit(1)
 
 
 def filter_child() -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence, Sized
+from collections.abc import Callable, Coroutine, Iterable, Sequence, Sized
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -207,7 +209,7 @@ def run_llm_stage(
                 )
             return report
 
-    report = asyncio.run(main())
+    report = run_interruptibly(main())
     if estimate is not None:
         return report  # nothing was sent or written: no run to record
     if queue is not None:
@@ -295,10 +297,56 @@ def run_llm_chain(
             reports[0].wall_seconds = (ended[0] or time.perf_counter()) - started
             return reports[0], reports[1]
 
-    reports = asyncio.run(main())
+    reports = run_interruptibly(main())
     for plan, report in zip((first, second), reports, strict=True):
         plan.record(report, settings)
     return reports
+
+
+def run_interruptibly(work: Coroutine[Any, Any, Any]) -> Any:
+    """asyncio.run(work), where Ctrl-C always ends in KeyboardInterrupt.
+
+    asyncio's own handler cancels the work and raises KeyboardInterrupt only if the work
+    then ends cancelled: work that ended anyway (the signal came as it finished) or with
+    another error on the way out returned or raised that instead, and Ctrl-C was lost or
+    misreported. Here the first SIGINT cancels the work (its cleanup keeps finished rows),
+    a second raises at once, and either way the caller sees KeyboardInterrupt."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler  # SIGINT is someone else's
+    ):
+        return asyncio.run(work)
+    interrupted = False
+    task: asyncio.Task | None = None
+
+    async def main() -> Any:
+        nonlocal task
+        task = asyncio.current_task()
+        return await work
+
+    with asyncio.Runner() as runner:
+
+        def on_sigint(signum, frame) -> None:
+            nonlocal interrupted
+            if interrupted or task is None or task.done():
+                interrupted = True
+                raise KeyboardInterrupt
+            interrupted = True
+            task.cancel()
+            runner.get_loop().call_soon_threadsafe(lambda: None)  # wake the loop's select()
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            result = runner.run(main())
+        except BaseException:
+            if interrupted:
+                raise KeyboardInterrupt from None
+            raise
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        if interrupted:
+            raise KeyboardInterrupt
+        return result
 
 
 def _window(engine: Engine) -> int:
