@@ -1,0 +1,277 @@
+"""Ctrl-C on a real `python -m personaemp run`, at a known phase of it.
+
+Each run is its own session, as a terminal's job is; SIGINT goes to its process group (what
+Ctrl-C sends) or to the run alone. The phase is known from events, not from sleeps: the
+filter child seen in /proc, a request held by the fake endpoint, the plot workers seen in
+/proc. Every case: exit 130, the one line, no traceback, no process of the run left, no
+temporary file left. (How fast it exits is measured by bench/interrupt_bench.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, SAMPLE_TASK1, copy_sample, order_free_responder
+from fake_openai import FakeOpenAI
+
+from personaemp.cli import INTERRUPTED
+from personaemp.errors import PersonaempError
+from personaemp.llm.run import run_interruptibly
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+def setup(tmp_path: Path, base_url: str) -> Path:
+    """144 users, 48 kept: more than the pipe to the filter child holds, so with requests
+    held the child is still there, blocked on the pipe."""
+    copy_sample(SAMPLE_TASK1, tmp_path / "input", 3)
+    config = tmp_path / "personaemp.toml"
+    config.write_text(
+        f'[paths]\ninput = "{tmp_path / "input"}"\nprocessed = "{tmp_path / "processed"}"\n'
+        f'[llm]\nbase_url = ["{base_url}"]\nmodel = "fake"\nconcurrency = 2\nmax_retries = 0\n',
+        encoding="utf-8",
+    )
+    return config
+
+
+class Run:
+    """`python -m personaemp run` in a session of its own, its stderr read as it comes."""
+
+    def __init__(
+        self, config: Path, *, sigint_ignored: bool = False, path: Path | None = None, env=None
+    ) -> None:
+        python_path = os.pathsep.join(str(folder) for folder in (REPO, path) if folder)
+        env = {**os.environ, **(env or {}), "PYTHONPATH": python_path, "NO_COLOR": "1", "COLUMNS": "100"}
+        ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "personaemp", "run", "--config", str(config)],
+            cwd=config.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            env=env, start_new_session=True, preexec_fn=ignore,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, condition, what: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert self.process.poll() is None, f"the run ended before {what}: {self.lines[-5:]}"
+            assert time.monotonic() < deadline, f"no {what} in {timeout} s"
+            time.sleep(0.002)
+
+    def interrupt(self, group: bool = True) -> None:
+        if group:
+            os.killpg(self.process.pid, signal.SIGINT)  # as a terminal's Ctrl-C
+        else:
+            self.process.send_signal(signal.SIGINT)
+
+    def end(self) -> int:
+        try:
+            code = self.process.wait(timeout=30)
+        finally:
+            if self.process.poll() is None:
+                os.killpg(self.process.pid, signal.SIGKILL)
+        self.reader.join(10)
+        return code
+
+
+def in_session(sid: int) -> list[tuple[int, str]]:
+    """Live processes of a session (the run, its filter child, its forked workers)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            name, fields = stat.read_text().rsplit(")", 1)
+            command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        state, _, _, session = fields.split()[:4]
+        if int(session) == sid and state != "Z":
+            found.append((int(stat.parent.name), command))
+    return found
+
+
+def children(run: Run, *, filter_child: bool) -> list[int]:
+    """The run's own children: its filter child, or the others (forked workers)."""
+    pid = run.process.pid
+    try:
+        found = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    chosen = []
+    for child in found:
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if (b"filter_child" in command) == filter_child:
+            chosen.append(int(child))
+    return chosen
+
+
+def check_interrupted(run: Run, processed: Path) -> None:
+    code = run.end()
+    text = "\n".join(run.lines)
+    assert code == 130, text[-2000:]
+    assert run.lines[-1] == INTERRUPTED, text[-2000:]
+    assert text.count(INTERRUPTED) == 1
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    assert "Error" not in text, text[-2000:]
+    deadline = time.monotonic() + 5  # a killed child is reaped by init a moment later
+    while in_session(run.process.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert in_session(run.process.pid) == [], "a process of the run outlived it"
+    assert sorted(p.name for p in processed.rglob("*.tmp")) == []
+
+
+@pytest.fixture
+def held():
+    """A fake endpoint whose replies wait until released: `first` is set once a request is
+    held (the LLM chain is under way, and the filter child blocked on its pipe)."""
+    first, release = threading.Event(), threading.Event()
+    answer = order_free_responder()
+
+    def responder(body, number):
+        first.set()
+        release.wait(60)
+        return answer(body, number)
+
+    with FakeOpenAI(responder=responder) as server:
+        server.first = first
+        try:
+            yield server
+        finally:
+            release.set()
+
+
+HOLD_CHILD = """\
+import os, sys, time
+if sys.argv == ["-c"] and "HOLD_MARK" in os.environ:  # the filter child alone (python -c)
+    open(os.environ["HOLD_MARK"], "w").close()
+    time.sleep(5)
+"""
+
+
+def test_ctrl_c_while_the_filter_child_starts(tmp_path):
+    """BUG: the filter child got the terminal's SIGINT too and printed its traceback
+    ("Fatal Python error", KeyboardInterrupt in its imports); `run` said nothing of it.
+    The child is held in its start-up by a sitecustomize (the phase is then certain)."""
+    hook, mark = tmp_path / "hook", tmp_path / "child-starting"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HOLD_CHILD, encoding="utf-8")
+    with FakeOpenAI(responder=order_free_responder()) as server:
+        run = Run(setup(tmp_path, server.base_url), path=hook, env={"HOLD_MARK": str(mark)})
+        run.wait_for(mark.exists, "filter child starting")
+        run.interrupt()
+        check_interrupted(run, tmp_path / "processed")
+    assert not (tmp_path / "processed" / "filtered.jsonl").exists(), "the filter stopped with the run"
+
+
+@pytest.mark.parametrize("group", [True, False], ids=["group", "parent-alone"])
+def test_ctrl_c_during_the_llm_chain_with_the_filter_child_alive(tmp_path, held, group):
+    run = Run(setup(tmp_path, held.base_url))
+    run.wait_for(held.first.is_set, "request")
+    assert children(run, filter_child=True), "the filter child is still there, blocked on its pipe"
+    run.interrupt(group)
+    check_interrupted(run, tmp_path / "processed")
+
+
+def test_ctrl_c_stops_a_run_started_with_sigint_ignored(tmp_path, held):
+    """BUG: `personaemp run &` from a script starts with SIGINT ignored: `kill -INT` was
+    ignored by the run (it finished, exit 0) while the filter child, which reset it, died:
+    "the filter process ended without a result", exit 1."""
+    run = Run(setup(tmp_path, held.base_url), sigint_ignored=True)
+    run.wait_for(held.first.is_set, "request")
+    run.interrupt()
+    check_interrupted(run, tmp_path / "processed")
+
+
+def test_ctrl_c_while_stats_draws_its_plots_in_forked_workers(tmp_path):
+    """BUG: each forked plot worker got the SIGINT too and printed its own traceback."""
+    with FakeOpenAI(responder=order_free_responder()) as server:
+        run = Run(setup(tmp_path, server.base_url))
+        # (a child seen before stats may be the filter child between its fork and exec)
+        stats = lambda: any(" stats " in line for line in run.lines)  # noqa: E731
+        run.wait_for(lambda: stats() and children(run, filter_child=False), "plot worker")
+        run.interrupt()
+        check_interrupted(run, tmp_path / "processed")
+    processed = tmp_path / "processed"
+    assert (processed / "queries.jsonl").stat().st_size > 0, "the finished outputs are kept"
+    assert (processed / "splits").is_dir()
+
+
+def test_a_resumed_run_after_ctrl_c_finishes_with_every_row(tmp_path, held):
+    """Interrupted mid-chain, a re-run resumes and ends like a clean run (exit 0)."""
+    config = setup(tmp_path, held.base_url)
+    run = Run(config)
+    run.wait_for(held.first.is_set, "request")
+    run.interrupt()
+    check_interrupted(run, tmp_path / "processed")
+    with FakeOpenAI(responder=order_free_responder()) as server:
+        config.write_text(config.read_text().replace(held.base_url, server.base_url))
+        again = subprocess.run(
+            [sys.executable, "-m", "personaemp", "run", "--config", str(config)],
+            env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-2000:]
+    processed = tmp_path / "processed"
+    personas = (processed / "personas.jsonl").read_text().splitlines()
+    assert len(personas) == 48 and (processed / "dataset").is_dir()
+
+
+# --- the event loop: Ctrl-C always ends in KeyboardInterrupt ---------------------------------
+
+
+def _interrupted_work(on_cancel):
+    async def work():
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the work waits
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            return on_cancel()
+        return "not cancelled"
+
+    return work
+
+
+def _swallow() -> str:
+    return "finished anyway"
+
+
+def _fail() -> None:
+    raise PersonaempError("the filter process ended without a result")
+
+
+@pytest.mark.parametrize(
+    "on_cancel", [_swallow, _fail], ids=["work-ends-anyway", "work-fails-on-the-way-out"]
+)
+def test_ctrl_c_in_the_event_loop_is_never_lost_nor_misreported(on_cancel):
+    """asyncio.run turns Ctrl-C into KeyboardInterrupt only if the work then ends cancelled:
+    work that returned anyway was taken as done (Ctrl-C ignored), and an error raised on the
+    way out was reported instead of the interrupt (the false "filter ended" message)."""
+    with pytest.raises(KeyboardInterrupt):
+        run_interruptibly(_interrupted_work(on_cancel)())
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_the_event_loop_without_ctrl_c_returns_and_raises_as_asyncio_run():
+    async def value():
+        return 7
+
+    async def error():
+        raise PersonaempError("plain")
+
+    assert run_interruptibly(value()) == 7
+    with pytest.raises(PersonaempError, match="plain"):
+        run_interruptibly(error())
