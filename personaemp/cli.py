@@ -51,6 +51,7 @@ def entry() -> None:
     # `kill -INT` while its filter child, which resets it, died: Ctrl-C always stops it.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.unraisablehook = _ctrl_c_raised_again(sys.unraisablehook)
     try:
         app(prog_name="personaemp")
         code = 0
@@ -65,6 +66,25 @@ def entry() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code or 0)
+
+
+def _ctrl_c_raised_again(previous):
+    """A Ctrl-C that lands where Python cannot raise (an after-fork hook such as filelock's,
+    as stats forks its plot workers; a finalizer) was printed as "Exception ignored" and
+    lost: the run went on to exit 0. It is raised again in the main thread instead, from
+    another thread a moment later (raised from here it fired inside this hook, lost again)."""
+    import _thread
+    import threading
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            again = threading.Timer(0.01, _thread.interrupt_main)
+            again.daemon = True
+            again.start()
+        else:
+            previous(unraisable)
+
+    return hook
 
 
 def stderr_console() -> Console:

@@ -16,7 +16,14 @@ def fork_map(function: Callable[[Any], Any], items: list, *, worth_it: bool = Tr
     workers = min(len(items), os.cpu_count() or 1)
     if not worth_it or workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
         return [function(item) for item in items]
-    with multiprocessing.get_context("fork").Pool(workers, initializer=_leave_sigint_to_the_parent) as pool:
+    # Ctrl-C held while the workers are forked: raised in Pool() it left them to multiprocessing's
+    # exit handler (a second's wait), raised in an after-fork hook it was lost (cli.py).
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        pool = multiprocessing.get_context("fork").Pool(workers, initializer=_leave_sigint_to_the_parent)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    with pool:
         return pool.map(function, items, chunksize=1)
 
 
