@@ -252,10 +252,11 @@ def kill9(work: Path, template: Path, clean, wall: float, trials: int, rng: rand
         time.sleep(max(0.0, run.started + at - time.monotonic()))
         before = rows(processed)
         stage = run.stage()
-        if run.process.poll() is not None:
-            print(f"{trial:2}  {'group' if trial % 4 != 3 else 'parent'}  {at:5.2f}  finished before the signal")
-            continue
         group = trial % 4 != 3
+        to = "group " if group else "parent"
+        if run.process.poll() is not None:
+            print(f"{trial:2}  {to}  {at:5.2f}  finished before the signal")
+            continue
         (os.killpg if group else os.kill)(run.process.pid, signal.SIGKILL)
         run.wait()
         left = left_in_session(run.process.pid)
@@ -271,8 +272,9 @@ def kill9(work: Path, template: Path, clean, wall: float, trials: int, rng: rand
         totals["resumed"] += again == 0
         totals["same"] += same
         count = sum(len(found) for found in before.values())
-        to = "group " if group else "parent"
-        print(f"{trial:2}  {to}  {at:5.2f}  {stage:7}  {count:16}  {lost:4}  {len(left):4}  {again:6}  {same}")
+        print(
+            f"{trial:2}  {to}  {at:5.2f}  {stage:7}  {count:16}  {lost:4}  {len(left):4}  {again:6}  {same}"
+        )
     print(
         f"(b) {totals['killed']} killed runs: finished rows lost {totals['lost']}, runs with a process "
         f"left {totals['left']}, resumed to exit 0 {totals['resumed']}, rows = clean {totals['same']}"
