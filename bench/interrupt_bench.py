@@ -80,6 +80,14 @@ class Run:
         return code
 
 
+def exited(pid: int) -> bool:
+    """Ended already (a zombie not yet reaped counts: a signal to it changes nothing)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
 def in_session(sid: int) -> list[int]:
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -199,7 +207,7 @@ def sigint(work: Path, template: Path, clean, wall: float, trials: int, rng: ran
         at = rng.uniform(0.2, 0.9 * wall)
         run = Run(config)
         time.sleep(max(0.0, run.started + at - time.monotonic()))
-        if run.process.poll() is not None:
+        if exited(run.process.pid):
             print(f"{trial:2}  {'group' if group else 'parent'}  {at:5.2f}  finished before the signal")
             continue
         stage = run.stage()
@@ -254,7 +262,7 @@ def kill9(work: Path, template: Path, clean, wall: float, trials: int, rng: rand
         stage = run.stage()
         group = trial % 4 != 3
         to = "group " if group else "parent"
-        if run.process.poll() is not None:
+        if exited(run.process.pid):
             print(f"{trial:2}  {to}  {at:5.2f}  finished before the signal")
             continue
         (os.killpg if group else os.kill)(run.process.pid, signal.SIGKILL)

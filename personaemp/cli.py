@@ -53,16 +53,23 @@ def entry() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.unraisablehook = _ctrl_c_raised_again(sys.unraisablehook)
     try:
-        app(prog_name="personaemp")
-        code = 0
-    except SystemExit as done:  # how click ends: its code, or a message for stderr
-        code = done.code
-        if isinstance(code, str):
-            sys.stderr.write(code + "\n")
-            code = 1
+        try:
+            app(prog_name="personaemp")
+            code = 0
+        except SystemExit as done:  # how click ends: its code, or a message for stderr
+            code = done.code
+            if isinstance(code, str):
+                sys.stderr.write(code + "\n")
+                code = 1
+        # From here a Ctrl-C is only noted: one that came as the command ended, in the exit
+        # handlers (which print and drop it), was lost, the exit code 0.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     except KeyboardInterrupt:  # outside a command (parsing the flags), or a second Ctrl-C
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         code = interrupted()
     atexit._run_exitfuncs()
+    if signal.SIGINT in signal.sigpending() and code != 130:  # (130: the user was told)
+        code = interrupted()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code or 0)
@@ -71,16 +78,20 @@ def entry() -> None:
 def _ctrl_c_raised_again(previous):
     """A Ctrl-C that lands where Python cannot raise (an after-fork hook such as filelock's,
     as stats forks its plot workers; a finalizer) was printed as "Exception ignored" and
-    lost: the run went on to exit 0. It is raised again in the main thread instead, from
-    another thread a moment later (raised from here it fired inside this hook, lost again)."""
-    import _thread
+    lost: the run went on to exit 0. It is sent again to the main thread instead, from
+    another thread a moment later (raised from here it fired inside this hook, lost again);
+    a real signal, so that a main thread blocked in a wait wakes up to it."""
+    import signal
     import threading
+
+    def again() -> None:
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
     def hook(unraisable) -> None:
         if isinstance(unraisable.exc_value, KeyboardInterrupt):
-            again = threading.Timer(0.01, _thread.interrupt_main)
-            again.daemon = True
-            again.start()
+            timer = threading.Timer(0.01, again)
+            timer.daemon = True
+            timer.start()
         else:
             previous(unraisable)
 

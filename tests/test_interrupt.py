@@ -275,3 +275,44 @@ def test_the_event_loop_without_ctrl_c_returns_and_raises_as_asyncio_run():
     assert run_interruptibly(value()) == 7
     with pytest.raises(PersonaempError, match="plain"):
         run_interruptibly(error())
+
+
+class _RaisesInItsFinalizer:
+    def __del__(self):
+        raise KeyboardInterrupt  # as if Ctrl-C came while Python ran a finalizer
+
+
+def test_a_ctrl_c_python_could_not_raise_is_raised_again(monkeypatch):
+    """BUG: Ctrl-C that came while Python ran an after-fork hook (stats forking its plot
+    workers: filelock's) or a finalizer was printed as "Exception ignored" and lost; the
+    run went on and exited 0."""
+    from personaemp.cli import _ctrl_c_raised_again
+
+    monkeypatch.setattr(sys, "unraisablehook", _ctrl_c_raised_again(sys.unraisablehook))
+    with pytest.raises(KeyboardInterrupt):
+        _RaisesInItsFinalizer()  # dropped at once: the finalizer's KeyboardInterrupt is unraisable
+        threading.Event().wait(60)  # a wait in C, as pool.map's: the signal wakes it
+
+
+IMPORT_HOLD = """\
+import os, sys, time
+class Hold:
+    def find_spec(self, name, path=None, target=None):
+        if name == "typer" and "HOLD_MARK" in os.environ:  # personaemp.cli imports it first
+            open(os.environ["HOLD_MARK"], "w").close()
+            time.sleep(5)
+        return None
+sys.meta_path.insert(0, Hold())
+"""
+
+
+def test_ctrl_c_while_the_program_starts(tmp_path):
+    """Ctrl-C while `python -m personaemp` imports its command line: the one line and 130,
+    not a traceback of the import and exit -2."""
+    hook, mark = tmp_path / "hook", tmp_path / "importing"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(IMPORT_HOLD, encoding="utf-8")
+    run = Run(setup(tmp_path, "http://127.0.0.1:9/v1"), path=hook, env={"HOLD_MARK": str(mark)})
+    run.wait_for(mark.exists, "import of the command line")
+    run.interrupt()
+    check_interrupted(run, tmp_path / "processed")
