@@ -7,8 +7,9 @@ bench/capable_server.py in another process (log-normal latency, median --median 
 replies depend only on the request, so every build has the same rows. First a clean run
 (its rows, its wall time T). Then:
 
-(a) --trials times SIGINT at a random moment in [0.2 s, 0.9 T] (seeded): to the process group as a
-    terminal's Ctrl-C sends it (every 4th trial to the run alone). Printed per trial: the
+(a) --trials times SIGINT at a random moment in [0.2 s, 0.9 T] (seeded), every 3rd trial instead
+    0-0.15 s after split, stats or push starts (they are short: few uniform draws land there);
+    to the process group as a terminal's Ctrl-C sends it (every 4th trial to the run alone). Printed per trial: the
     stage it was in, exit code, time from the signal to the exit, whether stderr ended with
     the one line "Interrupted — run it again to resume" and nothing else went wrong (no
     traceback, no error), processes of the run left, *.tmp files left. Then a re-run to the
@@ -47,6 +48,7 @@ from conftest import SAMPLE_TASK1, copy_sample  # noqa: E402
 
 MESSAGE = "Interrupted — run it again to resume"
 ROWS = ("personas.jsonl", "queries.jsonl")
+TAIL = ("── split ", "── stats ", "── push ")  # the rules that start them
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "COLUMNS": "100"}
 
 
@@ -205,8 +207,16 @@ def sigint(work: Path, template: Path, clean, wall: float, trials: int, rng: ran
         config = build(work, template, f"int{trial}")
         processed = work / f"int{trial}"
         at = rng.uniform(0.2, 0.9 * wall)
+        later = rng.choice(TAIL) if trial % 3 == 2 else None  # the short stages after the chain
+        pause = rng.uniform(0.0, 0.15)
         run = Run(config)
-        time.sleep(max(0.0, run.started + at - time.monotonic()))
+        if later is None:
+            time.sleep(max(0.0, run.started + at - time.monotonic()))
+        else:
+            while not exited(run.process.pid) and not any(later in line for line in run.lines):
+                time.sleep(0.002)
+            time.sleep(pause)
+            at = time.monotonic() - run.started
         if exited(run.process.pid):
             print(f"{trial:2}  {'group' if group else 'parent'}  {at:5.2f}  finished before the signal")
             continue
