@@ -9,11 +9,12 @@ replies depend only on the request, so every build has the same rows. First a cl
 
 (a) --trials times SIGINT at a random moment in [0.2 s, 0.9 T] (seeded), every 3rd trial instead
     0-0.15 s after split, stats or push starts (they are short: few uniform draws land there);
-    to the process group as a terminal's Ctrl-C sends it (every 4th trial to the run alone). Printed per trial: the
-    stage it was in, exit code, time from the signal to the exit, whether stderr ended with
-    the one line "Interrupted — run it again to resume" and nothing else went wrong (no
-    traceback, no error), processes of the run left, *.tmp files left. Then a re-run to the
-    end: exit 0 and personas.jsonl / queries.jsonl equal to the clean run's.
+    to the process group as a terminal's Ctrl-C sends it (every 4th trial to the run alone).
+    Printed per trial: the stage it was in, exit code, time from the signal to the exit,
+    whether stderr ended with the one line "Interrupted — run it again to resume" and nothing
+    else went wrong (no traceback, no error), processes of the run left, *.tmp files left.
+    Then a re-run to the end: exit 0 and personas.jsonl / queries.jsonl equal to the clean
+    run's (less created_at and input_hash, which differ between any two builds).
 (b) --trials times kill -9 at a random moment (to the process group; every 4th to the run
     alone, which leaves its filter child and forked workers to end by themselves): the rows in personas.jsonl
     and queries.jsonl just before the kill must all be there after a re-run, which must end
