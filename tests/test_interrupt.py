@@ -316,3 +316,24 @@ def test_ctrl_c_while_the_program_starts(tmp_path):
     run.wait_for(mark.exists, "import of the command line")
     run.interrupt()
     check_interrupted(run, tmp_path / "processed")
+
+
+AT_EXIT = """\
+import atexit, os, signal
+if "SIGINT_AT_EXIT" in os.environ:  # registered first, so run last of the exit handlers
+    atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT))
+"""
+
+
+def test_ctrl_c_as_the_program_ends_is_not_lost(tmp_path):
+    """BUG: a Ctrl-C that came while the exit handlers ran was printed by atexit as
+    "Exception ignored" with a traceback, and the program exited 0."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(AT_EXIT, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(hook)]), "SIGINT_AT_EXIT": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "personaemp", "--version"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stderr) == (130, INTERRUPTED + "\n")
+    assert done.stdout.strip()  # the version: the command itself ran
