@@ -7,7 +7,7 @@ bench/capable_server.py in another process (log-normal latency, median --median 
 replies depend only on the request, so every build has the same rows. First a clean run
 (its rows, its wall time T). Then:
 
-(a) --trials times SIGINT at a random moment in [0.2 s, 0.9 T] (seeded), every 3rd trial instead
+(a) --trials signalled runs (a run that ends before its moment is not counted): SIGINT at a random moment in [0.2 s, 0.9 T] (seeded), every 3rd trial instead
     0-0.15 s after split, stats or push starts (they are short: few uniform draws land there);
     to the process group as a terminal's Ctrl-C sends it (every 4th trial to the run alone).
     Printed per trial: the stage it was in, exit code, time from the signal to the exit,
@@ -16,14 +16,13 @@ replies depend only on the request, so every build has the same rows. First a cl
     Then a re-run to the end: exit 0 and personas.jsonl / queries.jsonl equal to the clean
     run's (less created_at and input_hash, which differ between any two builds).
 (b) --trials times kill -9 at a random moment (to the process group; every 4th to the run
-    alone, which leaves its filter child and forked workers to end by themselves): the rows in personas.jsonl
-    and queries.jsonl just before the kill must all be there after a re-run, which must end
-    with the clean run's rows; the filter child (a process group of its own) must not
-    outlive the killed run.
+    alone): the rows in personas.jsonl and queries.jsonl just before the kill must all be
+    there after a re-run, which must end with the clean run's rows; no process of the
+    killed run (its filter child, its forked workers) may outlive it.
 
 No assertion on speed: figures are printed.
 
-    .venv/bin/python bench/interrupt_bench.py [--trials 20] [--copies 3] [--seed 1]
+    .venv/bin/python bench/interrupt_bench.py [--trials 20] [--copies 3] [--seed 1] [--code CHECKOUT]
 """
 
 from __future__ import annotations
@@ -174,8 +173,13 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=3, help="copies of the 48-user sample")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--median", type=float, default=0.02, help="the endpoint's median latency, s")
+    parser.add_argument(
+        "--code", type=Path, default=ROOT, help="the checkout whose personaemp runs (another, to compare)"
+    )
     args = parser.parse_args()
     rng = random.Random(args.seed)
+    ENV["PYTHONPATH"] = str(args.code.resolve())
+    print(f"personaemp from {args.code.resolve()}")
     server, base_url = start_server(args.median)
     work = Path(tempfile.mkdtemp(prefix="interrupt_bench."))
     try:
@@ -203,7 +207,9 @@ def sigint(work: Path, template: Path, clean, wall: float, trials: int, rng: ran
     print(f"\n(a) SIGINT at a random moment, {trials} trials")
     print(" #  to      at(s)  stage    exit  exit after  message  left  tmp  resume  rows = clean")
     delays, results = [], []
-    for trial in range(trials):
+    for trial in range(3 * trials):
+        if len(results) == trials:
+            break
         group = trial % 4 != 3
         config = build(work, template, f"int{trial}")
         processed = work / f"int{trial}"
@@ -263,7 +269,9 @@ def kill9(work: Path, template: Path, clean, wall: float, trials: int, rng: rand
     print(f"\n(b) kill -9 at a random moment, {trials} trials")
     print(" #  to      at(s)  stage    rows before kill  lost  left  resume  rows = clean")
     totals = {"killed": 0, "lost": 0, "left": 0, "resumed": 0, "same": 0}
-    for trial in range(trials):
+    for trial in range(3 * trials):
+        if totals["killed"] == trials:
+            break
         config = build(work, template, f"kill{trial}")
         processed = work / f"kill{trial}"
         at = rng.uniform(0.2, 0.9 * wall)

@@ -1,6 +1,6 @@
 try:
     from personaemp.cli import entry
-except KeyboardInterrupt:  # Ctrl-C while the program starts
+except KeyboardInterrupt:  # Ctrl-C while the program starts (the line of cli.interrupted)
     import os
     import sys
 
