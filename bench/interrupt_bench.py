@@ -7,9 +7,10 @@ bench/capable_server.py in another process (log-normal latency, median --median 
 replies depend only on the request, so every build has the same rows. First a clean run
 (its rows, its wall time T). Then:
 
-(a) --trials signalled runs (a run that ends before its moment is not counted): SIGINT at a random moment in [0.2 s, 0.9 T] (seeded), every 3rd trial instead
-    0-0.15 s after split, stats or push starts (they are short: few uniform draws land there);
-    to the process group as a terminal's Ctrl-C sends it (every 4th trial to the run alone).
+(a) --trials signalled runs (a run that ends before its moment is not counted): SIGINT at a
+    random moment in [0.2 s, 0.9 T] (seeded), every 3rd trial instead 0-0.15 s after split,
+    stats or push starts (they are short: few uniform draws land there); to the process
+    group as a terminal's Ctrl-C sends it (every 4th trial to the run alone).
     Printed per trial: the stage it was in, exit code, time from the signal to the exit,
     whether stderr ended with the one line "Interrupted — run it again to resume" and nothing
     else went wrong (no traceback, no error), processes of the run left, *.tmp files left.
