@@ -23,7 +23,7 @@ replies depend only on the request, so every build has the same rows. First a cl
 
 No assertion on speed: figures are printed.
 
-    .venv/bin/python bench/interrupt_bench.py [--trials 20] [--copies 3] [--seed 1] [--code CHECKOUT]
+    .venv/bin/python bench/interrupt_bench.py [--trials 20] [--copies 3] [--seed 1] [--code CHECKOUT] [--sigint-ignored]
 """
 
 from __future__ import annotations
@@ -54,10 +54,14 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "COLUMNS": "100"}
 
 
 class Run:
+    ignored = False  # --sigint-ignored
+
     def __init__(self, config: Path) -> None:
+        ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if self.ignored else None
         self.process = subprocess.Popen(
             [sys.executable, "-m", "personaemp", "run", "--config", str(config)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True,
+            preexec_fn=ignore,
         )  # fmt: skip
         self.started = time.monotonic()
         self.lines: list[str] = []
@@ -175,12 +179,18 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--median", type=float, default=0.02, help="the endpoint's median latency, s")
     parser.add_argument(
+        "--sigint-ignored", action="store_true",
+        help="start the runs with SIGINT ignored, as `personaemp run &` in a script does",
+    )  # fmt: skip
+    parser.add_argument(
         "--code", type=Path, default=ROOT, help="the checkout whose personaemp runs (another, to compare)"
     )
     args = parser.parse_args()
     rng = random.Random(args.seed)
     ENV["PYTHONPATH"] = str(args.code.resolve())
-    print(f"personaemp from {args.code.resolve()}")
+    Run.ignored = args.sigint_ignored
+    started_so = " (runs started with SIGINT ignored)" if args.sigint_ignored else ""
+    print(f"personaemp from {args.code.resolve()}{started_so}")
     server, base_url = start_server(args.median)
     work = Path(tempfile.mkdtemp(prefix="interrupt_bench."))
     try:
