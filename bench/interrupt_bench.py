@@ -23,7 +23,8 @@ replies depend only on the request, so every build has the same rows. First a cl
 
 No assertion on speed: figures are printed.
 
-    .venv/bin/python bench/interrupt_bench.py [--trials 20] [--copies 3] [--seed 1] [--code CHECKOUT] [--sigint-ignored]
+    .venv/bin/python bench/interrupt_bench.py [--trials 20] [--copies 3] [--seed 1]
+        [--code CHECKOUT] [--sigint-ignored]
 """
 
 from __future__ import annotations
