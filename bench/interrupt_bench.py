@@ -62,7 +62,7 @@ class Run:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "personaemp", "run", "--config", str(config)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True,
-            preexec_fn=ignore,
+            preexec_fn=ignore, cwd=config.parent,  # (-m imports from the current folder first: --code)
         )  # fmt: skip
         self.started = time.monotonic()
         self.lines: list[str] = []
@@ -168,7 +168,7 @@ def finish(config: Path) -> tuple[int, float]:
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "personaemp", "run", "--config", str(config)],
-        env=ENV, capture_output=True, text=True, timeout=300,
+        env=ENV, capture_output=True, text=True, timeout=300, cwd=config.parent,
     )  # fmt: skip
     return done.returncode, time.monotonic() - started
 
