@@ -218,7 +218,7 @@ def main() -> None:
 def sigint(work: Path, template: Path, clean, wall: float, trials: int, rng: random.Random) -> None:
     print(f"\n(a) SIGINT at a random moment, {trials} trials")
     print(" #  to      at(s)  stage    exit  exit after  message  left  tmp  resume  rows = clean")
-    delays, results = [], []
+    delays, results, tracebacks = [], [], 0
     for trial in range(3 * trials):
         if len(results) == trials:
             break
@@ -251,6 +251,8 @@ def sigint(work: Path, template: Path, clean, wall: float, trials: int, rng: ran
             and text.count(MESSAGE) == 1
             and not any(word in text for word in ("Traceback", "KeyboardInterrupt", "Error"))
         )
+        traced = "Traceback" in text or "KeyboardInterrupt" in text
+        tracebacks += traced
         left = left_in_session(run.process.pid)
         tmp = sorted(p.name for p in processed.rglob("*.tmp")) if processed.exists() else []
         again, _ = finish(config)
@@ -271,6 +273,7 @@ def sigint(work: Path, template: Path, clean, wall: float, trials: int, rng: ran
             f"{sum(r[3] for r in results)}, resumed to exit 0 {sum(r[4] for r in results)}, rows = clean "
             f"{sum(r[5] for r in results)}; all of these {sum(ok)}/{len(ok)}"
         )
+        print(f"    runs whose stderr shows a traceback: {tracebacks}")
         print(
             f"    signal to exit: median {statistics.median(delays):.2f} s, max {max(delays):.2f} s, "
             f"over 1 s: {sum(d > 1 for d in delays)}"
