@@ -306,13 +306,16 @@ sys.meta_path.insert(0, Hold())
 """
 
 
-def test_ctrl_c_while_the_program_starts(tmp_path):
+@pytest.mark.parametrize("ignored", [False, True], ids=["", "started-with-sigint-ignored"])
+def test_ctrl_c_while_the_program_starts(tmp_path, ignored):
     """Ctrl-C while `python -m personaemp` imports its command line: the one line and 130,
-    not a traceback of the import and exit -2."""
+    not a traceback of the import and exit -2; nor ignored, when the run was started with
+    SIGINT ignored (cli.entry restored it only after those imports)."""
     hook, mark = tmp_path / "hook", tmp_path / "importing"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(IMPORT_HOLD, encoding="utf-8")
-    run = Run(setup(tmp_path, "http://127.0.0.1:9/v1"), path=hook, env={"HOLD_MARK": str(mark)})
+    config = setup(tmp_path, "http://127.0.0.1:9/v1")
+    run = Run(config, sigint_ignored=ignored, path=hook, env={"HOLD_MARK": str(mark)})
     run.wait_for(mark.exists, "import of the command line")
     run.interrupt()
     check_interrupted(run, tmp_path / "processed")
