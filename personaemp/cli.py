@@ -145,6 +145,7 @@ def stage_command(name: str):
 
         def command(ctx: typer.Context, config: Path | None = None, **values):
             from personaemp.config import cli_flags
+            from personaemp.paths import check_command
 
             flags: dict[str, dict[str, Any]] = {}
             for section in sections:
@@ -157,6 +158,7 @@ def stage_command(name: str):
                         given[option.name] = value
                 flags[section] = cli_flags(section, given)
             resolver = Resolver(config, flags=flags, style="cli")
+            check_command(name, resolver.section)
             return func(resolver, **values)
 
         command.__signature__ = inspect.Signature([context, config, *generated, *own])  # type: ignore[attr-defined]

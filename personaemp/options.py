@@ -79,6 +79,11 @@ class Opt:
     # Inside a config, the default comes from elsewhere: "paths.input", "filter.output"
     # (the previous stage's output) or "processed:NAME" (NAME under [paths] processed).
     derive: str | None = None
+    # What the command does with a path option (personaemp.paths checks them before it
+    # writes): "read", "write" (a file; `beside`: files written next to it, {stem}/{name}
+    # of it) or "folder" (written; `beside`: the entries written inside, else all of it).
+    io: Literal["read", "write", "folder"] | None = None
+    beside: tuple[str, ...] = ()
 
 
 class OptionProblem(ValueError):
@@ -157,12 +162,17 @@ class FilterOptions(Section):
             ("--input", "-i"),
             env="PERSONAEMP_INPUT",
             derive="paths.input",
+            io="read",
         ),
     ] = RAW_INPUT
     format: Annotated[Format, Opt("Input format (auto: detected).")] = "auto"
     rules: Annotated[
         Path | None,
-        Opt("Rules TOML; each key it sets overrides the shipped default (see --show-rules).", metavar="FILE"),
+        Opt(
+            "Rules TOML; each key it sets overrides the shipped default (see --show-rules).",
+            metavar="FILE",
+            io="read",
+        ),
     ] = None
     output: Annotated[
         Path,
@@ -170,6 +180,8 @@ class FilterOptions(Section):
             "Kept users, one per line; filter_report.json goes beside it.",
             ("--output", "-o"),
             derive="processed:filtered.jsonl",
+            io="write",
+            beside=("filter_report.json",),
         ),
     ] = PROCESSED / "filtered.jsonl"
     split: Annotated[
@@ -252,6 +264,7 @@ class LLMOptions(Section):
             "Cache and run report folder.",
             env="PERSONAEMP_WORK_DIR",
             derive="processed:.personaemp",
+            io="folder",
         ),
     ] = PROCESSED / ".personaemp"
     no_cache: Annotated[bool, Opt("Neither read nor write the cache.", ("--no-cache/--cache",))] = False
@@ -322,10 +335,17 @@ class LLMOptions(Section):
 
 class PersonaOptions(Section):
     input: Annotated[
-        Path, Opt("Filtered users (filter's output).", ("--input", "-i"), derive="filter.output")
+        Path, Opt("Filtered users (filter's output).", ("--input", "-i"), derive="filter.output", io="read")
     ] = PROCESSED / "filtered.jsonl"
     output: Annotated[
-        Path, Opt("Personas, one per user.", ("--output", "-o"), derive="processed:personas.jsonl")
+        Path,
+        Opt(
+            "Personas, one per user.",
+            ("--output", "-o"),
+            derive="processed:personas.jsonl",
+            io="write",
+            beside=("infer-persona.failures.jsonl",),
+        ),
     ] = PROCESSED / "personas.jsonl"
     limit: Annotated[int | None, Field(ge=1), Opt("Only the first N users.")] = None
     users: Annotated[
@@ -341,7 +361,7 @@ class PersonaOptions(Section):
 
 class QueriesOptions(Section):
     input: Annotated[
-        Path, Opt("Personas (infer-persona's output).", ("--input", "-i"), derive="persona.output")
+        Path, Opt("Personas (infer-persona's output).", ("--input", "-i"), derive="persona.output", io="read")
     ] = PROCESSED / "personas.jsonl"
     output: Annotated[
         Path,
@@ -349,6 +369,8 @@ class QueriesOptions(Section):
             "Accepted queries per user; rejected.jsonl goes beside it.",
             ("--output", "-o"),
             derive="processed:queries.jsonl",
+            io="write",
+            beside=("rejected.jsonl", "gen-queries.failures.jsonl"),
         ),
     ] = PROCESSED / "queries.jsonl"
     per_category: Annotated[int, Field(ge=1), Opt("Situations (so queries) per category per user.")] = 1
@@ -382,11 +404,17 @@ class QueriesOptions(Section):
 
 class SplitOptions(Section):
     input: Annotated[
-        Path, Opt("Queries (gen-queries' output).", ("--input", "-i"), derive="queries.output")
+        Path, Opt("Queries (gen-queries' output).", ("--input", "-i"), derive="queries.output", io="read")
     ] = PROCESSED / "queries.jsonl"
     out_dir: Annotated[
         Path,
-        Opt("Folder of the splits and split_report.json.", ("--out-dir", "-o"), derive="processed:splits"),
+        Opt(
+            "Folder of the splits and split_report.json.",
+            ("--out-dir", "-o"),
+            derive="processed:splits",
+            io="folder",
+            beside=("random", "ood", "split_report.json"),
+        ),
     ] = PROCESSED / "splits"
     ood: Annotated[
         bool, Opt("Also the OOD split: one Big Five cluster held out (the paper publishes both).")
@@ -422,19 +450,26 @@ class StatsOptions(Section):
         ),
     ] = PROCESSED
     out: Annotated[
-        Path, Opt("Folder of stats.json and the plots (figures/*.png).", ("--out",), derive="processed:stats")
+        Path,
+        Opt(
+            "Folder of stats.json and the plots (figures/*.png).",
+            ("--out",),
+            derive="processed:stats",
+            io="folder",
+            beside=("stats.json", "figures"),
+        ),
     ] = PROCESSED / "stats"
 
 
 class PushOptions(Section):
     splits: Annotated[
-        Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir")
+        Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir", io="read")
     ] = PROCESSED / "splits"
     repo_id: Annotated[
         str | None, Opt("Hub dataset repo OWNER/NAME; without one, a dry run.", metavar="OWNER/NAME")
     ] = None
     dry_run: Annotated[bool, Opt("Write the repository to `out` instead of pushing it.")] = False
-    out: Annotated[Path, Opt("Folder of a dry run.", ("--out",), derive="processed:dataset")] = (
+    out: Annotated[Path, Opt("Folder of a dry run.", ("--out",), derive="processed:dataset", io="folder")] = (
         PROCESSED / "dataset"
     )
     private: Annotated[bool, Opt("Create the repo private.")] = False
@@ -446,6 +481,7 @@ class PushOptions(Section):
             "Criteria file (`personaemp criteria`); published as a `criteria` column when it exists.",
             ("--criteria",),
             derive="processed:criteria.jsonl",
+            io="read",
         ),
     ] = PROCESSED / "criteria.jsonl"
 
@@ -471,11 +507,22 @@ class PushOptions(Section):
 class CriteriaOptions(Section):
     input: Annotated[
         Path,
-        Opt("Queries (gen-queries' output, or a split file).", ("--input", "-i"), derive="queries.output"),
+        Opt(
+            "Queries (gen-queries' output, or a split file).",
+            ("--input", "-i"),
+            derive="queries.output",
+            io="read",
+        ),
     ] = PROCESSED / "queries.jsonl"
     output: Annotated[
         Path,
-        Opt("Criteria per query and dimension.", ("--output", "-o"), derive="processed:criteria.jsonl"),
+        Opt(
+            "Criteria per query and dimension.",
+            ("--output", "-o"),
+            derive="processed:criteria.jsonl",
+            io="write",
+            beside=("criteria.failures.jsonl",),
+        ),
     ] = PROCESSED / "criteria.jsonl"
     limit: Annotated[int | None, Field(ge=1), Opt("Only the first N queries.")] = None
     users: Annotated[
@@ -491,7 +538,7 @@ Part = Literal["train", "test"]
 
 class RespondOptions(Section):
     splits: Annotated[
-        Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir")
+        Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir", io="read")
     ] = PROCESSED / "splits"
     split: Annotated[SplitName, Opt("Split setting.")] = "random"
     part: Annotated[Part, Opt("Part of the split.")] = "test"
@@ -509,6 +556,8 @@ class RespondOptions(Section):
             "Responses, one per query (default: responses-<split>-<part>-<context>.jsonl beside the "
             "splits folder; name one per model).",
             ("--output", "-o"),
+            io="write",
+            beside=("{stem}.failures.jsonl",),
         ),
     ] = None
     limit: Annotated[int | None, Field(ge=1), Opt("Only the first N queries.")] = None
@@ -520,7 +569,7 @@ class RespondOptions(Section):
 
 class EvaluateOptions(Section):
     splits: Annotated[
-        Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir")
+        Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir", io="read")
     ] = PROCESSED / "splits"
     split: Annotated[SplitName, Opt("Split setting.")] = "random"
     part: Annotated[Part, Opt("Part of the split.")] = "test"
@@ -530,10 +579,11 @@ class EvaluateOptions(Section):
             "Responses file of a system (query_id, response per line); repeat for several, each "
             "named by its file name.",
             metavar="FILE",
+            io="read",
         ),
     ] = []
     criteria_file: Annotated[
-        Path, Opt("Fixed criteria (`personaemp criteria`).", derive="criteria.output")
+        Path, Opt("Fixed criteria (`personaemp criteria`).", derive="criteria.output", io="read")
     ] = PROCESSED / "criteria.jsonl"
     judge_model: Annotated[str | None, Opt("Judge model (default: --model).")] = None
     dynamic: Annotated[bool, Opt("PereGRM: the judge writes its own criteria in each call.")] = False
@@ -548,6 +598,8 @@ class EvaluateOptions(Section):
             "Report (JSON); the scores go beside it (<name>.scores.jsonl).",
             ("--report", "-o"),
             derive="processed:evaluation/report.json",
+            io="write",
+            beside=("{stem}.scores.jsonl", "{stem}.failures.jsonl"),
         ),
     ] = PROCESSED / "evaluation" / "report.json"
 

@@ -262,10 +262,14 @@ def run_merge(
     output: Path | None = None,
 ):
     """`personaemp merge STAGE`: the stage's shard files into its output (stages/merge.py)."""
+    from personaemp.paths import check_paths
     from personaemp.stages.merge import merge_shards
 
-    section = options.persona if stage == "infer-persona" else options.queries
-    report = merge_shards(stage, input_path or section.input, output or section.output, options.llm.work_dir)
+    name = "persona" if stage == "infer-persona" else "queries"
+    given = {"input": input_path, "output": output}
+    section = getattr(options, name).model_copy(update={k: v for k, v in given.items() if v is not None})
+    check_paths([(name, section), ("llm", options.llm)])
+    report = merge_shards(stage, section.input, section.output, options.llm.work_dir)
     kinds = ", ".join(f"{kind} {n}" for kind, n in report.failures_by_kind.most_common())
     console.print(
         f"[bold]{stage}[/]: {report.shards} shards merged: {report.units} units, {report.done} done, "
@@ -399,10 +403,17 @@ def run_evaluate(
     return evaluation
 
 
+RUN_COMMANDS = ("filter", "infer-persona", "gen-queries", "split", "stats", "push")
+
+
 def run_pipeline(
     options: RunOptions, console: Console, env: Mapping[str, str] | None = None
 ) -> PipelineResult:
     """Every stage in order, each from its section of `options` (see config.load_config)."""
+    from personaemp.paths import check_command
+
+    for command in RUN_COMMANDS:  # before any stage writes
+        check_command(command, functools.partial(getattr, options), toml=True)
     if options.persona.shard or options.queries.shard:
         from personaemp.errors import InputError
 
