@@ -71,9 +71,12 @@ def reports_errors(command):
     def wrapper(*args, **kwargs):
         try:
             return command(*args, **kwargs)
-        except PersonaempError as error:
+        except (PersonaempError, OSError) as error:
+            from personaemp.errors import os_error
             from personaemp.secrets import redact
 
+            if isinstance(error, OSError):  # the same line for every command: path, what, what to do
+                error = os_error(error)
             stderr_console().print(f"[bold red]Error:[/] {escape(redact(str(error)))}")
             raise typer.Exit(error.exit_code) from None
         except KeyboardInterrupt:

@@ -299,3 +299,45 @@ def _umask() -> int:
 def write_json_atomic(path: Path, value: Any) -> None:
     with atomic_output(path) as handle:
         handle.write(msgspec.json.format(msgspec.json.encode(value), indent=2) + b"\n")
+
+
+def notice(message: str) -> None:
+    """One line to the user about something put right on the way (stderr, as the summaries)."""
+    import sys
+
+    sys.stderr.write(f"warning: {message}\n")
+    sys.stderr.flush()
+
+
+def set_aside(path: Path, why: str) -> Path:
+    """Rename a damaged file to `NAME.corrupt-<time>` (kept for the user, out of the way of
+    what replaces it) and say so in one line."""
+    import time
+
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    number = 1
+    while target.exists():
+        number += 1
+        target = path.with_name(f"{path.name}.corrupt-{stamp}-{number}")
+    os.replace(path, target)
+    notice(f"{path}: {why}; kept aside as {target.name}, a new one is written")
+    return target
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON object file that the toolkit rewrites (a manifest, a run report): {} when it
+    is missing; set aside (never silently replaced) when it is not a readable object."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    try:
+        value = json.loads(data)
+    except ValueError as exc:  # UnicodeDecodeError too
+        set_aside(path, f"not valid JSON ({exc})")
+        return {}
+    if not isinstance(value, dict):
+        set_aside(path, "not a JSON object")
+        return {}
+    return value

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from personaemp import locks
-from personaemp.io import write_json_atomic
+from personaemp.io import read_json_object, write_json_atomic
 from personaemp.llm.batch import BatchQueue, import_answers, write_requests
 from personaemp.llm.engine import Engine
 from personaemp.llm.estimate import Estimate, cache_history
@@ -46,6 +45,7 @@ class StageReport:
     batch: dict[str, Any] | None = None  # --batch: answers imported, requests written (llm/batch.py)
     output: str = ""
     failures: str = ""
+    fingerprint: str = ""  # what the rows' input_hash was made with (merge checks shards by it)
 
     def as_dict(self) -> dict[str, Any]:
         outcome = self.outcome
@@ -69,6 +69,7 @@ class StageReport:
             "calls": self.calls,
             "output": self.output,
             "failures_file": self.failures,
+            "fingerprint": self.fingerprint,
         }
 
 
@@ -126,6 +127,7 @@ class LLMStage:
             calls=accounting.slowest_calls(),
             output=str(self.output),
             failures=str(self.failures),
+            fingerprint=self.fingerprint(engine),
         )
 
     def record(self, report: StageReport, settings: LLMSettings) -> None:
@@ -332,18 +334,12 @@ def append_report(path: Path, entry: dict[str, Any], settings: LLMSettings, full
     per stage, so it is visible without replacing the full run's figures. Each entry
     carries `full`; when `full` is not given, the entry's own `full` decides (default True).
     The read-modify-write holds a lock, so stages finishing at the same time in two
-    processes keep both entries; a report that cannot be parsed is replaced.
+    processes keep both entries; a report that cannot be parsed is set aside and replaced.
     """
     full = bool(entry.get("full", True)) if full is None else full
     section = "stages" if full else "quick_looks"
     with locked(path):
-        report: dict[str, Any] = {}
-        try:
-            report = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            report = {}
-        if not isinstance(report, dict):
-            report = {}
+        report = read_json_object(path)
         entries = report.get(section)
         if not isinstance(entries, dict):
             entries = report[section] = {}
