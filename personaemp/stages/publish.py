@@ -444,9 +444,9 @@ def write_repository(out: Path, files: dict[str, bytes], card: str) -> None:
 
 
 def stale_repo_files(repo_files: list[str], kept: list[str]) -> list[str]:
-    """Files of the Hub repository to delete: parquet files in the data folders this tool
-    writes, matched by a card pattern `<config>/<split>-*`, and plots in its figures folder,
-    that this build does not write."""
+    """Files of the Hub repository to delete: parquet files `<config>/<split>-*` in the data
+    folders this tool writes (earlier builds', whose names carry other digests), and plots in
+    its figures folder, that this build does not write."""
     stale = []
     for name in repo_files:
         parts = name.split("/")
