@@ -21,8 +21,9 @@ CITATIONS = """\
 def _front_matter(facts: dict[str, Any]) -> str:
     languages = [code for code, _ in facts["languages"].most_common() if code][:20]
     configs = []
-    for setting in facts["settings"]:
-        files = "\n".join(f"  - split: {split}\n    path: {setting}/{split}-*" for split in ("train", "test"))
+    for setting, paths in facts["data_files"].items():
+        # Exact names, not `<split>-*`: they carry the digest that keys the `datasets` cache.
+        files = "\n".join(f"  - split: {split}\n    path: {paths[split]}" for split in ("train", "test"))
         configs.append(f"- config_name: {setting}\n  data_files:\n{files}")
     return "\n".join(
         [
