@@ -45,6 +45,8 @@ def read_config(path: Path) -> dict[str, Any]:
         raise InputError(f"{path}: no such config file") from None
     except IsADirectoryError:
         raise InputError(f"{path}: is a folder, not a config file") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not valid UTF-8 (byte {exc.start})", "save the file as UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{path}: not valid TOML ({exc})") from None
     secrets = _secret_keys(data)

@@ -74,6 +74,9 @@ def iter_jsonl(
                 continue
             try:
                 value = decoder.decode(raw)
+            except RecursionError:
+                policy.handle(RowError(f"{path}:{lineno}", "nested too deep to be a row"))
+                continue
             except (msgspec.DecodeError, UnicodeDecodeError) as exc:
                 # msgspec.ValidationError is a DecodeError: a typed field had the wrong type.
                 reason = str(exc) if isinstance(exc, msgspec.ValidationError) else _json_error(exc, raw)
@@ -233,16 +236,25 @@ def read_stage_rows(path: Path, model, *, keep=None, kind: str = "user") -> tupl
     an error: a stage never replaces its previous output with nothing.
     """
     ids, offsets, skipped = [], [], 0
+    lines: dict[str, int] = {}  # user id -> its line: each user once
     try:
         for lineno, offset, row in iter_jsonl(path, ErrorPolicy("fail")):
             try:
                 record = model.model_validate(row)
-            except ValidationError as exc:
-                raise InputError(f"{path}:{lineno}: not a {kind} row ({first_problem(exc)})") from None
+            except (ValidationError, RecursionError) as exc:
+                problem = first_problem(exc) if isinstance(exc, ValidationError) else "nested too deep"
+                raise InputError(f"{path}:{lineno}: not a {kind} row ({problem})") from None
+            uid = str(row["user_id"])
+            if uid in lines:
+                raise InputError(
+                    f"{path}:{lineno}: user {uid} again (first on line {lines[uid]})",
+                    "keep one row per user: each is one unit of work and one output row",
+                )
+            lines[uid] = lineno
             if keep is not None and not keep(record):
                 skipped += 1
                 continue
-            ids.append(str(row["user_id"]))
+            ids.append(uid)
             offsets.append(offset)
     except RowError as error:  # its hint names --on-error, which the LLM stages do not have
         raise InputError(

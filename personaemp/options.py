@@ -317,6 +317,14 @@ class LLMOptions(Section):
         return self
 
     @model_validator(mode="after")
+    def _local_has_no_endpoint(self) -> LLMOptions:
+        if self.llm == "local" and self.base_url:
+            raise OptionProblem(
+                "llm", "is 'local' (the embedded model) but {base_url} is set", "give one of them"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _remote_needs_an_endpoint(self) -> LLMOptions:
         if self.llm == "remote" and not self.base_url:
             raise OptionProblem(

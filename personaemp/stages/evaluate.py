@@ -130,6 +130,29 @@ def read_responses(path: Path) -> Responses:
     return Responses(path, found, lines, blank)
 
 
+def check_systems_answer(systems: dict[str, Responses], query_ids: set[str], splits, split, part) -> None:
+    """Stop when a responses file is empty or answers no query of the split: every query
+    would score the floor, a table of nothing (typically another split's file)."""
+    for file in systems.values():
+        if not file.texts:
+            raise InputError(f"{file.path}: no responses", "run `personaemp respond` for this split first")
+        if query_ids.isdisjoint(file.texts):
+            belongs = [
+                f"{other} {other_part}"
+                for other in ("random", "ood")
+                for other_part in ("test", "train")
+                if (other, other_part) != (split, part)
+                and (path := Path(splits) / other / f"{other_part}.jsonl").exists()
+                and not {q["query_id"] for q in query_units(path, "")}.isdisjoint(file.texts)
+            ]
+            where = f" (they answer the {' and '.join(belongs)} split)" if belongs else ""
+            raise InputError(
+                f"{file.path}: none of its {len(file.texts)} responses answers a query of the "
+                f"{split} {part} split{where}",
+                "pass the responses of this split, or choose the split they belong to with --split/--part",
+            )
+
+
 def system_names(paths: Sequence[Path]) -> list[str]:
     """A system is named by its responses file's stem; two files may not share one."""
     names = [Path(path).stem for path in paths]
@@ -269,6 +292,7 @@ def evaluate(
     queries = query_units(input_path, "pass a split file written by `personaemp split`")
     names = system_names(responses)
     systems = {name: read_responses(Path(path)) for name, path in zip(names, responses, strict=True)}
+    check_systems_answer(systems, {q["query_id"] for q in queries}, splits, split, part)
     criteria = None
     if not options.dynamic:
         if criteria_file is None or not Path(criteria_file).exists():
