@@ -296,10 +296,17 @@ def atomic_output(path: Path) -> Iterator[IO[bytes]]:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        named(exc, path)
         raise
+
+
+def named(exc: BaseException, path: Path) -> None:
+    """Give an OSError from a write (a full disk says no file) the path it was about."""
+    if isinstance(exc, OSError) and not exc.filename:
+        exc.filename = str(path)
 
 
 def _umask() -> int:

@@ -29,7 +29,7 @@ import msgspec
 
 from personaemp import locks
 from personaemp.errors import PersonaempError, UnitError
-from personaemp.io import atomic_output, notice, read_jsonl_at
+from personaemp.io import atomic_output, named, notice, read_jsonl_at
 from personaemp.secrets import redact
 
 Work = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -188,7 +188,9 @@ class StageRun:
             self.outcome.failed += 1
             self.outcome.failures_by_kind[error.kind] += 1
             if self._bad is not None:
-                self._bad.write(
+                self._append(
+                    self._bad,
+                    self.failures,
                     {
                         self.key: unit[self.key],
                         "kind": error.kind,
@@ -196,15 +198,23 @@ class StageRun:
                         "raw": redact(error.raw),
                         "attempts": error.attempts,
                         "input_hash": self.hashes[uid],
-                    }
+                    },
                 )
             return None
         self.outcome.done += 1
         if self._out is None:
             return None
         row = {**row, "input_hash": self.hashes[uid]}
-        self._out.write(row)
+        self._append(self._out, self.output, row)
         return row
+
+    @staticmethod
+    def _append(writer, path: Path, row: dict[str, Any]) -> None:
+        try:
+            writer.write(row)
+        except OSError as exc:
+            named(exc, path)
+            raise
 
     def finish(self, stopped: bool, hashes: dict[str, str] | None = None, partial: bool = False) -> None:
         """Rewrite both files (see _finish). A run stopped before any unit finished (a dead
