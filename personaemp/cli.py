@@ -82,8 +82,27 @@ def reports_errors(command):
         except KeyboardInterrupt:
             stderr_console().print("[bold red]Interrupted.[/] Finished outputs were left as they were.")
             raise typer.Exit(130) from None
+        except Exception as error:
+            if type(error).__module__.split(".")[0] in ("click", "typer"):  # how a command exits
+                raise
+            _report_bug()
+            raise typer.Exit(1) from None
 
     return wrapper
+
+
+def _report_bug() -> None:
+    """A genuine bug keeps its traceback (redacted), and says that it is one."""
+    import traceback
+
+    from personaemp.secrets import redact
+
+    console = stderr_console()
+    console.print(escape(redact(traceback.format_exc()) or ""), highlight=False, end="")
+    console.print(
+        "[bold red]Bug:[/] this is an error in personaemp itself, not in your input or machine: "
+        "please report it with the lines above."
+    )
 
 
 # --- stage commands: their options are generated from personaemp.options ----------------------

@@ -304,3 +304,20 @@ def test_a_split_on_a_layout_without_splits_is_refused(tmp_path):
     result = invoke("filter", "--input", SAMPLE_TASK1, "--split", "nosuch", "--output", tmp_path / "f.jsonl")
     one_line(result, 2, "--split nosuch", "leave out --split")
     assert not (tmp_path / "f.jsonl").exists()
+
+
+def test_a_genuine_bug_keeps_its_traceback_and_says_it_is_one(monkeypatch, tmp_path):
+    import personaemp.pipeline
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("sk-test in a bug")
+
+    monkeypatch.setattr(personaemp.pipeline, "run_filter", broken)
+    result = CliRunner().invoke(
+        app, ["filter", "--input", str(SAMPLE_TASK1), "--output", str(tmp_path / "f.jsonl")],
+        env={"OPENAI_API_KEY": "sk-test"},
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert "Traceback" in result.stderr and "ZeroDivisionError" in result.stderr
+    assert "Bug: this is an error in personaemp itself" in result.stderr
+    assert "sk-test" not in result.stderr
