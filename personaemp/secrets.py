@@ -52,11 +52,12 @@ def _pattern(secrets: tuple[str, ...]) -> re.Pattern[str]:
 
 def _spelled(secret: str) -> str:
     """A pattern for `secret` where each character may also be %XX (either hex case; %25XX
-    when encoded twice), and a space '+' (form encoding); IGNORECASE does the letter case."""
+    when encoded twice), and a space '+' (form encoding, maybe encoded again); IGNORECASE
+    does the letter case."""
     parts = []
     for char in secret:
         forms = [re.escape(char), "".join(f"%(?:25)?{byte:02x}" for byte in char.encode())]
         if char == " ":
-            forms.append(r"\+")
+            forms += [r"\+", "%(?:25)?2b"]  # form-encoded, then percent-encoded
         parts.append(f"(?:{'|'.join(forms)})")
     return "".join(parts)

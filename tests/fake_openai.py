@@ -609,6 +609,10 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     fake: FakeOpenAI
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that went away is no news
+            super().handle_error(request, client_address)
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
