@@ -73,7 +73,8 @@ Standalone use (benchmarks, separate process)::
     python tests/fake_openai.py --port 0 --latency-median 0.3 --latency-sigma 0.8 --fault-rate 0.1 --seed 1
 
 prints ``READY http://127.0.0.1:PORT/v1`` once listening and serves until killed. ``--profile``,
-``--require-key``, ``--echo-key`` and ``--echo-key-form`` set the options above.
+``--require-key``, ``--echo-key`` and ``--echo-key-form`` set the options above; ``--huge BYTES``
+and ``--trickle SECONDS`` (``--trickle-bound``) make every answer huge or trickled.
 """
 
 from __future__ import annotations
@@ -1067,6 +1068,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", choices=PROFILES, default=None, help="answer like this provider")
     parser.add_argument("--require-key", default=None, help="401 unless 'Authorization: Bearer KEY'")
     parser.add_argument("--echo-key", action="store_true", help="put the received key into every answer")
+    parser.add_argument("--huge", type=int, default=0, help="every answer has this many bytes of content")
+    parser.add_argument("--trickle", type=float, default=0.0, help="every answer a byte every SECONDS")
+    parser.add_argument("--trickle-bound", type=float, default=60.0, help="a trickle gives up after SECONDS")
     parser.add_argument(
         "--echo-key-form", choices=sorted(KEY_FORMS), default=None, help="echo it in this form"
     )
@@ -1076,6 +1080,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.latency_median > 0:
         latency = lognormal_latency(args.latency_median, args.latency_sigma, random.Random(args.seed))
     responder = fault_responder(args.fault_rate, args.seed) if args.fault_rate > 0 else None
+    if args.huge:
+        responder = lambda body, number: huge(args.huge)  # noqa: E731
+    elif args.trickle:
+        responder = lambda body, number: trickle(args.trickle, args.trickle_bound)  # noqa: E731
     server = FakeOpenAI(
         responder=responder,
         latency=latency,
