@@ -35,6 +35,16 @@ from personaemp.secrets import redact
 Work = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 # Failures that say nothing about the unit: the next run tries them again by itself.
 ENDPOINT_KINDS = frozenset({"rate_limited", "timeout", "connection", "server_error", "http_error"})
+RAW_EXCERPT = 2000  # characters of a bad reply kept at each end in a failures file
+
+
+def excerpt(raw: str | None) -> str | None:
+    """A bad reply as a failures file keeps it: its start and end, enough to see what went
+    wrong; a runaway reply would otherwise make the file as large as the replies."""
+    if raw is None or len(raw) <= 2 * RAW_EXCERPT:
+        return raw
+    cut = len(raw) - 2 * RAW_EXCERPT
+    return f"{raw[:RAW_EXCERPT]}\n[... {cut} characters cut ...]\n{raw[-RAW_EXCERPT:]}"
 
 
 @dataclass
@@ -195,7 +205,7 @@ class StageRun:
                         self.key: unit[self.key],
                         "kind": error.kind,
                         "error": redact(str(error)),
-                        "raw": redact(error.raw),
+                        "raw": excerpt(redact(error.raw)),
                         "attempts": error.attempts,
                         "input_hash": self.hashes[uid],
                     },

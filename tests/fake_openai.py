@@ -59,14 +59,22 @@ Key-safety options: ``require_key="sk-.."`` answers any chat or ``/v1/models`` r
 key received>." (echoed in full, as a leaky endpoint would). ``echo_key=True`` puts the
 received bearer key into every 200 answer: a ``"note"`` field of a JSON-object answer, or
 appended after a space to a non-empty answer that is not JSON (JSON arrays/scalars and empty
-answers are left alone).
+answers are left alone). ``echo_key`` may also name a form in ``KEY_FORMS`` ("upper", "lower",
+"swapcase", "percent" = every byte %XX, "percent_lower" = %xx): the key is then echoed in that
+form, in answers and in the 401 message alike.
+
+Slow and oversized answers: ``trickle(interval, bound)`` sends the headers at once, then the body
+one byte every ``interval`` seconds; a body not sent within ``bound`` seconds is abandoned (the
+connection is closed mid-body), so a client without a deadline gets a connection error, never
+a hang. ``huge(size)`` answers 200 with a ``size``-byte content (at most ``HUGE_MAX``).
 
 Standalone use (benchmarks, separate process)::
 
     python tests/fake_openai.py --port 0 --latency-median 0.3 --latency-sigma 0.8 --fault-rate 0.1 --seed 1
 
 prints ``READY http://127.0.0.1:PORT/v1`` once listening and serves until killed. ``--profile``,
-``--require-key`` and ``--echo-key`` set the options above.
+``--require-key``, ``--echo-key`` and ``--echo-key-form`` set the options above; ``--huge BYTES``
+and ``--trickle SECONDS`` (``--trickle-bound``) make every answer huge or trickled.
 """
 
 from __future__ import annotations
@@ -95,6 +103,7 @@ __all__ = [
     "drop",
     "empty",
     "hang",
+    "huge",
     "instance_from_schema",
     "invalid_json_content",
     "lognormal_latency",
@@ -105,6 +114,7 @@ __all__ = [
     "schema_from_messages",
     "schema_invalid",
     "server_error",
+    "trickle",
     "truncated",
 ]
 
@@ -152,7 +162,7 @@ class Recorded:
 class Action:
     """What the server does with one chat request. Build with the factory functions below."""
 
-    kind: str  # reply | rate_limit | server_error | hang | malformed_body | drop
+    kind: str  # reply | rate_limit | server_error | hang | malformed_body | drop | trickle
     content: str | dict | list | None = None  # None: generate (schema instance)
     finish_reason: str = "stop"
     usage: dict | None = None
@@ -160,6 +170,7 @@ class Action:
     retry_after: float | None = None
     seconds: float = 0.0
     cut: bool = False  # truncate the generated content to half its length
+    interval: float = 0.0  # trickle: seconds between two bytes of the body
 
 
 def reply(content: str | dict | list, finish_reason: str = "stop", usage: dict | None = None) -> Action:
@@ -210,6 +221,23 @@ def hang(seconds: float, content: str | dict | list | None = None) -> Action:
 def malformed_body() -> Action:
     """HTTP 200, ``Content-Type: application/json``, but the body is truncated, non-JSON bytes."""
     return Action("malformed_body")
+
+
+def trickle(interval: float = 0.05, bound: float = 20.0, content: str | dict | list | None = None) -> Action:
+    """A 200 answer whose body goes out one byte every ``interval`` seconds after the headers
+    (each read is quick, the whole is not). After ``bound`` seconds the rest is abandoned and
+    the connection closed: a client that waits for it gets a connection error, not a hang."""
+    return Action("trickle", content=content, seconds=bound, interval=interval)
+
+
+HUGE_MAX = 64 * 1024 * 1024  # bytes: a huge answer stays within what a test machine can hold
+
+
+def huge(size: int = 5_000_000) -> Action:
+    """A 200 answer whose content is ``size`` bytes of text (not JSON), at most ``HUGE_MAX``."""
+    if not 0 < size <= HUGE_MAX:
+        raise ValueError(f"huge(size): size must be in 1..{HUGE_MAX}")
+    return reply("x" * size)
 
 
 def drop() -> Action:
@@ -506,6 +534,20 @@ def _profile_rejection(profile: str | None, body: dict) -> tuple[int, bytes] | N
     return None
 
 
+KEY_FORMS: dict[str, Callable[[str], str]] = {
+    "as_is": lambda key: key,
+    "upper": str.upper,
+    "lower": str.lower,
+    "swapcase": str.swapcase,
+    "percent": lambda key: "".join(f"%{byte:02X}" for byte in key.encode()),
+    "percent_lower": lambda key: "".join(f"%{byte:02x}" for byte in key.encode()),
+}
+
+
+def _key_form(echo_key: bool | str) -> Callable[[str], str]:
+    return KEY_FORMS["as_is" if echo_key in (True, False) else echo_key]
+
+
 def _with_key(answer: str, key: str) -> str:
     """``answer`` carrying ``key``: a "note" field of a JSON object, else appended to plain text."""
     if not key or not answer:
@@ -567,6 +609,10 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 1024
     allow_reuse_address = True
     fake: FakeOpenAI
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that went away is no news
+            super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -761,7 +807,7 @@ class _Handler(BaseHTTPRequestHandler):
         if action.cut:
             content = content[: len(content) // 2]
         if fake.echo_key:
-            content = _with_key(content, _bearer_key(rec.headers) or "")
+            content = _with_key(content, _key_form(fake.echo_key)(_bearer_key(rec.headers) or ""))
         message, reasoning = _shape(fake.profile, content, fake.reasoning, action.finish_reason)
         prompt_text = "".join(_message_text(m) for m in body["messages"])
         completion = _tokens(message["content"]) + _tokens(reasoning)
@@ -788,7 +834,37 @@ class _Handler(BaseHTTPRequestHandler):
             ],
             "usage": usage,
         }
-        self._send(200, json.dumps(payload, ensure_ascii=False).encode())
+        body_bytes = json.dumps(payload, ensure_ascii=False).encode()
+        if action.kind == "trickle":
+            self._trickle(body_bytes, action.interval, action.seconds)
+        else:
+            self._send(200, body_bytes)
+
+    def _trickle(self, payload: bytes, interval: float, bound: float) -> None:
+        fake = self.server.fake
+        self._end_chat()
+        deadline = time.monotonic() + bound
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.flush()
+            for index in range(len(payload)):
+                if time.monotonic() >= deadline or fake._stopped.is_set():
+                    break
+                self.wfile.write(payload[index : index + 1])
+                self.wfile.flush()
+                fake._wait(interval)
+            else:
+                return
+        except OSError:  # the client went away
+            pass
+        with fake._lock:
+            fake.trickles_abandoned += 1
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
 
 
 class FakeOpenAI:
@@ -810,11 +886,13 @@ class FakeOpenAI:
         port: int = 0,
         profile: str | None = None,
         require_key: str | None = None,
-        echo_key: bool = False,
+        echo_key: bool | str = False,
         reasoning: str = REASONING,
     ) -> None:
         if profile is not None and profile not in PROFILES:
             raise ValueError(f"unknown profile {profile!r}; expected one of {', '.join(PROFILES)}")
+        if not isinstance(echo_key, bool) and echo_key not in KEY_FORMS:
+            raise ValueError(f"unknown echo_key form {echo_key!r}; expected one of {', '.join(KEY_FORMS)}")
         self.profile = profile
         self.require_key = require_key
         self.echo_key = echo_key
@@ -828,6 +906,7 @@ class FakeOpenAI:
         self.latencies: list[float] = []  # every latency (answer time), for benchmarks (GET /stats)
         self.started: list[float] = []  # and when each answer began (time.time(): the client's clock too)
         self.handled: list[float] = []  # seconds from a chat request read to its reply sent
+        self.trickles_abandoned = 0  # trickled bodies not sent whole (bound reached, client gone)
         self.max_in_flight = 0
         self._in_flight = 0
         self._count = 0
@@ -912,7 +991,7 @@ class FakeOpenAI:
                 "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
             )
             return 401, _error_body(msg, "invalid_request_error", None)
-        received = _bearer_key({"authorization": authorization})
+        received = _key_form(self.echo_key)(_bearer_key({"authorization": authorization}) or "")
         msg = f"Incorrect API key provided: {received}."
         return 401, _error_body(msg, "invalid_request_error", "invalid_api_key")
 
@@ -989,12 +1068,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", choices=PROFILES, default=None, help="answer like this provider")
     parser.add_argument("--require-key", default=None, help="401 unless 'Authorization: Bearer KEY'")
     parser.add_argument("--echo-key", action="store_true", help="put the received key into every answer")
+    parser.add_argument("--huge", type=int, default=0, help="every answer has this many bytes of content")
+    parser.add_argument("--trickle", type=float, default=0.0, help="every answer a byte every SECONDS")
+    parser.add_argument("--trickle-bound", type=float, default=60.0, help="a trickle gives up after SECONDS")
+    parser.add_argument(
+        "--echo-key-form", choices=sorted(KEY_FORMS), default=None, help="echo it in this form"
+    )
     args = parser.parse_args(argv)
 
     latency = None
     if args.latency_median > 0:
         latency = lognormal_latency(args.latency_median, args.latency_sigma, random.Random(args.seed))
     responder = fault_responder(args.fault_rate, args.seed) if args.fault_rate > 0 else None
+    if args.huge:
+        responder = lambda body, number: huge(args.huge)  # noqa: E731
+    elif args.trickle:
+        responder = lambda body, number: trickle(args.trickle, args.trickle_bound)  # noqa: E731
     server = FakeOpenAI(
         responder=responder,
         latency=latency,
@@ -1003,7 +1092,7 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port,
         profile=args.profile,
         require_key=args.require_key,
-        echo_key=args.echo_key,
+        echo_key=args.echo_key_form or args.echo_key,
     )
     print(f"READY {server.base_url}", flush=True)
     try:

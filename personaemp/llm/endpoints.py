@@ -7,6 +7,8 @@ retries, so every attempt is counted and `Retry-After` is honoured the same way 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import email.utils
 import functools
 import random
@@ -29,6 +31,13 @@ _FORMAT_WORDS = re.compile(
 BACKOFF_BASE = 0.5  # seconds; doubled per attempt, with jitter
 BACKOFF_CAP = 30.0
 RETRY_AFTER_CAP = 120.0  # a server asking for longer than this is treated as asking for this
+# The most a reply may weigh on the wire, from the request's max_tokens. Content and reasoning
+# share max_tokens; real text averages 3-5 bytes a token, JSON-escaped CJK ~6, emoji up to 12
+# (two \uXXXX escapes): 16 bytes covers any real average. vLLM sends the reasoning twice
+# (reasoning_content and reasoning): x2. The envelope (ids, usage, an error body) fits in 64 KiB.
+REPLY_BYTES_PER_TOKEN = 32
+REPLY_OVERHEAD = 64 * 1024
+REPLY_TOKENS_UNSTATED = 32768  # a request without max_tokens (none of ours): a generous bound
 
 
 class LLMError(UnitError):
@@ -40,6 +49,7 @@ class LLMError(UnitError):
     server_message: str = ""
     retry_after: float | None = None
     endpoint: str = "the endpoint"  # its base URL, for run-level messages
+    too_large: bool = False  # the reply passed the size bound of its max_tokens
 
 
 @dataclass
@@ -75,11 +85,44 @@ class RateLimiter:
             await asyncio.sleep(delay)
 
 
+def reply_limit(request: dict[str, Any]) -> int:
+    """Bytes a reply to `request` may have (see REPLY_BYTES_PER_TOKEN)."""
+    tokens = request.get("max_tokens") or request.get("max_completion_tokens") or REPLY_TOKENS_UNSTATED
+    return tokens * REPLY_BYTES_PER_TOKEN + REPLY_OVERHEAD
+
+
+class ReplyTooLarge(Exception):
+    def __init__(self, limit: int):
+        super().__init__(f"reply larger than {limit} bytes")
+        self.limit = limit
+
+
+# The byte limit of the request being sent by this task (set by _send_once, read by the hook).
+_limit: contextvars.ContextVar[int | None] = contextvars.ContextVar("reply_limit", default=None)
+
+
+async def _read_bounded(response) -> None:
+    """Response hook: read the body here, decoded, and give up once it passes the limit, so an
+    oversized reply is never held whole. The client's own read then finds it read."""
+    limit = _limit.get()
+    if limit is None:
+        return
+    parts, size = [], 0
+    async with contextlib.aclosing(response.aiter_bytes()) as chunks:
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > limit:
+                raise ReplyTooLarge(limit)
+            parts.append(chunk)
+    response._content = b"".join(parts)  # what Response.aread() returns once set
+
+
 class Endpoint:
     def __init__(
         self, base_url: str, api_key: str | None, concurrency: int, rpm: float | None, timeout: float
     ):
         self.base_url = base_url
+        self.timeout = timeout  # seconds for a whole request, connect to last byte
         self.concurrency = concurrency
         self.in_flight = 0
         self.failures_in_row = 0
@@ -87,12 +130,13 @@ class Endpoint:
         self.limiter = RateLimiter(rpm)
         # The key lives only inside the client object; nothing else stores it.
         tls = _tls_context()
+        http = {"verify": tls} if tls is not None else {}
         self.client = openai.AsyncOpenAI(
             base_url=base_url,
             api_key=api_key or "none",
             max_retries=0,
-            timeout=timeout,
-            http_client=openai.DefaultAsyncHttpxClient(verify=tls) if tls is not None else None,
+            timeout=timeout,  # per connect and read; _send_once bounds the whole request
+            http_client=openai.DefaultAsyncHttpxClient(event_hooks={"response": [_read_bounded]}, **http),
         )
 
 
@@ -164,16 +208,28 @@ class EndpointPool:
         async with self._slots:
             endpoint = self._pick()
             endpoint.in_flight += 1
+            limit = _limit.set(reply_limit(request))
             try:
                 await endpoint.limiter.wait()
                 started = time.monotonic()
-                # The generic post() sends the request as built: chat.completions.create()
-                # would walk every message and schema to "transform" them (~1 ms CPU each).
-                response = await endpoint.client.post("/chat/completions", body=request, cast_to=dict)
+                # The client's timeout is per read: a server sending a byte at a time would
+                # hold the request forever. This deadline is for the whole of it.
+                async with asyncio.timeout(endpoint.timeout):
+                    # The generic post() sends the request as built: chat.completions.create()
+                    # would walk every message and schema to "transform" them (~1 ms CPU each).
+                    response = await endpoint.client.post("/chat/completions", body=request, cast_to=dict)
             except openai.APIStatusError as exc:
                 error = _status_error(exc)
-            except openai.APITimeoutError:
-                error = LLMError("timeout", "the request timed out")
+            except (openai.APITimeoutError, TimeoutError):
+                whole = f"no whole reply within {endpoint.timeout:g} s"
+                error = LLMError("timeout", f"the request timed out ({whole})")
+            except ReplyTooLarge as exc:
+                error = LLMError(
+                    "server_error",
+                    f"the reply passed {exc.limit} bytes, more than max_tokens {request.get('max_tokens')} "
+                    "can hold; cut off",
+                )
+                error.too_large = True
             except openai.APIConnectionError as exc:
                 error = LLMError("connection", f"connection failed ({_connection_cause(exc)})")
             except (openai.APIResponseValidationError, ValueError) as exc:
@@ -181,6 +237,7 @@ class EndpointPool:
             else:
                 error = None
             finally:
+                _limit.reset(limit)
                 endpoint.in_flight -= 1
             _note_health(endpoint, error)
             if isinstance(error, LLMError):

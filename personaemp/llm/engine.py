@@ -544,6 +544,8 @@ def _hint(error: LLMError) -> str:
         return "is the server running? check --base-url"
     if error.kind == "timeout":
         return "the server did not answer in time: check it, or raise --timeout"
+    if error.too_large:
+        return "the server sends far more than --max-tokens allows: check that it honours max_tokens"
     if error.kind in ("server_error", "rate_limited"):
         return "the server fails every request: check its log, or try again later"
     return "the endpoint refuses these requests: check --model, --max-tokens and --temperature for it"
