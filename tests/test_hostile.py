@@ -92,6 +92,15 @@ def test_a_read_only_output_folder_is_one_line(read_only):
     one_line(result, 2, str(read_only), "read-only")
 
 
+@pytest.mark.parametrize("where", ["--output", "--work-dir"])
+def test_a_read_only_folder_under_an_llm_stage_is_one_line(server, filtered, tmp_path, read_only, where):
+    paths = {"--output": tmp_path / "p.jsonl", "--work-dir": tmp_path / "work"}
+    paths[where] = read_only / "here"
+    result = invoke("infer-persona", "-i", filtered, "-o", paths["--output"],
+                    "--work-dir", paths["--work-dir"], *llm(server))  # fmt: skip
+    one_line(result, 2, str(read_only), "read-only")
+
+
 def test_a_full_disk_under_the_filter_is_one_line_naming_the_file(small_disk):
     result = invoke("filter", "--input", SAMPLE_TASK1, "--output", small_disk / "f.jsonl")
     one_line(result, 1, "f.jsonl", "no space left", "finished rows are kept")
