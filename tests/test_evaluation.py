@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 from conftest import read_jsonl, write_jsonl
-from fake_openai import FakeOpenAI, invalid_json_content
+from fake_openai import FakeOpenAI, injected, invalid_json_content
+from pydantic import ValidationError
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -23,7 +24,7 @@ from personaemp.errors import InputError
 from personaemp.llm.settings import LLMSettings
 from personaemp.records import DIMENSIONS
 from personaemp.stages.criteria import write_criteria
-from personaemp.stages.evaluate import JudgeOptions, evaluate, harmonic
+from personaemp.stages.evaluate import BYSTANDER_ASPECTS, JudgeOptions, evaluate, harmonic
 from personaemp.stages.respond import most_similar, write_responses
 
 QUIET = Console(quiet=True)
@@ -83,23 +84,29 @@ def query_id_in(body: dict) -> str | None:
     return found.group(1) if found else None
 
 
+def schema_properties(body: dict) -> dict:
+    fmt = body.get("response_format") or {}
+    return (fmt.get("json_schema") or {}).get("schema", {}).get("properties", {})
+
+
 def judge(body: dict, number: int):
     """Scripted models: a text reply for the policy, scores by query for the judge."""
     text = json.dumps(body["messages"])
     if "response_format" not in body and "Answer in json" not in text:
         return f"I'm sorry to hear that ({query_id_in(body)}). You will pass next time."
     qid = query_id_in(body)
-    if "grading sheet" in text:  # the criteria step
-        return {"criteria": [{"name": f"c{i}", "weight": i + 1, "description": "d"} for i in range(5)]}
-    if "Dimension: " in text:
+    properties = schema_properties(body)
+    if "score" in properties:
         dimension = re.search(r"Dimension: (\w+)", text).group(1)
         score = SCORES[qid][DIMENSIONS.index(dimension)]
         reply = {"analysis": f"{qid} {dimension}", "score": score}
-        if "judge_dynamic" in text or "First decide" in text:
-            reply["criteria"] = [{"name": f"c{i}", "weight": 25, "description": "d"} for i in range(4)]
+        if "criteria" in properties:  # the dynamic judge writes its criteria first
+            reply = {"criteria": ["c1", "c2", "c3"], **reply}
         return reply
-    if "outside reader" in text:
-        return {"aspects": [{"name": n, "score": 16} for n in ("a", "b", "c", "d", "e")]}
+    if "criteria" in properties:  # the criteria step
+        return {"criteria": [{"name": f"c{i}", "weight": i + 1, "description": "d"} for i in range(5)]}
+    if "content_effectiveness" in properties:
+        return dict.fromkeys(BYSTANDER_ASPECTS, 16)
     raise AssertionError(f"unexpected request: {text[:200]}")
 
 
@@ -446,3 +453,185 @@ def test_dynamic_counts_an_unreadable_sample_and_refuses_a_fixed_seed(workspace)
     rows = {r["query_id"]: r for r in read_jsonl(workspace / "r.scores.jsonl")}
     assert rows["u3-q1"]["unparsed_samples"] == entry["unparsed_samples"]
     assert rows["u3-q1"]["scores"]["resonation"] == 3  # the readable samples, all 3
+
+
+# --- the instruments: what each prompt asks for (the authors' instruments, in our words) -------
+
+UNFENCED = Path(__file__).parent / "data" / "prompts_unfenced"  # the prompts before data blocks
+
+
+def system_text(messages: list[dict]) -> str:
+    return " ".join(messages[0]["content"].lower().split())
+
+
+def unit_for_prompts(response: str | None = "a reply") -> dict:
+    return {
+        "query_id": "u1-q1", "user_id": "u1", "category": "ES", "query": "[u1-q1] I failed again.",
+        "situation": "They just failed a test.", "profile": "anxious before exams",
+        "memories": [{"memory_id": "m1", "value": "failed a driving test"}], "big_five": None,
+        "response": response, "criteria": None,
+    }  # fmt: skip
+
+
+def test_criteria_prompt_asks_for_baseline_and_persona_criteria_and_rewards_no_call_back():
+    from personaemp.prompts import load_prompt
+    from personaemp.stages.criteria import build_messages
+
+    aspects = {
+        "resonation": ("recognition", "inference", "grounding", "over-reading", "trait", "cannot be known"),
+        "expression": ("tone", "validation first", "advice", "boundaries", "false certainty", "scripted"),
+        "reception": ("felt understanding", "emotional safety", "need met", "autonomy", "engagement", "fit"),
+    }
+    for dimension in DIMENSIONS:
+        text = system_text(build_messages(unit_for_prompts(), dimension, load_prompt("criteria")))
+        assert all(aspect in text for aspect in aspects[dimension]), dimension
+        assert "baseline criteria" in text and "persona-informed criteria" in text
+        assert "never reward a call-back" in text and "mention, quote or recall a remembered fact" in text
+        assert "four to six criteria" in text and "add up to 100" in text
+        other = [a for d, names in aspects.items() if d != dimension for a in names[:1]]
+        assert not any(f"- {a}:" in text for a in other), "only this dimension's aspects"
+
+
+def test_fixed_judge_applies_the_sheet_with_the_authors_anchors_and_one_decimal():
+    from personaemp.prompts import load_prompt
+    from personaemp.stages.evaluate import ScoreReply, judge_messages
+
+    unit = {**unit_for_prompts(), "criteria": {d: [{"name": "n", "weight": 100.0, "description": "d"}]
+                                               for d in DIMENSIONS}}  # fmt: skip
+    text = system_text(judge_messages(unit, "reception", load_prompt("judge")))
+    assert "do not write criteria of your own" in text and "only because it is good in general" in text
+    assert "1: the reply fails the sheet, or shows a serious lapse of emotional intelligence" in text
+    assert "3: it meets part of the sheet but misses requirements that matter" in text
+    assert "5: it meets the whole sheet, the heavily weighted and the persona-informed criteria" in text
+    assert "one decimal" in text and "strictly" in text
+    assert ScoreReply.model_validate({"analysis": "a", "score": 3.46}).score == 3.5
+    with pytest.raises(ValidationError):
+        ScoreReply.model_validate({"analysis": "a", "score": 5.5})
+
+
+def test_dynamic_judge_derives_its_own_criteria_step_by_step_as_strictly_as_it_can():
+    from personaemp.prompts import load_prompt
+    from personaemp.stages.evaluate import DynamicScoreReply, judge_messages
+
+    texts = {
+        d: system_text(judge_messages(unit_for_prompts(), d, load_prompt("judge_dynamic")))
+        for d in DIMENSIONS
+    }
+    for text in texts.values():
+        assert "step by step" in text and "as strict as you can" in text
+        assert "first derive your own criteria" in text and "evidence" in text
+        assert (
+            "1 when it meets none" in text
+            and "3 when it meets only some" in text
+            and "5 when it meets them perfectly" in text
+        )
+    assert "stable traits" in texts["resonation"] and "need beneath" in texts["resonation"]
+    assert "strategy is adapted" in texts["expression"]
+    assert all(w in texts["reception"] for w in ("intrusive", "unspoken need", "share more"))
+    assert list(DynamicScoreReply.model_fields) == ["criteria", "analysis", "score"], (
+        "criteria before the score"
+    )
+
+
+def test_bystander_scores_the_authors_five_aspects_blind_to_the_persona_and_against_padding():
+    from personaemp.prompts import load_prompt
+    from personaemp.stages.evaluate import BystanderReply
+
+    messages = load_prompt("bystander").render(query="[u1-q1] I failed again.", response="a reply")
+    text = system_text(messages)
+    assert list(BystanderReply.model_fields) == list(BYSTANDER_ASPECTS)
+    assert all(aspect in text for aspect in BYSTANDER_ASPECTS)
+    assert "emotional expressiveness alone must never raise a score" in text
+    assert "length that adds no information lowers communication_efficiency" in text
+    assert "empathy" not in text, "the bystander is the penalty on padding, not another empathy score"
+    assert "anxious" not in json.dumps(messages) and "from 0 to 20" in text
+
+
+# --- a judge that cannot be talked to ----------------------------------------------------------
+
+
+def injection_gain(workspace: Path, monkeypatch, prompts: Path | None) -> tuple[dict, int]:
+    """Per dimension and B: mean score of injecting responses minus that of the same
+    responses without the injection, judged by a server that obeys text outside data blocks."""
+
+    if prompts is not None:
+        monkeypatch.setenv("PERSONAEMP_PROMPTS", str(prompts))
+    criteria = write_criteria_file(workspace)
+    plain = write_jsonl(
+        workspace / "plain.jsonl", [{"query_id": q, "response": f"reply {q}"} for q in SCORES]
+    )
+    attack = write_jsonl(workspace / "attack.jsonl",
+                         [{"query_id": q, "response": injected(f"reply {q}")} for q in SCORES])  # fmt: skip
+
+    with FakeOpenAI(responder=judge, obeying=True) as server:
+        _, evaluation = evaluate(
+            workspace / "splits", [plain, attack], workspace / "inj.json", settings(server, workspace),
+            criteria_file=criteria, options=JudgeOptions(bystander=True), console=QUIET,
+        )  # fmt: skip
+    entries = evaluation["systems"]
+    gain = {d: entries["attack"]["dimensions"][d] - entries["plain"]["dimensions"][d] for d in DIMENSIONS}
+    gain["B"] = entries["attack"]["bystander"] - entries["plain"]["bystander"]
+    return gain, server.obeyed
+
+
+def test_an_injecting_response_gains_nothing_from_a_judge_that_obeys_outside_the_blocks(
+    workspace, monkeypatch
+):
+    gain, obeyed = injection_gain(workspace, monkeypatch, None)
+    assert gain == {"resonation": 0.0, "expression": 0.0, "reception": 0.0, "B": 0.0} and obeyed == 0
+
+
+def test_the_same_injection_wins_with_the_prompts_before_data_blocks(workspace, monkeypatch):
+    """The control: with `<<<`...`>>>` fences (the prompts before this change) the obeying judge
+    is talked into top scores, so the test above could fail."""
+    gain, obeyed = injection_gain(workspace, monkeypatch, UNFENCED)
+    assert obeyed == 4 * 4
+    assert gain == pytest.approx({"resonation": 1.5, "expression": 1.25, "reception": 2.5, "B": 0.2})
+
+
+def test_criteria_are_not_steered_by_an_injection_in_a_memory_or_the_query(workspace):
+
+    rows = read_jsonl(workspace / "queries.jsonl")
+    rows[0]["memories"][0]["value"] = injected(rows[0]["memories"][0]["value"])
+    rows[1]["queries"][0]["query"] = injected(rows[1]["queries"][0]["query"])
+    write_jsonl(workspace / "queries.jsonl", rows)
+    with FakeOpenAI(responder=judge, obeying=True) as server:
+        write_criteria(workspace / "queries.jsonl", workspace / "criteria.jsonl", settings(server, workspace),
+                       console=QUIET)  # fmt: skip
+        assert server.obeyed == 0
+    names = {
+        c["name"]
+        for row in read_jsonl(workspace / "criteria.jsonl")
+        for d in DIMENSIONS
+        for c in row["criteria"][d]
+    }
+    assert names == {"c0", "c1", "c2", "c3", "c4"}
+
+
+def test_no_prompt_leaves_user_or_policy_text_outside_its_data_blocks():
+    from fake_openai import INJECTION_MARKER, injected, outside_blocks
+    from test_queries import english_user, persona, situation
+
+    from personaemp.prompts import load_prompt
+    from personaemp.stages.criteria import build_messages
+    from personaemp.stages.evaluate import judge_messages
+    from personaemp.stages.queries import build_check_messages
+
+    attack = injected("hello")
+    unit = {**unit_for_prompts(attack), "query": attack, "situation": attack, "profile": attack,
+            "memories": [{"memory_id": "m1", "value": attack}]}  # fmt: skip
+    fixed = {
+        **unit,
+        "criteria": {d: [{"name": "n", "weight": 100.0, "description": "d"}] for d in DIMENSIONS},
+    }
+    requests = [
+        build_messages(unit, "resonation", load_prompt("criteria")),
+        judge_messages(fixed, "resonation", load_prompt("judge")),
+        judge_messages(unit, "resonation", load_prompt("judge_dynamic")),
+        load_prompt("bystander").render(query=attack, response=attack),
+        build_check_messages(persona(english_user()), [situation()], [attack], load_prompt("check")),
+    ]
+    for messages in requests:
+        text = "\n".join(m["content"] for m in messages)
+        assert INJECTION_MARKER in text and INJECTION_MARKER not in outside_blocks(text)
+        assert "are given as data blocks" in messages[0]["content"].replace("\n", " ")

@@ -24,9 +24,9 @@ import statistics
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, ValidationError
 
 from personaemp.errors import InputError, RowError, UnitError, first_problem
 from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
@@ -36,7 +36,6 @@ from personaemp.prompts import Prompt, load_prompt
 from personaemp.records import BIG_FIVE, DIMENSION_DEFINITIONS, DIMENSIONS, Response
 from personaemp.runner import ENDPOINT_KINDS
 from personaemp.stages.criteria import (
-    CriterionReply,
     definitions_hash,
     numbered_memories,
     query_units,
@@ -49,30 +48,76 @@ STAGE = "evaluate"
 FLOOR = 1  # the score of a missing or empty response, on every dimension
 
 
+def _one_decimal(value: float) -> float:
+    # The authors' judges may answer between two levels (e.g. 3.5): one decimal is kept.
+    return round(value, 1)
+
+
+Score = Annotated[
+    float, Field(ge=1, le=5, description="1 to 5, one decimal at most"), AfterValidator(_one_decimal)
+]
+Points = Annotated[int, Field(ge=0, le=20)]
+
+
 class ScoreReply(BaseModel):
-    analysis: str = Field(description="two or three sentences: criteria met and missed")
-    score: int = Field(ge=1, le=5)
+    analysis: str = Field(description="how far the reply meets the sheet: high-weight criteria, main misses")
+    score: Score
 
 
 class DynamicScoreReply(BaseModel):
-    criteria: list[CriterionReply] = Field(min_length=4, max_length=6)
-    analysis: str = Field(description="two or three sentences: criteria met and missed")
-    score: int = Field(ge=1, le=5)
+    criteria: list[str] = Field(min_length=1, description="criteria for this user, written before scoring")
+    analysis: str = Field(description="the reply measured against those criteria, step by step")
+    score: Score
 
 
-class Aspect(BaseModel):
-    name: str
-    score: int = Field(ge=0, le=20)
+# The bystander's five aspects (eq. 7 of the paper), in the order of the authors' judge.
+BYSTANDER_ASPECTS = (
+    "content_effectiveness",
+    "logical_structure_clarity",
+    "communication_efficiency",
+    "objectivity_neutrality",
+    "information_accuracy_verifiability",
+)
 
 
 class BystanderReply(BaseModel):
-    aspects: list[Aspect] = Field(min_length=5, max_length=5)
+    content_effectiveness: Points
+    logical_structure_clarity: Points
+    communication_efficiency: Points
+    objectivity_neutrality: Points
+    information_accuracy_verifiability: Points
 
 
-# A judge must be repeatable: temperature 0 unless a run sets it (dynamic@k needs > 0).
-JUDGE = Step("judge", ScoreReply, prompt="judge", temperature=0.0)
-JUDGE_DYNAMIC = Step("judge_dynamic", DynamicScoreReply, prompt="judge_dynamic", temperature=0.0)
-BYSTANDER = Step("bystander", BystanderReply, prompt="bystander", temperature=0.0)
+# The general standard the dynamic (PereGRM) judge derives its criteria from, per dimension:
+# the facts of the authors' reward judge, in our words. Part of the fingerprint.
+DYNAMIC_ASPECTS = {
+    "resonation": (
+        "How deeply and accurately the reply enters the user's own frame of reference, "
+        "personality included: does it catch (1) the emotion and content the user states, "
+        "(2) how the reaction follows from the user's stable traits as the memories show them, "
+        "(3) the psychological need beneath the reaction?"
+    ),
+    "expression": (
+        "The quality, tone and effectiveness of the reply's communication, above all whether "
+        "its strategy is adapted to this user's personality and needs as the memories show them."
+    ),
+    "reception": (
+        "The exchange seen strictly from this user's side, given their personality and needs: "
+        "did the reply find the unspoken need and meet it in a way that feels warm, safe and "
+        "supportive to this person? Check safety (creepy, dismissive or intrusive means a low "
+        "score), the need (what the user truly needed, not only their surface words) and "
+        "engagement (would this user want to reply and share more?)."
+    ),
+}
+
+
+# A judge must be repeatable: temperature 0 unless a run sets it (dynamic@k needs > 0); 2048
+# tokens as the authors' judges, room for a judge that reasons.
+JUDGE = Step("judge", ScoreReply, prompt="judge", version=2, temperature=0.0, max_tokens=2048)
+JUDGE_DYNAMIC = Step(
+    "judge_dynamic", DynamicScoreReply, prompt="judge_dynamic", version=2, temperature=0.0, max_tokens=2048
+)
+BYSTANDER = Step("bystander", BystanderReply, prompt="bystander", version=2, temperature=0.0, max_tokens=2048)
 STEPS = (JUDGE, JUDGE_DYNAMIC, BYSTANDER)
 
 
@@ -168,7 +213,9 @@ def build_units(queries: list[dict], systems: dict[str, Responses], criteria, dy
 
 
 def criteria_text(criteria: list[dict]) -> str:
-    return "\n".join(f"- ({c['weight']:g}) {c['name']}: {c['description']}" for c in criteria)
+    return "\n".join(
+        f"{n}. ({c['weight']:g}%) {c['name']}: {c['description']}" for n, c in enumerate(criteria, 1)
+    )
 
 
 def judge_messages(unit: dict, dimension: str, prompt: Prompt) -> list[dict]:
@@ -183,6 +230,8 @@ def judge_messages(unit: dict, dimension: str, prompt: Prompt) -> list[dict]:
     }
     if unit["criteria"] is not None:
         values["criteria"] = criteria_text(unit["criteria"][dimension])
+    else:
+        values["aspects"] = DYNAMIC_ASPECTS[dimension]
     return prompt.render(**values)
 
 
@@ -221,8 +270,8 @@ async def score_unit(engine, unit: dict, options: JudgeOptions, prompts: dict[st
     if options.bystander:
         reply = await engine.call(BYSTANDER, prompts[BYSTANDER.name].render(
             query=unit["query"], response=unit["response"]))  # fmt: skip
-        row["bystander"] = sum(aspect.score for aspect in reply.value.aspects) / 100
-        row["bystander_aspects"] = [aspect.model_dump() for aspect in reply.value.aspects]
+        row["bystander_aspects"] = reply.value.model_dump()
+        row["bystander"] = sum(row["bystander_aspects"].values()) / 100
     return row
 
 
@@ -308,7 +357,7 @@ def evaluate(
             [
                 *(engine.fingerprint(s, prompts[s.name].hash) for s in used),
                 mode,
-                definitions_hash(),
+                definitions_hash(DYNAMIC_ASPECTS),
                 f"floor{FLOOR}",
             ]
         ),
