@@ -53,7 +53,7 @@ CHECKS = (
 )  # fmt: skip  # personaemp.stages.queries.CHECKS
 STEPS = (
     "persona", "big_five", "situations", "query", "check",
-    "criteria", "respond", "judge", "judge_dynamic", "bystander",
+    "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander",
 )  # fmt: skip  # the stages' Step names
 STEP_KEYS = ("temperature", "max_tokens")
 
@@ -64,7 +64,7 @@ Check = Literal[
 ]  # fmt: skip
 StepName = Literal[
     "persona", "big_five", "situations", "query", "check",
-    "criteria", "respond", "judge", "judge_dynamic", "bystander",
+    "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander",
 ]  # fmt: skip
 
 
@@ -496,13 +496,18 @@ class RespondOptions(Section):
     split: Annotated[SplitName, Opt("Split setting.")] = "random"
     part: Annotated[Part, Opt("Part of the split.")] = "test"
     context: Annotated[
-        Literal["none", "memory", "persona", "rag"],
+        Literal["none", "memory", "memory-summary", "rag", "mismatch", "persona"],
         Opt(
-            "What the policy sees besides the query: nothing, the numbered memories (the paper's "
-            "input), the persona, or the rag_k memories most similar to the query."
+            "What the policy sees besides the query: nothing (w/o memory), the numbered memories "
+            "(the paper's input), a summary of the user it first writes from them (the Memory "
+            "baseline), the rag_k memories most similar to the query (RAG), another user's "
+            "memories (mismatched memory), or the persona (the judge reads it too)."
         ),
     ] = "memory"
-    rag_k: Annotated[int, Field(ge=1), Opt("Memories given with --context rag.")] = 3
+    rag_k: Annotated[int, Field(ge=1), Opt("Memories given with --context rag (the paper: 3).")] = 3
+    mismatch_seed: Annotated[
+        int, Opt("Seed choosing whose memories each user gets with --context mismatch (never their own).")
+    ] = 0
     output: Annotated[
         Path | None,
         Opt(

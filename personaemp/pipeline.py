@@ -359,6 +359,7 @@ def run_respond(
         part=options.part,
         context=options.context,
         rag_k=options.rag_k,
+        mismatch_seed=options.mismatch_seed,
         limit=options.limit,
         retry_failed=llm.retry_failed,
         console=console,

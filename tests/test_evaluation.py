@@ -635,3 +635,76 @@ def test_no_prompt_leaves_user_or_policy_text_outside_its_data_blocks():
         text = "\n".join(m["content"] for m in messages)
         assert INJECTION_MARKER in text and INJECTION_MARKER not in outside_blocks(text)
         assert "are given as data blocks" in messages[0]["content"].replace("\n", " ")
+
+
+# --- the paper's baselines and ablations ------------------------------------------------------
+
+
+def test_memory_summary_answers_from_a_summary_written_once_per_user(workspace):
+    def policy(body, n):
+        text = json.dumps(body["messages"])
+        if "Memories of the user" in text:  # the summary call
+            user = re.search(r"(u\d) failed a driving test", text).group(1)
+            return f"SUMMARY-{user}: anxious about exams"
+        return f"Here for you ({query_id_in(body)})."
+
+    with FakeOpenAI(responder=policy) as server:
+        write_responses(workspace / "splits", workspace / "ms.jsonl", settings(server, workspace),
+                        context="memory-summary", console=QUIET)  # fmt: skip
+        bodies = [json.dumps(r.body["messages"]) for r in server.chat_requests]
+        assert server.count == 3 + 4, "one summary per user (u1 has two queries), one answer per query"
+        write_responses(workspace / "splits", workspace / "ms.jsonl", settings(server, workspace),
+                        context="memory-summary", console=QUIET)  # fmt: skip
+        assert server.count == 7, "a re-run sends nothing"
+    answers = [b for b in bodies if "Memories of the user" not in b]
+    u1 = [b for b in answers if "[u1-q" in b]
+    assert len(u1) == 2 and all("SUMMARY-u1" in b and "u1 failed a driving test" not in b for b in u1), (
+        "the answer sees the summary, not the memories"
+    )
+    rows = {r["query_id"]: r for r in read_jsonl(workspace / "ms.jsonl")}
+    assert rows["u2-q1"]["summary"] == "SUMMARY-u2: anxious about exams"
+    assert rows["u2-q1"]["context"] == "memory-summary"
+
+
+def test_mismatch_gives_each_user_another_users_memories_chosen_by_seed(workspace):
+    def policy(body, n):
+        return f"ok ({query_id_in(body)})"
+
+    seen = {}
+    with FakeOpenAI(responder=policy) as server:
+        for seed in (0, 1, 2, 3):
+            out = workspace / f"mm{seed}.jsonl"
+            write_responses(workspace / "splits", out, settings(server, workspace), context="mismatch",
+                            mismatch_seed=seed, console=QUIET)  # fmt: skip
+            seen[seed] = {r["user_id"]: r["memories_of"] for r in read_jsonl(out)}
+            bodies = {query_id_in(r.body): json.dumps(r.body["messages"]) for r in server.chat_requests[-4:]}
+            for qid, body in bodies.items():
+                owner, given = qid.split("-")[0], seen[seed][qid.split("-")[0]]
+                assert f"{given} failed a driving test" in body and f"{owner} failed" not in body
+    assert all(user != other for mapping in seen.values() for user, other in mapping.items())
+    assert len({tuple(sorted(m.items())) for m in seen.values()}) > 1, "the seed chooses"
+    with FakeOpenAI(responder=policy) as server:
+        write_responses(workspace / "splits", workspace / "again.jsonl", settings(server, workspace),
+                        context="mismatch", mismatch_seed=2, console=QUIET)  # fmt: skip
+    assert {r["user_id"]: r["memories_of"] for r in read_jsonl(workspace / "again.jsonl")} == seen[2]
+    one = workspace / "one"
+    write_jsonl(one / "random" / "test.jsonl", [user_row("u1", ["u1-q1"])])
+    with pytest.raises(InputError, match="needs two users or more"):
+        write_responses(one, workspace / "x.jsonl", LLMSettings(model="m"), context="mismatch")
+
+
+@pytest.mark.parametrize("profile", ["minimax", "vllm"])
+def test_a_policy_cut_while_reasoning_is_flagged_and_counted_as_missing(workspace, profile):
+    from fake_openai import truncated
+
+    def policy(body, n):  # u2-q1: the reasoning never ends, whatever the room
+        return truncated("") if "[u2-q1]" in json.dumps(body["messages"]) else f"ok {query_id_in(body)}"
+
+    with FakeOpenAI(responder=policy, profile=profile) as server:
+        report = write_responses(workspace / "splits", workspace / "p.jsonl", settings(server, workspace),
+                                 console=QUIET)  # fmt: skip
+        budgets = [r.body["max_tokens"] for r in server.chat_requests if "[u2-q1]" in json.dumps(r.body)]
+    assert report.outcome.failed == 0 and budgets == [4096, 8192, 16384], "room, then more room"
+    rows = {r["query_id"]: r for r in read_jsonl(workspace / "p.jsonl")}
+    assert rows["u2-q1"]["response"] is None and rows["u2-q1"]["cut_in_reasoning"] is True
+    assert rows["u1-q1"]["response"] == "ok u1-q1" and rows["u1-q1"]["cut_in_reasoning"] is False

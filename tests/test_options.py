@@ -405,6 +405,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "part": "train",
         "context": "rag",
         "rag_k": 5,
+        "mismatch_seed": 9,
         "output": "r/out.jsonl",
         "limit": 7,
     },
@@ -748,8 +749,8 @@ def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(mon
     invoke("respond", "--config", config)
     args, kwargs = calls["respond"]
     assert args == (Path("r/splits"), Path("r/out.jsonl"))
-    assert kwargs == {"split": "ood", "part": "train", "context": "rag", "rag_k": 5, "limit": 7,
-                      "retry_failed": False}  # fmt: skip
+    assert kwargs == {"split": "ood", "part": "train", "context": "rag", "rag_k": 5, "mismatch_seed": 9,
+                      "limit": 7, "retry_failed": False}  # fmt: skip
     invoke("evaluate", "--config", config)
     args, kwargs = calls["evaluate"]
     assert args == (Path("e/splits"), [Path("a.jsonl"), Path("b.jsonl")], Path("e/report.json"))
