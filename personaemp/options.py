@@ -523,6 +523,39 @@ class RespondOptions(Section):
         return self.output or self.splits.parent / f"responses-{self.split}-{self.part}-{self.context}.jsonl"
 
 
+class JudgeSpec(Section):
+    """One judge of a panel ([[evaluate.judges]], or --judge "name=a;model=m;base_url=URL;key_env=VAR")."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.-]*$"), Opt("Name in reports and file names.")]
+    model: Annotated[str | None, Opt("Judge model (default: --judge-model, else --model).")] = None
+    base_url: Annotated[str | None, Opt("Its endpoint (default: --base-url).")] = None
+    key_env: Annotated[
+        str | None, Opt("Environment variable holding its API key (default: OPENAI_API_KEY).")
+    ] = None
+
+
+def _judge_specs(value: Any) -> Any:
+    """TOML tables pass through; a flag's "key=value;key=value" becomes one."""
+    if isinstance(value, str | dict):
+        value = [value]
+    if not isinstance(value, list | tuple):
+        return value
+    found = []
+    for item in value:
+        if isinstance(item, str):
+            table: dict[str, str] = {}
+            for part in filter(None, (p.strip() for p in item.split(";"))):
+                key, sep, text = part.partition("=")
+                if not sep:
+                    raise OptionProblem(
+                        "judges", f"takes name=NAME;model=MODEL;base_url=URL;key_env=VAR, not {item!r}"
+                    )
+                table[key.strip()] = text.strip()
+            item = table
+        found.append(item)
+    return found
+
+
 class EvaluateOptions(Section):
     splits: Annotated[
         Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir")
@@ -541,6 +574,24 @@ class EvaluateOptions(Section):
         Path, Opt("Fixed criteria (`personaemp criteria`).", derive="criteria.output")
     ] = PROCESSED / "criteria.jsonl"
     judge_model: Annotated[str | None, Opt("Judge model (default: --model).")] = None
+    judges: Annotated[
+        list[JudgeSpec],
+        BeforeValidator(_judge_specs),
+        Opt(
+            "A judge of a panel, repeatable: every system is judged by each, side by side, with how "
+            'far they agree. "name=NAME;model=MODEL;base_url=URL;key_env=VAR" (only name required; '
+            "TOML: [[evaluate.judges]] tables).",
+            ("--judge",),
+            metavar="SPEC",
+        ),
+    ] = []
+    missing: Annotated[
+        Literal["floor", "skip"],
+        Opt(
+            "A query without a visible response: floor (scores 1, counted in the means) or skip "
+            "(the authors' rule: means over the judged responses only)."
+        ),
+    ] = "floor"
     dynamic: Annotated[bool, Opt("PereGRM: the judge writes its own criteria in each call.")] = False
     samples: Annotated[int, Field(ge=1), Opt("Judgments averaged per dimension with --dynamic (@k).")] = 1
     bystander: Annotated[bool, Opt("Also the persona-blind bystander score B and the reward.")] = False
@@ -560,6 +611,14 @@ class EvaluateOptions(Section):
     def _samples_need_dynamic(self) -> EvaluateOptions:
         if self.samples > 1 and not self.dynamic:
             raise OptionProblem("samples", "applies to {dynamic} judging", "add {dynamic}")
+        return self
+
+    @model_validator(mode="after")
+    def _judges_named_once(self) -> EvaluateOptions:
+        names = [judge.name for judge in self.judges]
+        for name in names:
+            if names.count(name) > 1:
+                raise OptionProblem("judges", f"names {name!r} twice", "give each judge its own name")
         return self
 
 

@@ -378,7 +378,8 @@ def test_own_responses_lose_their_reasoning_and_unknown_ids_are_named(workspace)
         judged = json.dumps([r.body["messages"] for r in server.chat_requests])
     assert "I am sorry." in judged and "the user is sad" not in judged and "never closed" not in judged
     entry = evaluation["systems"]["own"]
-    assert (entry["judged"], entry["empty"], entry["missing"]) == (1, 1, 2)  # reasoning only: empty
+    # A reply cut while reasoning shows the user nothing: missing, and counted as cut.
+    assert (entry["judged"], entry["empty"], entry["missing"], entry["cut_in_reasoning"]) == (1, 0, 3, 1)
     assert entry["unknown_query_ids"] == 1 and entry["unknown_examples"] == [f"{own}:4 typo-q1"]
     assert entry["blank_lines"] == [f"{own}:3"]
 
@@ -708,3 +709,91 @@ def test_a_policy_cut_while_reasoning_is_flagged_and_counted_as_missing(workspac
     rows = {r["query_id"]: r for r in read_jsonl(workspace / "p.jsonl")}
     assert rows["u2-q1"]["response"] is None and rows["u2-q1"]["cut_in_reasoning"] is True
     assert rows["u1-q1"]["response"] == "ok u1-q1" and rows["u1-q1"]["cut_in_reasoning"] is False
+
+
+# --- a judge panel, the missing rule, Avg ------------------------------------------------------
+
+
+def contrary(body: dict, number: int):
+    """A second judge that ranks every response the other way round (6 - the first's score)."""
+    reply = judge(body, number)
+    if isinstance(reply, dict) and "score" in reply:
+        reply = {**reply, "score": 6 - reply["score"]}
+    return reply
+
+
+def test_a_panel_judges_every_system_by_each_judge_and_says_how_far_they_agree(workspace):
+    from personaemp.stages.evaluate import Judge
+
+    criteria = write_criteria_file(workspace)
+    full = write_jsonl(workspace / "full.jsonl", [{"query_id": q, "response": f"reply {q}"} for q in SCORES])
+    gaps = write_jsonl(
+        workspace / "gaps.jsonl", [{"query_id": q, "response": "ok"} for q in ("u2-q1", "u3-q1")]
+    )
+    with FakeOpenAI(responder=judge) as a, FakeOpenAI(responder=contrary) as b:
+        panel = [
+            Judge("a", LLMSettings(base_urls=[a.base_url], model="judge-a", work_dir=workspace / "work")),
+            Judge("b", LLMSettings(base_urls=[b.base_url], model="judge-b", work_dir=workspace / "work")),
+        ]
+        run = lambda **kw: evaluate(  # noqa: E731
+            workspace / "splits", [full, gaps], workspace / "panel.json", LLMSettings(model="unused"),
+            criteria_file=criteria, judges=panel, console=QUIET, **kw,
+        )  # fmt: skip
+        reports, evaluation = run()
+        assert (a.count, b.count) == (6 * 3, 6 * 3), "each judge judges every judged response"
+        _, skipping = run(options=JudgeOptions(missing="skip"))
+        assert (a.count, b.count) == (18, 18), "the rule changes the means, not the judgments"
+    assert len(reports) == 2 and evaluation["judges"]["a"]["judge_model"] == "judge-a"
+    by = {name: found["systems"] for name, found in evaluation["judges"].items()}
+    assert by["a"]["full"]["dimensions"] == {"resonation": 3.5, "expression": 3.75, "reception": 2.5}
+    assert by["b"]["full"]["dimensions"] == {"resonation": 2.5, "expression": 2.25, "reception": 3.5}
+    assert by["a"]["gaps"]["dimensions"] == {"resonation": 2.25, "expression": 2.75, "reception": 1.75}
+    assert by["b"]["gaps"]["dimensions"] == {"resonation": 1.75, "expression": 1.25, "reception": 2.25}
+    assert evaluation["systems"] == by["a"], "the first judge's numbers stay where one judge's were"
+    agreement = evaluation["agreement"]["a~b"]
+    # Both rank full above gaps (its floors pull gaps down), yet disagree on every single response.
+    assert agreement["kendall_tau_systems"]["avg"] == 1.0
+    assert agreement["responses"] == 6
+    assert agreement["spearman_per_query"] == dict.fromkeys(DIMENSIONS, -1.0)
+    assert (workspace / "panel.a.scores.jsonl").exists() and (workspace / "panel.b.scores.jsonl").exists()
+    assert evaluation["missing_rule"] == "floor" and skipping["missing_rule"] == "skip"
+    assert skipping["judges"]["a"]["systems"]["gaps"]["n"] == 2
+    assert skipping["judges"]["a"]["systems"]["gaps"]["dimensions"]["resonation"] == (4 + 3) / 2
+
+
+def test_kendall_tau_and_rank_correlation_by_hand():
+    from personaemp.stages.evaluate import kendall_tau, spearman
+
+    assert kendall_tau([1, 2, 3], [1, 2, 3]) == 1.0 and kendall_tau([1, 2, 3], [3, 2, 1]) == -1.0
+    assert kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)
+    assert kendall_tau([1, 1, 2], [1, 2, 3]) == pytest.approx(2 / 6**0.5)  # tau-b with a tie
+    assert kendall_tau([1, 1], [1, 2]) is None and spearman([2, 2, 2], [1, 2, 3]) is None
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(0.9486832980505138)
+
+
+def test_avg_is_the_mean_of_the_unrounded_dimension_means():
+    from personaemp.stages.evaluate import metrics
+
+    row = {"status": "judged", "scores": {"resonation": 1.0004, "expression": 1.0004, "reception": 1.0014}}
+    found = metrics([row], 0.5)
+    assert found["dimensions"] == {"resonation": 1.0, "expression": 1.0, "reception": 1.001}
+    assert found["avg"] == 1.001, "from the rounded means it would be 1.0"
+    assert "harmonic" in found
+
+
+def test_replies_cut_by_the_limit_are_judged_as_seen_and_cut_while_reasoning_counted(workspace):
+    criteria = write_criteria_file(workspace)
+    policy = write_jsonl(workspace / "policy.jsonl", [
+        {"query_id": "u1-q1", "response": "I am sorry, that must", "truncated": True},
+        {"query_id": "u1-q2", "response": None, "truncated": True, "cut_in_reasoning": True},
+        {"query_id": "u2-q1", "response": "<think>the user</think>Here for you.", "truncated": False},
+        {"query_id": "u3-q1", "response": "ok"},
+    ])  # fmt: skip
+    with FakeOpenAI(responder=judge) as server:
+        _, evaluation = evaluate(workspace / "splits", [policy], workspace / "r.json", settings(server, workspace),
+                                 criteria_file=criteria, console=QUIET)  # fmt: skip
+        judged = json.dumps([r.body["messages"] for r in server.chat_requests])
+    entry = evaluation["systems"]["policy"]
+    assert (entry["judged"], entry["missing"], entry["truncated"], entry["cut_in_reasoning"]) == (3, 1, 2, 1)
+    assert "I am sorry, that must" in judged and "the user</think>" not in judged
