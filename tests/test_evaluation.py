@@ -791,8 +791,10 @@ def test_replies_cut_by_the_limit_are_judged_as_seen_and_cut_while_reasoning_cou
         {"query_id": "u3-q1", "response": "ok"},
     ])  # fmt: skip
     with FakeOpenAI(responder=judge) as server:
-        _, evaluation = evaluate(workspace / "splits", [policy], workspace / "r.json", settings(server, workspace),
-                                 criteria_file=criteria, console=QUIET)  # fmt: skip
+        _, evaluation = evaluate(
+            workspace / "splits", [policy], workspace / "r.json", settings(server, workspace),
+            criteria_file=criteria, console=QUIET,
+        )  # fmt: skip
         judged = json.dumps([r.body["messages"] for r in server.chat_requests])
     entry = evaluation["systems"]["policy"]
     assert (entry["judged"], entry["missing"], entry["truncated"], entry["cut_in_reasoning"]) == (3, 1, 2, 1)
