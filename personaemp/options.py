@@ -622,6 +622,24 @@ class EvaluateOptions(Section):
         return self
 
 
+class TableOptions(Section):
+    reports: Annotated[
+        Names,
+        Opt(
+            "Report of `personaemp evaluate` (one per split: random, ood), repeatable; each judge "
+            "of a report is a column group.",
+            ("--report", "-r"),
+            metavar="FILE",
+        ),
+    ] = []
+    format: Annotated[Literal["markdown", "csv", "latex"], Opt("Output format.")] = "markdown"
+    output: Annotated[Path | None, Opt("Write the table here (default: print it).", ("--output", "-o"))] = (
+        None
+    )
+    harmonic: Annotated[bool, Opt("Add H (0-1) beside Avg in each group.")] = False
+    digits: Annotated[int, Field(ge=0, le=6), Opt("Decimals shown.")] = 2
+
+
 class RunOptions(Section):
     """personaemp.toml: every section (the file may leave any out).
 
@@ -639,6 +657,7 @@ class RunOptions(Section):
     criteria: CriteriaOptions = CriteriaOptions()
     respond: RespondOptions = RespondOptions()
     evaluate: EvaluateOptions = EvaluateOptions()
+    table: TableOptions = TableOptions()
 
     @model_validator(mode="after")
     def _derived_paths(self) -> RunOptions:
@@ -678,6 +697,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "criteria": ("criteria", "llm"),
     "respond": ("respond", "llm"),
     "evaluate": ("evaluate", "llm"),
+    "table": ("table",),
 }
 # Options of the stage commands that are not stage settings: no TOML key.
 CLI_ONLY: dict[str, dict[str, str]] = {
@@ -882,6 +902,7 @@ _TITLES = {
     "criteria": "`personaemp criteria` — TOML `[criteria]`",
     "respond": "`personaemp respond` — TOML `[respond]`",
     "evaluate": "`personaemp evaluate` — TOML `[evaluate]`",
+    "table": "`personaemp table` — TOML `[table]`",
 }
 
 

@@ -404,6 +404,21 @@ def run_evaluate(
     return evaluation
 
 
+def run_table(options, console: Console) -> str:
+    """Table 1 from evaluate reports: printed (stdout) or written to --output."""
+    from personaemp.stages.table import write_table
+
+    text = write_table(
+        [Path(p) for p in options.reports], options.output, options.format,
+        harmonic=options.harmonic, digits=options.digits,
+    )  # fmt: skip
+    if options.output is None:
+        print(text, end="")
+    else:
+        console.print(f"wrote {options.output}")
+    return text
+
+
 def judge_panel(options: EvaluateOptions, settings, env: Mapping[str, str] | None = None) -> list:
     """The engine settings of each judge of `--judge`/[[evaluate.judges]]: its endpoint, model
     and key over the run's; the key read from its variable only."""

@@ -799,3 +799,85 @@ def test_replies_cut_by_the_limit_are_judged_as_seen_and_cut_while_reasoning_cou
     entry = evaluation["systems"]["policy"]
     assert (entry["judged"], entry["missing"], entry["truncated"], entry["cut_in_reasoning"]) == (3, 1, 2, 1)
     assert "I am sorry, that must" in judged and "the user</think>" not in judged
+
+
+# --- Table 1, end to end -----------------------------------------------------------------------
+
+
+def table1_commands(policy_url: str, judge_a: str, judge_b: str) -> list[list[str]]:
+    """The README's Table-1 recipe: criteria by one model; three systems per split; each split
+    judged by two judges on their own endpoints; the table from the two reports."""
+    common = ["--model", "policy", "--base-url", policy_url, "--work-dir", "work"]
+    panel = [
+        "--judge",
+        f"name=A;model=judge-a;base_url={judge_a}",
+        "--judge",
+        f"name=B;model=judge-b;base_url={judge_b}",
+    ]
+    commands = [["criteria", "--input", "queries.jsonl", "--output", "criteria.jsonl", *common]]
+    for split in ("random", "ood"):
+        for context in ("none", "memory-summary", "rag"):
+            commands.append(["respond", "--splits", "splits", "--split", split, "--context", context,
+                             "--output", f"responses/{split}/{context}.jsonl", *common])  # fmt: skip
+        systems = [
+            a
+            for c in ("none", "memory-summary", "rag")
+            for a in ("--responses", f"responses/{split}/{c}.jsonl")
+        ]
+        commands.append(["evaluate", "--splits", "splits", "--split", split, *systems,
+                         "--criteria-file", "criteria.jsonl", *panel, "--report", f"eval/{split}.json",
+                         "--work-dir", "work"])  # fmt: skip
+    for fmt, name in (("markdown", "table1.md"), ("csv", "table1.csv"), ("latex", "table1.tex")):
+        commands.append(["table", "--report", "eval/random.json", "--report", "eval/ood.json",
+                         "--format", fmt, "--output", name])  # fmt: skip
+    return commands
+
+
+def test_table1_three_systems_two_splits_two_judges_and_a_rerun_sends_nothing(workspace, monkeypatch):
+    rows = read_jsonl(workspace / "queries.jsonl")
+    write_jsonl(workspace / "splits" / "ood" / "test.jsonl", rows[1:])  # u2, u3: the held-out cluster
+    write_jsonl(workspace / "splits" / "ood" / "train.jsonl", rows[:1])
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.chdir(workspace)
+    runner = CliRunner()
+
+    def policy_model(body, n):  # each system answers in its own words
+        text = json.dumps(body["messages"])
+        if "response_format" in body or "Memories of the user" in text:
+            return judge(body, n)  # the criteria, and memory-summary's summary
+        seen = (
+            "summary" if "What you know" in text else "memories" if "What you remember" in text else "query"
+        )
+        return f"I hear you ({query_id_in(body)}, from the {seen})."
+
+    with (
+        FakeOpenAI(responder=policy_model) as policy,
+        FakeOpenAI(responder=judge) as a,
+        FakeOpenAI(responder=contrary) as b,
+    ):
+        commands = table1_commands(policy.base_url, a.base_url, b.base_url)
+        for args in commands:
+            result = runner.invoke(app, args)
+            assert result.exit_code == 0, (args, result.output)
+        sent = (policy.count, a.count, b.count)
+        # The OOD queries (u2's, u3's) are also in the random split: the same requests, sent once.
+        # criteria 4 x 3; respond: none 4, memory-summary 3 summaries + 4, rag 4
+        # each judge: 3 systems x 4 queries x 3 dimensions
+        assert sent == (12 + 4 + 7 + 4, 3 * 4 * 3, 3 * 4 * 3)
+        for args in commands:
+            assert runner.invoke(app, args).exit_code == 0
+        assert (policy.count, a.count, b.count) == sent, "a re-run sends 0 requests"
+    table = (workspace / "table1.md").read_text().splitlines()
+    header = table[0].split(" | ")
+    assert header[1:5] == ["A · Random Res", "A · Random Exp", "A · Random Rec", "A · Random Avg"]
+    assert [h.split(" ")[:3] for h in header[1::4]] == [["A", "·", "Random"], ["A", "·", "OOD"],
+                                                         ["B", "·", "Random"], ["B", "·", "OOD"]]  # fmt: skip
+    systems = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:] for line in table[2:]}
+    assert list(systems) == ["none", "memory-summary", "rag"]
+    # judge A on OOD (u2-q1, u3-q1): Res (4+3)/2, Exp (4+5)/2, Rec (4+1)/2, Avg 3.5
+    assert [c.strip(" |") for c in systems["rag"][4:8]] == ["3.50", "4.50", "2.50", "3.50"]
+    assert (workspace / "table1.csv").read_text().splitlines()[1].startswith("none,3.50,3.75,2.50,3.25")
+    latex = (workspace / "table1.tex").read_text()
+    assert "\\multicolumn{4}{c}{A $\\cdot$ Random}" in latex and "memory-summary" in latex
+    report = json.loads((workspace / "eval" / "ood.json").read_text())
+    assert set(report["judges"]) == {"A", "B"} and "A~B" in report["agreement"]

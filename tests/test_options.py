@@ -430,6 +430,13 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "reward_lambda": 0.25,
         "report": "e/report.json",
     },
+    "table": {
+        "reports": ["t/random.json", "t/ood.json"],
+        "format": "latex",
+        "output": "t/table1.tex",
+        "harmonic": True,
+        "digits": 3,
+    },  # fmt: skip
 }
 
 
