@@ -133,6 +133,10 @@ def write_responses(
         summaries: dict[str, asyncio.Future] = {}  # one summary call per user, shared by their queries
 
         async def summarise(unit: dict) -> str:
+            if settings.estimate:  # each query counted as its own summary: a bound from above
+                return (
+                    await engine.text(SUMMARY, summary_prompt.render(memories=listed(unit["memories"])))
+                ).value
             if unit["user_id"] not in summaries:
                 messages = summary_prompt.render(memories=listed(unit["memories"]))
                 summaries[unit["user_id"]] = asyncio.ensure_future(engine.text(SUMMARY, messages))
