@@ -881,3 +881,19 @@ def test_table1_three_systems_two_splits_two_judges_and_a_rerun_sends_nothing(wo
     assert "\\multicolumn{4}{c}{A $\\cdot$ Random}" in latex and "memory-summary" in latex
     report = json.loads((workspace / "eval" / "ood.json").read_text())
     assert set(report["judges"]) == {"A", "B"} and "A~B" in report["agreement"]
+
+
+def test_table_refuses_what_is_not_a_report_in_one_line(workspace, monkeypatch):
+    monkeypatch.chdir(workspace)
+    (workspace / "bad.json").write_text("{not json")
+    (workspace / "other.json").write_text('{"rows": []}')
+    runner = CliRunner()
+    for args, message in (
+        (["--report", "bad.json"], "bad.json: not a JSON report"),
+        (["--report", "other.json"], "other.json: not an evaluate report"),
+        (["--report", "none.json"], "none.json: cannot read the report"),
+        ([], "no report given"),
+    ):
+        result = runner.invoke(app, ["table", *args])
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert "Traceback" not in result.output

@@ -1,20 +1,33 @@
 """`personaemp evaluate`: score systems' responses on a split, the paper's way (LLM judge).
 
-Per system (a responses file) and query, for each PERM dimension (resonation,
-expression, reception) the judge returns a short analysis and a whole score 1-5:
-  fixed    (default) against the query's pre-written criteria (`personaemp criteria`),
-  dynamic  (PereGRM) writing its own criteria in the same call, k samples averaged.
-With `bystander`, a persona-blind judge scores five aspects 0-20 (B = sum / 100).
+The instruments ask for what the authors' do (`evaluation/eval.py` and the reward judge of
+`train/verl/utils/reward_score/peregrm_reward.py`, ZhengWwwq/PersonalizedEmpathy), in our
+words. Per system (a responses file) and query, for each PERM dimension (resonation,
+expression, reception) the judge returns an analysis and a score 1-5 (one decimal allowed):
+  fixed    (default) holistic, against the query's pre-written criteria (`personaemp
+           criteria`); anchors 1 (fails them, or a serious lapse of emotional
+           intelligence), 3 (partly), 5 (all of them, high-weight and persona-informed too);
+  dynamic  (PereGRM) step by step, as strictly as it can, writing its own criteria for this
+           user first; k samples averaged.
+With `bystander`, a persona-blind judge scores the authors' five aspects 0-20 (content
+effectiveness, logical structure and clarity, communication efficiency, objectivity and
+neutrality, accuracy and verifiability; B = sum / 100): the penalty on padded,
+over-emotional replies. Every text from a user or a policy reaches a judge inside a data
+block it cannot close (personaemp.prompts.fence).
 
 Per query: H = harmonic mean of the three scores / 5; reward = H + lambda * (B - 1).
-The report gives per system the mean of each dimension, Avg (their mean, as the paper's
-tables), mean H, B and reward, also by query category and by each Big Five level.
+The report gives per system the mean of each dimension, Avg (the mean of the unrounded
+dimension means, as the paper's tables), mean H, B and reward, also by query category and
+by each Big Five level; with a panel of judges (`judges`), each judge's numbers side by
+side and how far the judges agree.
 
-Nothing is made up: a query without a response ("missing") or with a blank one ("empty")
-gets the floor (1 on every dimension, B = 0) without a judge call and is counted as such;
-a judge reply that cannot be read after the re-asks fails the unit (counted "unparsed",
-written to the failures file, retried with --retry-failed), never filled with a default.
-Scores are keyed by query id, so no score can land on another query.
+Nothing is made up: a query without a visible response ("missing": no row, or a reply cut
+while reasoning) or with a blank one ("empty") gets the floor (1 on every dimension, B = 0)
+without a judge call and is counted as such; `missing="skip"` is the authors' rule instead
+(means over the judged responses only), and the report names the rule. A judge reply that
+cannot be read after the re-asks fails the unit (counted "unparsed", written to the
+failures file, retried with --retry-failed), never filled with a default. Scores are keyed
+by query id, so no score can land on another query.
 """
 
 from __future__ import annotations
