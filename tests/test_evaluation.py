@@ -919,3 +919,15 @@ def test_a_data_block_cannot_be_closed_from_inside_and_stays_deterministic(tmp_p
     (tmp_path / "y.md").write_text("## system\na\n\n## user\nb\n\n## user\nc\n")
     with pytest.raises(InputError, match="needs exactly"):
         load_prompt("y", tmp_path)
+
+
+def test_a_bad_judge_spec_is_one_line_naming_the_flag(workspace, monkeypatch):
+    monkeypatch.chdir(workspace)
+    for spec, message in (
+        (["bad"], "--judge takes name=NAME;model=MODEL;base_url=URL;key_env=VAR, not 'bad'"),
+        (["name=a", "name=a"], "--judge names 'a' twice"),
+        (["name=a;colour=red"], "--judge colour is not a known key"),
+    ):
+        args = [a for s in spec for a in ("--judge", s)]
+        result = CliRunner().invoke(app, ["evaluate", *args, "--responses", "x.jsonl"])
+        assert result.exit_code == 2 and message in result.output, result.output
