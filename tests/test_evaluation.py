@@ -551,7 +551,7 @@ def test_bystander_scores_the_authors_five_aspects_blind_to_the_persona_and_agai
 # --- a judge that cannot be talked to ----------------------------------------------------------
 
 
-def injection_gain(workspace: Path, monkeypatch, prompts: Path | None) -> tuple[dict, int]:
+def injection_gain(workspace: Path, monkeypatch, prompts: Path | None, dynamic: bool) -> tuple[dict, int]:
     """Per dimension and B: mean score of injecting responses minus that of the same
     responses without the injection, judged by a server that obeys text outside data blocks."""
 
@@ -567,7 +567,7 @@ def injection_gain(workspace: Path, monkeypatch, prompts: Path | None) -> tuple[
     with FakeOpenAI(responder=judge, obeying=True) as server:
         _, evaluation = evaluate(
             workspace / "splits", [plain, attack], workspace / "inj.json", settings(server, workspace),
-            criteria_file=criteria, options=JudgeOptions(bystander=True), console=QUIET,
+            criteria_file=criteria, options=JudgeOptions(dynamic=dynamic, bystander=True), console=QUIET,
         )  # fmt: skip
     entries = evaluation["systems"]
     gain = {d: entries["attack"]["dimensions"][d] - entries["plain"]["dimensions"][d] for d in DIMENSIONS}
@@ -575,17 +575,19 @@ def injection_gain(workspace: Path, monkeypatch, prompts: Path | None) -> tuple[
     return gain, server.obeyed
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
 def test_an_injecting_response_gains_nothing_from_a_judge_that_obeys_outside_the_blocks(
-    workspace, monkeypatch
+    workspace, monkeypatch, dynamic
 ):
-    gain, obeyed = injection_gain(workspace, monkeypatch, None)
+    gain, obeyed = injection_gain(workspace, monkeypatch, None, dynamic)
     assert gain == {"resonation": 0.0, "expression": 0.0, "reception": 0.0, "B": 0.0} and obeyed == 0
 
 
-def test_the_same_injection_wins_with_the_prompts_before_data_blocks(workspace, monkeypatch):
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_the_same_injection_wins_with_the_prompts_before_data_blocks(workspace, monkeypatch, dynamic):
     """The control: with `<<<`...`>>>` fences (the prompts before this change) the obeying judge
     is talked into top scores, so the test above could fail."""
-    gain, obeyed = injection_gain(workspace, monkeypatch, UNFENCED)
+    gain, obeyed = injection_gain(workspace, monkeypatch, UNFENCED, dynamic)
     assert obeyed == 4 * 4
     assert gain == pytest.approx({"resonation": 1.5, "expression": 1.25, "reception": 2.5, "B": 0.2})
 
