@@ -933,3 +933,23 @@ def test_a_bad_judge_spec_is_one_line_naming_the_flag(workspace, monkeypatch):
         args = [a for s in spec for a in ("--judge", s)]
         result = CliRunner().invoke(app, ["evaluate", *args, "--responses", "x.jsonl"])
         assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_room_for_reasoning_is_a_floor_under_max_tokens_and_a_step_setting_wins(workspace):
+    criteria = write_criteria_file(workspace)
+    full = write_jsonl(workspace / "full.jsonl", [{"query_id": "u1-q1", "response": "r"}])
+    with FakeOpenAI(responder=judge) as server:
+        own = {"respond": {"max_tokens": 300}, "judge": {"max_tokens": 200}}
+        for run_tokens, steps, expected in ((1024, {}, (4096, 2048)), (8192, {}, (8192, 8192)),
+                                            (1024, own, (300, 200))):  # fmt: skip
+            s = LLMSettings(base_urls=[server.base_url], model="m", work_dir=workspace / "w",
+                            max_tokens=run_tokens, steps=steps, refresh=True)  # fmt: skip
+            before = server.count
+            write_responses(workspace / "splits", workspace / "p.jsonl", s, limit=1, console=QUIET)
+            evaluate(
+                workspace / "splits", [full], workspace / "r.json", s, criteria_file=criteria, console=QUIET
+            )
+            sent = [r.body for r in server.chat_requests[before:]]
+            respond_tokens = {b["max_tokens"] for b in sent if "response_format" not in b}
+            judge_tokens = {b["max_tokens"] for b in sent if "response_format" in b}
+            assert (respond_tokens, judge_tokens) == ({expected[0]}, {expected[1]})

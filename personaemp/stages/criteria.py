@@ -38,8 +38,8 @@ class CriteriaReply(BaseModel):
     criteria: list[CriterionReply] = Field(min_length=4, max_length=6)
 
 
-# Shared by every system; 2048 tokens as the authors' criteria writer.
-CRITERIA = Step("criteria", CriteriaReply, prompt="criteria", temperature=0.0, max_tokens=2048)
+CRITERIA = Step("criteria", CriteriaReply, prompt="criteria", temperature=0.0)  # shared by every system
+ROOM = {CRITERIA.name: 2048}  # tokens at least, as the authors' criteria writer
 
 # What each dimension covers when criteria are written (the sub-aspects the authors'
 # criteria writer lists per dimension, in our words). Part of the fingerprint.
@@ -172,6 +172,17 @@ def normalise(reply: CriteriaReply) -> list[Criterion]:
     ]
 
 
+def with_room(settings, room: dict[str, int]):
+    """`settings` whose steps get at least `room` tokens (more with --max-tokens); a step's
+    own --step STEP.max_tokens wins."""
+    import dataclasses
+
+    steps = dict(settings.steps)
+    for name, tokens in room.items():
+        steps[name] = {"max_tokens": max(settings.max_tokens, tokens), **steps.get(name, {})}
+    return dataclasses.replace(settings, steps=steps)
+
+
 def definitions_hash(*extra: dict) -> str:
     """The dimension definitions (and aspects) rendered into the prompts live in code: part of
     the fingerprint."""
@@ -195,6 +206,7 @@ def write_criteria(
 
     units = query_units(input_path, "pass gen-queries' output (queries.jsonl) or a split file")
     selected = pick_queries(units, input_path, limit, users)
+    settings = with_room(settings, ROOM)
     prompt = load_prompt(CRITERIA.prompt)
 
     def make_work(engine):

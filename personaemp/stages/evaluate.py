@@ -53,6 +53,7 @@ from personaemp.stages.criteria import (
     numbered_memories,
     query_units,
     read_criteria,
+    with_room,
 )
 from personaemp.stages.respond import split_file
 from personaemp.stages.split import LEVELS
@@ -124,14 +125,12 @@ DYNAMIC_ASPECTS = {
 }
 
 
-# A judge must be repeatable: temperature 0 unless a run sets it (dynamic@k needs > 0); 2048
-# tokens as the authors' judges, room for a judge that reasons.
-JUDGE = Step("judge", ScoreReply, prompt="judge", version=2, temperature=0.0, max_tokens=2048)
-JUDGE_DYNAMIC = Step(
-    "judge_dynamic", DynamicScoreReply, prompt="judge_dynamic", version=2, temperature=0.0, max_tokens=2048
-)
-BYSTANDER = Step("bystander", BystanderReply, prompt="bystander", version=2, temperature=0.0, max_tokens=2048)
+# A judge must be repeatable: temperature 0 unless a run sets it (dynamic@k needs > 0).
+JUDGE = Step("judge", ScoreReply, prompt="judge", version=2, temperature=0.0)
+JUDGE_DYNAMIC = Step("judge_dynamic", DynamicScoreReply, prompt="judge_dynamic", version=2, temperature=0.0)
+BYSTANDER = Step("bystander", BystanderReply, prompt="bystander", version=2, temperature=0.0)
 STEPS = (JUDGE, JUDGE_DYNAMIC, BYSTANDER)
+ROOM = {step.name: 2048 for step in STEPS}  # tokens at least, as the authors' judges: room to reason
 
 
 MISSING_RULES = ("floor", "skip")  # floor: ours (missing and empty score 1); skip: the authors'
@@ -357,6 +356,7 @@ def evaluate(
     names = [judge.name for judge in panel]
     if len(set(names)) < len(names):
         raise InputError(f"two judges are both named {next(n for n in names if names.count(n) > 1)!r}")
+    panel = [Judge(judge.name, with_room(judge.settings, ROOM)) for judge in panel]
     step = JUDGE_DYNAMIC if options.dynamic else JUDGE
     for judge in panel:
         check_sampling(judge.settings, step, options)

@@ -29,14 +29,15 @@ from pathlib import Path
 from personaemp.errors import InputError, UnitError
 from personaemp.llm.step import Step
 from personaemp.prompts import Prompt, load_prompt
-from personaemp.stages.criteria import pick_queries, query_units
+from personaemp.stages.criteria import pick_queries, query_units, with_room
 
 STAGE = "respond"
 CONTEXTS = ("none", "memory", "memory-summary", "rag", "mismatch", "persona")
-# Room for a thinking policy (Qwen3-8B, the paper's base, reasons for thousands of tokens).
-RESPOND = Step("respond", None, prompt="respond", max_tokens=4096)
-SUMMARY = Step("summary", None, prompt="summary", temperature=0.0, max_tokens=4096)
+RESPOND = Step("respond", None, prompt="respond")
+SUMMARY = Step("summary", None, prompt="summary", temperature=0.0)
 STEPS = (RESPOND, SUMMARY)
+# Tokens at least: room for a thinking policy (Qwen3-8B, the paper's base, reasons long).
+ROOM = {RESPOND.name: 4096, SUMMARY.name: 4096}
 # Words, and single characters of scripts written without spaces (CJK, Thai...), so the
 # lexical similarity works in any language the users write in.
 _TOKEN = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af\u0e00-\u0e7f]|[^\W_]+", re.UNICODE)
@@ -120,6 +121,7 @@ def write_responses(
     input_path = split_file(splits, split, part)
     units = query_units(input_path, "pass a split file written by `personaemp split`")
     selected = pick_queries(units, input_path, limit, None)
+    settings = with_room(settings, ROOM)
     prompt = load_prompt(RESPOND.prompt)
     summary_prompt = load_prompt(SUMMARY.prompt)
     hashes = {
