@@ -338,3 +338,11 @@ def evaluate_command(options: Resolver) -> None:
     from personaemp.pipeline import run_evaluate
 
     run_evaluate(options.evaluate, options.llm, Console(soft_wrap=True))
+
+
+@stage_command("table")
+def table_command(options: Resolver) -> None:
+    """Render the paper's Table 1 (systems x judge x split: Res, Exp, Rec, Avg) from evaluate reports."""
+    from personaemp.pipeline import run_table
+
+    run_table(options.section("table"), stderr_console())

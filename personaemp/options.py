@@ -53,7 +53,7 @@ CHECKS = (
 )  # fmt: skip  # personaemp.stages.queries.CHECKS
 STEPS = (
     "persona", "big_five", "situations", "query", "check",
-    "criteria", "respond", "judge", "judge_dynamic", "bystander",
+    "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander",
 )  # fmt: skip  # the stages' Step names
 STEP_KEYS = ("temperature", "max_tokens")
 
@@ -64,7 +64,7 @@ Check = Literal[
 ]  # fmt: skip
 StepName = Literal[
     "persona", "big_five", "situations", "query", "check",
-    "criteria", "respond", "judge", "judge_dynamic", "bystander",
+    "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander",
 ]  # fmt: skip
 
 
@@ -551,13 +551,18 @@ class RespondOptions(Section):
     split: Annotated[SplitName, Opt("Split setting.")] = "random"
     part: Annotated[Part, Opt("Part of the split.")] = "test"
     context: Annotated[
-        Literal["none", "memory", "persona", "rag"],
+        Literal["none", "memory", "memory-summary", "rag", "mismatch", "persona"],
         Opt(
-            "What the policy sees besides the query: nothing, the numbered memories (the paper's "
-            "input), the persona, or the rag_k memories most similar to the query."
+            "What the policy sees besides the query: nothing (w/o memory), the numbered memories "
+            "(the paper's input), a summary of the user it first writes from them (the Memory "
+            "baseline), the rag_k memories most similar to the query (RAG), another user's "
+            "memories (mismatched memory), or the persona (the judge reads it too)."
         ),
     ] = "memory"
-    rag_k: Annotated[int, Field(ge=1), Opt("Memories given with --context rag.")] = 3
+    rag_k: Annotated[int, Field(ge=1), Opt("Memories given with --context rag (the paper: 3).")] = 3
+    mismatch_seed: Annotated[
+        int, Opt("Seed choosing whose memories each user gets with --context mismatch (never their own).")
+    ] = 0
     output: Annotated[
         Path | None,
         Opt(
@@ -573,6 +578,39 @@ class RespondOptions(Section):
     @property
     def output_path(self) -> Path:
         return self.output or self.splits.parent / f"responses-{self.split}-{self.part}-{self.context}.jsonl"
+
+
+class JudgeSpec(Section):
+    """One judge of a panel ([[evaluate.judges]], or --judge "name=a;model=m;base_url=URL;key_env=VAR")."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.-]*$"), Opt("Name in reports and file names.")]
+    model: Annotated[str | None, Opt("Judge model (default: --judge-model, else --model).")] = None
+    base_url: Annotated[str | None, Opt("Its endpoint (default: --base-url).")] = None
+    key_env: Annotated[
+        str | None, Opt("Environment variable holding its API key (default: OPENAI_API_KEY).")
+    ] = None
+
+
+def _judge_specs(value: Any) -> Any:
+    """TOML tables pass through; a flag's "key=value;key=value" becomes one."""
+    if isinstance(value, str | dict):
+        value = [value]
+    if not isinstance(value, list | tuple):
+        return value
+    found = []
+    for item in value:
+        if isinstance(item, str):
+            table: dict[str, str] = {}
+            for part in filter(None, (p.strip() for p in item.split(";"))):
+                key, sep, text = part.partition("=")
+                if not sep:
+                    raise OptionProblem(
+                        "judges", f"takes name=NAME;model=MODEL;base_url=URL;key_env=VAR, not {item!r}"
+                    )
+                table[key.strip()] = text.strip()
+            item = table
+        found.append(item)
+    return found
 
 
 class EvaluateOptions(Section):
@@ -594,6 +632,24 @@ class EvaluateOptions(Section):
         Path, Opt("Fixed criteria (`personaemp criteria`).", derive="criteria.output", io="read")
     ] = PROCESSED / "criteria.jsonl"
     judge_model: Annotated[str | None, Opt("Judge model (default: --model).")] = None
+    judges: Annotated[
+        list[JudgeSpec],
+        BeforeValidator(_judge_specs),
+        Opt(
+            "A judge of a panel, repeatable: every system is judged by each, side by side, with how "
+            'far they agree. "name=NAME;model=MODEL;base_url=URL;key_env=VAR" (only name required; '
+            "TOML: [[evaluate.judges]] tables).",
+            ("--judge",),
+            metavar="SPEC",
+        ),
+    ] = []
+    missing: Annotated[
+        Literal["floor", "skip"],
+        Opt(
+            "A query without a visible response: floor (scores 1, counted in the means) or skip "
+            "(the authors' rule: means over the judged responses only)."
+        ),
+    ] = "floor"
     dynamic: Annotated[bool, Opt("PereGRM: the judge writes its own criteria in each call.")] = False
     samples: Annotated[int, Field(ge=1), Opt("Judgments averaged per dimension with --dynamic (@k).")] = 1
     bystander: Annotated[bool, Opt("Also the persona-blind bystander score B and the reward.")] = False
@@ -607,7 +663,14 @@ class EvaluateOptions(Section):
             ("--report", "-o"),
             derive="processed:evaluation/report.json",
             io="write",
-            beside=("{stem}.scores.jsonl", "{stem}.failures.jsonl"),
+            # a panel's judges each write <stem>.<judge>.json and its scores and failures
+            beside=(
+                "{stem}.scores.jsonl",
+                "{stem}.failures.jsonl",
+                "{stem}.*.json",
+                "{stem}.*.scores.jsonl",
+                "{stem}.*.failures.jsonl",
+            ),  # fmt: skip
         ),
     ] = PROCESSED / "evaluation" / "report.json"
 
@@ -616,6 +679,33 @@ class EvaluateOptions(Section):
         if self.samples > 1 and not self.dynamic:
             raise OptionProblem("samples", "applies to {dynamic} judging", "add {dynamic}")
         return self
+
+    @model_validator(mode="after")
+    def _judges_named_once(self) -> EvaluateOptions:
+        names = [judge.name for judge in self.judges]
+        for name in names:
+            if names.count(name) > 1:
+                raise OptionProblem("judges", f"names {name!r} twice", "give each judge its own name")
+        return self
+
+
+class TableOptions(Section):
+    reports: Annotated[
+        Names,
+        Opt(
+            "Report of `personaemp evaluate` (one per split: random, ood), repeatable; each judge "
+            "of a report is a column group.",
+            ("--report", "-r"),
+            metavar="FILE",
+            io="read",
+        ),
+    ] = []
+    format: Annotated[Literal["markdown", "csv", "latex"], Opt("Output format.")] = "markdown"
+    output: Annotated[
+        Path | None, Opt("Write the table here (default: print it).", ("--output", "-o"), io="write")
+    ] = None
+    harmonic: Annotated[bool, Opt("Add H (0-1) beside Avg in each group.")] = False
+    digits: Annotated[int, Field(ge=0, le=6), Opt("Decimals shown.")] = 2
 
 
 class RunOptions(Section):
@@ -635,6 +725,7 @@ class RunOptions(Section):
     criteria: CriteriaOptions = CriteriaOptions()
     respond: RespondOptions = RespondOptions()
     evaluate: EvaluateOptions = EvaluateOptions()
+    table: TableOptions = TableOptions()
 
     @model_validator(mode="after")
     def _derived_paths(self) -> RunOptions:
@@ -674,6 +765,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "criteria": ("criteria", "llm"),
     "respond": ("respond", "llm"),
     "evaluate": ("evaluate", "llm"),
+    "table": ("table",),
 }
 # Options of the stage commands that are not stage settings: no TOML key.
 CLI_ONLY: dict[str, dict[str, str]] = {
@@ -878,6 +970,7 @@ _TITLES = {
     "criteria": "`personaemp criteria` — TOML `[criteria]`",
     "respond": "`personaemp respond` — TOML `[respond]`",
     "evaluate": "`personaemp evaluate` — TOML `[evaluate]`",
+    "table": "`personaemp table` — TOML `[table]`",
 }
 
 

@@ -11,6 +11,7 @@ holds an input inside a folder it writes.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -28,6 +29,12 @@ class Touched:
     path: Path  # absolute, symlinks resolved
     whole: bool = False  # a folder written as a whole: nothing read may lie inside it
     beside: bool = False  # a file written next to the option's own (a report, failures)
+
+    def holds(self, path: Path) -> bool:
+        """Whether `path` is this file (a `*` in the name: any it matches, e.g. per judge)."""
+        if "*" in self.path.name:
+            return path.parent == self.path.parent and fnmatch.fnmatchcase(path.name, self.path.name)
+        return _same(self.path, path)
 
     @property
     def shown(self) -> str:
@@ -97,8 +104,9 @@ def conflict(reads: list[Touched], writes: list[Touched]) -> str | None:
     """The first output that would write over or into an input, in words; None if none."""
     for read in reads:
         for write in writes:
-            if _same(write.path, read.path):
-                what = f"{write.label}'s {write.path.name} (beside it)" if write.beside else write.label
+            if write.holds(read.path):
+                name = read.path.name if "*" in write.path.name else write.path.name
+                what = f"{write.label}'s {name} (beside it)" if write.beside else write.label
                 return f"{what} would write over {read.shown}, which this command reads"
             if _inside(write.path, read.path):
                 return f"{write.label} would write {write.path} inside {read.shown}, which this command reads"

@@ -363,6 +363,7 @@ def run_respond(
         part=options.part,
         context=options.context,
         rag_k=options.rag_k,
+        mismatch_seed=options.mismatch_seed,
         limit=options.limit,
         retry_failed=llm.retry_failed,
         console=console,
@@ -379,31 +380,76 @@ def run_evaluate(
     from personaemp import summaries
     from personaemp.stages import evaluate as stage
 
+    settings = llm_settings(llm, env)
     report, evaluation = stage.evaluate(
         options.splits,
         [Path(path) for path in options.responses],
         options.report,
-        llm_settings(llm, env),
+        settings,
         split=options.split,
         part=options.part,
         criteria_file=options.criteria_file,
         judge_model=options.judge_model,
+        judges=judge_panel(options, settings, env),
         options=stage.JudgeOptions(
             dynamic=options.dynamic,
             samples=options.samples,
             bystander=options.bystander,
             reward_lambda=options.reward_lambda,
+            missing=options.missing,
         ),
         retry_failed=llm.retry_failed,
         console=console,
     )
-    summaries.print_stage_report(report, console)
+    for one in report if isinstance(report, list) else [report]:
+        summaries.print_stage_report(one, console)
     if evaluation is not None:  # None after --estimate
         summaries.print_evaluation(evaluation, console)
     return evaluation
 
 
 RUN_COMMANDS = ("filter", "infer-persona", "gen-queries", "split", "stats", "push")
+
+
+def run_table(options, console: Console) -> str:
+    """Table 1 from evaluate reports: printed (stdout) or written to --output."""
+    from personaemp.stages.table import write_table
+
+    text = write_table(
+        [Path(p) for p in options.reports], options.output, options.format,
+        harmonic=options.harmonic, digits=options.digits,
+    )  # fmt: skip
+    if options.output is None:
+        print(text, end="")
+    else:
+        console.print(f"wrote {options.output}")
+    return text
+
+
+def judge_panel(options: EvaluateOptions, settings, env: Mapping[str, str] | None = None) -> list:
+    """The engine settings of each judge of `--judge`/[[evaluate.judges]]: its endpoint, model
+    and key over the run's; the key read from its variable only."""
+    import dataclasses
+    import os
+
+    from personaemp.errors import PersonaempError
+    from personaemp.stages.evaluate import Judge
+
+    env = os.environ if env is None else env
+    panel = []
+    for spec in options.judges:
+        key = settings.api_key
+        if spec.key_env is not None:
+            key = env.get(spec.key_env) or None
+            if key is None:
+                raise PersonaempError(  # the environment, not the input: exit 1
+                    f"judge {spec.name}: ${spec.key_env} is not set", f"export {spec.key_env}=... first"
+                )
+        changes: dict = {"model": spec.model or options.judge_model or settings.model, "api_key": key}
+        if spec.base_url:
+            changes["base_urls"] = [spec.base_url]
+        panel.append(Judge(spec.name, dataclasses.replace(settings, **changes)))
+    return panel
 
 
 def run_pipeline(

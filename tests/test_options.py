@@ -266,11 +266,13 @@ def toml_text(sections: dict[str, dict[str, Any]]) -> str:
         tables = []
         for key, value in values.items():
             if isinstance(value, dict):
-                tables.extend((f"{section}.{key}.{name}", table) for name, table in value.items())
+                tables.extend((f"[{section}.{key}.{name}]", table) for name, table in value.items())
+            elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+                tables.extend((f"[[{section}.{key}]]", table) for table in value)  # an array of tables
             elif value is not None:
                 lines.append(f"{key} = {toml_value(value)}")
         for name, table in tables:
-            lines.append(f"[{name}]")
+            lines.append(name)
             lines.extend(f"{k} = {toml_value(v)}" for k, v in table.items())
     return "\n".join(lines) + "\n"
 
@@ -289,7 +291,8 @@ def cli_args(section: str, values: dict[str, Any]) -> list[str]:
             args.append(on if value else off)
         elif option.kind == "list":
             for item in value:
-                args += [option.flag, str(item)]
+                shown = ";".join(f"{k}={v}" for k, v in item.items()) if isinstance(item, dict) else str(item)
+                args += [option.flag, shown]
         elif option.kind == "dict":
             for step, table in value.items():
                 for key, item in table.items():
@@ -405,6 +408,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "part": "train",
         "context": "rag",
         "rag_k": 5,
+        "mismatch_seed": 9,
         "output": "r/out.jsonl",
         "limit": 7,
     },
@@ -415,12 +419,24 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "responses": ["a.jsonl", "b.jsonl"],
         "criteria_file": "e/criteria.jsonl",
         "judge_model": "judge",
+        "judges": [
+            {"name": "a", "model": "m1", "base_url": "http://127.0.0.1:9/v1", "key_env": "JUDGE_A_KEY"},
+            {"name": "b"},
+        ],
+        "missing": "skip",
         "dynamic": True,
         "samples": 8,
         "bystander": True,
         "reward_lambda": 0.25,
         "report": "e/report.json",
     },
+    "table": {
+        "reports": ["t/random.json", "t/ood.json"],
+        "format": "latex",
+        "output": "t/table1.tex",
+        "harmonic": True,
+        "digits": 3,
+    },  # fmt: skip
 }
 
 
@@ -714,6 +730,7 @@ def test_update_readme_rewrites_only_the_block(tmp_path):
 def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(monkeypatch, tmp_path):
     """criteria, respond and evaluate are not part of `run`; their flags and their TOML
     sections must still reach the stage function identically."""
+    monkeypatch.setenv("JUDGE_A_KEY", "sk-judge-a")
     from personaemp import summaries
     from personaemp.stages import criteria, evaluate, respond
 
@@ -748,15 +765,26 @@ def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(mon
     invoke("respond", "--config", config)
     args, kwargs = calls["respond"]
     assert args == (Path("r/splits"), Path("r/out.jsonl"))
-    assert kwargs == {"split": "ood", "part": "train", "context": "rag", "rag_k": 5, "limit": 7,
-                      "retry_failed": False}  # fmt: skip
+    assert kwargs == {"split": "ood", "part": "train", "context": "rag", "rag_k": 5, "mismatch_seed": 9,
+                      "limit": 7, "retry_failed": False}  # fmt: skip
     invoke("evaluate", "--config", config)
     args, kwargs = calls["evaluate"]
     assert args == (Path("e/splits"), [Path("a.jsonl"), Path("b.jsonl")], Path("e/report.json"))
     assert kwargs["judge_model"] == "judge" and kwargs["criteria_file"] == Path("e/criteria.jsonl")
     assert kwargs["options"] == evaluate.JudgeOptions(
-        dynamic=True, samples=8, bystander=True, reward_lambda=0.25
+        dynamic=True, samples=8, bystander=True, reward_lambda=0.25, missing="skip"
     )
+    a, b = kwargs["judges"]
+    assert (a.name, a.settings.model, a.settings.base_urls, a.settings.api_key) == (
+        "a",
+        "m1",
+        ["http://127.0.0.1:9/v1"],
+        "sk-judge-a",
+    )
+    assert (b.name, b.settings.model) == ("b", "judge"), "the panel's default model: --judge-model"
+    monkeypatch.delenv("JUDGE_A_KEY")
+    result = CliRunner().invoke(app, ["evaluate", "--config", str(config)])
+    assert result.exit_code == 1 and "judge a: $JUDGE_A_KEY is not set" in result.output
 
 
 def test_a_shard_reaches_the_stage_and_run_refuses_it(calls, tmp_path):

@@ -161,3 +161,19 @@ def test_merge_output_equal_to_input_is_refused(rows):
 def test_the_defaults_of_every_command_pass(command):
     options = RunOptions()
     check_command(command, lambda name: getattr(options, name))
+
+
+def test_a_panel_judges_files_beside_the_report_are_guarded(tmp_path, splits):
+    criteria = write_jsonl(tmp_path / "criteria.jsonl", [{"query_id": "q"}])
+    responses = write_jsonl(tmp_path / "run.gpt.scores.jsonl", [{"query_id": "q", "response": "r"}])
+    result = invoke(
+        "evaluate", "--splits", splits, "--criteria-file", criteria, "--responses", responses,
+        "--report", tmp_path / "run.json", "--base-url", "http://127.0.0.1:9/v1",
+    )  # fmt: skip
+    refused(result, "--report's run.gpt.scores.jsonl", "--responses")
+
+
+def test_table_output_over_a_report_is_refused(tmp_path):
+    report = tmp_path / "report.json"
+    report.write_text("{}")
+    refused(invoke("table", "--report", report, "--output", report), "--output", "--report")

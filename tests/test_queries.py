@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from personaemp.cli import app
 from personaemp.errors import InputError
 from personaemp.llm.settings import LLMSettings
-from personaemp.prompts import load_prompt
+from personaemp.prompts import fence, load_prompt
 from personaemp.records import CATEGORY_DEFINITIONS, Persona, category_definitions
 from personaemp.stages.queries import (
     JUDGED,
@@ -254,7 +254,12 @@ class Script:
         return reply(answer)
 
     def user_of(self, prompt: str) -> str:
-        found = [uid for uid, row in self.users.items() if f"Profile:\n{row['profile']}\n" in prompt]
+        # The check step's profile comes as a data block (<profile-KEY> ... </profile-KEY>).
+        found = [
+            uid
+            for uid, row in self.users.items()
+            if re.search(r"Profile:\n(<profile-[0-9a-f]{16}>\n)?" + re.escape(row["profile"]) + "\n", prompt)
+        ]
         assert len(found) == 1, f"cannot tell the user of {prompt[:200]!r}"
         return found[0]
 
@@ -472,13 +477,22 @@ def test_check_messages_golden():
     ]
     texts = [EN_MESSAGES[0], EN_MESSAGES[3]]
     messages = build_check_messages(persona(english_user()), situations, texts, PROMPTS["check"])
-    system = PROMPTS["check"].system.template.replace("$category_definitions", category_definitions())
-    assert messages[0] == {"role": "system", "content": system}  # the one slot: the categories
-    assert messages[1]["content"] == (
-        f"Profile:\n{EN_PROFILE}\n\nMemories:\n{EN_MEMORIES_TEXT}\n\nMessages:\n"
+    # The user's texts come as data blocks whose tags carry a key the texts cannot contain.
+    queries = (
         f"1. (moment: Their sister cancelled the hospital visit again.) {EN_MESSAGES[0]}\n"
         f"2. (moment: A family dinner where the sister will be present.) {EN_MESSAGES[3]}"
     )
+    blocks = fence({"profile": EN_PROFILE, "memories": EN_MEMORIES_TEXT, "queries": queries})
+    key = blocks["fence"]
+    system = PROMPTS["check"].system.substitute(category_definitions=category_definitions(), fence=key)
+    assert messages[0] == {"role": "system", "content": system}  # the slots: categories, the key
+    assert messages[1]["content"] == (
+        f"Profile:\n<profile-{key}>\n{EN_PROFILE}\n</profile-{key}>\n\n"
+        f"Memories:\n<memories-{key}>\n{EN_MEMORIES_TEXT}\n</memories-{key}>\n\n"
+        f"Messages:\n<queries-{key}>\n{queries}\n</queries-{key}>"
+    )
+    assert build_check_messages(persona(english_user()), situations, texts, PROMPTS["check"]) == messages
+    assert all(key not in text for text in (EN_PROFILE, EN_MEMORIES_TEXT, queries))
 
 
 def test_check_messages_need_one_text_per_situation():
