@@ -36,7 +36,7 @@ PROMPTS = (
 )  # fmt: skip
 DATA_FILES = [f"personaemp/prompts/{name}.md" for name in PROMPTS] + ["personaemp/default_rules.toml"]
 # What a wheel is built from; the build runs on a copy so the checkout gets no build/ or *.egg-info.
-SOURCES = ("pyproject.toml", "README.md", "personaemp")
+SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE", "personaemp", "prompts")
 # Where the new virtualenv's python finds the package and the prompts it loads by default.
 LOCATE = "import personaemp, personaemp.prompts as p; print(personaemp.__file__); print(p.prompts_dir())"
 CHILD_ENV_DROPPED = (

@@ -20,7 +20,7 @@ from personaemp.io import pick_units
 from personaemp.llm.engine import REASK
 from personaemp.llm.settings import LLMSettings
 from personaemp.llm.step import RejectedReply
-from personaemp.prompts import load_prompt
+from personaemp.prompts import load_prompt, prompts_dir
 from personaemp.records import BIG_FIVE, Persona, Trait, User
 from personaemp.stages.filter import filter_users
 from personaemp.stages.persona import (
@@ -68,11 +68,19 @@ def memory(memory_id: str, value: str = "Worries about their exams", **extra) ->
 
 
 def system_section(name: str) -> str:
-    """The `## system` section of personaemp/prompts/<name>.md, read independently of the loader."""
-    text = (REPO / "personaemp" / "prompts" / f"{name}.md").read_text(encoding="utf-8")
+    """The `## system` section of prompts/<name>.md, read independently of the loader."""
+    text = (REPO / "prompts" / f"{name}.md").read_text(encoding="utf-8")
     system, _, _ = text.partition("\n## user")
     assert system.startswith("## system\n")
     return system.removeprefix("## system\n").strip()
+
+
+def test_a_checkout_reads_the_prompts_from_its_top_level_prompts_folder(monkeypatch):
+    """The design card's layout: prompts/ beside personaemp/, no stale copies in the package."""
+    monkeypatch.delenv("PERSONAEMP_PROMPTS", raising=False)
+    assert Path(str(prompts_dir())) == REPO / "prompts"
+    assert load_prompt("persona").system.template == system_section("persona")
+    assert not list((REPO / "personaemp" / "prompts").glob("*.md"))
 
 
 def persona_reply(traits: list[dict], has_depth: bool = True, topics=("work",)) -> PersonaReply:

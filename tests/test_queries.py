@@ -415,7 +415,7 @@ def test_situation_messages_golden():
 
 
 def test_situation_messages_tell_the_model_the_cap_and_the_categories():
-    """The system section of personaemp/prompts/situations.md has $per_category and $categories slots:
+    """The system section of prompts/situations.md has $per_category and $categories slots:
     they must be filled, or the model is told "at most $per_category per category"."""
     options = QueryOptions(categories=("ES", "SS"), per_category=2)
     messages = build_situation_messages(persona(english_user()), options, PROMPTS["situations"])
@@ -451,7 +451,7 @@ def test_query_messages_for_a_user_without_turns_say_none():
 
 @pytest.mark.parametrize(("row", "name"), [(chinese_user(), "Chinese"), (english_user(), "English")])
 def test_query_messages_name_the_users_language(row, name):
-    """personaemp/prompts/query.md says "in $language" (in its system section): the model must be told
+    """prompts/query.md says "in $language" (in its system section): the model must be told
     the language by name (LANGUAGE_NAMES), never see the bare slot."""
     assert LANGUAGE_NAMES[row["language"]] == name
     messages = build_query_messages(persona(row), [situation(memory_ids=["c1"])], PROMPTS["query"])

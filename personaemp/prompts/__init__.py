@@ -1,8 +1,9 @@
 """Prompt templates: <name>.md files with `## system` and `## user` sections, `$name` slots.
 
-The templates ship inside this package (personaemp/prompts/*.md) and are read with
-importlib.resources, so an installed wheel finds them; the environment variable
-PERSONAEMP_PROMPTS names a folder of templates to use instead.
+The templates live in prompts/ at the root of a checkout, where they are read from; a
+wheel carries them inside this package (setup.py copies them in at build time) and they
+are read there with importlib.resources. The environment variable PERSONAEMP_PROMPTS
+names a folder of templates to use instead.
 
 A prompt's hash (of its file text) is recorded with every output made from it, and is
 part of the stage fingerprint: editing a prompt re-runs the units it touches.
@@ -36,7 +37,11 @@ FENCE_CHARS = 16  # hex digits of a block's key
 
 
 def default_dir() -> Traversable:
-    """The templates shipped with the package."""
+    """The checkout's prompts/ folder when running from a checkout (editable install,
+    PYTHONPATH), else the copies shipped inside the installed package."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").is_file() and (root / "prompts").is_dir():
+        return root / "prompts"
     return resources.files(PACKAGE)
 
 
