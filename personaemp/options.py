@@ -49,7 +49,7 @@ LLM_PANEL = "LLM endpoint and engine"
 FORMATS = ("auto", "task1", "raw", "hf")  # personaemp.sources.FORMATS
 CHECKS = (
     "emotional_support", "logical_consistency", "role_awareness", "memory_ids_valid",
-    "category_match", "length_ok", "language_match", "not_duplicate",
+    "category_match", "length_ok", "language_match", "not_duplicate", "not_copied",
 )  # fmt: skip  # personaemp.stages.queries.CHECKS
 STEPS = (
     "persona", "big_five", "situations", "query", "check",
@@ -60,7 +60,7 @@ STEP_KEYS = ("temperature", "max_tokens")
 Format = Literal["auto", "task1", "raw", "hf"]
 Check = Literal[
     "emotional_support", "logical_consistency", "role_awareness", "memory_ids_valid",
-    "category_match", "length_ok", "language_match", "not_duplicate",
+    "category_match", "length_ok", "language_match", "not_duplicate", "not_copied",
 ]  # fmt: skip
 StepName = Literal[
     "persona", "big_five", "situations", "query", "check",
