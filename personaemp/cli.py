@@ -314,3 +314,12 @@ def evaluate_command(options: Resolver) -> None:
     from personaemp.pipeline import run_evaluate
 
     run_evaluate(options.evaluate, options.llm, Console(soft_wrap=True))
+
+
+@stage_command("review")
+def review_command(options: Resolver) -> None:
+    """Serve a local page to label a stratified sample of queries: accept/reject, agree with the
+    judge or not, traits supported or not, a note; every click goes to the labels file."""
+    from personaemp.stages.review import serve_review
+
+    serve_review(options.section("review"), stderr_console())

@@ -1,7 +1,8 @@
 """Every option of every stage, declared once.
 
 One pydantic model per TOML section: `[filter]`, `[persona]` (infer-persona), `[queries]`
-(gen-queries), `[split]`, `[stats]`, `[push]`, `[criteria]`, `[respond]`, `[evaluate]`, `[llm]` (the options
+(gen-queries), `[split]`, `[stats]`, `[push]`, `[criteria]`, `[respond]`, `[evaluate]`, `[review]`,
+`[agreement]`, `[llm]` (the options
 every LLM command shares) and
 `[paths]` (where a config's files live). A field is an option: its name is the TOML key,
 its type, default and constraints are the validation, and its `Opt` metadata holds the
@@ -558,6 +559,81 @@ class EvaluateOptions(Section):
         return self
 
 
+class ReviewOptions(Section):
+    input: Annotated[
+        Path,
+        Opt("Queries to review (gen-queries' output: accepted and rejected).", ("--input", "-i"),
+            derive="queries.output"),
+    ] = PROCESSED / "queries.jsonl"  # fmt: skip
+    labels: Annotated[
+        Path,
+        Opt(
+            "Labels file: every click is appended to it at once (JSON lines; several reviewers share it).",
+            ("--labels",),
+            derive="processed:labels.jsonl",
+        ),
+    ] = PROCESSED / "labels.jsonl"
+    size: Annotated[
+        int,
+        Field(ge=1),
+        Opt("Queries in the sample, taken in turn from each category/language/outcome stratum."),
+    ] = 60
+    seed: Annotated[
+        int, Opt("Seed of the sample (the same seed gives the same queries in the same order).")
+    ] = 0
+    host: Annotated[
+        str, Opt("Address to serve the page on (keep it local: the labels are not protected).")
+    ] = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535), Opt("Port of the page (0: any free port).")] = 8765
+
+
+class AgreementOptions(Section):
+    input: Annotated[
+        Path,
+        Opt(
+            "Queries the labels are about (gen-queries' output).", ("--input", "-i"), derive="queries.output"
+        ),
+    ] = PROCESSED / "queries.jsonl"
+    labels: Annotated[
+        Path, Opt("Labels file of `personaemp review` (or imported from Label Studio).", ("--labels",),
+                  derive="review.labels")
+    ] = PROCESSED / "labels.jsonl"  # fmt: skip
+    second_judge: Annotated[
+        Path,
+        Opt(
+            "The second judge's verdicts, kept apart from the build (written with --judge-model, read "
+            "when present).",
+            ("--second-judge",),
+            derive="processed:second_judge.jsonl",
+        ),
+    ] = PROCESSED / "second_judge.jsonl"
+    judge_model: Annotated[
+        str | None,
+        Opt(
+            "Re-run the check step on the same queries with this model as a second judge first "
+            "(the other LLM options as given; its endpoint: --judge-base-url).",
+            env="PERSONAEMP_JUDGE_MODEL",
+        ),
+    ] = None
+    judge_base_url: Annotated[
+        Names,
+        Opt("Endpoint of the second judge (default: the LLM options' endpoint).",
+            env="PERSONAEMP_JUDGE_BASE_URL", metavar="URL"),
+    ] = []  # fmt: skip
+    out: Annotated[
+        Path,
+        Opt("Folder of agreement.json and agreement.png.", ("--out", "-o"), derive="processed:agreement"),
+    ] = PROCESSED / "agreement"
+    bootstrap: Annotated[int, Field(ge=100), Opt("Bootstrap resamples of each interval.")] = 2000
+    seed: Annotated[int, Opt("Seed of the bootstrap.")] = 0
+
+    @model_validator(mode="after")
+    def _an_endpoint_needs_a_model(self) -> AgreementOptions:
+        if self.judge_base_url and not self.judge_model:
+            raise OptionProblem("judge_base_url", "needs {judge_model}: which model is the second judge")
+        return self
+
+
 class RunOptions(Section):
     """personaemp.toml: every section (the file may leave any out).
 
@@ -575,6 +651,8 @@ class RunOptions(Section):
     criteria: CriteriaOptions = CriteriaOptions()
     respond: RespondOptions = RespondOptions()
     evaluate: EvaluateOptions = EvaluateOptions()
+    review: ReviewOptions = ReviewOptions()
+    agreement: AgreementOptions = AgreementOptions()
 
     @model_validator(mode="after")
     def _derived_paths(self) -> RunOptions:
@@ -614,6 +692,8 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "criteria": ("criteria", "llm"),
     "respond": ("respond", "llm"),
     "evaluate": ("evaluate", "llm"),
+    "review": ("review",),
+    "agreement": ("agreement", "llm"),
 }
 # Options of the stage commands that are not stage settings: no TOML key.
 CLI_ONLY: dict[str, dict[str, str]] = {
@@ -818,6 +898,8 @@ _TITLES = {
     "criteria": "`personaemp criteria` — TOML `[criteria]`",
     "respond": "`personaemp respond` — TOML `[respond]`",
     "evaluate": "`personaemp evaluate` — TOML `[evaluate]`",
+    "review": "`personaemp review` — TOML `[review]`",
+    "agreement": "`personaemp agreement` — TOML `[agreement]`",
 }
 
 
