@@ -16,6 +16,7 @@ pip package. Debian's `chromium` package is enough (`make test` installs it).
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -79,10 +80,8 @@ class Browser:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        try:
+        with contextlib.suppress(BrowserError, OSError):
             self.send("Browser.close")
-        except (BrowserError, OSError):
-            pass
         try:
             self.process.wait(10)
         except subprocess.TimeoutExpired:

@@ -295,9 +295,9 @@ def order_free_responder(seed: int = 7):
 def sample_build(tmp_path_factory) -> Path:
     """The shipped sample built end to end (filter -> ... -> push --dry-run) against the fake
     endpoint's capable model: its processed folder. Shared: tests copy what they change."""
+    from fake_openai import FakeOpenAI
     from rich.console import Console
 
-    from fake_openai import FakeOpenAI
     from personaemp.options import LLMOptions, PathsOptions, RunOptions
     from personaemp.pipeline import run_pipeline
 

@@ -153,7 +153,9 @@ def read_label_events(path: Path) -> list[dict[str, Any]]:
         except ValueError:
             if number == len(lines):  # the line in flight when the writer died
                 continue
-            raise InputError(f"{path}:{number}: not valid JSON — a labels file holds one event a line")
+            raise InputError(
+                f"{path}:{number}: not valid JSON — a labels file holds one event a line"
+            ) from None
         if not isinstance(event, dict) or not {"reviewer", "query_id", "field"} <= event.keys():
             raise InputError(f"{path}:{number}: not a label event (reviewer, query_id, field)")
         events.append(event)
