@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -62,17 +63,27 @@ class Browser:
         self._profile = tempfile.TemporaryDirectory(prefix="personaemp-chromium-")
         to_browser_read, self._to_browser = os.pipe()
         self._from_browser, from_browser_write = os.pipe()
+        # Moved above 10 first: were one of them 3 or 4 already, putting the other one there
+        # would overwrite it.
+        reading = fcntl.fcntl(to_browser_read, fcntl.F_DUPFD, 10)
+        writing = fcntl.fcntl(from_browser_write, fcntl.F_DUPFD, 10)
+        os.close(to_browser_read)
+        os.close(from_browser_write)
+        to_browser_read, from_browser_write = reading, writing
         args = [
             self.executable, "--headless=new", "--remote-debugging-pipe", "--no-sandbox",
             "--disable-gpu", "--no-first-run", "--no-default-browser-check", "--disable-extensions",
             "--disable-background-networking", "--disable-sync", "--mute-audio", "--hide-scrollbars",
             f"--user-data-dir={self._profile.name}", "about:blank",
         ]  # fmt: skip
-        # The shell puts the pipes on fds 3 and 4, where Chromium looks for them.
-        script = f'exec "$@" 3<&{to_browser_read} 4>&{from_browser_write}'
+
+        def onto_3_and_4() -> None:  # in the child: where Chromium looks for the pipes
+            os.dup2(reading, 3)
+            os.dup2(writing, 4)
+
+        # Python's own descriptors are not inheritable (PEP 446): only 0-4 reach Chromium.
         self.process = subprocess.Popen(
-            ["/bin/sh", "-c", script, "sh", *args],
-            pass_fds=(to_browser_read, from_browser_write),
+            args, preexec_fn=onto_3_and_4, close_fds=False,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         os.close(to_browser_read)
@@ -160,7 +171,10 @@ class Page:
         """Poll until the expression is truthy (a page is ready when it says so)."""
         deadline = time.monotonic() + timeout
         while True:
-            value = self.evaluate(expression)
+            try:
+                value = self.evaluate(expression)
+            except BrowserError:  # the page is not there yet (about:blank, or loading)
+                value = None
             if value:
                 return value
             if time.monotonic() > deadline:
