@@ -323,3 +323,12 @@ def review_command(options: Resolver) -> None:
     from personaemp.stages.review import serve_review
 
     serve_review(options.section("review"), stderr_console())
+
+
+@stage_command("agreement")
+def agreement_command(options: Resolver) -> None:
+    """How far the LLM judge agrees with people (kappa, intervals, precision, corrected pass
+    shares) and, with --judge-model, with a second judge re-running the check step."""
+    from personaemp.stages.agreement import run_agreement
+
+    run_agreement(options.section("agreement"), options.llm, stderr_console())

@@ -612,20 +612,20 @@ class AgreementOptions(Section):
         Opt(
             "Re-run the check step on the same queries with this model as a second judge first "
             "(the other LLM options as given; its endpoint: --judge-base-url).",
-            env="PERSONAEMP_JUDGE_MODEL",
+            env="PERSONAEMP_SECOND_JUDGE_MODEL",
         ),
     ] = None
     judge_base_url: Annotated[
         Names,
         Opt("Endpoint of the second judge (default: the LLM options' endpoint).",
-            env="PERSONAEMP_JUDGE_BASE_URL", metavar="URL"),
+            env="PERSONAEMP_SECOND_JUDGE_BASE_URL", metavar="URL"),
     ] = []  # fmt: skip
     out: Annotated[
         Path,
         Opt("Folder of agreement.json and agreement.png.", ("--out", "-o"), derive="processed:agreement"),
     ] = PROCESSED / "agreement"
-    bootstrap: Annotated[int, Field(ge=100), Opt("Bootstrap resamples of each interval.")] = 2000
-    seed: Annotated[int, Opt("Seed of the bootstrap.")] = 0
+    resamples: Annotated[int, Field(ge=100), Opt("Bootstrap resamples of each interval.")] = 2000
+    bootstrap_seed: Annotated[int, Opt("Seed of the bootstrap.")] = 0
 
     @model_validator(mode="after")
     def _an_endpoint_needs_a_model(self) -> AgreementOptions:

@@ -227,7 +227,12 @@ def render_card(
     include_dialogue: bool,
     stats: dict[str, Any] | None = None,
     figures: list[str] | None = None,
+    quality: dict[str, Any] | None = None,
 ) -> str:
+    """The card; `quality`: the build's agreement report (personaemp.stages.agreement), None
+    when nobody labelled it (the card says so)."""
+    from personaemp.stages.agreement import PLOT_FILE, quality_section
+
     sections = [_front_matter(facts), "", "# PersonaEmp (rebuilt with personaemp)", ""]
     sections.append(
         "Empathy-seeking user queries, each grounded in one real user's long-term memories "
@@ -275,6 +280,9 @@ def render_card(
             sections += ["", f"KModes cost by k: {curve}."]
     if stats is not None:
         sections += ["", stats_section(stats, figures or [])]
+    sections += ["", quality_section(quality, _table)]
+    if quality:
+        sections += [""] + _image(PLOT_FILE, "Judge agreement per LLM check", figures or [])[:1]
     sections += ["", "## Schema (one row per query)", ""]
     schema = [
         ["user_id", "string", "AlpsBench user (the task1 benchmark id when the user id is empty)"],

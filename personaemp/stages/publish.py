@@ -497,7 +497,12 @@ def publish(
     # The build's statistics, computed once: the card's tables, its plots and stats.json.
     stats, figures = stats_and_figures(sources_of_split(splits_dir, split_report))
     extra = {f"{FIGURE_DIR}/{name}": data for name, data in figures.items()}
-    card = render_card(facts, include_dialogue, stats, list(extra))
+    from personaemp.stages.agreement import PLOT_FILE, card_quality
+
+    quality, plot = card_quality(sources_of_split(splits_dir, split_report).queries)
+    if plot is not None:
+        extra[f"{FIGURE_DIR}/{PLOT_FILE}"] = plot
+    card = render_card(facts, include_dialogue, stats, list(extra), quality=quality)
     extra[STATS_FILE] = msgspec.json.format(msgspec.json.encode(stats), indent=2) + b"\n"
     if out is not None:
         rows = write_repository(datasets, out, card, extra)
