@@ -566,13 +566,13 @@ class ReviewOptions(Section):
             derive="queries.output"),
     ] = PROCESSED / "queries.jsonl"  # fmt: skip
     labels: Annotated[
-        Path,
+        Path | None,
         Opt(
-            "Labels file: every click is appended to it at once (JSON lines; several reviewers share it).",
+            "Labels file: every click is appended to it at once (JSON lines; several reviewers share "
+            "it). Default: labels.jsonl beside --input, where `agreement` and the card look.",
             ("--labels",),
-            derive="processed:labels.jsonl",
         ),
-    ] = PROCESSED / "labels.jsonl"
+    ] = None
     size: Annotated[
         int,
         Field(ge=1),
@@ -595,18 +595,18 @@ class AgreementOptions(Section):
         ),
     ] = PROCESSED / "queries.jsonl"
     labels: Annotated[
-        Path, Opt("Labels file of `personaemp review` (or imported from Label Studio).", ("--labels",),
-                  derive="review.labels")
-    ] = PROCESSED / "labels.jsonl"  # fmt: skip
+        Path | None,
+        Opt("Labels of `personaemp review` (or imported from Label Studio). Default: labels.jsonl "
+            "beside --input.", ("--labels",)),
+    ] = None  # fmt: skip
     second_judge: Annotated[
-        Path,
+        Path | None,
         Opt(
-            "The second judge's verdicts, kept apart from the build (written with --judge-model, read "
-            "when present).",
+            "The second judge's verdicts, kept apart from the build's files (written with "
+            "--judge-model, read when present). Default: second_judge.jsonl beside --input.",
             ("--second-judge",),
-            derive="processed:second_judge.jsonl",
         ),
-    ] = PROCESSED / "second_judge.jsonl"
+    ] = None
     judge_model: Annotated[
         str | None,
         Opt(
@@ -621,11 +621,21 @@ class AgreementOptions(Section):
             env="PERSONAEMP_SECOND_JUDGE_BASE_URL", metavar="URL"),
     ] = []  # fmt: skip
     out: Annotated[
-        Path,
-        Opt("Folder of agreement.json and agreement.png.", ("--out", "-o"), derive="processed:agreement"),
-    ] = PROCESSED / "agreement"
+        Path | None,
+        Opt(
+            "Folder of agreement.json and agreement.png. Default: agreement/ beside --input.", ("--out", "-o")
+        ),
+    ] = None
     resamples: Annotated[int, Field(ge=100), Opt("Bootstrap resamples of each interval.")] = 2000
     bootstrap_seed: Annotated[int, Opt("Seed of the bootstrap.")] = 0
+
+    def paths(self) -> tuple[Path, Path, Path]:
+        """(labels, second judge, out), the defaults beside the input."""
+        return (
+            self.labels or self.input.with_name("labels.jsonl"),
+            self.second_judge or self.input.with_name("second_judge.jsonl"),
+            self.out or self.input.with_name("agreement"),
+        )
 
     @model_validator(mode="after")
     def _an_endpoint_needs_a_model(self) -> AgreementOptions:

@@ -589,6 +589,7 @@ def run_agreement(options, llm, console, env=None) -> dict[str, Any]:
     --judge-model is given, then the figures, written to --out and printed."""
     from rich.markup import escape
 
+    labels, second_judge, out = options.paths()
     if options.judge_model:
         from personaemp.config import llm_settings
         from personaemp.summaries import print_stage_report
@@ -596,21 +597,17 @@ def run_agreement(options, llm, console, env=None) -> dict[str, Any]:
         second = llm.model_copy(
             update={"model": options.judge_model, "base_url": list(options.judge_base_url or llm.base_url)}
         )
-        report = rejudge(options.input, options.second_judge, llm_settings(second, env), console)
+        report = rejudge(options.input, second_judge, llm_settings(second, env), console)
         print_stage_report(report, console)
-    if not Path(options.labels).exists() and not Path(options.second_judge).exists():
+    if not labels.exists() and not second_judge.exists():
         raise InputError(
-            f"{options.labels}: no labels, and no second judge at {options.second_judge}",
+            f"{labels}: no labels, and no second judge at {second_judge}",
             "label queries with `personaemp review`, or give --judge-model",
         )
     report = compute_agreement(
-        options.input,
-        options.labels,
-        options.second_judge,
-        resamples=options.resamples,
-        seed=options.bootstrap_seed,
+        options.input, labels, second_judge, resamples=options.resamples, seed=options.bootstrap_seed
     )
-    paths = write_agreement(report, Path(options.out))
+    paths = write_agreement(report, out)
     agreement_table(report, console)
     console.print(f"wrote {escape(', '.join(str(p) for p in paths))}")
     return report

@@ -301,13 +301,14 @@ def serve_review(options, console) -> None:
     """`personaemp review`: serve the page until Ctrl-C (ReviewOptions)."""
     from rich.markup import escape
 
-    session = open_session(options.input, options.labels, options.size, options.seed)
+    labels = options.labels or Path(options.input).with_name("labels.jsonl")
+    session = open_session(options.input, labels, options.size, options.seed)
     server = review_server(session, options.host, options.port)
     host, port = server.server_address[:2]
     reviewers = sorted(current_labels(session.labels.events()))
     console.print(
         f"review: {len(session.items)} queries of {escape(str(options.input))} (seed {options.seed}); "
-        f"labels go to {escape(str(options.labels))}"
+        f"labels go to {escape(str(labels))}"
         + (f" (reviewers so far: {escape(', '.join(reviewers))})" if reviewers else "")
     )
     console.print(
@@ -316,6 +317,6 @@ def serve_review(options, console) -> None:
     try:
         server.serve_forever()
     except KeyboardInterrupt:
-        console.print(f"stopped; labels are in {escape(str(options.labels))}")
+        console.print(f"stopped; labels are in {escape(str(labels))}")
     finally:
         server.server_close()
