@@ -335,6 +335,15 @@ def test_a_reviewer_labels_with_keys_and_mouse_reloads_and_resumes(served, tmp_p
     ]
     assert (tmp_path / "review.png").read_bytes().startswith(b"\x89PNG")
 
+    # what the browser saved is what the agreement figures are made of
+    from personaemp.stages.agreement import compute_agreement
+
+    report = compute_agreement(Path(session.source), path, resamples=200)
+    assert {c: f["pairs"] for c, f in report["judge_vs_people"].items()} == {
+        "emotional_support": 1, "logical_consistency": 1, "role_awareness": 1, "category_match": 0,
+    }  # fmt: skip
+    assert report["traits"]["labelled"] == 2 and report["acceptance"]["pairs"] == 2
+
 
 @needs_chromium
 @pytest.mark.slow

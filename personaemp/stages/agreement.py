@@ -227,7 +227,7 @@ def compute_agreement(
             for name, event in fields.items():
                 if item and name.startswith("trait:") and event.get("value") in ("supported", "unsupported"):
                     # a user's trait shows with each of their queries: counted once per reviewer
-                    key = (reviewer, item["user_id"], event.get("trait") or name)
+                    key = (reviewer, item["user_id"], name)
                     traits[key] = event["value"] == "supported"
     supported = sum(traits.values())
     report["traits"] = {
