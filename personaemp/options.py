@@ -712,6 +712,12 @@ CLI_ONLY: dict[str, dict[str, str]] = {
 }
 CLI_ONLY["filter"]["--show-rules"] = "Print the default rules file and exit."
 CLI_ONLY["infer-persona"]["--show"] = "Print this user's persona next to its evidence and exit."
+CLI_ONLY["review"]["--export-label-studio"] = (
+    "Write the sample as a Label Studio project (tasks.json, label_config.xml) to this folder and exit."
+)
+CLI_ONLY["review"]["--import-label-studio"] = (
+    "Append the labels of a Label Studio JSON export to the labels file and exit."
+)
 
 
 # --- introspection -----------------------------------------------------------------------------

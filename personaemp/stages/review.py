@@ -320,3 +320,22 @@ def serve_review(options, console) -> None:
         console.print(f"stopped; labels are in {escape(str(labels))}")
     finally:
         server.server_close()
+
+
+def exchange_label_studio(options, export: Path | None, export_file: Path | None, console) -> None:
+    """`personaemp review --export-label-studio DIR` / `--import-label-studio FILE`."""
+    from rich.markup import escape
+
+    from personaemp.stages.label_studio import export_project, import_export
+
+    labels = options.labels or Path(options.input).with_name("labels.jsonl")
+    if export is not None:
+        session = open_session(options.input, labels, options.size, options.seed)
+        paths = export_project(session.items, Path(export))
+        console.print(
+            f"wrote {len(session.items)} tasks (seed {options.seed}): "
+            + escape(", ".join(str(path) for path in paths))
+        )
+    if export_file is not None:
+        added = import_export(Path(export_file), Path(options.input), labels)
+        console.print(f"{added} labels from {escape(str(export_file))} appended to {escape(str(labels))}")
