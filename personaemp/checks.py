@@ -96,8 +96,9 @@ def _grams(items: Sequence[str], size: int) -> set[tuple[str, ...]]:
     return {tuple(items[i : i + size]) for i in range(len(items) - size + 1)}
 
 
-def longest_shared(text: str, sources: Sequence[str]) -> tuple[str, ...]:
-    """The longest run of `text`'s tokens found, in order and contiguous, in one of `sources`."""
+def longest_shared(text: str, sources: Sequence[str], floor: int = 1) -> tuple[str, ...]:
+    """The longest run of `text`'s tokens found, in order and contiguous, in one of `sources`
+    (empty when none is `floor` tokens long: one pass over the sources settles most queries)."""
     query = tokens(text)
     owned = [items for items in (tokens(source) for source in sources) if items]
 
@@ -110,6 +111,8 @@ def longest_shared(text: str, sources: Sequence[str]) -> tuple[str, ...]:
         return None
 
     # if a run of n tokens is shared, so is every shorter one: binary search on n
+    if floor > 1 and not shared(floor):
+        return ()
     low, high, best = 0, len(query), ()
     while low < high:
         middle = (low + high + 1) // 2
@@ -128,7 +131,7 @@ def copied(shared: float, length: float) -> bool:
 
 def not_copied(text: str, sources: Sequence[str]) -> tuple[bool, str]:
     """The query repeats no long stretch of the user's own turns or memories (`copied`)."""
-    run = longest_shared(text, sources)
+    run = longest_shared(text, sources, floor=COPY_SHORT)  # fewer tokens are fewer words
     size = words(run)
     if copied(size, words(tokens(text))):
         shown = " ".join(run)
