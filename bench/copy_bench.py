@@ -25,6 +25,7 @@ import json
 import random
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -33,7 +34,16 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from cost_bench import SENTENCES  # noqa: E402
 
-from personaemp.checks import COPY_SHARE, COPY_SHORT, COPY_WORDS, copied, longest_shared, tokens, words  # noqa: E402
+from personaemp.checks import (
+    COPY_SHARE,
+    COPY_SHORT,
+    COPY_WORDS,
+    copied,
+    longest_shared,
+    not_copied,
+    tokens,
+    words,
+)  # noqa: E402
 from personaemp.stages.filter import filter_users  # noqa: E402
 
 
@@ -129,6 +139,18 @@ def main() -> None:
     )
     for group, values in groups.items():
         print(f"  {group:30s} {rejected[group]:4d} of {len(values):4d}  {rejected[group] / len(values):6.1%}")
+
+    started, checked = time.perf_counter(), 0
+    for user in users:
+        sources = own_texts(user)
+        for text in [t["text"] for t in user["turns"] if t["role"] == "user"][:5]:
+            not_copied(clip(text), sources)
+            checked += 1
+    took = (time.perf_counter() - started) / max(1, checked)
+    longest = max(sum(map(len, own_texts(u))) for u in users)
+    print(
+        f"\nnot_copied: {took * 1000:.2f} ms per query (a user's own texts here: at most {longest:,} characters)"
+    )
 
 
 if __name__ == "__main__":
