@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from cost_bench import SENTENCES  # noqa: E402
 
-from personaemp.checks import (
+from personaemp.checks import (  # noqa: E402
     COPY_SHARE,
     COPY_SHORT,
     COPY_WORDS,
@@ -43,7 +43,7 @@ from personaemp.checks import (
     not_copied,
     tokens,
     words,
-)  # noqa: E402
+)
 from personaemp.stages.filter import filter_users  # noqa: E402
 
 
@@ -149,7 +149,8 @@ def main() -> None:
     took = (time.perf_counter() - started) / max(1, checked)
     longest = max(sum(map(len, own_texts(u))) for u in users)
     print(
-        f"\nnot_copied: {took * 1000:.2f} ms per query (a user's own texts here: at most {longest:,} characters)"
+        f"\nnot_copied: {took * 1000:.2f} ms per query "
+        f"(a user's own texts here: at most {longest:,} characters)"
     )
 
 
