@@ -468,6 +468,14 @@ def _interval(figures: dict[str, Any], key: str, percent: bool = False) -> str:
     return shown
 
 
+def _judges(figures: dict[str, Any]) -> str:
+    """Judge vs judge: kappa and, beside it, raw agreement (kappa is undefined when both
+    judges give one answer throughout)."""
+    if not figures or figures.get("agreement") is None:
+        return "—"
+    return f"{_interval(figures, 'kappa')} ({figures['agreement']:.0%} agree)"
+
+
 def quality_section(report: dict[str, Any] | None, table) -> str:
     """The card's "Quality" section, from an agreement report (None: no labels exist)."""
     out = ["## Quality", ""]
@@ -498,7 +506,7 @@ def quality_section(report: dict[str, Any] | None, table) -> str:
                 check, figures["pairs"], _interval(figures, "kappa"), raw,
                 _interval(figures, "precision", True),
                 "—" if figures["apparent_pass"] is None else f"{figures['apparent_pass']:.1%}",
-                _interval(figures, "corrected_pass", True), _interval(judges, "kappa") if judges else "—",
+                _interval(figures, "corrected_pass", True), _judges(judges),
             ]
         )  # fmt: skip
     out.append(
@@ -555,7 +563,7 @@ def agreement_table(report: dict[str, Any], console) -> None:
             _interval(f, "precision", True),
             "—" if f["apparent_pass"] is None else f"{f['apparent_pass']:.1%}",
             _interval(f, "corrected_pass", True),
-            _interval(second[check], "kappa") if check in second else "—",
+            _judges(second.get(check) or {}),
         )  # fmt: skip
     console.print(table)
     people = (report.get("people_vs_people") or {}).get("fields") or {}
