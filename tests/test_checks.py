@@ -255,3 +255,26 @@ def test_the_threshold_is_where_the_rule_says():
     assert not_copied(below + padding, source)[0] is True
     assert not_copied(at + padding, source)[0] is False
     assert copied(COPY_SHORT, COPY_SHORT / COPY_SHARE) and not copied(COPY_SHORT - 0.5, COPY_SHORT)
+
+
+def test_on_the_sample_build_honest_queries_pass_and_planted_copies_fail(sample_build):
+    """The shipped sample through the fake endpoint: no generated query is a copy; each
+    user's own longer messages, planted as queries, are."""
+    import json
+
+    from personaemp.records import Persona
+    from personaemp.stages.queries import own_texts
+
+    rows = [json.loads(line) for line in (sample_build / "queries.jsonl").read_text().splitlines()]
+    generated = [q for row in rows for q in row["queries"] + row["rejected_queries"]]
+    assert generated and all(q["checks"]["not_copied"] for q in generated)
+    planted = 0
+    for row in rows:
+        persona = Persona.model_validate(row)
+        for turn in persona.turns:
+            if turn.role == "user" and len(tokens(turn.text)) >= 12:
+                ok, reason = not_copied(turn.text[:300], own_texts(persona))
+                assert ok is False, turn.text
+                assert reason.startswith("repeats ")
+                planted += 1
+    assert planted >= 10
