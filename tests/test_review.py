@@ -276,6 +276,12 @@ def test_a_reviewer_labels_with_keys_and_mouse_reloads_and_resumes(served, tmp_p
         page.click("#login-form button")
         page.wait_for("document.body.dataset.ready === 'true'")
         assert page.evaluate("document.getElementById('position').textContent") == f"1 of {len(items)}"
+        # a laptop screen: two columns, query and checks side by side, nothing wider than the window
+        tops = page.evaluate(
+            "[...document.querySelectorAll('.panel')].map(p => p.getBoundingClientRect().top)"
+        )
+        assert tops[0] == tops[1] and tops[2] == tops[3] and tops[2] > tops[0], tops
+        assert page.evaluate("document.documentElement.scrollWidth") <= 1366
 
         # item 1, keyboard: accept, agree with check 1, disagree with check 2, first trait supported
         page.key("a")
