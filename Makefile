@@ -16,7 +16,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DCMAKE_PROJECT_llama.cp
 # every CLI subprocess compiled openai, pydantic, polars... again (make test: 130 s vs 93 s).
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: demo test lint format
+.PHONY: demo test lint format chromium
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,16 @@ $(BIN)/.installed: pyproject.toml
 demo: $(BIN)/.installed
 	$(BIN)/personaemp run --config personaemp.toml
 
-test: $(BIN)/.installed
+# The browser tests of `personaemp review` (tests/test_review.py) drive Debian's chromium over
+# a DevTools pipe, no pip package. Installed once (apt keeps the .debs in its cache); present,
+# this is one `command -v`. Not root or no apt: the browser tests are skipped, and say why.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	{ echo "installing chromium for the browser tests (once)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) \
+	  || echo "could not install chromium: the browser tests will be skipped"; }
+
+test: $(BIN)/.installed chromium
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest -q -n 3 --dist worksteal  # 3 workers on 2 cores: see tests/conftest.py

@@ -346,3 +346,39 @@ def table_command(options: Resolver) -> None:
     from personaemp.pipeline import run_table
 
     run_table(options.section("table"), stderr_console())
+
+
+@stage_command("review")
+def review_command(
+    options: Resolver,
+    export_label_studio: Annotated[
+        Path | None,
+        typer.Option(
+            "--export-label-studio", metavar="DIR", help=CLI_ONLY["review"]["--export-label-studio"]
+        ),
+    ] = None,
+    import_label_studio: Annotated[
+        Path | None,
+        typer.Option(
+            "--import-label-studio", metavar="FILE", help=CLI_ONLY["review"]["--import-label-studio"]
+        ),
+    ] = None,
+) -> None:
+    """Serve a local page to label a stratified sample of queries: accept/reject, agree with the
+    judge or not, traits supported or not, a note; every click goes to the labels file."""
+    from personaemp.stages.review import exchange_label_studio, serve_review
+
+    review = options.section("review")
+    if export_label_studio or import_label_studio:
+        exchange_label_studio(review, export_label_studio, import_label_studio, stderr_console())
+        return
+    serve_review(review, stderr_console())
+
+
+@stage_command("agreement")
+def agreement_command(options: Resolver) -> None:
+    """How far the LLM judge agrees with people (kappa, intervals, precision, corrected pass
+    shares) and, with --judge-model, with a second judge re-running the check step."""
+    from personaemp.stages.agreement import run_agreement
+
+    run_agreement(options.section("agreement"), options.llm, stderr_console())

@@ -1,7 +1,8 @@
 """Every option of every stage, declared once.
 
 One pydantic model per TOML section: `[filter]`, `[persona]` (infer-persona), `[queries]`
-(gen-queries), `[split]`, `[stats]`, `[push]`, `[criteria]`, `[respond]`, `[evaluate]`, `[llm]` (the options
+(gen-queries), `[split]`, `[stats]`, `[push]`, `[criteria]`, `[respond]`, `[evaluate]`, `[review]`,
+`[agreement]`, `[llm]` (the options
 every LLM command shares) and
 `[paths]` (where a config's files live). A field is an option: its name is the TOML key,
 its type, default and constraints are the validation, and its `Opt` metadata holds the
@@ -49,7 +50,7 @@ LLM_PANEL = "LLM endpoint and engine"
 FORMATS = ("auto", "task1", "raw", "hf")  # personaemp.sources.FORMATS
 CHECKS = (
     "emotional_support", "logical_consistency", "role_awareness", "memory_ids_valid",
-    "category_match", "length_ok", "language_match", "not_duplicate",
+    "category_match", "length_ok", "language_match", "not_duplicate", "not_copied",
 )  # fmt: skip  # personaemp.stages.queries.CHECKS
 STEPS = (
     "persona", "big_five", "situations", "query", "check",
@@ -60,7 +61,7 @@ STEP_KEYS = ("temperature", "max_tokens")
 Format = Literal["auto", "task1", "raw", "hf"]
 Check = Literal[
     "emotional_support", "logical_consistency", "role_awareness", "memory_ids_valid",
-    "category_match", "length_ok", "language_match", "not_duplicate",
+    "category_match", "length_ok", "language_match", "not_duplicate", "not_copied",
 ]  # fmt: skip
 StepName = Literal[
     "persona", "big_five", "situations", "query", "check",
@@ -708,6 +709,99 @@ class TableOptions(Section):
     digits: Annotated[int, Field(ge=0, le=6), Opt("Decimals shown.")] = 2
 
 
+class ReviewOptions(Section):
+    input: Annotated[
+        Path,
+        Opt("Queries to review (gen-queries' output: accepted and rejected).", ("--input", "-i"),
+            derive="queries.output", io="read"),
+    ] = PROCESSED / "queries.jsonl"  # fmt: skip
+    labels: Annotated[
+        Path | None,
+        Opt(
+            "Labels file: every click is appended to it at once (JSON lines; several reviewers share "
+            "it). Default: labels.jsonl beside --input, where `agreement` and the card look.",
+            ("--labels",),
+            io="write",
+        ),
+    ] = None
+    size: Annotated[
+        int,
+        Field(ge=1),
+        Opt("Queries in the sample, taken in turn from each category/language/outcome stratum."),
+    ] = 60
+    seed: Annotated[
+        int, Opt("Seed of the sample (the same seed gives the same queries in the same order).")
+    ] = 0
+    host: Annotated[
+        str, Opt("Address to serve the page on (keep it local: the labels are not protected).")
+    ] = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535), Opt("Port of the page (0: any free port).")] = 8765
+
+
+class AgreementOptions(Section):
+    input: Annotated[
+        Path,
+        Opt(
+            "Queries the labels are about (gen-queries' output).",
+            ("--input", "-i"),
+            derive="queries.output",
+            io="read",
+        ),
+    ] = PROCESSED / "queries.jsonl"
+    labels: Annotated[
+        Path | None,
+        Opt("Labels of `personaemp review` (or imported from Label Studio). Default: labels.jsonl "
+            "beside --input.", ("--labels",), io="read"),
+    ] = None  # fmt: skip
+    second_judge: Annotated[
+        Path | None,
+        Opt(
+            "The second judge's verdicts, kept apart from the build's files (written with "
+            "--judge-model, read when present). Default: second_judge.jsonl beside --input.",
+            ("--second-judge",),
+            io="write",
+        ),
+    ] = None
+    judge_model: Annotated[
+        str | None,
+        Opt(
+            "Re-run the check step on the same queries with this model as a second judge first "
+            "(the other LLM options as given; its endpoint: --judge-base-url).",
+            env="PERSONAEMP_SECOND_JUDGE_MODEL",
+        ),
+    ] = None
+    judge_base_url: Annotated[
+        Names,
+        Opt("Endpoint of the second judge (default: the LLM options' endpoint).",
+            env="PERSONAEMP_SECOND_JUDGE_BASE_URL", metavar="URL"),
+    ] = []  # fmt: skip
+    out: Annotated[
+        Path | None,
+        Opt(
+            "Folder of agreement.json and agreement.png. Default: agreement/ beside --input.",
+            ("--out", "-o"),
+            io="folder",
+            beside=("agreement.json", "agreement.png"),
+        ),
+    ] = None
+    resamples: Annotated[int, Field(ge=100), Opt("Bootstrap resamples of each interval.")] = 2000
+    bootstrap_seed: Annotated[int, Opt("Seed of the bootstrap.")] = 0
+
+    def paths(self) -> tuple[Path, Path, Path]:
+        """(labels, second judge, out), the defaults beside the input."""
+        return (
+            self.labels or self.input.with_name("labels.jsonl"),
+            self.second_judge or self.input.with_name("second_judge.jsonl"),
+            self.out or self.input.with_name("agreement"),
+        )
+
+    @model_validator(mode="after")
+    def _an_endpoint_needs_a_model(self) -> AgreementOptions:
+        if self.judge_base_url and not self.judge_model:
+            raise OptionProblem("judge_base_url", "needs {judge_model}: which model is the second judge")
+        return self
+
+
 class RunOptions(Section):
     """personaemp.toml: every section (the file may leave any out).
 
@@ -726,6 +820,8 @@ class RunOptions(Section):
     respond: RespondOptions = RespondOptions()
     evaluate: EvaluateOptions = EvaluateOptions()
     table: TableOptions = TableOptions()
+    review: ReviewOptions = ReviewOptions()
+    agreement: AgreementOptions = AgreementOptions()
 
     @model_validator(mode="after")
     def _derived_paths(self) -> RunOptions:
@@ -766,6 +862,8 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "respond": ("respond", "llm"),
     "evaluate": ("evaluate", "llm"),
     "table": ("table",),
+    "review": ("review",),
+    "agreement": ("agreement", "llm"),
 }
 # Options of the stage commands that are not stage settings: no TOML key.
 CLI_ONLY: dict[str, dict[str, str]] = {
@@ -774,6 +872,12 @@ CLI_ONLY: dict[str, dict[str, str]] = {
 }
 CLI_ONLY["filter"]["--show-rules"] = "Print the default rules file and exit."
 CLI_ONLY["infer-persona"]["--show"] = "Print this user's persona next to its evidence and exit."
+CLI_ONLY["review"]["--export-label-studio"] = (
+    "Write the sample as a Label Studio project (tasks.json, label_config.xml) to this folder and exit."
+)
+CLI_ONLY["review"]["--import-label-studio"] = (
+    "Append the labels of a Label Studio JSON export to the labels file and exit."
+)
 
 
 # --- introspection -----------------------------------------------------------------------------
@@ -971,6 +1075,8 @@ _TITLES = {
     "respond": "`personaemp respond` — TOML `[respond]`",
     "evaluate": "`personaemp evaluate` — TOML `[evaluate]`",
     "table": "`personaemp table` — TOML `[table]`",
+    "review": "`personaemp review` — TOML `[review]`",
+    "agreement": "`personaemp agreement` — TOML `[agreement]`",
 }
 
 

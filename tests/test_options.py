@@ -31,6 +31,8 @@ ENV_NAMES = (
     "PERSONAEMP_CONCURRENCY",
     "PERSONAEMP_WORK_DIR",
     "PERSONAEMP_INPUT",
+    "PERSONAEMP_SECOND_JUDGE_MODEL",
+    "PERSONAEMP_SECOND_JUDGE_BASE_URL",
 )
 STAGE_OF = {
     "filter": "filter",
@@ -437,6 +439,24 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "harmonic": True,
         "digits": 3,
     },  # fmt: skip
+    "review": {
+        "input": "v/q.jsonl",
+        "labels": "v/labels.jsonl",
+        "size": 9,
+        "seed": 4,
+        "host": "0.0.0.0",
+        "port": 9001,
+    },  # fmt: skip
+    "agreement": {
+        "input": "g/q.jsonl",
+        "labels": "g/labels.jsonl",
+        "second_judge": "g/second.jsonl",
+        "judge_model": "other",
+        "judge_base_url": ["http://c.example/v1"],
+        "out": "g/out",
+        "resamples": 500,
+        "bootstrap_seed": 3,
+    },
 }
 
 

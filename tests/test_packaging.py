@@ -35,6 +35,7 @@ PROMPTS = (
     "criteria", "respond", "judge", "judge_dynamic", "bystander",
 )  # fmt: skip
 DATA_FILES = [f"personaemp/prompts/{name}.md" for name in PROMPTS] + ["personaemp/default_rules.toml"]
+DATA_FILES += [f"personaemp/assets/review/{name}" for name in ("index.html", "review.js", "review.css")]
 # What a wheel is built from; the build runs on a copy so the checkout gets no build/ or *.egg-info.
 SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE", "personaemp", "prompts")
 # Where the new virtualenv's python finds the package and the prompts it loads by default.

@@ -28,6 +28,7 @@ from personaemp.llm.settings import LLMSettings
 from personaemp.prompts import fence, load_prompt
 from personaemp.records import CATEGORY_DEFINITIONS, Persona, category_definitions
 from personaemp.stages.queries import (
+    CHECKS,
     JUDGED,
     LANGUAGE_NAMES,
     MessageReply,
@@ -204,7 +205,7 @@ HASHES = {name: prompt.hash for name, prompt in PROMPTS.items()}
 # --- the scripted model ---------------------------------------------------------------------------
 
 EN_MESSAGES = [
-    "My sister never helps with mom and I feel like I carry everything alone. Is it wrong that I am angry?",
+    "My sister leaves all the care for mom to me and I carry everything alone. Is it wrong that I am angry?",
     "How do I tell my sister that I need her to share the care for our mother without another fight?",
     "What should I say to my boss to find out what it would take to earn the next promotion?",
     "I dread the family dinner this weekend and my chest gets tight. Can you help me calm down?",
@@ -1062,6 +1063,45 @@ def test_stage_mixed_outcomes_funnel_balances_and_prints(tmp_path):
     assert table_cell(text, "queries generated") == "9"
     assert table_cell(text, "accepted") == "6"
     assert "accepted per user: mean 2.00, min 1, max 3" in text
+
+
+OWN_TURN = "Also my boss gave the promotion to someone else. I do not know how to feel."  # english_user's
+
+
+def test_stage_rejects_a_query_that_copies_the_users_own_message(tmp_path):
+    """The demo published a user's own turn as a query; not_copied stops it and counts it."""
+    rows = [english_user(), chinese_user()]
+    script = Script(*rows)
+    script.messages["u-en"] = {2: OWN_TURN}
+    script.messages["u-zh"] = {1: "我和她一个月没说话了，好难受。"}
+    _, funnel, by_user, _ = run_stage(tmp_path, script, rows)
+
+    assert [q["query_id"] for q in by_user["u-en"]["queries"]] == ["u-en-q1", "u-en-q3"]
+    assert [q["query_id"] for q in by_user["u-zh"]["queries"]] == ["u-zh-q2", "u-zh-q3"]
+    copies = {q["query_id"]: q["checks"] for row in by_user.values() for q in row["rejected_queries"]}
+    assert set(copies) == {"u-en-q2", "u-zh-q1"}
+    for result in copies.values():
+        assert result["not_copied"] is False
+        assert list(result["reasons"]) == ["not_copied"]
+    assert copies["u-en-q2"]["reasons"]["not_copied"].startswith("repeats 16 words of the user's own text")
+    assert funnel.failed_checks == Counter(not_copied=2)
+    for row in by_user.values():  # the honest ones passed it, and say what decided them
+        for query in row["queries"]:
+            assert query["checks"]["not_copied"] is True
+            assert query["checks"]["enforced"] == list(CHECKS)
+
+
+def test_stage_records_the_checks_that_decided(tmp_path):
+    rows = [english_user()]
+    script = Script(*rows)
+    script.messages["u-en"] = {2: OWN_TURN}
+    options = QueryOptions(enforce=("length_ok", "not_duplicate"))
+    _, funnel, by_user, _ = run_stage(tmp_path, script, rows, options)
+
+    queries = by_user["u-en"]["queries"]
+    assert len(queries) == 3 and by_user["u-en"]["rejected_queries"] == []  # the copy is recorded only
+    assert queries[1]["checks"]["not_copied"] is False
+    assert all(q["checks"]["enforced"] == ["length_ok", "not_duplicate"] for q in queries)
 
 
 def test_stage_a_user_whose_replies_stay_invalid_goes_to_failures(tmp_path):

@@ -107,9 +107,10 @@ def test_figures_of_a_hand_made_build(processed):
         "mean": 2.0, "median": 2.0, "min": 1, "max": 3, "counts": {"1": 1, "2": 1, "3": 1}
     }  # fmt: skip
     # over the five generated queries: the two rejected ones failed emotional_support
+    # rows that do not record which checks decided: none is known to (no accepted one failed one)
     assert stats["checks"] == {
-        "emotional_support": {"passed": 3, "of": 5, "rate": 0.6},
-        "length_ok": {"passed": 5, "of": 5, "rate": 1.0},
+        "emotional_support": {"passed": 3, "of": 5, "rate": 0.6, "enforced": None},
+        "length_ok": {"passed": 5, "of": 5, "rate": 1.0, "enforced": None},
     }
     splits = stats["splits"]
     assert sorted(splits) == ["ood", "random"]
@@ -251,7 +252,8 @@ def test_the_card_shows_the_plots_and_the_figures_of_the_stats_json_beside_it(pr
             got = {row[3]: [int(n) for n in row[4:]] for row in levels if row[:2] == [setting, part]}
             assert got == {t: list(c.values()) for t, c in data["levels"].items()}
     checks = {
-        row[0]: (int(row[1]), int(row[2])) for row in table_rows(card, "| check | passed | of | rate |")
+        row[0]: (int(row[2]), int(row[3]))
+        for row in table_rows(card, "| check | in this build | passed | of | rate |")
     }
     assert checks == {name: (c["passed"], c["of"]) for name, c in stats["checks"].items()}
     figures = dict(table_rows(card, "| figure | value |"))
@@ -329,3 +331,85 @@ def test_a_line_that_is_not_utf8_exits_2_naming_it(processed, tmp_path):
     result = CliRunner().invoke(app, ["stats", "--processed", str(processed), "--out", str(tmp_path / "s")])
     assert result.exit_code == 2
     assert "personas.jsonl:1: not valid UTF-8" in result.output
+
+
+# --- an honest card: what decided acceptance, and tables that render -------------------------
+
+
+def relaxed_build(processed: Path) -> Path:
+    """Every query records that only length_ok decided; one accepted query failed
+    emotional_support (recorded only), as in a build run with --enforce length_ok."""
+    build(processed)
+    rows = [json.loads(line) for line in (processed / "queries.jsonl").read_text().splitlines()]
+    for row in rows:
+        for query in row["queries"] + row["rejected_queries"]:
+            query["checks"]["enforced"] = ["length_ok"]
+    rows[0]["queries"][0]["checks"]["emotional_support"] = False
+    write_jsonl(processed / "queries.jsonl", rows)
+    split_users(processed / "queries.jsonl", processed / "splits", ood=True, k=2, seed=1, test_size=0.5)
+    return processed
+
+
+def first_paragraph(card: str) -> str:
+    body = card.split("\n# ", 1)[1]
+    return body.split("\n\n")[1]
+
+
+def cells(line: str) -> int:
+    """How many cells a Markdown table row has: `|` not escaped by a backslash separate them."""
+    return len(re.findall(r"(?<!\\)\|", line)) - 1
+
+
+def test_a_relaxed_build_says_so_first_and_splits_decided_from_recorded(tmp_path):
+    processed = relaxed_build(tmp_path / "processed")
+    stats = compute_stats(sources_in(processed))
+    assert stats["checks"]["emotional_support"]["enforced"] is False
+    assert stats["checks"]["length_ok"]["enforced"] is True
+    assert stats["acceptance"] == {
+        "recorded": True, "enforced": ["length_ok"], "recorded_only": ["emotional_support"],
+        "accepted": 3, "accepted_failing_recorded_only": 1,
+    }  # fmt: skip
+
+    out = tmp_path / "dataset"
+    publish(processed / "splits", out=out)
+    card = (out / "README.md").read_text(encoding="utf-8")
+    opening = first_paragraph(card)
+    assert "**This build relaxed its checks:** `emotional_support` was recorded but did not decide" in opening
+    assert "1 of its 3 accepted queries failed at least one of them" in opening
+    assert "A query was accepted when it passed every one of: `length_ok` (length, 100.0% passed)." in card
+    assert "Recorded only, not required: `emotional_support` (40.0% passed)." in card
+    table = {row[0]: row[1] for row in table_rows(card, "| check | in this build | passed | of | rate |")}
+    assert table == {"emotional_support": "recorded only", "length_ok": "decided acceptance"}
+    assert "passed an LLM judge" not in card  # the old claim, true of no relaxed build
+
+
+def test_a_build_enforcing_every_check_says_nothing_is_relaxed(processed, tmp_path):
+    rows = [json.loads(line) for line in (processed / "queries.jsonl").read_text().splitlines()]
+    for row in rows:
+        for query in row["queries"] + row["rejected_queries"]:
+            query["checks"]["enforced"] = ["emotional_support", "length_ok"]
+    write_jsonl(processed / "queries.jsonl", rows)
+    out = tmp_path / "dataset"
+    publish(processed / "splits", out=out)
+    card = (out / "README.md").read_text(encoding="utf-8")
+    assert "relaxed" not in card
+    assert "A query was accepted when it passed every one of: `emotional_support`" in card
+    assert "Recorded only" not in card
+
+
+def test_every_table_row_of_the_card_has_its_headers_cell_count(processed, tmp_path):
+    """BUG: the schema row of big_five (`low|medium|high`) split into five cells."""
+    out = tmp_path / "dataset"
+    publish(processed / "splits", out=out)
+    lines = (out / "README.md").read_text(encoding="utf-8").splitlines()
+    tables = 0
+    for number, line in enumerate(lines):
+        if line.startswith("|---"):
+            tables += 1
+            header = cells(lines[number - 1])
+            for row in lines[number + 1 :]:
+                if not row.startswith("|"):
+                    break
+                assert cells(row) == header, row
+    assert tables >= 5
+    assert "| big_five | {openness, …: low\\|medium\\|high} | Big Five levels |" in lines

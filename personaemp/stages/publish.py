@@ -501,7 +501,12 @@ def publish(
     # The build's statistics, computed once: the card's tables, its plots and stats.json.
     stats, figures = stats_and_figures(sources_of_split(splits_dir, split_report))
     files = {f"{FIGURE_DIR}/{name}": png for name, png in figures.items()}
-    card = render_card(facts, include_dialogue, stats, list(files))
+    from personaemp.stages.agreement import PLOT_FILE, card_quality
+
+    quality, plot = card_quality(sources_of_split(splits_dir, split_report).queries)
+    if plot is not None:
+        files[f"{FIGURE_DIR}/{PLOT_FILE}"] = plot
+    card = render_card(facts, include_dialogue, stats, list(files), quality=quality)
     files[STATS_FILE] = msgspec.json.format(msgspec.json.encode(stats), indent=2) + b"\n"
     files.update(dict(entry for parts in data.values() for entry in parts.values()))
     if out is not None:

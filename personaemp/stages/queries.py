@@ -42,6 +42,7 @@ STAGE = "gen-queries"
 JUDGED = ("emotional_support", "logical_consistency", "role_awareness")
 CHECKS = (
     *JUDGED, "memory_ids_valid", "category_match", "length_ok", "language_match", "not_duplicate",
+    "not_copied",
 )  # fmt: skip
 
 
@@ -230,6 +231,7 @@ def judge_checks(
         "category_match": checks.category_match(judged_category, situation.category),
         "length_ok": checks.length_ok(text),
         "language_match": checks.language_match(text, persona.language),
+        "not_copied": checks.not_copied(text, own_texts(persona)),
     }
     if persona.language and judged_language and judged_language != persona.language:
         deterministic["language_match"] = (False, f"the judge reads {judged_language}")
@@ -241,7 +243,18 @@ def judge_checks(
     if duplicate_of is not None:
         reasons["not_duplicate"] = f"nearly repeats message {duplicate_of}"
     passed = all(ok for name, ok in results.items() if name in enforce)
-    return Checks(**results, language=judged_language, passed=passed, reasons=reasons)
+    return Checks(
+        **results, language=judged_language, passed=passed, reasons=reasons,
+        enforced=[name for name in CHECKS if name in enforce],
+    )  # fmt: skip
+
+
+def own_texts(persona: Persona) -> list[str]:
+    """What the user wrote or what was noted about them: a query must not repeat it."""
+    texts = [turn.text for turn in persona.turns if turn.role == "user"]
+    for memory in persona.memories:
+        texts += [memory.value, memory.evidence_text or ""]
+    return [text for text in texts if text]
 
 
 # --- the stage -------------------------------------------------------------------------------

@@ -269,6 +269,8 @@ def compute_stats(sources: StatsSources) -> dict[str, Any]:
             "memories_cited": {**_spread(cited), "counts": _counts(cited)},
         }
         stats["checks"] = {}
+        decided = [q.checks.get("enforced") for _, q in generated]
+        recorded = bool(decided) and all(isinstance(names, list) for names in decided)
         for name in CHECKS:
             results = [q.checks[name] for _, q in generated if isinstance(q.checks.get(name), bool)]
             if results:
@@ -277,7 +279,18 @@ def compute_stats(sources: StatsSources) -> dict[str, Any]:
                     "passed": passed,
                     "of": len(results),
                     "rate": round(passed / len(results), 4),
+                    "enforced": _enforced(name, decided if recorded else None, accepted),
                 }
+        relaxed = [name for name, c in stats["checks"].items() if c["enforced"] is False]
+        stats["acceptance"] = {
+            "recorded": recorded,
+            "enforced": [name for name, c in stats["checks"].items() if c["enforced"]],
+            "recorded_only": relaxed,
+            "accepted": len(accepted),
+            "accepted_failing_recorded_only": sum(
+                any(q.checks.get(name) is False for name in relaxed) for _, q in accepted
+            ),
+        }
     if sources.splits:
         settings = _split_users(sources.splits)
         if settings:
@@ -295,6 +308,16 @@ def compute_stats(sources: StatsSources) -> dict[str, Any]:
             for setting, parts in settings.items()
         }
     return stats
+
+
+def _enforced(name: str, decided: list[list[str]] | None, accepted: list) -> bool | None:
+    """Whether a check decided acceptance: from what every query records (a check some
+    queries enforced and others did not: None), else inferred: an accepted query that failed
+    it shows it was not enforced; otherwise it is not known (None)."""
+    if decided is not None:
+        found = {name in names for names in decided}
+        return found.pop() if len(found) == 1 else None
+    return False if any(q.checks.get(name) is False for _, q in accepted) else None
 
 
 def _most_first(counts: Counter[str]) -> dict[str, int]:
