@@ -332,6 +332,15 @@ def respond_command(options: Resolver) -> None:
     run_respond(options.respond, options.llm, stderr_console())
 
 
+@stage_command("export")
+def export_command(options: Resolver) -> None:
+    """Write a split as training files: TRL's conversational prompts (JSON lines) or verl's parquet,
+    with the prompts `respond` sends and what the PereGRM reward reads."""
+    from personaemp.pipeline import run_export
+
+    run_export(options.section("export"), stderr_console())
+
+
 @stage_command("evaluate")
 def evaluate_command(options: Resolver) -> None:
     """Score systems' responses per PERM dimension (fixed criteria, or dynamic @k), side by side (LLM)."""

@@ -2,7 +2,7 @@
 
 One pydantic model per TOML section: `[filter]`, `[persona]` (infer-persona), `[queries]`
 (gen-queries), `[split]`, `[stats]`, `[push]`, `[criteria]`, `[respond]`, `[evaluate]`, `[review]`,
-`[agreement]`, `[llm]` (the options
+`[agreement]`, `[export]`, `[llm]` (the options
 every LLM command shares) and
 `[paths]` (where a config's files live). A field is an option: its name is the TOML key,
 its type, default and constraints are the validation, and its `Opt` metadata holds the
@@ -545,6 +545,10 @@ SplitName = Literal["random", "ood"]
 Part = Literal["train", "test"]
 
 
+# personaemp.stages.respond.CONTEXTS: what a policy sees (respond, and export's prompts)
+Context = Literal["none", "memory", "memory-summary", "rag", "mismatch", "persona"]
+
+
 class RespondOptions(Section):
     splits: Annotated[
         Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir", io="read")
@@ -552,7 +556,7 @@ class RespondOptions(Section):
     split: Annotated[SplitName, Opt("Split setting.")] = "random"
     part: Annotated[Part, Opt("Part of the split.")] = "test"
     context: Annotated[
-        Literal["none", "memory", "memory-summary", "rag", "mismatch", "persona"],
+        Context,
         Opt(
             "What the policy sees besides the query: nothing (w/o memory), the numbered memories "
             "(the paper's input), a summary of the user it first writes from them (the Memory "
@@ -579,6 +583,59 @@ class RespondOptions(Section):
     @property
     def output_path(self) -> Path:
         return self.output or self.splits.parent / f"responses-{self.split}-{self.part}-{self.context}.jsonl"
+
+
+class ExportOptions(Section):
+    splits: Annotated[
+        Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir", io="read")
+    ] = PROCESSED / "splits"
+    split: Annotated[SplitName, Opt("Split setting.")] = "random"
+    part: Annotated[Part, Opt("Part of the split (train to train on, test to evaluate).")] = "train"
+    format: Annotated[
+        Literal["trl", "verl"],
+        Opt(
+            "trl: JSON lines with a conversational `prompt` and the reward's columns (datasets, "
+            "GRPOTrainer); verl: parquet with data_source, prompt, ability, reward_model, extra_info."
+        ),
+    ] = "trl"
+    context: Annotated[
+        Context,
+        Opt("What the policy sees besides the query, as `personaemp respond --context` (the same prompt)."),
+    ] = "memory"
+    rag_k: Annotated[int, Field(ge=1), Opt("Memories given with --context rag (the paper: 3).")] = 3
+    mismatch_seed: Annotated[
+        int, Opt("Seed choosing whose memories each user gets with --context mismatch (never their own).")
+    ] = 0
+    summaries: Annotated[
+        Path | None,
+        Opt(
+            "With --context memory-summary: the responses of `respond --context memory-summary`, "
+            "whose summaries the prompts carry.",
+            metavar="FILE",
+            io="read",
+        ),
+    ] = None
+    criteria_file: Annotated[
+        Path | None,
+        Opt("Fixed criteria (`personaemp criteria`) to carry in each row, for a fixed-criteria reward.",
+            metavar="FILE", io="read"),
+    ] = None  # fmt: skip
+    data_source: Annotated[str, Opt("verl's data_source of every row.")] = "personaemp"
+    output: Annotated[
+        Path | None,
+        Opt(
+            "The file written (default: export/<split>-<part>-<context>.jsonl, or .parquet with "
+            "--format verl, beside the splits folder).",
+            ("--output", "-o"),
+            io="write",
+        ),
+    ] = None
+
+    @property
+    def output_path(self) -> Path:
+        suffix = "parquet" if self.format == "verl" else "jsonl"
+        name = f"{self.split}-{self.part}-{self.context}.{suffix}"
+        return self.output or self.splits.parent / "export" / name
 
 
 class JudgeSpec(Section):
@@ -818,6 +875,7 @@ class RunOptions(Section):
     push: PushOptions = PushOptions()
     criteria: CriteriaOptions = CriteriaOptions()
     respond: RespondOptions = RespondOptions()
+    export: ExportOptions = ExportOptions()
     evaluate: EvaluateOptions = EvaluateOptions()
     table: TableOptions = TableOptions()
     review: ReviewOptions = ReviewOptions()
@@ -860,6 +918,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "push": ("push",),
     "criteria": ("criteria", "llm"),
     "respond": ("respond", "llm"),
+    "export": ("export",),
     "evaluate": ("evaluate", "llm"),
     "table": ("table",),
     "review": ("review",),
@@ -1073,6 +1132,7 @@ _TITLES = {
     "push": "`personaemp push` — TOML `[push]`",
     "criteria": "`personaemp criteria` — TOML `[criteria]`",
     "respond": "`personaemp respond` — TOML `[respond]`",
+    "export": "`personaemp export` — TOML `[export]`",
     "evaluate": "`personaemp evaluate` — TOML `[evaluate]`",
     "table": "`personaemp table` — TOML `[table]`",
     "review": "`personaemp review` — TOML `[review]`",

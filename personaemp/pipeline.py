@@ -374,6 +374,19 @@ def run_respond(
     return report
 
 
+def run_export(options, console: Console) -> dict:
+    from personaemp.stages.export import write_export
+
+    written = write_export(
+        options.splits, options.output_path, format=options.format, split=options.split,
+        part=options.part, context=options.context, rag_k=options.rag_k,
+        mismatch_seed=options.mismatch_seed, summaries=options.summaries,
+        criteria_file=options.criteria_file, data_source=options.data_source,
+    )  # fmt: skip
+    console.print(f"wrote {written['rows']} rows ({written['format']}) to {written['output']}")
+    return written
+
+
 def run_evaluate(
     options: EvaluateOptions, llm: LLMOptions, console: Console, env: Mapping[str, str] | None = None
 ):

@@ -133,6 +133,12 @@ def test_the_names_options_repeat_agree_with_the_stages():
 
     stages = (persona, queries, criteria, respond, evaluate)
     assert set(opts.STEPS) == {step.name for stage in stages for step in stage.STEPS}
+    from typing import get_args
+
+    from personaemp.stages import export
+
+    assert get_args(opts.Context) == respond.CONTEXTS
+    assert get_args(opts.ExportOptions.model_fields["format"].annotation) == export.FORMATS
     assert RunOptions().queries.categories == list(CATEGORIES)
     assert set(opts.STEP_KEYS) == set(opts.StepSampling.model_fields)
 
@@ -431,6 +437,19 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "bystander": True,
         "reward_lambda": 0.25,
         "report": "e/report.json",
+    },
+    "export": {
+        "splits": "x/splits",
+        "split": "ood",
+        "part": "test",
+        "format": "verl",
+        "context": "persona",
+        "rag_k": 4,
+        "mismatch_seed": 2,
+        "summaries": "x/summaries.jsonl",
+        "criteria_file": "x/criteria.jsonl",
+        "data_source": "mine",
+        "output": "x/out.parquet",
     },
     "table": {
         "reports": ["t/random.json", "t/ood.json"],
