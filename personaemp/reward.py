@@ -599,6 +599,33 @@ def summarise(records: Iterable[dict]) -> dict:
     return total
 
 
+def agreement(first: StepResult, second: StepResult) -> dict:
+    """How far two instruments agree on the same rollouts (e.g. per-dimension vs joint):
+    per dimension, on H and on the reward, the rank correlation (Spearman) and the mean
+    absolute difference, over the rollouts both judged."""
+    from personaemp.stages.evaluate import spearman
+
+    if len(first.rows) != len(second.rows):
+        raise InputError(f"{len(first.rows)} rollouts against {len(second.rows)}: not the same batch")
+    pairs = [
+        (a, b) for a, b in zip(first.rows, second.rows, strict=True) if a["status"] == b["status"] == "judged"
+    ]
+    pick = {d: (lambda row, d=d: row["scores"][d]) for d in DIMENSIONS}
+    pick["harmonic"] = lambda row: row["harmonic"]
+    pick["reward"] = lambda row: row["reward"]
+    found: dict[str, Any] = {"rollouts": len(pairs)}
+    for name, value in pick.items():
+        a, b = [value(x) for x, _ in pairs], [value(y) for _, y in pairs]
+        rho = spearman(a, b)
+        found[name] = {
+            "spearman": None if rho is None else round(rho, 4),
+            "mean_abs_diff": round(statistics.fmean(abs(x - y) for x, y in zip(a, b, strict=True)), 4)
+            if pairs
+            else None,
+        }
+    return found
+
+
 def summarise_log(path: Path | str) -> dict:
     """`summarise` over a reward log (JSONL, one line per step)."""
     path = Path(path)
@@ -693,6 +720,7 @@ def compute_score_batch(data_sources=None, solution_strs=(), ground_truths=None,
 
 __all__ = [
     "FALLBACKS",
+    "agreement",
     "FixedCriteriaReward",
     "PereGRM",
     "Reward",

@@ -33,6 +33,7 @@ from personaemp.reward import (
     PereGRM,
     Reward,
     RewardOptions,
+    agreement,
     completion_text,
     summarise_log,
 )
@@ -301,6 +302,21 @@ def test_k_samples_and_joint_mode_calls_per_rollout(tmp_path):
     assert joint.steps[0]["calls"] == 3 + 1
     assert joint.steps[0]["mode"] == "joint@3+bystander"
     assert rewards == pytest.approx([expected("q1")])
+
+
+def test_agreement_between_per_dimension_and_joint_on_the_same_rollouts(tmp_path):
+    rows = [row("q1"), row("q2"), row("q1")]
+    completions = ["one", "two", "<think>cut"]
+    with FakeOpenAI(responder=judge) as server:
+        per_dimension = PereGRM(settings(server, tmp_path))
+        joint = PereGRM(settings(server, tmp_path), joint=True)
+        rollouts = per_dimension.rollouts_from_columns(
+            completions, {k: [r[k] for r in rows] for k in rows[0]}
+        )
+        found = agreement(per_dimension.score(rollouts), joint.score(rollouts))
+    assert found["rollouts"] == 2  # the cut one is not judged by either
+    assert found["harmonic"] == {"spearman": 1.0, "mean_abs_diff": 0.0}
+    assert found["resonation"]["spearman"] == 1.0
 
 
 def test_several_samples_need_a_temperature(tmp_path):
