@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 
 PROMPTS = (
     "persona", "big_five", "situations", "query", "check",
-    "criteria", "respond", "judge", "judge_dynamic", "bystander",
+    "criteria", "respond", "judge", "judge_dynamic", "bystander", "judge_joint",
 )  # fmt: skip
 DATA_FILES = [f"personaemp/prompts/{name}.md" for name in PROMPTS] + ["personaemp/default_rules.toml"]
 DATA_FILES += [f"personaemp/assets/review/{name}" for name in ("index.html", "review.js", "review.css")]
