@@ -2,7 +2,7 @@
 
 One pydantic model per TOML section: `[filter]`, `[persona]` (infer-persona), `[queries]`
 (gen-queries), `[split]`, `[stats]`, `[push]`, `[criteria]`, `[respond]`, `[evaluate]`, `[review]`,
-`[agreement]`, `[export]`, `[llm]` (the options
+`[agreement]`, `[export]`, `[reward]` (the training reward), `[llm]` (the options
 every LLM command shares) and
 `[paths]` (where a config's files live). A field is an option: its name is the TOML key,
 its type, default and constraints are the validation, and its `Opt` metadata holds the
@@ -859,6 +859,51 @@ class AgreementOptions(Section):
         return self
 
 
+class RewardConfig(Section):
+    """[reward]: the training reward as `personaemp.reward.from_config` builds it (verl's
+    `compute_score` reads the file named by $PERSONAEMP_CONFIG); the judge is [llm]."""
+
+    dynamic: Annotated[
+        bool,
+        Opt("PereGRM (the judge writes its criteria); false: fixed criteria from criteria_file.",
+            env="PERSONAEMP_REWARD_DYNAMIC"),
+    ] = True  # fmt: skip
+    samples: Annotated[
+        int,
+        Field(ge=1),
+        Opt("k: judgments averaged per dimension (dynamic).", env="PERSONAEMP_REWARD_SAMPLES"),
+    ] = 1
+    bystander: Annotated[
+        bool, Opt("Subtract the bystander penalty: H + lambda * (B - 1).", env="PERSONAEMP_REWARD_BYSTANDER")
+    ] = True
+    reward_lambda: Annotated[float, Field(ge=0), Opt("lambda (the paper trains with 0.5).")] = 0.5
+    joint: Annotated[
+        bool,
+        Opt("The three dimensions in one judge call (k + 1 calls per rollout instead of 3k + 1).",
+            env="PERSONAEMP_REWARD_JOINT"),
+    ] = False  # fmt: skip
+    fallback: Annotated[
+        Literal["neutral", "floor"],
+        Opt("A judgment that cannot be had: neutral (3 of 5, B = 0.8, the authors' values) or floor "
+            "(1, B = 0); counted and logged either way.", env="PERSONAEMP_REWARD_FALLBACK"),
+    ] = "neutral"  # fmt: skip
+    criteria_file: Annotated[
+        Path | None, Opt("Fixed criteria (`personaemp criteria`) when dynamic is false.", io="read")
+    ] = None
+    judge_model: Annotated[str | None, Opt("Judge model (default: [llm] model).")] = None
+    log: Annotated[
+        Path | None,
+        Opt("JSON lines, one per training step: calls, tokens, seconds, failures, fallbacks.",
+            env="PERSONAEMP_REWARD_LOG", io="write"),
+    ] = None  # fmt: skip
+
+    @model_validator(mode="after")
+    def _dynamic_only(self) -> RewardConfig:
+        if not self.dynamic and (self.samples > 1 or self.joint):
+            raise OptionProblem("dynamic", "is false: samples and joint apply to the dynamic judge")
+        return self
+
+
 class RunOptions(Section):
     """personaemp.toml: every section (the file may leave any out).
 
@@ -880,6 +925,7 @@ class RunOptions(Section):
     table: TableOptions = TableOptions()
     review: ReviewOptions = ReviewOptions()
     agreement: AgreementOptions = AgreementOptions()
+    reward: RewardConfig = RewardConfig()
 
     @model_validator(mode="after")
     def _derived_paths(self) -> RunOptions:
@@ -1202,6 +1248,17 @@ def markdown_tables() -> str:
     out.append("#### LLM options of every LLM command — TOML `[llm]`")
     out.append("")
     out.extend(_table(specs("llm")))
+    out.append("")
+    out.append("#### The training reward (`personaemp.reward.from_config`) — TOML `[reward]`")
+    out.append("")
+    out.append("| TOML key | env var | default | meaning |")
+    out.append("|---|---|---|---|")
+    for option in specs("reward"):
+        default = show_default(option.default)
+        out.append(
+            f"| `{option.name}` | {f'`{option.opt.env}`' if option.opt.env else ''} | "
+            f"{f'`{default}`' if default else '—'} | {_cell(option.help)} |"
+        )
     out.append("")
     out.append("#### `personaemp run` — TOML `[paths]`")
     out.append("")

@@ -73,6 +73,7 @@ from pydantic import BaseModel, Field
 from personaemp.errors import InputError, UnitError
 from personaemp.llm.reply import split_reasoning
 from personaemp.llm.step import Step
+from personaemp.options import RewardConfig
 from personaemp.prompts import Prompt, load_prompt
 from personaemp.records import DIMENSION_DEFINITIONS, DIMENSIONS
 from personaemp.stages.criteria import numbered_memories, read_criteria, with_room
@@ -119,15 +120,20 @@ STEPS = (JUDGE_JOINT,)
 JOINT_ROOM = {JUDGE_JOINT.name: 4096}  # three judgments' worth of reasoning
 
 
+_DEFAULT = RewardConfig()  # the defaults live with the [reward] options
+
+
 @dataclasses.dataclass(frozen=True)
 class RewardOptions:
-    dynamic: bool = True  # PereGRM; False: fixed criteria (criteria_file or a `criteria` column)
-    samples: int = 1  # k: judgments averaged per dimension (dynamic only)
-    bystander: bool = True
-    reward_lambda: float = 0.5
-    joint: bool = False  # the three dimensions in one call (dynamic only)
-    fallback: str = "neutral"
-    criteria_file: Path | None = None
+    """The instrument (personaemp.options.RewardConfig says what each field means)."""
+
+    dynamic: bool = _DEFAULT.dynamic  # PereGRM; False: fixed criteria (file or `criteria` column)
+    samples: int = _DEFAULT.samples  # k: judgments averaged per dimension (dynamic only)
+    bystander: bool = _DEFAULT.bystander
+    reward_lambda: float = _DEFAULT.reward_lambda
+    joint: bool = _DEFAULT.joint  # the three dimensions in one call (dynamic only)
+    fallback: str = _DEFAULT.fallback
+    criteria_file: Path | None = _DEFAULT.criteria_file
 
     @property
     def mode(self) -> str:
@@ -673,28 +679,26 @@ _default_lock = threading.Lock()
 
 
 def from_config(path: Path | str | None = None, env: Mapping[str, str] | None = None) -> Reward:
-    """A reward from a personaemp.toml: the judge from [llm] (and [evaluate] judge_model), the
-    instrument from [evaluate] (dynamic, samples, bystander, lambda, criteria_file), env vars
-    over the file as for every command. PERSONAEMP_REWARD_LOG names the JSONL log,
-    PERSONAEMP_REWARD_JOINT=1 asks for joint mode, PERSONAEMP_REWARD_FALLBACK=floor the floor."""
+    """A reward from a personaemp.toml: the instrument from [reward], the judge from [llm]
+    ([reward] judge_model over its model); env vars over the file, as for every command."""
     from personaemp.config import Resolver, llm_settings
 
     env = os.environ if env is None else env
     resolver = Resolver(Path(path) if path else None, env=env)
-    evaluate = resolver.section("evaluate")
+    config = resolver.section("reward")
     settings = llm_settings(resolver.section("llm"), env)
-    if evaluate.judge_model:
-        settings = dataclasses.replace(settings, model=evaluate.judge_model)
+    if config.judge_model:
+        settings = dataclasses.replace(settings, model=config.judge_model)
     options = RewardOptions(
-        dynamic=evaluate.dynamic,
-        samples=evaluate.samples,
-        bystander=evaluate.bystander,
-        reward_lambda=evaluate.reward_lambda,
-        joint=env.get("PERSONAEMP_REWARD_JOINT", "") in ("1", "true", "yes"),
-        fallback=env.get("PERSONAEMP_REWARD_FALLBACK") or "neutral",
-        criteria_file=None if evaluate.dynamic else evaluate.criteria_file,
+        dynamic=config.dynamic,
+        samples=config.samples,
+        bystander=config.bystander,
+        reward_lambda=config.reward_lambda,
+        joint=config.joint,
+        fallback=config.fallback,
+        criteria_file=config.criteria_file,
     )
-    return Reward(settings, options, log_path=env.get("PERSONAEMP_REWARD_LOG") or None)
+    return Reward(settings, options, log_path=config.log)
 
 
 def default_reward() -> Reward:

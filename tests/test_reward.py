@@ -196,7 +196,7 @@ def test_verl_loads_the_function_from_a_file_by_name(tmp_path, monkeypatch):
         config = tmp_path / "personaemp.toml"
         config.write_text(
             f'[llm]\nbase_url = ["{server.base_url}"]\nmodel = "fake"\nwork_dir = "{tmp_path / "work"}"\n'
-            "[evaluate]\ndynamic = true\nbystander = true\n",
+            "[reward]\nsamples = 1\n",
             encoding="utf-8",
         )
         monkeypatch.setenv("PERSONAEMP_CONFIG", str(config))
@@ -371,3 +371,20 @@ def test_the_joint_prompt_keeps_policy_and_user_text_in_its_data_blocks(tmp_path
         for request in server.requests:
             text = "\n".join(m["content"] for m in request.body["messages"])
             assert INJECTION_MARKER in text and INJECTION_MARKER not in outside_blocks(text)
+
+
+def test_from_config_reads_the_reward_section_and_env_vars_over_it(tmp_path):
+    from personaemp.reward import from_config
+
+    config = tmp_path / "personaemp.toml"
+    config.write_text('[llm]\nmodel = "m"\nbase_url = ["http://127.0.0.1:9/v1"]\n'
+                      '[reward]\nbystander = false\nreward_lambda = 0.25\n')  # fmt: skip
+    reward = from_config(config, env={"PERSONAEMP_REWARD_JOINT": "true", "PERSONAEMP_REWARD_LOG": "r.jsonl"})
+    assert (reward.options.joint, reward.options.bystander, reward.options.reward_lambda) == (
+        True,
+        False,
+        0.25,
+    )
+    assert reward.options.mode == "joint@1" and str(reward.log_path) == "r.jsonl"
+    with pytest.raises(InputError, match="PERSONAEMP_REWARD_SAMPLES"):
+        from_config(config, env={"PERSONAEMP_REWARD_SAMPLES": "zero"})
