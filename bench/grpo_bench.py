@@ -175,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     write_export(splits, exported, format="trl", part="train", context="memory")
     dataset = datasets.load_dataset("json", data_files=str(exported), split="train")
     texts = [m["content"] for row in dataset for m in row["prompt"]]
+    import torch
+
+    torch.manual_seed(0)  # the same random policy, so the same rollouts, on every run
     tokenizer, model = tiny_policy(texts)
     print(
         f"policy: {sum(p.numel() for p in model.parameters()):,} parameters (random), vocab {len(tokenizer)}"

@@ -306,11 +306,14 @@ class Reward:
         rollouts = self.rollouts_from_columns(completions, columns)
         state = columns.get("trainer_state")
         result = self.score(rollouts, step=getattr(state, "global_step", None))
-        log_metric = columns.get("log_metric")
+        log_metric, log_extra = columns.get("log_metric"), columns.get("log_extra")
         if callable(log_metric):  # TRL >= 1.x: shown beside its own metrics
             record = result.record
             log_metric(f"{self.__name__}/calls_per_rollout", record["calls_per_rollout"])
             log_metric(f"{self.__name__}/fallbacks", float(sum(record["fallbacks"].values())))
+        if callable(log_extra):  # and per completion, in its completions table
+            log_extra(f"{self.__name__}_harmonic", [round(row["harmonic"], 4) for row in result.rows])
+            log_extra(f"{self.__name__}_bystander", [row["bystander"] for row in result.rows])
         return result.rewards
 
     def rollouts_from_columns(self, completions, columns: Mapping[str, Any]) -> list[Rollout]:
@@ -715,6 +718,12 @@ def compute_score(data_source=None, solution_str="", ground_truth=None, extra_in
     return default_reward().compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
 
 
+async def compute_score_async(data_source=None, solution_str="", ground_truth=None, extra_info=None, **_):
+    """verl's asynchronous reward loop: the same score, awaited on its loop."""
+    rollout = rollout_from(solution_str, extra_info or {}, f"{data_source} rollout")
+    return (await default_reward().ascore([rollout])).rewards[0]
+
+
 def compute_score_batch(data_sources=None, solution_strs=(), ground_truths=None, extra_infos=None, **kwargs):
     """verl, batched: name=compute_score_batch with reward_model.reward_manager=batch."""
     return default_reward().compute_score_batch(
@@ -732,6 +741,7 @@ __all__ = [
     "Rollout",
     "StepResult",
     "compute_score",
+    "compute_score_async",
     "compute_score_batch",
     "from_config",
     "run_sync",

@@ -102,16 +102,17 @@ def trl_call(reward, rows: list[dict], completions: list, conversational: bool =
         for r in rows
     ]  # fmt: skip
     columns = {key: [r[key] for r in rows] for key in rows[0]}
-    metrics = []
+    metrics, extras = [], []
     rewards = reward(
         prompts=prompts,
         completions=completions,
         completion_ids=[[1, 2, 3]] * len(completions),
         **columns,
         trainer_state=SimpleNamespace(global_step=step),
-        log_extra=lambda column, values: None,
+        log_extra=lambda column, values: extras.append((column, values)),
         log_metric=lambda name, value: metrics.append((name, value)),
     )
+    assert [len(values) for _, values in extras] == [len(completions)] * len(extras)
     return rewards, metrics
 
 
@@ -208,6 +209,12 @@ def test_verl_loads_the_function_from_a_file_by_name(tmp_path, monkeypatch):
         score = loaded.compute_score(
             data_source="personaemp", solution_str="an answer", ground_truth="", extra_info=row("q2")
         )
+        awaited = asyncio.run(
+            loaded.compute_score_async(
+                data_source="personaemp", solution_str="an answer", ground_truth="", extra_info=row("q2")
+            )
+        )
+        assert awaited == score
         scores = loaded.compute_score_batch(
             data_sources=["personaemp"],
             solution_strs=["an answer"],
@@ -215,7 +222,7 @@ def test_verl_loads_the_function_from_a_file_by_name(tmp_path, monkeypatch):
             extra_infos=[row("q2")],
         )
     assert score == pytest.approx(expected("q2")) and scores == pytest.approx([expected("q2")])
-    assert len((tmp_path / "verl.jsonl").read_text().splitlines()) == 2
+    assert len((tmp_path / "verl.jsonl").read_text().splitlines()) == 3
 
 
 def test_an_unreadable_judgment_takes_the_documented_fallback_counted_and_logged(tmp_path, caplog):
