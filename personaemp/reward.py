@@ -324,7 +324,10 @@ class Reward:
         for index in range(len(completions)):
             row = {}
             for key, values in columns.items():
-                if isinstance(values, list | tuple) and len(values) == len(completions):
+                # a column: one value per completion (a list; numpy arrays, datasets' Column too)
+                if isinstance(values, str | bytes | Mapping) or not hasattr(values, "__getitem__"):
+                    continue
+                if hasattr(values, "__len__") and len(values) == len(completions):
                     row[key] = values[index]
             rows.append(row)
         return [

@@ -132,3 +132,38 @@ def test_export_never_writes_over_its_input(splits):
     target = splits / "random" / "train.jsonl"
     result = RUNNER.invoke(app, ["export", "--splits", str(splits), "-o", str(target)])
     assert result.exit_code == 2 and "would write" in result.output
+
+
+def test_a_training_score_is_the_evaluation_score_and_costs_nothing_after_it(splits, tmp_path):
+    """`evaluate` (dynamic @2, bystander) on a responses file, then the reward on the exported
+    rows with the same replies: every judgment comes from the cache, and H and the reward
+    are the report's per-query numbers."""
+    import datasets
+    from rich.console import Console
+    from test_evaluation import judge
+
+    from personaemp.reward import PereGRM
+    from personaemp.stages.evaluate import JudgeOptions, evaluate, harmonic
+
+    responses = tmp_path / "full.jsonl"
+    replies = {q: f"<think>plan</think>I am sorry ({q})." for q in ("u3-q1",)}
+    write_jsonl(responses, [{"query_id": q, "response": r} for q, r in replies.items()])
+    out = tmp_path / "test.jsonl"
+    export("--splits", str(splits), "--part", "test", "-o", str(out))
+    rows = datasets.load_dataset("json", data_files=str(out), split="train")
+    steps = {"judge_dynamic": {"temperature": 0.7}}
+    with FakeOpenAI(responder=judge) as server:
+        settings = LLMSettings(
+            base_urls=[server.base_url], model="fake", work_dir=tmp_path / "w", steps=steps
+        )
+        options = JudgeOptions(dynamic=True, samples=2, bystander=True)
+        evaluate(splits, [responses], tmp_path / "report.json", settings, part="test", options=options,
+                 console=Console(quiet=True))  # fmt: skip
+        sent = server.count
+        reward = PereGRM(settings, samples=2)
+        columns = {key: rows[key] for key in rows.column_names if key != "prompt"}
+        rewards = reward(prompts=rows["prompt"], completions=[[{"role": "assistant", "content": replies[q]}]
+                         for q in rows["query_id"]], **columns)  # fmt: skip
+        assert server.count == sent and reward.steps[0]["cache_hits"] == reward.steps[0]["calls"] == 7
+    scored = [json.loads(line) for line in (tmp_path / "report.scores.jsonl").read_text().splitlines()]
+    assert rewards == pytest.approx([harmonic(scored[0]["scores"]) + 0.5 * (scored[0]["bystander"] - 1)])
