@@ -45,7 +45,11 @@ engine's --concurrency bounds them). Calling from a thread, or from code that al
 an event loop (a notebook, an async trainer), works: the step then runs on a loop of its own
 in a helper thread (`run_sync`).
 
-Accounting per step (`log=`, JSONL, one line per call of the reward): rollouts, calls and
+Each call of the reward opens the engine (endpoints, cache) and closes it again: nothing
+lingers between steps (a forked or Ray worker starts clean), the structured-output mode is
+remembered in the work dir, and --max-cost, --rpm apply per step.
+
+Accounting per step (`log_path=`, JSONL, one line per call of the reward): rollouts, calls and
 HTTP requests, cache hits, tokens (prompt, completion, cached when the engine reports
 them), seconds, failures by kind, fallbacks per dimension, mean reward; `summary()` and
 `summarise_log(path)` add them up, with calls and tokens per rollout score.
@@ -253,7 +257,9 @@ def rollout_from(completion: Any, info: Mapping[str, Any], where: str) -> Rollou
 
 def run_sync(make: Callable[[], Any]) -> Any:
     """Run the coroutine `make()` to its end and return its value, from any thread, also
-    one whose event loop is running (then on a fresh loop in a helper thread)."""
+    one whose event loop is running (then on a fresh loop in a helper thread).
+
+    Kept small and local: a shared loop-safe runner can replace it."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:

@@ -139,6 +139,9 @@ def test_the_names_options_repeat_agree_with_the_stages():
 
     assert get_args(opts.Context) == respond.CONTEXTS
     assert get_args(opts.ExportOptions.model_fields["format"].annotation) == export.FORMATS
+    from personaemp import reward
+
+    assert get_args(opts.RewardConfig.model_fields["fallback"].annotation) == tuple(reward.FALLBACKS)
     assert RunOptions().queries.categories == list(CATEGORIES)
     assert set(opts.STEP_KEYS) == set(opts.StepSampling.model_fields)
 
