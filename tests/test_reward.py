@@ -23,7 +23,7 @@ import threading
 from types import SimpleNamespace
 
 import pytest
-from fake_openai import FakeOpenAI, invalid_json_content
+from fake_openai import FakeOpenAI, invalid_json_content, server_error
 
 from personaemp.errors import InputError
 from personaemp.llm.settings import LLMSettings
@@ -246,7 +246,7 @@ def test_an_unreadable_judgment_takes_the_documented_fallback_counted_and_logged
     assert "fallback" in caplog.text and "resonation 2" in caplog.text
 
 
-def test_the_floor_fallback_and_an_endpoint_failure(tmp_path):
+def test_the_floor_fallback(tmp_path):
     def no_bystander(body, number):
         if "content_effectiveness" in properties(body):
             return invalid_json_content()
@@ -399,3 +399,29 @@ def test_from_config_reads_the_reward_section_and_env_vars_over_it(tmp_path):
     assert reward.options.mode == "joint@1" and str(reward.log_path) == "r.jsonl"
     with pytest.raises(InputError, match="PERSONAEMP_REWARD_SAMPLES"):
         from_config(config, env={"PERSONAEMP_REWARD_SAMPLES": "zero"})
+
+
+def test_a_failed_request_takes_the_fallback_and_a_dead_endpoint_stops_the_step(tmp_path):
+    from personaemp.llm.engine import EndpointError
+
+    failing = {"on": False}
+
+    def flaky(body, number):
+        return server_error(500) if failing["on"] else judge(body, number)
+
+    with FakeOpenAI(responder=flaky) as server:
+        judge_settings = LLMSettings(
+            base_urls=[server.base_url], model="fake", work_dir=tmp_path / "w", max_retries=0
+        )
+        reward = PereGRM(judge_settings)
+        trl_call(reward, [row("q1")], ["first step"])
+        failing["on"] = True
+        rewards, _ = trl_call(reward, [row("q1")], ["second step"])
+    # Every judgment of the second step failed: the neutral fallback (3 of 5, B = 0.8), counted.
+    # The endpoint answered the first step, so a few failures do not make it "dead".
+    assert rewards == pytest.approx([0.6 + 0.5 * (0.8 - 1)])
+    assert reward.steps[1]["fallbacks"] == {"resonation": 1, "expression": 1, "reception": 1, "bystander": 1}
+    assert reward.steps[1]["failures"] == {"server_error": 4}
+    dead = LLMSettings(base_urls=["http://127.0.0.1:9/v1"], model="m", work_dir=tmp_path / "d", max_retries=0)
+    with pytest.raises(EndpointError):
+        trl_call(PereGRM(dead), [row("q1")], ["anything"])
