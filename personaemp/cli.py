@@ -29,7 +29,7 @@ def main(
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     """Staged commands: filter -> infer-persona -> gen-queries -> split -> stats -> push; then
-    criteria -> respond -> evaluate to benchmark models on the dataset."""
+    criteria -> respond -> evaluate to benchmark models on the dataset; export to train on it."""
     if version:
         from personaemp import __version__
 

@@ -533,6 +533,12 @@ class Reward:
             "call": number,
             "at": datetime.now(UTC).isoformat(timespec="seconds"),
             "mode": self.options.mode,
+            # which instruments made these numbers, as evaluate's report names them
+            "instruments": {
+                step.name: f"v{step.version}/{self.prompts[step.name].hash}"
+                for step in (self.step, BYSTANDER)
+                if step.name in self.prompts
+            },
             "rollouts": len(rows),
             "distinct": distinct,
             "judged": judged,

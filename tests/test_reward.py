@@ -131,6 +131,7 @@ def test_trl_conversational_call_returns_one_float_per_completion(tmp_path):
     assert (line["step"], line["rollouts"], line["calls"], line["requests"]) == (7, 3, 12, 12)
     assert line["calls_per_rollout"] == 4 and line["authors_calls_per_rollout"] == 4
     assert line["prompt_tokens"] > 0 and line["fallbacks"] == {}
+    assert set(line["instruments"]) == {"judge_dynamic", "bystander"}
     assert ("peregrm/calls_per_rollout", 4.0) in metrics
 
 
