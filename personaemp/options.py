@@ -54,8 +54,8 @@ CHECKS = (
 )  # fmt: skip  # personaemp.stages.queries.CHECKS
 STEPS = (
     "persona", "big_five", "situations", "query", "check",
-    "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander",
-)  # fmt: skip  # the stages' Step names
+    "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander", "judge_joint",
+)  # fmt: skip  # the stages' Step names (judge_joint: personaemp.reward)
 STEP_KEYS = ("temperature", "max_tokens")
 
 Format = Literal["auto", "task1", "raw", "hf"]
@@ -65,7 +65,7 @@ Check = Literal[
 ]  # fmt: skip
 StepName = Literal[
     "persona", "big_five", "situations", "query", "check",
-    "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander",
+    "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander", "judge_joint",
 ]  # fmt: skip
 
 

@@ -129,9 +129,10 @@ def test_the_names_options_repeat_agree_with_the_stages():
 
     assert opts.FORMATS == FORMATS
     assert opts.CHECKS == queries.CHECKS
+    from personaemp import reward
     from personaemp.stages import criteria, evaluate, respond
 
-    stages = (persona, queries, criteria, respond, evaluate)
+    stages = (persona, queries, criteria, respond, evaluate, reward)
     assert set(opts.STEPS) == {step.name for stage in stages for step in stage.STEPS}
     from typing import get_args
 

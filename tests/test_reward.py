@@ -390,14 +390,15 @@ def test_from_config_reads_the_reward_section_and_env_vars_over_it(tmp_path):
 
     config = tmp_path / "personaemp.toml"
     config.write_text('[llm]\nmodel = "m"\nbase_url = ["http://127.0.0.1:9/v1"]\n'
-                      '[reward]\nbystander = false\nreward_lambda = 0.25\n')  # fmt: skip
+                      '[llm.steps.judge_joint]\ntemperature = 0.7\n'
+                      '[reward]\nbystander = false\nreward_lambda = 0.25\nsamples = 4\n')  # fmt: skip
     reward = from_config(config, env={"PERSONAEMP_REWARD_JOINT": "true", "PERSONAEMP_REWARD_LOG": "r.jsonl"})
     assert (reward.options.joint, reward.options.bystander, reward.options.reward_lambda) == (
         True,
         False,
         0.25,
     )
-    assert reward.options.mode == "joint@1" and str(reward.log_path) == "r.jsonl"
+    assert reward.options.mode == "joint@4" and str(reward.log_path) == "r.jsonl"
     with pytest.raises(InputError, match="PERSONAEMP_REWARD_SAMPLES"):
         from_config(config, env={"PERSONAEMP_REWARD_SAMPLES": "zero"})
 
