@@ -13,7 +13,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DCMAKE_PROJECT_llama.cp
 
 # Let Python cache the bytecode of what it imports (in .venv and __pycache__/, both ignored
 # by git): with PYTHONDONTWRITEBYTECODE set, as on some CI images, every test worker and
-# every CLI subprocess compiled openai, pydantic, polars... again (make test: 130 s vs 93 s).
+# every CLI subprocess compiled openai, pydantic, datasets... again (make test: 130 s vs 93 s).
 export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: demo test lint format docs
