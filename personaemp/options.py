@@ -1153,7 +1153,8 @@ def markdown_tables() -> str:
 
 
 def update_readme(path: Path) -> bool:
-    """Rewrite the block between the markers; True if the file changed."""
+    """Rewrite the block between the markers of the options page (docs/options.md, which
+    the README links to; the name is older than the page); True if the file changed."""
     text = path.read_text(encoding="utf-8")
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
     new = text[:start] + "\n" + markdown_tables() + text[end:]
@@ -1163,7 +1164,7 @@ def update_readme(path: Path) -> bool:
 
 
 def readme_block(text: str) -> str:
-    """What the README holds between the markers."""
+    """What the options page (docs/options.md) holds between the markers."""
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
     return text[start:end].removeprefix("\n")
 
