@@ -1,9 +1,9 @@
 """Every option of every stage, declared once.
 
 One pydantic model per TOML section: `[filter]`, `[persona]` (infer-persona), `[queries]`
-(gen-queries), `[split]`, `[stats]`, `[push]`, `[criteria]`, `[respond]`, `[evaluate]`, `[review]`,
-`[agreement]`, `[export]`, `[reward]` (the training reward), `[llm]` (the options
-every LLM command shares) and
+(gen-queries), `[split]`, `[stats]`, `[push]`, `[criteria]`, `[respond]`, `[evaluate]`,
+`[table]`, `[review]`, `[agreement]`, `[export]`, `[reward]` (the training reward), `[llm]`
+(the options every LLM command shares) and
 `[paths]` (where a config's files live). A field is an option: its name is the TOML key,
 its type, default and constraints are the validation, and its `Opt` metadata holds the
 help text, the CLI spelling (default `--field-name`), the environment variable and, for
@@ -12,7 +12,8 @@ file paths, where its default comes from inside a config. From these models foll
 - the Typer options of each stage command (`personaemp.cli`),
 - the sections of personaemp.toml and their resolution, flag > env var > file > default
   (`personaemp.config`),
-- the option tables of the README (`markdown_tables`, `python -m personaemp.options README.md`).
+- the option tables of the docs' Options page (`markdown_tables`,
+  `python -m personaemp.options docs/options.md`).
 
 This module stays light (pydantic only): `personaemp --help` imports it.
 """
@@ -1166,7 +1167,7 @@ def _placeholders(*texts: str | None) -> set[str]:
     return {m for text in texts if text for m in re.findall(r"{(\w+)}", text)}
 
 
-# --- README tables -----------------------------------------------------------------------------
+# --- Options page tables ---------------------------------------------------------------------
 
 BEGIN, END = "<!-- options:begin -->", "<!-- options:end -->"
 _TITLES = {
@@ -1228,9 +1229,9 @@ def _table(options: list[OptionSpec]) -> list[str]:
 
 
 def markdown_tables() -> str:
-    """The README's option tables, from the models (between BEGIN and END in README.md)."""
+    """The option tables, from the models (between BEGIN and END in docs/options.md)."""
     out: list[str] = [
-        "<!-- generated from personaemp/options.py: python -m personaemp.options README.md -->",
+        "<!-- generated from personaemp/options.py: python -m personaemp.options docs/options.md -->",
         "",
     ]
     for command, sections in COMMANDS.items():
@@ -1270,7 +1271,8 @@ def markdown_tables() -> str:
 
 
 def update_readme(path: Path) -> bool:
-    """Rewrite the block between the markers; True if the file changed."""
+    """Rewrite the block between the markers of the options page (docs/options.md, which
+    the README links to; the name is older than the page); True if the file changed."""
     text = path.read_text(encoding="utf-8")
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
     new = text[:start] + "\n" + markdown_tables() + text[end:]
@@ -1280,7 +1282,7 @@ def update_readme(path: Path) -> bool:
 
 
 def readme_block(text: str) -> str:
-    """What the README holds between the markers."""
+    """What the options page (docs/options.md) holds between the markers."""
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
     return text[start:end].removeprefix("\n")
 
@@ -1294,7 +1296,7 @@ def env_values(section: str, env: Mapping[str, str]) -> dict[str, tuple[str, str
     }
 
 
-if __name__ == "__main__":  # python -m personaemp.options README.md
+if __name__ == "__main__":  # python -m personaemp.options docs/options.md
     if len(sys.argv) > 1:
         changed = update_readme(Path(sys.argv[1]))
         print(f"{sys.argv[1]}: {'updated' if changed else 'up to date'}")

@@ -9,8 +9,9 @@ from personaemp.records import BIG_FIVE
 from personaemp.stages.stats import FIGURE_DIR, STATS_FILE
 
 CITATIONS = """\
-- **PersonaEmp** — *From Empathy to Personalized Empathy: Adapting Empathetic Strategies
-  to Individual Users* (2026): the dataset design this build follows.
+- **PersonaEmp** — Zheng et al., *From Empathy to Personalized Empathy: Adapting Empathetic
+  Strategies to Individual Users* (2026), arXiv:2606.00728: the dataset design this build
+  follows.
 - **AlpsBench** — long-term user–LLM dialogues with human-verified memory annotations;
   GitHub `ThisIsCosine/AlpsBench`, Hugging Face `Cosineyx/Alpsbench` (ODC-BY).
 - **WildChat** — Zhao et al., *WildChat: 1M ChatGPT Interaction Logs in the Wild*,
