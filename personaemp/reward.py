@@ -102,7 +102,6 @@ FALLBACKS = {
     "neutral": (3.0, 0.8),  # the authors' reward: 0.6 normalised, and 0.8
     "floor": (float(FLOOR), 0.0),
 }
-AUTHORS_CALLS = "3k+1"  # judge calls per rollout in the authors' reward (with the bystander)
 
 
 class DimensionJudgment(BaseModel):
