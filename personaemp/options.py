@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import sys
 import types
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +85,9 @@ class Opt:
     # of it) or "folder" (written; `beside`: the entries written inside, else all of it).
     io: Literal["read", "write", "folder"] | None = None
     beside: tuple[str, ...] = ()
+    # The option's earlier name (TOML key; its flag --old-name): still read, with a one-line
+    # notice on stderr, for one release.
+    renamed_from: str | None = None
 
 
 class OptionProblem(ValueError):
@@ -136,10 +140,31 @@ class Section(BaseModel):
     @classmethod
     def _known_keys(cls, data: Any) -> Any:
         if isinstance(data, dict):
+            renames = renamed(cls)
+            for old in data.keys() & renames.keys():  # an earlier name: read, for one release
+                if renames[old] in data:
+                    raise OptionProblem(old, f"is the old name of {renames[old]}", "give only the new one")
+                warnings.warn(f"{old} is now {renames[old]}", FutureWarning, stacklevel=2)
+                data = {renames.get(key, key): value for key, value in data.items()}
             for key in data:
                 if key not in cls.model_fields:
                     raise OptionProblem(str(key), "is not a known key", f"use {', '.join(cls.model_fields)}")
         return data
+
+
+def notice_renamed(old: str, new: str, where: str = "") -> None:
+    """The one line an earlier option name gets (stderr): it works, for one release."""
+    sys.stderr.write(f"warning: {where}{old} is deprecated, use {new} (the old name goes next release)\n")
+
+
+def renamed(model: type[BaseModel]) -> dict[str, str]:
+    """{earlier name: name} of a section's renamed options (Opt.renamed_from)."""
+    return {
+        opt.renamed_from: name
+        for name, info in model.model_fields.items()
+        for opt in info.metadata
+        if isinstance(opt, Opt) and opt.renamed_from
+    }
 
 
 # --- the sections ------------------------------------------------------------------------------
@@ -184,9 +209,12 @@ class FilterOptions(Section):
             beside=("filter_report.json",),
         ),
     ] = PROCESSED / "filtered.jsonl"
-    split: Annotated[
+    benchmark_split: Annotated[
         str | None,
-        Opt("Split of a benchmark_data/ root (dev, validation, examples) or of a Hub dataset (train)."),
+        Opt(
+            "Split of a benchmark_data/ root (dev, validation, examples) or of a Hub dataset (train).",
+            renamed_from="split",
+        ),
     ] = None
     hf_config: Annotated[str | None, Opt("Config name of a Hub dataset.")] = None
     on_error: Annotated[
@@ -457,14 +485,14 @@ class StatsOptions(Section):
             derive="paths.processed",
         ),
     ] = PROCESSED
-    out: Annotated[
+    out_dir: Annotated[
         Path,
         Opt(
             "Folder of stats.json and the plots (figures/*.png).",
-            ("--out",),
             derive="processed:stats",
             io="folder",
             beside=("stats.json", "figures"),
+            renamed_from="out",
         ),
     ] = PROCESSED / "stats"
 
@@ -476,10 +504,10 @@ class PushOptions(Section):
     repo_id: Annotated[
         str | None, Opt("Hub dataset repo OWNER/NAME; without one, a dry run.", metavar="OWNER/NAME")
     ] = None
-    dry_run: Annotated[bool, Opt("Write the repository to `out` instead of pushing it.")] = False
-    out: Annotated[Path, Opt("Folder of a dry run.", ("--out",), derive="processed:dataset", io="folder")] = (
-        PROCESSED / "dataset"
-    )
+    dry_run: Annotated[bool, Opt("Write the repository to --out-dir instead of pushing it.")] = False
+    out_dir: Annotated[
+        Path, Opt("Folder of a dry run.", derive="processed:dataset", io="folder", renamed_from="out")
+    ] = PROCESSED / "dataset"
     private: Annotated[bool, Opt("Create the repo private.")] = False
     revision: Annotated[str | None, Opt("Branch to push to.")] = None
     include_dialogue: Annotated[bool, Opt("Also publish the users' own messages.")] = False
@@ -508,7 +536,7 @@ class PushOptions(Section):
 
     @property
     def is_dry_run(self) -> bool:
-        """Without a repo id there is nothing to push to: a dry run into `out`."""
+        """Without a repo id there is nothing to push to: a dry run into `out_dir`."""
         return self.dry_run or not self.repo_id
 
 
@@ -590,8 +618,14 @@ class EvaluateOptions(Section):
             io="read",
         ),
     ] = []
-    criteria_file: Annotated[
-        Path, Opt("Fixed criteria (`personaemp criteria`).", derive="criteria.output", io="read")
+    criteria: Annotated[
+        Path,
+        Opt(
+            "Fixed criteria (`personaemp criteria`).",
+            derive="criteria.output",
+            io="read",
+            renamed_from="criteria_file",
+        ),
     ] = PROCESSED / "criteria.jsonl"
     judge_model: Annotated[str | None, Opt("Judge model (default: --model).")] = None
     dynamic: Annotated[bool, Opt("PereGRM: the judge writes its own criteria in each call.")] = False
@@ -600,14 +634,15 @@ class EvaluateOptions(Section):
     reward_lambda: Annotated[
         float, Field(ge=0), Opt("lambda of reward = H + lambda * (B - 1).", ("--lambda",))
     ] = 0.5
-    report: Annotated[
+    output: Annotated[
         Path,
         Opt(
             "Report (JSON); the scores go beside it (<name>.scores.jsonl).",
-            ("--report", "-o"),
+            ("--output", "-o"),
             derive="processed:evaluation/report.json",
             io="write",
             beside=("{stem}.scores.jsonl", "{stem}.failures.jsonl"),
+            renamed_from="report",
         ),
     ] = PROCESSED / "evaluation" / "report.json"
 
@@ -675,9 +710,17 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "respond": ("respond", "llm"),
     "evaluate": ("evaluate", "llm"),
 }
+# What every stage command, `run` and `merge` print: declared once (personaemp.cli.output_options).
+OUTPUT_OPTIONS: dict[str, str] = {
+    "--quiet": "No summaries or progress on stderr (errors are still shown).",
+    "--json": "Print the command's result (files, counts, cost, report) as JSON on stdout.",
+}
 # Options of the stage commands that are not stage settings: no TOML key.
 CLI_ONLY: dict[str, dict[str, str]] = {
-    command: {"--config": "personaemp.toml to read the command's sections from (flags and env vars win)."}
+    command: {
+        "--config": "personaemp.toml to read the command's sections from (flags and env vars win).",
+        **OUTPUT_OPTIONS,
+    }
     for command in COMMANDS
 }
 CLI_ONLY["filter"]["--show-rules"] = "Print the default rules file and exit."
@@ -732,6 +775,12 @@ class OptionSpec:
             return self.opt.flags
         dashed = self.name.replace("_", "-")
         return (f"--{dashed}/--no-{dashed}",) if self.kind == "bool" else (f"--{dashed}",)
+
+    @property
+    def old_flag(self) -> str | None:
+        """The flag of the option's earlier name, still accepted (hidden from --help)."""
+        old = self.opt.renamed_from
+        return f"--{old.replace('_', '-')}" if old else None
 
     @property
     def flag(self) -> str:
@@ -890,6 +939,11 @@ def _flag_cell(option: OptionSpec) -> str:
     return shown + (" (repeatable)" if option.kind in ("list", "dict") else "")
 
 
+def _formerly(option: OptionSpec) -> str:
+    old = option.opt.renamed_from
+    return f" Formerly `{option.old_flag}` / `{old}` (still read, with a notice)." if old else ""
+
+
 def _table(options: list[OptionSpec]) -> list[str]:
     lines = ["| option | TOML key | env var | default | meaning |", "|---|---|---|---|---|"]
     for option in options:
@@ -914,7 +968,7 @@ def _table(options: list[OptionSpec]) -> list[str]:
                     f"`{option.name}`",
                     f"`{option.opt.env}`" if option.opt.env else "",
                     _cell(default),
-                    _cell(option.help),
+                    _cell(option.help + _formerly(option)),
                 ]
             )
             + " |"

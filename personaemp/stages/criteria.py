@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
+from personaemp.aio import sync_twin
 from personaemp.errors import InputError, RowError, first_problem
 from personaemp.io import ErrorPolicy, iter_jsonl
 from personaemp.llm.step import RejectedReply, Step
@@ -139,7 +140,7 @@ def definitions_hash() -> str:
     return hashlib.sha256(json.dumps(DIMENSION_DEFINITIONS, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def write_criteria(
+async def awrite_criteria(
     input_path: Path,
     output_path: Path,
     settings,
@@ -151,7 +152,7 @@ def write_criteria(
     console=None,
 ):
     """Criteria for every accepted query of `input_path`; returns the stage report."""
-    from personaemp.llm.run import run_llm_stage
+    from personaemp.llm.run import arun_llm_stage
 
     units = query_units(input_path, "pass gen-queries' output (queries.jsonl) or a split file")
     selected = pick_queries(units, input_path, limit, users)
@@ -173,7 +174,7 @@ def write_criteria(
 
         return work
 
-    return run_llm_stage(
+    return await arun_llm_stage(
         STAGE,
         units,
         make_work,
@@ -188,6 +189,9 @@ def write_criteria(
         console=console,
         chain=[(CRITERIA, len(DIMENSIONS))],
     )
+
+
+write_criteria = sync_twin(awrite_criteria)
 
 
 def read_criteria(path: Path) -> dict[str, dict[str, list[dict]]]:

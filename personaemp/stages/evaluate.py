@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
+from personaemp.aio import sync_twin
 from personaemp.errors import InputError, RowError, UnitError, first_problem
 from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
 from personaemp.llm.reply import split_reasoning
@@ -252,7 +253,7 @@ async def score_unit(engine, unit: dict, options: JudgeOptions, prompts: dict[st
 # --- the stage ---------------------------------------------------------------------------------
 
 
-def evaluate(
+async def aevaluate(
     splits: Path,
     responses: Sequence[Path],
     report_path: Path,
@@ -267,7 +268,7 @@ def evaluate(
     console=None,
 ):
     """Score every system on every query of the split part; returns (stage report, evaluation)."""
-    from personaemp.llm.run import run_llm_stage
+    from personaemp.llm.run import arun_llm_stage
 
     options = options or JudgeOptions()
     if options.samples < 1:
@@ -321,7 +322,7 @@ def evaluate(
         return work
 
     mode = f"dynamic@{options.samples}" if options.dynamic else "fixed"
-    report = run_llm_stage(
+    report = await arun_llm_stage(
         STAGE,
         units,
         make_work,
@@ -377,6 +378,9 @@ def evaluate(
         ]
     write_json_atomic(report_path, evaluation)
     return report, evaluation
+
+
+evaluate = sync_twin(aevaluate)
 
 
 def scores_file(report_path: Path) -> Path:

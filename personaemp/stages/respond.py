@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from personaemp.aio import sync_twin
 from personaemp.errors import InputError
 from personaemp.llm.step import Step
 from personaemp.prompts import Prompt, load_prompt
@@ -74,7 +75,7 @@ def build_messages(unit: dict, context: str, rag_k: int, prompt: Prompt) -> list
     return prompt.render(context=context_text(unit, context, rag_k), query=unit["query"])
 
 
-def write_responses(
+async def awrite_responses(
     splits: Path,
     output_path: Path,
     settings,
@@ -88,7 +89,7 @@ def write_responses(
     console=None,
 ):
     """A response to every query of `splits/<split>/<part>.jsonl`; returns the stage report."""
-    from personaemp.llm.run import run_llm_stage
+    from personaemp.llm.run import arun_llm_stage
 
     if context not in CONTEXTS:
         raise InputError(f"--context takes {', '.join(CONTEXTS)}, not {context!r}")
@@ -113,7 +114,7 @@ def write_responses(
 
         return work
 
-    return run_llm_stage(
+    return await arun_llm_stage(
         STAGE,
         units,
         make_work,
@@ -132,6 +133,9 @@ def write_responses(
         failures=failures_file(output_path),
         chain=[(RESPOND, 1)],
     )
+
+
+write_responses = sync_twin(awrite_responses)
 
 
 def failures_file(output: Path) -> Path:
