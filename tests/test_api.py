@@ -169,9 +169,11 @@ def test_a_bad_value_is_named_as_the_argument(tmp_path):
 
 
 def test_an_earlier_option_name_still_works_with_a_warning(tmp_path):
-    with pytest.warns(FutureWarning, match="out= is deprecated, use out_dir="):
-        with pytest.raises(pe.InputError, match="no such folder"):  # resolved as out_dir: push ran
-            pe.publish(tmp_path / "nowhere", dry_run=True, out=tmp_path / "d")
+    with (
+        pytest.warns(FutureWarning, match="out= is deprecated, use out_dir="),
+        pytest.raises(pe.InputError, match="no such folder"),  # resolved as out_dir: push ran
+    ):
+        pe.publish(tmp_path / "nowhere", dry_run=True, out=tmp_path / "d")
 
 
 def test_settings_or_llm_options_not_both(tmp_path):

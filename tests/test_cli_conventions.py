@@ -56,8 +56,8 @@ def test_dash_h_is_help_on_every_command(command):
 
 
 def test_shell_completion_script_and_completions():
-    script = subprocess.run(
-        [sys.executable, "-m", "personaemp", "--show-completion", "bash"],
+    script = subprocess.run(  # from bash, as a user would: the shell is detected
+        ["bash", "-c", f"'{sys.executable}' -m personaemp --show-completion; exit $?"],  # bash stays
         cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     assert script.returncode == 0, script.stderr
@@ -106,8 +106,9 @@ def test_old_spellings_work_with_a_notice(tmp_path):
     criteria.write_text("", encoding="utf-8")
     (tmp_path / "splits").mkdir()
     result = invoke(
-        "evaluate", "--splits", tmp_path / "splits", "--criteria-file", criteria, "--responses", tmp_path / "r.jsonl",
-        "--report", criteria, "--base-url", "http://127.0.0.1:9/v1", "--model", "m",
+        "evaluate", "--splits", tmp_path / "splits", "--criteria-file", criteria,
+        "--responses", tmp_path / "r.jsonl", "--report", criteria,
+        "--base-url", "http://127.0.0.1:9/v1", "--model", "m",
     )  # fmt: skip
     assert result.exit_code == 2
     assert "warning: --criteria-file is deprecated, use --criteria" in result.stderr
