@@ -307,7 +307,7 @@ def _with_options(function: Callable[..., Any], command: str) -> None:
                     option.name,
                     inspect.Parameter.KEYWORD_ONLY,
                     default=option.default,
-                    annotation=option.base,
+                    annotation=option.info.annotation,
                 )
             )
             lines.append(f"        {option.name}: {option.help}")
