@@ -45,7 +45,9 @@ def read_config(path: Path) -> dict[str, Any]:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise InputError(f"{path}: no such config file") from None
+        raise InputError(
+            f"{path}: no such config file", "copy personaemp.toml from the repository and edit it"
+        ) from None
     except IsADirectoryError:
         raise InputError(f"{path}: is a folder, not a config file") from None
     except UnicodeDecodeError as exc:

@@ -57,6 +57,13 @@ class StageResult:
             "files": plain(self.files),
             "report": plain(self.report),
             "summary": plain(self.summary),
+            # an LLM stage's --estimate (what would be sent) and --batch round, which its
+            # run report leaves out
+            **{
+                key: plain(getattr(self.report, key))
+                for key in ("estimate", "batch")
+                if getattr(self.report, key, None) is not None
+            },
         }
 
     def __repr__(self) -> str:

@@ -177,6 +177,13 @@ def test_an_llm_command_and_run_print_json_and_tables_are_not_cut(tmp_path, monk
         assert data["counts"]["done"] == 2 and data["report"]["stage"] == "infer-persona"
         # the step table in full: at rich's default 80 columns its headers were cut ("cach…")
         assert "…" not in result.stderr and "cached" in result.stderr and "tok out" in result.stderr
+        estimate = invoke(
+            "infer-persona", "--input", filtered, "--output", tmp_path / "p.jsonl", "--limit", 4,
+            "--base-url", server.base_url, "--model", "fake", "--work-dir", tmp_path / "w", "--estimate",
+            "--json", "-q",
+        )  # fmt: skip
+        assert estimate.exit_code == 0, estimate.output
+        assert json.loads(estimate.stdout)["estimate"]["units_pending"] == 2  # 2 of the 4 are done
 
         config = tmp_path / "p.toml"
         config.write_text(
@@ -242,3 +249,15 @@ def test_readme_uses_the_new_spellings():
     for old in ("--criteria-file", "--report ", "`--report`", "--out runs", "`--out`"):
         assert old not in body.split("<!-- options:begin -->")[0] + body.split("<!-- options:end -->")[1], old
     assert "--benchmark-split dev" in text
+
+
+def test_dead_ends_name_the_next_step(tmp_path):
+    filtered = tmp_path / "f.jsonl"
+    assert invoke("filter", "--input", SAMPLE_TASK1, "--output", filtered, "-q").exit_code == 0
+    merged = invoke("merge", "infer-persona", "--input", filtered, "--output", tmp_path / "p.jsonl")
+    assert merged.exit_code == 2 and "run the stage with --shard I/N" in merged.stderr
+    (tmp_path / "p.jsonl").write_text("", encoding="utf-8")
+    shown = invoke("infer-persona", "--output", tmp_path / "p.jsonl", "--show", "ghost")
+    assert shown.exit_code == 2 and "personaemp infer-persona --users ghost" in shown.stderr
+    missing = invoke("run", "--config", tmp_path / "nowhere.toml")
+    assert missing.exit_code == 2 and "copy personaemp.toml" in missing.stderr

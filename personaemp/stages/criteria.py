@@ -95,7 +95,10 @@ def pick_queries(units: list[dict], path: Path, limit: int | None, users: Sequen
         wanted = {str(u) for u in users}
         missing = wanted - {u["user_id"] for u in units}
         if missing:
-            raise InputError(f"{path}: no queries of user {', '.join(sorted(missing))}")
+            raise InputError(
+                f"{path}: no queries of user {', '.join(sorted(missing))}",
+                "check the ids: only users with accepted queries in --input have criteria to write",
+            )
         chosen = [u for u in units if u["user_id"] in wanted]
     return {u["query_id"] for u in (chosen[:limit] if limit is not None else chosen)}
 
