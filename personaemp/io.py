@@ -279,7 +279,10 @@ def pick_units(
         wanted = {str(u) for u in users}
         missing = wanted - set(ids)
         if missing:
-            raise InputError(f"{path}: no {label} {', '.join(sorted(missing))}")
+            raise InputError(
+                f"{path}: no {label} {', '.join(sorted(missing))}",
+                "check the ids against --input (the previous stage's output)",
+            )
         ids = [uid for uid in ids if uid in wanted]
     return set(ids[:limit] if limit is not None else ids)
 

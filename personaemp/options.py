@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 import sys
 import types
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,9 +84,13 @@ class Opt:
     derive: str | None = None
     # What the command does with a path option (personaemp.paths checks them before it
     # writes): "read", "write" (a file; `beside`: files written next to it, {stem}/{name}
-    # of it) or "folder" (written; `beside`: the entries written inside, else all of it).
-    io: Literal["read", "write", "folder"] | None = None
+    # of it), "update" (a file read and added to: labels, a second judge's verdicts) or
+    # "folder" (written; `beside`: the entries written inside, else all of it).
+    io: Literal["read", "write", "update", "folder"] | None = None
     beside: tuple[str, ...] = ()
+    # The option's earlier name (TOML key; its flag --old-name): still read, with a one-line
+    # notice on stderr, for one release.
+    renamed_from: str | None = None
 
 
 class OptionProblem(ValueError):
@@ -138,10 +143,31 @@ class Section(BaseModel):
     @classmethod
     def _known_keys(cls, data: Any) -> Any:
         if isinstance(data, dict):
+            renames = renamed(cls)
+            for old in data.keys() & renames.keys():  # an earlier name: read, for one release
+                if renames[old] in data:
+                    raise OptionProblem(old, f"is the old name of {renames[old]}", "give only the new one")
+                warnings.warn(f"{old} is now {renames[old]}", FutureWarning, stacklevel=2)
+                data = {renames.get(key, key): value for key, value in data.items()}
             for key in data:
                 if key not in cls.model_fields:
                     raise OptionProblem(str(key), "is not a known key", f"use {', '.join(cls.model_fields)}")
         return data
+
+
+def notice_renamed(old: str, new: str, where: str = "") -> None:
+    """The one line an earlier option name gets (stderr): it works, for one release."""
+    sys.stderr.write(f"warning: {where}{old} is deprecated, use {new} (the old name goes next release)\n")
+
+
+def renamed(model: type[BaseModel]) -> dict[str, str]:
+    """{earlier name: name} of a section's renamed options (Opt.renamed_from)."""
+    return {
+        opt.renamed_from: name
+        for name, info in model.model_fields.items()
+        for opt in info.metadata
+        if isinstance(opt, Opt) and opt.renamed_from
+    }
 
 
 # --- the sections ------------------------------------------------------------------------------
@@ -186,9 +212,12 @@ class FilterOptions(Section):
             beside=("filter_report.json",),
         ),
     ] = PROCESSED / "filtered.jsonl"
-    split: Annotated[
+    benchmark_split: Annotated[
         str | None,
-        Opt("Split of a benchmark_data/ root (dev, validation, examples) or of a Hub dataset (train)."),
+        Opt(
+            "Split of a benchmark_data/ root (dev, validation, examples) or of a Hub dataset (train).",
+            renamed_from="split",
+        ),
     ] = None
     hf_config: Annotated[str | None, Opt("Config name of a Hub dataset.")] = None
     on_error: Annotated[
@@ -459,14 +488,14 @@ class StatsOptions(Section):
             derive="paths.processed",
         ),
     ] = PROCESSED
-    out: Annotated[
+    out_dir: Annotated[
         Path,
         Opt(
             "Folder of stats.json and the plots (figures/*.png).",
-            ("--out",),
             derive="processed:stats",
             io="folder",
             beside=("stats.json", "figures"),
+            renamed_from="out",
         ),
     ] = PROCESSED / "stats"
 
@@ -478,10 +507,10 @@ class PushOptions(Section):
     repo_id: Annotated[
         str | None, Opt("Hub dataset repo OWNER/NAME; without one, a dry run.", metavar="OWNER/NAME")
     ] = None
-    dry_run: Annotated[bool, Opt("Write the repository to `out` instead of pushing it.")] = False
-    out: Annotated[Path, Opt("Folder of a dry run.", ("--out",), derive="processed:dataset", io="folder")] = (
-        PROCESSED / "dataset"
-    )
+    dry_run: Annotated[bool, Opt("Write the repository to --out-dir instead of pushing it.")] = False
+    out_dir: Annotated[
+        Path, Opt("Folder of a dry run.", derive="processed:dataset", io="folder", renamed_from="out")
+    ] = PROCESSED / "dataset"
     private: Annotated[bool, Opt("Create the repo private.")] = False
     revision: Annotated[str | None, Opt("Branch to push to.")] = None
     include_dialogue: Annotated[bool, Opt("Also publish the users' own messages.")] = False
@@ -510,7 +539,7 @@ class PushOptions(Section):
 
     @property
     def is_dry_run(self) -> bool:
-        """Without a repo id there is nothing to push to: a dry run into `out`."""
+        """Without a repo id there is nothing to push to: a dry run into `out_dir`."""
         return self.dry_run or not self.repo_id
 
 
@@ -616,10 +645,10 @@ class ExportOptions(Section):
             io="read",
         ),
     ] = None
-    criteria_file: Annotated[
+    criteria: Annotated[
         Path | None,
         Opt("Fixed criteria (`personaemp criteria`) to carry in each row, for a fixed-criteria reward.",
-            metavar="FILE", io="read"),
+            ("--criteria",), metavar="FILE", io="read"),
     ] = None  # fmt: skip
     data_source: Annotated[str, Opt("verl's data_source of every row.")] = "personaemp"
     output: Annotated[
@@ -687,8 +716,14 @@ class EvaluateOptions(Section):
             io="read",
         ),
     ] = []
-    criteria_file: Annotated[
-        Path, Opt("Fixed criteria (`personaemp criteria`).", derive="criteria.output", io="read")
+    criteria: Annotated[
+        Path,
+        Opt(
+            "Fixed criteria (`personaemp criteria`).",
+            derive="criteria.output",
+            io="read",
+            renamed_from="criteria_file",
+        ),
     ] = PROCESSED / "criteria.jsonl"
     judge_model: Annotated[str | None, Opt("Judge model (default: --model).")] = None
     judges: Annotated[
@@ -715,11 +750,11 @@ class EvaluateOptions(Section):
     reward_lambda: Annotated[
         float, Field(ge=0), Opt("lambda of reward = H + lambda * (B - 1).", ("--lambda",))
     ] = 0.5
-    report: Annotated[
+    output: Annotated[
         Path,
         Opt(
             "Report (JSON); the scores go beside it (<name>.scores.jsonl).",
-            ("--report", "-o"),
+            ("--output", "-o"),
             derive="processed:evaluation/report.json",
             io="write",
             # a panel's judges each write <stem>.<judge>.json and its scores and failures
@@ -730,6 +765,7 @@ class EvaluateOptions(Section):
                 "{stem}.*.scores.jsonl",
                 "{stem}.*.failures.jsonl",
             ),  # fmt: skip
+            renamed_from="report",
         ),
     ] = PROCESSED / "evaluation" / "report.json"
 
@@ -779,7 +815,7 @@ class ReviewOptions(Section):
             "Labels file: every click is appended to it at once (JSON lines; several reviewers share "
             "it). Default: labels.jsonl beside --input, where `agreement` and the card look.",
             ("--labels",),
-            io="write",
+            io="update",
         ),
     ] = None
     size: Annotated[
@@ -817,7 +853,7 @@ class AgreementOptions(Section):
             "The second judge's verdicts, kept apart from the build's files (written with "
             "--judge-model, read when present). Default: second_judge.jsonl beside --input.",
             ("--second-judge",),
-            io="write",
+            io="update",
         ),
     ] = None
     judge_model: Annotated[
@@ -837,7 +873,7 @@ class AgreementOptions(Section):
         Path | None,
         Opt(
             "Folder of agreement.json and agreement.png. Default: agreement/ beside --input.",
-            ("--out", "-o"),
+            ("--out-dir", "-o"),
             io="folder",
             beside=("agreement.json", "agreement.png"),
         ),
@@ -866,7 +902,7 @@ class RewardConfig(Section):
 
     dynamic: Annotated[
         bool,
-        Opt("PereGRM (the judge writes its criteria); false: fixed criteria from criteria_file.",
+        Opt("PereGRM (the judge writes its criteria); false: fixed criteria from `criteria`.",
             env="PERSONAEMP_REWARD_DYNAMIC"),
     ] = True  # fmt: skip
     samples: Annotated[
@@ -888,7 +924,7 @@ class RewardConfig(Section):
         Opt("A judgment that cannot be had: neutral (3 of 5, B = 0.8, the authors' values) or floor "
             "(1, B = 0); counted and logged either way.", env="PERSONAEMP_REWARD_FALLBACK"),
     ] = "neutral"  # fmt: skip
-    criteria_file: Annotated[
+    criteria: Annotated[
         Path | None, Opt("Fixed criteria (`personaemp criteria`) when dynamic is false.", io="read")
     ] = None
     judge_model: Annotated[str | None, Opt("Judge model (default: [llm] model).")] = None
@@ -971,9 +1007,17 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "review": ("review",),
     "agreement": ("agreement", "llm"),
 }
+# What every stage command, `run` and `merge` print: declared once (personaemp.cli.output_options).
+OUTPUT_OPTIONS: dict[str, str] = {
+    "--quiet": "No summaries or progress on stderr (errors are still shown).",
+    "--json": "Print the command's result (files, counts, cost, report) as JSON on stdout.",
+}
 # Options of the stage commands that are not stage settings: no TOML key.
 CLI_ONLY: dict[str, dict[str, str]] = {
-    command: {"--config": "personaemp.toml to read the command's sections from (flags and env vars win)."}
+    command: {
+        "--config": "personaemp.toml to read the command's sections from (flags and env vars win).",
+        **OUTPUT_OPTIONS,
+    }
     for command in COMMANDS
 }
 CLI_ONLY["filter"]["--show-rules"] = "Print the default rules file and exit."
@@ -1034,6 +1078,12 @@ class OptionSpec:
             return self.opt.flags
         dashed = self.name.replace("_", "-")
         return (f"--{dashed}/--no-{dashed}",) if self.kind == "bool" else (f"--{dashed}",)
+
+    @property
+    def old_flag(self) -> str | None:
+        """The flag of the option's earlier name, still accepted (hidden from --help)."""
+        old = self.opt.renamed_from
+        return f"--{old.replace('_', '-')}" if old else None
 
     @property
     def flag(self) -> str:
@@ -1196,6 +1246,11 @@ def _flag_cell(option: OptionSpec) -> str:
     return shown + (" (repeatable)" if option.kind in ("list", "dict") else "")
 
 
+def _formerly(option: OptionSpec) -> str:
+    old = option.opt.renamed_from
+    return f" Formerly `{option.old_flag}` / `{old}` (still read, with a notice)." if old else ""
+
+
 def _table(options: list[OptionSpec]) -> list[str]:
     lines = ["| option | TOML key | env var | default | meaning |", "|---|---|---|---|---|"]
     for option in options:
@@ -1220,7 +1275,7 @@ def _table(options: list[OptionSpec]) -> list[str]:
                     f"`{option.name}`",
                     f"`{option.opt.env}`" if option.opt.env else "",
                     _cell(default),
-                    _cell(option.help),
+                    _cell(option.help + _formerly(option)),
                 ]
             )
             + " |"

@@ -3,10 +3,10 @@ before anything is written: a command never writes over, or into, what it reads.
 
 An option declares `io="read"` (a file or folder the command reads), `io="write"` (a file it
 writes; `beside` names the files written next to it, e.g. `{stem}.scores.jsonl`) or
-`io="folder"` (a folder it writes; `beside` names the entries it writes inside, else the
-whole folder is its own). `check_paths` takes the sections a command uses and refuses,
-with one line naming both, an output that is an input, lies inside an input folder, or
-holds an input inside a folder it writes.
+`io="update"` (a file it reads and adds to) or `io="folder"` (a folder it writes; `beside`
+names the entries it writes inside, else the whole folder is its own). `check_paths` takes
+the sections a command uses and refuses, with one line naming both, an output that is an
+input, lies inside an input folder, or holds an input inside a folder it writes.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def touched(
                 path = _absolute(value)
                 if io == "read":
                     reads.append(Touched(shown, path))
-                elif io == "write":
+                elif io in ("write", "update"):
                     writes.append(Touched(shown, path))
                     fields = {"stem": path.stem, "name": path.name}
                     writes.extend(

@@ -136,7 +136,7 @@ class RewardOptions:
     reward_lambda: float = _DEFAULT.reward_lambda
     joint: bool = _DEFAULT.joint  # the three dimensions in one call (dynamic only)
     fallback: str = _DEFAULT.fallback
-    criteria_file: Path | None = _DEFAULT.criteria_file
+    criteria_file: Path | None = _DEFAULT.criteria
 
     @property
     def mode(self) -> str:
@@ -406,7 +406,7 @@ class Reward:
             if not criteria or not all(criteria.get(d) for d in DIMENSIONS):
                 raise InputError(
                     f"no fixed criteria for query {rollout.query_id}",
-                    "pass criteria_file= (`personaemp criteria`), or export with --criteria-file",
+                    "pass criteria_file= (`personaemp criteria`), or export with --criteria",
                 )
         unit = {
             "query_id": rollout.query_id,
@@ -713,7 +713,7 @@ def from_config(path: Path | str | None = None, env: Mapping[str, str] | None = 
         reward_lambda=config.reward_lambda,
         joint=config.joint,
         fallback=config.fallback,
-        criteria_file=config.criteria_file,
+        criteria_file=config.criteria,
     )
     return Reward(settings, options, log_path=config.log)
 

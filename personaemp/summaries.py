@@ -108,7 +108,10 @@ def print_persona(path, user_id: str, console: Console) -> None:
             persona = Persona.model_validate(row)
             break
     else:
-        raise InputError(f"{path}: no persona for user {user_id!r}")
+        raise InputError(
+            f"{path}: no persona for user {user_id!r}",
+            f"run `personaemp infer-persona --users {user_id}` first, or check the id",
+        )
     memories = {m.memory_id: m for m in persona.memories}
 
     def cite(ids: list[str]) -> str:

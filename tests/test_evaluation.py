@@ -329,7 +329,7 @@ def test_the_three_commands_from_the_cli(workspace, monkeypatch):
         )
         assert result.exit_code == 0, result.output
         result = runner.invoke(app, ["evaluate", "--splits", "splits", "--responses", "rag.jsonl",
-                                     "--criteria-file", "criteria.jsonl", "--report", "eval.json",
+                                     "--criteria", "criteria.jsonl", "--output", "eval.json",
                                      *common])  # fmt: skip
         assert result.exit_code == 0, result.output
     assert "resonation" in result.output and "Avg" in result.output and "rag" in result.output

@@ -89,7 +89,7 @@ def test_verl_rows_feed_the_reward(splits, tmp_path):
         for d in ("resonation", "expression", "reception")
     }
     write_jsonl(criteria, [{"query_id": "u3-q1", "criteria": sheet}])
-    export("--splits", str(splits), "--format", "verl", "--part", "test", "--criteria-file", str(criteria),
+    export("--splits", str(splits), "--format", "verl", "--part", "test", "--criteria", str(criteria),
            "-o", str(out))  # fmt: skip
     info = pd.read_parquet(out)["extra_info"][0]
     assert info["criteria"]["resonation"][0]["description"] == "d"

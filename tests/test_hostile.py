@@ -287,7 +287,7 @@ def two_splits(tmp_path) -> Path:
 
 def evaluate(splits: Path, responses: Path, server) -> object:
     return invoke("evaluate", "--splits", splits, "--responses", responses, "--dynamic",
-                  "--report", splits.parent / "eval" / "report.json", *llm(server))  # fmt: skip
+                  "--output", splits.parent / "eval" / "report.json", *llm(server))  # fmt: skip
 
 
 def test_responses_of_another_split_stop_evaluate(server, two_splits, tmp_path):
@@ -310,8 +310,10 @@ def test_local_with_a_base_url_is_refused(filtered, tmp_path):
 
 
 def test_a_split_on_a_layout_without_splits_is_refused(tmp_path):
-    result = invoke("filter", "--input", SAMPLE_TASK1, "--split", "nosuch", "--output", tmp_path / "f.jsonl")
-    one_line(result, 2, "--split nosuch", "leave out --split")
+    result = invoke(
+        "filter", "--input", SAMPLE_TASK1, "--benchmark-split", "nosuch", "--output", tmp_path / "f.jsonl"
+    )
+    one_line(result, 2, "--benchmark-split nosuch", "leave out --benchmark-split")
     assert not (tmp_path / "f.jsonl").exists()
 
 

@@ -59,8 +59,8 @@ def click_command(name: str):
 
 
 def click_options(name: str) -> dict[str, Any]:
-    """Option name -> click parameter, --help left out."""
-    return {p.name: p for p in click_command(name).params if p.name != "help"}
+    """Option name -> click parameter, --help and the hidden earlier spellings left out."""
+    return {p.name: p for p in click_command(name).params if p.name != "help" and not p.hidden}
 
 
 def test_every_stage_option_is_a_toml_key_and_back():
@@ -95,13 +95,13 @@ def test_flags_defaults_and_env_vars_agree_with_the_model(command):
 
 def test_the_existing_flag_spellings_are_kept():
     expected = {
-        "filter": "--input -i --format --rules --output -o --split --hf-config --on-error --turns "
+        "filter": "--input -i --format --rules --output -o --benchmark-split --hf-config --on-error --turns "
         "--show-rules",
         "infer-persona": "--input -i --output -o --limit --users --require-depth --no-require-depth --show",
         "gen-queries": "--per-category --categories --enforce --limit --users",
         "split": "--input -i --out-dir -o --ood --no-ood --seed --test-size --k --k-min --k-max --holdout "
         "--seeds",
-        "push": "--splits --repo-id --dry-run --out --private --revision --include-dialogue",
+        "push": "--splits --repo-id --dry-run --out-dir --private --revision --include-dialogue",
     }
     llm = (
         "--base-url --model --llm --structured --concurrency --rpm --timeout --max-tokens --temperature "
@@ -202,8 +202,8 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
 
     monkeypatch.setattr(streaming, "FilterFeed", RecordedFeed)
     report = SimpleNamespace(estimate=None)  # what the summaries look at; they are stubbed too
-    monkeypatch.setattr(persona, "infer_personas", recorder("persona", (report, None)))
-    monkeypatch.setattr(queries, "generate_queries", recorder("queries", (report, None)))
+    with_twin(monkeypatch, persona, "infer_personas", recorder("persona", (report, None)))
+    with_twin(monkeypatch, queries, "generate_queries", recorder("queries", (report, None)))
 
     # `run` chains the two LLM stages on one engine: the stage plans get the arguments the
     # commands give the stage functions, and the chain the settings.
@@ -235,7 +235,29 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
     for name in dir(summaries):
         if name.startswith("print_"):
             monkeypatch.setattr(summaries, name, lambda *args, **kwargs: None)
+    stub_results(monkeypatch)
     return recorded
+
+
+def with_twin(monkeypatch, module, name: str, record) -> None:
+    """Replace a stage function and its async twin (`a<name>`, what the commands await)."""
+
+    async def arecord(*args, **kwargs):
+        return record(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, record)
+    monkeypatch.setattr(module, f"a{name}", arecord)
+
+
+def stub_results(monkeypatch) -> None:
+    """The recorders return stand-ins, not reports: their StageResults are stand-ins too."""
+    from personaemp import results
+
+    for name in dir(results):
+        if name.startswith("of_"):
+            monkeypatch.setattr(
+                results, name, lambda report, *rest: results.StageResult("stub", None, report)
+            )
 
 
 def invoke(*args: Any, env: dict[str, str] | None = None):
@@ -343,7 +365,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "format": "raw",
         "rules": "my_rules.toml",
         "output": "f/filtered.jsonl",
-        "split": "dev",
+        "benchmark_split": "dev",
         "hf_config": "task1",
         "on_error": "skip",
         "turns": "all",
@@ -402,12 +424,12 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "holdout": 1,
         "seeds": 2,
     },
-    "stats": {"processed": "x/build", "out": "x/stats"},
+    "stats": {"processed": "x/build", "out_dir": "x/stats"},
     "push": {
         "splits": "s/out",
         "repo_id": "me/data",
         "dry_run": False,
-        "out": "d",
+        "out_dir": "d",
         "private": True,
         "revision": "dev",
         "include_dialogue": True,
@@ -429,7 +451,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "split": "ood",
         "part": "train",
         "responses": ["a.jsonl", "b.jsonl"],
-        "criteria_file": "e/criteria.jsonl",
+        "criteria": "e/criteria.jsonl",
         "judge_model": "judge",
         "judges": [
             {"name": "a", "model": "m1", "base_url": "http://127.0.0.1:9/v1", "key_env": "JUDGE_A_KEY"},
@@ -440,7 +462,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "samples": 8,
         "bystander": True,
         "reward_lambda": 0.25,
-        "report": "e/report.json",
+        "output": "e/report.json",
     },
     "export": {
         "splits": "x/splits",
@@ -451,7 +473,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "rag_k": 4,
         "mismatch_seed": 2,
         "summaries": "x/summaries.jsonl",
-        "criteria_file": "x/criteria.jsonl",
+        "criteria": "x/criteria.jsonl",
         "data_source": "mine",
         "output": "x/out.parquet",
     },
@@ -597,7 +619,7 @@ def test_split_makes_the_ood_split_by_default(calls):
 
 
 def test_push_dry_run_without_out_goes_to_the_processed_dataset_folder(calls):
-    """BUG: `push --dry-run` needed --out; `run` dry-ran into <processed>/dataset."""
+    """BUG: `push --dry-run` needed --out (now --out-dir); `run` dry-ran into <processed>/dataset."""
     invoke("push", "--dry-run")
     assert calls["push"] == (
         (Path("data/processed/splits"),),
@@ -793,12 +815,13 @@ def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(mon
     evaluation = {"systems": {}, "split": "", "part": "", "judge_model": "", "mode": "", "lambda": 0.5,
                   "scores_file": ""}  # fmt: skip
     report = SimpleNamespace(estimate=None, batch=None)  # what the commands look at after a stage
-    monkeypatch.setattr(criteria, "write_criteria", recorder("criteria", report))
-    monkeypatch.setattr(respond, "write_responses", recorder("respond", report))
-    monkeypatch.setattr(evaluate, "evaluate", recorder("evaluate", (None, evaluation)))
+    with_twin(monkeypatch, criteria, "write_criteria", recorder("criteria", report))
+    with_twin(monkeypatch, respond, "write_responses", recorder("respond", report))
+    with_twin(monkeypatch, evaluate, "evaluate", recorder("evaluate", (None, evaluation)))
     for name in dir(summaries):
         if name.startswith("print_"):
             monkeypatch.setattr(summaries, name, lambda *args, **kwargs: None)
+    stub_results(monkeypatch)
     config = tmp_path / "bench.toml"
     config.write_text(
         toml_text({k: NON_DEFAULT[k] for k in ("criteria", "respond", "evaluate")}), encoding="utf-8"

@@ -110,10 +110,10 @@ def test_evaluate_report_over_the_criteria_file_is_refused(tmp_path, splits):
     responses = write_jsonl(tmp_path / "resp.jsonl", [{"query_id": "q", "response": "r"}])
     before = digest(criteria)
     result = invoke(
-        "evaluate", "--splits", splits, "--criteria-file", criteria, "--responses", responses,
-        "--report", criteria, "--base-url", "http://127.0.0.1:9/v1",
+        "evaluate", "--splits", splits, "--criteria", criteria, "--responses", responses,
+        "--output", criteria, "--base-url", "http://127.0.0.1:9/v1",
     )  # fmt: skip
-    refused(result, "--report", "--criteria-file")
+    refused(result, "--output", "--criteria")
     assert digest(criteria) == before
 
 
@@ -121,10 +121,10 @@ def test_evaluate_scores_sidecar_over_a_responses_file_is_refused(tmp_path, spli
     criteria = write_jsonl(tmp_path / "criteria.jsonl", [{"query_id": "q"}])
     responses = write_jsonl(tmp_path / "run.scores.jsonl", [{"query_id": "q", "response": "r"}])
     result = invoke(
-        "evaluate", "--splits", splits, "--criteria-file", criteria, "--responses", responses,
-        "--report", tmp_path / "run.json", "--base-url", "http://127.0.0.1:9/v1",
+        "evaluate", "--splits", splits, "--criteria", criteria, "--responses", responses,
+        "--output", tmp_path / "run.json", "--base-url", "http://127.0.0.1:9/v1",
     )  # fmt: skip
-    refused(result, "--report's run.scores.jsonl", "--responses")
+    refused(result, "--output's run.scores.jsonl", "--responses")
 
 
 def test_respond_into_the_splits_folder_is_refused(splits):
@@ -136,8 +136,8 @@ def test_respond_into_the_splits_folder_is_refused(splits):
 
 
 def test_push_out_over_the_splits_is_refused(splits):
-    result = invoke("push", "--splits", splits / "random", "--dry-run", "--out", splits)
-    refused(result, "--splits", "--out")
+    result = invoke("push", "--splits", splits / "random", "--dry-run", "--out-dir", splits)
+    refused(result, "--splits", "--out-dir")
 
 
 def test_run_refuses_a_config_whose_stage_writes_its_input(tmp_path):
@@ -167,10 +167,10 @@ def test_a_panel_judges_files_beside_the_report_are_guarded(tmp_path, splits):
     criteria = write_jsonl(tmp_path / "criteria.jsonl", [{"query_id": "q"}])
     responses = write_jsonl(tmp_path / "run.gpt.scores.jsonl", [{"query_id": "q", "response": "r"}])
     result = invoke(
-        "evaluate", "--splits", splits, "--criteria-file", criteria, "--responses", responses,
-        "--report", tmp_path / "run.json", "--base-url", "http://127.0.0.1:9/v1",
+        "evaluate", "--splits", splits, "--criteria", criteria, "--responses", responses,
+        "--output", tmp_path / "run.json", "--base-url", "http://127.0.0.1:9/v1",
     )  # fmt: skip
-    refused(result, "--report's run.gpt.scores.jsonl", "--responses")
+    refused(result, "--output's run.gpt.scores.jsonl", "--responses")
 
 
 def test_table_output_over_a_report_is_refused(tmp_path):

@@ -713,7 +713,7 @@ def invoke(runner, *args):
 def test_cli_push_dry_run(runner, splits, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", SECRET)
     out = tmp_path / "repo"
-    result = invoke(runner, "push", "--splits", splits, "--dry-run", "--out", out)
+    result = invoke(runner, "push", "--splits", splits, "--dry-run", "--out-dir", out)
 
     assert result.exit_code == 0, result.output
     for setting in ("random", "ood"):
@@ -728,8 +728,8 @@ def test_cli_push_dry_run(runner, splits, tmp_path, monkeypatch):
 
 
 def test_cli_dry_run_without_out_writes_the_default_folder(runner, splits, tmp_path, monkeypatch):
-    """The CLI and `run` agree: a dry run without --out goes to data/processed/dataset
-    (it used to need --out on the CLI only)."""
+    """The CLI and `run` agree: a dry run without --out-dir goes to data/processed/dataset
+    (it used to need --out-dir on the CLI only)."""
     monkeypatch.chdir(tmp_path)
     result = invoke(runner, "push", "--splits", splits, "--dry-run")
     assert result.exit_code == 0, result.output
@@ -738,14 +738,16 @@ def test_cli_dry_run_without_out_writes_the_default_folder(runner, splits, tmp_p
 
 def test_cli_dry_run_and_repo_id_exits_2(runner, splits, tmp_path):
     out = tmp_path / "repo"
-    result = invoke(runner, "push", "--splits", splits, "--dry-run", "--out", out, "--repo-id", "me/x")
+    result = invoke(runner, "push", "--splits", splits, "--dry-run", "--out-dir", out, "--repo-id", "me/x")
     assert result.exit_code == 2
     assert result.stderr.strip().startswith("Error:")
     assert not out.exists()
 
 
 def test_cli_missing_splits_exits_2(runner, tmp_path):
-    result = invoke(runner, "push", "--splits", tmp_path / "nowhere", "--dry-run", "--out", tmp_path / "o")
+    result = invoke(
+        runner, "push", "--splits", tmp_path / "nowhere", "--dry-run", "--out-dir", tmp_path / "o"
+    )
     assert result.exit_code == 2
     assert result.stderr.strip().startswith("Error:")
     assert len(result.stderr.strip().splitlines()) == 1
@@ -1031,7 +1033,7 @@ def test_cli_push_of_a_bad_row_exits_2_with_one_line(runner, splits, tmp_path):
     rows = read_jsonl(path)
     del rows[0]["memories"]
     write_jsonl(path, rows)
-    result = invoke(runner, "push", "--splits", splits, "--dry-run", "--out", tmp_path / "repo")
+    result = invoke(runner, "push", "--splits", splits, "--dry-run", "--out-dir", tmp_path / "repo")
     assert result.exit_code == 2, result.output
     assert result.stderr.strip().startswith("Error:")
     assert len(result.stderr.strip().splitlines()) == 1
@@ -1041,7 +1043,7 @@ def test_cli_push_of_a_bad_row_exits_2_with_one_line(runner, splits, tmp_path):
 
 def test_cli_push_without_split_report_exits_2(runner, splits, tmp_path):
     (splits / "split_report.json").unlink()
-    result = invoke(runner, "push", "--splits", splits, "--dry-run", "--out", tmp_path / "repo")
+    result = invoke(runner, "push", "--splits", splits, "--dry-run", "--out-dir", tmp_path / "repo")
     assert result.exit_code == 2, result.output
     assert "split_report.json" in result.stderr
     assert "Traceback" not in result.output

@@ -132,7 +132,7 @@ def test_figures_of_a_hand_made_build(processed):
 
 def test_stats_command_writes_stats_json_and_plots_byte_identical_on_rerun(processed, tmp_path):
     out = tmp_path / "stats"
-    result = CliRunner().invoke(app, ["stats", "--processed", str(processed), "--out", str(out)])
+    result = CliRunner().invoke(app, ["stats", "--processed", str(processed), "--out-dir", str(out)])
     assert result.exit_code == 0, result.output
     assert "read by filter 10 → kept by filter 5" in result.output
     assert "emotional_support 60%" in result.output
@@ -145,7 +145,7 @@ def test_stats_command_writes_stats_json_and_plots_byte_identical_on_rerun(proce
     for data in first.values():
         assert data.startswith(PNG)
         assert b"matplotlib" not in data  # no Software chunk naming the version
-    result = CliRunner().invoke(app, ["stats", "--processed", str(processed), "--out", str(out)])
+    result = CliRunner().invoke(app, ["stats", "--processed", str(processed), "--out-dir", str(out)])
     assert result.exit_code == 0, result.output
     assert {name: (out / "figures" / name).read_bytes() for name in names} == first
 
@@ -157,7 +157,7 @@ def test_a_bad_queries_line_exits_2_naming_it_and_writes_nothing(processed, tmp_
     lines = (processed / "queries.jsonl").read_text(encoding="utf-8").splitlines()
     lines[1] = lines[1][:-1]  # the second row loses its closing brace
     (processed / "queries.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    result = CliRunner().invoke(app, ["stats", "--processed", str(processed), "--out", str(out)])
+    result = CliRunner().invoke(app, ["stats", "--processed", str(processed), "--out-dir", str(out)])
     assert result.exit_code == 2
     assert f"{processed / 'queries.jsonl'}:2: not valid JSON" in result.output
     assert (out / "stats.json").read_bytes() == before
@@ -165,7 +165,9 @@ def test_a_bad_queries_line_exits_2_naming_it_and_writes_nothing(processed, tmp_
 
 def test_a_row_that_is_not_a_queries_row_exits_2(processed, tmp_path):
     write_jsonl(processed / "queries.jsonl", [{"user_id": "u1", "queries": [{"category": "ES"}]}])
-    result = CliRunner().invoke(app, ["stats", "--processed", str(processed), "--out", str(tmp_path / "s")])
+    result = CliRunner().invoke(
+        app, ["stats", "--processed", str(processed), "--out-dir", str(tmp_path / "s")]
+    )
     assert result.exit_code == 2
     assert (
         "queries.jsonl:1: not a queries row (Object missing required field `query` - at `$.queries[0]`)"
@@ -179,7 +181,7 @@ def test_no_build_to_describe_exits_2(tmp_path, make):
     folder = tmp_path / "processed"
     if make == "empty":
         folder.mkdir()
-    result = CliRunner().invoke(app, ["stats", "--processed", str(folder), "--out", str(tmp_path / "s")])
+    result = CliRunner().invoke(app, ["stats", "--processed", str(folder), "--out-dir", str(tmp_path / "s")])
     assert result.exit_code == 2
     assert str(folder) in result.output and "Traceback" not in result.output
 
@@ -330,7 +332,9 @@ def test_a_plot_drawn_once_is_the_png_savefig_makes(processed):
 
 def test_a_line_that_is_not_utf8_exits_2_naming_it(processed, tmp_path):
     (processed / "personas.jsonl").write_bytes(b'{"user_id": "a\xff", "eligible": true}\n')
-    result = CliRunner().invoke(app, ["stats", "--processed", str(processed), "--out", str(tmp_path / "s")])
+    result = CliRunner().invoke(
+        app, ["stats", "--processed", str(processed), "--out-dir", str(tmp_path / "s")]
+    )
     assert result.exit_code == 2
     assert "personas.jsonl:1: not valid UTF-8" in result.output
 

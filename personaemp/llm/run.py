@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass, field
@@ -12,9 +13,19 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
 
 from personaemp import locks
+from personaemp.aio import sync_twin
 from personaemp.io import read_json_object, write_json_atomic
 from personaemp.llm.batch import BatchQueue, import_answers, write_requests
 from personaemp.llm.engine import Engine
@@ -22,10 +33,12 @@ from personaemp.llm.estimate import Estimate, cache_history
 from personaemp.llm.session import open_engine
 from personaemp.llm.settings import LLMSettings
 from personaemp.llm.step import Step
+from personaemp.progress import emit
 from personaemp.runner import Link, StageOutcome, StageRun, Work, run_chain, run_units
 from personaemp.workspace import locked, record_stage
 
 REPORT_FILE = "run_report.json"
+logger = logging.getLogger("personaemp")
 
 
 @dataclass
@@ -138,7 +151,7 @@ class LLMStage:
         )  # fmt: skip
 
 
-def run_llm_stage(
+async def arun_llm_stage(
     stage: str,
     units: Iterable[dict[str, Any]],
     make_work: Callable[[Engine], Work],
@@ -167,7 +180,7 @@ def run_llm_stage(
         stage, units, make_work, key, output, fingerprint, steps=[step for step, _ in chain],
         selected=selected, full=full, input_path=input_path, retry_failed=retry_failed, failures=failures,
     )  # fmt: skip
-    console = console or Console(stderr=True)
+    console = console or Console(quiet=True)  # a library call prints only when given a console
     started = time.perf_counter()
     estimate = Estimate([(step.name, calls) for step, calls in chain]) if settings.estimate else None
     queue = BatchQueue() if settings.batch is not None else None
@@ -175,7 +188,7 @@ def run_llm_stage(
     awaiting: dict[str, Path] = {}
 
     async def main() -> StageReport:
-        notify = lambda line: console.print(f"[yellow]{line}[/]")  # noqa: E731
+        notify = _notifier(console)
         async with open_engine(settings, notify=notify, offline=estimate or queue) as engine:
             if queue is not None:
                 console.print(f"[bold]{stage}[/]: model {engine.model} · batch files in {settings.batch}")
@@ -199,7 +212,10 @@ def run_llm_stage(
                     window=_window(engine),
                     selected=selected,
                     retry_failed=retry_failed,
-                    on_progress=_progress_bar(progress, stage, len(units), engine),
+                    # of the units picked (--limit, --users), not of the whole input
+                    on_progress=_progress_bar(
+                        progress, stage, len(selected) if selected is not None else len(units), engine
+                    ),
                     dry=estimate is not None,
                 )
             report = plan.report(engine, settings, outcome, started)
@@ -209,7 +225,7 @@ def run_llm_stage(
                 )
             return report
 
-    report = asyncio.run(main())
+    report = await main()
     if estimate is not None:
         return report  # nothing was sent or written: no run to record
     if queue is not None:
@@ -225,9 +241,12 @@ def run_llm_stage(
     return report
 
 
-def run_stage(plan: LLMStage, *, settings: LLMSettings, console: Console | None = None) -> StageReport:
-    """run_llm_stage for a stage declared as an LLMStage (one call per step and unit)."""
-    return run_llm_stage(
+run_llm_stage = sync_twin(arun_llm_stage)
+
+
+async def arun_stage(plan: LLMStage, *, settings: LLMSettings, console: Console | None = None) -> StageReport:
+    """arun_llm_stage for a stage declared as an LLMStage (one call per step and unit)."""
+    return await arun_llm_stage(
         plan.stage, plan.units, plan.make_work, settings=settings, key=plan.key, output=plan.output,
         fingerprint=plan.fingerprint, selected=plan.selected, full=plan.full, input_path=plan.input_path,
         retry_failed=plan.retry_failed, console=console, failures=plan.failures,
@@ -235,7 +254,10 @@ def run_stage(plan: LLMStage, *, settings: LLMSettings, console: Console | None 
     )  # fmt: skip
 
 
-def run_llm_chain(
+run_stage = sync_twin(arun_stage)
+
+
+async def arun_llm_chain(
     first: LLMStage,
     second: LLMStage,
     handoff: Callable[[dict[str, Any]], dict[str, Any] | None],
@@ -251,11 +273,11 @@ def run_llm_chain(
     `second.units` is not read (its input is what `first` writes); `first.units` may be a
     stream (runner.run_chain). `meanwhile` is called
     as the first requests go out (e.g. to start a thread with work for later)."""
-    console = console or Console(stderr=True)
+    console = console or Console(quiet=True)
     started = time.perf_counter()
 
     async def main() -> tuple[StageReport, StageReport]:
-        notify = lambda line: console.print(f"[yellow]{line}[/]")  # noqa: E731
+        notify = _notifier(console)
         async with open_engine(settings, notify=notify) as engine:
             console.print(_header(f"{first.stage} → {second.stage}", engine))
             ended = [0.0]
@@ -267,13 +289,17 @@ def run_llm_chain(
                 # Inside the locks: the bookkeeping repairs and reads the files.
                 runs = first.bookkeeping(engine, settings), second.bookkeeping(engine, settings)
                 total = len(first.units) if isinstance(first.units, Sized) else None  # a stream: grows
+                # While a total still grows, an ETA from it means nothing: the bar shows a rate.
+                first_grows = lambda: total is None and getattr(first.units, "growing", True)  # noqa: E731
+                first_over = [False]
                 bars = [
-                    _progress_bar(progress, first.stage, total, engine),
-                    _progress_bar(progress, second.stage, None, engine),
+                    _progress_bar(progress, first.stage, total, engine, grows=first_grows),
+                    _progress_bar(progress, second.stage, None, engine, grows=lambda: not first_over[0]),
                 ]
 
                 def first_progress(outcome):
                     bars[0](outcome)
+                    first_over[0] = not first_grows() and _finished(outcome) >= outcome.units
                     ended[0] = time.perf_counter()
 
                 if meanwhile is not None:
@@ -297,10 +323,13 @@ def run_llm_chain(
             reports[0].wall_seconds = (ended[0] or time.perf_counter()) - started
             return reports[0], reports[1]
 
-    reports = asyncio.run(main())
+    reports = await main()
     for plan, report in zip((first, second), reports, strict=True):
         plan.record(report, settings)
     return reports
+
+
+run_llm_chain = sync_twin(arun_llm_chain)
 
 
 def _window(engine: Engine) -> int:
@@ -308,22 +337,51 @@ def _window(engine: Engine) -> int:
     return max(4, 2 * sum(endpoint.concurrency for endpoint in engine.pool.endpoints))
 
 
-def _progress_bar(progress: Progress, stage: str, total: int | None, engine: Engine):
-    task = progress.add_task(stage, total=total, stats="")
+def _finished(outcome: StageOutcome) -> int:
+    return outcome.done + outcome.done_before + outcome.failed + outcome.failed_before
+
+
+def _progress_bar(
+    progress: Progress,
+    stage: str,
+    total: int | None,
+    engine: Engine,
+    grows: Callable[[], bool] = lambda: False,
+):
+    """A bar over the stage's units; `grows()`: its total is still growing (no ETA then)."""
+    task = progress.add_task(stage, total=total, stats="", grows=grows())
 
     def on_progress(outcome: StageOutcome) -> None:
         totals = engine.accounting.totals()
-        finished = outcome.done + outcome.done_before + outcome.failed + outcome.failed_before
+        finished = _finished(outcome)
+        growing = grows()
         progress.update(
             task,
             completed=finished,
             total=total if total is not None else outcome.units,
+            grows=growing,
             stats=f"done {outcome.done + outcome.done_before} · failed "
             f"{outcome.failed + outcome.failed_before} · requests {totals.requests} · "
             f"cached {totals.cache_hits}",
         )
+        emit(stage, finished, None if growing else (total if total is not None else outcome.units))
 
     return on_progress
+
+
+class TimeLeftOrRate(ProgressColumn):
+    """The time left when the total is known; while it grows (users streaming in from the
+    filter), an ETA from it would be wrong, so the rate of units instead."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.eta = TimeRemainingColumn()
+
+    def render(self, task: Task) -> Text:
+        if task.fields.get("grows"):
+            speed = task.speed
+            return Text(f"{speed:.1f} units/s" if speed else "… units/s", style="progress.data.speed")
+        return self.eta.render(task)
 
 
 def append_report(path: Path, entry: dict[str, Any], settings: LLMSettings, full: bool | None = None) -> None:
@@ -347,6 +405,17 @@ def append_report(path: Path, entry: dict[str, Any], settings: LLMSettings, full
         write_json_atomic(path, report)
 
 
+def _notifier(console: Console) -> Callable[[str], None]:
+    """The engine's notices (a structured mode stepped down, ...): on the console, and on the
+    `personaemp` logger for a library caller whose console is quiet."""
+
+    def notify(line: str) -> None:
+        logger.info(line)
+        console.print(f"[yellow]{line}[/]")
+
+    return notify
+
+
 def _header(stage: str, engine: Engine) -> str:
     endpoints = ", ".join(endpoint.base_url for endpoint in engine.pool.endpoints)
     mode = engine.mode
@@ -361,7 +430,7 @@ def _progress(console: Console) -> Progress:
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("{task.fields[stats]}"),
-        TimeRemainingColumn(),
+        TimeLeftOrRate(),
         console=console,
         transient=True,
     )

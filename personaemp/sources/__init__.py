@@ -61,7 +61,7 @@ def read_users(
         return _unique(read_task1(folder, policy, split), policy)
     if split is not None:
         raise InputError(
-            f"--split {split}: a raw export has no splits", "leave out --split (it selects a benchmark split)"
+            f"--benchmark-split {split}: a raw export has no splits", "leave out --benchmark-split"
         )
     return _unique(read_raw(path, policy), policy)
 

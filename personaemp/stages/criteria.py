@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
+from personaemp.aio import sync_twin
 from personaemp.errors import InputError, RowError, first_problem
 from personaemp.io import ErrorPolicy, iter_jsonl
 from personaemp.llm.step import RejectedReply, Step
@@ -131,7 +132,10 @@ def pick_queries(units: list[dict], path: Path, limit: int | None, users: Sequen
         wanted = {str(u) for u in users}
         missing = wanted - {u["user_id"] for u in units}
         if missing:
-            raise InputError(f"{path}: no queries of user {', '.join(sorted(missing))}")
+            raise InputError(
+                f"{path}: no queries of user {', '.join(sorted(missing))}",
+                "check the ids: only users with accepted queries in --input have criteria to write",
+            )
         chosen = [u for u in units if u["user_id"] in wanted]
     return {u["query_id"] for u in (chosen[:limit] if limit is not None else chosen)}
 
@@ -190,7 +194,7 @@ def definitions_hash(*extra: dict) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def write_criteria(
+async def awrite_criteria(
     input_path: Path,
     output_path: Path,
     settings,
@@ -202,7 +206,7 @@ def write_criteria(
     console=None,
 ):
     """Criteria for every accepted query of `input_path`; returns the stage report."""
-    from personaemp.llm.run import run_llm_stage
+    from personaemp.llm.run import arun_llm_stage
 
     units = query_units(input_path, "pass gen-queries' output (queries.jsonl) or a split file")
     selected = pick_queries(units, input_path, limit, users)
@@ -225,7 +229,7 @@ def write_criteria(
 
         return work
 
-    return run_llm_stage(
+    return await arun_llm_stage(
         STAGE,
         units,
         make_work,
@@ -240,6 +244,9 @@ def write_criteria(
         console=console,
         chain=[(CRITERIA, len(DIMENSIONS))],
     )
+
+
+write_criteria = sync_twin(awrite_criteria)
 
 
 def read_criteria(path: Path) -> dict[str, dict[str, list[dict]]]:

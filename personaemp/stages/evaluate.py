@@ -41,6 +41,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, Field, ValidationError
 
+from personaemp.aio import sync_twin
 from personaemp.errors import InputError, RowError, UnitError, first_problem
 from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
 from personaemp.llm.reply import split_reasoning
@@ -342,7 +343,7 @@ class Judge:
     settings: Any  # LLMSettings
 
 
-def evaluate(
+async def aevaluate(
     splits: Path,
     responses: Sequence[Path],
     report_path: Path,
@@ -399,8 +400,8 @@ def evaluate(
     reports, results = [], {}
     for judge in panel:
         base = report_path if single else report_path.with_name(f"{report_path.stem}.{judge.name}.json")
-        report = judge_all(judge.settings, units, options, prompts, used, mode, input_path, base,
-                           retry_failed, console)  # fmt: skip
+        report = await ajudge_all(judge.settings, units, options, prompts, used, mode, input_path, base,
+                                  retry_failed, console)  # fmt: skip
         reports.append(report)
         results[judge.name] = (report, base)
     if any(r.estimate is not None or (r.batch and r.batch["files"]) for r in reports):
@@ -480,9 +481,9 @@ def checked_criteria(criteria_file: Path | None, queries: list[dict]) -> dict:
     return criteria
 
 
-def judge_all(settings, units, options, prompts, used, mode, input_path, base, retry_failed, console):
+async def ajudge_all(settings, units, options, prompts, used, mode, input_path, base, retry_failed, console):
     """One judge over every unit, into `<base>.scores.jsonl`; returns the stage report."""
-    from personaemp.llm.run import run_llm_stage
+    from personaemp.llm.run import arun_llm_stage
 
     step = used[0]
 
@@ -492,7 +493,7 @@ def judge_all(settings, units, options, prompts, used, mode, input_path, base, r
 
         return work
 
-    return run_llm_stage(
+    return await arun_llm_stage(
         STAGE,
         units,
         make_work,
@@ -516,6 +517,9 @@ def judge_all(settings, units, options, prompts, used, mode, input_path, base, r
             *([(BYSTANDER, 1)] if options.bystander else []),
         ],  # fmt: skip
     )
+
+
+evaluate = sync_twin(aevaluate)
 
 
 def scores_file(report_path: Path) -> Path:

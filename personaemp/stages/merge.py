@@ -155,7 +155,10 @@ def _find_parts(output: Path) -> dict[int, Path]:
         if match:
             found.setdefault(int(match[2]), {})[int(match[1])] = path
     if not found:
-        raise InputError(f"no shards of {output} (files named {output.stem}.shard-I-of-N{output.suffix})")
+        raise InputError(
+            f"no shards of {output} (files named {output.stem}.shard-I-of-N{output.suffix})",
+            "run the stage with --shard I/N on each machine first, or pass its --output",
+        )
     if len(found) > 1:
         raise InputError(
             f"shards of {output} from runs cut {' and '.join(map(str, sorted(found)))} ways",

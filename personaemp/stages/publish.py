@@ -404,7 +404,7 @@ def read_export_manifest(out: Path) -> list[str]:
     path = out / EXPORT_MANIFEST
     if not path.exists():
         return []
-    hint = f"delete {path} (files it listed are then left in place) or choose another --out"
+    hint = f"delete {path} (files it listed are then left in place) or choose another --out-dir"
     manifest = _read_json(path, "the list of files an earlier export wrote", hint)
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, list) or not all(isinstance(f, str) and _inside(f) for f in files):
@@ -426,7 +426,7 @@ def write_repository(out: Path, files: dict[str, bytes], card: str) -> None:
     are removed; files it did not write are never touched.
     """
     if out.exists() and not out.is_dir():
-        raise InputError(f"{out}: not a folder", "pass a folder for --out")
+        raise InputError(f"{out}: not a folder", "pass a folder for --out-dir")
     previous = read_export_manifest(out)
     out.mkdir(parents=True, exist_ok=True)
     manifest = out / EXPORT_MANIFEST
@@ -476,7 +476,7 @@ def publish(
     `criteria`: a `personaemp criteria` file; when it exists, each row gets its query's
     criteria as a `criteria` column (queries it lacks get empty lists, and a warning)."""
     if (repo_id is None) == (out is None):
-        raise InputError("give either --repo-id OWNER/NAME or --dry-run --out DIR")
+        raise InputError("give either --repo-id OWNER/NAME or --dry-run --out-dir DIR")
     if repo_id is not None and repo_id.count("/") != 1:
         raise InputError(f"--repo-id must look like OWNER/NAME, not {repo_id!r}")
     files = split_files(splits_dir)
@@ -523,7 +523,7 @@ def _push(
     """One commit: every data file and the card, and deletions of stale data files."""
     from personaemp.hub import check_hub_reachable
 
-    check_hub_reachable(repo_id, "check your network; --dry-run --out DIR writes the same files locally")
+    check_hub_reachable(repo_id, "check your network; --dry-run --out-dir DIR writes the same files locally")
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
     token = os.environ.get("HF_TOKEN")  # else the user's `huggingface-cli login`

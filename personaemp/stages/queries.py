@@ -21,6 +21,7 @@ import msgspec
 from pydantic import BaseModel, Field
 
 from personaemp import checks
+from personaemp.aio import sync_twin
 from personaemp.errors import InputError
 from personaemp.io import ErrorPolicy, StageRows, atomic_output, iter_jsonl, pick_units, read_stage_rows
 from personaemp.language import LANGUAGE_NAMES, normalize_language
@@ -267,7 +268,7 @@ def read_personas(path: Path) -> tuple[StageRows, int]:
     )
 
 
-def generate_queries(
+async def agenerate_queries(
     input_path: Path,
     output_path: Path,
     settings,
@@ -283,16 +284,19 @@ def generate_queries(
     """Queries for every eligible persona; returns (stage report, funnel).
 
     `limit`, `users`, `full` and `shard` as for `infer_personas`."""
-    from personaemp.llm.run import run_stage
+    from personaemp.llm.run import arun_stage
 
     plan = queries_stage(
         input_path, output_path, options=options, limit=limit, users=users, retry_failed=retry_failed,
         full=full, shard=shard,
     )  # fmt: skip
-    report = run_stage(plan, settings=settings, console=console)
+    report = await arun_stage(plan, settings=settings, console=console)
     if report.estimate is not None:  # nothing was written: no funnel to update
         return report, QueryFunnel(users_in=len(plan.units), ineligible_skipped=plan.skipped)
     return report, funnel(plan)
+
+
+generate_queries = sync_twin(agenerate_queries)
 
 
 def queries_stage(

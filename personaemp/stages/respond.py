@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from personaemp.aio import sync_twin
 from personaemp.errors import InputError, UnitError
 from personaemp.llm.step import Step
 from personaemp.prompts import Prompt, load_prompt
@@ -99,7 +100,7 @@ def mismatched(units: list[dict], seed: int, path: Path) -> dict[str, str]:
     return {user: users[(i + 1) % len(users)] for i, user in enumerate(users)}
 
 
-def write_responses(
+async def awrite_responses(
     splits: Path,
     output_path: Path,
     settings,
@@ -114,7 +115,7 @@ def write_responses(
     console=None,
 ):
     """A response to every query of `splits/<split>/<part>.jsonl`; returns the stage report."""
-    from personaemp.llm.run import run_llm_stage
+    from personaemp.llm.run import arun_llm_stage
 
     if context not in CONTEXTS:
         raise InputError(f"--context takes {', '.join(CONTEXTS)}, not {context!r}")
@@ -173,7 +174,7 @@ def write_responses(
 
         return work
 
-    return run_llm_stage(
+    return await arun_llm_stage(
         STAGE,
         units,
         make_work,
@@ -194,6 +195,9 @@ def write_responses(
         failures=failures_file(output_path),
         chain=[*([(SUMMARY, 1)] if context == "memory-summary" else []), (RESPOND, 1)],
     )
+
+
+write_responses = sync_twin(awrite_responses)
 
 
 def failures_file(output: Path) -> Path:
