@@ -266,3 +266,10 @@ def test_run_pipeline_inside_a_running_loop(tmp_path, server):
     assert results["infer-persona"].counts["done"] == 8
     assert len(read_jsonl(processed / "personas.jsonl")) == 8
     assert (processed / "dataset" / "README.md").is_file()
+
+
+def test_settings_take_paths_as_text(tmp_path):
+    """A notebook writes work_dir="runs/x": the engine joins it as a Path (it failed with a
+    TypeError on str / str)."""
+    settings = pe.LLMSettings(work_dir=str(tmp_path / "w"), batch="~/b")
+    assert settings.work_dir == tmp_path / "w" and settings.batch == Path("~/b").expanduser()

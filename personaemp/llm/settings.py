@@ -57,6 +57,10 @@ class LLMSettings:
         from personaemp import secrets
 
         secrets.register(self.api_key)
+        # Paths as Python callers write them (str, ~): the engine joins them as Paths.
+        self.work_dir = Path(self.work_dir).expanduser()
+        if self.batch is not None:
+            self.batch = Path(self.batch).expanduser()
         values = {
             "base_url": list(self.base_urls),
             "model": self.model,
