@@ -271,5 +271,5 @@ def test_run_pipeline_inside_a_running_loop(tmp_path, server):
 def test_settings_take_paths_as_text(tmp_path):
     """A notebook writes work_dir="runs/x": the engine joins it as a Path (it failed with a
     TypeError on str / str)."""
-    settings = pe.LLMSettings(work_dir=str(tmp_path / "w"), batch="~/b")
+    settings = pe.LLMSettings(work_dir=str(tmp_path / "w"), batch="~/b", model="m")
     assert settings.work_dir == tmp_path / "w" and settings.batch == Path("~/b").expanduser()
