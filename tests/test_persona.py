@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from personaemp.io import pick_units
 from personaemp.llm.engine import REASK
 from personaemp.llm.settings import LLMSettings
 from personaemp.llm.step import RejectedReply
-from personaemp.prompts import load_prompt, prompts_dir
+from personaemp.prompts import fence, load_prompt, prompts_dir
 from personaemp.records import BIG_FIVE, Persona, Trait, User
 from personaemp.stages.filter import filter_users
 from personaemp.stages.persona import (
@@ -67,19 +68,20 @@ def memory(memory_id: str, value: str = "Worries about their exams", **extra) ->
     return {"memory_id": memory_id, "label": "Emotional_State/Stress", "value": value, **extra}
 
 
-def system_section(name: str) -> str:
-    """The `## system` section of prompts/<name>.md, read independently of the loader."""
+def section(name: str, title: str) -> str:
+    """The `## title` section of prompts/<name>.md, read independently of the loader."""
     text = (REPO / "prompts" / f"{name}.md").read_text(encoding="utf-8")
-    system, _, _ = text.partition("\n## user")
-    assert system.startswith("## system\n")
-    return system.removeprefix("## system\n").strip()
+    _, found, rest = text.partition(f"## {title}\n")
+    assert found, f"prompts/{name}.md has no '## {title}'"
+    return rest.split("\n## ", 1)[0].strip()
 
 
 def test_a_checkout_reads_the_prompts_from_its_top_level_prompts_folder(monkeypatch):
     """The design card's layout: prompts/ beside personaemp/, no stale copies in the package."""
     monkeypatch.delenv("PERSONAEMP_PROMPTS", raising=False)
     assert Path(str(prompts_dir())) == REPO / "prompts"
-    assert load_prompt("persona").system.template == system_section("persona")
+    assert load_prompt("persona").system.template == section("shared", "preamble")
+    assert load_prompt("persona").user.template == section("persona", "task")
     assert not list((REPO / "personaemp" / "prompts").glob("*.md"))
 
 
@@ -179,16 +181,21 @@ GOLDEN_TURNS = (
 )
 
 
+def user_history(key: str) -> str:
+    return (
+        f"Memories:\n<memories-{key}>\n{GOLDEN_MEMORIES}\n</memories-{key}>\n\n"
+        f"The user's own recent messages:\n<turns-{key}>\n{GOLDEN_TURNS}\n</turns-{key}>\n\n"
+    )
+
+
 def test_persona_messages_golden():
     messages = build_persona_messages(golden_user(), load_prompt("persona"))
+    key = fence({"memories": GOLDEN_MEMORIES, "turns": GOLDEN_TURNS}, shared=("memories", "turns"))["fence"]
     assert [m["role"] for m in messages] == ["system", "user"]
-    assert messages[0]["content"] == system_section("persona")
-    assert messages[1]["content"] == (
-        "Memories:\n"
-        + GOLDEN_MEMORIES
-        + "\n\nThe user's own recent messages (style and context only):\n"
-        + GOLDEN_TURNS
-    )
+    assert messages[0]["content"] == section("shared", "preamble")
+    # The context first (as data blocks), then the step's task: what the user's requests share
+    # comes first, for the provider's prefix cache.
+    assert messages[1]["content"] == user_history(key) + section("persona", "task")
 
 
 def test_big_five_messages_golden():
@@ -197,13 +204,21 @@ def test_big_five_messages_golden():
         Trait(aspect="values_motivations", statement="Finds calm in gardening.", evidence=["m2", "m3"]),
     ]
     messages = build_big_five_messages(golden_user(), traits, load_prompt("big_five"))
+    persona = build_persona_messages(golden_user(), load_prompt("persona"))
+    key = fence({"memories": GOLDEN_MEMORIES, "turns": GOLDEN_TURNS}, shared=("memories", "turns"))["fence"]
+    profile = (
+        "- stress response: Loses sleep when work piles up.\n- values motivations: Finds calm in gardening."
+    )
     assert [m["role"] for m in messages] == ["system", "user"]
-    assert messages[0]["content"] == system_section("big_five")
+    assert messages[0]["content"] == section("shared", "preamble")
     assert messages[1]["content"] == (
-        "Profile (grounded traits):\n"
-        "- stress response: Loses sleep when work piles up.\n"
-        "- values motivations: Finds calm in gardening.\n"
-        "\nMemories:\n" + GOLDEN_MEMORIES
+        user_history(key)
+        + f"Profile (grounded traits):\n<profile-{key}>\n{profile}\n</profile-{key}>\n\n"
+        + section("big_five", "task")
+    )
+    # The same bytes as the persona request up to where the persona's task begins.
+    assert messages[1]["content"].startswith(user_history(key)) and persona[1]["content"].startswith(
+        user_history(key)
     )
 
 
@@ -244,7 +259,7 @@ def test_no_user_turns_render_none(turns):
     user = make_user(memories=[memory("m1")], turns=turns)
     assert render_turns(user) == "(none)"
     content = build_persona_messages(user, load_prompt("persona"))[1]["content"]
-    assert content.endswith("The user's own recent messages (style and context only):\n(none)")
+    assert re.search(r"The user's own recent messages:\n<turns-(\w+)>\n\(none\)\n</turns-\1>\n\n", content)
 
 
 # --- per-user schemas --------------------------------------------------------------------------
@@ -454,7 +469,7 @@ class Script:
         found = [
             uid
             for uid, text in self.rendered.items()
-            if content.startswith(f"Memories:\n{text}\n\n") or content.endswith(f"\n\nMemories:\n{text}")
+            if re.match(rf"Memories:\n<memories-(\w+)>\n{re.escape(text)}\n</memories-\1>\n\n", content)
         ]
         assert len(found) == 1, content[:200]
         return found[0]

@@ -2,7 +2,7 @@
 
 Also what makes it work on the endpoints people really use:
 - the structured-output mode is negotiated per run (json_schema, else json_object with
-  the schema in the prompt, else the schema in the prompt alone) and remembered in the
+  the schema at the end of the prompt, else the schema in the prompt alone) and remembered in the
   work dir; a refused format never fails a unit;
 - replies are read through reasoning blocks, preambles and fenced code (reply.py);
 - re-asks quote the bad reply inside the user turn, so endpoints that demand
@@ -633,12 +633,14 @@ def _reask(messages: list[Message], bad_reply: str, error: str) -> list[Message]
 
 
 def _with_schema_text(messages: list[Message], schema: dict[str, Any]) -> list[Message]:
-    """For endpoints that cannot take a schema: state it in the system message (with the
-    word json, which DeepSeek and OpenAI require for json_object)."""
+    """For endpoints that cannot take a schema: state it (with the word json, which DeepSeek
+    and OpenAI require for json_object) at the end of the last user turn. At the end, because
+    a schema differs per step (and per user: ids narrowed to theirs); first, it would keep the
+    provider's prefix cache from serving the context the user's requests share."""
     text = SCHEMA_IN_PROMPT.format(schema=json.dumps(schema, separators=(",", ":")))
-    if messages and messages[0]["role"] == "system":
-        return [{"role": "system", "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
-    return [{"role": "system", "content": text}, *messages]
+    if messages and messages[-1]["role"] == "user":
+        return [*messages[:-1], {"role": "user", "content": f"{messages[-1]['content']}\n\n{text}"}]
+    return [*messages, {"role": "user", "content": text}]
 
 
 def _fold_system(messages: list[Message]) -> list[Message]:
