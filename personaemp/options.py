@@ -275,6 +275,14 @@ class LLMOptions(Section):
     )
     price_in: Annotated[float | None, Field(ge=0), Opt("Price per million prompt tokens.")] = None
     price_out: Annotated[float | None, Field(ge=0), Opt("Price per million completion tokens.")] = None
+    price_cached: Annotated[
+        float | None,
+        Field(ge=0),
+        Opt(
+            "Price per million prompt tokens the provider's prefix cache serves (reported as "
+            "cached or cache-hit tokens); unset: priced at --price-in."
+        ),
+    ] = None
     batch: Annotated[
         Path | None,
         Opt(

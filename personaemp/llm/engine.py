@@ -89,13 +89,15 @@ class Budget:
     limit: float  # dollars
     price_in: float | None  # per million tokens
     price_out: float | None
+    price_cached: float | None = None  # None: cached prompt tokens cost price_in
     reserved: float = 0.0  # the most the requests in flight can cost
     in_flight: int = 0
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     def most(self, request: dict) -> float:
         # A byte-level BPE token (GPT, DeepSeek, Qwen, Llama) is at least one byte: the UTF-8
-        # bytes bound the prompt's tokens in any language (chars/4 overspent on Russian).
+        # bytes bound the prompt's tokens in any language (chars/4 overspent on Russian). At
+        # its most, no prompt token is served from the provider's cache.
         prompt = sum(len(m["content"].encode()) for m in request["messages"]) + 32  # and the template
         return self.dollars(prompt, request["max_tokens"])
 
@@ -375,6 +377,7 @@ class Engine:
                     prompt_tokens=prompt_tokens,
                     completion_tokens=completion_tokens,
                     mode=mode,
+                    cached_tokens=min(reply.cached_tokens or 0, prompt_tokens),
                 )
             return reply, key, request, False
 
@@ -422,7 +425,7 @@ class Engine:
         most = budget.most(request)
         async with budget.changed:
             while True:
-                spent = self.accounting.cost(budget.price_in, budget.price_out) or 0.0
+                spent = self.accounting.cost(budget.price_in, budget.price_out, budget.price_cached) or 0.0
                 if spent + budget.reserved + most <= budget.limit:
                     budget.reserved += most
                     budget.in_flight += 1
@@ -563,6 +566,7 @@ def _count_tokens(stats: StepStats, request: dict, reply: RawReply, sent: bool =
     prompt = reply.prompt_tokens if reply.prompt_tokens is not None else prompt_chars // 4
     completion = reply.completion_tokens if reply.completion_tokens is not None else len(reply.content) // 4
     stats.prompt_tokens += prompt
+    stats.cached_tokens += min(reply.cached_tokens or 0, prompt)
     stats.completion_tokens += completion
     if reply.reasoning_tokens is not None:
         stats.reasoning_tokens += reply.reasoning_tokens
