@@ -181,21 +181,26 @@ GOLDEN_TURNS = (
 )
 
 
-def user_history(key: str) -> str:
-    return (
-        f"Memories:\n<memories-{key}>\n{GOLDEN_MEMORIES}\n</memories-{key}>\n\n"
-        f"The user's own recent messages:\n<turns-{key}>\n{GOLDEN_TURNS}\n</turns-{key}>\n\n"
-    )
+def block(name: str, heading: str, text: str, key: str) -> str:
+    return f"{heading}:\n<{name}-{key}>\n{text}\n</{name}-{key}>"
 
 
 def test_persona_messages_golden():
     messages = build_persona_messages(golden_user(), load_prompt("persona"))
-    key = fence({"memories": GOLDEN_MEMORIES, "turns": GOLDEN_TURNS}, shared=("memories", "turns"))["fence"]
-    assert [m["role"] for m in messages] == ["system", "user"]
-    assert messages[0]["content"] == section("shared", "preamble")
-    # The context first (as data blocks), then the step's task: what the user's requests share
-    # comes first, for the provider's prefix cache.
-    assert messages[1]["content"] == user_history(key) + section("persona", "task")
+    key = fence({"memories": GOLDEN_MEMORIES, "turns": GOLDEN_TURNS}, shared=("memories",))["fence"]
+    # The shared preamble, the step's task, then the user's context as data blocks: what the
+    # requests share comes first, for the provider's prefix cache (the engine sends the two user
+    # turns as one, with the reply's schema between them when it states one).
+    assert messages == [
+        {"role": "system", "content": section("shared", "preamble")},
+        {"role": "user", "content": section("persona", "task")},
+        {
+            "role": "user",
+            "content": block("memories", "Memories", GOLDEN_MEMORIES, key)
+            + "\n\n"
+            + block("turns", "The user's own recent messages", GOLDEN_TURNS, key),
+        },
+    ]
 
 
 def test_big_five_messages_golden():
@@ -204,22 +209,20 @@ def test_big_five_messages_golden():
         Trait(aspect="values_motivations", statement="Finds calm in gardening.", evidence=["m2", "m3"]),
     ]
     messages = build_big_five_messages(golden_user(), traits, load_prompt("big_five"))
-    persona = build_persona_messages(golden_user(), load_prompt("persona"))
-    key = fence({"memories": GOLDEN_MEMORIES, "turns": GOLDEN_TURNS}, shared=("memories", "turns"))["fence"]
     profile = (
         "- stress response: Loses sleep when work piles up.\n- values motivations: Finds calm in gardening."
     )
-    assert [m["role"] for m in messages] == ["system", "user"]
-    assert messages[0]["content"] == section("shared", "preamble")
-    assert messages[1]["content"] == (
-        user_history(key)
-        + f"Profile (grounded traits):\n<profile-{key}>\n{profile}\n</profile-{key}>\n\n"
-        + section("big_five", "task")
-    )
-    # The same bytes as the persona request up to where the persona's task begins.
-    assert messages[1]["content"].startswith(user_history(key)) and persona[1]["content"].startswith(
-        user_history(key)
-    )
+    key = fence({"profile": profile, "memories": GOLDEN_MEMORIES}, shared=("profile",))["fence"]
+    assert messages == [
+        {"role": "system", "content": section("shared", "preamble")},
+        {"role": "user", "content": section("big_five", "task")},
+        {
+            "role": "user",
+            "content": block("profile", "Profile (grounded traits)", profile, key)
+            + "\n\n"
+            + block("memories", "Memories", GOLDEN_MEMORIES, key),
+        },
+    ]
 
 
 def test_rendering_bounds():
@@ -258,8 +261,8 @@ def test_unmapped_without_suggestion_keeps_its_label():
 def test_no_user_turns_render_none(turns):
     user = make_user(memories=[memory("m1")], turns=turns)
     assert render_turns(user) == "(none)"
-    content = build_persona_messages(user, load_prompt("persona"))[1]["content"]
-    assert re.search(r"The user's own recent messages:\n<turns-(\w+)>\n\(none\)\n</turns-\1>\n\n", content)
+    content = build_persona_messages(user, load_prompt("persona"))[-1]["content"]
+    assert re.search(r"The user's own recent messages:\n<turns-(\w+)>\n\(none\)\n</turns-\1>$", content)
 
 
 # --- per-user schemas --------------------------------------------------------------------------
@@ -469,7 +472,9 @@ class Script:
         found = [
             uid
             for uid, text in self.rendered.items()
-            if re.match(rf"Memories:\n<memories-(\w+)>\n{re.escape(text)}\n</memories-\1>\n\n", content)
+            if re.search(
+                rf"\n\nMemories:\n<memories-(\w+)>\n{re.escape(text)}\n</memories-\1>(\n\n|$)", content
+            )
         ]
         assert len(found) == 1, content[:200]
         return found[0]
@@ -615,19 +620,27 @@ def test_request_counts_per_user(scripted_run):
     assert steps["persona"]["reasks"] == 2 + 2 + 2 and steps["big_five"]["reasks"] == 1 + 2
 
 
+def as_sent(messages: list[dict]) -> list[dict]:
+    """A rendered prompt as a json_schema request carries it: its two user turns as one."""
+    system, task, context = messages
+    return [system, {"role": "user", "content": f"{task['content']}\n\n{context['content']}"}]
+
+
 def test_requests_carry_the_users_ids_and_messages(scripted_run):
     run, script, server = scripted_run, scripted_run["script"], scripted_run["server"]
     persona_prompt = load_prompt("persona")
     for user in script.users:
         bodies = script.requests_of(server, user.user_id, "persona")
-        assert bodies[0]["messages"] == build_persona_messages(user, persona_prompt)
+        assert bodies[0]["messages"] == as_sent(build_persona_messages(user, persona_prompt))
         assert bodies[0]["model"] == "fake"
         assert bodies[0]["response_format"]["json_schema"]["schema"] == persona_schema(user)
     valid = user_with(run, "valid")
     [big_five_body] = script.requests_of(server, valid, "big_five")
     user = next(u for u in script.users if u.user_id == valid)
     traits = [Trait.model_validate(t) for t in run["rows"][valid]["traits"]]
-    assert big_five_body["messages"] == build_big_five_messages(user, traits, load_prompt("big_five"))
+    assert big_five_body["messages"] == as_sent(
+        build_big_five_messages(user, traits, load_prompt("big_five"))
+    )
     assert big_five_body["response_format"]["json_schema"]["schema"] == big_five_schema(user)
 
 

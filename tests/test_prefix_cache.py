@@ -5,6 +5,8 @@ report counts the cached prompt tokens the endpoint reports and prices them at
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, reply, schema_for_request, schema_from_messages
@@ -113,7 +115,7 @@ def test_the_run_report_counts_the_cached_tokens_the_server_served(tmp_path, rul
     assert recorded["totals"]["prompt_tokens"] == prompt
     assert sum(step["cached_tokens"] for step in recorded["steps"].values()) == served
     if rule == "deepseek":
-        # Big Five opens with the bytes its persona request sent: the user's memories and turns.
+        # Every user's Big Five request opens with the same preamble and task.
         assert (
             recorded["steps"]["big_five"]["cached_tokens"]
             > 0.5 * recorded["steps"]["big_five"]["prompt_tokens"]
@@ -155,3 +157,92 @@ def test_estimate_prices_what_a_prefix_cache_would_serve_at_price_cached(tmp_pat
         rel=1e-3,
     )
     assert cheaper["cost"] < plain["cost"]
+
+
+def test_the_schema_text_follows_the_task_and_the_request_is_one_user_turn(tmp_path):
+    """json_object: the schema is stated after the step's task (shared by every request of the
+    step) and before what only this request carries; the two user turns go as one."""
+    from fake_openai import schema_from_messages
+
+    from personaemp.llm.engine import SCHEMA_IN_PROMPT
+    from personaemp.prompts import load_prompt
+    from personaemp.stages.criteria import build_messages
+
+    unit = {"query": "I failed again.", "situation": "A failed test.", "profile": "anxious",
+            "memories": [{"memory_id": "m1", "value": "failed a driving test"}]}  # fmt: skip
+    sent = []
+    with FakeOpenAI(
+        responder=lambda body, n: (
+            sent.append(body) or reply({"criteria": [{"name": "n", "description": "d", "weight": 50}] * 4})
+        ),
+        profile="deepseek",
+    ) as server:
+        import asyncio
+
+        from personaemp.llm.session import open_engine
+        from personaemp.stages.criteria import CRITERIA
+
+        async def ask():
+            async with open_engine(
+                settings_for(server, tmp_path, structured="json_object", max_reasks=0)
+            ) as engine:
+                for dimension in ("resonation", "expression"):
+                    await engine.call(CRITERIA, build_messages(unit, dimension, load_prompt("criteria")))
+
+        asyncio.run(ask())
+    first, second = (body["messages"] for body in sent[:2])
+    assert [m["role"] for m in first] == ["system", "user"]
+    text = first[1]["content"]
+    task = load_prompt("criteria").user.template.split("$fence")[0]
+    schema_at = text.index(SCHEMA_IN_PROMPT.split("{schema}")[0])
+    assert text.startswith(task) and schema_at > len(task)
+    assert text.index("Persona:") > schema_at and text.index("Dimension: resonation") > schema_at
+    assert schema_from_messages(first) is not None
+    # The two dimensions' requests are the same bytes up to the dimension, which comes last.
+    cut = text.index("Dimension: resonation")
+    assert second[0] == first[0] and second[1]["content"][:cut] == text[:cut]
+    assert second[1]["content"][cut:].startswith("Dimension: expression")
+
+
+# --- the reordered prompts ask for the same things ------------------------------------------------
+
+BEFORE = Path(__file__).parent / "data" / "prompts_before_layout"  # main's prompts, before the layout
+VALUES = {
+    "memories": "[m1] Work: passed over for a promotion", "turns": "- I do not know how to feel.",
+    "profile": "- stress response: withdraws", "situation": "A hard evening.", "query": "I failed again.",
+    "response": "I'm sorry.", "queries": "1. (moment: a) I failed.", "situations": "1. [ES] A hard evening.",
+    "criteria": "1. (100%) n: d", "dimension": "resonation", "definition": "how well it understands",
+    "aspects": "- recognition: names the feeling", "category_definitions": "- ES (emotional support): x",
+    "per_category": "1", "categories": "ES, HEQ, SS", "language": "English",
+}  # fmt: skip
+
+
+def sentences(text: str) -> list[str]:
+    """Sentences and list items, paragraph by paragraph."""
+    found = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        flat = " ".join(paragraph.split())
+        found += [s for s in re.split(r"(?<=[.:;!?])\s+(?=[A-Z\-<(])|\s(?=- )", flat) if s.strip()]
+    return found
+
+
+def without_keys(text: str) -> str:
+    return re.sub(r"[0-9a-f]{16}", "KEY", text)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in BEFORE.glob("*.md")))
+def test_every_instruction_of_the_old_prompt_is_in_the_new_request(name):
+    """Only the order and the shared preamble changed: each sentence of the old system prompt
+    (its instructions, slots filled in) is in the new request, outside the data blocks, and
+    every value the old request carried is in the new one (test_evaluation.py checks that
+    the values stay inside their data blocks)."""
+    from personaemp.prompts import load_prompt
+
+    old = load_prompt(name, BEFORE)
+    old_messages = old.render(**VALUES)
+    new_messages = load_prompt(name).render(**VALUES)
+    new_text = " ".join(without_keys("\n".join(m["content"] for m in new_messages)).split())
+    missing = [s for s in sentences(without_keys(old_messages[0]["content"])) if s not in new_text]
+    assert not missing, missing
+    for slot in re.findall(r"\$(\w+)", old.user.template):
+        assert " ".join(VALUES[slot].split()) in new_text, slot

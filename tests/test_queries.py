@@ -420,30 +420,36 @@ EN_TURNS_TEXT = (
 )
 
 
-def user_context(key: str) -> str:
-    """The context block every request of the user's chain opens with (after the preamble)."""
-    return (
-        f"Memories:\n<memories-{key}>\n{EN_MEMORIES_TEXT}\n</memories-{key}>\n\n"
-        f"The user's own recent messages:\n<turns-{key}>\n{EN_TURNS_TEXT}\n</turns-{key}>\n\n"
-        f"Profile (grounded traits):\n<profile-{key}>\n{EN_PROFILE}\n</profile-{key}>\n\n"
+def blocks(key: str, *names: str) -> str:
+    """The user's context as the steps of gen-queries show it: data blocks under headings."""
+    parts = {
+        "profile": ("Profile (grounded traits)", EN_PROFILE),
+        "memories": ("Memories", EN_MEMORIES_TEXT),
+        "turns": ("The user's own recent messages", EN_TURNS_TEXT),
+    }
+    return "\n\n".join(
+        f"{parts[name][0]}:\n<{name}-{key}>\n{parts[name][1]}\n</{name}-{key}>" for name in names
     )
 
 
 def context_key() -> str:
-    values = {"memories": EN_MEMORIES_TEXT, "turns": EN_TURNS_TEXT}
-    return fence(values, shared=("memories", "turns"))["fence"]
+    """The key of a user's blocks: a hash of the first block (their profile)."""
+    return fence({"profile": EN_PROFILE}, shared=("profile",))["fence"]
 
 
 def test_situation_messages_golden():
     messages = build_situation_messages(persona(english_user()), QueryOptions(), PROMPTS["situations"])
-    assert [m["role"] for m in messages] == ["system", "user"]
-    assert messages[0]["content"] == section("shared", "preamble")
     task = Template(section("situations", "task")).substitute(
         category_definitions=category_definitions(("ES", "HEQ", "SS")),
         per_category=1,
         categories="ES, HEQ, SS",
     )
-    assert messages[1]["content"] == user_context(context_key()) + task
+    # The preamble every step shares, the step's task (shared by every user), then the user's blocks.
+    assert messages == [
+        {"role": "system", "content": section("shared", "preamble")},
+        {"role": "user", "content": task},
+        {"role": "user", "content": blocks(context_key(), "profile", "memories")},
+    ]
 
 
 def test_situation_messages_tell_the_model_the_cap_and_the_categories():
@@ -462,15 +468,19 @@ def test_query_messages_golden():
         situation("SS", ["m2"], text="They want to ask their boss about the next promotion."),
     ]
     messages = build_query_messages(persona(english_user()), situations, PROMPTS["query"])
-    assert [m["role"] for m in messages] == ["system", "user"]
-    assert messages[0]["content"] == section("shared", "preamble")
-    assert messages[1]["content"] == (
-        user_context(context_key())
-        + Template(section("query", "task")).substitute(language="English")
-        + "\n\nMoments (write one message for each, same order):\n"
-        "1. [ES] Their sister cancelled the hospital visit again.\n"
-        "2. [SS] They want to ask their boss about the next promotion."
-    )
+    assert messages == [
+        {"role": "system", "content": section("shared", "preamble")},
+        {"role": "user", "content": section("query", "task")},
+        {
+            "role": "user",
+            "content": blocks(context_key(), "profile", "turns") + "\n\n"
+            + Template(section("query", "input")).substitute(
+                language="English",
+                situations="1. [ES] Their sister cancelled the hospital visit again.\n"
+                "2. [SS] They want to ask their boss about the next promotion.",
+            ),
+        },
+    ]  # fmt: skip
 
 
 def test_query_messages_for_a_user_without_turns_say_none():
@@ -478,7 +488,7 @@ def test_query_messages_for_a_user_without_turns_say_none():
     row["turns"] = [{"role": "assistant", "text": "Hello, how can I help?"}]
     messages = build_query_messages(persona(row), [situation()], PROMPTS["query"])
     assert re.search(
-        r"The user's own recent messages:\n<turns-(\w+)>\n\(none\)\n</turns-\1>\n\n", messages[1]["content"]
+        r"The user's own recent messages:\n<turns-(\w+)>\n\(none\)\n</turns-\1>\n\n", messages[2]["content"]
     )
 
 
@@ -500,7 +510,7 @@ def test_query_messages_language_name_fallbacks(language, name):
     row = english_user()
     row["language"] = language
     messages = build_query_messages(persona(row), [situation()], PROMPTS["query"])
-    assert f"in {name}." in messages[1]["content"]
+    assert f"in {name}." in messages[2]["content"]
 
 
 def test_check_messages_golden():
@@ -519,10 +529,15 @@ def test_check_messages_golden():
     task = Template(section("check", "task")).substitute(
         category_definitions=category_definitions(), fence=key
     )
-    assert messages[0]["content"] == section("shared", "preamble")
-    assert messages[1]["content"] == (
-        user_context(key) + task + f"\n\nMessages:\n<queries-{key}>\n{queries}\n</queries-{key}>"
-    )
+    assert messages == [
+        {"role": "system", "content": section("shared", "preamble")},
+        {"role": "user", "content": task},
+        {
+            "role": "user",
+            "content": blocks(key, "profile", "memories")
+            + f"\n\nMessages:\n<queries-{key}>\n{queries}\n</queries-{key}>",
+        },
+    ]
     assert build_check_messages(persona(english_user()), situations, texts, PROMPTS["check"]) == messages
     assert all(key not in text for text in (EN_PROFILE, EN_MEMORIES_TEXT, EN_TURNS_TEXT, queries))
 
@@ -540,11 +555,10 @@ def test_chinese_memories_and_turns_render_verbatim():
         '(user said: "我和她一个月没说话了")\n'
         "[c2] Education/Exams: 正在准备研究生考试，压力很大"
     )
-    key = re.match(r"Memories:\n<memories-(\w+)>", messages[1]["content"]).group(1)
-    assert f"Memories:\n<memories-{key}>\n{memories}\n</memories-{key}>\n\n" in messages[1]["content"]
-    assert (
-        f"Profile (grounded traits):\n<profile-{key}>\n{ZH_PROFILE}\n</profile-{key}>"
-        in messages[1]["content"]
+    key = re.match(r"Profile \(grounded traits\):\n<profile-(\w+)>", messages[2]["content"]).group(1)
+    assert messages[2]["content"] == (
+        f"Profile (grounded traits):\n<profile-{key}>\n{ZH_PROFILE}\n</profile-{key}>\n\n"
+        f"Memories:\n<memories-{key}>\n{memories}\n</memories-{key}>"
     )
 
 
@@ -848,9 +862,12 @@ def test_stage_requests_carry_the_per_user_schemas_and_prompts(tmp_path):
         by_step[next(s for s in ("situations", "messages", "reviews") if s in props)] = body
     sit = by_step["situations"]
     assert sit["model"] == "fake"
-    assert sit["messages"] == build_situation_messages(
-        persona(rows[0]), QueryOptions(), PROMPTS["situations"]
-    )
+    system, task, context = build_situation_messages(persona(rows[0]), QueryOptions(), PROMPTS["situations"])
+    # Sent as one user turn (json_schema: no schema text between the task and the context).
+    assert sit["messages"] == [
+        system,
+        {"role": "user", "content": f"{task['content']}\n\n{context['content']}"},
+    ]
     item = schema_for_request(sit)["$defs"]["SituationReply"]["properties"]
     assert item["memory_ids"]["items"]["enum"] == ["m1", "m2", "m3"]
     assert schema_for_request(by_step["messages"])["properties"]["messages"]["maxItems"] == 3

@@ -299,6 +299,7 @@ class Engine:
         (TEXT: a free-text request, no response format)."""
         if mode in ("json_object", "none"):
             messages = _with_schema_text(messages, schema)
+        messages = _join_turns(messages)
         if self.fold_system:
             messages = _fold_system(messages)
         request: dict[str, Any] = {
@@ -638,13 +639,32 @@ def _reask(messages: list[Message], bad_reply: str, error: str) -> list[Message]
 
 def _with_schema_text(messages: list[Message], schema: dict[str, Any]) -> list[Message]:
     """For endpoints that cannot take a schema: state it (with the word json, which DeepSeek
-    and OpenAI require for json_object) at the end of the last user turn. At the end, because
-    a schema differs per step (and per user: ids narrowed to theirs); first, it would keep the
-    provider's prefix cache from serving the context the user's requests share."""
+    and OpenAI require for json_object) at the end of the first user turn: after the shared
+    context and the step's task, before what only this request carries (a prompt's second
+    user turn: the moment, the dimension, the response). Not first: a schema differs per
+    step (and per user: ids narrowed to theirs), and would keep the provider's prefix cache
+    from serving the context the requests share."""
     text = SCHEMA_IN_PROMPT.format(schema=json.dumps(schema, separators=(",", ":")))
-    if messages and messages[-1]["role"] == "user":
-        return [*messages[:-1], {"role": "user", "content": f"{messages[-1]['content']}\n\n{text}"}]
-    return [*messages, {"role": "user", "content": text}]
+    first = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+    if first is None:
+        return [*messages, {"role": "user", "content": text}]
+    turn = messages[first]
+    return [
+        *messages[:first],
+        {"role": "user", "content": f"{turn['content']}\n\n{text}"},
+        *messages[first + 1 :],
+    ]
+
+
+def _join_turns(messages: list[Message]) -> list[Message]:
+    """Consecutive turns of one role as one: strict chat templates want roles to alternate."""
+    joined: list[Message] = []
+    for message in messages:
+        if joined and joined[-1]["role"] == message["role"]:
+            joined[-1] = {**joined[-1], "content": f"{joined[-1]['content']}\n\n{message['content']}"}
+        else:
+            joined.append(message)
+    return joined
 
 
 def _fold_system(messages: list[Message]) -> list[Message]:

@@ -1,11 +1,13 @@
 """Prompt templates: <name>.md files with sections (`## name`) and `$name` slots.
 
 Two layouts. A step of the pipeline declares `## context` (which blocks of shared.md it
-reads), `## task` (its instructions) and optionally `## input` (what only this request
-carries): its request is the shared preamble (system), then one user message holding the
-context blocks, the task and the input, in that order. Requests about the same user or
-query thus open with the same bytes, which a provider's prefix cache serves at a fraction of
-the price; what differs (the step's task, the dimension, the response) comes last. A plain
+reads, in order; `task` among them marks where its task goes, else last), `## task` (its
+instructions) and optionally `## input` (what only this request carries): its request is
+the shared preamble (system), then the context blocks, the task and the input. Requests
+about the same user thus open with the same bytes, which a provider's prefix cache serves at
+a fraction of the price; what differs (the dimension, the response) comes last. A step that
+runs many times per user (criteria, judges) puts its task before the blocks about one query,
+so the task is shared by all the user's queries too. A plain
 `## system` + `## user` template (the policy model's) is rendered as those two messages.
 
 The templates live in prompts/ at the root of a checkout, where they are read from; a
@@ -69,14 +71,21 @@ def prompts_dir() -> Traversable:
 class Prompt:
     name: str
     system: Template  # the preamble (context layout) or the `## system` section
-    user: Template  # the task, then the input (context layout), or the `## user` section
+    user: Template  # the task (context layout) or the `## user` section
     hash: str  # of the template, and of the preamble and context blocks it uses
     data: tuple[str, ...] = ()  # slots whose values are fenced as data blocks
-    context: tuple[Template, ...] = ()  # the context blocks, in order, before the task
+    context: tuple[Template, ...] = ()  # the context blocks before the task
+    after: tuple[Template, ...] = ()  # ... and after it, before the input
+    input: Template | None = None
     base: tuple[str, ...] = ()  # the slots of the first context block: they make the KEY
 
     def render(self, **values: str) -> list[dict[str, str]]:
-        """Every section filled in; a `$name` slot without a value is an error."""
+        """Every section filled in; a `$name` slot without a value is an error.
+
+        Context layout: the preamble (system), the context blocks and the task (user), and
+        when the step has more (blocks after the task, its input) a second user turn: the
+        engine states the reply's schema, when it must, at the end of the first user turn
+        and sends the two as one, so the schema too is shared by the requests it suits."""
         if self.data:
             missing = [name for name in self.data if name not in values]
             if missing:
@@ -85,14 +94,20 @@ class Prompt:
             values = {**values, **fence(data, shared=self.base)}
         try:
             system = self.system.substitute(values)
-            parts = [block.substitute(values) for block in self.context]
+            first = [block.substitute(values) for block in self.context]
             user = self.user.substitute(values)
+            rest = [block.substitute(values) for block in self.after]
+            if self.input is not None:
+                rest.append(self.input.substitute(values))
         except KeyError as exc:
             raise InputError(f"prompt {self.name}: no value for ${exc.args[0]}") from None
-        return [
+        messages = [
             {"role": "system", "content": system},
-            {"role": "user", "content": "\n\n".join([*parts, user])},
+            {"role": "user", "content": "\n\n".join([*first, user])},
         ]
+        if rest:
+            messages.append({"role": "user", "content": "\n\n".join(rest)})
+        return messages
 
 
 def _read(path: Path | Traversable) -> str:
@@ -126,22 +141,25 @@ def load_prompt(name: str, folder: Path | Traversable | None = None) -> Prompt:
     digest.update(shared_text.encode())  # the preamble and the blocks are part of every request
     pieces = _SHARED_SECTION.split(shared_text)
     shared = {pieces[i]: pieces[i + 1].strip() for i in range(1, len(pieces) - 1, 2)}
+    # `## context` names the blocks in order; `task` marks where the task goes (default: last).
     names = sections["context"].split()
-    unknown = [n for n in [PREAMBLE, *names] if n not in shared or (n == PREAMBLE and n in names)]
-    if unknown or not names:
+    before, _, after = " ".join(names).partition("task")
+    blocks = [n for n in names if n != "task"]
+    unknown = [n for n in [PREAMBLE, *blocks] if n not in shared or (n == PREAMBLE and n in blocks)]
+    if unknown or not blocks or names.count("task") > 1:
         raise InputError(
             f"{shared_path}: no context block '## {unknown[0] if unknown else '?'}' for prompt {name}"
         )
-    blocks = tuple(Template(shared[n]) for n in names)
-    slots = [tuple(block.get_identifiers()) for block in blocks]
-    user = sections["task"] + (f"\n\n{sections['input']}" if sections.get("input") else "")
+    slots = [tuple(Template(shared[n]).get_identifiers()) for n in blocks]
     return Prompt(
         name=name,
         system=Template(shared[PREAMBLE]),
-        user=Template(user),
+        user=Template(sections["task"]),
         hash=digest.hexdigest()[:12],
         data=tuple(dict.fromkeys([*(s for group in slots for s in group), *data])),
-        context=blocks,
+        context=tuple(Template(shared[n]) for n in before.split()),
+        after=tuple(Template(shared[n]) for n in after.split()),
+        input=Template(sections["input"]) if sections.get("input") else None,
         base=slots[0],
     )
 

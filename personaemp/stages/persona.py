@@ -182,9 +182,7 @@ def parse_persona(user: User, reply: PersonaReply, require_depth: bool = True) -
 
 
 def build_big_five_messages(user: User, traits: Sequence[Trait], prompt: Prompt) -> list[dict[str, str]]:
-    return prompt.render(
-        profile=profile_text(traits), memories=render_memories(user.memories), turns=render_turns(user)
-    )
+    return prompt.render(profile=profile_text(traits), memories=render_memories(user.memories))
 
 
 def big_five_schema(user: User) -> dict[str, Any]:

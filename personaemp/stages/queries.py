@@ -113,7 +113,6 @@ def build_situation_messages(persona: Persona, options: QueryOptions, prompt: Pr
     return prompt.render(
         profile=persona.profile,
         memories=render_memories(persona.memories),
-        turns=render_turns(persona),
         per_category=str(options.per_category),
         categories=", ".join(options.categories),
         category_definitions=category_definitions(options.categories),
@@ -163,7 +162,6 @@ def build_query_messages(
     return prompt.render(
         language=LANGUAGE_NAMES.get(persona.language or "", persona.language or "the user's language"),
         profile=persona.profile,
-        memories=render_memories(persona.memories),
         turns=render_turns(persona),
         situations=_numbered([f"[{s.category}] {s.text}" for s in situations]),
     )
@@ -191,7 +189,6 @@ def build_check_messages(persona: Persona, situations, texts: Sequence[str], pro
     return prompt.render(
         profile=persona.profile,
         memories=render_memories(persona.memories),
-        turns=render_turns(persona),
         queries=queries,
         category_definitions=category_definitions(),  # all three: the judge may say another one fits
     )
