@@ -304,7 +304,8 @@ class LLMOptions(Section):
         Field(gt=0),
         Opt(
             "Stop (resumable) before this run's spend, counted from the endpoint's usage at "
-            "--price-in/--price-out, could exceed this many dollars (each stage of `run` its own).",
+            "--price-in/--price-out (cached prompt tokens at --price-cached), could exceed this "
+            "many dollars (each stage of `run` its own).",
             metavar="USD",
         ),
     ] = None
