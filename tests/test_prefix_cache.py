@@ -4,12 +4,14 @@ report counts the cached prompt tokens the endpoint reports and prices them at
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, reply, schema_for_request, schema_from_messages
+from rich.console import Console
 from test_persona import Script, filtered_users, quiet, settings_for
 
 from personaemp.llm.accounting import Accounting, dollars
@@ -101,15 +103,21 @@ def schema_anywhere(script: Script):
 def test_the_run_report_counts_the_cached_tokens_the_server_served(tmp_path, rule, profile):
     input_path = filtered_users(tmp_path)
     work = tmp_path / "work"
+    shown = Console(file=io.StringIO(), width=200)
     with FakeOpenAI(
         responder=schema_anywhere(Script(input_path)), profile=profile, prefix_cache=rule
     ) as server:
         report, _ = infer_personas(
             input_path, tmp_path / "personas.jsonl",
-            settings_for(server, work, price_in=0.28, price_out=0.42, price_cached=0.028), console=quiet(),
+            settings_for(server, work, price_in=0.28, price_out=0.42, price_cached=0.028), console=shown,
         )  # fmt: skip
         served, prompt = server.cached_tokens, server.prompt_tokens
     assert server.errors == []
+    from personaemp.summaries import print_stage_report
+
+    print_stage_report(report, shown)  # what the command prints: a column when there are any
+    assert (served > 0) == (rule == "deepseek"), "OpenAI serves nothing under 1,024 tokens"
+    assert ("of them prefix-cached" in shown.file.getvalue()) == (served > 0)
     recorded = json.loads((work / REPORT_FILE).read_text())["stages"]["infer-persona"]
     assert recorded["totals"]["cached_tokens"] == served == report.totals["cached_tokens"]
     assert recorded["totals"]["prompt_tokens"] == prompt
