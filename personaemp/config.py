@@ -219,6 +219,7 @@ def llm_settings(options: LLMOptions, env: Mapping[str, str] | None = None):
         refresh=options.refresh,
         price_in=options.price_in,
         price_out=options.price_out,
+        price_cached=options.price_cached,
         max_cost=options.max_cost,
         estimate=options.estimate,
         batch=options.batch,

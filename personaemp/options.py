@@ -305,6 +305,14 @@ class LLMOptions(Section):
     )
     price_in: Annotated[float | None, Field(ge=0), Opt("Price per million prompt tokens.")] = None
     price_out: Annotated[float | None, Field(ge=0), Opt("Price per million completion tokens.")] = None
+    price_cached: Annotated[
+        float | None,
+        Field(ge=0),
+        Opt(
+            "Price per million prompt tokens the provider's prefix cache serves (reported as "
+            "cached or cache-hit tokens); unset: priced at --price-in."
+        ),
+    ] = None
     batch: Annotated[
         Path | None,
         Opt(
@@ -326,7 +334,8 @@ class LLMOptions(Section):
         Field(gt=0),
         Opt(
             "Stop (resumable) before this run's spend, counted from the endpoint's usage at "
-            "--price-in/--price-out, could exceed this many dollars (each stage of `run` its own).",
+            "--price-in/--price-out (cached prompt tokens at --price-cached), could exceed this "
+            "many dollars (each stage of `run` its own).",
             metavar="USD",
         ),
     ] = None

@@ -716,7 +716,7 @@ def estimate_pipeline(options: RunOptions, console: Console, env: Mapping[str, s
         projected = project(
             [(step, 1) for step in (s.name for s in queries_stage.STEPS)],
             units, prompt, source, options.llm.max_tokens, history,
-            (options.llm.price_in, options.llm.price_out),
+            (options.llm.price_in, options.llm.price_out, options.llm.price_cached),
         )  # fmt: skip
     finally:
         if cache is not None:

@@ -53,6 +53,10 @@ def print_stage_report(report, console: Console) -> None:
         "reasks": "re-ask", "cut_replies": "cut", "prompt_tokens": "tok in",
         "completion_tokens": "tok out", "reasoning_tokens": "of them think",
     }  # fmt: skip
+    if any(stats.get("cached_tokens") for stats in report.steps.values()):
+        # The provider's prefix cache (billed at --price-cached), not the reply cache.
+        columns = {**dict(list(columns.items())[:7]), "cached_tokens": "of them prefix-cached",
+                   **dict(list(columns.items())[7:])}  # fmt: skip
     table.add_column("step")
     for title in columns.values():
         table.add_column(title, justify="right")
@@ -326,15 +330,18 @@ def print_estimate(report, console: Console) -> None:
         f"{outcome.failed_before + outcome.failed} failed (kept). Nothing was sent or written."
     )
     table = Table(title=f"{report.stage} · {report.model}", title_justify="left")
-    for title in ("step", "calls", "tok in", "tok out", "from"):
+    for title in ("step", "calls", "tok in", "of them prefix-cached", "tok out", "from"):
         table.add_column(title, justify="left" if title in ("step", "from") else "right")
     for name, entry in estimate["steps"].items():
         table.add_row(name, f"{entry['calls']:,}", f"{entry['prompt_tokens']:,}",
-                      f"{entry['completion_tokens']:,}", escape(entry["source"]))  # fmt: skip
+                      f"{entry.get('cached_tokens', 0):,}", f"{entry['completion_tokens']:,}",
+                      escape(entry["source"]))  # fmt: skip
     console.print(table)
-    cost = "" if estimate["cost"] is None else f" · about ${estimate['cost']:.2f} at --price-in/--price-out"
+    prices = "--price-in/--price-out/--price-cached"
+    cost = "" if estimate["cost"] is None else f" · about ${estimate['cost']:.2f} at {prices}"
     console.print(
-        f"tokens ({estimate['counted_as']}): {estimate['prompt_tokens']:,} in + "
+        f"tokens ({estimate['counted_as']}): {estimate['prompt_tokens']:,} in "
+        f"({estimate.get('cached_tokens', 0):,} in a prefix sent before) + "
         f"{estimate['completion_tokens']:,} out{cost}"
     )
 

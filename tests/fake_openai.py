@@ -64,6 +64,17 @@ a reader of the older prompts would take them, ``<<<`` up to the first ``>>>``. 
 that respects the blocks cannot be talked to, and one whose block the content can close
 can: ``injected(text)`` writes such an attack.
 
+Prefix cache (``FakeOpenAI(prefix_cache=...)``, ``--prefix-cache``; rules in ``CACHE_RULES``): the
+server emulates a provider's prompt cache. A request's prompt is its text as the provider
+would cache it: the ``response_format``'s schema first when it carries one (json_schema, or
+json_object with a ``schema``: OpenAI caches it as a prefix), then each message as
+``<|role|>`` + content; a token is 4 characters of it, and ``prompt_tokens`` counts them.
+Its cached tokens are the longest prefix, in whole blocks, that an answered request sent
+before it: ``deepseek`` 64-token blocks, reported as ``prompt_cache_hit_tokens`` and
+``prompt_cache_miss_tokens``; ``openai`` 128-token blocks and nothing under 1,024 tokens,
+reported as ``prompt_tokens_details.cached_tokens``. A prefix counts from the moment its
+request arrived. ``server.prompt_tokens`` and ``server.cached_tokens`` sum them.
+
 Key-safety options: ``require_key="sk-.."`` answers any chat or ``/v1/models`` request whose
 ``Authorization`` is not ``Bearer sk-..`` with HTTP 401 "Incorrect API key provided: <the
 key received>." (echoed in full, as a leaky endpoint would). ``echo_key=True`` puts the
@@ -83,7 +94,8 @@ Standalone use (benchmarks, separate process)::
     python tests/fake_openai.py --port 0 --latency-median 0.3 --latency-sigma 0.8 --fault-rate 0.1 --seed 1
 
 prints ``READY http://127.0.0.1:PORT/v1`` once listening and serves until killed. ``--profile``,
-``--require-key``, ``--echo-key`` and ``--echo-key-form``, ``--obeying`` set the options above;
+``--require-key``, ``--echo-key`` and ``--echo-key-form``, ``--obeying``, ``--prefix-cache`` set the
+options above;
 ``--huge BYTES`` and ``--trickle SECONDS`` (``--trickle-bound``) make every answer huge or trickled.
 """
 
@@ -91,6 +103,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import math
 import random
@@ -107,6 +120,7 @@ from typing import Any
 
 __all__ = [
     "INJECTION_MARKER",
+    "CACHE_RULES",
     "PROFILES",
     "REASONING",
     "Action",
@@ -482,6 +496,50 @@ def default_content(body: dict | None) -> str:
 
 def _tokens(text: str) -> int:
     return math.ceil(len(text) / 4)
+
+
+CACHE_RULES = {"deepseek": (64, 64), "openai": (128, 1024)}  # block tokens, fewest tokens served
+TOKEN_CHARS = 4
+
+
+def cache_text(body: dict) -> str:
+    """The request as a provider's prefix cache sees it: the schema (when the response format
+    carries one), then every message with its role."""
+    parts = []
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict):
+        schema = response_format.get("json_schema") or response_format.get("schema")
+        if schema is not None:
+            parts.append(json.dumps(schema, ensure_ascii=False))
+    for message in body.get("messages", []):
+        role = message.get("role", "") if isinstance(message, dict) else ""
+        parts.append(f"<|{role}|>{_message_text(message)}")
+    return "".join(parts)
+
+
+class PrefixCache:
+    """The blocks of every prompt seen, each keyed by a hash of the whole prefix it ends."""
+
+    def __init__(self, rule: str):
+        self.block, self.minimum = CACHE_RULES[rule]
+        self.seen: set[bytes] = set()
+        self.lock = threading.Lock()
+
+    def serve(self, text: str) -> tuple[int, int]:
+        """(prompt tokens, cached tokens) of a prompt; its blocks are remembered."""
+        size = self.block * TOKEN_CHARS
+        digest, matched, missed = hashlib.sha1(), 0, False
+        with self.lock:
+            for start in range(0, len(text) - size + 1, size):
+                digest.update(text[start : start + size].encode())
+                key = digest.digest()
+                if not missed and key in self.seen:
+                    matched += 1
+                else:
+                    missed = True
+                    self.seen.add(key)
+        cached = matched * self.block
+        return _tokens(text), cached if cached >= self.minimum else 0
 
 
 def _message_text(message: Any) -> str:
@@ -881,6 +939,16 @@ class _Handler(BaseHTTPRequestHandler):
             "completion_tokens": completion,
             "total_tokens": _tokens(prompt_text) + completion,
         }
+        if fake.prefix_cache is not None and not action.usage:
+            prompt, cached = fake.prefix_cache.serve(cache_text(body))
+            usage.update(prompt_tokens=prompt, total_tokens=prompt + completion)
+            if fake.prefix_cache_rule == "deepseek":
+                usage.update(prompt_cache_hit_tokens=cached, prompt_cache_miss_tokens=prompt - cached)
+            else:
+                usage["prompt_tokens_details"] = {"cached_tokens": cached}
+            with fake._lock:
+                fake.prompt_tokens += prompt
+                fake.cached_tokens += cached
         if reasoning and not action.usage:
             usage["completion_tokens_details"] = {"reasoning_tokens": _tokens(reasoning)}
         n = body.get("n") or 1
@@ -954,11 +1022,20 @@ class FakeOpenAI:
         echo_key: bool | str = False,
         reasoning: str = REASONING,
         obeying: bool = False,
+        prefix_cache: str | None = None,
     ) -> None:
         if profile is not None and profile not in PROFILES:
             raise ValueError(f"unknown profile {profile!r}; expected one of {', '.join(PROFILES)}")
         if not isinstance(echo_key, bool) and echo_key not in KEY_FORMS:
             raise ValueError(f"unknown echo_key form {echo_key!r}; expected one of {', '.join(KEY_FORMS)}")
+        if prefix_cache is not None and prefix_cache not in CACHE_RULES:
+            raise ValueError(
+                f"unknown prefix_cache {prefix_cache!r}; expected one of {', '.join(CACHE_RULES)}"
+            )
+        self.prefix_cache_rule = prefix_cache
+        self.prefix_cache = PrefixCache(prefix_cache) if prefix_cache is not None else None
+        self.prompt_tokens = 0  # with a prefix cache: the prompt tokens of every answer
+        self.cached_tokens = 0  # ... and those its prefix cache served
         self.profile = profile
         self.require_key = require_key
         self.echo_key = echo_key
@@ -1157,6 +1234,9 @@ def main(argv: list[str] | None = None) -> int:
         "--echo-key-form", choices=sorted(KEY_FORMS), default=None, help="echo it in this form"
     )
     parser.add_argument("--obeying", action="store_true", help="a judge that obeys text outside data blocks")
+    parser.add_argument(
+        "--prefix-cache", choices=sorted(CACHE_RULES), default=None, help="emulate a prompt cache"
+    )
     args = parser.parse_args(argv)
 
     latency = None
@@ -1177,6 +1257,7 @@ def main(argv: list[str] | None = None) -> int:
         require_key=args.require_key,
         echo_key=args.echo_key_form or args.echo_key,
         obeying=args.obeying,
+        prefix_cache=args.prefix_cache,
     )
     print(f"READY {server.base_url}", flush=True)
     try:

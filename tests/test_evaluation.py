@@ -462,7 +462,10 @@ UNFENCED = Path(__file__).parent / "data" / "prompts_unfenced"  # the prompts be
 
 
 def system_text(messages: list[dict]) -> str:
-    return " ".join(messages[0]["content"].lower().split())
+    """What a request tells the model: every message, without its data blocks."""
+    from fake_openai import outside_blocks
+
+    return " ".join(outside_blocks("\n".join(m["content"] for m in messages)).lower().split())
 
 
 def unit_for_prompts(response: str | None = "a reply") -> dict:
@@ -637,7 +640,7 @@ def test_no_prompt_leaves_user_or_policy_text_outside_its_data_blocks():
     for messages in requests:
         text = "\n".join(m["content"] for m in messages)
         assert INJECTION_MARKER in text and INJECTION_MARKER not in outside_blocks(text)
-        assert "are given as data blocks" in messages[0]["content"].replace("\n", " ")
+        assert "are given as data blocks" in system_text(messages)
 
 
 # --- the paper's baselines and ablations ------------------------------------------------------

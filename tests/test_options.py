@@ -390,6 +390,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "retry_failed": True,
         "price_in": 1.5,
         "price_out": 2.5,
+        "price_cached": 0.25,
         "max_cost": 3.0,
         "estimate": False,
         "batch": None,
@@ -561,7 +562,7 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
     assert settings.steps == NON_DEFAULT["llm"]["steps"]
     assert (settings.max_retries, settings.max_reasks, settings.work_dir) == (1, 0, Path("w"))
     assert (settings.use_cache, settings.refresh) == (False, True)
-    assert (settings.price_in, settings.price_out) == (1.5, 2.5)
+    assert (settings.price_in, settings.price_out, settings.price_cached) == (1.5, 2.5, 0.25)
     args, kwargs = by_run["queries"]
     assert args[:2] == (Path("q/in.jsonl"), Path("q/out.jsonl")) and args[2] == settings
     assert kwargs["options"].categories == ("ES", "SS") and kwargs["options"].per_category == 2

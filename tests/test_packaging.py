@@ -195,7 +195,11 @@ def test_wheel_ships_the_data_files_and_runs_the_pipeline_when_installed(tmp_pat
     # The recorded prompt hashes are those of the shipped files.
     for persona in read_jsonl(processed / "personas.jsonl"):
         for name in ("persona", "big_five"):
-            text = (site / "personaemp" / "prompts" / f"{name}.md").read_text(encoding="utf-8")
+            # A step's hash covers its template and shared.md (the preamble and context blocks).
+            text = "".join(
+                (site / "personaemp" / "prompts" / f"{part}.md").read_text(encoding="utf-8")
+                for part in (name, "shared")
+            )
             assert persona["provenance"]["prompts"][name] == hashlib.sha256(text.encode()).hexdigest()[:12]
 
     assert sorted(p.name for p in REPO.iterdir()) == checkout_before  # no build/ left behind

@@ -61,6 +61,7 @@ class RawReply:
     reasoning: str = ""  # reasoning_content / reasoning, as vLLM, SGLang and DeepSeek send it
     reasoning_tokens: int | None = None
     seconds: float | None = None  # how long the endpoint took to answer (not cached)
+    cached_tokens: int | None = None  # prompt tokens the provider's prefix cache served
 
     def as_dict(self) -> dict[str, Any]:
         return {name: value for name, value in self.__dict__.items() if name != "seconds"}
@@ -249,6 +250,17 @@ class EndpointPool:
         return reply
 
 
+def cached_tokens(usage: dict) -> int | None:
+    """The prompt tokens a provider's prefix cache served: OpenAI (and vLLM) say
+    prompt_tokens_details.cached_tokens, DeepSeek prompt_cache_hit_tokens; None when neither."""
+    details = usage.get("prompt_tokens_details") or {}
+    for value in (details.get("cached_tokens") if isinstance(details, dict) else None,
+                  usage.get("prompt_cache_hit_tokens")):  # fmt: skip
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
+
+
 def _parse_completion(response: Any) -> RawReply:
     try:
         choice = response["choices"][0]
@@ -266,6 +278,7 @@ def _parse_completion(response: Any) -> RawReply:
             completion_tokens=usage.get("completion_tokens"),
             reasoning=redact(reasoning),
             reasoning_tokens=details.get("reasoning_tokens"),
+            cached_tokens=cached_tokens(usage),
         )
     except (KeyError, IndexError, TypeError, AttributeError) as exc:
         raise LLMError("server_error", f"not a chat completion ({type(exc).__name__}: {exc})") from None

@@ -136,7 +136,7 @@ class LLMStage:
             totals={**totals.__dict__, "failures": dict(totals.failures)},
             structured=engine.structured_report(),
             full=self.full,
-            cost=accounting.cost(settings.price_in, settings.price_out),
+            cost=accounting.cost(settings.price_in, settings.price_out, settings.price_cached),
             calls=accounting.slowest_calls(),
             output=str(self.output),
             failures=str(self.failures),
@@ -221,7 +221,7 @@ async def arun_llm_stage(
             report = plan.report(engine, settings, outcome, started)
             if estimate is not None:
                 report.estimate = estimate.report(
-                    cache_history(engine.cache), settings.price_in, settings.price_out
+                    cache_history(engine.cache), settings.price_in, settings.price_out, settings.price_cached
                 )
             return report
 
