@@ -427,3 +427,15 @@ def test_a_failed_request_takes_the_fallback_and_a_dead_endpoint_stops_the_step(
     dead = LLMSettings(base_urls=["http://127.0.0.1:9/v1"], model="m", work_dir=tmp_path / "d", max_retries=0)
     with pytest.raises(EndpointError):
         trl_call(PereGRM(dead), [row("q1")], ["anything"])
+
+
+def test_the_step_log_counts_the_cached_tokens_the_provider_served(tmp_path):
+    """A step's three dimensions share the rollout's prefix: a DeepSeek-like cache serves part
+    of it, and the log counts exactly what the server reported."""
+    rows, completions = [row("q1"), row("q2")], ["first answer", "second answer"]
+    with FakeOpenAI(responder=judge, prefix_cache="deepseek") as server:
+        reward = PereGRM(settings(server, tmp_path), log_path=tmp_path / "reward.jsonl")
+        trl_call(reward, rows, completions)
+        served = server.cached_tokens
+    (line,) = [json.loads(text) for text in (tmp_path / "reward.jsonl").read_text().splitlines()]
+    assert served > 0 and line["cached_tokens"] == served
