@@ -13,10 +13,10 @@ LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DCMAKE_PROJECT_llama.cp
 
 # Let Python cache the bytecode of what it imports (in .venv and __pycache__/, both ignored
 # by git): with PYTHONDONTWRITEBYTECODE set, as on some CI images, every test worker and
-# every CLI subprocess compiled openai, pydantic, polars... again (make test: 130 s vs 93 s).
+# every CLI subprocess compiled openai, pydantic, datasets... again (make test: 130 s vs 93 s).
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: demo test lint format
+.PHONY: demo test lint format chromium docs
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade 'pip>=25'
 	# --no-compile: byte-compiling every installed module took 25 of 59 s; Python compiles
 	# the modules it imports on first use (the first test run pays part of it back).
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet --no-compile --disable-pip-version-check -e '.[dev,local]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet --no-compile --disable-pip-version-check -e '.[dev,local,docs]'
 	touch $@
 
 # The main job on the embedded defaults: the shipped AlpsBench sample through the whole
@@ -33,11 +33,26 @@ $(BIN)/.installed: pyproject.toml
 demo: $(BIN)/.installed
 	$(BIN)/personaemp run --config personaemp.toml
 
-test: $(BIN)/.installed
+# The browser tests of `personaemp review` (tests/test_review.py) drive Debian's chromium over
+# a DevTools pipe, no pip package. Installed once (apt keeps the .debs in its cache); present,
+# this is one `command -v`. Not root or no apt: the browser tests are skipped, and say why.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	{ echo "installing chromium for the browser tests (once)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) \
+	  || echo "could not install chromium: the browser tests will be skipped"; }
+
+test: $(BIN)/.installed chromium
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	# The docs site (docs/, mkdocs.yml): a broken link, anchor or API reference fails (2 s).
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 	$(BIN)/pytest -q -n 3 --dist worksteal  # 3 workers on 2 cores: see tests/conftest.py
 
 format: $(BIN)/.installed
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
+
+# The docs site, served with live reload at http://127.0.0.1:8000
+docs: $(BIN)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve

@@ -107,8 +107,8 @@ def responder(rng: random.Random):
                 ]
             }
         if "messages" in properties:
-            system = body["messages"][0]["content"]
-            language = next((c for c, n in LANGUAGE_NAMES.items() if f"in {n}." in system), "en")
+            asked = "\n".join(m["content"] for m in body["messages"])  # the language is named anywhere
+            language = next((c for c, n in LANGUAGE_NAMES.items() if f"in {n}." in asked), "en")
             moments = re.findall(r"^\d+\. \[(\w+)\]", prompt, re.MULTILINE)
             own = re.findall(r"^- (.{20,})$", prompt, re.MULTILINE)
             messages = []

@@ -56,20 +56,21 @@ def scripted(rng: random.Random):
         text = json.dumps(body["messages"])
         if "response_format" not in body and "Answer in json" not in text:
             return RESPONSE  # the policy
-        if "grading sheet" in text:
+        fmt = body.get("response_format") or {}
+        properties = ((fmt.get("json_schema") or {}).get("schema") or {}).get("properties", {})
+        if "score" in properties:  # a judge: fixed, or dynamic with its own criteria first
+            reply = {"analysis": ANALYSIS, "score": rng.randint(2, 5)}
+            if "criteria" in properties:
+                reply = {"criteria": [CRITERION] * 5, **reply}
+            return reply
+        if "criteria" in properties:  # the criteria writer
             return {
                 "criteria": [
                     {"name": f"criterion {i}", "weight": 20, "description": CRITERION} for i in range(5)
                 ]
             }
-        if "outside reader" in text:
-            return {"aspects": [{"name": n, "score": rng.randint(10, 20)} for n in ("r", "h", "e", "c", "s")]}
-        if "Dimension: " in text:
-            reply = {"analysis": ANALYSIS, "score": rng.randint(2, 5)}
-            if "First decide" in text:
-                items = [{"name": f"c{i}", "weight": 20, "description": CRITERION} for i in range(5)]
-                reply = {"criteria": items, **reply}
-            return reply
+        if "content_effectiveness" in properties:  # the bystander
+            return {name: rng.randint(10, 20) for name in properties}
         return base(body, number)
 
     return answer

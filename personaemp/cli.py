@@ -4,22 +4,57 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
 from personaemp.config import Resolver
 from personaemp.errors import PersonaempError
-from personaemp.options import CLI_ONLY, COMMANDS, LLM_PANEL, OptionSpec, show_default, specs
+from personaemp.options import (
+    CLI_ONLY,
+    COMMANDS,
+    LLM_PANEL,
+    OUTPUT_OPTIONS,
+    OptionSpec,
+    notice_renamed,
+    show_default,
+    specs,
+)
+
+
+def _clean_help(params: list) -> list:
+    """No type placeholder after a flag (typer shows `<bool>` for --ood/--no-ood, --help...)."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+        elif param.param_type_name == "argument" and param.metavar:  # its name says it: no <str>
+            param.display_type_rich = lambda ctx: None
+    return params
+
+
+class _Group(TyperGroup):
+    def get_params(self, ctx):
+        return _clean_help(super().get_params(ctx))
+
+
+class _Command(TyperCommand):
+    def get_params(self, ctx):
+        return _clean_help(super().get_params(ctx))
+
 
 app = typer.Typer(
     help="Build personalized-empathy datasets (PersonaEmp) from long-term user-AI interaction data.",
+    cls=_Group,
     no_args_is_help=True,
     invoke_without_command=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion
+    context_settings={"help_option_names": ["-h", "--help"]},  # inherited by every command
     pretty_exceptions_show_locals=False,
 )
 
@@ -29,7 +64,7 @@ def main(
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     """Staged commands: filter -> infer-persona -> gen-queries -> split -> stats -> push; then
-    criteria -> respond -> evaluate to benchmark models on the dataset."""
+    criteria -> respond -> evaluate to benchmark models on the dataset; export to train on it."""
     if version:
         from personaemp import __version__
 
@@ -98,8 +133,62 @@ def _ctrl_c_raised_again(previous):
     return hook
 
 
-def stderr_console() -> Console:
-    return Console(stderr=True, soft_wrap=True)
+WIDE = 1000  # columns of a console that is not a terminal: a table piped to a file is not cut
+
+
+def console_for(stderr: bool = True, quiet: bool = False) -> Console:
+    """A terminal's width on a terminal; else (a pipe, a file) wide, unless COLUMNS says."""
+    stream = sys.stderr if stderr else sys.stdout
+    wide = not stream.isatty() and not os.environ.get("COLUMNS")
+    return Console(stderr=stderr, soft_wrap=True, quiet=quiet, width=WIDE if wide else None)
+
+
+def stderr_console(quiet: bool = False) -> Console:
+    return console_for(stderr=True, quiet=quiet)
+
+
+def output_options() -> list[inspect.Parameter]:
+    """-q/--quiet and --json, declared once for every stage command, `run` and `merge`."""
+    return [
+        inspect.Parameter(
+            "quiet",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=False,
+            annotation=Annotated[bool, typer.Option("--quiet", "-q", help=OUTPUT_OPTIONS["--quiet"])],
+        ),
+        inspect.Parameter(
+            "json_output",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=False,
+            annotation=Annotated[bool, typer.Option("--json", help=OUTPUT_OPTIONS["--json"])],
+        ),
+    ]
+
+
+def print_json(result: Any) -> None:
+    """A command's result on stdout (StageResult, or `run`'s results): one JSON document."""
+    import json
+
+    if result is None:
+        return
+    sys.stdout.write(json.dumps(result.as_dict(), ensure_ascii=False, indent=2, default=str) + "\n")
+
+
+def with_output_options(command):
+    """`command(console, ...)` -> the Typer command with --quiet/--json: it gets the
+    console the flags ask for and returns a result, printed as JSON with --json."""
+    signature = inspect.signature(command, eval_str=True)
+    parameters = [p for name, p in signature.parameters.items() if name != "console"]
+
+    @functools.wraps(command)
+    def wrapper(*args, quiet: bool = False, json_output: bool = False, **kwargs):
+        result = command(*args, console=stderr_console(quiet), **kwargs)
+        if json_output:
+            print_json(result)
+
+    wrapper.__signature__ = signature.replace(parameters=[*parameters, *output_options()])  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {}
+    return wrapper
 
 
 INTERRUPTED = "Interrupted — run it again to resume"
@@ -121,15 +210,37 @@ def reports_errors(command):
     def wrapper(*args, **kwargs):
         try:
             return command(*args, **kwargs)
-        except PersonaempError as error:
+        except (PersonaempError, OSError) as error:
+            from personaemp.errors import os_error
             from personaemp.secrets import redact
 
+            if isinstance(error, OSError):  # the same line for every command: path, what, what to do
+                error = os_error(error)
             stderr_console().print(f"[bold red]Error:[/] {escape(redact(str(error)))}")
             raise typer.Exit(error.exit_code) from None
         except KeyboardInterrupt:
             raise typer.Exit(interrupted()) from None
+        except Exception as error:
+            if type(error).__module__.split(".")[0] in ("click", "typer"):  # how a command exits
+                raise
+            _report_bug()
+            raise typer.Exit(1) from None
 
     return wrapper
+
+
+def _report_bug() -> None:
+    """A genuine bug keeps its traceback (redacted), and says that it is one."""
+    import traceback
+
+    from personaemp.secrets import redact
+
+    console = stderr_console()
+    console.print(escape(redact(traceback.format_exc()) or ""), highlight=False, end="")
+    console.print(
+        "[bold red]Bug:[/] this is an error in personaemp itself, not in your input or machine: "
+        "please report it with the lines above."
+    )
 
 
 # --- stage commands: their options are generated from personaemp.options ----------------------
@@ -163,8 +274,20 @@ def _typer_parameter(option: OptionSpec, panel: str | None) -> inspect.Parameter
     )
 
 
+def _old_parameter(option: OptionSpec) -> inspect.Parameter:
+    """The option's earlier flag (Opt.renamed_from), hidden: it works, with a notice."""
+    assert option.kind == "value", "only value options were renamed"
+    return inspect.Parameter(
+        f"old_{option.name}",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=None,
+        annotation=Annotated[str | None, typer.Option(option.old_flag, hidden=True)],
+    )
+
+
 def stage_command(name: str):
-    """Register `func(options: Resolver, **cli_only)` as the stage command `name`.
+    """Register `func(options: Resolver, console: Console, **cli_only)` as the stage command
+    `name`; it returns its StageResult (printed with --json) or None.
 
     The command's options are the fields of its sections (personaemp.options.COMMANDS),
     plus --config and the command-only parameters `func` declares itself. Only the
@@ -173,45 +296,69 @@ def stage_command(name: str):
     sections = COMMANDS[name]
 
     def register(func):
+        declared = list(inspect.signature(func, eval_str=True).parameters.values())[2:]
+        wants_json = any(parameter.name == "json_output" for parameter in declared)  # told of --json
         own = [
             parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY)
-            for parameter in list(inspect.signature(func, eval_str=True).parameters.values())[1:]
+            for parameter in declared
+            if parameter.name != "json_output"
         ]
         generated = [
             _typer_parameter(option, LLM_PANEL if section == "llm" else None)
             for section in sections
             for option in specs(section)
         ]
+        old = [_old_parameter(option) for section in sections for option in specs(section) if option.old_flag]
         config = inspect.Parameter(
             "config",
             inspect.Parameter.KEYWORD_ONLY,
             default=None,
             annotation=Annotated[
-                Path | None, typer.Option("--config", "-c", help=CLI_ONLY[name]["--config"])
+                Path | None,
+                typer.Option("--config", "-c", metavar="FILE", help=CLI_ONLY[name]["--config"]),
             ],
         )
         context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
 
-        def command(ctx: typer.Context, config: Path | None = None, **values):
+        def command(
+            ctx: typer.Context,
+            config: Path | None = None,
+            quiet: bool = False,
+            json_output: bool = False,
+            **values,
+        ):
             from personaemp.config import cli_flags
+            from personaemp.paths import check_command
+
+            def given_here(parameter: str) -> bool:
+                source = ctx.get_parameter_source(parameter)  # (by name: typer may bundle its own click)
+                return source is not None and source.name == "COMMANDLINE"
 
             flags: dict[str, dict[str, Any]] = {}
             for section in sections:
                 given = {}
                 for option in specs(section):
                     value = values.pop(option.name)
-                    # (compared by name: typer may bundle its own click)
-                    source = ctx.get_parameter_source(option.name)
-                    if source is not None and source.name == "COMMANDLINE":
+                    earlier = values.pop(f"old_{option.name}", None) if option.old_flag else None
+                    if given_here(option.name):
                         given[option.name] = value
+                    elif earlier is not None:
+                        notice_renamed(option.old_flag, option.flag)
+                        given[option.name] = earlier
                 flags[section] = cli_flags(section, given)
             resolver = Resolver(config, flags=flags, style="cli")
-            return func(resolver, **values)
+            check_command(name, resolver.section)
+            if wants_json:
+                values["json_output"] = json_output
+            result = func(resolver, stderr_console(quiet), **values)
+            if json_output:
+                print_json(result)
 
-        command.__signature__ = inspect.Signature([context, config, *generated, *own])  # type: ignore[attr-defined]
+        parameters = [context, config, *generated, *own, *output_options(), *old]
+        command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
         command.__name__, command.__doc__ = func.__name__, func.__doc__
         command.__annotations__ = {}
-        app.command(name)(reports_errors(command))
+        app.command(name, cls=_Command)(reports_errors(command))
         return func
 
     return register
@@ -220,78 +367,92 @@ def stage_command(name: str):
 @stage_command("filter")
 def filter_command(
     options: Resolver,
+    console: Console,
     show_rules: Annotated[
         bool, typer.Option("--show-rules", help=CLI_ONLY["filter"]["--show-rules"])
     ] = False,
-) -> None:
+):
     """Keep the users whose memories show personality and emotionally relevant experience."""
     if show_rules:
         from personaemp.rules import default_rules_text
 
         typer.echo(default_rules_text(), nl=False)
-        return
+        return None
     from personaemp.pipeline import run_filter
 
-    run_filter(options.filter, stderr_console())
+    return run_filter(options.filter, console)
 
 
 @stage_command("infer-persona")
 def infer_persona_command(
     options: Resolver,
+    console: Console,
     show: Annotated[
         str | None, typer.Option("--show", metavar="USER", help=CLI_ONLY["infer-persona"]["--show"])
     ] = None,
-) -> None:
+):
     """Infer an evidence-grounded persona and Big Five levels for each filtered user (LLM)."""
     if show is not None:
         from personaemp.summaries import print_persona
 
-        print_persona(options.persona.output, show, Console(soft_wrap=True))
-        return
+        print_persona(options.persona.output, show, console_for(stderr=False))
+        return None
     from personaemp.pipeline import run_persona
 
-    run_persona(options.persona, options.llm, stderr_console())
+    return run_persona(options.persona, options.llm, console)
 
 
 @stage_command("gen-queries")
-def gen_queries_command(options: Resolver) -> None:
+def gen_queries_command(options: Resolver, console: Console):
     """Write empathy-seeking queries (ES, HEQ, SS) for each eligible persona and check them (LLM)."""
     from personaemp.pipeline import run_queries
 
-    run_queries(options.queries, options.llm, stderr_console())
+    return run_queries(options.queries, options.llm, console)
 
 
-@app.command("merge")
+@app.command("merge", cls=_Command)
 @reports_errors
+@with_output_options
 def merge_command(
-    stage: Annotated[str, typer.Argument(help="The stage run as shards: infer-persona or gen-queries.")],
+    stage: Annotated[
+        str, typer.Argument(metavar="STAGE", help="The stage run as shards: infer-persona or gen-queries.")
+    ],
     config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="personaemp.toml to read the stage's paths from.")
+        Path | None,
+        typer.Option(
+            "--config", "-c", metavar="FILE", help="personaemp.toml to read the stage's paths from."
+        ),
     ] = None,
     input: Annotated[  # noqa: A002 - the flag's name
-        Path | None, typer.Option("--input", "-i", help="The stage's input (default: from the config).")
+        Path | None,
+        typer.Option("--input", "-i", metavar="PATH", help="The stage's input (default: from the config)."),
     ] = None,
     output: Annotated[
         Path | None,
         typer.Option(
-            "--output", "-o", help="The stage's output; the shards are beside it (default: config)."
+            "--output",
+            "-o",
+            metavar="PATH",
+            help="The stage's output; the shards are beside it (default: config).",
         ),
     ] = None,
-) -> None:
+    *,
+    console: Console,
+):
     """Join the shard files of an LLM stage (--shard I/N) into its output, checking that
     every user is in exactly one shard."""
     from personaemp.config import load_config
     from personaemp.pipeline import run_merge
 
-    run_merge(stage, load_config(config), stderr_console(), input_path=input, output=output)
+    return run_merge(stage, load_config(config), console, input_path=input, output=output)
 
 
-@app.command("serve-local")
+@app.command("serve-local", cls=_Command)
 @reports_errors
 def serve_local_command(
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8011,
-    n_ctx: Annotated[int, typer.Option(help="Context size in tokens.")] = 8192,
+    host: Annotated[str, typer.Option(metavar="ADDRESS", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(metavar="INTEGER", help="Port to listen on.")] = 8011,
+    n_ctx: Annotated[int, typer.Option(metavar="INTEGER", help="Context size in tokens.")] = 8192,
 ) -> None:
     """Serve the embedded model (OpenAI-compatible, foreground) for other tools; Ctrl-C stops it."""
     from personaemp.llm.local import serve_local
@@ -302,64 +463,123 @@ def serve_local_command(
 
 
 @stage_command("split")
-def split_command(options: Resolver) -> None:
+def split_command(options: Resolver, console: Console):
     """Split users into train/test: random 9:1, and (unless --no-ood) a held-out Big Five cluster."""
     from personaemp.pipeline import run_split
 
-    run_split(options.split, stderr_console())
+    return run_split(options.split, console)
 
 
 @stage_command("stats")
-def stats_command(options: Resolver) -> None:
+def stats_command(options: Resolver, console: Console):
     """Describe a build: funnel, Big Five levels, queries, checks, as stats.json, plots and a summary."""
     from personaemp.pipeline import run_stats
 
-    run_stats(options.stats, stderr_console())
+    return run_stats(options.stats, console)
 
 
 @stage_command("push")
-def push_command(options: Resolver) -> None:
+def push_command(options: Resolver, console: Console):
     """Publish the splits as a Hub dataset (configs random and ood) with a dataset card;
-    without --repo-id, or with --dry-run, write the same repository to --out."""
+    without --repo-id, or with --dry-run, write the same repository to --out-dir."""
     from personaemp.pipeline import run_push
 
-    run_push(options.push, stderr_console())
+    return run_push(options.push, console)
 
 
-@app.command("run")
+@app.command("run", cls=_Command)
 @reports_errors
+@with_output_options
 def run_command(
     config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="personaemp.toml (default: built-in settings).")
+        Path | None,
+        typer.Option("--config", "-c", metavar="FILE", help="personaemp.toml (default: built-in settings)."),
     ] = None,
-) -> None:
+    *,
+    console: Console,
+):
     """Run filter -> infer-persona -> gen-queries -> split -> stats -> push from one config, resuming."""
     from personaemp.config import load_config
     from personaemp.pipeline import run_pipeline
 
     options = load_config(config)  # every section now: a bad value stops before any stage
-    run_pipeline(options, stderr_console())
+    return run_pipeline(options, console)
 
 
 @stage_command("criteria")
-def criteria_command(options: Resolver) -> None:
+def criteria_command(options: Resolver, console: Console):
     """Write 4-6 weighted evaluation criteria per query and PERM dimension, seeing no response (LLM)."""
     from personaemp.pipeline import run_criteria
 
-    run_criteria(options.criteria, options.llm, stderr_console())
+    return run_criteria(options.criteria, options.llm, console)
 
 
 @stage_command("respond")
-def respond_command(options: Resolver) -> None:
+def respond_command(options: Resolver, console: Console):
     """Have a policy model answer every query of a split, with the chosen context (LLM)."""
     from personaemp.pipeline import run_respond
 
-    run_respond(options.respond, options.llm, stderr_console())
+    return run_respond(options.respond, options.llm, console)
+
+
+@stage_command("export")
+def export_command(options: Resolver, console: Console):
+    """Write a split as training files: TRL's conversational prompts (JSON lines) or verl's parquet,
+    with the prompts `respond` sends and what the PereGRM reward reads."""
+    from personaemp.pipeline import run_export
+
+    return run_export(options.section("export"), console)
 
 
 @stage_command("evaluate")
-def evaluate_command(options: Resolver) -> None:
+def evaluate_command(options: Resolver, console: Console, json_output: bool = False):
     """Score systems' responses per PERM dimension (fixed criteria, or dynamic @k), side by side (LLM)."""
     from personaemp.pipeline import run_evaluate
 
-    run_evaluate(options.evaluate, options.llm, Console(soft_wrap=True))
+    # The tables are the command's output (stdout), unless --json holds stdout: then stderr.
+    tables = console if json_output else console_for(stderr=False)
+    return run_evaluate(options.evaluate, options.llm, console, tables=tables)
+
+
+@stage_command("table")
+def table_command(options: Resolver, console: Console):
+    """Render the paper's Table 1 (systems x judge x split: Res, Exp, Rec, Avg) from evaluate reports."""
+    from personaemp.pipeline import run_table
+
+    return run_table(options.section("table"), console)
+
+
+@stage_command("review")
+def review_command(
+    options: Resolver,
+    console: Console,
+    export_label_studio: Annotated[
+        Path | None,
+        typer.Option(
+            "--export-label-studio", metavar="DIR", help=CLI_ONLY["review"]["--export-label-studio"]
+        ),
+    ] = None,
+    import_label_studio: Annotated[
+        Path | None,
+        typer.Option(
+            "--import-label-studio", metavar="FILE", help=CLI_ONLY["review"]["--import-label-studio"]
+        ),
+    ] = None,
+):
+    """Serve a local page to label a stratified sample of queries: accept/reject, agree with the
+    judge or not, traits supported or not, a note; every click goes to the labels file."""
+    from personaemp.stages.review import exchange_label_studio, serve_review
+
+    review = options.section("review")
+    if export_label_studio or import_label_studio:
+        return exchange_label_studio(review, export_label_studio, import_label_studio, console)
+    return serve_review(review, console)
+
+
+@stage_command("agreement")
+def agreement_command(options: Resolver, console: Console):
+    """How far the LLM judge agrees with people (kappa, intervals, precision, corrected pass
+    shares) and, with --judge-model, with a second judge re-running the check step."""
+    from personaemp.stages.agreement import run_agreement
+
+    return run_agreement(options.section("agreement"), options.llm, console)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,9 @@ from personaemp.options import (
     derive,
     describe,
     env_values,
+    notice_renamed,
     parse_assignments,
+    renamed,
     spec,
     specs,
 )
@@ -42,9 +45,13 @@ def read_config(path: Path) -> dict[str, Any]:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise InputError(f"{path}: no such config file") from None
+        raise InputError(
+            f"{path}: no such config file", "copy personaemp.toml from the repository and edit it"
+        ) from None
     except IsADirectoryError:
         raise InputError(f"{path}: is a folder, not a config file") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not valid UTF-8 (byte {exc.start})", "save the file as UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{path}: not valid TOML ({exc})") from None
     secrets = _secret_keys(data)
@@ -126,15 +133,23 @@ class Resolver:
         model = SECTIONS[name]
         values: dict[str, Any] = {}
         sources: dict[str, tuple[str, str]] = {}  # field -> (name with the file, short name)
+        renames = renamed(model)
         for key, value in self.data.get(name, {}).items():
+            if key in renames and renames[key] not in self.data[name]:  # an earlier key: read, noted
+                notice_renamed(f"{name}.{key}", f"{name}.{renames[key]}", f"{self.path}: ")
+                key = renames[key]
             values[key] = value
             sources[key] = (f"{self.path}: {name}.{key}", f"{name}.{key}")
         for key, (variable, value) in env_values(name, self.env).items():
             values[key] = _merge(values.get(key), value)
             sources[key] = (variable, variable)
         for key, value in self.flags.get(name, {}).items():
+            if key in renames:  # the Python API, given an earlier name (the CLI maps its flags)
+                warnings.warn(f"{key}= is deprecated, use {renames[key]}=", FutureWarning, stacklevel=2)
+                key = renames[key]
             values[key] = _merge(values.get(key), value)
-            sources[key] = (spec(name, key).flag,) * 2
+            # how the caller wrote it: a flag, or (the Python API) the argument's name
+            sources[key] = (key if self.style == "python" else spec(name, key).flag,) * 2
         for option in specs(name):
             if option.name not in values and option.opt.derive:
                 values[option.name] = derive(option.opt.derive, self.section)
@@ -204,6 +219,7 @@ def llm_settings(options: LLMOptions, env: Mapping[str, str] | None = None):
         refresh=options.refresh,
         price_in=options.price_in,
         price_out=options.price_out,
+        price_cached=options.price_cached,
         max_cost=options.max_cost,
         estimate=options.estimate,
         batch=options.batch,

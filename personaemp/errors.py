@@ -1,5 +1,7 @@
 """Exceptions the library raises; cli.py turns them into one line on stderr and an exit code."""
 
+import os
+
 
 class PersonaempError(Exception):
     """A run failed for a reason the user can act on (exit code 1)."""
@@ -56,3 +58,36 @@ def first_problem(exc) -> str:
     problem = exc.errors()[0]
     where = ".".join(str(part) for part in problem["loc"])
     return f"{where}: {problem['msg']}" if where else problem["msg"]
+
+
+# errno -> (what happened, what to do, exit code): 2 when the path the user gave is wrong, 1
+# when the machine is (a full disk, a failing device).
+_OS_ERRORS = {
+    "ENOSPC": ("no space left on the device", "free some space and run it again: finished rows are kept", 1),
+    "EDQUOT": ("the disk quota is used up", "free some space and run it again: finished rows are kept", 1),
+    "EROFS": ("the file system is read-only", "choose a folder on a writable disk", 2),
+    "EACCES": ("permission denied", "choose a folder you may write to, or fix its permissions", 2),
+    "EPERM": ("operation not permitted", "choose another path, or fix its permissions", 2),
+    "EISDIR": ("is a folder, not a file", "give a file's path", 2),
+    "ENOTDIR": ("a part of this path is a file, not a folder", "check the path", 2),
+    "ENOENT": ("no such file or folder", "check the path", 2),
+    "ENAMETOOLONG": ("the name is too long", "choose a shorter path", 2),
+    "EEXIST": ("already exists", "choose another path", 2),
+    "EMFILE": ("too many open files", "raise the limit (ulimit -n) or lower --concurrency", 1),
+    "EIO": ("the device failed to read or write", "check the disk", 1),
+}
+
+
+def os_error(exc: OSError) -> PersonaempError:
+    """An OSError as one line: the path, what happened in words, and what to do."""
+    import errno
+
+    name = errno.errorcode.get(exc.errno or 0, "")
+    what, hint, code = _OS_ERRORS.get(name, (exc.strerror or str(exc), None, 1))
+    paths = [str(p) for p in (exc.filename, exc.filename2) if p not in (None, "")]
+    if name == "EEXIST" and paths and os.path.isfile(paths[0]):  # mkdir where a file is
+        what, hint = "is a file, not a folder", "give a folder's path"
+    # os.replace(tmp, target) names the temp file first: the user knows the target
+    where = paths[-1] if len(paths) == 2 and name in ("EISDIR", "ENOTDIR") else (paths[0] if paths else "")
+    error = (InputError if code == 2 else PersonaempError)(f"{where}: {what}" if where else what, hint)
+    return error

@@ -74,6 +74,9 @@ def iter_jsonl(
                 continue
             try:
                 value = decoder.decode(raw)
+            except RecursionError:
+                policy.handle(RowError(f"{path}:{lineno}", "nested too deep to be a row"))
+                continue
             except (msgspec.DecodeError, UnicodeDecodeError) as exc:
                 # msgspec.ValidationError is a DecodeError: a typed field had the wrong type.
                 reason = str(exc) if isinstance(exc, msgspec.ValidationError) else _json_error(exc, raw)
@@ -233,16 +236,25 @@ def read_stage_rows(path: Path, model, *, keep=None, kind: str = "user") -> tupl
     an error: a stage never replaces its previous output with nothing.
     """
     ids, offsets, skipped = [], [], 0
+    lines: dict[str, int] = {}  # user id -> its line: each user once
     try:
         for lineno, offset, row in iter_jsonl(path, ErrorPolicy("fail")):
             try:
                 record = model.model_validate(row)
-            except ValidationError as exc:
-                raise InputError(f"{path}:{lineno}: not a {kind} row ({first_problem(exc)})") from None
+            except (ValidationError, RecursionError) as exc:
+                problem = first_problem(exc) if isinstance(exc, ValidationError) else "nested too deep"
+                raise InputError(f"{path}:{lineno}: not a {kind} row ({problem})") from None
+            uid = str(row["user_id"])
+            if uid in lines:
+                raise InputError(
+                    f"{path}:{lineno}: user {uid} again (first on line {lines[uid]})",
+                    "keep one row per user: each is one unit of work and one output row",
+                )
+            lines[uid] = lineno
             if keep is not None and not keep(record):
                 skipped += 1
                 continue
-            ids.append(str(row["user_id"]))
+            ids.append(uid)
             offsets.append(offset)
     except RowError as error:  # its hint names --on-error, which the LLM stages do not have
         raise InputError(
@@ -267,7 +279,10 @@ def pick_units(
         wanted = {str(u) for u in users}
         missing = wanted - set(ids)
         if missing:
-            raise InputError(f"{path}: no {label} {', '.join(sorted(missing))}")
+            raise InputError(
+                f"{path}: no {label} {', '.join(sorted(missing))}",
+                "check the ids against --input (the previous stage's output)",
+            )
         ids = [uid for uid in ids if uid in wanted]
     return set(ids[:limit] if limit is not None else ids)
 
@@ -284,10 +299,17 @@ def atomic_output(path: Path) -> Iterator[IO[bytes]]:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        named(exc, path)
         raise
+
+
+def named(exc: BaseException, path: Path) -> None:
+    """Give an OSError from a write (a full disk says no file) the path it was about."""
+    if isinstance(exc, OSError) and not exc.filename:
+        exc.filename = str(path)
 
 
 def _umask() -> int:
@@ -299,3 +321,45 @@ def _umask() -> int:
 def write_json_atomic(path: Path, value: Any) -> None:
     with atomic_output(path) as handle:
         handle.write(msgspec.json.format(msgspec.json.encode(value), indent=2) + b"\n")
+
+
+def notice(message: str) -> None:
+    """One line to the user about something put right on the way (stderr, as the summaries)."""
+    import sys
+
+    sys.stderr.write(f"warning: {message}\n")
+    sys.stderr.flush()
+
+
+def set_aside(path: Path, why: str) -> Path:
+    """Rename a damaged file to `NAME.corrupt-<time>` (kept for the user, out of the way of
+    what replaces it) and say so in one line."""
+    import time
+
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    number = 1
+    while target.exists():
+        number += 1
+        target = path.with_name(f"{path.name}.corrupt-{stamp}-{number}")
+    os.replace(path, target)
+    notice(f"{path}: {why}; kept aside as {target.name}, a new one is written")
+    return target
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON object file that the toolkit rewrites (a manifest, a run report): {} when it
+    is missing; set aside (never silently replaced) when it is not a readable object."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    try:
+        value = json.loads(data)
+    except ValueError as exc:  # UnicodeDecodeError too
+        set_aside(path, f"not valid JSON ({exc})")
+        return {}
+    if not isinstance(value, dict):
+        set_aside(path, "not a JSON object")
+        return {}
+    return value

@@ -1,8 +1,9 @@
 """Every option of every stage, declared once.
 
 One pydantic model per TOML section: `[filter]`, `[persona]` (infer-persona), `[queries]`
-(gen-queries), `[split]`, `[stats]`, `[push]`, `[criteria]`, `[respond]`, `[evaluate]`, `[llm]` (the options
-every LLM command shares) and
+(gen-queries), `[split]`, `[stats]`, `[push]`, `[criteria]`, `[respond]`, `[evaluate]`,
+`[table]`, `[review]`, `[agreement]`, `[export]`, `[reward]` (the training reward), `[llm]`
+(the options every LLM command shares) and
 `[paths]` (where a config's files live). A field is an option: its name is the TOML key,
 its type, default and constraints are the validation, and its `Opt` metadata holds the
 help text, the CLI spelling (default `--field-name`), the environment variable and, for
@@ -11,7 +12,8 @@ file paths, where its default comes from inside a config. From these models foll
 - the Typer options of each stage command (`personaemp.cli`),
 - the sections of personaemp.toml and their resolution, flag > env var > file > default
   (`personaemp.config`),
-- the option tables of the README (`markdown_tables`, `python -m personaemp.options README.md`).
+- the option tables of the docs' Options page (`markdown_tables`,
+  `python -m personaemp.options docs/options.md`).
 
 This module stays light (pydantic only): `personaemp --help` imports it.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import re
 import sys
 import types
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,22 +52,22 @@ LLM_PANEL = "LLM endpoint and engine"
 FORMATS = ("auto", "task1", "raw", "hf")  # personaemp.sources.FORMATS
 CHECKS = (
     "emotional_support", "logical_consistency", "role_awareness", "memory_ids_valid",
-    "category_match", "length_ok", "language_match", "not_duplicate",
+    "category_match", "length_ok", "language_match", "not_duplicate", "not_copied",
 )  # fmt: skip  # personaemp.stages.queries.CHECKS
 STEPS = (
     "persona", "big_five", "situations", "query", "check",
-    "criteria", "respond", "judge", "judge_dynamic", "bystander",
-)  # fmt: skip  # the stages' Step names
+    "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander", "judge_joint",
+)  # fmt: skip  # the stages' Step names (judge_joint: personaemp.reward)
 STEP_KEYS = ("temperature", "max_tokens")
 
 Format = Literal["auto", "task1", "raw", "hf"]
 Check = Literal[
     "emotional_support", "logical_consistency", "role_awareness", "memory_ids_valid",
-    "category_match", "length_ok", "language_match", "not_duplicate",
+    "category_match", "length_ok", "language_match", "not_duplicate", "not_copied",
 ]  # fmt: skip
 StepName = Literal[
     "persona", "big_five", "situations", "query", "check",
-    "criteria", "respond", "judge", "judge_dynamic", "bystander",
+    "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander", "judge_joint",
 ]  # fmt: skip
 
 
@@ -79,6 +82,15 @@ class Opt:
     # Inside a config, the default comes from elsewhere: "paths.input", "filter.output"
     # (the previous stage's output) or "processed:NAME" (NAME under [paths] processed).
     derive: str | None = None
+    # What the command does with a path option (personaemp.paths checks them before it
+    # writes): "read", "write" (a file; `beside`: files written next to it, {stem}/{name}
+    # of it), "update" (a file read and added to: labels, a second judge's verdicts) or
+    # "folder" (written; `beside`: the entries written inside, else all of it).
+    io: Literal["read", "write", "update", "folder"] | None = None
+    beside: tuple[str, ...] = ()
+    # The option's earlier name (TOML key; its flag --old-name): still read, with a one-line
+    # notice on stderr, for one release.
+    renamed_from: str | None = None
 
 
 class OptionProblem(ValueError):
@@ -131,10 +143,31 @@ class Section(BaseModel):
     @classmethod
     def _known_keys(cls, data: Any) -> Any:
         if isinstance(data, dict):
+            renames = renamed(cls)
+            for old in data.keys() & renames.keys():  # an earlier name: read, for one release
+                if renames[old] in data:
+                    raise OptionProblem(old, f"is the old name of {renames[old]}", "give only the new one")
+                warnings.warn(f"{old} is now {renames[old]}", FutureWarning, stacklevel=2)
+                data = {renames.get(key, key): value for key, value in data.items()}
             for key in data:
                 if key not in cls.model_fields:
                     raise OptionProblem(str(key), "is not a known key", f"use {', '.join(cls.model_fields)}")
         return data
+
+
+def notice_renamed(old: str, new: str, where: str = "") -> None:
+    """The one line an earlier option name gets (stderr): it works, for one release."""
+    sys.stderr.write(f"warning: {where}{old} is deprecated, use {new} (the old name goes next release)\n")
+
+
+def renamed(model: type[BaseModel]) -> dict[str, str]:
+    """{earlier name: name} of a section's renamed options (Opt.renamed_from)."""
+    return {
+        opt.renamed_from: name
+        for name, info in model.model_fields.items()
+        for opt in info.metadata
+        if isinstance(opt, Opt) and opt.renamed_from
+    }
 
 
 # --- the sections ------------------------------------------------------------------------------
@@ -157,12 +190,17 @@ class FilterOptions(Section):
             ("--input", "-i"),
             env="PERSONAEMP_INPUT",
             derive="paths.input",
+            io="read",
         ),
     ] = RAW_INPUT
     format: Annotated[Format, Opt("Input format (auto: detected).")] = "auto"
     rules: Annotated[
         Path | None,
-        Opt("Rules TOML; each key it sets overrides the shipped default (see --show-rules).", metavar="FILE"),
+        Opt(
+            "Rules TOML; each key it sets overrides the shipped default (see --show-rules).",
+            metavar="FILE",
+            io="read",
+        ),
     ] = None
     output: Annotated[
         Path,
@@ -170,11 +208,16 @@ class FilterOptions(Section):
             "Kept users, one per line; filter_report.json goes beside it.",
             ("--output", "-o"),
             derive="processed:filtered.jsonl",
+            io="write",
+            beside=("filter_report.json",),
         ),
     ] = PROCESSED / "filtered.jsonl"
-    split: Annotated[
+    benchmark_split: Annotated[
         str | None,
-        Opt("Split of a benchmark_data/ root (dev, validation, examples) or of a Hub dataset (train)."),
+        Opt(
+            "Split of a benchmark_data/ root (dev, validation, examples) or of a Hub dataset (train).",
+            renamed_from="split",
+        ),
     ] = None
     hf_config: Annotated[str | None, Opt("Config name of a Hub dataset.")] = None
     on_error: Annotated[
@@ -252,6 +295,7 @@ class LLMOptions(Section):
             "Cache and run report folder.",
             env="PERSONAEMP_WORK_DIR",
             derive="processed:.personaemp",
+            io="folder",
         ),
     ] = PROCESSED / ".personaemp"
     no_cache: Annotated[bool, Opt("Neither read nor write the cache.", ("--no-cache/--cache",))] = False
@@ -261,6 +305,14 @@ class LLMOptions(Section):
     )
     price_in: Annotated[float | None, Field(ge=0), Opt("Price per million prompt tokens.")] = None
     price_out: Annotated[float | None, Field(ge=0), Opt("Price per million completion tokens.")] = None
+    price_cached: Annotated[
+        float | None,
+        Field(ge=0),
+        Opt(
+            "Price per million prompt tokens the provider's prefix cache serves (reported as "
+            "cached or cache-hit tokens); unset: priced at --price-in."
+        ),
+    ] = None
     batch: Annotated[
         Path | None,
         Opt(
@@ -282,7 +334,8 @@ class LLMOptions(Section):
         Field(gt=0),
         Opt(
             "Stop (resumable) before this run's spend, counted from the endpoint's usage at "
-            "--price-in/--price-out, could exceed this many dollars (each stage of `run` its own).",
+            "--price-in/--price-out (cached prompt tokens at --price-cached), could exceed this "
+            "many dollars (each stage of `run` its own).",
             metavar="USD",
         ),
     ] = None
@@ -304,6 +357,14 @@ class LLMOptions(Section):
         return self
 
     @model_validator(mode="after")
+    def _local_has_no_endpoint(self) -> LLMOptions:
+        if self.llm == "local" and self.base_url:
+            raise OptionProblem(
+                "llm", "is 'local' (the embedded model) but {base_url} is set", "give one of them"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _remote_needs_an_endpoint(self) -> LLMOptions:
         if self.llm == "remote" and not self.base_url:
             raise OptionProblem(
@@ -322,10 +383,17 @@ class LLMOptions(Section):
 
 class PersonaOptions(Section):
     input: Annotated[
-        Path, Opt("Filtered users (filter's output).", ("--input", "-i"), derive="filter.output")
+        Path, Opt("Filtered users (filter's output).", ("--input", "-i"), derive="filter.output", io="read")
     ] = PROCESSED / "filtered.jsonl"
     output: Annotated[
-        Path, Opt("Personas, one per user.", ("--output", "-o"), derive="processed:personas.jsonl")
+        Path,
+        Opt(
+            "Personas, one per user.",
+            ("--output", "-o"),
+            derive="processed:personas.jsonl",
+            io="write",
+            beside=("infer-persona.failures.jsonl",),
+        ),
     ] = PROCESSED / "personas.jsonl"
     limit: Annotated[int | None, Field(ge=1), Opt("Only the first N users.")] = None
     users: Annotated[
@@ -341,7 +409,7 @@ class PersonaOptions(Section):
 
 class QueriesOptions(Section):
     input: Annotated[
-        Path, Opt("Personas (infer-persona's output).", ("--input", "-i"), derive="persona.output")
+        Path, Opt("Personas (infer-persona's output).", ("--input", "-i"), derive="persona.output", io="read")
     ] = PROCESSED / "personas.jsonl"
     output: Annotated[
         Path,
@@ -349,6 +417,8 @@ class QueriesOptions(Section):
             "Accepted queries per user; rejected.jsonl goes beside it.",
             ("--output", "-o"),
             derive="processed:queries.jsonl",
+            io="write",
+            beside=("rejected.jsonl", "gen-queries.failures.jsonl"),
         ),
     ] = PROCESSED / "queries.jsonl"
     per_category: Annotated[int, Field(ge=1), Opt("Situations (so queries) per category per user.")] = 1
@@ -382,11 +452,17 @@ class QueriesOptions(Section):
 
 class SplitOptions(Section):
     input: Annotated[
-        Path, Opt("Queries (gen-queries' output).", ("--input", "-i"), derive="queries.output")
+        Path, Opt("Queries (gen-queries' output).", ("--input", "-i"), derive="queries.output", io="read")
     ] = PROCESSED / "queries.jsonl"
     out_dir: Annotated[
         Path,
-        Opt("Folder of the splits and split_report.json.", ("--out-dir", "-o"), derive="processed:splits"),
+        Opt(
+            "Folder of the splits and split_report.json.",
+            ("--out-dir", "-o"),
+            derive="processed:splits",
+            io="folder",
+            beside=("random", "ood", "split_report.json"),
+        ),
     ] = PROCESSED / "splits"
     ood: Annotated[
         bool, Opt("Also the OOD split: one Big Five cluster held out (the paper publishes both).")
@@ -421,22 +497,29 @@ class StatsOptions(Section):
             derive="paths.processed",
         ),
     ] = PROCESSED
-    out: Annotated[
-        Path, Opt("Folder of stats.json and the plots (figures/*.png).", ("--out",), derive="processed:stats")
+    out_dir: Annotated[
+        Path,
+        Opt(
+            "Folder of stats.json and the plots (figures/*.png).",
+            derive="processed:stats",
+            io="folder",
+            beside=("stats.json", "figures"),
+            renamed_from="out",
+        ),
     ] = PROCESSED / "stats"
 
 
 class PushOptions(Section):
     splits: Annotated[
-        Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir")
+        Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir", io="read")
     ] = PROCESSED / "splits"
     repo_id: Annotated[
         str | None, Opt("Hub dataset repo OWNER/NAME; without one, a dry run.", metavar="OWNER/NAME")
     ] = None
-    dry_run: Annotated[bool, Opt("Write the repository to `out` instead of pushing it.")] = False
-    out: Annotated[Path, Opt("Folder of a dry run.", ("--out",), derive="processed:dataset")] = (
-        PROCESSED / "dataset"
-    )
+    dry_run: Annotated[bool, Opt("Write the repository to --out-dir instead of pushing it.")] = False
+    out_dir: Annotated[
+        Path, Opt("Folder of a dry run.", derive="processed:dataset", io="folder", renamed_from="out")
+    ] = PROCESSED / "dataset"
     private: Annotated[bool, Opt("Create the repo private.")] = False
     revision: Annotated[str | None, Opt("Branch to push to.")] = None
     include_dialogue: Annotated[bool, Opt("Also publish the users' own messages.")] = False
@@ -446,6 +529,7 @@ class PushOptions(Section):
             "Criteria file (`personaemp criteria`); published as a `criteria` column when it exists.",
             ("--criteria",),
             derive="processed:criteria.jsonl",
+            io="read",
         ),
     ] = PROCESSED / "criteria.jsonl"
 
@@ -464,18 +548,29 @@ class PushOptions(Section):
 
     @property
     def is_dry_run(self) -> bool:
-        """Without a repo id there is nothing to push to: a dry run into `out`."""
+        """Without a repo id there is nothing to push to: a dry run into `out_dir`."""
         return self.dry_run or not self.repo_id
 
 
 class CriteriaOptions(Section):
     input: Annotated[
         Path,
-        Opt("Queries (gen-queries' output, or a split file).", ("--input", "-i"), derive="queries.output"),
+        Opt(
+            "Queries (gen-queries' output, or a split file).",
+            ("--input", "-i"),
+            derive="queries.output",
+            io="read",
+        ),
     ] = PROCESSED / "queries.jsonl"
     output: Annotated[
         Path,
-        Opt("Criteria per query and dimension.", ("--output", "-o"), derive="processed:criteria.jsonl"),
+        Opt(
+            "Criteria per query and dimension.",
+            ("--output", "-o"),
+            derive="processed:criteria.jsonl",
+            io="write",
+            beside=("criteria.failures.jsonl",),
+        ),
     ] = PROCESSED / "criteria.jsonl"
     limit: Annotated[int | None, Field(ge=1), Opt("Only the first N queries.")] = None
     users: Annotated[
@@ -489,26 +584,37 @@ SplitName = Literal["random", "ood"]
 Part = Literal["train", "test"]
 
 
+# personaemp.stages.respond.CONTEXTS: what a policy sees (respond, and export's prompts)
+Context = Literal["none", "memory", "memory-summary", "rag", "mismatch", "persona"]
+
+
 class RespondOptions(Section):
     splits: Annotated[
-        Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir")
+        Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir", io="read")
     ] = PROCESSED / "splits"
     split: Annotated[SplitName, Opt("Split setting.")] = "random"
     part: Annotated[Part, Opt("Part of the split.")] = "test"
     context: Annotated[
-        Literal["none", "memory", "persona", "rag"],
+        Context,
         Opt(
-            "What the policy sees besides the query: nothing, the numbered memories (the paper's "
-            "input), the persona, or the rag_k memories most similar to the query."
+            "What the policy sees besides the query: nothing (w/o memory), the numbered memories "
+            "(the paper's input), a summary of the user it first writes from them (the Memory "
+            "baseline), the rag_k memories most similar to the query (RAG), another user's "
+            "memories (mismatched memory), or the persona (the judge reads it too)."
         ),
     ] = "memory"
-    rag_k: Annotated[int, Field(ge=1), Opt("Memories given with --context rag.")] = 3
+    rag_k: Annotated[int, Field(ge=1), Opt("Memories given with --context rag (the paper: 3).")] = 3
+    mismatch_seed: Annotated[
+        int, Opt("Seed choosing whose memories each user gets with --context mismatch (never their own).")
+    ] = 0
     output: Annotated[
         Path | None,
         Opt(
             "Responses, one per query (default: responses-<split>-<part>-<context>.jsonl beside the "
             "splits folder; name one per model).",
             ("--output", "-o"),
+            io="write",
+            beside=("{stem}.failures.jsonl",),
         ),
     ] = None
     limit: Annotated[int | None, Field(ge=1), Opt("Only the first N queries.")] = None
@@ -518,9 +624,95 @@ class RespondOptions(Section):
         return self.output or self.splits.parent / f"responses-{self.split}-{self.part}-{self.context}.jsonl"
 
 
+class ExportOptions(Section):
+    splits: Annotated[
+        Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir", io="read")
+    ] = PROCESSED / "splits"
+    split: Annotated[SplitName, Opt("Split setting.")] = "random"
+    part: Annotated[Part, Opt("Part of the split (train to train on, test to evaluate).")] = "train"
+    format: Annotated[
+        Literal["trl", "verl"],
+        Opt(
+            "trl: JSON lines with a conversational `prompt` and the reward's columns (datasets, "
+            "GRPOTrainer); verl: parquet with data_source, prompt, ability, reward_model, extra_info."
+        ),
+    ] = "trl"
+    context: Annotated[
+        Context,
+        Opt("What the policy sees besides the query, as `personaemp respond --context` (the same prompt)."),
+    ] = "memory"
+    rag_k: Annotated[int, Field(ge=1), Opt("Memories given with --context rag (the paper: 3).")] = 3
+    mismatch_seed: Annotated[
+        int, Opt("Seed choosing whose memories each user gets with --context mismatch (never their own).")
+    ] = 0
+    summaries: Annotated[
+        Path | None,
+        Opt(
+            "With --context memory-summary: the responses of `respond --context memory-summary`, "
+            "whose summaries the prompts carry.",
+            metavar="FILE",
+            io="read",
+        ),
+    ] = None
+    criteria: Annotated[
+        Path | None,
+        Opt("Fixed criteria (`personaemp criteria`) to carry in each row, for a fixed-criteria reward.",
+            ("--criteria",), metavar="FILE", io="read"),
+    ] = None  # fmt: skip
+    data_source: Annotated[str, Opt("verl's data_source of every row.")] = "personaemp"
+    output: Annotated[
+        Path | None,
+        Opt(
+            "The file written (default: export/<split>-<part>-<context>.jsonl, or .parquet with "
+            "--format verl, beside the splits folder).",
+            ("--output", "-o"),
+            io="write",
+        ),
+    ] = None
+
+    @property
+    def output_path(self) -> Path:
+        suffix = "parquet" if self.format == "verl" else "jsonl"
+        name = f"{self.split}-{self.part}-{self.context}.{suffix}"
+        return self.output or self.splits.parent / "export" / name
+
+
+class JudgeSpec(Section):
+    """One judge of a panel ([[evaluate.judges]], or --judge "name=a;model=m;base_url=URL;key_env=VAR")."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.-]*$"), Opt("Name in reports and file names.")]
+    model: Annotated[str | None, Opt("Judge model (default: --judge-model, else --model).")] = None
+    base_url: Annotated[str | None, Opt("Its endpoint (default: --base-url).")] = None
+    key_env: Annotated[
+        str | None, Opt("Environment variable holding its API key (default: OPENAI_API_KEY).")
+    ] = None
+
+
+def _judge_specs(value: Any) -> Any:
+    """TOML tables pass through; a flag's "key=value;key=value" becomes one."""
+    if isinstance(value, str | dict):
+        value = [value]
+    if not isinstance(value, list | tuple):
+        return value
+    found = []
+    for item in value:
+        if isinstance(item, str):
+            table: dict[str, str] = {}
+            for part in filter(None, (p.strip() for p in item.split(";"))):
+                key, sep, text = part.partition("=")
+                if not sep:
+                    raise OptionProblem(
+                        "judges", f"takes name=NAME;model=MODEL;base_url=URL;key_env=VAR, not {item!r}"
+                    )
+                table[key.strip()] = text.strip()
+            item = table
+        found.append(item)
+    return found
+
+
 class EvaluateOptions(Section):
     splits: Annotated[
-        Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir")
+        Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir", io="read")
     ] = PROCESSED / "splits"
     split: Annotated[SplitName, Opt("Split setting.")] = "random"
     part: Annotated[Part, Opt("Part of the split.")] = "test"
@@ -530,24 +722,59 @@ class EvaluateOptions(Section):
             "Responses file of a system (query_id, response per line); repeat for several, each "
             "named by its file name.",
             metavar="FILE",
+            io="read",
         ),
     ] = []
-    criteria_file: Annotated[
-        Path, Opt("Fixed criteria (`personaemp criteria`).", derive="criteria.output")
+    criteria: Annotated[
+        Path,
+        Opt(
+            "Fixed criteria (`personaemp criteria`).",
+            derive="criteria.output",
+            io="read",
+            renamed_from="criteria_file",
+        ),
     ] = PROCESSED / "criteria.jsonl"
     judge_model: Annotated[str | None, Opt("Judge model (default: --model).")] = None
+    judges: Annotated[
+        list[JudgeSpec],
+        BeforeValidator(_judge_specs),
+        Opt(
+            "A judge of a panel, repeatable: every system is judged by each, side by side, with how "
+            'far they agree. "name=NAME;model=MODEL;base_url=URL;key_env=VAR" (only name required; '
+            "TOML: [[evaluate.judges]] tables).",
+            ("--judge",),
+            metavar="SPEC",
+        ),
+    ] = []
+    missing: Annotated[
+        Literal["floor", "skip"],
+        Opt(
+            "A query without a visible response: floor (scores 1, counted in the means) or skip "
+            "(the authors' rule: means over the judged responses only)."
+        ),
+    ] = "floor"
     dynamic: Annotated[bool, Opt("PereGRM: the judge writes its own criteria in each call.")] = False
     samples: Annotated[int, Field(ge=1), Opt("Judgments averaged per dimension with --dynamic (@k).")] = 1
     bystander: Annotated[bool, Opt("Also the persona-blind bystander score B and the reward.")] = False
     reward_lambda: Annotated[
         float, Field(ge=0), Opt("lambda of reward = H + lambda * (B - 1).", ("--lambda",))
     ] = 0.5
-    report: Annotated[
+    output: Annotated[
         Path,
         Opt(
             "Report (JSON); the scores go beside it (<name>.scores.jsonl).",
-            ("--report", "-o"),
+            ("--output", "-o"),
             derive="processed:evaluation/report.json",
+            io="write",
+            # a panel's judges each write <stem>.<judge>.json and its scores and failures
+            beside=(
+                "{stem}.scores.jsonl",
+                "{stem}.failures.jsonl",
+                "{stem}.*.json",
+                "{stem}.*.scores.jsonl",
+                "{stem}.*.failures.jsonl",
+            ),  # fmt: skip
+            renamed_from="report",
         ),
     ] = PROCESSED / "evaluation" / "report.json"
 
@@ -555,6 +782,171 @@ class EvaluateOptions(Section):
     def _samples_need_dynamic(self) -> EvaluateOptions:
         if self.samples > 1 and not self.dynamic:
             raise OptionProblem("samples", "applies to {dynamic} judging", "add {dynamic}")
+        return self
+
+    @model_validator(mode="after")
+    def _judges_named_once(self) -> EvaluateOptions:
+        names = [judge.name for judge in self.judges]
+        for name in names:
+            if names.count(name) > 1:
+                raise OptionProblem("judges", f"names {name!r} twice", "give each judge its own name")
+        return self
+
+
+class TableOptions(Section):
+    reports: Annotated[
+        Names,
+        Opt(
+            "Report of `personaemp evaluate` (one per split: random, ood), repeatable; each judge "
+            "of a report is a column group.",
+            ("--report", "-r"),
+            metavar="FILE",
+            io="read",
+        ),
+    ] = []
+    format: Annotated[Literal["markdown", "csv", "latex"], Opt("Output format.")] = "markdown"
+    output: Annotated[
+        Path | None, Opt("Write the table here (default: print it).", ("--output", "-o"), io="write")
+    ] = None
+    harmonic: Annotated[bool, Opt("Add H (0-1) beside Avg in each group.")] = False
+    digits: Annotated[int, Field(ge=0, le=6), Opt("Decimals shown.")] = 2
+
+
+class ReviewOptions(Section):
+    input: Annotated[
+        Path,
+        Opt("Queries to review (gen-queries' output: accepted and rejected).", ("--input", "-i"),
+            derive="queries.output", io="read"),
+    ] = PROCESSED / "queries.jsonl"  # fmt: skip
+    labels: Annotated[
+        Path | None,
+        Opt(
+            "Labels file: every click is appended to it at once (JSON lines; several reviewers share "
+            "it). Default: labels.jsonl beside --input, where `agreement` and the card look.",
+            ("--labels",),
+            io="update",
+        ),
+    ] = None
+    size: Annotated[
+        int,
+        Field(ge=1),
+        Opt("Queries in the sample, taken in turn from each category/language/outcome stratum."),
+    ] = 60
+    seed: Annotated[
+        int, Opt("Seed of the sample (the same seed gives the same queries in the same order).")
+    ] = 0
+    host: Annotated[
+        str, Opt("Address to serve the page on (keep it local: the labels are not protected).")
+    ] = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535), Opt("Port of the page (0: any free port).")] = 8765
+
+
+class AgreementOptions(Section):
+    input: Annotated[
+        Path,
+        Opt(
+            "Queries the labels are about (gen-queries' output).",
+            ("--input", "-i"),
+            derive="queries.output",
+            io="read",
+        ),
+    ] = PROCESSED / "queries.jsonl"
+    labels: Annotated[
+        Path | None,
+        Opt("Labels of `personaemp review` (or imported from Label Studio). Default: labels.jsonl "
+            "beside --input.", ("--labels",), io="read"),
+    ] = None  # fmt: skip
+    second_judge: Annotated[
+        Path | None,
+        Opt(
+            "The second judge's verdicts, kept apart from the build's files (written with "
+            "--judge-model, read when present). Default: second_judge.jsonl beside --input.",
+            ("--second-judge",),
+            io="update",
+        ),
+    ] = None
+    judge_model: Annotated[
+        str | None,
+        Opt(
+            "Re-run the check step on the same queries with this model as a second judge first "
+            "(the other LLM options as given; its endpoint: --judge-base-url).",
+            env="PERSONAEMP_SECOND_JUDGE_MODEL",
+        ),
+    ] = None
+    judge_base_url: Annotated[
+        Names,
+        Opt("Endpoint of the second judge (default: the LLM options' endpoint).",
+            env="PERSONAEMP_SECOND_JUDGE_BASE_URL", metavar="URL"),
+    ] = []  # fmt: skip
+    out: Annotated[
+        Path | None,
+        Opt(
+            "Folder of agreement.json and agreement.png. Default: agreement/ beside --input.",
+            ("--out-dir", "-o"),
+            io="folder",
+            beside=("agreement.json", "agreement.png"),
+        ),
+    ] = None
+    resamples: Annotated[int, Field(ge=100), Opt("Bootstrap resamples of each interval.")] = 2000
+    bootstrap_seed: Annotated[int, Opt("Seed of the bootstrap.")] = 0
+
+    def paths(self) -> tuple[Path, Path, Path]:
+        """(labels, second judge, out), the defaults beside the input."""
+        return (
+            self.labels or self.input.with_name("labels.jsonl"),
+            self.second_judge or self.input.with_name("second_judge.jsonl"),
+            self.out or self.input.with_name("agreement"),
+        )
+
+    @model_validator(mode="after")
+    def _an_endpoint_needs_a_model(self) -> AgreementOptions:
+        if self.judge_base_url and not self.judge_model:
+            raise OptionProblem("judge_base_url", "needs {judge_model}: which model is the second judge")
+        return self
+
+
+class RewardConfig(Section):
+    """[reward]: the training reward as `personaemp.reward.from_config` builds it (verl's
+    `compute_score` reads the file named by $PERSONAEMP_CONFIG); the judge is [llm]."""
+
+    dynamic: Annotated[
+        bool,
+        Opt("PereGRM (the judge writes its criteria); false: fixed criteria from `criteria`.",
+            env="PERSONAEMP_REWARD_DYNAMIC"),
+    ] = True  # fmt: skip
+    samples: Annotated[
+        int,
+        Field(ge=1),
+        Opt("k: judgments averaged per dimension (dynamic).", env="PERSONAEMP_REWARD_SAMPLES"),
+    ] = 1
+    bystander: Annotated[
+        bool, Opt("Subtract the bystander penalty: H + lambda * (B - 1).", env="PERSONAEMP_REWARD_BYSTANDER")
+    ] = True
+    reward_lambda: Annotated[float, Field(ge=0), Opt("lambda (the paper trains with 0.5).")] = 0.5
+    joint: Annotated[
+        bool,
+        Opt("The three dimensions in one judge call (k + 1 calls per rollout instead of 3k + 1).",
+            env="PERSONAEMP_REWARD_JOINT"),
+    ] = False  # fmt: skip
+    fallback: Annotated[
+        Literal["neutral", "floor"],
+        Opt("A judgment that cannot be had: neutral (3 of 5, B = 0.8, the authors' values) or floor "
+            "(1, B = 0); counted and logged either way.", env="PERSONAEMP_REWARD_FALLBACK"),
+    ] = "neutral"  # fmt: skip
+    criteria: Annotated[
+        Path | None, Opt("Fixed criteria (`personaemp criteria`) when dynamic is false.", io="read")
+    ] = None
+    judge_model: Annotated[str | None, Opt("Judge model (default: [llm] model).")] = None
+    log: Annotated[
+        Path | None,
+        Opt("JSON lines, one per training step: calls, tokens, seconds, failures, fallbacks.",
+            env="PERSONAEMP_REWARD_LOG", io="write"),
+    ] = None  # fmt: skip
+
+    @model_validator(mode="after")
+    def _dynamic_only(self) -> RewardConfig:
+        if not self.dynamic and (self.samples > 1 or self.joint):
+            raise OptionProblem("dynamic", "is false: samples and joint apply to the dynamic judge")
         return self
 
 
@@ -574,7 +966,12 @@ class RunOptions(Section):
     push: PushOptions = PushOptions()
     criteria: CriteriaOptions = CriteriaOptions()
     respond: RespondOptions = RespondOptions()
+    export: ExportOptions = ExportOptions()
     evaluate: EvaluateOptions = EvaluateOptions()
+    table: TableOptions = TableOptions()
+    review: ReviewOptions = ReviewOptions()
+    agreement: AgreementOptions = AgreementOptions()
+    reward: RewardConfig = RewardConfig()
 
     @model_validator(mode="after")
     def _derived_paths(self) -> RunOptions:
@@ -613,15 +1010,33 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "push": ("push",),
     "criteria": ("criteria", "llm"),
     "respond": ("respond", "llm"),
+    "export": ("export",),
     "evaluate": ("evaluate", "llm"),
+    "table": ("table",),
+    "review": ("review",),
+    "agreement": ("agreement", "llm"),
+}
+# What every stage command, `run` and `merge` print: declared once (personaemp.cli.output_options).
+OUTPUT_OPTIONS: dict[str, str] = {
+    "--quiet": "No summaries or progress on stderr (errors are still shown).",
+    "--json": "Print the command's result (files, counts, cost, report) as JSON on stdout.",
 }
 # Options of the stage commands that are not stage settings: no TOML key.
 CLI_ONLY: dict[str, dict[str, str]] = {
-    command: {"--config": "personaemp.toml to read the command's sections from (flags and env vars win)."}
+    command: {
+        "--config": "personaemp.toml to read the command's sections from (flags and env vars win).",
+        **OUTPUT_OPTIONS,
+    }
     for command in COMMANDS
 }
 CLI_ONLY["filter"]["--show-rules"] = "Print the default rules file and exit."
 CLI_ONLY["infer-persona"]["--show"] = "Print this user's persona next to its evidence and exit."
+CLI_ONLY["review"]["--export-label-studio"] = (
+    "Write the sample as a Label Studio project (tasks.json, label_config.xml) to this folder and exit."
+)
+CLI_ONLY["review"]["--import-label-studio"] = (
+    "Append the labels of a Label Studio JSON export to the labels file and exit."
+)
 
 
 # --- introspection -----------------------------------------------------------------------------
@@ -672,6 +1087,12 @@ class OptionSpec:
             return self.opt.flags
         dashed = self.name.replace("_", "-")
         return (f"--{dashed}/--no-{dashed}",) if self.kind == "bool" else (f"--{dashed}",)
+
+    @property
+    def old_flag(self) -> str | None:
+        """The flag of the option's earlier name, still accepted (hidden from --help)."""
+        old = self.opt.renamed_from
+        return f"--{old.replace('_', '-')}" if old else None
 
     @property
     def flag(self) -> str:
@@ -805,7 +1226,7 @@ def _placeholders(*texts: str | None) -> set[str]:
     return {m for text in texts if text for m in re.findall(r"{(\w+)}", text)}
 
 
-# --- README tables -----------------------------------------------------------------------------
+# --- Options page tables ---------------------------------------------------------------------
 
 BEGIN, END = "<!-- options:begin -->", "<!-- options:end -->"
 _TITLES = {
@@ -817,7 +1238,11 @@ _TITLES = {
     "push": "`personaemp push` — TOML `[push]`",
     "criteria": "`personaemp criteria` — TOML `[criteria]`",
     "respond": "`personaemp respond` — TOML `[respond]`",
+    "export": "`personaemp export` — TOML `[export]`",
     "evaluate": "`personaemp evaluate` — TOML `[evaluate]`",
+    "table": "`personaemp table` — TOML `[table]`",
+    "review": "`personaemp review` — TOML `[review]`",
+    "agreement": "`personaemp agreement` — TOML `[agreement]`",
 }
 
 
@@ -828,6 +1253,11 @@ def _cell(text: str) -> str:
 def _flag_cell(option: OptionSpec) -> str:
     shown = " ".join(f"`{flag}`" for part in option.flags for flag in part.split("/"))
     return shown + (" (repeatable)" if option.kind in ("list", "dict") else "")
+
+
+def _formerly(option: OptionSpec) -> str:
+    old = option.opt.renamed_from
+    return f" Formerly `{option.old_flag}` / `{old}` (still read, with a notice)." if old else ""
 
 
 def _table(options: list[OptionSpec]) -> list[str]:
@@ -854,7 +1284,7 @@ def _table(options: list[OptionSpec]) -> list[str]:
                     f"`{option.name}`",
                     f"`{option.opt.env}`" if option.opt.env else "",
                     _cell(default),
-                    _cell(option.help),
+                    _cell(option.help + _formerly(option)),
                 ]
             )
             + " |"
@@ -863,9 +1293,9 @@ def _table(options: list[OptionSpec]) -> list[str]:
 
 
 def markdown_tables() -> str:
-    """The README's option tables, from the models (between BEGIN and END in README.md)."""
+    """The option tables, from the models (between BEGIN and END in docs/options.md)."""
     out: list[str] = [
-        "<!-- generated from personaemp/options.py: python -m personaemp.options README.md -->",
+        "<!-- generated from personaemp/options.py: python -m personaemp.options docs/options.md -->",
         "",
     ]
     for command, sections in COMMANDS.items():
@@ -884,6 +1314,17 @@ def markdown_tables() -> str:
     out.append("")
     out.extend(_table(specs("llm")))
     out.append("")
+    out.append("#### The training reward (`personaemp.reward.from_config`) — TOML `[reward]`")
+    out.append("")
+    out.append("| TOML key | env var | default | meaning |")
+    out.append("|---|---|---|---|")
+    for option in specs("reward"):
+        default = show_default(option.default)
+        out.append(
+            f"| `{option.name}` | {f'`{option.opt.env}`' if option.opt.env else ''} | "
+            f"{f'`{default}`' if default else '—'} | {_cell(option.help)} |"
+        )
+    out.append("")
     out.append("#### `personaemp run` — TOML `[paths]`")
     out.append("")
     out.append("| TOML key | default | meaning |")
@@ -894,7 +1335,8 @@ def markdown_tables() -> str:
 
 
 def update_readme(path: Path) -> bool:
-    """Rewrite the block between the markers; True if the file changed."""
+    """Rewrite the block between the markers of the options page (docs/options.md, which
+    the README links to; the name is older than the page); True if the file changed."""
     text = path.read_text(encoding="utf-8")
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
     new = text[:start] + "\n" + markdown_tables() + text[end:]
@@ -904,7 +1346,7 @@ def update_readme(path: Path) -> bool:
 
 
 def readme_block(text: str) -> str:
-    """What the README holds between the markers."""
+    """What the options page (docs/options.md) holds between the markers."""
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
     return text[start:end].removeprefix("\n")
 
@@ -918,7 +1360,7 @@ def env_values(section: str, env: Mapping[str, str]) -> dict[str, tuple[str, str
     }
 
 
-if __name__ == "__main__":  # python -m personaemp.options README.md
+if __name__ == "__main__":  # python -m personaemp.options docs/options.md
     if len(sys.argv) > 1:
         changed = update_readme(Path(sys.argv[1]))
         print(f"{sys.argv[1]}: {'updated' if changed else 'up to date'}")

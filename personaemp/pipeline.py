@@ -22,6 +22,8 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from personaemp import results
+from personaemp.aio import run_sync
 from personaemp.config import llm_settings
 from personaemp.options import (
     CriteriaOptions,
@@ -36,18 +38,32 @@ from personaemp.options import (
     SplitOptions,
     StatsOptions,
 )
+from personaemp.results import StageResult
 from personaemp.summaries import waits_for_a_batch
 
 
 @dataclass
 class PipelineResult:
+    """`run`'s stages: their StageResults (`results`) and their own reports (`reports`)."""
+
     reports: dict[str, Any] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)  # wall time of each stage, in order
+    results: dict[str, StageResult] = field(default_factory=dict)
+
+    def add(self, name: str, result: StageResult) -> StageResult:
+        self.results[name], self.reports[name] = result, result.report
+        return result
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "stages": {name: result.as_dict() for name, result in self.results.items()},
+            "seconds": {name: round(seconds, 3) for name, seconds in self.seconds.items()},
+        }
 
     @contextmanager
     def stage(self, name: str, console: Console):
         """A stage of `run`: its rule before, its wall time kept for the closing line."""
-        console.rule(name)
+        rule(console, name)
         started = time.perf_counter()
         try:
             yield
@@ -59,23 +75,54 @@ class PipelineResult:
         console.print(f"run: {parts} · total {sum(self.seconds.values()):.1f} s")
 
 
-def run_filter(options: FilterOptions, console: Console):
-    from personaemp import summaries
+def rule(console: Console, title: str) -> None:
+    """A titled rule; as wide as a terminal, else 80 columns (a file's console is very wide)."""
+    from rich.rule import Rule
+
+    console.print(Rule(title), width=None if console.is_terminal else 80)
+
+
+def call_filter(options: FilterOptions, console: Console) -> StageResult:
     from personaemp.stages import filter as stage
 
-    report = stage.filter_users(**filter_args(options), console=console)
-    summaries.print_filter_summary(report, console)
-    return report
+    args = filter_args(options)
+    return results.of_filter(stage.filter_users(**args, console=console), args["report_path"])
+
+
+def run_filter(options: FilterOptions, console: Console) -> StageResult:
+    from personaemp import summaries
+
+    result = call_filter(options, console)
+    summaries.print_filter_summary(result.report, console)
+    return result
 
 
 def filter_args(options: FilterOptions) -> dict[str, Any]:
     """filter_users' arguments from its options, for the command and for `run`'s streamed filter."""
     return {
         "source": options.input, "output": options.output, "fmt": options.format,
-        "rules_path": options.rules, "split": options.split, "hf_config": options.hf_config,
+        "rules_path": options.rules, "split": options.benchmark_split, "hf_config": options.hf_config,
         "on_error": options.on_error, "keep_turns": options.turns,
         "report_path": options.output.with_name("filter_report.json"),
     }  # fmt: skip
+
+
+async def acall_persona(
+    options: PersonaOptions,
+    llm: LLMOptions,
+    console: Console,
+    env: Mapping[str, str] | None = None,
+    full: bool | None = None,
+    settings=None,
+) -> StageResult:
+    """infer-persona from its options; `settings` (LLMSettings) instead of those of `llm`."""
+    from personaemp.stages import persona as stage
+
+    report, summary = await stage.ainfer_personas(
+        options.input, options.output, settings or llm_settings(llm, env), **_persona_args(options, llm),
+        full=full, console=console,
+    )  # fmt: skip
+    return results.of_llm_stage(report, summary)
 
 
 def run_persona(
@@ -84,18 +131,31 @@ def run_persona(
     console: Console,
     env: Mapping[str, str] | None = None,
     full: bool | None = None,
-):
+) -> StageResult:
     from personaemp import summaries
-    from personaemp.stages import persona as stage
 
-    report, summary = stage.infer_personas(
-        options.input, options.output, llm_settings(llm, env), **_persona_args(options, llm), full=full,
-        console=console,
+    result = run_sync(acall_persona(options, llm, console, env, full))
+    summaries.print_stage_report(result.report, console)
+    if result.report.estimate is None and not summaries.waits_for_a_batch(result.report):
+        summaries.print_persona_summary(result.summary, console)
+    return result
+
+
+async def acall_queries(
+    options: QueriesOptions,
+    llm: LLMOptions,
+    console: Console,
+    env: Mapping[str, str] | None = None,
+    full: bool | None = None,
+    settings=None,
+) -> StageResult:
+    from personaemp.stages import queries as stage
+
+    report, funnel = await stage.agenerate_queries(
+        options.input, options.output, settings or llm_settings(llm, env), **_queries_args(options, llm),
+        full=full, console=console,
     )  # fmt: skip
-    summaries.print_stage_report(report, console)
-    if report.estimate is None and not summaries.waits_for_a_batch(report):
-        summaries.print_persona_summary(summary, console)
-    return report
+    return results.of_llm_stage(report, funnel)
 
 
 def run_queries(
@@ -104,18 +164,14 @@ def run_queries(
     console: Console,
     env: Mapping[str, str] | None = None,
     full: bool | None = None,
-):
+) -> StageResult:
     from personaemp import summaries
-    from personaemp.stages import queries as stage
 
-    report, funnel = stage.generate_queries(
-        options.input, options.output, llm_settings(llm, env), **_queries_args(options, llm), full=full,
-        console=console,
-    )  # fmt: skip
-    summaries.print_stage_report(report, console)
-    if report.estimate is None and not summaries.waits_for_a_batch(report):
-        summaries.print_query_funnel(funnel, console)
-    return report
+    result = run_sync(acall_queries(options, llm, console, env, full))
+    summaries.print_stage_report(result.report, console)
+    if result.report.estimate is None and not summaries.waits_for_a_batch(result.report):
+        summaries.print_query_funnel(result.summary, console)
+    return result
 
 
 def _persona_args(options: PersonaOptions, llm: LLMOptions) -> dict[str, Any]:
@@ -147,6 +203,18 @@ def run_persona_and_queries(
     meanwhile: Callable[[], object] | None = None,
     stream=None,
 ):
+    """The two stages' reports (see `persona_and_queries`)."""
+    made = persona_and_queries(options, console, env, meanwhile, stream)
+    return made[0].report, made[1].report
+
+
+def persona_and_queries(
+    options: RunOptions,
+    console: Console,
+    env: Mapping[str, str] | None = None,
+    meanwhile: Callable[[], object] | None = None,
+    stream=None,
+) -> tuple[StageResult, StageResult]:
     """`run`'s two LLM stages on one engine, a user going on to gen-queries as soon as its
     persona is written (llm.run.run_llm_chain); each stage's files and report as alone.
     `meanwhile` is called once the first requests are going out. `stream`: infer-persona's
@@ -171,13 +239,17 @@ def run_persona_and_queries(
     )  # fmt: skip
     if written.cache_info().currsize:  # read as the chain ended: the funnel counts over it
         second.units, second.skipped = written()
+    made = (
+        results.of_llm_stage(reports[0], persona.summarize(first.output, first.picked())),
+        results.of_llm_stage(reports[1], queries.funnel(second)),
+    )
     if stream is not None:
         summaries.print_filter_summary(stream.report, console)
     summaries.print_stage_report(reports[0], console)
-    summaries.print_persona_summary(persona.summarize(first.output, first.picked()), console)
+    summaries.print_persona_summary(made[0].summary, console)
     summaries.print_stage_report(reports[1], console)
-    summaries.print_query_funnel(queries.funnel(second), console)
-    return reports
+    summaries.print_query_funnel(made[1].summary, console)
+    return made
 
 
 class _BackgroundImports:
@@ -263,21 +335,25 @@ def run_merge(
     output: Path | None = None,
 ):
     """`personaemp merge STAGE`: the stage's shard files into its output (stages/merge.py)."""
+    from personaemp.paths import check_paths
     from personaemp.stages.merge import merge_shards
 
-    section = options.persona if stage == "infer-persona" else options.queries
-    report = merge_shards(stage, input_path or section.input, output or section.output, options.llm.work_dir)
+    name = "persona" if stage == "infer-persona" else "queries"
+    given = {"input": input_path, "output": output}
+    section = getattr(options, name).model_copy(update={k: v for k, v in given.items() if v is not None})
+    check_paths([(name, section), ("llm", options.llm)])
+    report = merge_shards(stage, section.input, section.output, options.llm.work_dir)
+    result = results.of_merge(report)
     kinds = ", ".join(f"{kind} {n}" for kind, n in report.failures_by_kind.most_common())
     console.print(
         f"[bold]{stage}[/]: {report.shards} shards merged: {report.units} units, {report.done} done, "
         f"{report.failed} failed{f' ({kinds})' if kinds else ''}"
     )
     console.print(f"wrote {report.output}" + (f" and {report.failures}" if report.failed else ""))
-    return report
+    return result
 
 
-def run_split(options: SplitOptions, console: Console):
-    from personaemp import summaries
+def call_split(options: SplitOptions, console: Console | None = None) -> StageResult:
     from personaemp.stages import split as stage
 
     report = stage.split_users(
@@ -291,32 +367,51 @@ def run_split(options: SplitOptions, console: Console):
         holdout=options.holdout,
         seeds=options.seeds,
     )
-    summaries.print_split_report(report, options.out_dir, console)
-    return report
+    return results.of_split(report, options.out_dir)
 
 
-def run_stats(options: StatsOptions, console: Console):
+def run_split(options: SplitOptions, console: Console) -> StageResult:
     from personaemp import summaries
-    from personaemp.stages import stats as stage
 
-    result = stage.write_stats(options.processed, options.out)
-    summaries.print_stats(result, console)
+    result = call_split(options)
+    summaries.print_split_report(result.report, options.out_dir, console)
     return result
 
 
-def run_push(options: PushOptions, console: Console):
+def call_stats(options: StatsOptions, console: Console | None = None) -> StageResult:
+    from personaemp.stages import stats as stage
+
+    return results.of_stats(stage.write_stats(options.processed, options.out_dir))
+
+
+def run_stats(options: StatsOptions, console: Console) -> StageResult:
+    from personaemp import summaries
+
+    result = call_stats(options)
+    summaries.print_stats(result.report, console)
+    return result
+
+
+def call_push(options: PushOptions, console: Console | None = None) -> StageResult:
     from personaemp.stages import publish as stage
 
     dry = options.is_dry_run
-    result = stage.publish(
-        options.splits,
-        repo_id=None if dry else options.repo_id,
-        out=options.out if dry else None,
-        private=options.private,
-        revision=options.revision,
-        include_dialogue=options.include_dialogue,
-        criteria=options.criteria,
+    return results.of_publish(
+        stage.publish(
+            options.splits,
+            repo_id=None if dry else options.repo_id,
+            out=options.out_dir if dry else None,
+            private=options.private,
+            revision=options.revision,
+            include_dialogue=options.include_dialogue,
+            criteria=options.criteria,
+        )
     )
+
+
+def run_push(options: PushOptions, console: Console) -> StageResult:
+    made = call_push(options)
+    result, dry = made.report, options.is_dry_run
     if dry and not options.dry_run:
         console.print("no repo_id: a dry run, the repository that would be pushed goes to a folder")
     for setting, parts in result.rows.items():
@@ -324,86 +419,194 @@ def run_push(options: PushOptions, console: Console):
     for warning in result.warnings:  # e.g. a stage report the card could not find
         console.print(f"[yellow]warning:[/] {escape(warning)}")
     console.print(f"wrote {result.target}")
-    return result
+    return made
 
 
-def run_criteria(
-    options: CriteriaOptions, llm: LLMOptions, console: Console, env: Mapping[str, str] | None = None
-):
-    from personaemp import summaries
+async def acall_criteria(
+    options: CriteriaOptions,
+    llm: LLMOptions,
+    console: Console,
+    env: Mapping[str, str] | None = None,
+    settings=None,
+) -> StageResult:
     from personaemp.stages import criteria as stage
 
-    report = stage.write_criteria(
+    report = await stage.awrite_criteria(
         options.input,
         options.output,
-        llm_settings(llm, env),
+        settings or llm_settings(llm, env),
         limit=options.limit,
         users=options.users,
         retry_failed=llm.retry_failed,
         console=console,
     )
-    summaries.print_stage_report(report, console)
-    return report
+    return results.of_llm_stage(report)
 
 
-def run_respond(
-    options: RespondOptions, llm: LLMOptions, console: Console, env: Mapping[str, str] | None = None
-):
+def run_criteria(
+    options: CriteriaOptions, llm: LLMOptions, console: Console, env: Mapping[str, str] | None = None
+) -> StageResult:
     from personaemp import summaries
+
+    result = run_sync(acall_criteria(options, llm, console, env))
+    summaries.print_stage_report(result.report, console)
+    return result
+
+
+async def acall_respond(
+    options: RespondOptions,
+    llm: LLMOptions,
+    console: Console,
+    env: Mapping[str, str] | None = None,
+    settings=None,
+) -> StageResult:
     from personaemp.stages import respond as stage
 
-    report = stage.write_responses(
+    report = await stage.awrite_responses(
         options.splits,
         options.output_path,
-        llm_settings(llm, env),
+        settings or llm_settings(llm, env),
         split=options.split,
         part=options.part,
         context=options.context,
         rag_k=options.rag_k,
+        mismatch_seed=options.mismatch_seed,
         limit=options.limit,
         retry_failed=llm.retry_failed,
         console=console,
     )
+    return results.of_llm_stage(report)
+
+
+def run_respond(
+    options: RespondOptions, llm: LLMOptions, console: Console, env: Mapping[str, str] | None = None
+) -> StageResult:
+    from personaemp import summaries
+
+    result = run_sync(acall_respond(options, llm, console, env))
+    report = result.report
     summaries.print_stage_report(report, console)
     if report.estimate is None and not summaries.waits_for_a_batch(report):
         console.print(f"wrote {options.output_path}")
-    return report
+    return result
 
 
-def run_evaluate(
-    options: EvaluateOptions, llm: LLMOptions, console: Console, env: Mapping[str, str] | None = None
-):
-    from personaemp import summaries
+def run_export(options, console: Console) -> dict:
+    from personaemp.stages.export import write_export
+
+    written = write_export(
+        options.splits, options.output_path, format=options.format, split=options.split,
+        part=options.part, context=options.context, rag_k=options.rag_k,
+        mismatch_seed=options.mismatch_seed, summaries=options.summaries,
+        criteria_file=options.criteria, data_source=options.data_source,
+    )  # fmt: skip
+    console.print(f"wrote {written['rows']} rows ({written['format']}) to {written['output']}")
+    return written
+
+
+async def acall_evaluate(
+    options: EvaluateOptions,
+    llm: LLMOptions,
+    console: Console,
+    env: Mapping[str, str] | None = None,
+    settings=None,
+) -> StageResult:
     from personaemp.stages import evaluate as stage
 
-    report, evaluation = stage.evaluate(
+    settings = settings or llm_settings(llm, env)
+    report, evaluation = await stage.aevaluate(
         options.splits,
         [Path(path) for path in options.responses],
-        options.report,
-        llm_settings(llm, env),
+        options.output,
+        settings,
         split=options.split,
         part=options.part,
-        criteria_file=options.criteria_file,
+        criteria_file=options.criteria,
         judge_model=options.judge_model,
+        judges=judge_panel(options, settings, env),
         options=stage.JudgeOptions(
             dynamic=options.dynamic,
             samples=options.samples,
             bystander=options.bystander,
             reward_lambda=options.reward_lambda,
+            missing=options.missing,
         ),
         retry_failed=llm.retry_failed,
         console=console,
     )
-    summaries.print_stage_report(report, console)
-    if evaluation is not None:  # None after --estimate
-        summaries.print_evaluation(evaluation, console)
-    return evaluation
+    return results.of_evaluate(report, evaluation, options.output)
+
+
+def run_evaluate(
+    options: EvaluateOptions,
+    llm: LLMOptions,
+    console: Console,
+    env: Mapping[str, str] | None = None,
+    tables: Console | None = None,
+) -> StageResult:
+    """`tables`: where the evaluation's tables go (the command: stdout)."""
+    from personaemp import summaries
+
+    result = run_sync(acall_evaluate(options, llm, console, env))
+    for report in result.judges or [result.report]:  # a panel: one per judge
+        summaries.print_stage_report(report, console)
+    if result.summary is not None:  # None after --estimate
+        summaries.print_evaluation(result.summary, tables or console)
+    return result
+
+
+RUN_COMMANDS = ("filter", "infer-persona", "gen-queries", "split", "stats", "push")
+
+
+def run_table(options, console: Console) -> str:
+    """Table 1 from evaluate reports: printed (stdout) or written to --output."""
+    from personaemp.stages.table import write_table
+
+    text = write_table(
+        [Path(p) for p in options.reports], options.output, options.format,
+        harmonic=options.harmonic, digits=options.digits,
+    )  # fmt: skip
+    if options.output is None:
+        print(text, end="")
+    else:
+        console.print(f"wrote {options.output}")
+    return text
+
+
+def judge_panel(options: EvaluateOptions, settings, env: Mapping[str, str] | None = None) -> list:
+    """The engine settings of each judge of `--judge`/[[evaluate.judges]]: its endpoint, model
+    and key over the run's; the key read from its variable only."""
+    import dataclasses
+    import os
+
+    from personaemp.errors import PersonaempError
+    from personaemp.stages.evaluate import Judge
+
+    env = os.environ if env is None else env
+    panel = []
+    for spec in options.judges:
+        key = settings.api_key
+        if spec.key_env is not None:
+            key = env.get(spec.key_env) or None
+            if key is None:
+                raise PersonaempError(  # the environment, not the input: exit 1
+                    f"judge {spec.name}: ${spec.key_env} is not set", f"export {spec.key_env}=... first"
+                )
+        changes: dict = {"model": spec.model or options.judge_model or settings.model, "api_key": key}
+        if spec.base_url:
+            changes["base_urls"] = [spec.base_url]
+        panel.append(Judge(spec.name, dataclasses.replace(settings, **changes)))
+    return panel
 
 
 def run_pipeline(
     options: RunOptions, console: Console, env: Mapping[str, str] | None = None
 ) -> PipelineResult:
     """Every stage in order, each from its section of `options` (see config.load_config)."""
+    from personaemp.paths import check_command
+
+    for command in RUN_COMMANDS:  # before any stage writes
+        check_command(command, functools.partial(getattr, options), toml=True)
     if options.persona.shard or options.queries.shard:
         from personaemp.errors import InputError
 
@@ -428,25 +631,28 @@ def _run_stages(
             result.stage("filter → infer-persona → gen-queries", console),
             _background_imports() as importing,
         ):
-            with FilterFeed(filter_args(options.filter)) as stream:
-                reports = run_persona_and_queries(options, console, env, importing.start, stream)
-            result.reports["filter"] = stream.report
-            result.reports["infer-persona"], result.reports["gen-queries"] = reports
+            args = filter_args(options.filter)
+            with FilterFeed(args) as stream:
+                made = persona_and_queries(options, console, env, importing.start, stream)
+            result.add("filter", results.of_filter(stream.report, args["report_path"]))
+            result.add("infer-persona", made[0])
+            result.add("gen-queries", made[1])
         return _split_stats_push(options, console, result)
     with result.stage("filter", console):
-        result.reports["filter"] = run_filter(options.filter, console)
+        result.add("filter", run_filter(options.filter, console))
     if chains(options):
         with result.stage("infer-persona → gen-queries", console), _background_imports() as importing:
-            reports = run_persona_and_queries(options, console, env, meanwhile=importing.start)
-            result.reports["infer-persona"], result.reports["gen-queries"] = reports
+            made = persona_and_queries(options, console, env, meanwhile=importing.start)
+            result.add("infer-persona", made[0])
+            result.add("gen-queries", made[1])
         return _split_stats_push(options, console, result)
     # In `run`, a [persona] limit is the size of the build, not a quick look: the card quotes it.
     with result.stage("infer-persona", console):
-        result.reports["infer-persona"] = run_persona(options.persona, options.llm, console, env, full=True)
+        result.add("infer-persona", run_persona(options.persona, options.llm, console, env, full=True))
     if waits_for_a_batch(result.reports["infer-persona"]):
         return result  # --batch: the next stage starts when this one's rounds are done
     with result.stage("gen-queries", console):
-        result.reports["gen-queries"] = run_queries(options.queries, options.llm, console, env, full=True)
+        result.add("gen-queries", run_queries(options.queries, options.llm, console, env, full=True))
     if waits_for_a_batch(result.reports["gen-queries"]):
         return result
     return _split_stats_push(options, console, result)
@@ -454,11 +660,11 @@ def _run_stages(
 
 def _split_stats_push(options: RunOptions, console: Console, result: PipelineResult) -> PipelineResult:
     with result.stage("split", console):
-        result.reports["split"] = run_split(options.split, console)
+        result.add("split", run_split(options.split, console))
     with result.stage("stats", console):
-        result.reports["stats"] = run_stats(options.stats, console)
+        result.add("stats", run_stats(options.stats, console))
     with result.stage("push (dry run)" if options.push.is_dry_run else "push", console):
-        result.reports["push"] = run_push(options.push, console)
+        result.add("push", run_push(options.push, console))
     return result
 
 
@@ -482,12 +688,12 @@ def estimate_pipeline(options: RunOptions, console: Console, env: Mapping[str, s
         filtered = Path(folder) / "filtered.jsonl"
         run_filter(options.filter.model_copy(update={"output": filtered}), Console(quiet=True))
         persona_options = options.persona.model_copy(update={"input": filtered})
-        console.rule("infer-persona --estimate")
-        persona = result.reports["infer-persona"] = run_persona(persona_options, options.llm, console, env)
+        rule(console, "infer-persona --estimate")
+        persona = result.add("infer-persona", run_persona(persona_options, options.llm, console, env)).report
     written = options.queries.input
     if written.exists():
-        console.rule("gen-queries --estimate (personas written)")
-        result.reports["gen-queries"] = run_queries(options.queries, options.llm, console, env)
+        rule(console, "gen-queries --estimate (personas written)")
+        result.add("gen-queries", run_queries(options.queries, options.llm, console, env))
     rows = (
         [Persona.model_validate_json(line) for line in written.read_text().splitlines()]
         if written.exists()
@@ -511,12 +717,12 @@ def estimate_pipeline(options: RunOptions, console: Console, env: Mapping[str, s
         projected = project(
             [(step, 1) for step in (s.name for s in queries_stage.STEPS)],
             units, prompt, source, options.llm.max_tokens, history,
-            (options.llm.price_in, options.llm.price_out),
+            (options.llm.price_in, options.llm.price_out, options.llm.price_cached),
         )  # fmt: skip
     finally:
         if cache is not None:
             cache.close()
-    console.rule("gen-queries --estimate (personas still to write)")
+    rule(console, "gen-queries --estimate (personas still to write)")
     later = SimpleNamespace(
         stage="gen-queries", model=persona.model, estimate=projected,
         outcome=StageOutcome(units=units, pending=units),
@@ -530,9 +736,9 @@ def estimate_pipeline(options: RunOptions, console: Console, env: Mapping[str, s
     tokens_in, tokens_out = sum(p["prompt_tokens"] for p in parts), sum(p["completion_tokens"] for p in parts)
     costs = [p["cost"] for p in parts if p["cost"] is not None]
     cost = f" · about ${sum(costs):.2f}" if costs else ""
-    console.rule("the whole run")
+    rule(console, "the whole run")
     console.print(
         f"tokens (characters / 4): {tokens_in:,} in + {tokens_out:,} out{cost}. Nothing was sent or written."
     )
-    result.reports["gen-queries (projected)"] = later
+    result.add("gen-queries (projected)", results.of_llm_stage(later))
     return result

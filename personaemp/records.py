@@ -183,8 +183,10 @@ class Checks(Record):
     length_ok: bool
     language_match: bool  # detected language equals the user's
     not_duplicate: bool
+    not_copied: bool = True  # repeats no long stretch of the user's own text (older rows: unchecked)
     passed: bool
     reasons: dict[str, str] = {}  # check -> why it failed (and the judge's note)
+    enforced: list[str] | None = None  # the checks `passed` is made of (None: rows from before it was kept)
 
 
 class Query(Record):

@@ -29,12 +29,22 @@ import msgspec
 
 from personaemp import locks
 from personaemp.errors import PersonaempError, UnitError
-from personaemp.io import atomic_output, read_jsonl_at
+from personaemp.io import atomic_output, named, notice, read_jsonl_at
 from personaemp.secrets import redact
 
 Work = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 # Failures that say nothing about the unit: the next run tries them again by itself.
 ENDPOINT_KINDS = frozenset({"rate_limited", "timeout", "connection", "server_error", "http_error"})
+RAW_EXCERPT = 2000  # characters of a bad reply kept at each end in a failures file
+
+
+def excerpt(raw: str | None) -> str | None:
+    """A bad reply as a failures file keeps it: its start and end, enough to see what went
+    wrong; a runaway reply would otherwise make the file as large as the replies."""
+    if raw is None or len(raw) <= 2 * RAW_EXCERPT:
+        return raw
+    cut = len(raw) - 2 * RAW_EXCERPT
+    return f"{raw[:RAW_EXCERPT]}\n[... {cut} characters cut ...]\n{raw[-RAW_EXCERPT:]}"
 
 
 @dataclass
@@ -59,7 +69,8 @@ def unit_hash(row: dict[str, Any], fingerprint: str) -> str:
 
 
 def _repair_tail(path: Path) -> None:
-    """Cut a line torn by a kill in the middle of a write, so appends start on a new line."""
+    """Cut a line torn by a kill or a full disk in the middle of a write, so appends start
+    on a new line (the unit it belonged to is simply done again)."""
     if not path.exists() or path.stat().st_size == 0:
         return
     with path.open("rb+") as handle:
@@ -72,30 +83,41 @@ def _repair_tail(path: Path) -> None:
             handle.seek(position)
             chunk = handle.read(size - position)
             cut = chunk.rfind(b"\n")
-            if cut >= 0:
-                handle.truncate(position + cut + 1)
-                return
-            if position == 0:
-                handle.truncate(0)
+            if cut >= 0 or position == 0:
+                _cut_back(handle, path, position + cut + 1 if cut >= 0 else 0, size)
                 return
             position = max(0, position - (1 << 16))
 
 
-def _scan(path: Path, key: str, field: str = "input_hash") -> dict[str, tuple[int, str]]:
-    """unit id -> (byte offset, `field`) of the last row for it in a checkpoint file."""
+def _cut_back(handle, path: Path, size: int, was: int) -> None:
+    handle.truncate(size)
+    notice(f"{path}: its last line was cut off in the middle ({was - size} bytes, a crash or a full disk); "
+           "dropped, the unit it held is done again")  # fmt: skip
+
+
+def _scan(path: Path, key: str, field: str = "input_hash", repair: bool = True) -> dict[str, tuple[int, str]]:
+    """unit id -> (byte offset, `field`) of the last row for it in a checkpoint file. A last
+    line that is not whole JSON (torn by a crash or a full disk) is left out and, with
+    `repair`, cut off with a notice."""
     found: dict[str, tuple[int, str]] = {}
     if not path.exists():
         return found
     decoder = msgspec.json.Decoder()
-    offset = 0
+    offset, size = 0, path.stat().st_size
     with path.open("rb") as handle:
         for lineno, line in enumerate(handle, 1):
             try:
                 row = decoder.decode(line)
             except msgspec.DecodeError:
-                raise PersonaempError(
-                    f"{path}:{lineno}: corrupt checkpoint line", "delete the file to start this stage over"
-                ) from None
+                if offset + len(line) < size:
+                    raise PersonaempError(
+                        f"{path}:{lineno}: damaged checkpoint line (not JSON)",
+                        "remove that line: the rows around it are kept and the stage does its unit again",
+                    ) from None
+                if repair:  # the last line: torn, not damaged
+                    with path.open("rb+") as writable:
+                        _cut_back(writable, path, offset, size)
+                break
             found[str(row[key])] = (offset, row.get(field, ""))
             offset += len(line)
     return found
@@ -119,9 +141,9 @@ class StageRun:
             if not dry:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 _repair_tail(path)
-        self._done = _scan(output, key)
-        self._failed = _scan(failures, key)
-        self._kinds = {uid: pos[1] for uid, pos in _scan(failures, key, "kind").items()}
+        self._done = _scan(output, key, repair=not dry)
+        self._failed = _scan(failures, key, repair=not dry)
+        self._kinds = {uid: pos[1] for uid, pos in _scan(failures, key, "kind", repair=False).items()}
         self._out = self._bad = self._reading = None
         self._encode = msgspec.json.Encoder()
 
@@ -176,23 +198,33 @@ class StageRun:
             self.outcome.failed += 1
             self.outcome.failures_by_kind[error.kind] += 1
             if self._bad is not None:
-                self._bad.write(
+                self._append(
+                    self._bad,
+                    self.failures,
                     {
                         self.key: unit[self.key],
                         "kind": error.kind,
                         "error": redact(str(error)),
-                        "raw": redact(error.raw),
+                        "raw": excerpt(redact(error.raw)),
                         "attempts": error.attempts,
                         "input_hash": self.hashes[uid],
-                    }
+                    },
                 )
             return None
         self.outcome.done += 1
         if self._out is None:
             return None
         row = {**row, "input_hash": self.hashes[uid]}
-        self._out.write(row)
+        self._append(self._out, self.output, row)
         return row
+
+    @staticmethod
+    def _append(writer, path: Path, row: dict[str, Any]) -> None:
+        try:
+            writer.write(row)
+        except OSError as exc:
+            named(exc, path)
+            raise
 
     def finish(self, stopped: bool, hashes: dict[str, str] | None = None, partial: bool = False) -> None:
         """Rewrite both files (see _finish). A run stopped before any unit finished (a dead

@@ -112,6 +112,11 @@ class FilterFeed:
                 process.kill()
             process.wait()
 
+    @property
+    def growing(self) -> bool:
+        """More users may still come (the filter has not sent its result yet)."""
+        return self.report is None
+
     async def __aenter__(self) -> FilterFeed:
         loop = asyncio.get_running_loop()
         self._reader = asyncio.StreamReader()

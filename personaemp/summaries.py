@@ -53,6 +53,10 @@ def print_stage_report(report, console: Console) -> None:
         "reasks": "re-ask", "cut_replies": "cut", "prompt_tokens": "tok in",
         "completion_tokens": "tok out", "reasoning_tokens": "of them think",
     }  # fmt: skip
+    if any(stats.get("cached_tokens") for stats in report.steps.values()):
+        # The provider's prefix cache (billed at --price-cached), not the reply cache.
+        columns = {**dict(list(columns.items())[:7]), "cached_tokens": "of them prefix-cached",
+                   **dict(list(columns.items())[7:])}  # fmt: skip
     table.add_column("step")
     for title in columns.values():
         table.add_column(title, justify="right")
@@ -108,7 +112,10 @@ def print_persona(path, user_id: str, console: Console) -> None:
             persona = Persona.model_validate(row)
             break
     else:
-        raise InputError(f"{path}: no persona for user {user_id!r}")
+        raise InputError(
+            f"{path}: no persona for user {user_id!r}",
+            f"run `personaemp infer-persona --users {user_id}` first, or check the id",
+        )
     memories = {m.memory_id: m for m in persona.memories}
 
     def cite(ids: list[str]) -> str:
@@ -232,46 +239,70 @@ def print_stats(result, console: Console) -> None:
 
 
 def print_evaluation(evaluation: dict, console: Console) -> None:
-    """Systems side by side: counts, each dimension, Avg, H (and B, reward), then Avg by
-    query category and by each Big Five level."""
+    """Systems side by side (with a panel, each judge's columns side by side): counts, each
+    dimension, Avg and H beside it (and B, reward), then Avg by query category and by each
+    Big Five level; then how far the judges agree."""
     from personaemp.records import BIG_FIVE, DIMENSIONS
 
-    systems = evaluation["systems"]
+    judges = evaluation.get("judges") or {
+        evaluation["judge_model"]: {
+            "systems": evaluation["systems"],
+            "judge_model": evaluation["judge_model"],
+        }
+    }
+    columns = [
+        (f"{judge} · {system}" if len(judges) > 1 else system, entry)
+        for judge, found in judges.items()
+        for system, entry in found["systems"].items()
+    ]
+    models = ", ".join(f"{name} ({found['judge_model']})" for name, found in judges.items())
+    shown = models if len(judges) > 1 else evaluation["judge_model"]
     title = (
-        f"evaluate · {evaluation['split']}/{evaluation['part']} · judge {evaluation['judge_model']} "
-        f"({evaluation['mode']})"
+        f"evaluate · {evaluation['split']}/{evaluation['part']} · judge {shown} "
+        f"({evaluation['mode']}; missing: {evaluation.get('missing_rule', 'floor')})"
     )
     table = Table(title=title, title_justify="left")
     table.add_column("")
-    for name in systems:
+    for name, _ in columns:
         table.add_column(escape(name), justify="right")
+    entries = [entry for _, entry in columns]
 
     def row(label: str, value) -> None:
-        table.add_row(label, *(value(entry) for entry in systems.values()))
+        table.add_row(label, *(value(entry) for entry in entries))
 
     def number(value, digits: int = 2) -> str:
         return "—" if value is None else f"{value:.{digits}f}"
 
     for field, label in (("queries", "queries"), ("judged", "judged"), ("missing", "missing"),
-                         ("empty", "empty"), ("unparsed", "unparsed"), ("n", "n (scored)")):  # fmt: skip
+                         ("empty", "empty"), ("truncated", "cut (judged as seen)"),
+                         ("cut_in_reasoning", "cut while reasoning"), ("unparsed", "unparsed"),
+                         ("n", "n (scored)")):  # fmt: skip
         row(label, lambda entry, field=field: str(entry.get(field, 0)))
     for dimension in DIMENSIONS:
         row(dimension, lambda e, d=dimension: number(e.get("dimensions", {}).get(d)))
     row("Avg", lambda e: number(e.get("avg")))
     row("H (0-1)", lambda e: number(e.get("harmonic"), 3))
-    if any("bystander" in entry for entry in systems.values()):
+    if any("bystander" in entry for entry in entries):
         row("bystander B", lambda e: number(e.get("bystander"), 3))
         row(f"reward (λ={evaluation['lambda']:g})", lambda e: number(e.get("reward"), 3))
-    categories = sorted({c for entry in systems.values() for c in entry.get("by_category", {})})
+    categories = sorted({c for entry in entries for c in entry.get("by_category", {})})
     for category in categories:
         row(f"Avg · {category}", lambda e, c=category: _avg_n(e.get("by_category", {}).get(c)))
     for trait in BIG_FIVE:
         for level in ("low", "medium", "high"):
-            cells = [_avg_n(e["by_big_five"][trait][level]) for e in systems.values()]
+            cells = [_avg_n(e["by_big_five"][trait][level]) for e in entries]
             if any(cell != "—" for cell in cells):
                 table.add_row(f"Avg · {trait} {level}", *cells)
     console.print(table)
-    for name, entry in systems.items():
+    for pair, found in (evaluation.get("agreement") or {}).items():
+        tau = found["kendall_tau_systems"]
+        rho = found["spearman_per_query"]
+        console.print(
+            f"agreement {escape(pair)}: Kendall's τ over {found['systems']} systems (Avg) "
+            f"{number(tau['avg'])}, H {number(tau['harmonic'])}; per-query rank correlation over "
+            f"{found['responses']} responses: " + ", ".join(f"{d} {number(rho[d])}" for d in DIMENSIONS)
+        )
+    for name, entry in evaluation["systems"].items():
         if entry.get("unknown_query_ids"):
             console.print(
                 f"[yellow]{escape(name)}:[/] {entry['unknown_query_ids']} responses to queries not in "
@@ -299,15 +330,18 @@ def print_estimate(report, console: Console) -> None:
         f"{outcome.failed_before + outcome.failed} failed (kept). Nothing was sent or written."
     )
     table = Table(title=f"{report.stage} · {report.model}", title_justify="left")
-    for title in ("step", "calls", "tok in", "tok out", "from"):
+    for title in ("step", "calls", "tok in", "of them prefix-cached", "tok out", "from"):
         table.add_column(title, justify="left" if title in ("step", "from") else "right")
     for name, entry in estimate["steps"].items():
         table.add_row(name, f"{entry['calls']:,}", f"{entry['prompt_tokens']:,}",
-                      f"{entry['completion_tokens']:,}", escape(entry["source"]))  # fmt: skip
+                      f"{entry.get('cached_tokens', 0):,}", f"{entry['completion_tokens']:,}",
+                      escape(entry["source"]))  # fmt: skip
     console.print(table)
-    cost = "" if estimate["cost"] is None else f" · about ${estimate['cost']:.2f} at --price-in/--price-out"
+    prices = "--price-in/--price-out/--price-cached"
+    cost = "" if estimate["cost"] is None else f" · about ${estimate['cost']:.2f} at {prices}"
     console.print(
-        f"tokens ({estimate['counted_as']}): {estimate['prompt_tokens']:,} in + "
+        f"tokens ({estimate['counted_as']}): {estimate['prompt_tokens']:,} in "
+        f"({estimate.get('cached_tokens', 0):,} in a prefix sent before) + "
         f"{estimate['completion_tokens']:,} out{cost}"
     )
 

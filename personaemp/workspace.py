@@ -28,7 +28,7 @@ from typing import Any
 
 from personaemp import locks
 from personaemp.errors import InputError
-from personaemp.io import write_json_atomic
+from personaemp.io import set_aside, write_json_atomic
 
 MANIFEST_FILE = "manifest.json"
 PATH_KEYS = ("output", "input", "report", "failures")
@@ -110,7 +110,7 @@ def record_stage(
     the whole input; `input`: the file it read, so the chain can be followed back across
     folders (without it, earlier stages are looked up in the same manifest). The entry
     replaces the stage's previous one; other stages' entries are kept. A manifest that
-    cannot be parsed is replaced (it only indexes files that still exist elsewhere).
+    cannot be parsed is set aside (NAME.corrupt-<time>) and replaced.
     """
     output = Path(output)
     folder = output.parent
@@ -128,7 +128,8 @@ def record_stage(
     with locked(path):
         try:
             manifest = _load(path)
-        except InputError:
+        except InputError as error:  # kept aside for the user, then replaced
+            set_aside(path, error.message.removeprefix(f"{path}: "))
             manifest = {}
         manifest[stage] = entry
         write_json_atomic(path, manifest)

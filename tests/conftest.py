@@ -289,3 +289,23 @@ def order_free_responder(seed: int = 7):
         return responder(random.Random(f"{seed}:{digest}"))(body, number)
 
     return answer
+
+
+@pytest.fixture(scope="session")
+def sample_build(tmp_path_factory) -> Path:
+    """The shipped sample built end to end (filter -> ... -> push --dry-run) against the fake
+    endpoint's capable model: its processed folder. Shared: tests copy what they change."""
+    from fake_openai import FakeOpenAI
+    from rich.console import Console
+
+    from personaemp.options import LLMOptions, PathsOptions, RunOptions
+    from personaemp.pipeline import run_pipeline
+
+    processed = tmp_path_factory.mktemp("sample_build") / "processed"
+    with FakeOpenAI(responder=order_free_responder()) as fake, open(processed.parent / "log.txt", "w") as log:
+        options = RunOptions(
+            paths=PathsOptions(input=str(SAMPLE_TASK1), processed=processed),
+            llm=LLMOptions(base_url=[fake.base_url], model="fake"),
+        )
+        run_pipeline(options, Console(file=log))
+    return processed

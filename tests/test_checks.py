@@ -5,15 +5,23 @@ from __future__ import annotations
 import pytest
 
 from personaemp.checks import (
+    COPY_SHARE,
+    COPY_SHORT,
+    COPY_WORDS,
     DUPLICATE_SIMILARITY,
     MAX_CHARS,
     MIN_CHARS,
     category_match,
+    copied,
     duplicates,
     language_match,
     length_ok,
+    longest_shared,
     memory_ids_valid,
+    not_copied,
     similarity,
+    tokens,
+    words,
 )
 
 KNOWN = {"m1", "m2", "m3"}
@@ -192,3 +200,81 @@ def test_duplicates_on_chinese_texts_without_spaces():
     assert similarity(ZH_SISTER, ZH_PARTY) < DUPLICATE_SIMILARITY
     assert duplicates([ZH_SISTER, ZH_PARTY, ZH_SISTER_AGAIN]) == {2: 0}
     assert duplicates([ZH_SISTER, ZH_PARTY]) == {}
+
+
+# --- not_copied ---------------------------------------------------------------------------------
+
+OWN = [
+    "Also my boss gave the promotion to someone else. I do not know how to feel.",
+    "Thanks, that helps a lot",
+]
+ZH_OWN = ["我和最好的朋友因为一点小误会已经一个月没说话了，好难受。"]
+
+
+def test_a_query_that_is_the_users_message_is_a_copy():
+    ok, reason = not_copied(OWN[0], OWN)
+    assert ok is False
+    assert reason == (
+        "repeats 16 words of the user's own text: "
+        "'also my boss gave the promotion to someone else i do not know how to feel'"
+    )
+
+
+def test_a_long_stretch_inside_an_honest_query_is_a_copy():
+    text = "I keep thinking that my boss gave the promotion to someone else. How do I move on?"
+    assert not_copied(text, OWN)[0] is False  # 8 words in a row: "my boss ... someone else"
+
+
+def test_shared_names_and_short_phrases_are_not_a_copy():
+    text = "My boss picked someone else for the promotion and I do not know what to say to him."
+    assert longest_shared(text, OWN) == ("i", "do", "not", "know")
+    assert not_copied(text, OWN) == (True, "")
+
+
+def test_a_short_message_copied_whole_is_a_copy():
+    assert words(tokens("Thanks, that helps a lot")) == 5
+    ok, reason = not_copied("Thanks, that helps a lot!", OWN)
+    assert ok is False and "repeats 5 words" in reason
+
+
+def test_chinese_characters_count_as_half_words():
+    assert tokens("我和她 Hello_world 42") == ["我", "和", "她", "hello", "world", "42"]
+    assert words(tokens("我和她")) == 1.5
+    # 8 characters in common (4 words) in a 30-character message: a paraphrase, not a copy
+    paraphrase = "我和最好的朋友已经一个月没说话了，心里特别难受，是不是我做错了什么？"
+    assert not_copied(paraphrase, ZH_OWN) == (True, "")
+    # the whole sentence again: a copy
+    assert not_copied("我和最好的朋友因为一点小误会已经一个月没说话了，怎么办？", ZH_OWN)[0] is False
+
+
+def test_the_threshold_is_where_the_rule_says():
+    below = " ".join(f"w{i}" for i in range(COPY_WORDS - 1))
+    at = " ".join(f"w{i}" for i in range(COPY_WORDS))
+    source = [at + " and more words after it"]
+    padding = " then a good many words of the query that are its own and nobody else's at all"
+    assert not_copied(below + padding, source)[0] is True
+    assert not_copied(at + padding, source)[0] is False
+    assert copied(COPY_SHORT, COPY_SHORT / COPY_SHARE) and not copied(COPY_SHORT - 0.5, COPY_SHORT)
+
+
+def test_on_the_sample_build_honest_queries_pass_and_planted_copies_fail(sample_build):
+    """The shipped sample through the fake endpoint: no generated query is a copy; each
+    user's own longer messages, planted as queries, are."""
+    import json
+
+    from personaemp.records import Persona
+    from personaemp.stages.queries import own_texts
+
+    rows = [json.loads(line) for line in (sample_build / "queries.jsonl").read_text().splitlines()]
+    generated = [q for row in rows for q in row["queries"] + row["rejected_queries"]]
+    assert generated and all(q["checks"]["not_copied"] for q in generated)
+    planted = 0
+    for row in rows:
+        persona = Persona.model_validate(row)
+        for turn in persona.turns:
+            if turn.role == "user" and len(tokens(turn.text)) >= 12:
+                ok, reason = not_copied(turn.text[:300], own_texts(persona))
+                assert ok is False, turn.text
+                assert reason.startswith("repeats ")
+                planted += 1
+    assert planted >= 10

@@ -15,9 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_openai import FakeOpenAI, server_error
+from fake_openai import KEY_FORMS, FakeOpenAI, huge, reply, server_error, trickle
 from rich.console import Console
 
+from personaemp import secrets
 from personaemp.stages.filter import filter_users
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,14 +43,14 @@ def closed_port() -> int:
 
 
 def infer(
-    tmp_path: Path, filtered: Path, base_url: str, key: str = KEY, model: str = "fake"
+    tmp_path: Path, filtered: Path, base_url: str, *options: str, key: str = KEY, model: str = "fake"
 ) -> subprocess.CompletedProcess:
     env = {**os.environ, "OPENAI_API_KEY": key, "NO_COLOR": "1", "COLUMNS": "200"}
     env.pop("OPENAI_BASE_URL", None)
     return subprocess.run(
         [sys.executable, "-m", "personaemp", "infer-persona", "--input", str(filtered),
          "--output", str(tmp_path / "personas.jsonl"), "--work-dir", str(tmp_path / "work"),
-         "--base-url", base_url, "--model", model],
+         "--base-url", base_url, "--model", model, *options],
         capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path,
     )  # fmt: skip
 
@@ -68,11 +69,14 @@ def assert_one_clean_line(result: subprocess.CompletedProcess, *words: str) -> N
 
 
 def assert_key_nowhere(tmp_path: Path, *outputs: str) -> None:
+    """Not as is, in another letter case, or URL-encoded."""
+    forms = {form(KEY).lower() for form in KEY_FORMS.values()}
     for text in outputs:
-        assert KEY not in text
+        assert not any(form in text.lower() for form in forms)
     for path in tmp_path.rglob("*"):
         if path.is_file():
-            assert KEY.encode() not in path.read_bytes(), path
+            content = path.read_bytes().lower()
+            assert not any(form.encode() in content for form in forms), path
 
 
 def rows(path: Path) -> list[dict]:
@@ -140,3 +144,97 @@ def test_an_endpoint_that_echoes_the_key_in_replies_leaks_it_nowhere(tmp_path, f
     cache = (tmp_path / "work" / "cache.sqlite").read_bytes()
     assert b"[redacted]" in cache  # the echo was there, and was scrubbed before storing
     assert_key_nowhere(tmp_path, result.stdout, result.stderr)
+
+
+@pytest.mark.parametrize("form", ["upper", "swapcase", "percent"])
+def test_a_key_echoed_altered_in_an_error_is_scrubbed(tmp_path, filtered, form):
+    """Before: redaction matched the key only as is; a server that echoed it upper-cased or
+    percent-encoded had it printed on the terminal."""
+    with FakeOpenAI(require_key="sk-the-right-one", echo_key=form) as server:
+        result = infer(tmp_path, filtered, server.base_url)
+    assert "Incorrect API key provided: [redacted]." in result.stderr
+    assert_one_clean_line(result, "refused the API key", "[redacted]")
+    assert_key_nowhere(tmp_path, result.stdout, result.stderr)
+
+
+@pytest.mark.parametrize("form", ["lower", "percent", "percent_lower"])
+def test_a_key_echoed_altered_in_replies_leaks_it_nowhere(tmp_path, filtered, form):
+    with FakeOpenAI(echo_key=form) as server:
+        result = infer(tmp_path, filtered, server.base_url)
+    assert result.returncode == 0, result.stderr
+    assert b"[redacted]" in (tmp_path / "work" / "cache.sqlite").read_bytes()
+    assert_key_nowhere(tmp_path, result.stdout, result.stderr)
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        (KEY, "[redacted]"),
+        (f"key={KEY.upper()}.", "key=[redacted]."),
+        (f"?k={KEY.swapcase()}&x", "?k=[redacted]&x"),
+        ("".join(f"%{byte:02X}" for byte in KEY.encode()), "[redacted]"),
+        ("".join(f"%{byte:02x}" for byte in KEY.encode()), "[redacted]"),
+        ("".join(f"%25{byte:02X}" for byte in KEY.encode()), "[redacted]"),  # encoded twice
+        ("sk-live-NEVER-PRINT", "sk-live-NEVER-PRINT"),  # a part is not the key
+    ],
+)
+def test_redact_matches_the_key_in_any_case_and_url_encoded(monkeypatch, text, masked):
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    assert secrets.redact(text) == masked
+
+
+def test_redact_matches_a_space_encoded_as_plus_or_percent(monkeypatch):
+    monkeypatch.setattr(secrets, "_registered", {"my secret token"})
+    for text in ("my secret token", "MY+SECRET+TOKEN", "my%20secret%20token", "My%2bsecret+token"):
+        assert secrets.redact(f"[{text}]") == "[[redacted]]", text
+
+
+# --------------------------------------------------------------------------- deadlines and sizes
+
+
+def test_a_trickling_server_is_cut_off_by_the_timeout(tmp_path, filtered):
+    """Before: --timeout was per read, and a server sending a byte every 200 ms held each
+    request until the server itself gave up (here after 30 s: a connection error)."""
+    with FakeOpenAI(responder=lambda body, n: trickle(0.2, bound=30)) as server:
+        result = infer(tmp_path, filtered, server.base_url, "--timeout", "2", "--max-retries", "1")
+    assert server.count == 2  # retried once, then the run stops
+    assert_one_clean_line(result, "did not answer", "timed out", "within 2 s", "--timeout")
+    assert rows(tmp_path / "infer-persona.failures.jsonl") == []
+    then_a_working_endpoint_does_every_unit(tmp_path, filtered)
+
+
+def test_a_reply_far_larger_than_max_tokens_is_cut_off_and_never_stored(tmp_path, filtered):
+    """Before: a 1 MB reply was stored whole in the cache and the failures file (each user a
+    content failure, exit 0); it is an endpoint fault now: retried, then the run stops."""
+    with FakeOpenAI(responder=lambda body, n: huge(1_000_000)) as server:
+        result = infer(tmp_path, filtered, server.base_url, "--max-retries", "1")
+    assert server.count == 2
+    assert_one_clean_line(result, "did not answer", "max_tokens 1024", "cut off")
+    sizes = {path.name: path.stat().st_size for path in tmp_path.rglob("*") if path.is_file()}
+    assert max(sizes.values()) < 100_000, sizes
+    then_a_working_endpoint_does_every_unit(tmp_path, filtered)
+
+
+def test_after_replies_an_oversized_one_fails_its_unit_as_an_endpoint_fault(tmp_path, filtered):
+    with FakeOpenAI(responder=lambda body, n: None if n == 1 else huge(1_000_000)) as server:
+        result = infer(tmp_path, filtered, server.base_url, "--max-retries", "0", "--concurrency", "1")
+    assert server.count == USERS + 1  # the first answer, then one oversized reply per user
+    assert result.returncode == 0, result.stderr
+    failed = rows(tmp_path / "infer-persona.failures.jsonl")
+    assert [row["kind"] for row in failed] == ["server_error"] * USERS  # the next run tries them again
+    assert all(len(row["raw"] or "") < 10_000 for row in failed)
+    then_a_working_endpoint_does_every_unit(tmp_path, filtered)
+
+
+def test_the_failures_file_keeps_an_excerpt_of_a_bad_reply(tmp_path, filtered):
+    """Before: the whole reply was kept (here 60 kB a user)."""
+    bad = "<" + "blah " * 12_000 + ">"
+    with FakeOpenAI(responder=lambda body, n: reply(bad)) as server:
+        result = infer(tmp_path, filtered, server.base_url, "--max-reasks", "0")
+    assert result.returncode == 0, result.stderr  # content failures are kept, the run goes on
+    failed = rows(tmp_path / "infer-persona.failures.jsonl")
+    assert [row["kind"] for row in failed] == ["invalid"] * USERS
+    for row in failed:
+        head, marker, tail = row["raw"].split("\n")
+        assert bad.startswith(head) and bad.endswith(tail) and len(head) == len(tail) == 2000
+        assert marker == f"[... {len(bad) - 4000} characters cut ...]"

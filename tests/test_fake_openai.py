@@ -21,12 +21,15 @@ import openai
 import pytest
 from fake_openai import (
     FAULTS,
+    HUGE_MAX,
     INVALID_JSON_TEXT,
+    KEY_FORMS,
     FakeOpenAI,
     drop,
     empty,
     fault_responder,
     hang,
+    huge,
     instance_from_schema,
     invalid_json_content,
     lognormal_latency,
@@ -35,6 +38,7 @@ from fake_openai import (
     reply,
     schema_invalid,
     server_error,
+    trickle,
     truncated,
 )
 from pydantic import BaseModel, Field
@@ -328,6 +332,57 @@ def test_hang_then_replies_normally(server):
     server.queue(hang(0.05, content="late"))
     resp = client_for(server).chat.completions.create(model="m", messages=MESSAGES)
     assert resp.choices[0].message.content == "late"
+
+
+def test_trickle_sends_the_whole_reply_a_byte_at_a_time(server):
+    server.queue(trickle(0.001, bound=30, content="slow"))
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=5)
+    conn.request("POST", "/v1/chat/completions", json.dumps({"messages": MESSAGES}))
+    response = conn.getresponse()
+    first = response.read(1)
+    rest = response.read()
+    assert response.status == 200 and len(first) == 1
+    assert json.loads(first + rest)["choices"][0]["message"]["content"] == "slow"
+    assert server.trickles_abandoned == 0
+
+
+def test_trickle_gives_up_at_its_bound_so_a_patient_client_never_hangs(server):
+    server.queue(trickle(0.05, bound=0.3))
+    with pytest.raises(openai.APIConnectionError) as info:
+        client_for(server, timeout=5).chat.completions.create(model="m", messages=MESSAGES)
+    assert not isinstance(info.value, openai.APITimeoutError)  # each read was quick
+    assert server.trickles_abandoned == 1
+
+
+def test_huge_sends_content_of_the_size_asked(server):
+    server.queue(huge(200_000))
+    answer = client_for(server).chat.completions.create(model="m", messages=MESSAGES)
+    assert answer.choices[0].message.content == "x" * 200_000
+    with pytest.raises(ValueError):
+        huge(HUGE_MAX + 1)
+
+
+@pytest.mark.parametrize("form", sorted(KEY_FORMS))
+def test_echo_key_forms(form):
+    key = "sk-Echo-0123"
+    expected = {
+        "as_is": key, "upper": "SK-ECHO-0123", "lower": "sk-echo-0123", "swapcase": "SK-eCHO-0123",
+        "percent": "%73%6B%2D%45%63%68%6F%2D%30%31%32%33",
+        "percent_lower": "%73%6b%2d%45%63%68%6f%2d%30%31%32%33",
+    }[form]  # fmt: skip
+    with (
+        FakeOpenAI(echo_key=form, require_key="sk-other") as server,
+        pytest.raises(openai.AuthenticationError) as info,
+    ):
+        openai.OpenAI(base_url=server.base_url, api_key=key, max_retries=0).models.list()
+    assert info.value.body["message"] == f"Incorrect API key provided: {expected}."
+    with FakeOpenAI(echo_key=form) as server:
+        answer = openai.OpenAI(base_url=server.base_url, api_key=key, max_retries=0).chat.completions.create(
+            model="m", messages=MESSAGES
+        )
+    assert json.loads(answer.choices[0].message.content) == {"note": expected}
+    with pytest.raises(ValueError):
+        FakeOpenAI(echo_key="rot13")
 
 
 def test_stop_wakes_a_hanging_handler():

@@ -448,3 +448,33 @@ def test_filter_users_takes_paths_or_strings_for_both_ends(tmp_path):
     by_str = filter_users(str(SAMPLE_TASK1), tmp_path / "b.jsonl", console=Console(quiet=True))
     assert by_path.kept == by_str.kept == SAMPLE_KEPT
     assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+
+
+def test_the_same_turns_are_decided_once_and_other_turns_get_their_own_language(tmp_path, monkeypatch):
+    """A history seen again (a copied session, a replicated input) is not read again; one word
+    more, or the same words split into other turns, is another history."""
+    import personaemp.sources.normalize as normalize
+
+    calls = []
+    real = normalize.user_language
+    monkeypatch.setattr(normalize, "user_language", lambda turns: calls.append(1) or real(turns))
+    monkeypatch.setattr(normalize, "_LANGUAGES", {})
+    split = [
+        session("s1", "我和我的姐姐又吵架了，", "嗯。"),
+        session("s2", "我觉得很难过，不知道该怎么办。", "我理解。"),
+    ]
+    path = raw_users(
+        tmp_path,
+        [
+            raw_record("first", sessions=CHINESE),
+            raw_record("copy", sessions=CHINESE),
+            raw_record("english"),
+            raw_record("split", sessions=split),
+        ],
+    )
+    report, output = run(tmp_path, path)
+    assert report.kept == 4
+    assert {row["user_id"]: row["language"] for row in read_jsonl(output)} == {
+        "first": "zh", "copy": "zh", "english": "en", "split": "zh",
+    }  # fmt: skip
+    assert len(calls) == 3, "the copy's language came from the first user's"

@@ -22,9 +22,9 @@ import pytest
 from conftest import REPO, SAMPLE_TASK1, copy_sample, order_free_responder
 from fake_openai import FakeOpenAI
 
+from personaemp.aio import run_interruptibly
 from personaemp.cli import INTERRUPTED
 from personaemp.errors import PersonaempError
-from personaemp.llm.run import run_interruptibly
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

@@ -12,11 +12,13 @@ from fake_openai import (
     drop,
     empty,
     hang,
+    huge,
     invalid_json_content,
     malformed_body,
     rate_limit,
     reply,
     server_error,
+    trickle,
     truncated,
 )
 from pydantic import BaseModel
@@ -66,9 +68,17 @@ def ask(settings: LLMSettings, count: int = 1, **call_options):
 
 @pytest.mark.parametrize(
     "fault",
-    [rate_limit(0.01), server_error(500), server_error(503), drop(), malformed_body(), hang(5)],
-    ids=["429", "500", "503", "drop", "malformed_body", "hang"],
-)
+    [
+        rate_limit(0.01), server_error(500), server_error(503), drop(), malformed_body(), hang(5),
+        # A byte every 50 ms: each read is quick, the whole (~12 s) is not. Before the timeout
+        # bounded the whole request, it was waited for (one request, no retry).
+        trickle(0.05, bound=30, content=GOOD),
+        # Far more than max_tokens 1024 can hold: cut off while read and retried, not stored
+        # and re-asked as an invalid reply.
+        huge(1_000_000),
+    ],
+    ids=["429", "500", "503", "drop", "malformed_body", "hang", "trickle", "huge"],
+)  # fmt: skip
 def test_transport_faults_are_retried(tmp_path, fault):
     with FakeOpenAI() as server:
         server.queue(fault, reply(GOOD))
@@ -77,6 +87,21 @@ def test_transport_faults_are_retried(tmp_path, fault):
         assert result.value == Greeting(**GOOD)
         assert server.count == 2
         assert (stats.requests, stats.retries, stats.reasks) == (2, 1, 0)
+    stored = sum(path.stat().st_size for path in (tmp_path / "work").iterdir())
+    assert stored < 100_000  # the cache holds no oversized reply
+
+
+def test_the_reply_bound_follows_max_tokens(tmp_path):
+    """A reply of 300 kB is cut off at max_tokens 1000 (bound 96 kB) but read at 10000 (384 kB)."""
+    with FakeOpenAI() as server:
+        server.queue(huge(300_000), huge(300_000))
+        [small], _ = ask(settings_for(server, tmp_path, max_tokens=1000, max_retries=0))
+        [large], stats = ask(settings_for(server, tmp_path, max_tokens=10000, max_retries=0, max_reasks=0))
+    # The first request of a run failing on the endpoint's side: the run stops.
+    assert isinstance(small, EndpointError) and "max_tokens 1000" in str(small)
+    assert "honours max_tokens" in small.hint
+    assert isinstance(large, LLMError) and large.kind == "invalid"  # read whole: not JSON
+    assert server.count == 2
 
 
 def test_retry_after_is_honoured_and_counted(tmp_path):
@@ -286,9 +311,11 @@ def test_structured_modes(tmp_path, mode):
             assert body["messages"][0]["content"] == "Be brief."
         else:
             assert body.get("response_format") == ({"type": "json_object"} if mode == "json_object" else None)
-            system = body["messages"][0]
-            assert system["role"] == "system" and system["content"].startswith("Be brief.")
-            assert json.dumps(schema, separators=(",", ":")) in system["content"]
+            # The schema text ends the request: the system message stays the same for every step,
+            # so a provider's prefix cache can serve it (and what follows it) across steps.
+            assert body["messages"][0] == {"role": "system", "content": "Be brief."}
+            assert body["messages"][-1]["role"] == "user"
+            assert body["messages"][-1]["content"].endswith(json.dumps(schema, separators=(",", ":")))
 
 
 def test_api_key_never_reaches_a_file(tmp_path):

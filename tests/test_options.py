@@ -31,6 +31,8 @@ ENV_NAMES = (
     "PERSONAEMP_CONCURRENCY",
     "PERSONAEMP_WORK_DIR",
     "PERSONAEMP_INPUT",
+    "PERSONAEMP_SECOND_JUDGE_MODEL",
+    "PERSONAEMP_SECOND_JUDGE_BASE_URL",
 )
 STAGE_OF = {
     "filter": "filter",
@@ -57,8 +59,8 @@ def click_command(name: str):
 
 
 def click_options(name: str) -> dict[str, Any]:
-    """Option name -> click parameter, --help left out."""
-    return {p.name: p for p in click_command(name).params if p.name != "help"}
+    """Option name -> click parameter, --help and the hidden earlier spellings left out."""
+    return {p.name: p for p in click_command(name).params if p.name != "help" and not p.hidden}
 
 
 def test_every_stage_option_is_a_toml_key_and_back():
@@ -93,13 +95,13 @@ def test_flags_defaults_and_env_vars_agree_with_the_model(command):
 
 def test_the_existing_flag_spellings_are_kept():
     expected = {
-        "filter": "--input -i --format --rules --output -o --split --hf-config --on-error --turns "
+        "filter": "--input -i --format --rules --output -o --benchmark-split --hf-config --on-error --turns "
         "--show-rules",
         "infer-persona": "--input -i --output -o --limit --users --require-depth --no-require-depth --show",
         "gen-queries": "--per-category --categories --enforce --limit --users",
         "split": "--input -i --out-dir -o --ood --no-ood --seed --test-size --k --k-min --k-max --holdout "
         "--seeds",
-        "push": "--splits --repo-id --dry-run --out --private --revision --include-dialogue",
+        "push": "--splits --repo-id --dry-run --out-dir --private --revision --include-dialogue",
     }
     llm = (
         "--base-url --model --llm --structured --concurrency --rpm --timeout --max-tokens --temperature "
@@ -127,10 +129,20 @@ def test_the_names_options_repeat_agree_with_the_stages():
 
     assert opts.FORMATS == FORMATS
     assert opts.CHECKS == queries.CHECKS
+    from personaemp import reward
     from personaemp.stages import criteria, evaluate, respond
 
-    stages = (persona, queries, criteria, respond, evaluate)
+    stages = (persona, queries, criteria, respond, evaluate, reward)
     assert set(opts.STEPS) == {step.name for stage in stages for step in stage.STEPS}
+    from typing import get_args
+
+    from personaemp.stages import export
+
+    assert get_args(opts.Context) == respond.CONTEXTS
+    assert get_args(opts.ExportOptions.model_fields["format"].annotation) == export.FORMATS
+    from personaemp import reward
+
+    assert get_args(opts.RewardConfig.model_fields["fallback"].annotation) == tuple(reward.FALLBACKS)
     assert RunOptions().queries.categories == list(CATEGORIES)
     assert set(opts.STEP_KEYS) == set(opts.StepSampling.model_fields)
 
@@ -190,8 +202,8 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
 
     monkeypatch.setattr(streaming, "FilterFeed", RecordedFeed)
     report = SimpleNamespace(estimate=None)  # what the summaries look at; they are stubbed too
-    monkeypatch.setattr(persona, "infer_personas", recorder("persona", (report, None)))
-    monkeypatch.setattr(queries, "generate_queries", recorder("queries", (report, None)))
+    with_twin(monkeypatch, persona, "infer_personas", recorder("persona", (report, None)))
+    with_twin(monkeypatch, queries, "generate_queries", recorder("queries", (report, None)))
 
     # `run` chains the two LLM stages on one engine: the stage plans get the arguments the
     # commands give the stage functions, and the chain the settings.
@@ -223,7 +235,29 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
     for name in dir(summaries):
         if name.startswith("print_"):
             monkeypatch.setattr(summaries, name, lambda *args, **kwargs: None)
+    stub_results(monkeypatch)
     return recorded
+
+
+def with_twin(monkeypatch, module, name: str, record) -> None:
+    """Replace a stage function and its async twin (`a<name>`, what the commands await)."""
+
+    async def arecord(*args, **kwargs):
+        return record(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, record)
+    monkeypatch.setattr(module, f"a{name}", arecord)
+
+
+def stub_results(monkeypatch) -> None:
+    """The recorders return stand-ins, not reports: their StageResults are stand-ins too."""
+    from personaemp import results
+
+    for name in dir(results):
+        if name.startswith("of_"):
+            monkeypatch.setattr(
+                results, name, lambda report, *rest: results.StageResult("stub", None, report)
+            )
 
 
 def invoke(*args: Any, env: dict[str, str] | None = None):
@@ -266,11 +300,13 @@ def toml_text(sections: dict[str, dict[str, Any]]) -> str:
         tables = []
         for key, value in values.items():
             if isinstance(value, dict):
-                tables.extend((f"{section}.{key}.{name}", table) for name, table in value.items())
+                tables.extend((f"[{section}.{key}.{name}]", table) for name, table in value.items())
+            elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+                tables.extend((f"[[{section}.{key}]]", table) for table in value)  # an array of tables
             elif value is not None:
                 lines.append(f"{key} = {toml_value(value)}")
         for name, table in tables:
-            lines.append(f"[{name}]")
+            lines.append(name)
             lines.extend(f"{k} = {toml_value(v)}" for k, v in table.items())
     return "\n".join(lines) + "\n"
 
@@ -289,7 +325,8 @@ def cli_args(section: str, values: dict[str, Any]) -> list[str]:
             args.append(on if value else off)
         elif option.kind == "list":
             for item in value:
-                args += [option.flag, str(item)]
+                shown = ";".join(f"{k}={v}" for k, v in item.items()) if isinstance(item, dict) else str(item)
+                args += [option.flag, shown]
         elif option.kind == "dict":
             for step, table in value.items():
                 for key, item in table.items():
@@ -328,7 +365,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "format": "raw",
         "rules": "my_rules.toml",
         "output": "f/filtered.jsonl",
-        "split": "dev",
+        "benchmark_split": "dev",
         "hf_config": "task1",
         "on_error": "skip",
         "turns": "all",
@@ -353,6 +390,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "retry_failed": True,
         "price_in": 1.5,
         "price_out": 2.5,
+        "price_cached": 0.25,
         "max_cost": 3.0,
         "estimate": False,
         "batch": None,
@@ -387,12 +425,12 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "holdout": 1,
         "seeds": 2,
     },
-    "stats": {"processed": "x/build", "out": "x/stats"},
+    "stats": {"processed": "x/build", "out_dir": "x/stats"},
     "push": {
         "splits": "s/out",
         "repo_id": "me/data",
         "dry_run": False,
-        "out": "d",
+        "out_dir": "d",
         "private": True,
         "revision": "dev",
         "include_dialogue": True,
@@ -405,6 +443,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "part": "train",
         "context": "rag",
         "rag_k": 5,
+        "mismatch_seed": 9,
         "output": "r/out.jsonl",
         "limit": 7,
     },
@@ -413,13 +452,56 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "split": "ood",
         "part": "train",
         "responses": ["a.jsonl", "b.jsonl"],
-        "criteria_file": "e/criteria.jsonl",
+        "criteria": "e/criteria.jsonl",
         "judge_model": "judge",
+        "judges": [
+            {"name": "a", "model": "m1", "base_url": "http://127.0.0.1:9/v1", "key_env": "JUDGE_A_KEY"},
+            {"name": "b"},
+        ],
+        "missing": "skip",
         "dynamic": True,
         "samples": 8,
         "bystander": True,
         "reward_lambda": 0.25,
-        "report": "e/report.json",
+        "output": "e/report.json",
+    },
+    "export": {
+        "splits": "x/splits",
+        "split": "ood",
+        "part": "test",
+        "format": "verl",
+        "context": "persona",
+        "rag_k": 4,
+        "mismatch_seed": 2,
+        "summaries": "x/summaries.jsonl",
+        "criteria": "x/criteria.jsonl",
+        "data_source": "mine",
+        "output": "x/out.parquet",
+    },
+    "table": {
+        "reports": ["t/random.json", "t/ood.json"],
+        "format": "latex",
+        "output": "t/table1.tex",
+        "harmonic": True,
+        "digits": 3,
+    },  # fmt: skip
+    "review": {
+        "input": "v/q.jsonl",
+        "labels": "v/labels.jsonl",
+        "size": 9,
+        "seed": 4,
+        "host": "0.0.0.0",
+        "port": 9001,
+    },  # fmt: skip
+    "agreement": {
+        "input": "g/q.jsonl",
+        "labels": "g/labels.jsonl",
+        "second_judge": "g/second.jsonl",
+        "judge_model": "other",
+        "judge_base_url": ["http://c.example/v1"],
+        "out": "g/out",
+        "resamples": 500,
+        "bootstrap_seed": 3,
     },
 }
 
@@ -480,7 +562,7 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
     assert settings.steps == NON_DEFAULT["llm"]["steps"]
     assert (settings.max_retries, settings.max_reasks, settings.work_dir) == (1, 0, Path("w"))
     assert (settings.use_cache, settings.refresh) == (False, True)
-    assert (settings.price_in, settings.price_out) == (1.5, 2.5)
+    assert (settings.price_in, settings.price_out, settings.price_cached) == (1.5, 2.5, 0.25)
     args, kwargs = by_run["queries"]
     assert args[:2] == (Path("q/in.jsonl"), Path("q/out.jsonl")) and args[2] == settings
     assert kwargs["options"].categories == ("ES", "SS") and kwargs["options"].per_category == 2
@@ -538,7 +620,7 @@ def test_split_makes_the_ood_split_by_default(calls):
 
 
 def test_push_dry_run_without_out_goes_to_the_processed_dataset_folder(calls):
-    """BUG: `push --dry-run` needed --out; `run` dry-ran into <processed>/dataset."""
+    """BUG: `push --dry-run` needed --out (now --out-dir); `run` dry-ran into <processed>/dataset."""
     invoke("push", "--dry-run")
     assert calls["push"] == (
         (Path("data/processed/splits"),),
@@ -678,13 +760,16 @@ def test_a_flag_overrides_a_bad_file_value_only_for_its_own_key(calls, tmp_path)
     assert calls["persona"][1]["limit"] == 2
 
 
-# --- the README ---------------------------------------------------------------------------------
+# --- the options page of the docs ---------------------------------------------------------------
 
 
-def test_the_readme_option_tables_are_generated_from_the_models():
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+def test_the_docs_option_tables_are_generated_from_the_models():
+    text = (REPO / "docs" / "options.md").read_text(encoding="utf-8")
     assert text.count(opts.BEGIN) == 1 and text.count(opts.END) == 1
-    assert opts.readme_block(text) == opts.markdown_tables(), "run: python -m personaemp.options README.md"
+    hint = "run: python -m personaemp.options docs/options.md"
+    assert opts.readme_block(text) == opts.markdown_tables(), hint
+    # One copy of the tables: the README (the PyPI page) links to the docs instead.
+    assert opts.BEGIN not in (REPO / "README.md").read_text(encoding="utf-8")
 
 
 def test_the_tables_list_every_option_with_its_flag_key_env_and_default():
@@ -692,7 +777,7 @@ def test_the_tables_list_every_option_with_its_flag_key_env_and_default():
     for section in SECTIONS:
         for option in specs(section):
             assert f"`{option.name}`" in tables
-            if section != "paths":
+            if section not in ("paths", "reward"):  # TOML only: no command has their flags
                 assert f"`{option.flag}`" in tables
             if option.opt.env:
                 assert f"`{option.opt.env}`" in tables
@@ -714,6 +799,7 @@ def test_update_readme_rewrites_only_the_block(tmp_path):
 def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(monkeypatch, tmp_path):
     """criteria, respond and evaluate are not part of `run`; their flags and their TOML
     sections must still reach the stage function identically."""
+    monkeypatch.setenv("JUDGE_A_KEY", "sk-judge-a")
     from personaemp import summaries
     from personaemp.stages import criteria, evaluate, respond
 
@@ -730,12 +816,13 @@ def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(mon
     evaluation = {"systems": {}, "split": "", "part": "", "judge_model": "", "mode": "", "lambda": 0.5,
                   "scores_file": ""}  # fmt: skip
     report = SimpleNamespace(estimate=None, batch=None)  # what the commands look at after a stage
-    monkeypatch.setattr(criteria, "write_criteria", recorder("criteria", report))
-    monkeypatch.setattr(respond, "write_responses", recorder("respond", report))
-    monkeypatch.setattr(evaluate, "evaluate", recorder("evaluate", (None, evaluation)))
+    with_twin(monkeypatch, criteria, "write_criteria", recorder("criteria", report))
+    with_twin(monkeypatch, respond, "write_responses", recorder("respond", report))
+    with_twin(monkeypatch, evaluate, "evaluate", recorder("evaluate", (None, evaluation)))
     for name in dir(summaries):
         if name.startswith("print_"):
             monkeypatch.setattr(summaries, name, lambda *args, **kwargs: None)
+    stub_results(monkeypatch)
     config = tmp_path / "bench.toml"
     config.write_text(
         toml_text({k: NON_DEFAULT[k] for k in ("criteria", "respond", "evaluate")}), encoding="utf-8"
@@ -748,15 +835,26 @@ def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(mon
     invoke("respond", "--config", config)
     args, kwargs = calls["respond"]
     assert args == (Path("r/splits"), Path("r/out.jsonl"))
-    assert kwargs == {"split": "ood", "part": "train", "context": "rag", "rag_k": 5, "limit": 7,
-                      "retry_failed": False}  # fmt: skip
+    assert kwargs == {"split": "ood", "part": "train", "context": "rag", "rag_k": 5, "mismatch_seed": 9,
+                      "limit": 7, "retry_failed": False}  # fmt: skip
     invoke("evaluate", "--config", config)
     args, kwargs = calls["evaluate"]
     assert args == (Path("e/splits"), [Path("a.jsonl"), Path("b.jsonl")], Path("e/report.json"))
     assert kwargs["judge_model"] == "judge" and kwargs["criteria_file"] == Path("e/criteria.jsonl")
     assert kwargs["options"] == evaluate.JudgeOptions(
-        dynamic=True, samples=8, bystander=True, reward_lambda=0.25
+        dynamic=True, samples=8, bystander=True, reward_lambda=0.25, missing="skip"
     )
+    a, b = kwargs["judges"]
+    assert (a.name, a.settings.model, a.settings.base_urls, a.settings.api_key) == (
+        "a",
+        "m1",
+        ["http://127.0.0.1:9/v1"],
+        "sk-judge-a",
+    )
+    assert (b.name, b.settings.model) == ("b", "judge"), "the panel's default model: --judge-model"
+    monkeypatch.delenv("JUDGE_A_KEY")
+    result = CliRunner().invoke(app, ["evaluate", "--config", str(config)])
+    assert result.exit_code == 1 and "judge a: $JUDGE_A_KEY is not set" in result.output
 
 
 def test_a_shard_reaches_the_stage_and_run_refuses_it(calls, tmp_path):

@@ -32,11 +32,12 @@ pytestmark = pytest.mark.slow
 
 PROMPTS = (
     "persona", "big_five", "situations", "query", "check",
-    "criteria", "respond", "judge", "judge_dynamic", "bystander",
+    "criteria", "respond", "judge", "judge_dynamic", "bystander", "judge_joint",
 )  # fmt: skip
 DATA_FILES = [f"personaemp/prompts/{name}.md" for name in PROMPTS] + ["personaemp/default_rules.toml"]
+DATA_FILES += [f"personaemp/assets/review/{name}" for name in ("index.html", "review.js", "review.css")]
 # What a wheel is built from; the build runs on a copy so the checkout gets no build/ or *.egg-info.
-SOURCES = ("pyproject.toml", "README.md", "personaemp")
+SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE", "personaemp", "prompts")
 # Where the new virtualenv's python finds the package and the prompts it loads by default.
 LOCATE = "import personaemp, personaemp.prompts as p; print(personaemp.__file__); print(p.prompts_dir())"
 CHILD_ENV_DROPPED = (
@@ -194,7 +195,11 @@ def test_wheel_ships_the_data_files_and_runs_the_pipeline_when_installed(tmp_pat
     # The recorded prompt hashes are those of the shipped files.
     for persona in read_jsonl(processed / "personas.jsonl"):
         for name in ("persona", "big_five"):
-            text = (site / "personaemp" / "prompts" / f"{name}.md").read_text(encoding="utf-8")
+            # A step's hash covers its template and shared.md (the preamble and context blocks).
+            text = "".join(
+                (site / "personaemp" / "prompts" / f"{part}.md").read_text(encoding="utf-8")
+                for part in (name, "shared")
+            )
             assert persona["provenance"]["prompts"][name] == hashlib.sha256(text.encode()).hexdigest()[:12]
 
     assert sorted(p.name for p in REPO.iterdir()) == checkout_before  # no build/ left behind

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from personaemp.io import pick_units
 from personaemp.llm.engine import REASK
 from personaemp.llm.settings import LLMSettings
 from personaemp.llm.step import RejectedReply
-from personaemp.prompts import load_prompt
+from personaemp.prompts import fence, load_prompt, prompts_dir
 from personaemp.records import BIG_FIVE, Persona, Trait, User
 from personaemp.stages.filter import filter_users
 from personaemp.stages.persona import (
@@ -67,12 +68,21 @@ def memory(memory_id: str, value: str = "Worries about their exams", **extra) ->
     return {"memory_id": memory_id, "label": "Emotional_State/Stress", "value": value, **extra}
 
 
-def system_section(name: str) -> str:
-    """The `## system` section of personaemp/prompts/<name>.md, read independently of the loader."""
-    text = (REPO / "personaemp" / "prompts" / f"{name}.md").read_text(encoding="utf-8")
-    system, _, _ = text.partition("\n## user")
-    assert system.startswith("## system\n")
-    return system.removeprefix("## system\n").strip()
+def section(name: str, title: str) -> str:
+    """The `## title` section of prompts/<name>.md, read independently of the loader."""
+    text = (REPO / "prompts" / f"{name}.md").read_text(encoding="utf-8")
+    _, found, rest = text.partition(f"## {title}\n")
+    assert found, f"prompts/{name}.md has no '## {title}'"
+    return rest.split("\n## ", 1)[0].strip()
+
+
+def test_a_checkout_reads_the_prompts_from_its_top_level_prompts_folder(monkeypatch):
+    """The design card's layout: prompts/ beside personaemp/, no stale copies in the package."""
+    monkeypatch.delenv("PERSONAEMP_PROMPTS", raising=False)
+    assert Path(str(prompts_dir())) == REPO / "prompts"
+    assert load_prompt("persona").system.template == section("shared", "preamble")
+    assert load_prompt("persona").user.template == section("persona", "task")
+    assert not list((REPO / "personaemp" / "prompts").glob("*.md"))
 
 
 def persona_reply(traits: list[dict], has_depth: bool = True, topics=("work",)) -> PersonaReply:
@@ -171,16 +181,26 @@ GOLDEN_TURNS = (
 )
 
 
+def block(name: str, heading: str, text: str, key: str) -> str:
+    return f"{heading}:\n<{name}-{key}>\n{text}\n</{name}-{key}>"
+
+
 def test_persona_messages_golden():
     messages = build_persona_messages(golden_user(), load_prompt("persona"))
-    assert [m["role"] for m in messages] == ["system", "user"]
-    assert messages[0]["content"] == system_section("persona")
-    assert messages[1]["content"] == (
-        "Memories:\n"
-        + GOLDEN_MEMORIES
-        + "\n\nThe user's own recent messages (style and context only):\n"
-        + GOLDEN_TURNS
-    )
+    key = fence({"memories": GOLDEN_MEMORIES, "turns": GOLDEN_TURNS}, shared=("memories",))["fence"]
+    # The shared preamble, the step's task, then the user's context as data blocks: what the
+    # requests share comes first, for the provider's prefix cache (the engine sends the two user
+    # turns as one, with the reply's schema between them when it states one).
+    assert messages == [
+        {"role": "system", "content": section("shared", "preamble")},
+        {"role": "user", "content": section("persona", "task")},
+        {
+            "role": "user",
+            "content": block("memories", "Memories", GOLDEN_MEMORIES, key)
+            + "\n\n"
+            + block("turns", "The user's own recent messages", GOLDEN_TURNS, key),
+        },
+    ]
 
 
 def test_big_five_messages_golden():
@@ -189,14 +209,20 @@ def test_big_five_messages_golden():
         Trait(aspect="values_motivations", statement="Finds calm in gardening.", evidence=["m2", "m3"]),
     ]
     messages = build_big_five_messages(golden_user(), traits, load_prompt("big_five"))
-    assert [m["role"] for m in messages] == ["system", "user"]
-    assert messages[0]["content"] == system_section("big_five")
-    assert messages[1]["content"] == (
-        "Profile (grounded traits):\n"
-        "- stress response: Loses sleep when work piles up.\n"
-        "- values motivations: Finds calm in gardening.\n"
-        "\nMemories:\n" + GOLDEN_MEMORIES
+    profile = (
+        "- stress response: Loses sleep when work piles up.\n- values motivations: Finds calm in gardening."
     )
+    key = fence({"profile": profile, "memories": GOLDEN_MEMORIES}, shared=("profile",))["fence"]
+    assert messages == [
+        {"role": "system", "content": section("shared", "preamble")},
+        {"role": "user", "content": section("big_five", "task")},
+        {
+            "role": "user",
+            "content": block("profile", "Profile (grounded traits)", profile, key)
+            + "\n\n"
+            + block("memories", "Memories", GOLDEN_MEMORIES, key),
+        },
+    ]
 
 
 def test_rendering_bounds():
@@ -235,8 +261,8 @@ def test_unmapped_without_suggestion_keeps_its_label():
 def test_no_user_turns_render_none(turns):
     user = make_user(memories=[memory("m1")], turns=turns)
     assert render_turns(user) == "(none)"
-    content = build_persona_messages(user, load_prompt("persona"))[1]["content"]
-    assert content.endswith("The user's own recent messages (style and context only):\n(none)")
+    content = build_persona_messages(user, load_prompt("persona"))[-1]["content"]
+    assert re.search(r"The user's own recent messages:\n<turns-(\w+)>\n\(none\)\n</turns-\1>$", content)
 
 
 # --- per-user schemas --------------------------------------------------------------------------
@@ -446,7 +472,9 @@ class Script:
         found = [
             uid
             for uid, text in self.rendered.items()
-            if content.startswith(f"Memories:\n{text}\n\n") or content.endswith(f"\n\nMemories:\n{text}")
+            if re.search(
+                rf"\n\nMemories:\n<memories-(\w+)>\n{re.escape(text)}\n</memories-\1>(\n\n|$)", content
+            )
         ]
         assert len(found) == 1, content[:200]
         return found[0]
@@ -592,19 +620,27 @@ def test_request_counts_per_user(scripted_run):
     assert steps["persona"]["reasks"] == 2 + 2 + 2 and steps["big_five"]["reasks"] == 1 + 2
 
 
+def as_sent(messages: list[dict]) -> list[dict]:
+    """A rendered prompt as a json_schema request carries it: its two user turns as one."""
+    system, task, context = messages
+    return [system, {"role": "user", "content": f"{task['content']}\n\n{context['content']}"}]
+
+
 def test_requests_carry_the_users_ids_and_messages(scripted_run):
     run, script, server = scripted_run, scripted_run["script"], scripted_run["server"]
     persona_prompt = load_prompt("persona")
     for user in script.users:
         bodies = script.requests_of(server, user.user_id, "persona")
-        assert bodies[0]["messages"] == build_persona_messages(user, persona_prompt)
+        assert bodies[0]["messages"] == as_sent(build_persona_messages(user, persona_prompt))
         assert bodies[0]["model"] == "fake"
         assert bodies[0]["response_format"]["json_schema"]["schema"] == persona_schema(user)
     valid = user_with(run, "valid")
     [big_five_body] = script.requests_of(server, valid, "big_five")
     user = next(u for u in script.users if u.user_id == valid)
     traits = [Trait.model_validate(t) for t in run["rows"][valid]["traits"]]
-    assert big_five_body["messages"] == build_big_five_messages(user, traits, load_prompt("big_five"))
+    assert big_five_body["messages"] == as_sent(
+        build_big_five_messages(user, traits, load_prompt("big_five"))
+    )
     assert big_five_body["response_format"]["json_schema"]["schema"] == big_five_schema(user)
 
 

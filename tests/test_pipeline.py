@@ -177,7 +177,7 @@ processed = "out"
 output = "elsewhere/personas.jsonl"
 
 [push]
-out = "published"
+out_dir = "published"
 """,
     )
     options = load_config(path, env={})
@@ -190,11 +190,11 @@ out = "published"
     assert options.split.input == Path("out/queries.jsonl")
     assert options.split.out_dir == Path("out/splits")
     assert options.push.splits == Path("out/splits")
-    assert options.push.out == Path("published")
+    assert options.push.out_dir == Path("published")
     assert options.llm.work_dir == Path("out/.personaemp")
     # built in Python, the same rule holds
     built = RunOptions(paths=PathsOptions(processed=Path("out")))
-    assert built.persona.input == Path("out/filtered.jsonl") and built.push.out == Path("out/dataset")
+    assert built.persona.input == Path("out/filtered.jsonl") and built.push.out_dir == Path("out/dataset")
 
 
 def test_env_input_wins_over_the_file(tmp_path):

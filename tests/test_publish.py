@@ -8,6 +8,7 @@ is what a user of the published dataset would get.
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import threading
 from collections import Counter
@@ -229,7 +230,7 @@ def write_reports(processed: Path, work_dir: Path | None = None) -> Path:
 def load(folder: Path, config: str, cache: Path):
     from datasets import load_dataset
 
-    return load_dataset(str(folder), config, cache_dir=str(cache), download_mode="force_redownload")
+    return load_dataset(str(folder), config, cache_dir=str(cache))
 
 
 def users_of(splits_dir: Path, setting: str, split: str) -> list[dict]:
@@ -265,6 +266,18 @@ def front_matter(card: str) -> dict:
     assert card.startswith("---\n")
     head, _, _ = card[4:].partition("\n---\n")
     return yaml.safe_load(head)
+
+
+# A data file: its name carries a digest of its bytes (the card lists the exact names).
+DATA_FILE = re.compile(r"(random|ood)/(train|test)-00000-of-00001-[0-9a-f]{16}\.parquet")
+
+
+def card_paths(out: Path) -> list[str]:
+    """The data files the card's configs block names, each checked to be a data file name."""
+    meta = front_matter((out / "README.md").read_text(encoding="utf-8"))
+    paths = [entry["path"] for config in meta["configs"] for entry in config["data_files"]]
+    assert all(DATA_FILE.fullmatch(path) for path in paths), paths
+    return paths
 
 
 def all_bytes(folder: Path) -> bytes:
@@ -348,19 +361,12 @@ def test_card_front_matter_keeps_configs_block_and_license(splits, tmp_path):
 
     meta = front_matter(card)
     assert meta["license"] == "odc-by"
-    assert meta["configs"] == [
-        {
-            "config_name": setting,
-            "data_files": [
-                {"split": "train", "path": f"{setting}/train-*"},
-                {"split": "test", "path": f"{setting}/test-*"},
-            ],
-        }
-        for setting in ("random", "ood")
-    ]
+    assert [c["config_name"] for c in meta["configs"]] == ["random", "ood"]
     for config in meta["configs"]:
+        assert [entry["split"] for entry in config["data_files"]] == ["train", "test"]
         for entry in config["data_files"]:
-            assert len(list(out.glob(entry["path"]))) == 1, entry
+            assert DATA_FILE.fullmatch(entry["path"]).groups() == (config["config_name"], entry["split"])
+            assert (out / entry["path"]).is_file(), entry
     # languages of the published rows, without the empty "unknown" code
     assert sorted(meta["language"]) == ["en", "zh"]
 
@@ -527,14 +533,98 @@ def test_second_dry_run_removes_stale_ood_files(splits, tmp_path):
 
     assert list(result.rows) == ["random"]
     assert list(out.glob("ood/*.parquet")) == []
-    assert sorted(p.name for p in out.glob("random/*.parquet")) == [
-        "test-00000-of-00001.parquet",
-        "train-00000-of-00001.parquet",
-    ]
+    on_disk = sorted(p.relative_to(out).as_posix() for p in out.glob("random/*.parquet"))
+    assert on_disk == sorted(card_paths(out))
     meta = front_matter((out / "README.md").read_text(encoding="utf-8"))
     assert [c["config_name"] for c in meta["configs"]] == ["random"]
     data = load(out, "random", tmp_path / "cache")
     assert len(data["test"]) == sum(len(u["queries"]) for u in users_of(splits, "random", "test"))
+
+
+# --- a rebuilt folder loads as built (issue 23 item 7) ------------------------------------------
+# `datasets` caches a local folder under its name and the card's `configs` block, never
+# the files' contents: one cache folder is shared by every build here, as on a user's machine.
+
+
+def other_splits(root: Path) -> Path:
+    """A second build's splits: the fixture's queries without two users (other rows)."""
+    processed = root / "processed"
+    write_jsonl(processed / "queries.jsonl", queries_rows()[2:])
+    split_users(processed / "queries.jsonl", processed / "splits", ood=True, k=3, seed=5, test_size=0.2)
+    return processed / "splits"
+
+
+def split_ids(splits_dir: Path) -> dict[str, dict[str, list[str]]]:
+    return {
+        setting: {
+            split: [q["query_id"] for u in users_of(splits_dir, setting, split) for q in u["queries"]]
+            for split in ("train", "test")
+        }
+        for setting in ("random", "ood")
+    }
+
+
+def loaded_ids(folder: Path, cache: Path) -> dict[str, dict[str, list[str]]]:
+    return {
+        setting: {split: list(part["query_id"]) for split, part in load(folder, setting, cache).items()}
+        for setting in ("random", "ood")
+    }
+
+
+def test_a_rebuilt_folder_loads_the_new_rows_not_the_cached_ones(splits, tmp_path):
+    """BUG: load_dataset(folder, config) returned the first build's rows after a rebuild."""
+    cache = tmp_path / "hf-cache"  # one cache for both builds, as a user has
+    out = tmp_path / "runs" / "dataset"
+    publish(splits, out=out)
+    first = split_ids(splits)
+    assert loaded_ids(out, cache) == first
+
+    processed = splits.parent
+    write_jsonl(processed / "queries.jsonl", queries_rows()[2:])
+    split_users(processed / "queries.jsonl", splits, ood=True, k=3, seed=5, test_size=0.2)
+    second = split_ids(splits)
+    assert second != first  # else the rebuild would prove nothing
+    publish(splits, out=out)
+
+    assert loaded_ids(out, cache) == second
+    # The folder holds this build's data files only, so a `data_files` glob loads it too.
+    from datasets import load_dataset
+
+    for split in ("train", "test"):
+        pattern = out / "random" / f"{split}-*.parquet"
+        assert len(list(out.glob(f"random/{split}-*.parquet"))) == 1
+        data = load_dataset("parquet", data_files=str(pattern), cache_dir=str(cache))
+        assert list(data["train"]["query_id"]) == second["random"][split]
+
+
+def test_two_folders_of_the_same_name_load_their_own_rows(splits, tmp_path):
+    """BUG: runs2/dataset loaded the rows of runs/dataset (same folder name, same configs)."""
+    cache = tmp_path / "hf-cache"
+    other = other_splits(tmp_path / "second")
+    assert split_ids(other) != split_ids(splits)
+    first, second = tmp_path / "runs" / "dataset", tmp_path / "runs2" / "dataset"
+    publish(splits, out=first)
+    publish(other, out=second)
+
+    assert loaded_ids(first, cache) == split_ids(splits)
+    assert loaded_ids(second, cache) == split_ids(other)
+    assert loaded_ids(first, cache) == split_ids(splits)
+
+
+def test_the_same_build_writes_the_same_files(splits, tmp_path):
+    """Data file names carry a digest of their bytes: an unchanged rebuild keeps its names
+    (and so its place in the user's `datasets` cache)."""
+    out = tmp_path / "dataset"
+    publish(splits, out=out)
+    before = snapshot(out)
+    publish(splits, out=out)
+    assert snapshot(out) == before
+    names = sorted(p.relative_to(out).as_posix() for p in out.glob("*/*.parquet"))
+    assert len(names) == 4
+    for name in names:
+        stem = name.rsplit("/", 1)[1].removesuffix(".parquet")
+        digest = stem.rsplit("-", 1)[1]
+        assert len(digest) == 16 and int(digest, 16) >= 0, name
 
 
 # --- errors -----------------------------------------------------------------------------------
@@ -623,7 +713,7 @@ def invoke(runner, *args):
 def test_cli_push_dry_run(runner, splits, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", SECRET)
     out = tmp_path / "repo"
-    result = invoke(runner, "push", "--splits", splits, "--dry-run", "--out", out)
+    result = invoke(runner, "push", "--splits", splits, "--dry-run", "--out-dir", out)
 
     assert result.exit_code == 0, result.output
     for setting in ("random", "ood"):
@@ -638,8 +728,8 @@ def test_cli_push_dry_run(runner, splits, tmp_path, monkeypatch):
 
 
 def test_cli_dry_run_without_out_writes_the_default_folder(runner, splits, tmp_path, monkeypatch):
-    """The CLI and `run` agree: a dry run without --out goes to data/processed/dataset
-    (it used to need --out on the CLI only)."""
+    """The CLI and `run` agree: a dry run without --out-dir goes to data/processed/dataset
+    (it used to need --out-dir on the CLI only)."""
     monkeypatch.chdir(tmp_path)
     result = invoke(runner, "push", "--splits", splits, "--dry-run")
     assert result.exit_code == 0, result.output
@@ -648,14 +738,16 @@ def test_cli_dry_run_without_out_writes_the_default_folder(runner, splits, tmp_p
 
 def test_cli_dry_run_and_repo_id_exits_2(runner, splits, tmp_path):
     out = tmp_path / "repo"
-    result = invoke(runner, "push", "--splits", splits, "--dry-run", "--out", out, "--repo-id", "me/x")
+    result = invoke(runner, "push", "--splits", splits, "--dry-run", "--out-dir", out, "--repo-id", "me/x")
     assert result.exit_code == 2
     assert result.stderr.strip().startswith("Error:")
     assert not out.exists()
 
 
 def test_cli_missing_splits_exits_2(runner, tmp_path):
-    result = invoke(runner, "push", "--splits", tmp_path / "nowhere", "--dry-run", "--out", tmp_path / "o")
+    result = invoke(
+        runner, "push", "--splits", tmp_path / "nowhere", "--dry-run", "--out-dir", tmp_path / "o"
+    )
     assert result.exit_code == 2
     assert result.stderr.strip().startswith("Error:")
     assert len(result.stderr.strip().splitlines()) == 1
@@ -941,7 +1033,7 @@ def test_cli_push_of_a_bad_row_exits_2_with_one_line(runner, splits, tmp_path):
     rows = read_jsonl(path)
     del rows[0]["memories"]
     write_jsonl(path, rows)
-    result = invoke(runner, "push", "--splits", splits, "--dry-run", "--out", tmp_path / "repo")
+    result = invoke(runner, "push", "--splits", splits, "--dry-run", "--out-dir", tmp_path / "repo")
     assert result.exit_code == 2, result.output
     assert result.stderr.strip().startswith("Error:")
     assert len(result.stderr.strip().splitlines()) == 1
@@ -951,7 +1043,7 @@ def test_cli_push_of_a_bad_row_exits_2_with_one_line(runner, splits, tmp_path):
 
 def test_cli_push_without_split_report_exits_2(runner, splits, tmp_path):
     (splits / "split_report.json").unlink()
-    result = invoke(runner, "push", "--splits", splits, "--dry-run", "--out", tmp_path / "repo")
+    result = invoke(runner, "push", "--splits", splits, "--dry-run", "--out-dir", tmp_path / "repo")
     assert result.exit_code == 2, result.output
     assert "split_report.json" in result.stderr
     assert "Traceback" not in result.output
@@ -970,14 +1062,8 @@ def exported(out: Path) -> list[str]:
 def test_dry_run_lists_what_it_wrote(splits, tmp_path):
     out = tmp_path / "repo"
     publish(splits, out=out)
-    assert exported(out) == sorted([
-        "README.md",
-        "ood/test-00000-of-00001.parquet",
-        "ood/train-00000-of-00001.parquet",
-        "random/test-00000-of-00001.parquet",
-        "random/train-00000-of-00001.parquet",
-        *stats_files("random", "ood"),
-    ])  # fmt: skip
+    assert len(card_paths(out)) == 4
+    assert exported(out) == sorted(["README.md", *card_paths(out), *stats_files("random", "ood")])
     on_disk = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
     assert on_disk == set(exported(out)) | {EXPORT_MANIFEST}
 
@@ -996,21 +1082,18 @@ def test_dry_run_never_deletes_files_it_did_not_write(splits, tmp_path):
         (out / name).write_bytes(content)
 
     publish(splits, out=out)
+    ood_files = [path for path in card_paths(out) if path.startswith("ood/")]
     split_users(splits.parent / "queries.jsonl", splits, ood=False, seed=5)  # no ood any more
     result = publish(splits, out=out)
 
     assert list(result.rows) == ["random"]
     for name, content in foreign.items():
         assert (out / name).read_bytes() == content, name
-    assert not (out / "ood" / "train-00000-of-00001.parquet").exists()
-    assert not (out / "ood" / "test-00000-of-00001.parquet").exists()
+    assert len(ood_files) == 2
+    for name in ood_files:
+        assert not (out / name).exists()
     assert (out / "ood").is_dir()  # still holds a foreign file
-    assert exported(out) == sorted([
-        "README.md",
-        "random/test-00000-of-00001.parquet",
-        "random/train-00000-of-00001.parquet",
-        *stats_files("random"),
-    ])  # fmt: skip
+    assert exported(out) == sorted(["README.md", *card_paths(out), *stats_files("random")])
 
 
 def test_dry_run_removes_the_folder_of_a_config_no_longer_built(splits, tmp_path):
@@ -1117,8 +1200,8 @@ def test_real_push_is_one_commit_of_data_card_and_stale_deletions(splits, tmp_pa
     hub.repo_files = [
         ".gitattributes",
         "README.md",
-        "random/train-00000-of-00001.parquet",
-        "random/train-00000-of-00002.parquet",  # an older shard: the card's random/train-* would load it
+        "random/train-00000-of-00001.parquet",  # an earlier build's file, named without a digest
+        "random/train-00000-of-00002.parquet",  # an older shard
         "random/notes.parquet",  # not matched by a card pattern: not ours to delete
         "ood/train-00000-of-00001.parquet",
         "ood/test-00000-of-00001.parquet",
@@ -1140,14 +1223,14 @@ def test_real_push_is_one_commit_of_data_card_and_stale_deletions(splits, tmp_pa
 
     adds = sorted(op.path_in_repo for op in commit["operations"] if isinstance(op, CommitOperationAdd))
     deletes = sorted(op.path_in_repo for op in commit["operations"] if isinstance(op, CommitOperationDelete))
-    assert adds == sorted(
-        ["README.md", "random/test-00000-of-00001.parquet", "random/train-00000-of-00001.parquet",
-         *stats_files("random")]
-    )  # fmt: skip
+    out = tmp_path / "repo"
+    publish(splits, out=out)  # what a dry run of this build writes
+    assert adds == sorted(["README.md", *card_paths(out), *stats_files("random")])
     assert deletes == [
         "figures/big_five_ood.png",
         "ood/test-00000-of-00001.parquet",
         "ood/train-00000-of-00001.parquet",
+        "random/train-00000-of-00001.parquet",
         "random/train-00000-of-00002.parquet",
     ]
     assert len(commit["operations"]) == len(adds) + len(deletes)
@@ -1161,14 +1244,14 @@ def test_real_push_is_one_commit_of_data_card_and_stale_deletions(splits, tmp_pa
     assert names.index("list_repo_files") < names.index("create_commit")
 
     # what was committed is what a dry run writes
-    out = tmp_path / "repo"
-    publish(splits, out=out)
     for name in adds:
         assert hub.committed[name] == (out / name).read_bytes(), name
 
 
-def test_real_push_of_both_configs_deletes_nothing_it_does_not_replace(splits, hub):
-    hub.repo_files = ["README.md", "random/train-00000-of-00001.parquet", "data/train-00000-of-00001.parquet"]
+def test_real_push_of_both_configs_deletes_nothing_it_does_not_replace(splits, hub, tmp_path):
+    publish(splits, out=tmp_path / "repo")
+    current = card_paths(tmp_path / "repo")[0]  # this build's file, already on the Hub
+    hub.repo_files = ["README.md", current, "data/train-00000-of-00001.parquet"]
     publish(splits, repo_id="me/x")
     (commit,) = commits(hub)
     from huggingface_hub import CommitOperationDelete

@@ -15,19 +15,22 @@ import shutil
 import threading
 from collections import Counter
 from pathlib import Path
+from string import Template
 
 import pytest
 from conftest import read_jsonl, write_jsonl
 from fake_openai import FakeOpenAI, reply, schema_for_request
 from rich.console import Console
+from test_persona import section
 from typer.testing import CliRunner
 
 from personaemp.cli import app
 from personaemp.errors import InputError
 from personaemp.llm.settings import LLMSettings
-from personaemp.prompts import load_prompt
+from personaemp.prompts import fence, load_prompt
 from personaemp.records import CATEGORY_DEFINITIONS, Persona, category_definitions
 from personaemp.stages.queries import (
+    CHECKS,
     JUDGED,
     LANGUAGE_NAMES,
     MessageReply,
@@ -204,7 +207,7 @@ HASHES = {name: prompt.hash for name, prompt in PROMPTS.items()}
 # --- the scripted model ---------------------------------------------------------------------------
 
 EN_MESSAGES = [
-    "My sister never helps with mom and I feel like I carry everything alone. Is it wrong that I am angry?",
+    "My sister leaves all the care for mom to me and I carry everything alone. Is it wrong that I am angry?",
     "How do I tell my sister that I need her to share the care for our mother without another fight?",
     "What should I say to my boss to find out what it would take to earn the next promotion?",
     "I dread the family dinner this weekend and my chest gets tight. Can you help me calm down?",
@@ -254,7 +257,15 @@ class Script:
         return reply(answer)
 
     def user_of(self, prompt: str) -> str:
-        found = [uid for uid, row in self.users.items() if f"Profile:\n{row['profile']}\n" in prompt]
+        # Every step of the chain carries the profile as a data block (<profile-KEY> ... </profile-KEY>).
+        found = [
+            uid
+            for uid, row in self.users.items()
+            if re.search(
+                r"Profile \(grounded traits\):\n<profile-[0-9a-f]{16}>\n" + re.escape(row["profile"]) + "\n",
+                prompt,
+            )
+        ]
         assert len(found) == 1, f"cannot tell the user of {prompt[:200]!r}"
         return found[0]
 
@@ -403,14 +414,46 @@ EN_MEMORIES_TEXT = (
 )
 
 
+EN_TURNS_TEXT = (
+    "- My sister never helps with mom and I am exhausted.\n"
+    "- Also my boss gave the promotion to someone else. I do not know how to feel."
+)
+
+
+def blocks(key: str, *names: str) -> str:
+    """The user's context as the steps of gen-queries show it: data blocks under headings."""
+    parts = {
+        "profile": ("Profile (grounded traits)", EN_PROFILE),
+        "memories": ("Memories", EN_MEMORIES_TEXT),
+        "turns": ("The user's own recent messages", EN_TURNS_TEXT),
+    }
+    return "\n\n".join(
+        f"{parts[name][0]}:\n<{name}-{key}>\n{parts[name][1]}\n</{name}-{key}>" for name in names
+    )
+
+
+def context_key() -> str:
+    """The key of a user's blocks: a hash of the first block (their profile)."""
+    return fence({"profile": EN_PROFILE}, shared=("profile",))["fence"]
+
+
 def test_situation_messages_golden():
     messages = build_situation_messages(persona(english_user()), QueryOptions(), PROMPTS["situations"])
-    assert [m["role"] for m in messages] == ["system", "user"]
-    assert messages[1]["content"] == f"Profile:\n{EN_PROFILE}\n\nMemories:\n{EN_MEMORIES_TEXT}"
+    task = Template(section("situations", "task")).substitute(
+        category_definitions=category_definitions(("ES", "HEQ", "SS")),
+        per_category=1,
+        categories="ES, HEQ, SS",
+    )
+    # The preamble every step shares, the step's task (shared by every user), then the user's blocks.
+    assert messages == [
+        {"role": "system", "content": section("shared", "preamble")},
+        {"role": "user", "content": task},
+        {"role": "user", "content": blocks(context_key(), "profile", "memories")},
+    ]
 
 
 def test_situation_messages_tell_the_model_the_cap_and_the_categories():
-    """The system section of personaemp/prompts/situations.md has $per_category and $categories slots:
+    """The system section of prompts/situations.md has $per_category and $categories slots:
     they must be filled, or the model is told "at most $per_category per category"."""
     options = QueryOptions(categories=("ES", "SS"), per_category=2)
     messages = build_situation_messages(persona(english_user()), options, PROMPTS["situations"])
@@ -425,28 +468,33 @@ def test_query_messages_golden():
         situation("SS", ["m2"], text="They want to ask their boss about the next promotion."),
     ]
     messages = build_query_messages(persona(english_user()), situations, PROMPTS["query"])
-    assert [m["role"] for m in messages] == ["system", "user"]
-    assert messages[1]["content"] == (
-        f"Profile:\n{EN_PROFILE}\n\n"
-        "The user's real messages (style reference):\n"
-        "- My sister never helps with mom and I am exhausted.\n"
-        "- Also my boss gave the promotion to someone else. I do not know how to feel.\n\n"
-        "Moments (write one message for each, same order):\n"
-        "1. [ES] Their sister cancelled the hospital visit again.\n"
-        "2. [SS] They want to ask their boss about the next promotion."
-    )
+    assert messages == [
+        {"role": "system", "content": section("shared", "preamble")},
+        {"role": "user", "content": section("query", "task")},
+        {
+            "role": "user",
+            "content": blocks(context_key(), "profile", "turns") + "\n\n"
+            + Template(section("query", "input")).substitute(
+                language="English",
+                situations="1. [ES] Their sister cancelled the hospital visit again.\n"
+                "2. [SS] They want to ask their boss about the next promotion.",
+            ),
+        },
+    ]  # fmt: skip
 
 
 def test_query_messages_for_a_user_without_turns_say_none():
     row = english_user()
     row["turns"] = [{"role": "assistant", "text": "Hello, how can I help?"}]
     messages = build_query_messages(persona(row), [situation()], PROMPTS["query"])
-    assert "The user's real messages (style reference):\n(none)\n\n" in messages[1]["content"]
+    assert re.search(
+        r"The user's own recent messages:\n<turns-(\w+)>\n\(none\)\n</turns-\1>\n\n", messages[2]["content"]
+    )
 
 
 @pytest.mark.parametrize(("row", "name"), [(chinese_user(), "Chinese"), (english_user(), "English")])
 def test_query_messages_name_the_users_language(row, name):
-    """personaemp/prompts/query.md says "in $language" (in its system section): the model must be told
+    """prompts/query.md says "in $language" (in its system section): the model must be told
     the language by name (LANGUAGE_NAMES), never see the bare slot."""
     assert LANGUAGE_NAMES[row["language"]] == name
     messages = build_query_messages(persona(row), [situation(memory_ids=["c1"])], PROMPTS["query"])
@@ -462,7 +510,7 @@ def test_query_messages_language_name_fallbacks(language, name):
     row = english_user()
     row["language"] = language
     messages = build_query_messages(persona(row), [situation()], PROMPTS["query"])
-    assert f"in {name}." in messages[0]["content"]
+    assert f"in {name}." in messages[2]["content"]
 
 
 def test_check_messages_golden():
@@ -472,13 +520,26 @@ def test_check_messages_golden():
     ]
     texts = [EN_MESSAGES[0], EN_MESSAGES[3]]
     messages = build_check_messages(persona(english_user()), situations, texts, PROMPTS["check"])
-    system = PROMPTS["check"].system.template.replace("$category_definitions", category_definitions())
-    assert messages[0] == {"role": "system", "content": system}  # the one slot: the categories
-    assert messages[1]["content"] == (
-        f"Profile:\n{EN_PROFILE}\n\nMemories:\n{EN_MEMORIES_TEXT}\n\nMessages:\n"
+    # The user's texts come as data blocks whose tags carry a key the texts cannot contain.
+    queries = (
         f"1. (moment: Their sister cancelled the hospital visit again.) {EN_MESSAGES[0]}\n"
         f"2. (moment: A family dinner where the sister will be present.) {EN_MESSAGES[3]}"
     )
+    key = context_key()  # the user's context key: no text of the request contains it
+    task = Template(section("check", "task")).substitute(
+        category_definitions=category_definitions(), fence=key
+    )
+    assert messages == [
+        {"role": "system", "content": section("shared", "preamble")},
+        {"role": "user", "content": task},
+        {
+            "role": "user",
+            "content": blocks(key, "profile", "memories")
+            + f"\n\nMessages:\n<queries-{key}>\n{queries}\n</queries-{key}>",
+        },
+    ]
+    assert build_check_messages(persona(english_user()), situations, texts, PROMPTS["check"]) == messages
+    assert all(key not in text for text in (EN_PROFILE, EN_MEMORIES_TEXT, EN_TURNS_TEXT, queries))
 
 
 def test_check_messages_need_one_text_per_situation():
@@ -489,11 +550,15 @@ def test_check_messages_need_one_text_per_situation():
 def test_chinese_memories_and_turns_render_verbatim():
     row = chinese_user()
     messages = build_situation_messages(persona(row), QueryOptions(), PROMPTS["situations"])
-    assert messages[1]["content"] == (
-        f"Profile:\n{ZH_PROFILE}\n\nMemories:\n"
+    memories = (
         "[c1] Social_Relationships/Friends: 和最好的朋友因为误会已经一个月没说话 "
         '(user said: "我和她一个月没说话了")\n'
         "[c2] Education/Exams: 正在准备研究生考试，压力很大"
+    )
+    key = re.match(r"Profile \(grounded traits\):\n<profile-(\w+)>", messages[2]["content"]).group(1)
+    assert messages[2]["content"] == (
+        f"Profile (grounded traits):\n<profile-{key}>\n{ZH_PROFILE}\n</profile-{key}>\n\n"
+        f"Memories:\n<memories-{key}>\n{memories}\n</memories-{key}>"
     )
 
 
@@ -797,9 +862,12 @@ def test_stage_requests_carry_the_per_user_schemas_and_prompts(tmp_path):
         by_step[next(s for s in ("situations", "messages", "reviews") if s in props)] = body
     sit = by_step["situations"]
     assert sit["model"] == "fake"
-    assert sit["messages"] == build_situation_messages(
-        persona(rows[0]), QueryOptions(), PROMPTS["situations"]
-    )
+    system, task, context = build_situation_messages(persona(rows[0]), QueryOptions(), PROMPTS["situations"])
+    # Sent as one user turn (json_schema: no schema text between the task and the context).
+    assert sit["messages"] == [
+        system,
+        {"role": "user", "content": f"{task['content']}\n\n{context['content']}"},
+    ]
     item = schema_for_request(sit)["$defs"]["SituationReply"]["properties"]
     assert item["memory_ids"]["items"]["enum"] == ["m1", "m2", "m3"]
     assert schema_for_request(by_step["messages"])["properties"]["messages"]["maxItems"] == 3
@@ -1050,6 +1118,45 @@ def test_stage_mixed_outcomes_funnel_balances_and_prints(tmp_path):
     assert "accepted per user: mean 2.00, min 1, max 3" in text
 
 
+OWN_TURN = "Also my boss gave the promotion to someone else. I do not know how to feel."  # english_user's
+
+
+def test_stage_rejects_a_query_that_copies_the_users_own_message(tmp_path):
+    """The demo published a user's own turn as a query; not_copied stops it and counts it."""
+    rows = [english_user(), chinese_user()]
+    script = Script(*rows)
+    script.messages["u-en"] = {2: OWN_TURN}
+    script.messages["u-zh"] = {1: "我和她一个月没说话了，好难受。"}
+    _, funnel, by_user, _ = run_stage(tmp_path, script, rows)
+
+    assert [q["query_id"] for q in by_user["u-en"]["queries"]] == ["u-en-q1", "u-en-q3"]
+    assert [q["query_id"] for q in by_user["u-zh"]["queries"]] == ["u-zh-q2", "u-zh-q3"]
+    copies = {q["query_id"]: q["checks"] for row in by_user.values() for q in row["rejected_queries"]}
+    assert set(copies) == {"u-en-q2", "u-zh-q1"}
+    for result in copies.values():
+        assert result["not_copied"] is False
+        assert list(result["reasons"]) == ["not_copied"]
+    assert copies["u-en-q2"]["reasons"]["not_copied"].startswith("repeats 16 words of the user's own text")
+    assert funnel.failed_checks == Counter(not_copied=2)
+    for row in by_user.values():  # the honest ones passed it, and say what decided them
+        for query in row["queries"]:
+            assert query["checks"]["not_copied"] is True
+            assert query["checks"]["enforced"] == list(CHECKS)
+
+
+def test_stage_records_the_checks_that_decided(tmp_path):
+    rows = [english_user()]
+    script = Script(*rows)
+    script.messages["u-en"] = {2: OWN_TURN}
+    options = QueryOptions(enforce=("length_ok", "not_duplicate"))
+    _, funnel, by_user, _ = run_stage(tmp_path, script, rows, options)
+
+    queries = by_user["u-en"]["queries"]
+    assert len(queries) == 3 and by_user["u-en"]["rejected_queries"] == []  # the copy is recorded only
+    assert queries[1]["checks"]["not_copied"] is False
+    assert all(q["checks"]["enforced"] == ["length_ok", "not_duplicate"] for q in queries)
+
+
 def test_stage_a_user_whose_replies_stay_invalid_goes_to_failures(tmp_path):
     rows = [english_user(), chinese_user()]
     script = Script(*rows)
@@ -1273,8 +1380,8 @@ def test_the_judge_and_the_situations_prompt_share_one_definition_of_each_catego
     checks = build_check_messages(persona(english_user()), [situation()], ["I feel low."], PROMPTS["check"])
     for code, (name, meaning) in CATEGORY_DEFINITIONS.items():
         line = f"- {code} ({name}): {meaning}"
-        assert line in situations[0]["content"] and line in checks[0]["content"]
+        assert line in situations[1]["content"] and line in checks[1]["content"]
     only_two = build_situation_messages(
         persona(english_user()), QueryOptions(categories=("ES", "SS")), PROMPTS["situations"]
     )
-    assert "- HEQ (" not in only_two[0]["content"]
+    assert "- HEQ (" not in only_two[1]["content"]

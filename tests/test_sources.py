@@ -192,7 +192,7 @@ def test_release_root_with_two_splits(tmp_path):
     with pytest.raises(InputError) as caught:
         read(tmp_path / "release")
     assert "several splits (dev, test)" in str(caught.value)
-    assert "--split dev|test" in str(caught.value)
+    assert "--benchmark-split dev|test" in str(caught.value)
 
     users, _ = read(tmp_path / "release", split="test")
     assert [u.user_id for u in users] == ["test__1", "test__2"]

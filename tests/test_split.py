@@ -97,6 +97,7 @@ def split(tmp_path: Path, rows: list, *, name: str = "in", **options):
     path = write_users(tmp_path / f"{name}.jsonl", rows)
     out = tmp_path / f"{name}-out"
     options.setdefault("seeds", 2)
+    options.setdefault("ood", False)  # the random split alone, unless a test asks for both
     return split_users(path, out, **options), out
 
 
@@ -166,8 +167,8 @@ def test_random_is_byte_identical_across_runs(tmp_path):
     rows = prototype_users(PROTOS3, [10, 10, 10], seed=2)
     path = write_users(tmp_path / "in.jsonl", rows)
     first, second = tmp_path / "a", tmp_path / "b"
-    split_users(path, first, seed=7)
-    split_users(path, second, seed=7)
+    split_users(path, first, seed=7, ood=False)
+    split_users(path, second, seed=7, ood=False)
     for name in ("train.jsonl", "test.jsonl"):
         assert (first / "random" / name).read_bytes() == (second / "random" / name).read_bytes()
     assert (first / REPORT_FILE).read_bytes() == (second / REPORT_FILE).read_bytes()
@@ -176,8 +177,8 @@ def test_random_is_byte_identical_across_runs(tmp_path):
 def test_random_seed_changes_the_test_set(tmp_path):
     rows = [user(f"u{i:02d}") for i in range(40)]
     path = write_users(tmp_path / "in.jsonl", rows)
-    split_users(path, tmp_path / "s1", seed=1)
-    split_users(path, tmp_path / "s2", seed=2)
+    split_users(path, tmp_path / "s1", seed=1, ood=False)
+    split_users(path, tmp_path / "s2", seed=2, ood=False)
     one, two = set(ids(tmp_path / "s1", "random", "test")), set(ids(tmp_path / "s2", "random", "test"))
     assert len(one) == len(two) == 4
     assert one != two
@@ -583,7 +584,7 @@ def test_run_without_ood_removes_stale_ood_files(tmp_path):
     assert (out / "ood" / "train.jsonl").is_file() and (out / "ood" / "test.jsonl").is_file()
     assert list(report_of(out)["settings"]) == ["random", "ood"]
 
-    split_users(path, out, seeds=2)
+    split_users(path, out, seeds=2, ood=False)
     assert not (out / "ood" / "train.jsonl").exists()
     assert not (out / "ood" / "test.jsonl").exists()
     assert list(report_of(out)["settings"]) == ["random"]
@@ -662,7 +663,7 @@ def test_rows_without_queries_are_refused_with_file_line_and_field(tmp_path):
     """BUG: split took personas.jsonl (no `queries`) and wrote users with 0 queries."""
     path = write_users(tmp_path / "personas.jsonl", [persona_row("a", LOW), persona_row("b", HIGH)])
     with pytest.raises(InputError) as caught:
-        split_users(path, tmp_path / "out")
+        split_users(path, tmp_path / "out", ood=False)
     text = str(caught.value)
     assert text.startswith(f"{path}:1: not a queries row (queries: ")
     assert "required" in text.lower()
@@ -674,7 +675,7 @@ def test_a_row_without_queries_after_good_rows_names_its_line(tmp_path):
     rows = [user("a", LOW), user("b", HIGH), persona_row("c")]
     path = write_users(tmp_path / "in.jsonl", rows)
     with pytest.raises(InputError, match=r"in\.jsonl:3: not a queries row \(queries: "):
-        split_users(path, tmp_path / "out")
+        split_users(path, tmp_path / "out", ood=False)
 
 
 @pytest.mark.parametrize(
@@ -695,7 +696,7 @@ def test_validation_errors_name_the_field(tmp_path, breakage, field):
     breakage(bad)
     path = write_users(tmp_path / "in.jsonl", [user("a", LOW), bad, user("b", HIGH)])
     with pytest.raises(InputError) as caught:
-        split_users(path, tmp_path / "out")
+        split_users(path, tmp_path / "out", ood=False)
     text = str(caught.value)
     assert text.startswith(f"{path}:2: not a queries row ({field}: "), text
     assert "validation error" not in text
@@ -706,7 +707,7 @@ def test_a_broken_line_names_it_without_a_hint_to_an_option_split_lacks(tmp_path
     """BUG: the hint said "pass --on-error skip", which `split` does not accept."""
     path = write_users(tmp_path / "in.jsonl", [user("a", LOW), '{"user_id": "x",', user("b", HIGH)])
     with pytest.raises(InputError) as caught:
-        split_users(path, tmp_path / "out")
+        split_users(path, tmp_path / "out", ood=False)
     text = str(caught.value)
     assert text.startswith(f"{path}:2: not valid JSON")
     assert "--on-error" not in text and "gen-queries" in text
@@ -716,7 +717,7 @@ def test_a_broken_line_names_it_without_a_hint_to_an_option_split_lacks(tmp_path
 def test_a_row_that_is_not_an_object_is_refused(tmp_path):
     path = write_users(tmp_path / "in.jsonl", [user("a", LOW), [1, 2], user("b", HIGH)])
     with pytest.raises(InputError, match=r"in\.jsonl:2: not a queries row \(a JSON object is expected\)"):
-        split_users(path, tmp_path / "out")
+        split_users(path, tmp_path / "out", ood=False)
 
 
 @pytest.mark.parametrize("content", [b"", b"\n\n  \n"], ids=["empty", "blank lines"])
@@ -731,7 +732,7 @@ def test_empty_input_leaves_previous_outputs_untouched(tmp_path, content):
     with pytest.raises(
         InputError, match=r"in\.jsonl: the file holds no rows — pass the output of gen-queries"
     ):
-        split_users(path, out)
+        split_users(path, out, ood=False)
     assert snapshot(tmp_path) == before
 
 
@@ -743,7 +744,7 @@ def test_refused_input_leaves_previous_outputs_untouched(tmp_path):
     write_users(personas, [persona_row("a", LOW), persona_row("b", HIGH)])
     before = snapshot(tmp_path)
     with pytest.raises(InputError):
-        split_users(personas, out)
+        split_users(personas, out, ood=False)
     assert snapshot(tmp_path) == before
 
 
@@ -775,7 +776,7 @@ def test_the_report_names_its_input_and_explains_what_was_left_out(tmp_path):
 def test_split_records_itself_in_the_manifest(tmp_path):
     path = write_users(tmp_path / "data" / "queries.jsonl", [user("a", LOW), user("b", HIGH)])
     out = tmp_path / "data" / "splits"
-    split_users(path, out)
+    split_users(path, out, ood=False)
     entry = read_manifest(tmp_path / "data")["split"]
     assert entry["output"] == str(out)
     assert entry["input"] == str(path)

@@ -20,6 +20,7 @@ class StepStats:
     cut_replies: int = 0  # replies that ended at max_tokens (finish_reason "length")
     cut_in_reasoning: int = 0  # ... of which before any answer, while reasoning
     prompt_tokens: int = 0  # as the endpoint reported them, for requests actually sent
+    cached_tokens: int = 0  # ... of which the provider's prefix cache served (billed cheaper)
     completion_tokens: int = 0
     reasoning_tokens: int = 0  # included in completion_tokens; estimated when not reported
     prompt_chars: int = 0  # every call, cached or not; chars/4 is the endpoint-free estimate
@@ -49,13 +50,21 @@ class Accounting:
         self._answered = 0
 
     def record_call(
-        self, step: str, seconds: float, *, prompt_tokens: int, completion_tokens: int, mode: str
+        self,
+        step: str,
+        seconds: float,
+        *,
+        prompt_tokens: int,
+        completion_tokens: int,
+        mode: str,
+        cached_tokens: int = 0,
     ) -> None:
         self.step(step).record(seconds)
         call = {
             "step": step,
             "seconds": round(seconds, 3),
             "prompt_tokens": prompt_tokens,
+            "cached_tokens": cached_tokens,
             "completion_tokens": completion_tokens,
             "tokens_per_second": round(completion_tokens / seconds, 1) if seconds > 0 else None,
             "structured": mode,
@@ -95,13 +104,34 @@ class Accounting:
             total.slowest = max(total.slowest, stats.slowest)
         return total
 
-    def cost(self, price_in: float | None, price_out: float | None) -> float | None:
+    def cost(
+        self, price_in: float | None, price_out: float | None, price_cached: float | None = None
+    ) -> float | None:
+        """Dollars at prices per million tokens; cached prompt tokens at `price_cached`
+        (None: at `price_in`, as a provider without a cache discount bills them)."""
         if price_in is None and price_out is None:
             return None
         total = self.totals()
-        return (total.prompt_tokens * (price_in or 0) + total.completion_tokens * (price_out or 0)) / 1e6
+        return dollars(total.prompt_tokens, total.cached_tokens, total.completion_tokens,
+                       price_in, price_out, price_cached)  # fmt: skip
 
     def as_dict(self) -> dict:
         return {
             name: {**asdict(stats), "failures": dict(stats.failures)} for name, stats in self.steps.items()
         }
+
+
+def dollars(
+    prompt_tokens: float,
+    cached_tokens: float,
+    completion_tokens: float,
+    price_in: float | None,
+    price_out: float | None,
+    price_cached: float | None = None,
+) -> float:
+    """The price of some tokens, per million; `cached_tokens` are part of `prompt_tokens`."""
+    cached_price = price_in if price_cached is None else price_cached
+    missed = prompt_tokens - cached_tokens
+    return (
+        missed * (price_in or 0) + cached_tokens * (cached_price or 0) + completion_tokens * (price_out or 0)
+    ) / 1e6

@@ -15,6 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from personaemp.errors import PersonaempError
+from personaemp.io import set_aside
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS replies (
     key TEXT PRIMARY KEY,
@@ -49,7 +52,20 @@ class ReplyCache:
             self.read = read and "valid" in columns
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        try:
+            self._open()
+        except sqlite3.DatabaseError as exc:
+            if _damaged(exc):  # cut or overwritten: keep it for the user, start a new one
+                self._db.close()
+                for extra in ("-wal", "-shm"):
+                    Path(f"{path}{extra}").unlink(missing_ok=True)
+                set_aside(path, f"the reply cache is damaged ({exc})")
+                self._open()
+            else:
+                raise self._error(exc) from None
+
+    def _open(self) -> None:
+        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=30000")
@@ -57,17 +73,39 @@ class ReplyCache:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(replies)")}
         if "valid" not in columns:  # a cache from before validity was recorded: serve none of it
             self._db.execute("ALTER TABLE replies ADD COLUMN valid INTEGER NOT NULL DEFAULT 0")
+        self._db.execute("SELECT COUNT(*) FROM replies").fetchone()  # reads the table's pages
+
+    def _error(self, exc: sqlite3.Error) -> PersonaempError:
+        """A database error as one line naming the cache file."""
+        text = str(exc)
+        if "full" in text or "No space" in text:
+            return PersonaempError(
+                f"{self.path}: no space left on the device (the reply cache could not be written)",
+                "free some space and run it again: finished rows are kept and it resumes",
+            )
+        if _damaged(exc):
+            return PersonaempError(
+                f"{self.path}: the reply cache is damaged ({text})",
+                "run it again: the damaged cache is kept aside and a new one is started",
+            )
+        return PersonaempError(f"{self.path}: the reply cache failed ({text})", "run it again")
+
+    def _execute(self, sql: str, parameters: tuple = ()) -> sqlite3.Cursor:
+        try:
+            return self._db.execute(sql, parameters)
+        except sqlite3.DatabaseError as exc:
+            raise self._error(exc) from None
 
     def get(self, key: str) -> dict[str, Any] | None:
         if not self.read:
             return None
-        row = self._db.execute("SELECT reply FROM replies WHERE key = ? AND valid = 1", (key,)).fetchone()
+        row = self._execute("SELECT reply FROM replies WHERE key = ? AND valid = 1", (key,)).fetchone()
         return json.loads(row[0]) if row else None
 
     def put(self, key: str, step: str, request: dict[str, Any], reply: dict[str, Any], valid: bool) -> None:
         if not self.write:
             return
-        self._db.execute(
+        self._execute(
             "INSERT OR REPLACE INTO replies (key, step, request, reply, created_at, valid) "
             "VALUES (?, ?, ?, ?, ?, ?)",
             (key, step, json.dumps(request, ensure_ascii=False), json.dumps(reply), time.time(), int(valid)),
@@ -75,7 +113,7 @@ class ReplyCache:
 
     def has(self, key: str) -> bool:
         """Whether the cache holds any reply (valid or not) for this request."""
-        return self._db.execute("SELECT 1 FROM replies WHERE key = ?", (key,)).fetchone() is not None
+        return self._execute("SELECT 1 FROM replies WHERE key = ?", (key,)).fetchone() is not None
 
     def replies_of(self, step: str, limit: int) -> list[tuple[str, str]]:
         """(request, reply) JSON of up to `limit` valid replies of one step (for --estimate)."""
@@ -88,3 +126,9 @@ class ReplyCache:
 
     def close(self) -> None:
         self._db.close()
+
+
+def _damaged(exc: sqlite3.DatabaseError) -> bool:
+    """Whether SQLite says the file is not (or no longer) a database, as opposed to busy or full."""
+    text = str(exc)
+    return "malformed" in text or "not a database" in text

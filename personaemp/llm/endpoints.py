@@ -7,6 +7,8 @@ retries, so every attempt is counted and `Retry-After` is honoured the same way 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import email.utils
 import functools
 import random
@@ -29,6 +31,13 @@ _FORMAT_WORDS = re.compile(
 BACKOFF_BASE = 0.5  # seconds; doubled per attempt, with jitter
 BACKOFF_CAP = 30.0
 RETRY_AFTER_CAP = 120.0  # a server asking for longer than this is treated as asking for this
+# The most a reply may weigh on the wire, from the request's max_tokens. Content and reasoning
+# share max_tokens; real text averages 3-5 bytes a token, JSON-escaped CJK ~6, emoji up to 12
+# (two \uXXXX escapes): 16 bytes covers any real average. vLLM sends the reasoning twice
+# (reasoning_content and reasoning): x2. The envelope (ids, usage, an error body) fits in 64 KiB.
+REPLY_BYTES_PER_TOKEN = 32
+REPLY_OVERHEAD = 64 * 1024
+REPLY_TOKENS_UNSTATED = 32768  # a request without max_tokens (none of ours): a generous bound
 
 
 class LLMError(UnitError):
@@ -40,6 +49,7 @@ class LLMError(UnitError):
     server_message: str = ""
     retry_after: float | None = None
     endpoint: str = "the endpoint"  # its base URL, for run-level messages
+    too_large: bool = False  # the reply passed the size bound of its max_tokens
 
 
 @dataclass
@@ -51,6 +61,7 @@ class RawReply:
     reasoning: str = ""  # reasoning_content / reasoning, as vLLM, SGLang and DeepSeek send it
     reasoning_tokens: int | None = None
     seconds: float | None = None  # how long the endpoint took to answer (not cached)
+    cached_tokens: int | None = None  # prompt tokens the provider's prefix cache served
 
     def as_dict(self) -> dict[str, Any]:
         return {name: value for name, value in self.__dict__.items() if name != "seconds"}
@@ -75,11 +86,44 @@ class RateLimiter:
             await asyncio.sleep(delay)
 
 
+def reply_limit(request: dict[str, Any]) -> int:
+    """Bytes a reply to `request` may have (see REPLY_BYTES_PER_TOKEN)."""
+    tokens = request.get("max_tokens") or request.get("max_completion_tokens") or REPLY_TOKENS_UNSTATED
+    return tokens * REPLY_BYTES_PER_TOKEN + REPLY_OVERHEAD
+
+
+class ReplyTooLarge(Exception):
+    def __init__(self, limit: int):
+        super().__init__(f"reply larger than {limit} bytes")
+        self.limit = limit
+
+
+# The byte limit of the request being sent by this task (set by _send_once, read by the hook).
+_limit: contextvars.ContextVar[int | None] = contextvars.ContextVar("reply_limit", default=None)
+
+
+async def _read_bounded(response) -> None:
+    """Response hook: read the body here, decoded, and give up once it passes the limit, so an
+    oversized reply is never held whole. The client's own read then finds it read."""
+    limit = _limit.get()
+    if limit is None:
+        return
+    parts, size = [], 0
+    async with contextlib.aclosing(response.aiter_bytes()) as chunks:
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > limit:
+                raise ReplyTooLarge(limit)
+            parts.append(chunk)
+    response._content = b"".join(parts)  # what Response.aread() returns once set
+
+
 class Endpoint:
     def __init__(
         self, base_url: str, api_key: str | None, concurrency: int, rpm: float | None, timeout: float
     ):
         self.base_url = base_url
+        self.timeout = timeout  # seconds for a whole request, connect to last byte
         self.concurrency = concurrency
         self.in_flight = 0
         self.failures_in_row = 0
@@ -87,12 +131,13 @@ class Endpoint:
         self.limiter = RateLimiter(rpm)
         # The key lives only inside the client object; nothing else stores it.
         tls = _tls_context()
+        http = {"verify": tls} if tls is not None else {}
         self.client = openai.AsyncOpenAI(
             base_url=base_url,
             api_key=api_key or "none",
             max_retries=0,
-            timeout=timeout,
-            http_client=openai.DefaultAsyncHttpxClient(verify=tls) if tls is not None else None,
+            timeout=timeout,  # per connect and read; _send_once bounds the whole request
+            http_client=openai.DefaultAsyncHttpxClient(event_hooks={"response": [_read_bounded]}, **http),
         )
 
 
@@ -164,16 +209,28 @@ class EndpointPool:
         async with self._slots:
             endpoint = self._pick()
             endpoint.in_flight += 1
+            limit = _limit.set(reply_limit(request))
             try:
                 await endpoint.limiter.wait()
                 started = time.monotonic()
-                # The generic post() sends the request as built: chat.completions.create()
-                # would walk every message and schema to "transform" them (~1 ms CPU each).
-                response = await endpoint.client.post("/chat/completions", body=request, cast_to=dict)
+                # The client's timeout is per read: a server sending a byte at a time would
+                # hold the request forever. This deadline is for the whole of it.
+                async with asyncio.timeout(endpoint.timeout):
+                    # The generic post() sends the request as built: chat.completions.create()
+                    # would walk every message and schema to "transform" them (~1 ms CPU each).
+                    response = await endpoint.client.post("/chat/completions", body=request, cast_to=dict)
             except openai.APIStatusError as exc:
                 error = _status_error(exc)
-            except openai.APITimeoutError:
-                error = LLMError("timeout", "the request timed out")
+            except (openai.APITimeoutError, TimeoutError):
+                whole = f"no whole reply within {endpoint.timeout:g} s"
+                error = LLMError("timeout", f"the request timed out ({whole})")
+            except ReplyTooLarge as exc:
+                error = LLMError(
+                    "server_error",
+                    f"the reply passed {exc.limit} bytes, more than max_tokens {request.get('max_tokens')} "
+                    "can hold; cut off",
+                )
+                error.too_large = True
             except openai.APIConnectionError as exc:
                 error = LLMError("connection", f"connection failed ({_connection_cause(exc)})")
             except (openai.APIResponseValidationError, ValueError) as exc:
@@ -181,6 +238,7 @@ class EndpointPool:
             else:
                 error = None
             finally:
+                _limit.reset(limit)
                 endpoint.in_flight -= 1
             _note_health(endpoint, error)
             if isinstance(error, LLMError):
@@ -190,6 +248,17 @@ class EndpointPool:
         reply = _parse_completion(response)
         reply.seconds = time.monotonic() - started
         return reply
+
+
+def cached_tokens(usage: dict) -> int | None:
+    """The prompt tokens a provider's prefix cache served: OpenAI (and vLLM) say
+    prompt_tokens_details.cached_tokens, DeepSeek prompt_cache_hit_tokens; None when neither."""
+    details = usage.get("prompt_tokens_details") or {}
+    for value in (details.get("cached_tokens") if isinstance(details, dict) else None,
+                  usage.get("prompt_cache_hit_tokens")):  # fmt: skip
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
 
 
 def _parse_completion(response: Any) -> RawReply:
@@ -209,6 +278,7 @@ def _parse_completion(response: Any) -> RawReply:
             completion_tokens=usage.get("completion_tokens"),
             reasoning=redact(reasoning),
             reasoning_tokens=details.get("reasoning_tokens"),
+            cached_tokens=cached_tokens(usage),
         )
     except (KeyError, IndexError, TypeError, AttributeError) as exc:
         raise LLMError("server_error", f"not a chat completion ({type(exc).__name__}: {exc})") from None

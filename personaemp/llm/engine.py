@@ -2,7 +2,7 @@
 
 Also what makes it work on the endpoints people really use:
 - the structured-output mode is negotiated per run (json_schema, else json_object with
-  the schema in the prompt, else the schema in the prompt alone) and remembered in the
+  the schema at the end of the prompt, else the schema in the prompt alone) and remembered in the
   work dir; a refused format never fails a unit;
 - replies are read through reasoning blocks, preambles and fenced code (reply.py);
 - re-asks quote the bad reply inside the user turn, so endpoints that demand
@@ -89,13 +89,15 @@ class Budget:
     limit: float  # dollars
     price_in: float | None  # per million tokens
     price_out: float | None
+    price_cached: float | None = None  # None: cached prompt tokens cost price_in
     reserved: float = 0.0  # the most the requests in flight can cost
     in_flight: int = 0
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     def most(self, request: dict) -> float:
         # A byte-level BPE token (GPT, DeepSeek, Qwen, Llama) is at least one byte: the UTF-8
-        # bytes bound the prompt's tokens in any language (chars/4 overspent on Russian).
+        # bytes bound the prompt's tokens in any language (chars/4 overspent on Russian). At
+        # its most, no prompt token is served from the provider's cache.
         prompt = sum(len(m["content"].encode()) for m in request["messages"]) + 32  # and the template
         return self.dollars(prompt, request["max_tokens"])
 
@@ -297,6 +299,7 @@ class Engine:
         (TEXT: a free-text request, no response format)."""
         if mode in ("json_object", "none"):
             messages = _with_schema_text(messages, schema)
+        messages = _join_turns(messages)
         if self.fold_system:
             messages = _fold_system(messages)
         request: dict[str, Any] = {
@@ -375,6 +378,7 @@ class Engine:
                     prompt_tokens=prompt_tokens,
                     completion_tokens=completion_tokens,
                     mode=mode,
+                    cached_tokens=min(reply.cached_tokens or 0, prompt_tokens),
                 )
             return reply, key, request, False
 
@@ -422,7 +426,7 @@ class Engine:
         most = budget.most(request)
         async with budget.changed:
             while True:
-                spent = self.accounting.cost(budget.price_in, budget.price_out) or 0.0
+                spent = self.accounting.cost(budget.price_in, budget.price_out, budget.price_cached) or 0.0
                 if spent + budget.reserved + most <= budget.limit:
                     budget.reserved += most
                     budget.in_flight += 1
@@ -544,6 +548,8 @@ def _hint(error: LLMError) -> str:
         return "is the server running? check --base-url"
     if error.kind == "timeout":
         return "the server did not answer in time: check it, or raise --timeout"
+    if error.too_large:
+        return "the server sends far more than --max-tokens allows: check that it honours max_tokens"
     if error.kind in ("server_error", "rate_limited"):
         return "the server fails every request: check its log, or try again later"
     return "the endpoint refuses these requests: check --model, --max-tokens and --temperature for it"
@@ -561,6 +567,7 @@ def _count_tokens(stats: StepStats, request: dict, reply: RawReply, sent: bool =
     prompt = reply.prompt_tokens if reply.prompt_tokens is not None else prompt_chars // 4
     completion = reply.completion_tokens if reply.completion_tokens is not None else len(reply.content) // 4
     stats.prompt_tokens += prompt
+    stats.cached_tokens += min(reply.cached_tokens or 0, prompt)
     stats.completion_tokens += completion
     if reply.reasoning_tokens is not None:
         stats.reasoning_tokens += reply.reasoning_tokens
@@ -631,12 +638,33 @@ def _reask(messages: list[Message], bad_reply: str, error: str) -> list[Message]
 
 
 def _with_schema_text(messages: list[Message], schema: dict[str, Any]) -> list[Message]:
-    """For endpoints that cannot take a schema: state it in the system message (with the
-    word json, which DeepSeek and OpenAI require for json_object)."""
+    """For endpoints that cannot take a schema: state it (with the word json, which DeepSeek
+    and OpenAI require for json_object) at the end of the first user turn: after the shared
+    context and the step's task, before what only this request carries (a prompt's second
+    user turn: the moment, the dimension, the response). Not first: a schema differs per
+    step (and per user: ids narrowed to theirs), and would keep the provider's prefix cache
+    from serving the context the requests share."""
     text = SCHEMA_IN_PROMPT.format(schema=json.dumps(schema, separators=(",", ":")))
-    if messages and messages[0]["role"] == "system":
-        return [{"role": "system", "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
-    return [{"role": "system", "content": text}, *messages]
+    first = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+    if first is None:
+        return [*messages, {"role": "user", "content": text}]
+    turn = messages[first]
+    return [
+        *messages[:first],
+        {"role": "user", "content": f"{turn['content']}\n\n{text}"},
+        *messages[first + 1 :],
+    ]
+
+
+def _join_turns(messages: list[Message]) -> list[Message]:
+    """Consecutive turns of one role as one: strict chat templates want roles to alternate."""
+    joined: list[Message] = []
+    for message in messages:
+        if joined and joined[-1]["role"] == message["role"]:
+            joined[-1] = {**joined[-1], "content": f"{joined[-1]['content']}\n\n{message['content']}"}
+        else:
+            joined.append(message)
+    return joined
 
 
 def _fold_system(messages: list[Message]) -> list[Message]:

@@ -9,11 +9,16 @@ stage's chain. Token counts:
 - later calls: the mean prompt of that step's replies in the cache, else the prompt of
   the step the unit stopped at;
 - completion tokens: the mean reply of that step in the cache, else DEFAULT_COMPLETION
-  (never over the step's max_tokens).
+  (never over the step's max_tokens);
+- cached prompt tokens (priced at --price-cached): for the requests rendered now, the
+  prefix each shares, in whole 64-token blocks (DeepSeek's rule; OpenAI's serves less under
+  1,024 tokens), with a request rendered before it; for later calls, the share the provider
+  reported for that step's replies in the cache, else the share of the step stopped at.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -21,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_COMPLETION = 300  # tokens per reply when the cache has none of the step yet
+CACHE_BLOCK_CHARS = 64 * 4  # a prefix-cache block (DeepSeek: 64 tokens), in characters
 
 
 def tokens(chars: float) -> float:
@@ -34,28 +40,56 @@ class Estimate:
     prompt_chars: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     max_tokens: dict[str, int] = field(default_factory=dict)
     first_source: str = "rendered now"  # where the stopped step's prompts come from
+    cached_chars: Counter = field(default_factory=Counter)  # step -> chars in a prefix sent before
+    _prefixes: set = field(default_factory=set)
 
     def add(self, step: str, request: dict[str, Any], key: str = "") -> None:
         self.pending[step] += 1
         self.prompt_chars[step].append(sum(len(m["content"]) for m in request["messages"]))
         self.max_tokens[step] = request["max_tokens"]
+        self.cached_chars[step] += self._shared_prefix(request)
 
-    def report(self, history, price_in: float | None, price_out: float | None) -> dict[str, Any]:
-        """Per step: calls, prompt and completion tokens, and where each figure comes from.
+    def _shared_prefix(self, request: dict[str, Any]) -> int:
+        """Characters of this request in whole blocks an earlier one sent the same (and remember
+        its blocks): what a provider's prefix cache would serve."""
+        text = "".join(f"<|{m['role']}|>{m['content']}" for m in request["messages"])
+        digest, shared, missed = hashlib.sha1(), 0, False
+        for start in range(0, len(text) - CACHE_BLOCK_CHARS + 1, CACHE_BLOCK_CHARS):
+            digest.update(text[start : start + CACHE_BLOCK_CHARS].encode())
+            key = digest.digest()
+            if not missed and key in self._prefixes:
+                shared += CACHE_BLOCK_CHARS
+            else:
+                missed = True
+                self._prefixes.add(key)
+        return shared
 
-        `history(step)` -> (mean prompt chars, mean completion chars, replies) from the cache."""
+    def report(
+        self, history, price_in: float | None, price_out: float | None, price_cached: float | None = None
+    ) -> dict[str, Any]:
+        """Per step: calls, prompt (and cached) and completion tokens, and where each figure
+        comes from.
+
+        `history(step)` -> (mean prompt chars, mean completion chars, replies, cached share)
+        from the cache; the share is None when no reply of the step reported one."""
+        from personaemp.llm.accounting import dollars
+
         order = [name for name, _ in self.chain]
         per_unit = dict(self.chain)
         steps: dict[str, dict[str, Any]] = {
-            name: {"calls": 0, "prompt_tokens": 0.0, "completion_tokens": 0.0} for name in order
+            name: {"calls": 0, "prompt_tokens": 0.0, "cached_tokens": 0.0, "completion_tokens": 0.0}
+            for name in order
         }
         sources: dict[str, str] = {}
         for stopped, units in self.pending.items():
             if stopped not in per_unit:
                 continue
             exact = sum(self.prompt_chars[stopped]) / units
+            stopped_share = self.cached_chars[stopped] / max(sum(self.prompt_chars[stopped]), 1)
             for name in order[order.index(stopped) :]:
-                mean_prompt, mean_reply, seen = history(name)
+                mean_prompt, mean_reply, seen, share = history(name)
+                if name == stopped or share is None:
+                    share = stopped_share
                 calls = units * per_unit[name]
                 if name == stopped:
                     prompt, source = exact, self.first_source
@@ -68,23 +102,27 @@ class Estimate:
                 entry = steps[name]
                 entry["calls"] += calls
                 entry["prompt_tokens"] += calls * tokens(prompt)
+                entry["cached_tokens"] += calls * tokens(prompt) * share
                 entry["completion_tokens"] += calls * completion
                 sources[name] = source + (
                     f"; replies: cache mean of {seen}" if seen else f"; replies: {DEFAULT_COMPLETION} assumed"
                 )
         total_in = sum(entry["prompt_tokens"] for entry in steps.values())
         total_out = sum(entry["completion_tokens"] for entry in steps.values())
+        total_cached = sum(entry["cached_tokens"] for entry in steps.values())
         for name, entry in steps.items():
             entry["prompt_tokens"] = round(entry["prompt_tokens"])
+            entry["cached_tokens"] = round(entry["cached_tokens"])
             entry["completion_tokens"] = round(entry["completion_tokens"])
             entry["source"] = sources.get(name, "")
         cost = None
         if price_in is not None or price_out is not None:
-            cost = (total_in * (price_in or 0) + total_out * (price_out or 0)) / 1e6
+            cost = dollars(total_in, total_cached, total_out, price_in, price_out, price_cached)
         return {
             "units_pending": sum(self.pending.values()),
             "steps": steps,
             "prompt_tokens": round(total_in),
+            "cached_tokens": round(total_cached),
             "completion_tokens": round(total_out),
             "cost": cost,
             "counted_as": "characters / 4",
@@ -93,17 +131,23 @@ class Estimate:
 
 def cache_history(cache):
     """history(step) over the valid replies in the cache (at most 2,000 per step)."""
-    memo: dict[str, tuple[float, float, int]] = {}
+    memo: dict[str, tuple[float, float, int, float | None]] = {}
 
-    def history(step: str) -> tuple[float, float, int]:
+    def history(step: str) -> tuple[float, float, int, float | None]:
         if step not in memo:
             rows = cache.replies_of(step, 2000) if cache is not None else []
             prompts = [sum(len(m["content"]) for m in json.loads(request)["messages"]) for request, _ in rows]
-            replies = [len(json.loads(reply).get("content", "")) for _, reply in rows]
+            stored = [json.loads(reply) for _, reply in rows]
+            replies = [len(reply.get("content", "")) for reply in stored]
+            # The share of prompt tokens the provider's cache served, where it said.
+            told = [r for r in stored if r.get("cached_tokens") is not None and r.get("prompt_tokens")]
             memo[step] = (
                 sum(prompts) / len(prompts) if prompts else 0.0,
                 sum(replies) / len(replies) if replies else 0.0,
                 len(rows),
+                sum(r["cached_tokens"] for r in told) / sum(r["prompt_tokens"] for r in told)
+                if told
+                else None,
             )
         return memo[step]
 

@@ -4,31 +4,41 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import signal
-import threading
+import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence, Sized
+from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
 
 from personaemp import locks
-from personaemp.io import write_json_atomic
+from personaemp.aio import sync_twin
+from personaemp.io import read_json_object, write_json_atomic
 from personaemp.llm.batch import BatchQueue, import_answers, write_requests
 from personaemp.llm.engine import Engine
 from personaemp.llm.estimate import Estimate, cache_history
 from personaemp.llm.session import open_engine
 from personaemp.llm.settings import LLMSettings
 from personaemp.llm.step import Step
+from personaemp.progress import emit
 from personaemp.runner import Link, StageOutcome, StageRun, Work, run_chain, run_units
 from personaemp.workspace import locked, record_stage
 
 REPORT_FILE = "run_report.json"
+logger = logging.getLogger("personaemp")
 
 
 @dataclass
@@ -48,6 +58,7 @@ class StageReport:
     batch: dict[str, Any] | None = None  # --batch: answers imported, requests written (llm/batch.py)
     output: str = ""
     failures: str = ""
+    fingerprint: str = ""  # what the rows' input_hash was made with (merge checks shards by it)
 
     def as_dict(self) -> dict[str, Any]:
         outcome = self.outcome
@@ -71,6 +82,7 @@ class StageReport:
             "calls": self.calls,
             "output": self.output,
             "failures_file": self.failures,
+            "fingerprint": self.fingerprint,
         }
 
 
@@ -124,10 +136,11 @@ class LLMStage:
             totals={**totals.__dict__, "failures": dict(totals.failures)},
             structured=engine.structured_report(),
             full=self.full,
-            cost=accounting.cost(settings.price_in, settings.price_out),
+            cost=accounting.cost(settings.price_in, settings.price_out, settings.price_cached),
             calls=accounting.slowest_calls(),
             output=str(self.output),
             failures=str(self.failures),
+            fingerprint=self.fingerprint(engine),
         )
 
     def record(self, report: StageReport, settings: LLMSettings) -> None:
@@ -138,7 +151,7 @@ class LLMStage:
         )  # fmt: skip
 
 
-def run_llm_stage(
+async def arun_llm_stage(
     stage: str,
     units: Iterable[dict[str, Any]],
     make_work: Callable[[Engine], Work],
@@ -167,7 +180,7 @@ def run_llm_stage(
         stage, units, make_work, key, output, fingerprint, steps=[step for step, _ in chain],
         selected=selected, full=full, input_path=input_path, retry_failed=retry_failed, failures=failures,
     )  # fmt: skip
-    console = console or Console(stderr=True)
+    console = console or Console(quiet=True)  # a library call prints only when given a console
     started = time.perf_counter()
     estimate = Estimate([(step.name, calls) for step, calls in chain]) if settings.estimate else None
     queue = BatchQueue() if settings.batch is not None else None
@@ -175,7 +188,7 @@ def run_llm_stage(
     awaiting: dict[str, Path] = {}
 
     async def main() -> StageReport:
-        notify = lambda line: console.print(f"[yellow]{line}[/]")  # noqa: E731
+        notify = _notifier(console)
         async with open_engine(settings, notify=notify, offline=estimate or queue) as engine:
             if queue is not None:
                 console.print(f"[bold]{stage}[/]: model {engine.model} · batch files in {settings.batch}")
@@ -199,17 +212,20 @@ def run_llm_stage(
                     window=_window(engine),
                     selected=selected,
                     retry_failed=retry_failed,
-                    on_progress=_progress_bar(progress, stage, len(units), engine),
+                    # of the units picked (--limit, --users), not of the whole input
+                    on_progress=_progress_bar(
+                        progress, stage, len(selected) if selected is not None else len(units), engine
+                    ),
                     dry=estimate is not None,
                 )
             report = plan.report(engine, settings, outcome, started)
             if estimate is not None:
                 report.estimate = estimate.report(
-                    cache_history(engine.cache), settings.price_in, settings.price_out
+                    cache_history(engine.cache), settings.price_in, settings.price_out, settings.price_cached
                 )
             return report
 
-    report = run_interruptibly(main())
+    report = await main()
     if estimate is not None:
         return report  # nothing was sent or written: no run to record
     if queue is not None:
@@ -225,9 +241,12 @@ def run_llm_stage(
     return report
 
 
-def run_stage(plan: LLMStage, *, settings: LLMSettings, console: Console | None = None) -> StageReport:
-    """run_llm_stage for a stage declared as an LLMStage (one call per step and unit)."""
-    return run_llm_stage(
+run_llm_stage = sync_twin(arun_llm_stage)
+
+
+async def arun_stage(plan: LLMStage, *, settings: LLMSettings, console: Console | None = None) -> StageReport:
+    """arun_llm_stage for a stage declared as an LLMStage (one call per step and unit)."""
+    return await arun_llm_stage(
         plan.stage, plan.units, plan.make_work, settings=settings, key=plan.key, output=plan.output,
         fingerprint=plan.fingerprint, selected=plan.selected, full=plan.full, input_path=plan.input_path,
         retry_failed=plan.retry_failed, console=console, failures=plan.failures,
@@ -235,7 +254,10 @@ def run_stage(plan: LLMStage, *, settings: LLMSettings, console: Console | None 
     )  # fmt: skip
 
 
-def run_llm_chain(
+run_stage = sync_twin(arun_stage)
+
+
+async def arun_llm_chain(
     first: LLMStage,
     second: LLMStage,
     handoff: Callable[[dict[str, Any]], dict[str, Any] | None],
@@ -251,11 +273,11 @@ def run_llm_chain(
     `second.units` is not read (its input is what `first` writes); `first.units` may be a
     stream (runner.run_chain). `meanwhile` is called
     as the first requests go out (e.g. to start a thread with work for later)."""
-    console = console or Console(stderr=True)
+    console = console or Console(quiet=True)
     started = time.perf_counter()
 
     async def main() -> tuple[StageReport, StageReport]:
-        notify = lambda line: console.print(f"[yellow]{line}[/]")  # noqa: E731
+        notify = _notifier(console)
         async with open_engine(settings, notify=notify) as engine:
             console.print(_header(f"{first.stage} → {second.stage}", engine))
             ended = [0.0]
@@ -267,13 +289,17 @@ def run_llm_chain(
                 # Inside the locks: the bookkeeping repairs and reads the files.
                 runs = first.bookkeeping(engine, settings), second.bookkeeping(engine, settings)
                 total = len(first.units) if isinstance(first.units, Sized) else None  # a stream: grows
+                # While a total still grows, an ETA from it means nothing: the bar shows a rate.
+                first_grows = lambda: total is None and getattr(first.units, "growing", True)  # noqa: E731
+                first_over = [False]
                 bars = [
-                    _progress_bar(progress, first.stage, total, engine),
-                    _progress_bar(progress, second.stage, None, engine),
+                    _progress_bar(progress, first.stage, total, engine, grows=first_grows),
+                    _progress_bar(progress, second.stage, None, engine, grows=lambda: not first_over[0]),
                 ]
 
                 def first_progress(outcome):
                     bars[0](outcome)
+                    first_over[0] = not first_grows() and _finished(outcome) >= outcome.units
                     ended[0] = time.perf_counter()
 
                 if meanwhile is not None:
@@ -297,56 +323,13 @@ def run_llm_chain(
             reports[0].wall_seconds = (ended[0] or time.perf_counter()) - started
             return reports[0], reports[1]
 
-    reports = run_interruptibly(main())
+    reports = await main()
     for plan, report in zip((first, second), reports, strict=True):
         plan.record(report, settings)
     return reports
 
 
-def run_interruptibly(work: Coroutine[Any, Any, Any]) -> Any:
-    """asyncio.run(work), where Ctrl-C always ends in KeyboardInterrupt.
-
-    asyncio's own handler cancels the work and raises KeyboardInterrupt only if the work
-    then ends cancelled: work that ended anyway (the signal came as it finished) or with
-    another error on the way out returned or raised that instead, and Ctrl-C was lost or
-    misreported. Here the first SIGINT cancels the work (its cleanup keeps finished rows),
-    a second raises at once, and either way the caller sees KeyboardInterrupt."""
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler  # SIGINT is someone else's
-    ):
-        return asyncio.run(work)
-    interrupted = False
-    task: asyncio.Task | None = None
-
-    async def main() -> Any:
-        nonlocal task
-        task = asyncio.current_task()
-        return await work
-
-    with asyncio.Runner() as runner:
-
-        def on_sigint(signum, frame) -> None:
-            nonlocal interrupted
-            if interrupted or task is None or task.done():
-                interrupted = True
-                raise KeyboardInterrupt
-            interrupted = True
-            task.cancel()
-            runner.get_loop().call_soon_threadsafe(lambda: None)  # wake the loop's select()
-
-        previous = signal.signal(signal.SIGINT, on_sigint)
-        try:
-            result = runner.run(main())
-        except BaseException:
-            if interrupted:
-                raise KeyboardInterrupt from None
-            raise
-        finally:
-            signal.signal(signal.SIGINT, previous)
-        if interrupted:
-            raise KeyboardInterrupt
-        return result
+run_llm_chain = sync_twin(arun_llm_chain)
 
 
 def _window(engine: Engine) -> int:
@@ -354,22 +337,51 @@ def _window(engine: Engine) -> int:
     return max(4, 2 * sum(endpoint.concurrency for endpoint in engine.pool.endpoints))
 
 
-def _progress_bar(progress: Progress, stage: str, total: int | None, engine: Engine):
-    task = progress.add_task(stage, total=total, stats="")
+def _finished(outcome: StageOutcome) -> int:
+    return outcome.done + outcome.done_before + outcome.failed + outcome.failed_before
+
+
+def _progress_bar(
+    progress: Progress,
+    stage: str,
+    total: int | None,
+    engine: Engine,
+    grows: Callable[[], bool] = lambda: False,
+):
+    """A bar over the stage's units; `grows()`: its total is still growing (no ETA then)."""
+    task = progress.add_task(stage, total=total, stats="", grows=grows())
 
     def on_progress(outcome: StageOutcome) -> None:
         totals = engine.accounting.totals()
-        finished = outcome.done + outcome.done_before + outcome.failed + outcome.failed_before
+        finished = _finished(outcome)
+        growing = grows()
         progress.update(
             task,
             completed=finished,
             total=total if total is not None else outcome.units,
+            grows=growing,
             stats=f"done {outcome.done + outcome.done_before} · failed "
             f"{outcome.failed + outcome.failed_before} · requests {totals.requests} · "
             f"cached {totals.cache_hits}",
         )
+        emit(stage, finished, None if growing else (total if total is not None else outcome.units))
 
     return on_progress
+
+
+class TimeLeftOrRate(ProgressColumn):
+    """The time left when the total is known; while it grows (users streaming in from the
+    filter), an ETA from it would be wrong, so the rate of units instead."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.eta = TimeRemainingColumn()
+
+    def render(self, task: Task) -> Text:
+        if task.fields.get("grows"):
+            speed = task.speed
+            return Text(f"{speed:.1f} units/s" if speed else "… units/s", style="progress.data.speed")
+        return self.eta.render(task)
 
 
 def append_report(path: Path, entry: dict[str, Any], settings: LLMSettings, full: bool | None = None) -> None:
@@ -380,23 +392,28 @@ def append_report(path: Path, entry: dict[str, Any], settings: LLMSettings, full
     per stage, so it is visible without replacing the full run's figures. Each entry
     carries `full`; when `full` is not given, the entry's own `full` decides (default True).
     The read-modify-write holds a lock, so stages finishing at the same time in two
-    processes keep both entries; a report that cannot be parsed is replaced.
+    processes keep both entries; a report that cannot be parsed is set aside and replaced.
     """
     full = bool(entry.get("full", True)) if full is None else full
     section = "stages" if full else "quick_looks"
     with locked(path):
-        report: dict[str, Any] = {}
-        try:
-            report = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            report = {}
-        if not isinstance(report, dict):
-            report = {}
+        report = read_json_object(path)
         entries = report.get(section)
         if not isinstance(entries, dict):
             entries = report[section] = {}
         entries[entry["stage"]] = {**entry, "full": full, "settings": settings.public()}
         write_json_atomic(path, report)
+
+
+def _notifier(console: Console) -> Callable[[str], None]:
+    """The engine's notices (a structured mode stepped down, ...): on the console, and on the
+    `personaemp` logger for a library caller whose console is quiet."""
+
+    def notify(line: str) -> None:
+        logger.info(line)
+        console.print(f"[yellow]{line}[/]")
+
+    return notify
 
 
 def _header(stage: str, engine: Engine) -> str:
@@ -413,7 +430,7 @@ def _progress(console: Console) -> Progress:
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("{task.fields[stats]}"),
-        TimeRemainingColumn(),
+        TimeLeftOrRate(),
         console=console,
         transient=True,
     )

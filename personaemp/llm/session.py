@@ -75,7 +75,7 @@ async def open_engine(
             notify=notify,
             request_extras=LOCAL_REQUEST_EXTRAS if kind == "local" else None,
             offline=offline,
-            budget=Budget(settings.max_cost, settings.price_in, settings.price_out)
+            budget=Budget(settings.max_cost, settings.price_in, settings.price_out, settings.price_cached)
             if settings.max_cost is not None
             else None,
         )

@@ -48,6 +48,7 @@ class LLMSettings:
     refresh: bool = _DEFAULT.refresh  # ignore cached replies, overwrite them
     price_in: float | None = _DEFAULT.price_in  # per million prompt tokens
     price_out: float | None = _DEFAULT.price_out  # per million completion tokens
+    price_cached: float | None = _DEFAULT.price_cached  # per million cache-served prompt tokens
     max_cost: float | None = _DEFAULT.max_cost  # dollars: stop before spending more
     estimate: bool = _DEFAULT.estimate  # count what would be sent; send and write nothing
     batch: Path | None = _DEFAULT.batch  # work from batch files in this folder, no endpoint
@@ -57,6 +58,10 @@ class LLMSettings:
         from personaemp import secrets
 
         secrets.register(self.api_key)
+        # Paths as Python callers write them (str, ~): the engine joins them as Paths.
+        self.work_dir = Path(self.work_dir).expanduser()
+        if self.batch is not None:
+            self.batch = Path(self.batch).expanduser()
         values = {
             "base_url": list(self.base_urls),
             "model": self.model,
@@ -75,6 +80,7 @@ class LLMSettings:
             "refresh": self.refresh,
             "price_in": self.price_in,
             "price_out": self.price_out,
+            "price_cached": self.price_cached,
             "max_cost": self.max_cost,
             "estimate": self.estimate,
             "batch": self.batch,

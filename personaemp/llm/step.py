@@ -20,7 +20,7 @@ from pydantic import BaseModel
 class Step:
     name: str
     reply: type[BaseModel] | None  # None: a free-text step (Engine.text), no JSON asked for
-    prompt: str | None = None  # template name (personaemp/prompts/<prompt>.md)
+    prompt: str | None = None  # template name (prompts/<prompt>.md)
     version: int = 1  # bump when the stage reads this reply differently
     temperature: float | None = None  # None: the run's --temperature
     max_tokens: int | None = None  # None: the run's --max-tokens

@@ -59,6 +59,10 @@ def read_users(
     if fmt == "task1":
         folder = path.parent if path.is_file() else path
         return _unique(read_task1(folder, policy, split), policy)
+    if split is not None:
+        raise InputError(
+            f"--benchmark-split {split}: a raw export has no splits", "leave out --benchmark-split"
+        )
     return _unique(read_raw(path, policy), policy)
 
 

@@ -6,6 +6,7 @@ Every reader calls these, so all formats produce the same records and the same e
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,8 @@ def _expect(value: Any, kind: type, what: str, location: str) -> Any:
 # only for the users the filter keeps: most users are dropped on their memories alone.
 # The text may still be undecoded JSON (msgspec.Raw): assistant turns are mostly not needed.
 RawTurn = tuple[str, "str | msgspec.Raw", str | None, int | None]
+LANGUAGE_CACHE = 200_000  # users' languages remembered by their turns' digest (16 bytes each)
+_LANGUAGES: dict[bytes, str | None] = {}
 
 
 def lazy_turns(sessions: Any, dialogue: Any, location: str) -> Callable[[], list[RawTurn]]:
@@ -181,8 +184,25 @@ class SourceUser:
     def language(self) -> str | None:
         if self._language:
             return self._language
-        # From the user's own words: not what they paste to translate, quote or debug.
-        return user_language(self._text(text) for role, text, _, _ in self._raw_turns if role == "user")
+        # The same turns get the same language: keyed by a digest of their raw bytes (no JSON
+        # decoding), a repeated history (a copied session, a replicated benchmark input) is
+        # decided once. A miss costs a hash of the turns, about a microsecond per KB.
+        digest = hashlib.blake2b(digest_size=16)
+        for role, text, _, _ in self._raw_turns:
+            if role == "user":
+                data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+                # The kind (a str, or raw JSON) and the length first: no two histories share a key.
+                digest.update((b"s" if isinstance(text, str) else b"r") + len(data).to_bytes(8, "big"))
+                digest.update(data)
+        key = digest.digest()
+        if key not in _LANGUAGES:
+            if len(_LANGUAGES) >= LANGUAGE_CACHE:
+                _LANGUAGES.clear()
+            # From the user's own words: not what they paste to translate, quote or debug.
+            _LANGUAGES[key] = user_language(
+                self._text(text) for role, text, _, _ in self._raw_turns if role == "user"
+            )
+        return _LANGUAGES[key]
 
     def to_user(self, memories: list[Memory], match: FilterMatch, roles: tuple[str, ...] | None) -> User:
         """The output record: given memories, turns of the given roles (None: all)."""

@@ -34,6 +34,12 @@ def is_task1_folder(path: Path) -> bool:
 
 def resolve_task1_folder(path: Path, split: str | None) -> Path:
     """Accept a task1 folder, or the release root `benchmark_data/` with a split name."""
+    # a split name that selects nothing must not pass unseen
+    if split is not None and (is_task1_folder(path) or is_task1_folder(path / "task1")):
+        raise InputError(
+            f"--benchmark-split {split}: {path} is one task1 folder, not a benchmark_data/ root of splits",
+            "leave out --benchmark-split, or point --input at the root that holds the splits",
+        )
     if is_task1_folder(path):
         return path
     for present, missing in ((INPUT_FILE, REFERENCE_FILE), (REFERENCE_FILE, INPUT_FILE)):
@@ -49,7 +55,7 @@ def resolve_task1_folder(path: Path, split: str | None) -> Path:
         if len(splits) > 1:
             raise InputError(
                 f"{root}: holds several splits ({', '.join(splits)})",
-                f"pick one with --split {'|'.join(splits)}",
+                f"pick one with --benchmark-split {'|'.join(splits)}",
             )
         split = splits[0]
     if split not in splits:

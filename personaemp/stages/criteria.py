@@ -2,9 +2,11 @@
 
 For each query and each PERM dimension (resonation, expression, reception) the model
 writes 4-6 weighted criteria from the user's memories, persona, the situation and the
-query, without seeing any response. Weights are normalised to sum to 100 (what the model
-wrote is kept as `given_weight`). `evaluate` then scores every system against the same
-criteria, as the paper does.
+query, without seeing any response: baseline emotional-intelligence criteria and
+persona-informed ones, none rewarding a mere call-back to a memory (the authors'
+`evaluation/prepare_criteria.py` asks for the same; its wording is not reused). Weights
+are normalised to sum to 100 (what the model wrote is kept as `given_weight`).
+`evaluate` then scores every system against the same criteria, as the paper does.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
+from personaemp.aio import sync_twin
 from personaemp.errors import InputError, RowError, first_problem
 from personaemp.io import ErrorPolicy, iter_jsonl
 from personaemp.llm.step import RejectedReply, Step
@@ -37,6 +40,41 @@ class CriteriaReply(BaseModel):
 
 
 CRITERIA = Step("criteria", CriteriaReply, prompt="criteria", temperature=0.0)  # shared by every system
+ROOM = {CRITERIA.name: 2048}  # tokens at least, as the authors' criteria writer
+
+# What each dimension covers when criteria are written (the sub-aspects the authors'
+# criteria writer lists per dimension, in our words). Part of the fingerprint.
+CRITERIA_ASPECTS = {
+    "resonation": (
+        "- recognition: the feeling the user shows, how strong it is, and what set it off;",
+        "- inference: the concern, unmet need, conflict or vulnerability under the surface;",
+        "- grounding: an understanding the moment and the message support, without over-reading "
+        "or inventing motives;",
+        "- personal resonance: persona and memories sharpen the understanding of this person "
+        "without pinning them to a fixed trait;",
+        "- humility: room left for what cannot be known about the user's inner state.",
+    ),
+    "expression": (
+        "- tone: warm, sincere, calm, in step with the user's emotional state;",
+        "- validation first: feelings and situation acknowledged before advice, reframing or "
+        "problem solving;",
+        "- clarity and use: coherent, concrete, helpful for the situation at hand;",
+        "- respect and boundaries: no judgment, pressure, exaggeration, false certainty or "
+        "intrusive claims about the user's inner world;",
+        "- personal adaptation: style and support strategy fitted to persona and memories where "
+        "relevant, without sounding scripted or over-familiar.",
+    ),
+    "reception": (
+        "- felt understanding: the user would feel their feeling, situation and concern were "
+        "truly understood;",
+        "- emotional safety: respectful, non-judgmental, non-intrusive, safe to receive;",
+        "- need met: the likely immediate need (validation, reassurance, autonomy, perspective, "
+        "encouragement or direction) is answered;",
+        "- engagement: the user would want to go on, clarify, reflect or share more;",
+        "- personal fit: right for this user's personality, history, sensitivities and "
+        "preferences, while meeting the general standards of emotional intelligence.",
+    ),
+}
 STEPS = (CRITERIA,)
 
 
@@ -94,7 +132,10 @@ def pick_queries(units: list[dict], path: Path, limit: int | None, users: Sequen
         wanted = {str(u) for u in users}
         missing = wanted - {u["user_id"] for u in units}
         if missing:
-            raise InputError(f"{path}: no queries of user {', '.join(sorted(missing))}")
+            raise InputError(
+                f"{path}: no queries of user {', '.join(sorted(missing))}",
+                "check the ids: only users with accepted queries in --input have criteria to write",
+            )
         chosen = [u for u in units if u["user_id"] in wanted]
     return {u["query_id"] for u in (chosen[:limit] if limit is not None else chosen)}
 
@@ -106,6 +147,7 @@ def build_messages(unit: dict, dimension: str, prompt: Prompt) -> list[dict]:
     return prompt.render(
         dimension=dimension,
         definition=DIMENSION_DEFINITIONS[dimension],
+        aspects="\n".join(CRITERIA_ASPECTS[dimension]),
         profile=unit["profile"] or "(none)",
         memories=numbered_memories(unit["memories"]),
         situation=unit["situation"],
@@ -134,12 +176,25 @@ def normalise(reply: CriteriaReply) -> list[Criterion]:
     ]
 
 
-def definitions_hash() -> str:
-    """The dimension definitions rendered into the prompts live in code: part of the fingerprint."""
-    return hashlib.sha256(json.dumps(DIMENSION_DEFINITIONS, sort_keys=True).encode()).hexdigest()[:12]
+def with_room(settings, room: dict[str, int]):
+    """`settings` whose steps get at least `room` tokens (more with --max-tokens); a step's
+    own --step STEP.max_tokens wins."""
+    import dataclasses
+
+    steps = dict(settings.steps)
+    for name, tokens in room.items():
+        steps[name] = {"max_tokens": max(settings.max_tokens, tokens), **steps.get(name, {})}
+    return dataclasses.replace(settings, steps=steps)
 
 
-def write_criteria(
+def definitions_hash(*extra: dict) -> str:
+    """The dimension definitions (and aspects) rendered into the prompts live in code: part of
+    the fingerprint."""
+    parts = [DIMENSION_DEFINITIONS, CRITERIA_ASPECTS, *extra]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
+
+
+async def awrite_criteria(
     input_path: Path,
     output_path: Path,
     settings,
@@ -151,10 +206,11 @@ def write_criteria(
     console=None,
 ):
     """Criteria for every accepted query of `input_path`; returns the stage report."""
-    from personaemp.llm.run import run_llm_stage
+    from personaemp.llm.run import arun_llm_stage
 
     units = query_units(input_path, "pass gen-queries' output (queries.jsonl) or a split file")
     selected = pick_queries(units, input_path, limit, users)
+    settings = with_room(settings, ROOM)
     prompt = load_prompt(CRITERIA.prompt)
 
     def make_work(engine):
@@ -173,7 +229,7 @@ def write_criteria(
 
         return work
 
-    return run_llm_stage(
+    return await arun_llm_stage(
         STAGE,
         units,
         make_work,
@@ -188,6 +244,9 @@ def write_criteria(
         console=console,
         chain=[(CRITERIA, len(DIMENSIONS))],
     )
+
+
+write_criteria = sync_twin(awrite_criteria)
 
 
 def read_criteria(path: Path) -> dict[str, dict[str, list[dict]]]:

@@ -9,8 +9,9 @@ from personaemp.records import BIG_FIVE
 from personaemp.stages.stats import FIGURE_DIR, STATS_FILE
 
 CITATIONS = """\
-- **PersonaEmp** — *From Empathy to Personalized Empathy: Adapting Empathetic Strategies
-  to Individual Users* (2026): the dataset design this build follows.
+- **PersonaEmp** — Zheng et al., *From Empathy to Personalized Empathy: Adapting Empathetic
+  Strategies to Individual Users* (2026), arXiv:2606.00728: the dataset design this build
+  follows.
 - **AlpsBench** — long-term user–LLM dialogues with human-verified memory annotations;
   GitHub `ThisIsCosine/AlpsBench`, Hugging Face `Cosineyx/Alpsbench` (ODC-BY).
 - **WildChat** — Zhao et al., *WildChat: 1M ChatGPT Interaction Logs in the Wild*,
@@ -21,8 +22,9 @@ CITATIONS = """\
 def _front_matter(facts: dict[str, Any]) -> str:
     languages = [code for code, _ in facts["languages"].most_common() if code][:20]
     configs = []
-    for setting in facts["settings"]:
-        files = "\n".join(f"  - split: {split}\n    path: {setting}/{split}-*" for split in ("train", "test"))
+    for setting, paths in facts["data_files"].items():
+        # Exact names, not `<split>-*`: they carry the digest that keys the `datasets` cache.
+        files = "\n".join(f"  - split: {split}\n    path: {paths[split]}" for split in ("train", "test"))
         configs.append(f"- config_name: {setting}\n  data_files:\n{files}")
     return "\n".join(
         [
@@ -39,9 +41,15 @@ def _front_matter(facts: dict[str, Any]) -> str:
     )
 
 
+def cell(value: Any) -> str:
+    """A value as one Markdown table cell: a `|` would end the cell (also inside code), a
+    line break the row."""
+    return " ".join(str(value).replace("|", "\\|").split())
+
+
 def _table(header: list[str], rows: list[list[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    lines = ["| " + " | ".join(cell(name) for name in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
@@ -148,9 +156,64 @@ def stats_section(stats: dict[str, Any], figures: list[str]) -> str:
     if checks:
         out += ["### Checks (every generated query, accepted or rejected)", ""]
         out += _image("checks.png", "Pass rate of each check", figures)
-        rows = [[name, c["passed"], c["of"], f"{c['rate']:.1%}"] for name, c in checks.items()]
-        out += [_table(["check", "passed", "of", "rate"], rows), ""]
+        rows = [
+            [name, DECIDED[c.get("enforced")], c["passed"], c["of"], f"{c['rate']:.1%}"]
+            for name, c in checks.items()
+        ]
+        out += [_table(["check", "in this build", "passed", "of", "rate"], rows), ""]
     return "\n".join(out).rstrip("\n")
+
+
+DECIDED = {True: "decided acceptance", False: "recorded only", None: "not recorded"}
+CHECK_MEANINGS = {
+    "emotional_support": "the LLM judge: needs an emotionally intelligent answer",
+    "logical_consistency": "the LLM judge: consistent with the memories and the situation",
+    "role_awareness": "the LLM judge: fits the persona, written from the user's side",
+    "memory_ids_valid": "the cited memories exist",
+    "category_match": "the judge reads the category it was written for",
+    "length_ok": "length",
+    "language_match": "in the user's language",
+    "not_duplicate": "no near-repeat of the user's other queries",
+    "not_copied": "no long stretch of the user's own messages or memories",
+}
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(f"`{name}`" for name in names) or "none"
+
+
+def acceptance_lines(stats: dict[str, Any] | None) -> tuple[str, str]:
+    """(a warning for the card's first paragraph, empty unless checks were relaxed; the
+    sentence saying which checks decided acceptance), from the build's own rows."""
+    acceptance = (stats or {}).get("acceptance")
+    checks = (stats or {}).get("checks") or {}
+    if not acceptance or not checks:
+        return "", (
+            "Each query records the outcome of every check (an LLM judge and deterministic "
+            "checks); which of them decided acceptance is not known for this build."
+        )
+    relaxed = acceptance["recorded_only"]
+    warning = ""
+    if relaxed:
+        failing, accepted = acceptance["accepted_failing_recorded_only"], acceptance["accepted"]
+        warning = (
+            f"**This build relaxed its checks:** {_names(relaxed)} "
+            f"{'was' if len(relaxed) == 1 else 'were'} recorded but did not decide acceptance, "
+            f"and {failing} of its {accepted} accepted queries failed at least one of them."
+        )
+    decided = [
+        f"`{name}` ({CHECK_MEANINGS.get(name, name)}, {c['rate']:.1%} passed)"
+        for name, c in checks.items()
+        if c.get("enforced")
+    ]
+    only = [f"`{name}` ({c['rate']:.1%} passed)" for name, c in checks.items() if c.get("enforced") is False]
+    unknown = [f"`{name}`" for name, c in checks.items() if c.get("enforced") is None]
+    sentence = f"A query was accepted when it passed every one of: {'; '.join(decided) or 'none'}."
+    if only:
+        sentence += f" Recorded only, not required: {'; '.join(only)}."
+    if unknown:
+        sentence += f" Not recorded whether they decided: {', '.join(unknown)}."
+    return warning, sentence
 
 
 def _spread(values: dict[str, Any]) -> str:
@@ -166,7 +229,12 @@ def render_card(
     include_dialogue: bool,
     stats: dict[str, Any] | None = None,
     figures: list[str] | None = None,
+    quality: dict[str, Any] | None = None,
 ) -> str:
+    """The card; `quality`: the build's agreement report (personaemp.stages.agreement), None
+    when nobody labelled it (the card says so)."""
+    from personaemp.stages.agreement import PLOT_FILE, quality_section
+
     sections = [_front_matter(facts), "", "# PersonaEmp (rebuilt with personaemp)", ""]
     sections.append(
         "Empathy-seeking user queries, each grounded in one real user's long-term memories "
@@ -175,13 +243,13 @@ def render_card(
         "AlpsBench (long-term user–LLM dialogues from WildChat with human-verified memory "
         "annotations), following the PersonaEmp design."
     )
+    warning, decided = acceptance_lines(stats)
+    if warning:
+        sections[-1] += " " + warning
     sections += ["", "## How it was built", "", _funnel(facts), ""]
     sections.append(
         "Persona traits and Big Five levels cite the memory ids that support them; the "
-        "citations were checked in code and traits without valid evidence were dropped. "
-        "Queries passed an LLM judge (needs emotional intelligence, logically consistent, fits "
-        "the persona) and deterministic checks (cited memories exist, category, length, "
-        "language, no near-duplicates)."
+        "citations were checked in code and traits without valid evidence were dropped. " + decided
     )
     provenance = facts.get("provenance") or {}
     if provenance:
@@ -214,6 +282,9 @@ def render_card(
             sections += ["", f"KModes cost by k: {curve}."]
     if stats is not None:
         sections += ["", stats_section(stats, figures or [])]
+    sections += ["", quality_section(quality, _table)]
+    if quality:
+        sections += [""] + _image(PLOT_FILE, "Judge agreement per LLM check", figures or [])[:1]
     sections += ["", "## Schema (one row per query)", ""]
     schema = [
         ["user_id", "string", "AlpsBench user (the task1 benchmark id when the user id is empty)"],

@@ -1,20 +1,33 @@
 """`personaemp evaluate`: score systems' responses on a split, the paper's way (LLM judge).
 
-Per system (a responses file) and query, for each PERM dimension (resonation,
-expression, reception) the judge returns a short analysis and a whole score 1-5:
-  fixed    (default) against the query's pre-written criteria (`personaemp criteria`),
-  dynamic  (PereGRM) writing its own criteria in the same call, k samples averaged.
-With `bystander`, a persona-blind judge scores five aspects 0-20 (B = sum / 100).
+The instruments ask for what the authors' do (`evaluation/eval.py` and the reward judge of
+`train/verl/utils/reward_score/peregrm_reward.py`, ZhengWwwq/PersonalizedEmpathy), in our
+words. Per system (a responses file) and query, for each PERM dimension (resonation,
+expression, reception) the judge returns an analysis and a score 1-5 (one decimal allowed):
+  fixed    (default) holistic, against the query's pre-written criteria (`personaemp
+           criteria`); anchors 1 (fails them, or a serious lapse of emotional
+           intelligence), 3 (partly), 5 (all of them, high-weight and persona-informed too);
+  dynamic  (PereGRM) step by step, as strictly as it can, writing its own criteria for this
+           user first; k samples averaged.
+With `bystander`, a persona-blind judge scores the authors' five aspects 0-20 (content
+effectiveness, logical structure and clarity, communication efficiency, objectivity and
+neutrality, accuracy and verifiability; B = sum / 100): the penalty on padded,
+over-emotional replies. Every text from a user or a policy reaches a judge inside a data
+block it cannot close (personaemp.prompts.fence).
 
 Per query: H = harmonic mean of the three scores / 5; reward = H + lambda * (B - 1).
-The report gives per system the mean of each dimension, Avg (their mean, as the paper's
-tables), mean H, B and reward, also by query category and by each Big Five level.
+The report gives per system the mean of each dimension, Avg (the mean of the unrounded
+dimension means, as the paper's tables), mean H, B and reward, also by query category and
+by each Big Five level; with a panel of judges (`judges`), each judge's numbers side by
+side and how far the judges agree.
 
-Nothing is made up: a query without a response ("missing") or with a blank one ("empty")
-gets the floor (1 on every dimension, B = 0) without a judge call and is counted as such;
-a judge reply that cannot be read after the re-asks fails the unit (counted "unparsed",
-written to the failures file, retried with --retry-failed), never filled with a default.
-Scores are keyed by query id, so no score can land on another query.
+Nothing is made up: a query without a visible response ("missing": no row, or a reply cut
+while reasoning) or with a blank one ("empty") gets the floor (1 on every dimension, B = 0)
+without a judge call and is counted as such; `missing="skip"` is the authors' rule instead
+(means over the judged responses only), and the report names the rule. A judge reply that
+cannot be read after the re-asks fails the unit (counted "unparsed", written to the
+failures file, retried with --retry-failed), never filled with a default. Scores are keyed
+by query id, so no score can land on another query.
 """
 
 from __future__ import annotations
@@ -24,10 +37,11 @@ import statistics
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, ValidationError
 
+from personaemp.aio import sync_twin
 from personaemp.errors import InputError, RowError, UnitError, first_problem
 from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
 from personaemp.llm.reply import split_reasoning
@@ -36,11 +50,11 @@ from personaemp.prompts import Prompt, load_prompt
 from personaemp.records import BIG_FIVE, DIMENSION_DEFINITIONS, DIMENSIONS, Response
 from personaemp.runner import ENDPOINT_KINDS
 from personaemp.stages.criteria import (
-    CriterionReply,
     definitions_hash,
     numbered_memories,
     query_units,
     read_criteria,
+    with_room,
 )
 from personaemp.stages.respond import split_file
 from personaemp.stages.split import LEVELS
@@ -49,31 +63,78 @@ STAGE = "evaluate"
 FLOOR = 1  # the score of a missing or empty response, on every dimension
 
 
+def _one_decimal(value: float) -> float:
+    # The authors' judges may answer between two levels (e.g. 3.5): one decimal is kept.
+    return round(value, 1)
+
+
+Score = Annotated[
+    float, Field(ge=1, le=5, description="1 to 5, one decimal at most"), AfterValidator(_one_decimal)
+]
+Points = Annotated[int, Field(ge=0, le=20)]
+
+
 class ScoreReply(BaseModel):
-    analysis: str = Field(description="two or three sentences: criteria met and missed")
-    score: int = Field(ge=1, le=5)
+    analysis: str = Field(description="how far the reply meets the sheet: high-weight criteria, main misses")
+    score: Score
 
 
 class DynamicScoreReply(BaseModel):
-    criteria: list[CriterionReply] = Field(min_length=4, max_length=6)
-    analysis: str = Field(description="two or three sentences: criteria met and missed")
-    score: int = Field(ge=1, le=5)
+    criteria: list[str] = Field(min_length=1, description="criteria for this user, written before scoring")
+    analysis: str = Field(description="the reply measured against those criteria, step by step")
+    score: Score
 
 
-class Aspect(BaseModel):
-    name: str
-    score: int = Field(ge=0, le=20)
+# The bystander's five aspects (eq. 7 of the paper), in the order of the authors' judge.
+BYSTANDER_ASPECTS = (
+    "content_effectiveness",
+    "logical_structure_clarity",
+    "communication_efficiency",
+    "objectivity_neutrality",
+    "information_accuracy_verifiability",
+)
 
 
 class BystanderReply(BaseModel):
-    aspects: list[Aspect] = Field(min_length=5, max_length=5)
+    content_effectiveness: Points
+    logical_structure_clarity: Points
+    communication_efficiency: Points
+    objectivity_neutrality: Points
+    information_accuracy_verifiability: Points
+
+
+# The general standard the dynamic (PereGRM) judge derives its criteria from, per dimension:
+# the facts of the authors' reward judge, in our words. Part of the fingerprint.
+DYNAMIC_ASPECTS = {
+    "resonation": (
+        "How deeply and accurately the reply enters the user's own frame of reference, "
+        "personality included: does it catch (1) the emotion and content the user states, "
+        "(2) how the reaction follows from the user's stable traits as the memories show them, "
+        "(3) the psychological need beneath the reaction?"
+    ),
+    "expression": (
+        "The quality, tone and effectiveness of the reply's communication, above all whether "
+        "its strategy is adapted to this user's personality and needs as the memories show them."
+    ),
+    "reception": (
+        "The exchange seen strictly from this user's side, given their personality and needs: "
+        "did the reply find the unspoken need and meet it in a way that feels warm, safe and "
+        "supportive to this person? Check safety (creepy, dismissive or intrusive means a low "
+        "score), the need (what the user truly needed, not only their surface words) and "
+        "engagement (would this user want to reply and share more?)."
+    ),
+}
 
 
 # A judge must be repeatable: temperature 0 unless a run sets it (dynamic@k needs > 0).
-JUDGE = Step("judge", ScoreReply, prompt="judge", temperature=0.0)
-JUDGE_DYNAMIC = Step("judge_dynamic", DynamicScoreReply, prompt="judge_dynamic", temperature=0.0)
-BYSTANDER = Step("bystander", BystanderReply, prompt="bystander", temperature=0.0)
+JUDGE = Step("judge", ScoreReply, prompt="judge", version=2, temperature=0.0)
+JUDGE_DYNAMIC = Step("judge_dynamic", DynamicScoreReply, prompt="judge_dynamic", version=2, temperature=0.0)
+BYSTANDER = Step("bystander", BystanderReply, prompt="bystander", version=2, temperature=0.0)
 STEPS = (JUDGE, JUDGE_DYNAMIC, BYSTANDER)
+ROOM = {step.name: 2048 for step in STEPS}  # tokens at least, as the authors' judges: room to reason
+
+
+MISSING_RULES = ("floor", "skip")  # floor: ours (missing and empty score 1); skip: the authors'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +143,7 @@ class JudgeOptions:
     samples: int = 1
     bystander: bool = False
     reward_lambda: float = 0.5
+    missing: str = "floor"  # or "skip": means over the judged responses only (evaluation/eval.py)
 
 
 # --- inputs ------------------------------------------------------------------------------------
@@ -95,6 +157,9 @@ class Responses:
     texts: dict[str, str | None]
     lines: dict[str, int]
     blank: list[int] = dataclasses.field(default_factory=list)  # line numbers of blank lines
+    # query id -> {"truncated", "cut_in_reasoning"}: a reply cut by the token limit is judged on
+    # its visible text; one cut while reasoning has none (missing). Both are counted.
+    flags: dict[str, dict[str, bool]] = dataclasses.field(default_factory=dict)
 
     def unknown(self, query_ids: set[str]) -> list[str]:
         """`file:line query_id` of the responses to queries the split does not have."""
@@ -107,6 +172,7 @@ def read_responses(path: Path) -> Responses:
     hint = 'each line needs query_id and response (a string; null or "" for none)'
     found: dict[str, str | None] = {}
     lines: dict[str, int] = {}
+    flags: dict[str, dict[str, bool]] = {}
     try:
         for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
             try:
@@ -123,11 +189,44 @@ def read_responses(path: Path) -> Responses:
                 )
             response = split_reasoning(record.response)[0] if record.response else record.response
             found[record.query_id], lines[record.query_id] = response, lineno
+            flags[record.query_id] = {
+                "truncated": row.get("truncated") is True,
+                "cut_in_reasoning": row.get("cut_in_reasoning") is True
+                or (not response and bool(record.response) and cut_while_reasoning(record.response)),
+            }
     except RowError as error:
         raise InputError(f"{error.location}: {error.reason}", hint) from None
     with path.open("rb") as handle:  # skipped by the reader; named, as a lost response may hide there
         blank = [number for number, line in enumerate(handle, 1) if line.isspace()]
-    return Responses(path, found, lines, blank)
+    return Responses(path, found, lines, blank, flags)
+
+
+def cut_while_reasoning(text: str) -> bool:
+    """A `<think>` opened and never closed: the reply ended inside its reasoning."""
+    return text.rfind("<think>") > text.rfind("</think>")
+
+
+def check_systems_answer(systems: dict[str, Responses], query_ids: set[str], splits, split, part) -> None:
+    """Stop when a responses file is empty or answers no query of the split: every query
+    would score the floor, a table of nothing (typically another split's file)."""
+    for file in systems.values():
+        if not file.texts:
+            raise InputError(f"{file.path}: no responses", "run `personaemp respond` for this split first")
+        if query_ids.isdisjoint(file.texts):
+            belongs = [
+                f"{other} {other_part}"
+                for other in ("random", "ood")
+                for other_part in ("test", "train")
+                if (other, other_part) != (split, part)
+                and (path := Path(splits) / other / f"{other_part}.jsonl").exists()
+                and not {q["query_id"] for q in query_units(path, "")}.isdisjoint(file.texts)
+            ]
+            where = f" (they answer the {' and '.join(belongs)} split)" if belongs else ""
+            raise InputError(
+                f"{file.path}: none of its {len(file.texts)} responses answers a query of the "
+                f"{split} {part} split{where}",
+                "pass the responses of this split, or choose the split they belong to with --split/--part",
+            )
 
 
 def system_names(paths: Sequence[Path]) -> list[str]:
@@ -147,14 +246,16 @@ def build_units(queries: list[dict], systems: dict[str, Responses], criteria, dy
         responses = file.texts
         for query in queries:
             response = responses.get(query["query_id"])
+            flags = file.flags.get(query["query_id"], {"truncated": False, "cut_in_reasoning": False})
             units.append(
                 {
                     "unit_id": f"{system}/{query['query_id']}",
                     "system": system,
                     **query,
                     "response": response,
+                    **flags,
                     "status": "missing"
-                    if query["query_id"] not in responses
+                    if query["query_id"] not in responses or flags["cut_in_reasoning"]
                     else "empty"
                     if not (response or "").strip()
                     else "judged",
@@ -168,7 +269,9 @@ def build_units(queries: list[dict], systems: dict[str, Responses], criteria, dy
 
 
 def criteria_text(criteria: list[dict]) -> str:
-    return "\n".join(f"- ({c['weight']:g}) {c['name']}: {c['description']}" for c in criteria)
+    return "\n".join(
+        f"{n}. ({c['weight']:g}%) {c['name']}: {c['description']}" for n, c in enumerate(criteria, 1)
+    )
 
 
 def judge_messages(unit: dict, dimension: str, prompt: Prompt) -> list[dict]:
@@ -183,6 +286,8 @@ def judge_messages(unit: dict, dimension: str, prompt: Prompt) -> list[dict]:
     }
     if unit["criteria"] is not None:
         values["criteria"] = criteria_text(unit["criteria"][dimension])
+    else:
+        values["aspects"] = DYNAMIC_ASPECTS[dimension]
     return prompt.render(**values)
 
 
@@ -191,6 +296,7 @@ async def score_unit(engine, unit: dict, options: JudgeOptions, prompts: dict[st
         key: unit[key]
         for key in ("unit_id", "system", "query_id", "user_id", "category", "big_five", "status")
     }
+    row["truncated"], row["cut_in_reasoning"] = unit["truncated"], unit["cut_in_reasoning"]
     if unit["status"] != "judged":
         row["scores"] = dict.fromkeys(DIMENSIONS, float(FLOOR))
         row["bystander"] = 0.0 if options.bystander else None
@@ -221,15 +327,23 @@ async def score_unit(engine, unit: dict, options: JudgeOptions, prompts: dict[st
     if options.bystander:
         reply = await engine.call(BYSTANDER, prompts[BYSTANDER.name].render(
             query=unit["query"], response=unit["response"]))  # fmt: skip
-        row["bystander"] = sum(aspect.score for aspect in reply.value.aspects) / 100
-        row["bystander_aspects"] = [aspect.model_dump() for aspect in reply.value.aspects]
+        row["bystander_aspects"] = reply.value.model_dump()
+        row["bystander"] = sum(row["bystander_aspects"].values()) / 100
     return row
 
 
 # --- the stage ---------------------------------------------------------------------------------
 
 
-def evaluate(
+@dataclasses.dataclass(frozen=True)
+class Judge:
+    """One judge of a panel: a name (for files and tables) and the engine settings to ask it with."""
+
+    name: str
+    settings: Any  # LLMSettings
+
+
+async def aevaluate(
     splits: Path,
     responses: Sequence[Path],
     report_path: Path,
@@ -239,21 +353,104 @@ def evaluate(
     part: str = "test",
     criteria_file: Path | None = None,
     judge_model: str | None = None,
+    judges: Sequence[Judge] = (),
     options: JudgeOptions | None = None,
     retry_failed: bool = False,
     console=None,
 ):
-    """Score every system on every query of the split part; returns (stage report, evaluation)."""
-    from personaemp.llm.run import run_llm_stage
-
+    """Score every system on every query of the split part, by one judge (`settings`, with
+    `judge_model`) or by each judge of a panel; returns (stage reports, evaluation): one
+    report per judge (a list with a panel), and None for the evaluation while an estimate or
+    a batch round leaves judgments to come."""
     options = options or JudgeOptions()
     if options.samples < 1:
         raise InputError("--samples must be at least 1")
     if options.samples > 1 and not options.dynamic:
         raise InputError("--samples applies to --dynamic judging", "add --dynamic, or leave --samples out")
-    if judge_model:
-        settings = dataclasses.replace(settings, model=judge_model)
+    if options.missing not in MISSING_RULES:
+        raise InputError(f"--missing takes {', '.join(MISSING_RULES)}, not {options.missing!r}")
+    panel = list(judges)
+    if not panel:
+        model = judge_model or settings.model
+        panel = [
+            Judge(
+                str(model or "judge"), dataclasses.replace(settings, model=model) if judge_model else settings
+            )
+        ]
+    names = [judge.name for judge in panel]
+    if len(set(names)) < len(names):
+        raise InputError(f"two judges are both named {next(n for n in names if names.count(n) > 1)!r}")
+    panel = [Judge(judge.name, with_room(judge.settings, ROOM)) for judge in panel]
     step = JUDGE_DYNAMIC if options.dynamic else JUDGE
+    for judge in panel:
+        check_sampling(judge.settings, step, options)
+    input_path = split_file(splits, split, part)
+    queries = query_units(input_path, "pass a split file written by `personaemp split`")
+    systems_names = system_names(responses)
+    systems = {name: read_responses(Path(path)) for name, path in zip(systems_names, responses, strict=True)}
+    check_systems_answer(systems, {q["query_id"] for q in queries}, splits, split, part)
+    criteria = None
+    if not options.dynamic:
+        criteria = checked_criteria(criteria_file, queries)
+    units = build_units(queries, systems, criteria, options.dynamic)
+    used = [step, *([BYSTANDER] if options.bystander else [])]
+    prompts = {s.name: load_prompt(s.prompt) for s in used}
+    mode = f"dynamic@{options.samples}" if options.dynamic else "fixed"
+    single = len(panel) == 1 and not judges
+    reports, results = [], {}
+    for judge in panel:
+        base = report_path if single else report_path.with_name(f"{report_path.stem}.{judge.name}.json")
+        report = await ajudge_all(judge.settings, units, options, prompts, used, mode, input_path, base,
+                                  retry_failed, console)  # fmt: skip
+        reports.append(report)
+        results[judge.name] = (report, base)
+    if any(r.estimate is not None or (r.batch and r.batch["files"]) for r in reports):
+        return (reports[0] if single else reports), None  # nothing judged yet for some units
+    query_ids = {q["query_id"] for q in queries}
+    header = {
+        "split": split,
+        "part": part,
+        "input": str(input_path),
+        "responses": {name: str(path) for name, path in zip(systems_names, responses, strict=True)},
+        "criteria_file": None if options.dynamic else str(criteria_file),
+        "mode": mode,
+        "lambda": options.reward_lambda,
+        "missing_rule": options.missing,
+        "avg": "mean of the unrounded dimension means (1-5); H: mean per-query harmonic mean (0-1)",
+        # Which instruments made these numbers: the prompts' hashes and the steps' versions.
+        "prompts": {name: prompt.hash for name, prompt in prompts.items()},
+        "instruments": {s.name: f"v{s.version}/{prompts[s.name].hash}" for s in used},
+    }
+    per_judge = {}
+    for judge in panel:
+        report, base = results[judge.name]
+        entry = summarise(scores_file(base), failures_file(base), units, systems_names, options)
+        for name, file in systems.items():
+            # Not an error: a responses file may cover both splits. Named, so a typo shows.
+            found = file.unknown(query_ids)
+            entry[name]["unknown_query_ids"] = len(found)
+            entry[name]["unknown_examples"] = found[:20]
+            entry[name]["blank_lines"] = [f"{file.path}:{n}" for n in file.blank]
+        per_judge[judge.name] = {
+            "judge_model": report.model,
+            "scores_file": str(scores_file(base)),
+            "systems": entry,
+        }
+    first = per_judge[panel[0].name]
+    evaluation = {
+        **header,
+        "judge_model": first["judge_model"],
+        "scores_file": first["scores_file"],
+        "systems": first["systems"],
+    }
+    if not single:
+        evaluation["judges"] = per_judge
+        evaluation["agreement"] = agreement(per_judge, {unit["unit_id"] for unit in units})
+    write_json_atomic(report_path, evaluation)
+    return (reports[0] if single else reports), evaluation
+
+
+def check_sampling(settings, step: Step, options: JudgeOptions) -> None:
     temperature = settings.steps.get(step.name, {}).get("temperature", step.temperature)
     if options.samples > 1 and settings.seed is not None:
         raise InputError(
@@ -265,30 +462,30 @@ def evaluate(
             f"--samples {options.samples} at temperature 0 would give {options.samples} identical judgments",
             "set --step judge_dynamic.temperature=0.7 (or another value above 0)",
         )
-    input_path = split_file(splits, split, part)
-    queries = query_units(input_path, "pass a split file written by `personaemp split`")
-    names = system_names(responses)
-    systems = {name: read_responses(Path(path)) for name, path in zip(names, responses, strict=True)}
-    criteria = None
-    if not options.dynamic:
-        if criteria_file is None or not Path(criteria_file).exists():
-            raise InputError(
-                f"{criteria_file}: no criteria file",
-                "run `personaemp criteria` first, or judge with --dynamic",
-            )
-        criteria = read_criteria(Path(criteria_file))
-        lacking = [q["query_id"] for q in queries if q["query_id"] not in criteria]
-        if lacking:
-            raise InputError(
-                f"{criteria_file}: no criteria for {len(lacking)} of the {len(queries)} queries "
-                f"(e.g. {lacking[0]})",
-                "run `personaemp criteria` on the queries this split was made from",
-            )
-    units = build_units(queries, systems, criteria, options.dynamic)
-    used = [step, *([BYSTANDER] if options.bystander else [])]
-    prompts = {s.name: load_prompt(s.prompt) for s in used}
-    scores_path = scores_file(report_path)
-    failures_path = report_path.with_name(f"{report_path.stem}.failures.jsonl")
+
+
+def checked_criteria(criteria_file: Path | None, queries: list[dict]) -> dict:
+    if criteria_file is None or not Path(criteria_file).exists():
+        raise InputError(
+            f"{criteria_file}: no criteria file",
+            "run `personaemp criteria` first, or judge with --dynamic",
+        )
+    criteria = read_criteria(Path(criteria_file))
+    lacking = [q["query_id"] for q in queries if q["query_id"] not in criteria]
+    if lacking:
+        raise InputError(
+            f"{criteria_file}: no criteria for {len(lacking)} of the {len(queries)} queries "
+            f"(e.g. {lacking[0]})",
+            "run `personaemp criteria` on the queries this split was made from",
+        )
+    return criteria
+
+
+async def ajudge_all(settings, units, options, prompts, used, mode, input_path, base, retry_failed, console):
+    """One judge over every unit, into `<base>.scores.jsonl`; returns the stage report."""
+    from personaemp.llm.run import arun_llm_stage
+
+    step = used[0]
 
     def make_work(engine):
         async def work(unit: dict) -> dict:
@@ -296,67 +493,41 @@ def evaluate(
 
         return work
 
-    mode = f"dynamic@{options.samples}" if options.dynamic else "fixed"
-    report = run_llm_stage(
+    return await arun_llm_stage(
         STAGE,
         units,
         make_work,
         settings=settings,
         key="unit_id",
-        output=scores_path,
+        output=scores_file(base),
         fingerprint=lambda engine: "|".join(
             [
                 *(engine.fingerprint(s, prompts[s.name].hash) for s in used),
                 mode,
-                definitions_hash(),
+                definitions_hash(DYNAMIC_ASPECTS),
                 f"floor{FLOOR}",
             ]
         ),
         input_path=input_path,
         retry_failed=retry_failed,
         console=console,
-        failures=failures_path,
+        failures=failures_file(base),
         chain=[
             (step, len(DIMENSIONS) * (options.samples if options.dynamic else 1)),
             *([(BYSTANDER, 1)] if options.bystander else []),
         ],  # fmt: skip
     )
-    if report.estimate is not None or (report.batch and report.batch["files"]):
-        return report, None  # nothing judged yet for some units: no report to write
-    query_ids = {q["query_id"] for q in queries}
-    unknown = {name: file.unknown(query_ids) for name, file in systems.items()}
-    evaluation = summarise(
-        scores_path,
-        failures_path,
-        units,
-        names,
-        options,
-        header={
-            "split": split,
-            "part": part,
-            "input": str(input_path),
-            "responses": {name: str(path) for name, path in zip(names, responses, strict=True)},
-            "criteria_file": None if options.dynamic else str(criteria_file),
-            "judge_model": report.model,
-            "mode": mode,
-            "lambda": options.reward_lambda,
-            "prompts": {name: prompt.hash for name, prompt in prompts.items()},
-            "scores_file": str(scores_path),
-        },
-    )
-    for name, found in unknown.items():
-        # Not an error: a responses file may cover both splits. Named, so a typo shows.
-        evaluation["systems"][name]["unknown_query_ids"] = len(found)
-        evaluation["systems"][name]["unknown_examples"] = found[:20]
-        evaluation["systems"][name]["blank_lines"] = [
-            f"{systems[name].path}:{n}" for n in systems[name].blank
-        ]
-    write_json_atomic(report_path, evaluation)
-    return report, evaluation
+
+
+evaluate = sync_twin(aevaluate)
 
 
 def scores_file(report_path: Path) -> Path:
     return report_path.with_name(f"{report_path.stem}.scores.jsonl")
+
+
+def failures_file(report_path: Path) -> Path:
+    return report_path.with_name(f"{report_path.stem}.failures.jsonl")
 
 
 # --- the numbers -------------------------------------------------------------------------------
@@ -367,14 +538,17 @@ def harmonic(scores: dict[str, float]) -> float:
     return len(DIMENSIONS) / sum(5 / scores[d] for d in DIMENSIONS)
 
 
-def metrics(rows: list[dict], reward_lambda: float) -> dict[str, Any]:
-    """Means over the scored rows (`n`: judged, missing and empty ones; not the unparsed):
-    each dimension, Avg, H, and B and reward when judged."""
+def metrics(rows: list[dict], reward_lambda: float, missing: str = "floor") -> dict[str, Any]:
+    """Means over the scored rows (`n`: judged, missing and empty ones with the floor rule,
+    the judged only with "skip"; never the unparsed): each dimension, Avg (the mean of the
+    unrounded dimension means), H, and B and reward when judged."""
+    if missing == "skip":
+        rows = [r for r in rows if r["status"] == "judged"]
     if not rows:
         return {"n": 0}
-    dims = {d: round(statistics.fmean(r["scores"][d] for r in rows), 3) for d in DIMENSIONS}
-    result: dict[str, Any] = {"n": len(rows), "dimensions": dims}
-    result["avg"] = round(statistics.fmean(dims.values()), 3)
+    means = {d: statistics.fmean(r["scores"][d] for r in rows) for d in DIMENSIONS}
+    result: dict[str, Any] = {"n": len(rows), "dimensions": {d: round(m, 3) for d, m in means.items()}}
+    result["avg"] = round(statistics.fmean(means.values()), 3)
     hs = [harmonic(r["scores"]) for r in rows]
     result["harmonic"] = round(statistics.fmean(hs), 4)
     if all(r.get("bystander") is not None for r in rows):
@@ -384,21 +558,30 @@ def metrics(rows: list[dict], reward_lambda: float) -> dict[str, Any]:
     return result
 
 
-def summarise(scores_path, failures_path, units, systems, options, header) -> dict[str, Any]:
-    """The report: per system, counts, metrics and their breakdowns (from the scores file)."""
-    wanted = {unit["unit_id"] for unit in units}
+def read_scores(scores_path: Path, wanted: set[str]) -> dict[str, list[dict]]:
     rows = defaultdict(list)
     if scores_path.exists():
         for _, _, row in iter_jsonl(scores_path, ErrorPolicy("fail")):
             if row["unit_id"] in wanted:
                 rows[row["system"]].append(row)
+    return rows
+
+
+def summarise(scores_path, failures_path, units, systems, options) -> dict[str, Any]:
+    """Per system: counts, metrics and their breakdowns (from the scores file)."""
+    wanted = {unit["unit_id"] for unit in units}
+    rows = read_scores(scores_path, wanted)
     failed = defaultdict(Counter)
     if failures_path.exists():
         for _, _, row in iter_jsonl(failures_path, ErrorPolicy("fail")):
             if row["unit_id"] in wanted:
                 failed[row["unit_id"].split("/", 1)[0]][row["kind"]] += 1
     per_system = Counter(unit["system"] for unit in units)
-    result = {**header, "systems": {}}
+    flagged = {
+        key: Counter(u["system"] for u in units if u[key]) for key in ("truncated", "cut_in_reasoning")
+    }
+    result = {}
+    rule = options.missing
     for system in systems:
         scored = rows[system]
         status = Counter(row["status"] for row in scored)
@@ -407,15 +590,19 @@ def summarise(scores_path, failures_path, units, systems, options, header) -> di
             "judged": status["judged"],
             "missing": status["missing"],
             "empty": status["empty"],
+            # Replies cut by the token limit (judged on their visible text), and replies cut
+            # while reasoning (nothing visible: missing).
+            "truncated": flagged["truncated"][system],
+            "cut_in_reasoning": flagged["cut_in_reasoning"][system],
             # A judgment that could not be read; endpoint failures (retried by the next run) apart.
             "unparsed": sum(n for kind, n in failed[system].items() if kind not in ENDPOINT_KINDS),
             "endpoint_failures": sum(n for kind, n in failed[system].items() if kind in ENDPOINT_KINDS),
             "unparsed_samples": sum(row.get("unparsed_samples", 0) for row in scored),
             "failures_by_kind": dict(failed[system]),
-            **metrics(scored, options.reward_lambda),
+            **metrics(scored, options.reward_lambda, rule),
         }
         entry["by_category"] = {
-            category: metrics([r for r in scored if r["category"] == category], options.reward_lambda)
+            category: metrics([r for r in scored if r["category"] == category], options.reward_lambda, rule)
             for category in sorted({r["category"] for r in scored})
         }
         entry["by_big_five"] = {
@@ -423,10 +610,100 @@ def summarise(scores_path, failures_path, units, systems, options, header) -> di
                 level: metrics(
                     [r for r in scored if (r.get("big_five") or {}).get(trait) == level],
                     options.reward_lambda,
+                    rule,
                 )
                 for level in LEVELS
             }
             for trait in BIG_FIVE
         }
-        result["systems"][system] = entry
+        result[system] = entry
     return result
+
+
+# --- how far the judges agree ------------------------------------------------------------------
+
+
+def ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks, ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    found = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for k in range(start, end + 1):
+            found[order[k]] = (start + end) / 2 + 1
+        start = end + 1
+    return found
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Rank correlation (Pearson's r of the tie-averaged ranks); None when a side is constant."""
+    if len(a) < 2:
+        return None
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    num = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
+    den = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return None if den == 0 else num / den
+
+
+def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Kendall's tau-b (ties in either ranking accounted for); None when a side is constant."""
+    concordant = discordant = ties_a = ties_b = 0
+    for i in range(len(a)):
+        for j in range(i + 1, len(a)):
+            da, db = a[i] - a[j], b[i] - b[j]
+            if da == 0 and db == 0:
+                continue
+            if da == 0:
+                ties_a += 1
+            elif db == 0:
+                ties_b += 1
+            elif (da > 0) == (db > 0):
+                concordant += 1
+            else:
+                discordant += 1
+    den = ((concordant + discordant + ties_a) * (concordant + discordant + ties_b)) ** 0.5
+    return None if den == 0 else (concordant - discordant) / den
+
+
+def agreement(per_judge: dict[str, dict], wanted: set[str]) -> dict[str, dict]:
+    """Per pair of judges: Kendall's tau between their rankings of the systems (by Avg, H and
+    each dimension), and the rank correlation of their per-query scores, per dimension, over
+    the responses both judged."""
+    names = list(per_judge)
+    found = {}
+    for i, first in enumerate(names):
+        for second in names[i + 1 :]:
+            a, b = per_judge[first]["systems"], per_judge[second]["systems"]
+            systems = [s for s in a if a[s].get("n") and b[s].get("n")]
+            tau = {
+                key: kendall_tau([pick(a[s]) for s in systems], [pick(b[s]) for s in systems])
+                for key, pick in (
+                    ("avg", lambda e: e["avg"]),
+                    ("harmonic", lambda e: e["harmonic"]),
+                    *((d, lambda e, d=d: e["dimensions"][d]) for d in DIMENSIONS),
+                )
+            }
+            rows_a, rows_b = (
+                {
+                    r["unit_id"]: r
+                    for rs in read_scores(Path(per_judge[n]["scores_file"]), wanted).values()
+                    for r in rs
+                }
+                for n in (first, second)
+            )
+            both = sorted(u for u in rows_a.keys() & rows_b.keys() if rows_a[u]["status"] == "judged")
+            per_query = {
+                d: spearman([rows_a[u]["scores"][d] for u in both], [rows_b[u]["scores"][d] for u in both])
+                for d in DIMENSIONS
+            }
+            found[f"{first}~{second}"] = {
+                "systems": len(systems),
+                "kendall_tau_systems": {k: None if v is None else round(v, 4) for k, v in tau.items()},
+                "responses": len(both),
+                "spearman_per_query": {k: None if v is None else round(v, 4) for k, v in per_query.items()},
+            }
+    return found

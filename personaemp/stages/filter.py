@@ -13,6 +13,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from personaemp import locks
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, atomic_output, write_json_atomic
+from personaemp.progress import emit
 from personaemp.records import FilterMatch, Memory
 from personaemp.rules import RuleSet, load_rules
 from personaemp.sources import read_users
@@ -146,7 +147,9 @@ def filter_users(
                 report.dropped[decision.gate] += 1
             if report.users_in % 500 == 0:
                 progress.update(task, completed=report.users_in, description=f"filter: {report.kept} kept")
+                emit("filter", report.users_in, None)
         progress.update(task, completed=report.users_in, description=f"filter: {report.kept} kept")
+        emit("filter", report.users_in, report.users_in)
         if report.users_in == 0:  # raised inside the block: the previous output stays as it was
             raise InputError(f"{source}: no users to read", "check --input and --format")
     report.bad_rows_skipped = len(policy.skipped)
@@ -181,6 +184,6 @@ def _progress(console: Console | None) -> Progress:
         TextColumn("{task.description}"),
         TextColumn("{task.completed} users"),
         TimeElapsedColumn(),
-        console=console or Console(stderr=True),
+        console=console or Console(quiet=True),  # a library call prints only when given a console
         transient=True,
     )

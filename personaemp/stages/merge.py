@@ -94,8 +94,11 @@ def merge_shards(stage: str, input_path: Path, output_path: Path, work_dir: Path
         raise InputError(f"merge: no shards for stage {stage!r}", f"use one of {', '.join(STAGES)}")
     parts = _find_parts(output_path)
     count = len(parts)
-    ids = _input_ids(stage, input_path)
+    units = _input_rows(stage, input_path)
+    ids = units.ids
     wanted = set(ids)
+    manifest = read_manifest(output_path.parent)
+    recorded = [manifest.get(shard_name(stage, (i, count)), {}).get("report") for i in parts]
     failures = failures_path(output_path, stage)
     report = MergeReport(stage, count, len(ids), output=str(output_path), failures=str(failures))
     rows: dict[str, tuple[Path, int]] = {}
@@ -124,6 +127,7 @@ def merge_shards(stage: str, input_path: Path, output_path: Path, work_dir: Path
                 else:
                     failed[uid] = (part_failures, offset)
                     kinds[bad_kinds[uid][1]] += 1
+        _check_fresh(units, parts, recorded, stage, input_path)
         missing = [uid for uid in ids if uid not in rows and uid not in failed]
         if missing:
             shards = sorted({shard_of(uid, count) for uid in missing})
@@ -136,8 +140,6 @@ def merge_shards(stage: str, input_path: Path, output_path: Path, work_dir: Path
         _write(failures, [failed[uid] for uid in ids if uid in failed])
     report.done, report.failed, report.failures_by_kind = len(rows), len(failed), kinds
     # The parts' reports are where their manifest entries say (their --work-dir).
-    manifest = read_manifest(output_path.parent)
-    recorded = [manifest.get(shard_name(stage, (i, count)), {}).get("report") for i in parts]
     report_file = Path(next((path for path in recorded if path), Path(work_dir) / REPORT_FILE))
     with locked(report_file):
         _add_up_reports(report_file, stage, count, report)
@@ -153,7 +155,10 @@ def _find_parts(output: Path) -> dict[int, Path]:
         if match:
             found.setdefault(int(match[2]), {})[int(match[1])] = path
     if not found:
-        raise InputError(f"no shards of {output} (files named {output.stem}.shard-I-of-N{output.suffix})")
+        raise InputError(
+            f"no shards of {output} (files named {output.stem}.shard-I-of-N{output.suffix})",
+            "run the stage with --shard I/N on each machine first, or pass its --output",
+        )
     if len(found) > 1:
         raise InputError(
             f"shards of {output} from runs cut {' and '.join(map(str, sorted(found)))} ways",
@@ -169,14 +174,51 @@ def _find_parts(output: Path) -> dict[int, Path]:
     return dict(sorted(parts.items()))
 
 
-def _input_ids(stage: str, input_path: Path) -> list[str]:
+def _input_rows(stage: str, input_path: Path):
+    """The stage's units as its run reads them (io.StageRows)."""
     if stage == "infer-persona":
         from personaemp.stages.persona import read_rows
 
-        return read_rows(input_path).ids
+        return read_rows(input_path)
     from personaemp.stages.queries import read_personas
 
-    return read_personas(input_path)[0].ids
+    return read_personas(input_path)[0]
+
+
+def _check_fresh(units, parts: dict[int, Path], reports: list, stage: str, input_path: Path) -> None:
+    """Stop on a shard made from another version of the input: each row's input_hash must be
+    the hash of today's input row with the fingerprint its run recorded (its run report)."""
+    from personaemp.runner import _scan, unit_hash
+
+    count = len(parts)
+    fingerprints: dict[int, str] = {}
+    for (number, _), report in zip(parts.items(), reports, strict=True):
+        try:
+            entry = json.loads(Path(report).read_text(encoding="utf-8"))["stages"][
+                shard_name(stage, (number, count))
+            ]
+            fingerprints[number] = entry["fingerprint"]
+        except (OSError, ValueError, TypeError, KeyError):
+            continue  # no report of that shard's run (or an older one): nothing to check against
+    made = {
+        number: {
+            uid: digest
+            for path in (part, failures_path(part, stage))
+            for uid, (_, digest) in _scan(path, "user_id").items()
+        }
+        for number, part in parts.items()
+        if number in fingerprints
+    }
+    for unit in units:
+        uid = str(unit["user_id"])
+        number = shard_of(uid, count)
+        digest = made.get(number, {}).get(uid)
+        if digest is not None and digest != unit_hash(unit, fingerprints[number]):
+            raise InputError(
+                f"{parts[number]}: user {uid} was worked on from an earlier version of {input_path} "
+                f"(it changed after shard {number}/{count} ran)",
+                f"run shard {number}/{count} again (it resumes), then merge",
+            )
 
 
 def _write(path: Path, lines: list[tuple[Path, int]]) -> None:

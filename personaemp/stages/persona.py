@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from personaemp.aio import sync_twin
 from personaemp.io import ErrorPolicy, StageRows, iter_jsonl, pick_units, read_stage_rows
 from personaemp.llm.step import RejectedReply, Step, edit_schema
 from personaemp.prompts import Prompt, load_prompt
@@ -225,7 +226,7 @@ def read_rows(path: Path) -> StageRows:
     return read_stage_rows(path, User)[0]
 
 
-def infer_personas(
+async def ainfer_personas(
     input_path: Path,
     output_path: Path,
     settings,
@@ -244,14 +245,17 @@ def infer_personas(
     `full` says whether such a run's report stands for the build (`run` with a limit: yes;
     a quick look from the command line, the default: no). `shard` ("I/N"): only part I of
     N of the users, into its own files (see stages/merge.py)."""
-    from personaemp.llm.run import run_stage
+    from personaemp.llm.run import arun_stage
 
     plan = persona_stage(
         input_path, output_path, limit=limit, users=users, retry_failed=retry_failed, full=full,
         require_depth=require_depth, shard=shard,
     )  # fmt: skip
-    report = run_stage(plan, settings=settings, console=console)
+    report = await arun_stage(plan, settings=settings, console=console)
     return report, summarize(plan.output, plan.picked())
+
+
+infer_personas = sync_twin(ainfer_personas)
 
 
 def persona_stage(

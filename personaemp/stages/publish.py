@@ -16,13 +16,20 @@ found by following the split's input back through the stages' manifests (workspa
 A dry run lists what it wrote in `<out>/.personaemp-export.json`; the next export into
 the same folder removes only files of that list it no longer writes, never other files.
 The real push is one Hub commit: every data file and the card, plus deletions of the
-parquet files under the data folders this tool writes (`random/`, `ood/`) that the card's
-`<config>/<split>-*` patterns would still match but this build no longer produces.
+`<config>/<split>-*` parquet files under the data folders this tool writes (`random/`,
+`ood/`) that this build no longer produces.
+
+Each data file's name ends in a digest of its bytes and the card lists the exact names.
+`datasets` caches a local folder under the folder's name and a hash of the card's
+`configs` block (not the files' contents or times), so a build with other rows gets
+another cache entry, and an unchanged rebuild keeps its entry.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import json
 import os
 import tempfile
@@ -366,33 +373,30 @@ def card_facts(
 # --- the repository ------------------------------------------------------------------------------
 
 
-def _data_path(setting: str, split: str) -> str:
-    return f"{setting}/{split}-00000-of-00001.parquet"
+def parquet_files(datasets: dict[str, Any]) -> dict[str, dict[str, tuple[str, bytes]]]:
+    """setting -> split -> (relative path, Parquet bytes). The name carries a digest of the
+    bytes: the card lists these names, and its `configs` block is what `datasets` keys its
+    cache of a local folder on, so other rows never load from an earlier build's entry."""
+    files: dict[str, dict[str, tuple[str, bytes]]] = {}
+    for setting, parts in datasets.items():
+        files[setting] = {}
+        for split, data in parts.items():
+            buffer = io.BytesIO()
+            data.to_parquet(buffer)
+            digest = hashlib.sha256(buffer.getvalue()).hexdigest()[:16]
+            files[setting][split] = (f"{setting}/{split}-00000-of-00001-{digest}.parquet", buffer.getvalue())
+    return files
 
 
-def write_files(
-    datasets: dict[str, Any], folder: Path, card: str, extra: dict[str, bytes] | None = None
-) -> tuple[list[str], dict[str, dict[str, int]]]:
-    """Write the repository's files under `folder` (each atomically); return their relative
-    paths and the rows per setting and split. `extra`: more files (relative path -> bytes),
-    the card's plots and stats.json."""
-    written, rows = [], {}
-    for relative, data in (extra or {}).items():
+def write_files(folder: Path, files: dict[str, bytes], card: str) -> list[str]:
+    """Write `files` (relative path -> bytes) and the card under `folder`, each atomically;
+    return the relative paths written."""
+    for relative, data in files.items():
         with atomic_output(folder / relative) as handle:
             handle.write(data)
-        written.append(relative)
-    for setting, parts in datasets.items():
-        rows[setting] = {}
-        for split, data in parts.items():
-            relative = _data_path(setting, split)
-            with atomic_output(folder / relative) as handle:
-                data.to_parquet(handle)
-            written.append(relative)
-            rows[setting][split] = len(data)
     with atomic_output(folder / CARD_FILE) as handle:
         handle.write(card.encode("utf-8"))
-    written.append(CARD_FILE)
-    return written, rows
+    return [*files, CARD_FILE]
 
 
 def read_export_manifest(out: Path) -> list[str]:
@@ -400,7 +404,7 @@ def read_export_manifest(out: Path) -> list[str]:
     path = out / EXPORT_MANIFEST
     if not path.exists():
         return []
-    hint = f"delete {path} (files it listed are then left in place) or choose another --out"
+    hint = f"delete {path} (files it listed are then left in place) or choose another --out-dir"
     manifest = _read_json(path, "the list of files an earlier export wrote", hint)
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, list) or not all(isinstance(f, str) and _inside(f) for f in files):
@@ -414,24 +418,22 @@ def _inside(relative: str) -> bool:
     return bool(relative) and not path.is_absolute() and ".." not in path.parts and "\\" not in relative
 
 
-def write_repository(
-    datasets: dict[str, Any], out: Path, card: str, extra: dict[str, bytes] | None = None
-) -> dict[str, dict[str, int]]:
-    """The Hub repository layout under `out`: <config>/<split>-00000-of-00001.parquet, README.md.
+def write_repository(out: Path, files: dict[str, bytes], card: str) -> None:
+    """The Hub repository layout under `out`: `files` (<config>/<split>-00000-of-00001-<digest>.parquet,
+    the plots, stats.json) and README.md.
 
     Files that an earlier export listed in `out`'s manifest and this one no longer writes
     are removed; files it did not write are never touched.
     """
     if out.exists() and not out.is_dir():
-        raise InputError(f"{out}: not a folder", "pass a folder for --out")
+        raise InputError(f"{out}: not a folder", "pass a folder for --out-dir")
     previous = read_export_manifest(out)
     out.mkdir(parents=True, exist_ok=True)
     manifest = out / EXPORT_MANIFEST
-    planned = [_data_path(s, split) for s, parts in datasets.items() for split in parts] + [CARD_FILE]
-    planned += list(extra or {})
+    planned = [*files, CARD_FILE]
     # Listed before they are written: a run that stops half-way leaves nothing unlisted.
     write_json_atomic(manifest, {"tool": "personaemp", "files": sorted(set(previous) | set(planned))})
-    written, rows = write_files(datasets, out, card, extra)
+    written = write_files(out, files, card)
     for relative in sorted(set(previous) - set(written)):
         stale = out / relative
         stale.unlink(missing_ok=True)
@@ -439,13 +441,12 @@ def write_repository(
             if stale.parent != out:
                 stale.parent.rmdir()
     write_json_atomic(manifest, {"tool": "personaemp", "files": sorted(written)})
-    return rows
 
 
 def stale_repo_files(repo_files: list[str], kept: list[str]) -> list[str]:
-    """Files of the Hub repository to delete: parquet files in the data folders this tool
-    writes, matched by a card pattern `<config>/<split>-*`, and plots in its figures folder,
-    that this build does not write."""
+    """Files of the Hub repository to delete: parquet files `<config>/<split>-*` in the data
+    folders this tool writes (earlier builds', whose names carry other digests), and plots in
+    its figures folder, that this build does not write."""
     stale = []
     for name in repo_files:
         parts = name.split("/")
@@ -475,7 +476,7 @@ def publish(
     `criteria`: a `personaemp criteria` file; when it exists, each row gets its query's
     criteria as a `criteria` column (queries it lacks get empty lists, and a warning)."""
     if (repo_id is None) == (out is None):
-        raise InputError("give either --repo-id OWNER/NAME or --dry-run --out DIR")
+        raise InputError("give either --repo-id OWNER/NAME or --dry-run --out-dir DIR")
     if repo_id is not None and repo_id.count("/") != 1:
         raise InputError(f"--repo-id must look like OWNER/NAME, not {repo_id!r}")
     files = split_files(splits_dir)
@@ -494,31 +495,40 @@ def publish(
         lacking = len(published - found.keys())
         if lacking:
             facts["warnings"].append(f"{criteria}: no criteria for {lacking} published queries (empty lists)")
+    data = parquet_files(datasets)
+    facts["data_files"] = {s: {sp: name for sp, (name, _) in parts.items()} for s, parts in data.items()}
+    rows = {s: {split: len(part) for split, part in parts.items()} for s, parts in datasets.items()}
     # The build's statistics, computed once: the card's tables, its plots and stats.json.
     stats, figures = stats_and_figures(sources_of_split(splits_dir, split_report))
-    extra = {f"{FIGURE_DIR}/{name}": data for name, data in figures.items()}
-    card = render_card(facts, include_dialogue, stats, list(extra))
-    extra[STATS_FILE] = msgspec.json.format(msgspec.json.encode(stats), indent=2) + b"\n"
+    files = {f"{FIGURE_DIR}/{name}": png for name, png in figures.items()}
+    from personaemp.stages.agreement import PLOT_FILE, card_quality
+
+    quality, plot = card_quality(sources_of_split(splits_dir, split_report).queries)
+    if plot is not None:
+        files[f"{FIGURE_DIR}/{PLOT_FILE}"] = plot
+    card = render_card(facts, include_dialogue, stats, list(files), quality=quality)
+    files[STATS_FILE] = msgspec.json.format(msgspec.json.encode(stats), indent=2) + b"\n"
+    files.update(dict(entry for parts in data.values() for entry in parts.values()))
     if out is not None:
-        rows = write_repository(datasets, out, card, extra)
+        write_repository(out, files, card)
         return PublishResult(target=str(out), rows=rows, card=out / CARD_FILE, warnings=facts["warnings"])
-    result = _push(datasets, card, repo_id, private, revision, extra)
-    result.warnings = facts["warnings"]
-    return result
+    _push(files, card, repo_id, private, revision, configs=list(datasets))
+    target = f"https://huggingface.co/datasets/{repo_id}"
+    return PublishResult(target=target, rows=rows, warnings=facts["warnings"])
 
 
 def _push(
-    datasets, card: str, repo_id: str, private: bool, revision: str | None, extra: dict[str, bytes]
-) -> PublishResult:
+    files: dict[str, bytes], card: str, repo_id: str, private: bool, revision: str | None, configs: list[str]
+) -> None:
     """One commit: every data file and the card, and deletions of stale data files."""
     from personaemp.hub import check_hub_reachable
 
-    check_hub_reachable(repo_id, "check your network; --dry-run --out DIR writes the same files locally")
+    check_hub_reachable(repo_id, "check your network; --dry-run --out-dir DIR writes the same files locally")
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
     token = os.environ.get("HF_TOKEN")  # else the user's `huggingface-cli login`
     with tempfile.TemporaryDirectory(prefix="personaemp-push-") as staging:
-        written, rows = write_files(datasets, Path(staging), card, extra)
+        written = write_files(Path(staging), files, card)
         try:
             api = HfApi(token=token)
             api.create_repo(repo_id, repo_type="dataset", private=private or None, exist_ok=True)
@@ -532,11 +542,10 @@ def _push(
             operations += [
                 CommitOperationDelete(path_in_repo=name) for name in stale_repo_files(existing, written)
             ]
-            configs = ", ".join(datasets)
             api.create_commit(
                 repo_id,
                 operations=operations,
-                commit_message=f"personaemp push: configs {configs} and the dataset card",
+                commit_message=f"personaemp push: configs {', '.join(configs)} and the dataset card",
                 repo_type="dataset",
                 revision=revision,
             )
@@ -546,4 +555,3 @@ def _push(
             raise PersonaempError(
                 f"{repo_id}: the push failed ({text})", "check HF_TOKEN and the repo id"
             ) from None
-    return PublishResult(target=f"https://huggingface.co/datasets/{repo_id}", rows=rows)

@@ -21,6 +21,7 @@ import msgspec
 from pydantic import BaseModel, Field
 
 from personaemp import checks
+from personaemp.aio import sync_twin
 from personaemp.errors import InputError
 from personaemp.io import ErrorPolicy, StageRows, atomic_output, iter_jsonl, pick_units, read_stage_rows
 from personaemp.language import LANGUAGE_NAMES, normalize_language
@@ -42,6 +43,7 @@ STAGE = "gen-queries"
 JUDGED = ("emotional_support", "logical_consistency", "role_awareness")
 CHECKS = (
     *JUDGED, "memory_ids_valid", "category_match", "length_ok", "language_match", "not_duplicate",
+    "not_copied",
 )  # fmt: skip
 
 
@@ -230,6 +232,7 @@ def judge_checks(
         "category_match": checks.category_match(judged_category, situation.category),
         "length_ok": checks.length_ok(text),
         "language_match": checks.language_match(text, persona.language),
+        "not_copied": checks.not_copied(text, own_texts(persona)),
     }
     if persona.language and judged_language and judged_language != persona.language:
         deterministic["language_match"] = (False, f"the judge reads {judged_language}")
@@ -241,7 +244,18 @@ def judge_checks(
     if duplicate_of is not None:
         reasons["not_duplicate"] = f"nearly repeats message {duplicate_of}"
     passed = all(ok for name, ok in results.items() if name in enforce)
-    return Checks(**results, language=judged_language, passed=passed, reasons=reasons)
+    return Checks(
+        **results, language=judged_language, passed=passed, reasons=reasons,
+        enforced=[name for name in CHECKS if name in enforce],
+    )  # fmt: skip
+
+
+def own_texts(persona: Persona) -> list[str]:
+    """What the user wrote or what was noted about them: a query must not repeat it."""
+    texts = [turn.text for turn in persona.turns if turn.role == "user"]
+    for memory in persona.memories:
+        texts += [memory.value, memory.evidence_text or ""]
+    return [text for text in texts if text]
 
 
 # --- the stage -------------------------------------------------------------------------------
@@ -254,7 +268,7 @@ def read_personas(path: Path) -> tuple[StageRows, int]:
     )
 
 
-def generate_queries(
+async def agenerate_queries(
     input_path: Path,
     output_path: Path,
     settings,
@@ -270,16 +284,19 @@ def generate_queries(
     """Queries for every eligible persona; returns (stage report, funnel).
 
     `limit`, `users`, `full` and `shard` as for `infer_personas`."""
-    from personaemp.llm.run import run_stage
+    from personaemp.llm.run import arun_stage
 
     plan = queries_stage(
         input_path, output_path, options=options, limit=limit, users=users, retry_failed=retry_failed,
         full=full, shard=shard,
     )  # fmt: skip
-    report = run_stage(plan, settings=settings, console=console)
+    report = await arun_stage(plan, settings=settings, console=console)
     if report.estimate is not None:  # nothing was written: no funnel to update
         return report, QueryFunnel(users_in=len(plan.units), ineligible_skipped=plan.skipped)
     return report, funnel(plan)
+
+
+generate_queries = sync_twin(agenerate_queries)
 
 
 def queries_stage(

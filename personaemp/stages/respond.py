@@ -1,31 +1,44 @@
 """`personaemp respond`: a policy model's response to every query of a split (LLM, free text).
 
 What the policy sees is the `context`:
-  none     the query alone
-  memory   the user's memories, numbered, then the query (the paper's policy input)
-  persona  the inferred persona, then the query
-  rag      the k memories most similar to the query (lexical), then the query
+  none            the query alone (Table 2's "w/o memory")
+  memory          the user's memories, numbered, then the query (the paper's policy input)
+  memory-summary  two calls: the policy summarises the user from the memories, then answers
+                  with only that summary (Table 1's "Memory" baseline)
+  rag             the k memories most similar to the query (lexical; the paper's k = 3)
+  mismatch        the memories of another user of the same split part, chosen by seed,
+                  never the user's own (Table 2's mismatched memory)
+  persona         the inferred persona, then the query (not a paper baseline: the judge
+                  reads the same persona)
 It never sees the situation. Reasoning (`<think>...</think>`, reasoning_content) is set
-aside before the response is stored, so the judge reads only what the user would.
+aside before the response is stored, so the judge reads only what the user would; a reply
+cut while reasoning (nothing visible, even after the re-asks with more room) is written
+with `response: null` and `cut_in_reasoning: true`, to be counted, not dropped.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
+import random
 import re
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from personaemp.errors import InputError
+from personaemp.aio import sync_twin
+from personaemp.errors import InputError, UnitError
 from personaemp.llm.step import Step
 from personaemp.prompts import Prompt, load_prompt
-from personaemp.stages.criteria import pick_queries, query_units
+from personaemp.stages.criteria import pick_queries, query_units, with_room
 
 STAGE = "respond"
-CONTEXTS = ("none", "memory", "persona", "rag")
+CONTEXTS = ("none", "memory", "memory-summary", "rag", "mismatch", "persona")
 RESPOND = Step("respond", None, prompt="respond")
-STEPS = (RESPOND,)
+SUMMARY = Step("summary", None, prompt="summary", temperature=0.0)
+STEPS = (RESPOND, SUMMARY)
+# Tokens at least: room for a thinking policy (Qwen3-8B, the paper's base, reasons long).
+ROOM = {RESPOND.name: 4096, SUMMARY.name: 4096}
 # Words, and single characters of scripts written without spaces (CJK, Thai...), so the
 # lexical similarity works in any language the users write in.
 _TOKEN = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af\u0e00-\u0e7f]|[^\W_]+", re.UNICODE)
@@ -58,23 +71,36 @@ def most_similar(query: str, memories: Sequence[dict], k: int) -> list[dict]:
     return [memories[i] for i in sorted(ranked)]
 
 
-def context_text(unit: dict, context: str, rag_k: int) -> str:
+def listed(memories: Sequence[dict]) -> str:
+    return "\n".join(f"{n}. {m['value']}" for n, m in enumerate(memories, 1)) or "(nothing)"
+
+
+def context_text(unit: dict, context: str, rag_k: int, summary: str | None = None) -> str:
     if context == "none":
         return ""
     if context == "persona":
         return f"What you know about the user:\n{unit['profile'] or '(nothing)'}\n\nThe user writes:\n"
-    memories = (
-        unit["memories"] if context == "memory" else most_similar(unit["query"], unit["memories"], rag_k)
-    )
-    listed = "\n".join(f"{n}. {m['value']}" for n, m in enumerate(memories, 1))
-    return f"What you remember about the user:\n{listed or '(nothing)'}\n\nThe user writes:\n"
+    if context == "memory-summary":
+        return f"What you know about the user:\n{summary or '(nothing)'}\n\nThe user writes:\n"
+    memories = most_similar(unit["query"], unit["memories"], rag_k) if context == "rag" else unit["memories"]
+    return f"What you remember about the user:\n{listed(memories)}\n\nThe user writes:\n"
 
 
-def build_messages(unit: dict, context: str, rag_k: int, prompt: Prompt) -> list[dict]:
-    return prompt.render(context=context_text(unit, context, rag_k), query=unit["query"])
+def build_messages(unit: dict, context: str, rag_k: int, prompt: Prompt, summary: str | None = None):
+    return prompt.render(context=context_text(unit, context, rag_k, summary), query=unit["query"])
 
 
-def write_responses(
+def mismatched(units: list[dict], seed: int, path: Path) -> dict[str, str]:
+    """user id -> the other user whose memories stand in for theirs: a seeded shuffle of the
+    users, each given the next one's memories (a cycle, so never their own)."""
+    users = sorted({unit["user_id"] for unit in units})
+    if len(users) < 2:
+        raise InputError(f"{path}: --context mismatch needs two users or more, found {len(users)}")
+    random.Random(seed).shuffle(users)
+    return {user: users[(i + 1) % len(users)] for i, user in enumerate(users)}
+
+
+async def awrite_responses(
     splits: Path,
     output_path: Path,
     settings,
@@ -83,37 +109,72 @@ def write_responses(
     part: str = "test",
     context: str = "memory",
     rag_k: int = 3,
+    mismatch_seed: int = 0,
     limit: int | None = None,
     retry_failed: bool = False,
     console=None,
 ):
     """A response to every query of `splits/<split>/<part>.jsonl`; returns the stage report."""
-    from personaemp.llm.run import run_llm_stage
+    from personaemp.llm.run import arun_llm_stage
 
     if context not in CONTEXTS:
         raise InputError(f"--context takes {', '.join(CONTEXTS)}, not {context!r}")
     input_path = split_file(splits, split, part)
     units = query_units(input_path, "pass a split file written by `personaemp split`")
     selected = pick_queries(units, input_path, limit, None)
+    settings = with_room(settings, ROOM)
     prompt = load_prompt(RESPOND.prompt)
+    summary_prompt = load_prompt(SUMMARY.prompt)
+    hashes = {
+        RESPOND.name: prompt.hash,
+        **({SUMMARY.name: summary_prompt.hash} if context == "memory-summary" else {}),
+    }
+    stand_in = mismatched(units, mismatch_seed, input_path) if context == "mismatch" else {}
+    memories_of = {unit["user_id"]: unit["memories"] for unit in units}
 
     def make_work(engine):
+        summaries: dict[str, asyncio.Future] = {}  # one summary call per user, shared by their queries
+
+        async def summarise(unit: dict) -> str:
+            if settings.estimate:  # each query counted as its own summary: a bound from above
+                return (
+                    await engine.text(SUMMARY, summary_prompt.render(memories=listed(unit["memories"])))
+                ).value
+            if unit["user_id"] not in summaries:
+                messages = summary_prompt.render(memories=listed(unit["memories"]))
+                summaries[unit["user_id"]] = asyncio.ensure_future(engine.text(SUMMARY, messages))
+            return (await summaries[unit["user_id"]]).value
+
         async def work(unit: dict) -> dict:
-            reply = await engine.text(RESPOND, build_messages(unit, context, rag_k, prompt))
-            provenance = engine.provenance({RESPOND.name: prompt.hash})
+            row = {"query_id": unit["query_id"], "user_id": unit["user_id"]}
+            summary = None
+            if context == "mismatch":
+                row["memories_of"] = stand_in[unit["user_id"]]
+                unit = {**unit, "memories": memories_of[row["memories_of"]]}
+            if context == "memory-summary":
+                summary = row["summary"] = await summarise(unit)
+            try:
+                reply = await engine.text(RESPOND, build_messages(unit, context, rag_k, prompt, summary))
+                response, finish, cut_in_reasoning = reply.value, reply.parsed, False
+            except UnitError as error:
+                if error.kind != "truncated":
+                    raise
+                # Nothing visible even with more room: what the user would see is nothing.
+                response, finish, cut_in_reasoning = None, "length", True
+            provenance = engine.provenance(hashes)
             return {
-                "query_id": unit["query_id"],
-                "user_id": unit["user_id"],
-                "response": reply.value,
+                **row,
+                "response": response,
                 "model": engine.model,
                 "context": context,
-                "truncated": reply.parsed == "length",  # cut by max_tokens; still judged as written
+                "truncated": finish == "length",  # cut by max_tokens; judged on the visible text
+                "cut_in_reasoning": cut_in_reasoning,
                 "provenance": provenance.model_dump(mode="json"),
             }
 
         return work
 
-    return run_llm_stage(
+    return await arun_llm_stage(
         STAGE,
         units,
         make_work,
@@ -123,6 +184,8 @@ def write_responses(
         fingerprint=lambda engine: (
             f"{engine.fingerprint(RESPOND, prompt.hash)}|{context}"
             + (f"|{rag_k}" if context == "rag" else "")
+            + (f"|seed{mismatch_seed}" if context == "mismatch" else "")
+            + (f"|{engine.fingerprint(SUMMARY, summary_prompt.hash)}" if context == "memory-summary" else "")
         ),
         selected=selected,
         full=selected is None,
@@ -130,8 +193,11 @@ def write_responses(
         retry_failed=retry_failed,
         console=console,
         failures=failures_file(output_path),
-        chain=[(RESPOND, 1)],
+        chain=[*([(SUMMARY, 1)] if context == "memory-summary" else []), (RESPOND, 1)],
     )
+
+
+write_responses = sync_twin(awrite_responses)
 
 
 def failures_file(output: Path) -> Path:

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from personaemp.errors import InputError, RowError, first_problem
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_atomic
+from personaemp.options import SplitOptions
 from personaemp.parallel import fork_map
 from personaemp.records import BIG_FIVE, Category, Memory, Record, Trait, Turn
 from personaemp.workspace import record_stage
@@ -90,6 +91,9 @@ def check_queries_row(row: Any, location: str, hint: str) -> QueriesRow:
         raise InputError(f"{location}: not a queries row ({first_problem(exc)})", hint) from None
 
 
+_DEFAULT = SplitOptions()  # the command's defaults are the function's
+
+
 @dataclass
 class SplitReport:
     users_in: int = 0
@@ -143,7 +147,10 @@ def read_users(path: Path) -> tuple[list[dict], Counter]:
     ids = Counter(str(r["user_id"]) for r in rows)
     repeated = [uid for uid, count in ids.items() if count > 1]
     if repeated:
-        raise InputError(f"{path}: user {repeated[0]!r} appears more than once")
+        raise InputError(
+            f"{path}: user {repeated[0]!r} appears more than once",
+            "re-run gen-queries into a fresh --output, or keep one line per user",
+        )
     return rows, left_out
 
 
@@ -173,7 +180,10 @@ def cluster_profiles(
     data = np.array([[LEVELS.index(level) for level in p] for p in profiles])
     distinct = len({tuple(row) for row in data.tolist()})
     if distinct < 2:
-        raise InputError("the OOD split needs users with at least 2 different Big Five profiles")
+        raise InputError(
+            "the OOD split needs users with at least 2 different Big Five profiles",
+            "pass --no-ood for the random split alone, or split a build with more users",
+        )
 
     low, high = k_range
     if k is not None:
@@ -265,9 +275,14 @@ def elbow(costs: dict[int, float]) -> int:
 def choose_holdout(sizes: Counter, total: int, test_size: float, holdout: int | None, k: int) -> int:
     if holdout is not None:
         if not 0 <= holdout < k:
-            raise InputError(f"--holdout must be a cluster id from 0 to {k - 1}")
+            raise InputError(
+                f"--holdout must be a cluster id from 0 to {k - 1}", "leave --holdout out to pick by size"
+            )
         if sizes[holdout] == total:
-            raise InputError(f"cluster {holdout} holds every user: nothing would be left to train on")
+            raise InputError(
+                f"cluster {holdout} holds every user: nothing would be left to train on",
+                "raise --k, or leave --holdout out",
+            )
         return holdout
     target = test_size * total
     candidates = [c for c in range(k) if 0 < sizes[c] < total]
@@ -305,15 +320,16 @@ def split_users(
     input_path: Path,
     out_dir: Path,
     *,
-    ood: bool = False,
-    seed: int = 13,
-    test_size: float = 0.1,
-    k: int | None = None,
-    k_range: tuple[int, int] = (2, 8),
-    holdout: int | None = None,
-    seeds: int = 5,
+    ood: bool = _DEFAULT.ood,
+    seed: int = _DEFAULT.seed,
+    test_size: float = _DEFAULT.test_size,
+    k: int | None = _DEFAULT.k,
+    k_range: tuple[int, int] = (_DEFAULT.k_min, _DEFAULT.k_max),
+    holdout: int | None = _DEFAULT.holdout,
+    seeds: int = _DEFAULT.seeds,
 ) -> SplitReport:
-    """Write splits/random (and with `ood`, splits/ood) train/test files and the report."""
+    """Write splits/random (and with `ood`, splits/ood) train/test files and the report.
+    The defaults are `personaemp split`'s (personaemp.options.SplitOptions)."""
     if not 0 < test_size < 1:
         raise InputError("--test-size must be between 0 and 1")
     if k is not None and k < 2:
@@ -325,7 +341,13 @@ def split_users(
     rows, left_out = read_users(input_path)
     rows.sort(key=lambda r: str(r["user_id"]))  # the input's order must not matter
     if len(rows) < 2:
-        raise InputError(f"{input_path}: {len(rows)} user(s) can be split; at least 2 are needed")
+        reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(left_out.items()))
+        raise InputError(
+            f"{input_path}: {len(rows)} user(s) can be split; at least 2 are needed"
+            + (f" (left out: {reasons})" if reasons else ""),
+            "build more users: raise infer-persona's --limit (or leave it out) and re-run "
+            "gen-queries; `personaemp stats` shows where users drop out",
+        )
     report = SplitReport(
         users_in=len(rows) + sum(left_out.values()),
         left_out=dict(left_out),

@@ -269,6 +269,8 @@ def compute_stats(sources: StatsSources) -> dict[str, Any]:
             "memories_cited": {**_spread(cited), "counts": _counts(cited)},
         }
         stats["checks"] = {}
+        decided = [q.checks.get("enforced") for _, q in generated]
+        recorded = bool(decided) and all(isinstance(names, list) for names in decided)
         for name in CHECKS:
             results = [q.checks[name] for _, q in generated if isinstance(q.checks.get(name), bool)]
             if results:
@@ -277,7 +279,18 @@ def compute_stats(sources: StatsSources) -> dict[str, Any]:
                     "passed": passed,
                     "of": len(results),
                     "rate": round(passed / len(results), 4),
+                    "enforced": _enforced(name, decided if recorded else None, accepted),
                 }
+        relaxed = [name for name, c in stats["checks"].items() if c["enforced"] is False]
+        stats["acceptance"] = {
+            "recorded": recorded,
+            "enforced": [name for name, c in stats["checks"].items() if c["enforced"]],
+            "recorded_only": relaxed,
+            "accepted": len(accepted),
+            "accepted_failing_recorded_only": sum(
+                any(q.checks.get(name) is False for name in relaxed) for _, q in accepted
+            ),
+        }
     if sources.splits:
         settings = _split_users(sources.splits)
         if settings:
@@ -297,6 +310,16 @@ def compute_stats(sources: StatsSources) -> dict[str, Any]:
     return stats
 
 
+def _enforced(name: str, decided: list[list[str]] | None, accepted: list) -> bool | None:
+    """Whether a check decided acceptance: from what every query records (a check some
+    queries enforced and others did not: None), else inferred: an accepted query that failed
+    it shows it was not enforced; otherwise it is not known (None)."""
+    if decided is not None:
+        found = {name in names for names in decided}
+        return found.pop() if len(found) == 1 else None
+    return False if any(q.checks.get(name) is False for _, q in accepted) else None
+
+
 def _most_first(counts: Counter[str]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
@@ -313,7 +336,7 @@ LEVEL_COLORS = {"low": "#9ecae1", "medium": "#4292c6", "high": "#08519c"}
 BAR = "#4292c6"
 
 
-def _figure(columns: int, rows: int = 1, height: float = FIGURE_SIZE[1]):
+def _figure(columns: int, rows: int = 1, height: float = FIGURE_SIZE[1], widths: list[int] | None = None):
     # matplotlib is imported here: it takes a few hundred ms, which `--help` should not pay.
     # Figure + the Agg canvas directly: no pyplot global state, no interactive backend.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -321,7 +344,7 @@ def _figure(columns: int, rows: int = 1, height: float = FIGURE_SIZE[1]):
 
     figure = Figure(figsize=(FIGURE_SIZE[0], height * rows), dpi=DPI, layout="constrained")
     FigureCanvasAgg(figure)
-    axes = figure.subplots(rows, columns, squeeze=False)
+    axes = figure.subplots(rows, columns, squeeze=False, width_ratios=widths)
     return figure, axes
 
 
@@ -340,43 +363,108 @@ def _png(figure) -> bytes:
     return buffer.getvalue()
 
 
-def _bars(axis, labels: list[str], values: list[float], title: str, horizontal: bool = False) -> None:
-    from matplotlib.ticker import MaxNLocator
+def _count(value: float) -> str:
+    """A count as a short label: 880, 1.8k, 32k, 1.2M (at 10,000 users full numbers ran
+    together over neighbouring bars); the exact figures are in stats.json and the card."""
+    for size, suffix in ((1_000_000, "M"), (1_000, "k")):
+        if value >= size:
+            shown = value / size
+            text = f"{shown:.1f}".removesuffix(".0") if shown < 10 else f"{shown:.0f}"
+            return text + suffix
+    return f"{value:g}"
 
+
+def _count_axis(axis) -> None:
+    """Few ticks, whole numbers, short labels: the funnel's 9 ticks of 4-5 digits touched."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(nbins=5, integer=True))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: _count(value)))
+
+
+def _percent_axis(axis) -> None:
+    from matplotlib.ticker import FixedLocator, FuncFormatter
+
+    axis.set_major_locator(FixedLocator([0, 25, 50, 75, 100]))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.0f}%"))
+
+
+def _bars(
+    axis,
+    labels: list[str],
+    values: list[float],
+    title: str,
+    horizontal: bool = False,
+    *,
+    value_label: str,
+    category_label: str = "",
+    percent: bool = False,
+) -> None:
+    """Bars with their value written at their end. `percent`: values are rates 0-1, shown
+    as percent (the card's unit). `value_label` titles the value axis, `category_label` the
+    other one (left out where the tick labels say it)."""
     positions = range(len(labels))
-    if all(isinstance(value, int) for value in values):  # counts: whole-number ticks
-        (axis.xaxis if horizontal else axis.yaxis).set_major_locator(MaxNLocator(integer=True))
+    shown = [value * 100 for value in values] if percent else values
+    texts = [f"{value:.1f}%" for value in shown] if percent else [_count(value) for value in shown]
+    value_axis = axis.xaxis if horizontal else axis.yaxis
+    _percent_axis(value_axis) if percent else _count_axis(value_axis)
     if horizontal:
-        axis.barh(positions, values, color=BAR)
+        axis.barh(positions, shown, color=BAR)
         axis.set_yticks(list(positions), labels)
         axis.invert_yaxis()
-        for y, value in zip(positions, values, strict=True):
-            axis.annotate(f"{value:g}", (value, y), xytext=(3, 0), textcoords="offset points", va="center")
+        for y, value, text in zip(positions, shown, texts, strict=True):
+            axis.annotate(
+                text, (value, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8
+            )
+        axis.set_xlabel(value_label, fontsize=9)
+        axis.set_ylabel(category_label, fontsize=9)
     else:
-        axis.bar(positions, values, color=BAR)
+        axis.bar(positions, shown, color=BAR)
         axis.set_xticks(list(positions), labels)
-        for x, value in zip(positions, values, strict=True):
-            axis.annotate(f"{value:g}", (x, value), xytext=(0, 2), textcoords="offset points", ha="center")
+        for x, value, text in zip(positions, shown, texts, strict=True):
+            axis.annotate(
+                text, (x, value), xytext=(0, 2), textcoords="offset points", ha="center", fontsize=8
+            )
+        axis.set_ylabel(value_label, fontsize=9)
+        axis.set_xlabel(category_label, fontsize=9)
     axis.set_title(title, fontsize=10)
-    axis.margins(x=0.15 if horizontal else 0.05, y=0.05 if horizontal else 0.15)
+    if percent:  # room for "100.0%" after the longest bar, ticks only up to 100%
+        (axis.set_xlim if horizontal else axis.set_ylim)(0, 118)
+    else:
+        axis.margins(x=0.22 if horizontal else 0.05, y=0.05 if horizontal else 0.15)
 
 
 def _level_bars(axis, levels: dict[str, dict[str, float]], title: str, share: bool) -> None:
-    """Grouped bars: per trait, one bar per level."""
+    """Grouped bars: per trait (its whole name), one bar per level; shares in percent."""
     width = 0.27
     for offset, level in enumerate(LEVELS):
-        values = [levels[trait][level] for trait in BIG_FIVE]
+        values = [levels[trait][level] * (100 if share else 1) for trait in BIG_FIVE]
         xs = [i + (offset - 1) * width for i in range(len(BIG_FIVE))]
         axis.bar(xs, values, width, color=LEVEL_COLORS[level], label=level)
-    axis.set_xticks(range(len(BIG_FIVE)), [t[:5] + "." if len(t) > 6 else t for t in BIG_FIVE], fontsize=8)
+    axis.set_xticks(range(len(BIG_FIVE)), list(BIG_FIVE), fontsize=9)
     axis.set_title(title, fontsize=10)
-    top = 1 if share else max((n for counts in levels.values() for n in counts.values()), default=0) or 1
-    axis.set_ylim(0, top * 1.25)  # room for the legend above the bars
-    if not share:
-        from matplotlib.ticker import MaxNLocator
+    if share:
+        axis.set_ylim(0, 100)
+        _percent_axis(axis.yaxis)
+        axis.set_ylabel("users at the level (%)", fontsize=9)
+    else:
+        _count_axis(axis.yaxis)
+        axis.margins(y=0.08)
+        axis.set_ylabel("users", fontsize=9)
 
-        axis.yaxis.set_major_locator(MaxNLocator(integer=True))
-    axis.legend(fontsize=7, frameon=False, ncols=3, loc="upper center")
+
+def _level_legend(figure) -> None:
+    """One legend for the figure, above the plots (inside, it covered bars near 100%)."""
+    handles, labels = figure.axes[0].get_legend_handles_labels()
+    figure.legend(
+        handles,
+        labels,
+        loc="outside upper center",
+        ncols=3,
+        frameon=False,
+        fontsize=9,
+        title="Big Five level",
+    )
 
 
 def _shares(levels: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
@@ -424,44 +512,52 @@ def _draw(name: str, stats: dict[str, Any]):
         users, queries = stats["funnel"]["users"], stats["funnel"]["queries"]
         figure, axes = _figure(2 if queries else 1)
         labels, counts = [s["stage"] for s in users], [s["count"] for s in users]
-        _bars(axes[0][0], labels, counts, "Users through the build", horizontal=True)
+        _bars(axes[0][0], labels, counts, "Users through the build", horizontal=True, value_label="users")
         if queries:
-            _bars(axes[0][1], [s["stage"] for s in queries], [s["count"] for s in queries], "Queries")
+            labels, counts = [s["stage"] for s in queries], [s["count"] for s in queries]
+            _bars(axes[0][1], labels, counts, "Queries", value_label="queries")
     elif name == "big_five.png":
         figure, axes = _figure(1)
-        title = f"Big Five levels of all {stats['big_five']['users']} users with a persona"
+        title = f"Big Five levels of all {stats['big_five']['users']:,} users with a persona"
         _level_bars(axes[0][0], stats["big_five"]["levels"], title, share=False)
+        _level_legend(figure)
     elif name.startswith("big_five_"):
         setting = name.removeprefix("big_five_").removesuffix(".png")
         parts = stats["splits"][setting]
-        figure, axes = _figure(len(parts))
-        for axis, (part, data) in zip(axes[0], parts.items(), strict=True):
-            users = f"{data['users']} user" + ("" if data["users"] == 1 else "s")
-            title = f"{setting} {part}: {users} (share per level)"
-            _level_bars(axis, _shares(data["levels"]), title, share=True)
+        # One row per part: side by side, the five whole trait names did not fit.
+        figure, axes = _figure(1, rows=len(parts))
+        for row, (part, data) in zip(axes, parts.items(), strict=True):
+            users = f"{data['users']:,} user" + ("" if data["users"] == 1 else "s")
+            _level_bars(row[0], _shares(data["levels"]), f"{setting} {part}: {users}", share=True)
+        _level_legend(figure)
     elif name == "queries.png":
         queries = stats["queries"]
         figure, axes = _figure(3)
         categories = queries["categories"]
-        _bars(axes[0][0], list(categories), list(categories.values()), "Queries per category")
+        _bars(axes[0][0], list(categories), list(categories.values()), "Queries per category",
+              value_label="accepted queries", category_label="category")  # fmt: skip
         top = list(queries["languages"].items())[:8]
-        _bars(axes[0][1], [code for code, _ in top], [n for _, n in top], "Queries per language")
+        _bars(axes[0][1], [code for code, _ in top], [n for _, n in top], "Queries per language",
+              value_label="accepted queries", category_label="the user's language (top 8)")  # fmt: skip
         counts = queries["per_user"]["counts"]
-        _bars(axes[0][2], list(counts), list(counts.values()), "Users by accepted queries")
+        _bars(axes[0][2], list(counts), list(counts.values()), "Users by accepted queries",
+              value_label="users", category_label="accepted queries of a user")  # fmt: skip
     elif name == "query_shape.png":
         queries = stats["queries"]
-        figure, axes = _figure(2)
+        figure, axes = _figure(2, widths=[2, 1])  # eight bins whose labels need the room
         bins = queries["length"]["bins"]
-        _bars(axes[0][0], list(bins), list(bins.values()), "Queries by length (characters)")
-        axes[0][0].tick_params(axis="x", labelsize=7)
+        _bars(axes[0][0], list(bins), list(bins.values()), "Queries by length",
+              value_label="accepted queries", category_label="characters")  # fmt: skip
+        axes[0][0].tick_params(axis="x", labelsize=8)
         cited = queries["memories_cited"]["counts"]
-        _bars(axes[0][1], list(cited), list(cited.values()), "Queries by memories cited")
+        _bars(axes[0][1], list(cited), list(cited.values()), "Queries by memories cited",
+              value_label="accepted queries", category_label="memories cited")  # fmt: skip
     else:  # checks.png
         checks = stats["checks"]
         figure, axes = _figure(1)
         rates = [c["rate"] for c in checks.values()]
-        _bars(axes[0][0], list(checks), rates, "Pass rate of each check over the generated queries", True)
-        axes[0][0].set_xlim(0, 1.15)
+        title = "Pass rate of each check over the generated queries (accepted and rejected)"
+        _bars(axes[0][0], list(checks), rates, title, True, value_label="queries passing", percent=True)
     return figure
 
 

@@ -1,0 +1,621 @@
+"""`personaemp agreement`: how far the LLM judge can be trusted, from people's labels and a
+second judge.
+
+For each LLM check (the judge's three judgments and its category reading):
+
+- judge vs people: Cohen's kappa with a bootstrap 95% interval, raw agreement and what a
+  constant answer would score, the confusion counts, the precision of what the judge
+  passed (Wilson interval), and the judge's sensitivity and specificity against people;
+- the corrected pass share: from the judge's pass share over every generated query and its
+  error rates against people, the share that truly passes (Rogan-Gladen), with a bootstrap
+  interval;
+- people vs people where two reviewers labelled the same query;
+- judge vs judge: the check step re-run on the same queries by a second judge (its own
+  model and endpoint, `rejudge`), stored apart from the build.
+
+A person's label of a check is a verdict: "agree" is the judge's verdict as the reviewer saw
+it, "disagree" its opposite. Each (reviewer, query) is one pair; intervals resample queries,
+so a query labelled by two reviewers counts once per resample, with both its pairs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from personaemp.errors import InputError
+from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
+from personaemp.stages.review import LLM_CHECKS, current_labels, read_items, read_label_events
+
+REPORT_FILE, PLOT_FILE = "agreement.json", "agreement.png"
+Z = 1.959964  # the 97.5% normal quantile
+
+
+# --- the statistics ----------------------------------------------------------------------------
+
+
+def confusion(pairs: Sequence[tuple[bool, bool]]) -> list[int]:
+    """[both pass, first passes only, second passes only, both fail] of (first, second) pairs."""
+    cells = [0, 0, 0, 0]
+    for first, second in pairs:
+        cells[(0 if second else 1) if first else (2 if second else 3)] += 1
+    return cells
+
+
+def kappa_of(cells: Sequence[float]) -> float | None:
+    """Cohen's kappa of a 2x2 confusion; None when chance agreement is total (one answer only)."""
+    a, b, c, d = cells
+    n = a + b + c + d
+    if not n:
+        return None
+    observed = (a + d) / n
+    chance = ((a + b) * (a + c) + (c + d) * (b + d)) / (n * n)
+    return None if chance >= 1 else (observed - chance) / (1 - chance)
+
+
+def wilson(hits: int, n: int) -> list[float] | None:
+    """The Wilson score 95% interval of a proportion."""
+    if not n:
+        return None
+    p = hits / n
+    centre = (p + Z * Z / (2 * n)) / (1 + Z * Z / n)
+    half = Z * math.sqrt(p * (1 - p) / n + Z * Z / (4 * n * n)) / (1 + Z * Z / n)
+    return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
+
+
+def rogan_gladen(apparent: float, sensitivity: float, specificity: float) -> float | None:
+    """The true share from an apparent one and the test's error rates (clipped to [0, 1]);
+    None when the judge does no better than chance (Se + Sp <= 1)."""
+    youden = sensitivity + specificity - 1
+    if youden <= 0:
+        return None
+    return min(1.0, max(0.0, (apparent + specificity - 1) / youden))
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+class Bootstrap:
+    """Percentile intervals from resampling clusters (queries) with replacement."""
+
+    def __init__(self, resamples: int, seed: int):
+        import numpy as np
+
+        self.np, self.resamples, self.rng = np, resamples, np.random.default_rng(seed)
+
+    def cells(self, clusters: Sequence[Sequence[int]]):
+        """(resamples, 4) confusion counts of resampled clusters, each a confusion of its own."""
+        counts = self.np.asarray(clusters, dtype=float).reshape(-1, 4)
+        picks = self.rng.integers(0, len(counts), size=(self.resamples, len(counts)))
+        return counts[picks].sum(axis=1)
+
+    def interval(self, values) -> list[float] | None:
+        values = self.np.asarray(values, dtype=float)
+        values = values[~self.np.isnan(values)]
+        if len(values) < self.resamples / 2:  # mostly undefined: no honest interval
+            return None
+        low, high = self.np.percentile(values, [2.5, 97.5])
+        return [round(float(low), 4), round(float(high), 4)]
+
+    def kappa(self, cells):
+        np = self.np
+        a, b, c, d = cells.T
+        n = a + b + c + d
+        with np.errstate(divide="ignore", invalid="ignore"):
+            observed = (a + d) / n
+            chance = ((a + b) * (a + c) + (c + d) * (b + d)) / (n * n)
+            return np.where(chance < 1, (observed - chance) / (1 - chance), np.nan)
+
+
+def agreement_figures(clusters: dict[str, list[int]], boot: Bootstrap) -> dict[str, Any]:
+    """Kappa (with interval), raw agreement and a constant answer's score, of the pairs
+    grouped per query (`clusters`: query -> confusion). Pairs: (reference, other)."""
+    cells = [sum(column) for column in zip(*clusters.values(), strict=True)] if clusters else [0, 0, 0, 0]
+    n = sum(cells)
+    passes = cells[0] + cells[2]  # the second's pass answers
+    figures: dict[str, Any] = {"pairs": n, "queries": len(clusters), "confusion": cells}
+    if not n:
+        return {**figures, "kappa": None, "kappa_ci": None, "agreement": None, "constant": None}
+    figures["kappa"] = _round(kappa_of(cells))
+    figures["kappa_ci"] = boot.interval(boot.kappa(boot.cells(list(clusters.values()))))
+    figures["agreement"] = round((cells[0] + cells[3]) / n, 4)
+    # always answering what the second (people) says most often
+    figures["constant"] = round(max(passes, n - passes) / n, 4)
+    return figures
+
+
+# --- from the files ----------------------------------------------------------------------------
+
+
+def human_verdict(event: dict[str, Any]) -> bool | None:
+    """What a reviewer says of a check: the verdict they saw if they agreed, else its opposite."""
+    judge = event.get("judge")
+    if not isinstance(judge, bool) or event.get("value") not in ("agree", "disagree"):
+        return None
+    return judge if event["value"] == "agree" else not judge
+
+
+def read_second_judge(path: Path) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """query_id -> the second judge's checks, and its model."""
+    verdicts, model = {}, None
+    for _, _, row in iter_jsonl(path, ErrorPolicy("fail")):
+        model = model or (row.get("provenance") or {}).get("model")
+        for query in row.get("queries") or []:
+            verdicts[query["query_id"]] = query["checks"]
+    return verdicts, model
+
+
+def compute_agreement(
+    queries: Path,
+    labels: Path | None,
+    second_judge: Path | None = None,
+    *,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Every figure of the module docstring, as a JSON-ready dict."""
+    items = {item["query_id"]: item for item in read_items(Path(queries))}
+    events = read_label_events(labels) if labels is not None and Path(labels).exists() else []
+    state = current_labels(events)
+    boot = Bootstrap(resamples, seed)
+    report: dict[str, Any] = {
+        "queries": len(items),
+        "labels": {
+            "events": len(events),
+            "reviewers": sorted(state),
+            "queries_labelled": len({q for queries in state.values() for q in queries if q in items}),
+        },
+        "resamples": resamples,
+        "seed": seed,
+    }
+
+    judge_people: dict[str, Any] = {}
+    for check in LLM_CHECKS:
+        clusters: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+        for queries_labels in state.values():
+            for query_id, fields in queries_labels.items():
+                item, event = items.get(query_id), fields.get(f"check:{check}")
+                truth = human_verdict(event) if event else None
+                if item is None or truth is None or check not in item["checks"]:
+                    continue
+                cell = confusion([(item["checks"][check], truth)])
+                clusters[query_id] = [x + y for x, y in zip(clusters[query_id], cell, strict=True)]
+        figures = agreement_figures(dict(clusters), boot)
+        a, b, c, d = figures["confusion"]
+        figures["precision"] = _round(a / (a + b)) if a + b else None  # of what the judge passed
+        figures["precision_ci"] = wilson(a, a + b)
+        sensitivity = a / (a + c) if a + c else None
+        specificity = d / (b + d) if b + d else None
+        figures["sensitivity"], figures["specificity"] = _round(sensitivity), _round(specificity)
+        verdicts = [item["checks"][check] for item in items.values() if check in item["checks"]]
+        apparent = sum(verdicts) / len(verdicts) if verdicts else None
+        figures["judged"] = len(verdicts)
+        figures["apparent_pass"] = _round(apparent)
+        corrected, interval = None, None
+        if apparent is not None and sensitivity is not None and specificity is not None:
+            corrected = rogan_gladen(apparent, sensitivity, specificity)
+            interval = _corrected_interval(boot, list(clusters.values()), apparent, len(verdicts))
+        figures["corrected_pass"], figures["corrected_pass_ci"] = _round(corrected), interval
+        judge_people[check] = figures
+    report["judge_vs_people"] = judge_people
+
+    # the build's acceptance against people's accept/reject
+    clusters = defaultdict(lambda: [0, 0, 0, 0])
+    for queries_labels in state.values():
+        for query_id, fields in queries_labels.items():
+            event = fields.get("query")
+            if query_id in items and event and event.get("value") in ("accept", "reject"):
+                cell = confusion([(items[query_id]["accepted"], event["value"] == "accept")])
+                clusters[query_id] = [x + y for x, y in zip(clusters[query_id], cell, strict=True)]
+    acceptance = agreement_figures(dict(clusters), boot)
+    a, b = acceptance["confusion"][:2]
+    acceptance["precision"] = _round(a / (a + b)) if a + b else None  # accepted set people accept
+    acceptance["precision_ci"] = wilson(a, a + b)
+    report["acceptance"] = acceptance
+
+    report["people_vs_people"] = _people_vs_people(state, items, boot)
+
+    traits: dict[tuple[str, str, str], bool] = {}
+    for reviewer, queries_labels in state.items():
+        for query_id, fields in queries_labels.items():
+            item = items.get(query_id)
+            for name, event in fields.items():
+                if item and name.startswith("trait:") and event.get("value") in ("supported", "unsupported"):
+                    # a user's trait shows with each of their queries: counted once per reviewer
+                    key = (reviewer, item["user_id"], name)
+                    traits[key] = event["value"] == "supported"
+    supported = sum(traits.values())
+    report["traits"] = {
+        "labelled": len(traits),
+        "supported": supported,
+        "share": _round(supported / len(traits)) if traits else None,
+        "share_ci": wilson(supported, len(traits)),
+    }
+
+    report["judge_vs_judge"] = None
+    if second_judge is not None and Path(second_judge).exists():
+        verdicts, model = read_second_judge(Path(second_judge))
+        checks = {}
+        for check in LLM_CHECKS:
+            clusters = {
+                query_id: confusion([(items[query_id]["checks"][check], theirs[check])])
+                for query_id, theirs in verdicts.items()
+                if query_id in items
+                and isinstance(theirs.get(check), bool)
+                and check in items[query_id]["checks"]
+            }
+            checks[check] = agreement_figures(clusters, boot)
+        report["judge_vs_judge"] = {"model": model, "queries": len(verdicts), "checks": checks}
+    return report
+
+
+def _corrected_interval(boot: Bootstrap, clusters, apparent: float, judged: int) -> list[float] | None:
+    """The Rogan-Gladen share's interval: the judge's error rates resampled from the labelled
+    queries, its apparent pass share from all the queries it judged."""
+    np = boot.np
+    if not clusters:
+        return None
+    cells = boot.cells(clusters)
+    a, b, c, d = cells.T
+    shares = boot.rng.binomial(judged, apparent, size=boot.resamples) / judged
+    with np.errstate(divide="ignore", invalid="ignore"):
+        youden = a / (a + c) + d / (b + d) - 1
+        corrected = np.where(youden > 0, np.clip((shares + d / (b + d) - 1) / youden, 0, 1), np.nan)
+    return boot.interval(corrected)
+
+
+def _people_vs_people(state, items, boot: Bootstrap) -> dict[str, Any]:
+    """Per field kind, two reviewers' answers on the queries both labelled (every pair of
+    reviewers pooled): accept/reject, each LLM check's verdict, traits supported."""
+    kinds: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0, 0, 0]))
+    pairs = []
+    for first, second in itertools.combinations(sorted(state), 2):
+        shared = set(state[first]) & set(state[second]) & set(items)
+        if shared:
+            pairs.append([first, second])
+        for query_id in shared:
+            for name in set(state[first][query_id]) & set(state[second][query_id]):
+                answers = [_answer(state[r][query_id][name]) for r in (first, second)]
+                if None in answers or name == "note":
+                    continue
+                kind = "traits" if name.startswith("trait:") else name.removeprefix("check:")
+                cell = confusion([tuple(answers)])
+                counts = kinds[kind][query_id]
+                kinds[kind][query_id] = [x + y for x, y in zip(counts, cell, strict=True)]
+    order = ["query", *LLM_CHECKS, "traits"]
+    return {
+        "reviewer_pairs": pairs,
+        "fields": {kind: agreement_figures(dict(kinds[kind]), boot) for kind in order if kind in kinds},
+    }
+
+
+def _answer(event: dict[str, Any]) -> bool | None:
+    value = event.get("value")
+    if value in ("accept", "supported"):
+        return True
+    if value in ("reject", "unsupported"):
+        return False
+    return human_verdict(event)
+
+
+# --- the second judge --------------------------------------------------------------------------
+
+STAGE = "second-judge"
+
+
+def rejudge(queries: Path, output: Path, settings, console=None):
+    """Run the check step of gen-queries again, with `settings`' model and endpoint, on every
+    generated query of `queries`; one row per user in `output` (apart from the build), with
+    each query's checks as that judge and the deterministic checks make them. Resumable and
+    cached like every LLM stage. Returns the stage report."""
+    from personaemp.io import read_stage_rows
+    from personaemp.llm.run import LLMStage, run_stage
+    from personaemp.prompts import load_prompt
+    from personaemp.records import Persona
+    from personaemp.stages.queries import CHECK
+
+    rows, _ = read_stage_rows(Path(queries), Persona, kind="queries")
+    prompt = load_prompt(CHECK.prompt)
+
+    def make_work(engine):
+        async def work(row: dict) -> dict:
+            return await judge_again(engine, row, prompt)
+
+        return work
+
+    plan = LLMStage(
+        STAGE, rows, make_work, "user_id", Path(output),
+        fingerprint=lambda engine: engine.fingerprint(CHECK, prompt.hash),
+        steps=(CHECK,), input_path=Path(queries),
+    )  # fmt: skip
+    return run_stage(plan, settings=settings, console=console)
+
+
+async def judge_again(engine, row: dict, prompt) -> dict:
+    """One user's generated queries through the existing check step (stages/queries.py)."""
+    from personaemp import checks
+    from personaemp.records import Persona
+    from personaemp.stages.queries import (
+        CHECK,
+        SituationReply,
+        build_check_messages,
+        judge_checks,
+        reviews_schema,
+    )
+
+    persona = Persona.model_validate(row)
+    generated = list(row.get("queries") or []) + list(row.get("rejected_queries") or [])
+    out: dict[str, Any] = {"user_id": row["user_id"], "queries": []}
+    if not generated:
+        return out
+    situations = [
+        SituationReply.model_construct(
+            category=query["category"],
+            topic=(query.get("situation") or {}).get("topic", ""),
+            text=(query.get("situation") or {}).get("text", ""),
+            memory_ids=(query.get("situation") or {}).get("memory_ids") or query.get("memory_ids") or [],
+        )
+        for query in generated
+    ]
+    texts = [query["query"] for query in generated]
+    reply = await engine.call(
+        CHECK, build_check_messages(persona, situations, texts, prompt), schema=reviews_schema(len(texts))
+    )
+    reviews = {}
+    for review in reply.value.reviews:
+        reviews.setdefault(review.message, review)
+    repeats = checks.duplicates(texts)
+    for index, (query, situation, text) in enumerate(zip(generated, situations, texts, strict=True)):
+        repeat = repeats.get(index)
+        result = judge_checks(
+            persona, situation, text, reviews.get(index + 1), None if repeat is None else repeat + 1
+        )
+        out["queries"].append({"query_id": query["query_id"], "checks": result.model_dump(mode="json")})
+    out["provenance"] = engine.provenance({"check": prompt.hash}).model_dump(mode="json")
+    return out
+
+
+# --- the report, its plot and the card ---------------------------------------------------------
+
+
+def write_agreement(report: dict[str, Any], out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / REPORT_FILE, report)
+    (out / PLOT_FILE).write_bytes(plot_agreement(report))
+    return [out / REPORT_FILE, out / PLOT_FILE]
+
+
+def plot_agreement(report: dict[str, Any]) -> bytes:
+    """Kappa per LLM check (judge vs people, people vs people, judge vs judge) with intervals,
+    raw agreement and a constant answer beside them; the judge's and the corrected pass shares."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    checks = list(LLM_CHECKS)
+    series = [
+        ("judge vs people", report["judge_vs_people"]),
+        ("people vs people", (report["people_vs_people"] or {}).get("fields", {})),
+        ("judge vs judge", (report["judge_vs_judge"] or {}).get("checks", {})),
+    ]
+    figure, (left, right) = pyplot.subplots(1, 2, figsize=(12, 5.2), width_ratios=[1.4, 1])
+    width = 0.26
+    for offset, (name, data) in enumerate(series):
+        xs, values, lows, highs, raws, constants = [], [], [], [], [], []
+        for i, check in enumerate(checks):
+            figures = data.get(check) or {}
+            if figures.get("kappa") is None:
+                continue
+            x = i + (offset - 1) * width
+            interval = figures.get("kappa_ci") or [figures["kappa"], figures["kappa"]]
+            xs.append(x)
+            values.append(figures["kappa"])
+            lows.append(figures["kappa"] - interval[0])
+            highs.append(interval[1] - figures["kappa"])
+            raws.append(figures["agreement"])
+            constants.append(figures["constant"])
+        if xs:
+            left.bar(xs, values, width, yerr=[lows, highs], capsize=3, label=f"{name}: kappa (95% CI)")
+            left.scatter(xs, raws, marker="o", color="black", zorder=3, s=14)
+            left.scatter(xs, constants, marker="_", color="red", zorder=3, s=120)
+    left.scatter([], [], marker="o", color="black", s=14, label="raw agreement")
+    left.scatter([], [], marker="_", color="red", s=120, label="a constant answer's agreement")
+    left.axhline(0, color="grey", linewidth=0.8)
+    left.set_xticks(range(len(checks)), [c.replace("_", "\n") for c in checks], fontsize=8)
+    left.set_ylim(-1, 1.05)
+    left.set_title("Agreement per LLM check")
+    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+
+    judged = report["judge_vs_people"]
+    xs = range(len(checks))
+    apparent = [judged[c]["apparent_pass"] or 0 for c in checks]
+    corrected = [judged[c]["corrected_pass"] for c in checks]
+    right.bar([x - 0.2 for x in xs], apparent, 0.4, label="judge's pass share")
+    shown = [(x, v, judged[c]["corrected_pass_ci"]) for x, v, c in zip(xs, corrected, checks, strict=True)]
+    shown = [(x, v, ci or [v, v]) for x, v, ci in shown if v is not None]
+    if shown:
+        right.bar(
+            [x + 0.2 for x, _, _ in shown], [v for _, v, _ in shown], 0.4,
+            yerr=[[v - ci[0] for _, v, ci in shown], [ci[1] - v for _, v, ci in shown]], capsize=3,
+            label="corrected by people's labels (Rogan-Gladen, 95% CI)",
+        )  # fmt: skip
+    right.set_xticks(list(xs), [c.replace("_", "\n") for c in checks], fontsize=8)
+    right.set_ylim(0, 1.05)
+    right.set_title("Share of queries that pass")
+    right.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100, metadata={"Software": None})
+    pyplot.close(figure)
+    return buffer.getvalue()
+
+
+def _interval(figures: dict[str, Any], key: str, percent: bool = False) -> str:
+    value, ci = figures.get(key), figures.get(f"{key}_ci")
+    if value is None:
+        return "—"
+    shown = f"{value:.1%}" if percent else f"{value:.2f}"
+    if ci:
+        shown += f" [{ci[0]:.1%}, {ci[1]:.1%}]" if percent else f" [{ci[0]:.2f}, {ci[1]:.2f}]"
+    return shown
+
+
+def _judges(figures: dict[str, Any]) -> str:
+    """Judge vs judge: kappa and, beside it, raw agreement (kappa is undefined when both
+    judges give one answer throughout)."""
+    if not figures or figures.get("agreement") is None:
+        return "—"
+    return f"{_interval(figures, 'kappa')} ({figures['agreement']:.0%} agree)"
+
+
+def quality_section(report: dict[str, Any] | None, table) -> str:
+    """The card's "Quality" section, from an agreement report (None: no labels exist)."""
+    out = ["## Quality", ""]
+    labels = (report or {}).get("labels") or {}
+    if not report or not labels.get("events"):
+        out.append(
+            "No human labels exist for this build: how often its LLM judge is right is not "
+            "measured (`personaemp review`, then `personaemp agreement`)."
+        )
+        return "\n".join(out)
+    reviewers = labels["reviewers"]
+    out.append(
+        f"{len(reviewers)} reviewer{'s' if len(reviewers) != 1 else ''} labelled "
+        f"{labels['queries_labelled']} of the {report['queries']} generated queries with `personaemp "
+        "review` (a sample balanced over category, language and check outcomes). Kappa is "
+        "Cohen's, with a bootstrap 95% interval over queries; raw agreement is shown beside what "
+        "always giving the most common answer would score."
+    )
+    out.append("")
+    rows = []
+    for check, figures in report["judge_vs_people"].items():
+        judges = ((report.get("judge_vs_judge") or {}).get("checks") or {}).get(check) or {}
+        raw = (
+            "—" if figures["agreement"] is None else f"{figures['agreement']:.1%} ({figures['constant']:.1%})"
+        )
+        rows.append(
+            [
+                check, figures["pairs"], _interval(figures, "kappa"), raw,
+                _interval(figures, "precision", True),
+                "—" if figures["apparent_pass"] is None else f"{figures['apparent_pass']:.1%}",
+                _interval(figures, "corrected_pass", True), _judges(judges),
+            ]
+        )  # fmt: skip
+    out.append(
+        table(
+            [
+                "LLM check", "labelled", "judge vs people κ", "agreement (constant)", "precision of passes",
+                "judge's pass share", "corrected pass share", "judge vs judge κ",
+            ],
+            rows,
+        )
+    )  # fmt: skip
+    out.append("")
+    acceptance, traits = report["acceptance"], report["traits"]
+    lines = []
+    if acceptance["pairs"]:
+        lines.append(
+            f"- Of the accepted queries people labelled, {_interval(acceptance, 'precision', True)} were "
+            "accepted by them (Wilson interval); acceptance κ, build vs people: "
+            f"{_interval(acceptance, 'kappa')}."
+        )
+    if traits["labelled"]:
+        lines.append(
+            f"- Persona traits people found supported by their cited memories: "
+            f"{_interval(traits, 'share', True)} of {traits['labelled']}."
+        )
+    people = (report.get("people_vs_people") or {}).get("fields") or {}
+    if people:
+        shown = ", ".join(f"{kind} {_interval(f, 'kappa')} (n={f['pairs']})" for kind, f in people.items())
+        lines.append(f"- People vs people (queries two reviewers labelled), κ: {shown}.")
+    second = report.get("judge_vs_judge")
+    if second:
+        lines.append(f"- Second judge: `{second.get('model') or 'unknown'}` on {second['queries']} queries.")
+    lines.append(
+        "- The corrected pass share applies the judge's sensitivity and specificity against "
+        "people to its pass share over every generated query (Rogan–Gladen)."
+    )
+    out += lines
+    return "\n".join(out)
+
+
+def agreement_table(report: dict[str, Any], console) -> None:
+    from rich.table import Table
+
+    table = Table(title="judge vs people, per LLM check")
+    for name in ("check", "pairs", "κ [95% CI]", "agreement", "constant", "precision [95% CI]",
+                 "judge pass", "corrected [95% CI]", "judge vs judge κ"):  # fmt: skip
+        table.add_column(name)
+    second = (report.get("judge_vs_judge") or {}).get("checks") or {}
+    for check, f in report["judge_vs_people"].items():
+        table.add_row(
+            check, str(f["pairs"]), _interval(f, "kappa"),
+            "—" if f["agreement"] is None else f"{f['agreement']:.1%}",
+            "—" if f["constant"] is None else f"{f['constant']:.1%}",
+            _interval(f, "precision", True),
+            "—" if f["apparent_pass"] is None else f"{f['apparent_pass']:.1%}",
+            _interval(f, "corrected_pass", True),
+            _judges(second.get(check) or {}),
+        )  # fmt: skip
+    console.print(table)
+    people = (report.get("people_vs_people") or {}).get("fields") or {}
+    for kind, f in people.items():
+        console.print(f"people vs people, {kind}: κ {_interval(f, 'kappa')}, agreement "
+                      f"{f['agreement']:.1%} (constant {f['constant']:.1%}), n={f['pairs']}")  # fmt: skip
+    acceptance, traits = report["acceptance"], report["traits"]
+    if acceptance["pairs"]:
+        console.print(f"accepted queries people accept: {_interval(acceptance, 'precision', True)}; "
+                      f"acceptance κ {_interval(acceptance, 'kappa')}")  # fmt: skip
+    if traits["labelled"]:
+        console.print(f"traits supported: {_interval(traits, 'share', True)} of {traits['labelled']}")
+
+
+def card_quality(queries: Path | None) -> tuple[dict[str, Any] | None, bytes | None]:
+    """For the card: the agreement report and plot of a build whose labels (and second
+    judge) sit beside its queries at their default names; (None, None) without labels."""
+    if queries is None:
+        return None, None
+    labels, second = Path(queries).with_name("labels.jsonl"), Path(queries).with_name("second_judge.jsonl")
+    if not labels.exists():
+        return None, None
+    report = compute_agreement(queries, labels, second if second.exists() else None)
+    if not report["labels"]["events"]:
+        return None, None
+    return report, plot_agreement(report)
+
+
+def run_agreement(options, llm, console, env=None) -> dict[str, Any]:
+    """`personaemp agreement` (AgreementOptions, LLMOptions): the second judge first when
+    --judge-model is given, then the figures, written to --out and printed."""
+    from rich.markup import escape
+
+    labels, second_judge, out = options.paths()
+    if options.judge_model:
+        from personaemp.config import llm_settings
+        from personaemp.summaries import print_stage_report
+
+        second = llm.model_copy(
+            update={"model": options.judge_model, "base_url": list(options.judge_base_url or llm.base_url)}
+        )
+        report = rejudge(options.input, second_judge, llm_settings(second, env), console)
+        print_stage_report(report, console)
+    if not labels.exists() and not second_judge.exists():
+        raise InputError(
+            f"{labels}: no labels, and no second judge at {second_judge}",
+            "label queries with `personaemp review`, or give --judge-model",
+        )
+    report = compute_agreement(
+        options.input, labels, second_judge, resamples=options.resamples, seed=options.bootstrap_seed
+    )
+    paths = write_agreement(report, out)
+    agreement_table(report, console)
+    console.print(f"wrote {escape(', '.join(str(p) for p in paths))}")
+    return report

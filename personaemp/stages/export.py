@@ -1,0 +1,153 @@
+"""`personaemp export`: a split as training (or evaluation) files for TRL and verl (no LLM).
+
+The policy's prompt is the one `personaemp respond` sends with the same `--context` (its
+prompt template and context builder), so a model trained on the export is asked what the
+evaluation asks it. What the reward needs travels with each row: query id, user id,
+category, query, situation, persona, memories, Big Five levels, and the fixed criteria when
+a criteria file is given.
+
+  trl   JSON lines: `prompt` (conversational: system and user messages) and those fields as
+        columns; `datasets.load_dataset("json", data_files=...)` reads it, and GRPOTrainer
+        hands the columns to the reward function (personaemp.reward).
+  verl  parquet: data_source, prompt, ability, reward_model {style, ground_truth},
+        extra_info {index, split, context, ... the fields above}; the reward's
+        compute_score reads extra_info.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from personaemp.errors import InputError, RowError
+from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl
+from personaemp.prompts import load_prompt
+from personaemp.stages.criteria import query_units, read_criteria
+from personaemp.stages.respond import CONTEXTS, RESPOND, build_messages, mismatched, split_file
+
+FORMATS = ("trl", "verl")
+ABILITY = "empathy"
+
+
+def read_summaries(path: Path) -> dict[str, str]:
+    """query id -> the user summary a `respond --context memory-summary` run wrote."""
+    found = {}
+    try:
+        for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
+            if not isinstance(row, dict) or not isinstance(row.get("summary"), str):
+                raise InputError(
+                    f"{path}:{lineno}: no summary in this row",
+                    "pass the responses of `personaemp respond --context memory-summary`",
+                )
+            found[str(row.get("query_id"))] = row["summary"]
+    except RowError as error:
+        raise InputError(f"{error.location}: {error.reason}") from None
+    return found
+
+
+def export_rows(
+    splits: Path,
+    *,
+    split: str = "random",
+    part: str = "train",
+    context: str = "memory",
+    rag_k: int = 3,
+    mismatch_seed: int = 0,
+    summaries: Path | None = None,
+    criteria_file: Path | None = None,
+) -> tuple[Path, list[dict[str, Any]]]:
+    """(the split file read, one record per query: `prompt` and what the reward reads)."""
+    if context not in CONTEXTS:
+        raise InputError(f"--context takes {', '.join(CONTEXTS)}, not {context!r}")
+    input_path = split_file(splits, split, part)
+    units = query_units(input_path, "pass a split file written by `personaemp split`")
+    prompt = load_prompt(RESPOND.prompt)
+    stand_in = mismatched(units, mismatch_seed, input_path) if context == "mismatch" else {}
+    memories_of = {unit["user_id"]: unit["memories"] for unit in units}
+    summary_of: dict[str, str] = {}
+    if context == "memory-summary":
+        if summaries is None:
+            raise InputError(
+                "--context memory-summary needs the summaries the policy wrote",
+                "run `personaemp respond --context memory-summary` and pass its output with --summaries",
+            )
+        summary_of = read_summaries(summaries)
+    criteria = read_criteria(criteria_file) if criteria_file is not None else None
+    records = []
+    for unit in units:
+        qid = unit["query_id"]
+        policy_view = unit
+        if context == "mismatch":
+            policy_view = {**unit, "memories": memories_of[stand_in[unit["user_id"]]]}
+        summary = None
+        if context == "memory-summary":
+            if qid not in summary_of:
+                raise InputError(
+                    f"{summaries}: no summary for query {qid}", "summarise every query of the split"
+                )
+            summary = summary_of[qid]
+        info = {
+            "query_id": qid,
+            "user_id": unit["user_id"],
+            "category": unit["category"],
+            "query": unit["query"],
+            "situation": unit["situation"],
+            "persona": unit["profile"] or "",
+            "memories": unit["memories"],  # the user's own: the judge reads who they really are
+            "big_five": unit["big_five"],
+        }
+        if criteria is not None:
+            if qid not in criteria:
+                raise InputError(
+                    f"{criteria_file}: no criteria for query {qid}", "run `personaemp criteria` on it"
+                )
+            info["criteria"] = criteria[qid]
+        records.append({"prompt": build_messages(policy_view, context, rag_k, prompt, summary), "info": info})
+    return input_path, records
+
+
+def write_export(
+    splits: Path,
+    output: Path,
+    *,
+    format: str = "trl",  # noqa: A002 - the option's name
+    split: str = "random",
+    part: str = "train",
+    context: str = "memory",
+    rag_k: int = 3,
+    mismatch_seed: int = 0,
+    summaries: Path | None = None,
+    criteria_file: Path | None = None,
+    data_source: str = "personaemp",
+) -> dict[str, Any]:
+    """Write the export; returns what was written (rows, format, path, input)."""
+    if format not in FORMATS:
+        raise InputError(f"--format takes {', '.join(FORMATS)}, not {format!r}")
+    input_path, records = export_rows(
+        splits, split=split, part=part, context=context, rag_k=rag_k, mismatch_seed=mismatch_seed,
+        summaries=summaries, criteria_file=criteria_file,
+    )  # fmt: skip
+    if format == "trl":
+        import msgspec
+
+        with atomic_output(output) as handle:
+            for record in records:
+                handle.write(msgspec.json.encode({"prompt": record["prompt"], **record["info"]}) + b"\n")
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows = [
+            {
+                "data_source": data_source,
+                "prompt": record["prompt"],
+                "ability": ABILITY,
+                "reward_model": {"style": "rule", "ground_truth": ""},  # the judge needs no answer
+                "extra_info": {"index": index, "split": part, "context": context, **record["info"]},
+            }
+            for index, record in enumerate(records)
+        ]
+        table = pa.Table.from_pylist(rows)
+        with atomic_output(output) as handle:
+            pq.write_table(table, handle)
+    return {"rows": len(records), "format": format, "output": str(output), "input": str(input_path)}

@@ -1,0 +1,341 @@
+"""`personaemp review`: people label a sample of a build's queries on a local web page.
+
+The page (personaemp/assets/review/, shipped in the package, nothing fetched from the
+internet) shows one query at a time with everything it was made from; every click is
+appended at once to a labels file (JSON lines, flushed and synced), so nothing is lost
+when the browser or the server stops. What counts is the last event per reviewer, query
+and field (`current_labels`), which is also how a reviewer resumes.
+
+A label event::
+
+    {"reviewer": "ana", "query_id": "u1-q2", "user_id": "u1", "field": "check:role_awareness",
+     "value": "disagree", "judge": true, "at": "2026-11-23T19:40:02Z"}
+
+`field` is `query` (accept | reject), `check:<name>` (agree | disagree with the judge's
+verdict `judge`), `trait:<n>` (supported | unsupported, `trait` holds its statement) or
+`note` (text); `value` null clears the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+from personaemp.errors import InputError
+from personaemp.io import ErrorPolicy, iter_jsonl
+from personaemp.stages.queries import CHECKS, JUDGED
+
+# The checks whose verdict is the LLM judge's: its three judgments, and the category it
+# reads (category_match compares that reading with the category the query was written for).
+LLM_CHECKS = (*JUDGED, "category_match")
+VALUES = {
+    "query": ("accept", "reject"),
+    "check": ("agree", "disagree"),
+    "trait": ("supported", "unsupported"),
+}
+NOTE_CHARS, NAME_CHARS = 5000, 60
+ASSETS = {"/": "index.html", "/review.js": "review.js", "/review.css": "review.css"}
+TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
+
+
+# --- the items -------------------------------------------------------------------------------
+
+
+def read_items(queries: Path) -> list[dict[str, Any]]:
+    """Every generated query of a build (accepted and rejected), each with what the page
+    shows beside it: the user's memories, persona traits and Big Five levels."""
+    items = []
+    for lineno, _, row in iter_jsonl(queries, ErrorPolicy("fail")):
+        if not isinstance(row, dict) or "user_id" not in row or "queries" not in row:
+            raise InputError(f"{queries}:{lineno}: not a gen-queries row (no user_id or queries)")
+        user = {
+            "user_id": str(row["user_id"]),
+            "language": row.get("language"),
+            "profile": row.get("profile") or "",
+            "memories": [
+                {k: m.get(k) for k in ("memory_id", "label", "value", "evidence_text")}
+                for m in row.get("memories") or []
+            ],
+            "traits": row.get("traits") or [],
+            "big_five": row.get("big_five") or {},
+        }
+        for accepted, key in ((True, "queries"), (False, "rejected_queries")):
+            for query in row.get(key) or []:
+                checks = query.get("checks") or {}
+                items.append(
+                    {
+                        **user,
+                        "query_id": query["query_id"],
+                        "category": query.get("category"),
+                        "query": query.get("query", ""),
+                        "situation": query.get("situation") or {},
+                        "memory_ids": query.get("memory_ids") or [],
+                        "accepted": accepted,
+                        "checks": {n: checks[n] for n in CHECKS if isinstance(checks.get(n), bool)},
+                        "reasons": checks.get("reasons") or {},
+                        "judge_language": checks.get("language"),
+                        "enforced": checks.get("enforced"),
+                    }
+                )
+    return items
+
+
+def stratum(item: dict[str, Any]) -> tuple:
+    """What the sample balances over: category, language, accepted or not, failed checks."""
+    failed = tuple(name for name, ok in item["checks"].items() if not ok)
+    return item["category"] or "", item["language"] or "", item["accepted"], failed
+
+
+def sample_items(items: Sequence[dict[str, Any]], size: int, seed: int) -> list[dict[str, Any]]:
+    """`size` items taken in turn from each stratum (shuffled with `seed`), so a rare
+    outcome — a rejected query, a failed check, a small language — is seen, not drowned
+    by the common one. The same items, size and seed give the same sample in the same order."""
+    rng = random.Random(seed)
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for item in sorted(items, key=lambda i: i["query_id"]):
+        groups[stratum(item)].append(item)
+    queues = [groups[key] for key in sorted(groups, key=repr)]
+    for queue in queues:
+        rng.shuffle(queue)
+    rng.shuffle(queues)
+    picked: list[dict[str, Any]] = []
+    while len(picked) < size and any(queues):
+        for queue in queues:
+            if queue and len(picked) < size:
+                picked.append(queue.pop())
+    return picked
+
+
+# --- the labels ------------------------------------------------------------------------------
+
+
+class LabelFile:
+    """The append-only labels file: one event a line, written, flushed and synced at once."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+
+    def append(self, event: dict[str, Any]) -> None:
+        line = json.dumps(event, ensure_ascii=False) + "\n"
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as handle:
+                handle.write(line)
+                handle.flush()
+                os.fsync(handle.fileno())
+
+    def events(self) -> list[dict[str, Any]]:
+        return read_label_events(self.path) if self.path.exists() else []
+
+
+def read_label_events(path: Path) -> list[dict[str, Any]]:
+    """The events of a labels file; a line cut by a crash (the last one) is left out."""
+    events = []
+    lines = Path(path).read_bytes().split(b"\n")
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            event = json.loads(raw)
+        except ValueError:
+            if number == len(lines):  # the line in flight when the writer died
+                continue
+            raise InputError(
+                f"{path}:{number}: not valid JSON — a labels file holds one event a line"
+            ) from None
+        if not isinstance(event, dict) or not {"reviewer", "query_id", "field"} <= event.keys():
+            raise InputError(f"{path}:{number}: not a label event (reviewer, query_id, field)")
+        events.append(event)
+    return events
+
+
+def current_labels(events: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """reviewer -> query_id -> field -> its last event (fields cleared last are left out)."""
+    state: dict[str, dict[str, dict[str, Any]]] = defaultdict(lambda: defaultdict(dict))
+    for event in events:
+        fields = state[event["reviewer"]][event["query_id"]]
+        if event.get("value") in (None, ""):
+            fields.pop(event["field"], None)
+        else:
+            fields[event["field"]] = event
+    return {reviewer: {q: dict(f) for q, f in queries.items() if f} for reviewer, queries in state.items()}
+
+
+def make_event(body: Any, items: dict[str, dict[str, Any]], now: str | None = None) -> dict[str, Any]:
+    """A label event from what the page posted, checked against the sample (InputError)."""
+    if not isinstance(body, dict):
+        raise InputError("a label is a JSON object")
+    reviewer = str(body.get("reviewer") or "").strip()
+    if not reviewer or len(reviewer) > NAME_CHARS:
+        raise InputError(f"a reviewer name of 1-{NAME_CHARS} characters is needed")
+    item = items.get(str(body.get("query_id")))
+    if item is None:
+        raise InputError(f"no query {body.get('query_id')!r} in this sample")
+    name, value = str(body.get("field") or ""), body.get("value")
+    kind, _, target = name.partition(":")
+    event = {"reviewer": reviewer, "query_id": item["query_id"], "user_id": item["user_id"], "field": name}
+    if kind == "note" and not target:
+        if value is not None and (not isinstance(value, str) or len(value) > NOTE_CHARS):
+            raise InputError(f"a note is text of at most {NOTE_CHARS} characters")
+    elif kind in VALUES and (kind == "query") == (not target):
+        if value is not None and value not in VALUES[kind]:
+            raise InputError(f"{name} takes {' or '.join(VALUES[kind])}, not {value!r}")
+        if kind == "check":
+            if target not in LLM_CHECKS or target not in item["checks"]:
+                raise InputError(f"{target!r} is not an LLM check of this query")
+            event["judge"] = item["checks"][target]
+        if kind == "trait":
+            if not target.isdigit() or int(target) >= len(item["traits"]):
+                raise InputError(f"this query's user has no trait {target!r}")
+            event["trait"] = item["traits"][int(target)].get("statement", "")
+    else:
+        raise InputError(f"unknown field {name!r}")
+    event["value"] = value
+    event["at"] = now or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return event
+
+
+# --- the server ------------------------------------------------------------------------------
+
+
+@dataclass
+class ReviewSession:
+    """What one `personaemp review` serves: the sample and its labels file."""
+
+    items: list[dict[str, Any]]
+    labels: LabelFile
+    source: str = ""
+    by_id: dict[str, dict[str, Any]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.by_id = {item["query_id"]: item for item in self.items}
+
+
+def _asset(name: str) -> bytes:
+    return resources.files("personaemp").joinpath("assets", "review", name).read_bytes()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    session: ReviewSession
+    server_version = "personaemp-review"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass  # one line per click would drown the console
+
+    def _send(self, status: int, body: bytes, kind: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", f"{kind}; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, value: Any, status: int = HTTPStatus.OK) -> None:
+        self._send(status, json.dumps(value, ensure_ascii=False).encode("utf-8"))
+
+    def do_GET(self) -> None:  # noqa: N802 - the base class's name
+        url = urlparse(self.path)
+        if url.path in ASSETS:
+            name = ASSETS[url.path]
+            self._send(HTTPStatus.OK, _asset(name), TYPES[Path(name).suffix])
+        elif url.path == "/api/items":
+            self._json({"source": self.session.source, "items": self.session.items})
+        elif url.path == "/api/labels":
+            reviewer = (parse_qs(url.query).get("reviewer") or [""])[0]
+            labels = current_labels(self.session.labels.events())
+            mine = labels.get(reviewer, {})
+            values = {q: {f: e["value"] for f, e in fields.items()} for q, fields in mine.items()}
+            self._json({"reviewer": reviewer, "labels": values, "reviewers": sorted(labels)})
+        else:
+            self._json({"error": "not found"}, HTTPStatus.NOT_FOUND)
+
+    def do_POST(self) -> None:  # noqa: N802
+        if urlparse(self.path).path != "/api/label":
+            self._json({"error": "not found"}, HTTPStatus.NOT_FOUND)
+            return
+        try:
+            size = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(size) or b"null")
+            event = make_event(body, self.session.by_id)
+        except (ValueError, InputError) as error:
+            self._json({"error": str(error)}, HTTPStatus.BAD_REQUEST)
+            return
+        self.session.labels.append(event)
+        self._json({"saved": event})
+
+
+def review_server(session: ReviewSession, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    """The page's server, bound (port 0: a free one) but not yet serving."""
+    handler = type("ReviewHandler", (_Handler,), {"session": session})
+    try:
+        server = ThreadingHTTPServer((host, port), handler)
+    except OSError as error:
+        raise InputError(
+            f"cannot listen on {host}:{port} ({error.strerror})", "pick another --port"
+        ) from None
+    server.daemon_threads = True
+    return server
+
+
+def open_session(queries: Path, labels: Path, size: int, seed: int) -> ReviewSession:
+    items = read_items(Path(queries))
+    if not items:
+        raise InputError(f"{queries}: no generated queries to review")
+    return ReviewSession(sample_items(items, size, seed), LabelFile(labels), source=str(queries))
+
+
+def serve_review(options, console) -> None:
+    """`personaemp review`: serve the page until Ctrl-C (ReviewOptions)."""
+    from rich.markup import escape
+
+    labels = options.labels or Path(options.input).with_name("labels.jsonl")
+    session = open_session(options.input, labels, options.size, options.seed)
+    server = review_server(session, options.host, options.port)
+    host, port = server.server_address[:2]
+    reviewers = sorted(current_labels(session.labels.events()))
+    console.print(
+        f"review: {len(session.items)} queries of {escape(str(options.input))} (seed {options.seed}); "
+        f"labels go to {escape(str(labels))}"
+        + (f" (reviewers so far: {escape(', '.join(reviewers))})" if reviewers else "")
+    )
+    console.print(
+        f"open [bold]http://{host}:{port}/[/] — Ctrl-C stops the server (every label is already saved)"
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        console.print(f"stopped; labels are in {escape(str(labels))}")
+    finally:
+        server.server_close()
+
+
+def exchange_label_studio(options, export: Path | None, export_file: Path | None, console) -> None:
+    """`personaemp review --export-label-studio DIR` / `--import-label-studio FILE`."""
+    from rich.markup import escape
+
+    from personaemp.stages.label_studio import export_project, import_export
+
+    labels = options.labels or Path(options.input).with_name("labels.jsonl")
+    if export is not None:
+        session = open_session(options.input, labels, options.size, options.seed)
+        paths = export_project(session.items, Path(export))
+        console.print(
+            f"wrote {len(session.items)} tasks (seed {options.seed}): "
+            + escape(", ".join(str(path) for path in paths))
+        )
+    if export_file is not None:
+        added = import_export(Path(export_file), Path(options.input), labels)
+        console.print(f"{added} labels from {escape(str(export_file))} appended to {escape(str(labels))}")
