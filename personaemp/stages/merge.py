@@ -236,14 +236,10 @@ def _write(path: Path, lines: list[tuple[Path, int]]) -> None:
 
 def _add_up_reports(path: Path, stage: str, count: int, merged: MergeReport) -> None:
     """The stage's run-report entry: the parts' entries added up (tokens, requests, steps)."""
-    from personaemp.io import write_json_atomic
+    from personaemp.io import read_json_object, write_json_atomic
     from personaemp.llm.accounting import CALLS_KEPT
 
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        report = {}
-    report = report if isinstance(report, dict) else {}
+    report = read_json_object(path)  # a damaged one is kept aside, as append_report does
     stages = report.setdefault("stages", {})
     parts = [stages.get(shard_name(stage, (i, count))) for i in range(1, count + 1)]
     parts = [part for part in parts if isinstance(part, dict)]
