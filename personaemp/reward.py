@@ -79,11 +79,11 @@ from personaemp.llm.reply import split_reasoning
 from personaemp.llm.step import Step
 from personaemp.options import RewardConfig
 from personaemp.prompts import Prompt, load_prompt
-from personaemp.records import DIMENSION_DEFINITIONS, DIMENSIONS
+from personaemp.records import DIMENSIONS
 from personaemp.stages.criteria import numbered_memories, read_criteria, with_room
 from personaemp.stages.evaluate import (
     BYSTANDER,
-    DYNAMIC_ASPECTS,
+    DYNAMIC_STANDARDS,
     FLOOR,
     JUDGE,
     JUDGE_DYNAMIC,
@@ -500,13 +500,8 @@ class Reward:
         return row
 
     def _joint_messages(self, unit: dict) -> list[dict]:
-        dimensions = "\n\n".join(
-            f"{dimension} — {DIMENSION_DEFINITIONS[dimension]}\n"
-            f"General standard: {DYNAMIC_ASPECTS[dimension]}"
-            for dimension in DIMENSIONS
-        )
         return self.prompts[JUDGE_JOINT.name].render(
-            dimensions=dimensions,
+            dimensions=DYNAMIC_STANDARDS,
             profile=unit["profile"] or "(none)",
             memories=numbered_memories(unit["memories"]),
             situation=unit["situation"],

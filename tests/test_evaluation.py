@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from personaemp.cli import app
 from personaemp.errors import InputError
 from personaemp.llm.settings import LLMSettings
-from personaemp.records import DIMENSIONS
+from personaemp.records import DIMENSION_DEFINITIONS, DIMENSIONS
 from personaemp.stages.criteria import write_criteria
 from personaemp.stages.evaluate import BYSTANDER_ASPECTS, JudgeOptions, evaluate, harmonic
 from personaemp.stages.respond import most_similar, write_responses
@@ -492,8 +492,10 @@ def test_criteria_prompt_asks_for_baseline_and_persona_criteria_and_rewards_no_c
         assert "baseline criteria" in text and "persona-informed criteria" in text
         assert "never reward a call-back" in text and "mention, quote or recall a remembered fact" in text
         assert "four to six criteria" in text and "add up to 100" in text
-        other = [a for d, names in aspects.items() if d != dimension for a in names[:1]]
-        assert not any(f"- {a}:" in text for a in other), "only this dimension's aspects"
+        # All three dimensions' aspects are listed (shared bytes); the request's own dimension,
+        # named last, is the one to write criteria for.
+        named = f"dimension: {dimension} — {DIMENSION_DEFINITIONS[dimension]} write the criteria for this dimension only."
+        assert text.endswith(named.lower())
 
 
 def test_fixed_judge_applies_the_sheet_with_the_authors_anchors_and_one_decimal():

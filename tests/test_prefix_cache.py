@@ -174,7 +174,7 @@ def test_the_schema_text_follows_the_task_and_the_request_is_one_user_turn(tmp_p
 
     from personaemp.llm.engine import SCHEMA_IN_PROMPT
     from personaemp.prompts import load_prompt
-    from personaemp.stages.criteria import build_messages
+    from personaemp.stages.criteria import CRITERIA_ASPECTS, build_messages, dimensions_text
 
     unit = {"query": "I failed again.", "situation": "A failed test.", "profile": "anxious",
             "memories": [{"memory_id": "m1", "value": "failed a driving test"}]}  # fmt: skip
@@ -201,9 +201,11 @@ def test_the_schema_text_follows_the_task_and_the_request_is_one_user_turn(tmp_p
     first, second = (body["messages"] for body in sent[:2])
     assert [m["role"] for m in first] == ["system", "user"]
     text = first[1]["content"]
-    task = load_prompt("criteria").user.template.split("$fence")[0]
+    task = load_prompt("criteria").user.template.split("$dimensions")[0]
     schema_at = text.index(SCHEMA_IN_PROMPT.split("{schema}")[0])
     assert text.startswith(task) and schema_at > len(task)
+    # Every dimension's definition and aspects are in the task, before the schema: shared bytes.
+    assert text.index(dimensions_text(CRITERIA_ASPECTS)) == len(task)
     assert text.index("Persona:") > schema_at and text.index("Dimension: resonation") > schema_at
     assert schema_from_messages(first) is not None
     # The two dimensions' requests are the same bytes up to the dimension, which comes last.
@@ -219,9 +221,18 @@ VALUES = {
     "memories": "[m1] Work: passed over for a promotion", "turns": "- I do not know how to feel.",
     "profile": "- stress response: withdraws", "situation": "A hard evening.", "query": "I failed again.",
     "response": "I'm sorry.", "queries": "1. (moment: a) I failed.", "situations": "1. [ES] A hard evening.",
-    "criteria": "1. (100%) n: d", "dimension": "resonation", "definition": "how well it understands",
+    "criteria": "1. (100%) n: d", "dimension": "resonation", "definition": "does it understand the user?",
     "aspects": "- recognition: names the feeling", "category_definitions": "- ES (emotional support): x",
     "per_category": "1", "categories": "ES, HEQ, SS", "language": "English",
+}  # fmt: skip
+# Every dimension's standard now sits in the shared task (the request names its dimension):
+# the listing carries the values the old request gave for its one dimension.
+VALUES["dimensions"] = f"resonation — {VALUES['definition']}\n{VALUES['aspects']}"
+# Old sentence -> the sentence that says it now, in the listing's heading.
+REWORDED = {
+    "What this dimension covers (use it as the general standard; your criteria make it concrete):":
+        "The three dimensions, and what each covers (use it as the general standard; your criteria make it concrete):",
+    "The general standard for this dimension:": "The three dimensions, each with the general standard for it:",
 }  # fmt: skip
 
 
@@ -250,7 +261,8 @@ def test_every_instruction_of_the_old_prompt_is_in_the_new_request(name):
     old_messages = old.render(**VALUES)
     new_messages = load_prompt(name).render(**VALUES)
     new_text = " ".join(without_keys("\n".join(m["content"] for m in new_messages)).split())
-    missing = [s for s in sentences(without_keys(old_messages[0]["content"])) if s not in new_text]
+    old_text = without_keys(old_messages[0]["content"])
+    missing = [s for s in sentences(old_text) if REWORDED.get(s, s) not in new_text]
     assert not missing, missing
     for slot in re.findall(r"\$(\w+)", old.user.template):
         assert " ".join(VALUES[slot].split()) in new_text, slot

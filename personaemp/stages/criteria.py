@@ -143,11 +143,22 @@ def pick_queries(units: list[dict], path: Path, limit: int | None, users: Sequen
 # --- one call per dimension --------------------------------------------------------------------
 
 
+def dimensions_text(aspects: dict[str, Any]) -> str:
+    """Every dimension with its definition and what it covers. All three go in each request's
+    task, the same bytes for every query, where a provider's prefix cache serves them; the
+    request then only names its dimension."""
+    parts = []
+    for dimension in DIMENSIONS:
+        lines = [aspects[dimension]] if isinstance(aspects[dimension], str) else aspects[dimension]
+        parts.append(f"{dimension} — {DIMENSION_DEFINITIONS[dimension]}\n" + "\n".join(lines))
+    return "\n\n".join(parts)
+
+
 def build_messages(unit: dict, dimension: str, prompt: Prompt) -> list[dict]:
     return prompt.render(
         dimension=dimension,
         definition=DIMENSION_DEFINITIONS[dimension],
-        aspects="\n".join(CRITERIA_ASPECTS[dimension]),
+        dimensions=dimensions_text(CRITERIA_ASPECTS),
         profile=unit["profile"] or "(none)",
         memories=numbered_memories(unit["memories"]),
         situation=unit["situation"],

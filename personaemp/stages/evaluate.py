@@ -51,6 +51,7 @@ from personaemp.records import BIG_FIVE, DIMENSION_DEFINITIONS, DIMENSIONS, Resp
 from personaemp.runner import ENDPOINT_KINDS
 from personaemp.stages.criteria import (
     definitions_hash,
+    dimensions_text,
     numbered_memories,
     query_units,
     read_criteria,
@@ -124,6 +125,11 @@ DYNAMIC_ASPECTS = {
         "engagement (would this user want to reply and share more?)."
     ),
 }
+
+
+# All three standards are in each dynamic judge request's task: the same bytes for every
+# reply, which a provider's prefix cache serves; a request only names its dimension.
+DYNAMIC_STANDARDS = dimensions_text({d: f"General standard: {text}" for d, text in DYNAMIC_ASPECTS.items()})
 
 
 # A judge must be repeatable: temperature 0 unless a run sets it (dynamic@k needs > 0).
@@ -287,7 +293,7 @@ def judge_messages(unit: dict, dimension: str, prompt: Prompt) -> list[dict]:
     if unit["criteria"] is not None:
         values["criteria"] = criteria_text(unit["criteria"][dimension])
     else:
-        values["aspects"] = DYNAMIC_ASPECTS[dimension]
+        values["dimensions"] = DYNAMIC_STANDARDS
     return prompt.render(**values)
 
 
