@@ -494,7 +494,8 @@ def test_criteria_prompt_asks_for_baseline_and_persona_criteria_and_rewards_no_c
         assert "four to six criteria" in text and "add up to 100" in text
         # All three dimensions' aspects are listed (shared bytes); the request's own dimension,
         # named last, is the one to write criteria for.
-        named = f"dimension: {dimension} — {DIMENSION_DEFINITIONS[dimension]} write the criteria for this dimension only."
+        named = f"dimension: {dimension} — {DIMENSION_DEFINITIONS[dimension]}"
+        named += " write the criteria for this dimension only."
         assert text.endswith(named.lower())
 
 

@@ -214,6 +214,47 @@ def test_the_schema_text_follows_the_task_and_the_request_is_one_user_turn(tmp_p
     assert second[1]["content"][cut:].startswith("Dimension: expression")
 
 
+def test_requests_about_different_users_share_the_task_and_the_schema(tmp_path):
+    """The note naming the request's key comes after the schema; a schema narrowed per user
+    is stated with its $defs (where the narrowing is) last: two users' requests differ only
+    from the note on, and two users' persona schemas share all but the $defs tail."""
+    import json
+    import os
+
+    from personaemp.llm.engine import SCHEMA_IN_PROMPT, _with_schema_text
+    from personaemp.prompts import load_prompt
+    from personaemp.records import Memory
+    from personaemp.stages.criteria import CRITERIA, build_messages
+    from personaemp.stages.persona import persona_schema
+
+    def unit(memory: str) -> dict:
+        return {"query": "I failed again.", "situation": "A failed test.", "profile": "anxious",
+                "memories": [{"memory_id": "m1", "value": memory}]}  # fmt: skip
+
+    texts = []
+    for memory in ("failed a driving test", "lost a job"):
+        messages = _with_schema_text(
+            build_messages(unit(memory), "resonation", load_prompt("criteria")), CRITERIA.schema
+        )
+        texts.append("\n\n".join(m["content"] for m in messages))
+    shared = len(os.path.commonprefix(texts))
+    note = texts[0].index("The user's words, the persona and the memories are given as data blocks")
+    assert texts[0].index(SCHEMA_IN_PROMPT.split("{schema}")[0]) < note < shared < texts[0].index("Persona:")
+
+    class Row:
+        def __init__(self, ids):
+            self.memories = [Memory(memory_id=i, value="v", label="Work/Job") for i in ids]
+
+    stated = [
+        _with_schema_text([{"role": "user", "content": "task"}], persona_schema(Row(ids)))[0]["content"]
+        for ids in (["m1", "m2"], ["m7"])
+    ]
+    schemas = [json.loads(s[s.index("{") :]) for s in stated]
+    assert schemas[0] == persona_schema(Row(["m1", "m2"]))  # the same schema, keys reordered
+    assert list(schemas[0])[-1] == "$defs"
+    assert len(os.path.commonprefix(stated)) > stated[0].index('"$defs"')
+
+
 # --- the reordered prompts ask for the same things ------------------------------------------------
 
 BEFORE = Path(__file__).parent / "data" / "prompts_before_layout"  # main's prompts, before the layout
@@ -229,11 +270,13 @@ VALUES = {
 # the listing carries the values the old request gave for its one dimension.
 VALUES["dimensions"] = f"resonation — {VALUES['definition']}\n{VALUES['aspects']}"
 # Old sentence -> the sentence that says it now, in the listing's heading.
+COVERS = "(use it as the general standard; your criteria make it concrete):"
 REWORDED = {
-    "What this dimension covers (use it as the general standard; your criteria make it concrete):":
-        "The three dimensions, and what each covers (use it as the general standard; your criteria make it concrete):",
-    "The general standard for this dimension:": "The three dimensions, each with the general standard for it:",
-}  # fmt: skip
+    f"What this dimension covers {COVERS}": f"The three dimensions, and what each covers {COVERS}",
+    "The general standard for this dimension:": (
+        "The three dimensions, each with the general standard for it:"
+    ),
+}
 
 
 def sentences(text: str) -> list[str]:

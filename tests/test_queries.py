@@ -526,15 +526,16 @@ def test_check_messages_golden():
         f"2. (moment: A family dinner where the sister will be present.) {EN_MESSAGES[3]}"
     )
     key = context_key()  # the user's context key: no text of the request contains it
-    task = Template(section("check", "task")).substitute(
-        category_definitions=category_definitions(), fence=key
-    )
+    task = Template(section("check", "task")).substitute(category_definitions=category_definitions())
+    note = Template(section("check", "blocks")).substitute(fence=key)  # it names the key: after the task
     assert messages == [
         {"role": "system", "content": section("shared", "preamble")},
         {"role": "user", "content": task},
         {
             "role": "user",
-            "content": blocks(key, "profile", "memories")
+            "content": note
+            + "\n\n"
+            + blocks(key, "profile", "memories")
             + f"\n\nMessages:\n<queries-{key}>\n{queries}\n</queries-{key}>",
         },
     ]

@@ -644,6 +644,10 @@ def _with_schema_text(messages: list[Message], schema: dict[str, Any]) -> list[M
     user turn: the moment, the dimension, the response). Not first: a schema differs per
     step (and per user: ids narrowed to theirs), and would keep the provider's prefix cache
     from serving the context the requests share."""
+    if "$defs" in schema:
+        # Same schema, $defs last: a step narrows ids per user inside its $defs, and what
+        # comes before the first per-user byte is what the prefix cache can share.
+        schema = {**{k: v for k, v in schema.items() if k != "$defs"}, "$defs": schema["$defs"]}
     text = SCHEMA_IN_PROMPT.format(schema=json.dumps(schema, separators=(",", ":")))
     first = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
     if first is None:

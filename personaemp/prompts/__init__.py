@@ -2,12 +2,12 @@
 
 Two layouts. A step of the pipeline declares `## context` (which blocks of shared.md it
 reads, in order; `task` among them marks where its task goes, else last), `## task` (its
-instructions) and optionally `## input` (what only this request carries): its request is
-the shared preamble (system), then the context blocks, the task and the input. Requests
-about the same user thus open with the same bytes, which a provider's prefix cache serves at
-a fraction of the price; what differs (the dimension, the response) comes last. A step that
-runs many times per user (criteria, judges) puts its task before the blocks about one query,
-so the task is shared by all the user's queries too. A plain
+instructions), optionally `## blocks` (the note on the data blocks that follow the task: it
+names this request's KEY, so it comes after the task and the schema, which every request of
+the step shares) and `## input` (what only this request carries): its request is the shared
+preamble (system), then the context blocks, the task, the note and the input. Requests thus
+open with the same bytes, which a provider's prefix cache serves at a fraction of the price;
+what differs (the user, the dimension, the response) comes last. A plain
 `## system` + `## user` template (the policy model's) is rendered as those two messages.
 
 The templates live in prompts/ at the root of a checkout, where they are read from; a
@@ -45,7 +45,7 @@ from personaemp.errors import InputError
 
 PACKAGE = "personaemp.prompts"
 ENV_VAR = "PERSONAEMP_PROMPTS"
-_SECTION = re.compile(r"^## (system|user|data|context|task|input)\s*$", re.MULTILINE)
+_SECTION = re.compile(r"^## (system|user|data|context|task|blocks|input)\s*$", re.MULTILINE)
 _SHARED_SECTION = re.compile(r"^## (\w+)\s*$", re.MULTILINE)
 SHARED = "shared"  # shared.md: `## preamble` and the context blocks steps name
 PREAMBLE = "preamble"
@@ -76,6 +76,7 @@ class Prompt:
     data: tuple[str, ...] = ()  # slots whose values are fenced as data blocks
     context: tuple[Template, ...] = ()  # the context blocks before the task
     after: tuple[Template, ...] = ()  # ... and after it, before the input
+    note: Template | None = None  # says which blocks are data: before the blocks after the task
     input: Template | None = None
     base: tuple[str, ...] = ()  # the slots of the first context block: they make the KEY
 
@@ -97,6 +98,8 @@ class Prompt:
             first = [block.substitute(values) for block in self.context]
             user = self.user.substitute(values)
             rest = [block.substitute(values) for block in self.after]
+            if self.note is not None:
+                rest.insert(0, self.note.substitute(values))
             if self.input is not None:
                 rest.append(self.input.substitute(values))
         except KeyError as exc:
@@ -160,6 +163,7 @@ def load_prompt(name: str, folder: Path | Traversable | None = None) -> Prompt:
         context=tuple(Template(shared[n]) for n in before.split()),
         after=tuple(Template(shared[n]) for n in after.split()),
         input=Template(sections["input"]) if sections.get("input") else None,
+        note=Template(sections["blocks"]) if sections.get("blocks") else None,
         base=slots[0],
     )
 
