@@ -46,13 +46,22 @@ _KANA = re.compile("[\u3040-\u30ff]")
 # Sizes are in characters; a Han or Hangul character carries about a short word.
 _WEIGHT = {"cjk": 2, "hangul": 2}
 
-# Code blocks, inline code, URLs and e-mail addresses, quoted passages: one pass drops them all.
-_BROUGHT_ALONG = re.compile(
-    r"```.*?(?:```|\Z)|`[^`\n]{1,200}`|\b(?:https?://|www\.)\S+|\S+@\S+\.\w+"
-    r'|"[^"]{1,3000}"|“[^”]{1,3000}”|„[^“”]{1,3000}[“”]|«[^»]{1,3000}»|「[^」]{1,3000}」|『[^』]{1,3000}』',
-    re.S,
+# Code blocks, inline code, URLs and e-mail addresses, quoted passages: one pass drops them
+# all. Each kind with the marks it cannot match without: a turn's pass tries only the kinds
+# whose marks it holds, which finds the same matches (an absent kind never matches) at a
+# fifth of the cost (the e-mail kind alone tried every position of every turn with a quote).
+_BROUGHT_ALONG = (
+    (("`",), r"```.*?(?:```|\Z)"),
+    (("`",), r"`[^`\n]{1,200}`"),
+    (("://", "www."), r"\b(?:https?://|www\.)\S+"),
+    (("@",), r"\S+@\S+\.\w+"),
+    (('"',), r'"[^"]{1,3000}"'),
+    (("“",), r"“[^”]{1,3000}”"),
+    (("„",), r"„[^“”]{1,3000}[“”]"),
+    (("«",), r"«[^»]{1,3000}»"),
+    (("「",), r"「[^」]{1,3000}」"),
+    (("『",), r"『[^』]{1,3000}』"),
 )
-_BROUGHT_MARKS = ("`", "://", "www.", "@", '"', "“", "„", "«", "「", "『")
 _CODE_CHARS = re.compile(r"[{}\[\]();:.=<>_\\|$#@*&^~/+]")
 # "translate" in the languages AlpsBench users write in, with the language of the word
 # (None: shared by several): a turn that asks for a translation brings text that is not
@@ -120,9 +129,18 @@ def _looks_like_code(line: str) -> bool:
     return symbols >= 3 and symbols >= 0.1 * len(line.strip())
 
 
+_MARKS = re.compile(r'[`@"“„«「『]|://|www\.')
+
+
+@functools.lru_cache(maxsize=256)
+def _brought_along(kinds: tuple[int, ...]) -> re.Pattern:
+    return re.compile("|".join(_BROUGHT_ALONG[kind][1] for kind in kinds), re.S)
+
+
 def _clean(text: str) -> str:
-    if any(mark in text for mark in _BROUGHT_MARKS):
-        text = _BROUGHT_ALONG.sub(" ", text)
+    if marks := set(_MARKS.findall(text)):
+        kinds = tuple(kind for kind, (needs, _) in enumerate(_BROUGHT_ALONG) if not marks.isdisjoint(needs))
+        text = _brought_along(kinds).sub(" ", text)
     return "\n".join(line for line in text.splitlines() if not _looks_like_code(line))
 
 
@@ -177,17 +195,12 @@ def _identifier():
 def _load_identifier():
     from py3langid.langid import MODEL_FILE, LanguageIdentifier
 
+    from personaemp.langmodel import Model
+
     identifier = LanguageIdentifier.from_model_file(MODEL_FILE)
     # ISO 639-1 codes only: the model also knows Cantonese, Wu, Ancient Greek, Nigerian
     # Pidgin..., which it would pick for short Chinese, Greek or English text.
-    identifier.set_languages([code for code in identifier.labels if len(code) == 2 and code != "zxx"])
-    # set_languages leaves a column slice of a float16 table: every text gathered its rows
-    # from strided half floats and multiplied them without BLAS. A contiguous float32 copy
-    # (46 MB) gives the same answers (bench/language_bench.py) in 60% of the time.
-    import numpy
-
-    identifier.nb_ptc = numpy.ascontiguousarray(identifier.nb_ptc, dtype=numpy.float32)
-    return identifier
+    return Model(identifier, [code for code in identifier.labels if len(code) == 2 and code != "zxx"])
 
 
 def load_in_background() -> None:
@@ -210,10 +223,8 @@ def detect_language(text: str) -> str | None:
         if script == "cjk":
             # Japanese puts kana between the Han characters; Chinese has none.
             return "ja" if len(_KANA.findall(text)) >= 0.1 * size / _WEIGHT["cjk"] else "zh"
-    ranked = _identifier().rank(text[:OWN_WORDS_LIMIT])
-    if ranked[0][1] == ranked[-1][1]:
-        return None  # not one of the model's n-grams in the text ("translate", "Hi")
-    return ranked[0][0]
+    # None: not one of the model's n-grams in the text ("translate", "Hi")
+    return _identifier().best(text[:OWN_WORDS_LIMIT])
 
 
 def user_language(turns: Iterable[str]) -> str | None:
