@@ -42,6 +42,7 @@ _SCRIPT_LANGUAGE = {"greek": "el", "hebrew": "he", "thai": "th", "hangul": "ko"}
 _RUN = re.compile(
     "|".join(rf"(?P<{name}>[{chars}]+(?:[\W\d_]*[{chars}]+)*)" for name, chars in _SCRIPT_CHARS.items())
 )
+_ASCII_LETTER = re.compile("[A-Za-z]")
 _KANA = re.compile("[\u3040-\u30ff]")
 # Sizes are in characters; a Han or Hangul character carries about a short word.
 _WEIGHT = {"cjk": 2, "hangul": 2}
@@ -86,6 +87,13 @@ TURN_LIMIT = 200  # characters of one turn: a long pasted message weighs no more
 
 def _runs(text: str) -> list[tuple[str, int]]:
     """Consecutive stretches of one writing system: [(script, weighted size)]."""
+    if text.isascii():
+        # Half the turns: every ASCII character that is not a letter may sit inside a run,
+        # so _RUN would find one Latin run from the first letter to the last.
+        first = _ASCII_LETTER.search(text)
+        if first is None:
+            return []
+        return [("latin", len(text) - _ASCII_LETTER.search(text[::-1]).start() - first.start())]
     runs: list[tuple[str, int]] = []
     for match in _RUN.finditer(text):
         script = match.lastgroup
@@ -111,6 +119,8 @@ def _strip_foreign_block(text: str, runs: list[tuple[str, int]]) -> str:
     else the smaller of the two ends' scripts; the rest is dropped when it is long
     (PASTED) and the frame has at least FRAME_MIN.
     """
+    if len(runs) < 2:
+        return text  # one writing system (most turns)
     runs = [run for run in runs if run[1] >= 2]  # a lone "я" or "A1": noise, not a run
     sizes = _sizes(runs)
     if len(sizes) < 2:
@@ -141,7 +151,10 @@ def _clean(text: str) -> str:
     if marks := set(_MARKS.findall(text)):
         kinds = tuple(kind for kind, (needs, _) in enumerate(_BROUGHT_ALONG) if not marks.isdisjoint(needs))
         text = _brought_along(kinds).sub(" ", text)
-    return "\n".join(line for line in text.splitlines() if not _looks_like_code(line))
+    lines = text.splitlines()
+    if len(_CODE_CHARS.findall(text)) < 3:
+        return "\n".join(lines)  # no line can look like code: skip the test of each
+    return "\n".join(line for line in lines if not _looks_like_code(line))
 
 
 def _ends(text: str) -> str:
