@@ -70,24 +70,26 @@ class Model:
             if lag < size:
                 row[lag:] = self.next_row[row[lag:] + codes[: size - lag]]
         found = self.next_feature[row + codes]
-        found = found[found >= 0]
-        if not len(found):
-            return found, found
-        # Counted by sorting; kept in first-occurrence order because the score's float sum
-        # follows it, and py3langid's (a Counter's order) is the one to match bit for bit.
-        order = np.argsort(found, kind="stable")
-        ordered = found[order]
-        firsts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
-        counts = np.diff(np.append(firsts, len(ordered)))
-        by_position = np.argsort(order[firsts])
-        return ordered[firsts][by_position], counts[by_position]
+        positions = np.flatnonzero(found >= 0)
+        if not len(positions):
+            return positions, positions
+        # Sorted by feature, then position: each feature's run gives its count and its first
+        # position. Returned in first-occurrence order because the score's float sum follows
+        # the order, and py3langid's (a Counter's) is the one to match bit for bit.
+        keys = found[positions].astype(np.int64) << 32 | positions
+        keys.sort()
+        features = keys >> 32
+        starts = np.flatnonzero(np.concatenate(([True], features[1:] != features[:-1])))
+        counts = np.diff(np.append(starts, len(keys)))
+        order = np.argsort(keys[starts] & 0xFFFFFFFF)
+        return features[starts][order], counts[order]
 
     def scores(self, text: str) -> np.ndarray | None:
         """Log-score per label column, or None when the text holds none of the features."""
         ids, counts = self.features(self.encode(text))
         if not len(ids):
             return None
-        scores = np.log1p(counts.astype(np.float32)) @ self.table[ids] + self.prior
+        scores = np.log1p(counts.astype(np.float32)) @ self.table.take(ids, axis=0) + self.prior
         for first, later in self.aliases:
             scores[first] = max(scores[first], scores[later])
             scores[later] = FLOOR

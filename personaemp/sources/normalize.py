@@ -34,6 +34,7 @@ def _expect(value: Any, kind: type, what: str, location: str) -> Any:
 RawTurn = tuple[str, "str | msgspec.Raw", str | None, int | None]
 LANGUAGE_CACHE = 200_000  # users' languages remembered by their turns' digest (16 bytes each)
 _LANGUAGES: dict[bytes, str | None] = {}
+_STRINGS = msgspec.json.Decoder(list[str])
 
 
 def lazy_turns(sessions: Any, dialogue: Any, location: str) -> Callable[[], list[RawTurn]]:
@@ -173,9 +174,36 @@ class SourceUser:
             raise RowError(self.location, "a turn needs a string 'role' and 'text'")
         return text
 
+    @functools.cached_property
+    def _user_literals(self) -> bytes | None:
+        """The user's turns as one JSON array of their undecoded string literals (None when
+        the reader decoded them already): one digest and one decode instead of one per turn."""
+        texts = [text for role, text, _, _ in self._raw_turns if role == "user"]
+        if not all(isinstance(text, msgspec.Raw) for text in texts):
+            return None
+        return b"[" + b",".join(texts) + b"]"
+
+    @functools.cached_property
+    def _user_texts(self) -> list[str] | None:
+        """The user's turns decoded at once; None when one is not valid (the turn-by-turn
+        path then raises its error where it did before, naming it)."""
+        if self._user_literals is None:
+            return None
+        try:
+            return _STRINGS.decode(self._user_literals)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            return None
+
     def _turn_dicts(self, roles: tuple[str, ...] | None) -> list[dict]:
+        texts = self._user_texts
+        decoded = iter(texts) if texts is not None else None
         return [
-            {"role": r, "text": self._text(t), "session_id": s, "index": i}
+            {
+                "role": r,
+                "text": next(decoded) if decoded is not None and r == "user" else self._text(t),
+                "session_id": s,
+                "index": i,
+            }
             for r, t, s, i in self._raw_turns
             if roles is None or r in roles
         ]
@@ -188,20 +216,25 @@ class SourceUser:
         # decoding), a repeated history (a copied session, a replicated benchmark input) is
         # decided once. A miss costs a hash of the turns, about a microsecond per KB.
         digest = hashlib.blake2b(digest_size=16)
-        for role, text, _, _ in self._raw_turns:
-            if role == "user":
-                data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
-                # The kind (a str, or raw JSON) and the length first: no two histories share a key.
-                digest.update((b"s" if isinstance(text, str) else b"r") + len(data).to_bytes(8, "big"))
-                digest.update(data)
+        if self._user_literals is not None:
+            # String literals are self-delimiting: the array alone is a key no other history shares.
+            digest.update(b"r" + self._user_literals)
+        else:
+            for role, text, _, _ in self._raw_turns:
+                if role == "user":
+                    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+                    # The kind and the length first: no two histories share a key.
+                    digest.update((b"s" if isinstance(text, str) else b"b") + len(data).to_bytes(8, "big"))
+                    digest.update(data)
         key = digest.digest()
         if key not in _LANGUAGES:
             if len(_LANGUAGES) >= LANGUAGE_CACHE:
                 _LANGUAGES.clear()
+            texts = self._user_texts
+            if texts is None:
+                texts = (self._text(text) for role, text, _, _ in self._raw_turns if role == "user")
             # From the user's own words: not what they paste to translate, quote or debug.
-            _LANGUAGES[key] = user_language(
-                self._text(text) for role, text, _, _ in self._raw_turns if role == "user"
-            )
+            _LANGUAGES[key] = user_language(texts)
         return _LANGUAGES[key]
 
     def to_user(self, memories: list[Memory], match: FilterMatch, roles: tuple[str, ...] | None) -> User:
