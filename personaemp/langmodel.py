@@ -23,6 +23,8 @@ import numpy as np
 
 DEPTH = 6  # bytes of the longest n-gram node in py3langid's shipped model
 FLOOR = float(np.finfo(np.float32).min)  # the score of a folded alias column
+RESET = 0xFF
+PAD = bytes([RESET]) * (DEPTH - 1)
 
 
 class Model:
@@ -37,6 +39,11 @@ class Model:
         self.next_row = row_start[states]
         self.next_feature = np.asarray(identifier.tk_output, dtype=np.int32)[states]
         self.start = int(row_start[0])
+        # A byte no n-gram holds (0xFF never occurs in UTF-8) leads back to the start and
+        # emits nothing: DEPTH - 1 of them before a text let every position look DEPTH bytes
+        # back, the first ones starting afresh as the real walk does, with no edge cases.
+        if (self.next_row[RESET::256] != self.start).any() or (self.next_feature[RESET::256] >= 0).any():
+            raise RuntimeError("py3langid's model has n-grams holding byte 0xFF: langmodel.py cannot read it")
         # set_languages leaves a column slice of a float16 table: a contiguous float32 copy
         # gathers and multiplies (BLAS) far faster and gives the same answers.
         self.table = np.ascontiguousarray(identifier.nb_ptc, dtype=np.float32)
@@ -49,7 +56,7 @@ class Model:
                 self.aliases.append((first[label], column))
             else:
                 first[label] = column
-        self.distinct = np.array(sorted(first.values()))
+        self.distinct = sorted(first.values())
 
     @staticmethod
     def encode(text: str) -> bytes:
@@ -61,15 +68,16 @@ class Model:
 
     def features(self, data: bytes) -> tuple[np.ndarray, np.ndarray]:
         """(feature ids, counts), each feature once, in the order of its first occurrence."""
-        codes = np.frombuffer(data, dtype=np.uint8)
-        size = len(codes)
-        # row[i]: the row of the state reached from the start by bytes i-lag..i-1, lag falling
-        # to 1; positions with fewer bytes before them start later, as the real walk does.
+        # Few numpy calls: in the filter, between users' reading, each costs microseconds.
+        codes = np.frombuffer(PAD + data, dtype=np.uint8)
+        size = len(data)
+        # row[i]: the row of the state reached from the start by the DEPTH - 1 bytes before
+        # byte i, read one lag at a time, the farthest first.
         row = np.full(size, self.start, dtype=np.int32)
         for lag in range(DEPTH - 1, 0, -1):
-            if lag < size:
-                row[lag:] = self.next_row[row[lag:] + codes[: size - lag]]
-        found = self.next_feature[row + codes]
+            back = DEPTH - 1 - lag
+            np.take(self.next_row, row + codes[back : back + size], out=row, mode="clip")
+        found = np.take(self.next_feature, row + codes[DEPTH - 1 :], mode="clip")
         positions = np.flatnonzero(found >= 0)
         if not len(positions):
             return positions, positions
@@ -80,27 +88,30 @@ class Model:
         keys.sort()
         features = keys >> 32
         starts = np.flatnonzero(np.concatenate(([True], features[1:] != features[:-1])))
-        counts = np.diff(np.append(starts, len(keys)))
+        counts = np.diff(starts, append=len(keys))
         order = np.argsort(keys[starts] & 0xFFFFFFFF)
         return features[starts][order], counts[order]
 
     def scores(self, text: str) -> np.ndarray | None:
-        """Log-score per label column, or None when the text holds none of the features."""
+        """Log-score per label column (py3langid's, aliases unfolded), or None when the text
+        holds none of the features."""
         ids, counts = self.features(self.encode(text))
         if not len(ids):
             return None
-        scores = np.log1p(counts.astype(np.float32)) @ self.table.take(ids, axis=0) + self.prior
-        for first, later in self.aliases:
-            scores[first] = max(scores[first], scores[later])
-            scores[later] = FLOOR
-        return scores
+        return np.log1p(counts.astype(np.float32)) @ self.table.take(ids, axis=0) + self.prior
 
     def best(self, text: str) -> str | None:
-        """The top language, None where all score alike (no evidence either way)."""
+        """The top language, None where all score alike (no evidence either way): what
+        py3langid's rank(text) puts first, ties to the first label."""
         scores = self.scores(text)
         if scores is None:
             return None
-        distinct = scores[self.distinct]
-        if distinct.max() == distinct.min():
+        values = scores.tolist()  # exact (float32 to float), and cheaper than numpy scalars
+        for first, later in self.aliases:  # a label listed twice scores its better column
+            values[first] = max(values[first], values[later])
+            values[later] = FLOOR
+        distinct = [values[column] for column in self.distinct]
+        top = max(distinct)
+        if top == min(distinct):
             return None
-        return self.labels[int(scores.argmax())]
+        return self.labels[values.index(top)]
