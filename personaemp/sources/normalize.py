@@ -218,7 +218,8 @@ class SourceUser:
         digest = hashlib.blake2b(digest_size=16)
         if self._user_literals is not None:
             # String literals are self-delimiting: the array alone is a key no other history shares.
-            digest.update(b"r" + self._user_literals)
+            digest.update(b"r")
+            digest.update(self._user_literals)
         else:
             for role, text, _, _ in self._raw_turns:
                 if role == "user":
