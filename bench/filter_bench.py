@@ -4,9 +4,9 @@ Builds a task1-layout input of N users (default 100,000, about 4.7 GB) by replic
 ../shared/alpsbench with fresh benchmark ids, then times, each in its own process:
   - parse: every line of both files decoded to Python objects by msgspec (the JSON
     library the toolkit uses; orjson too if installed, and the faster of the two counts),
-  - filter, replicated: `personaemp filter` on the folder. The input repeats 1,200
-    histories, so its per-history language cache decides each one once: a figure real
-    inputs (every history distinct) never see;
+  - filter, replicated: `personaemp filter` (this checkout's) on the folder. The input
+    repeats 1,200 histories, so its per-history language cache decides each one once: a
+    figure real inputs (every history distinct) never see;
   - filter, distinct: the same command with that cache off (LANGUAGE_CACHE = 0, set by a
     bench-only wrapper), so every kept user's language is decided afresh, as it is for an
     input whose histories all differ. Same bytes in, so both runs must write the same
@@ -40,13 +40,16 @@ for name in sys.argv[2:]:
             loads(line)
 """
 PARSERS = ["msgspec.json:decode", "orjson:loads"]
-# `personaemp` with the per-history language cache off (the distinct-histories run).
-UNCACHED = """
+# `personaemp` from this checkout, both runs the same way; "distinct" turns the per-history
+# language cache off first.
+FILTER = """
 import sys
+sys.path.insert(0, sys.argv[1])
 import personaemp.sources.normalize
 from personaemp.cli import entry
-personaemp.sources.normalize.LANGUAGE_CACHE = 0
-sys.argv[0] = "personaemp"
+if sys.argv[2] == "distinct":
+    personaemp.sources.normalize.LANGUAGE_CACHE = 0
+sys.argv = ["personaemp", *sys.argv[3:]]
 sys.exit(entry())
 """
 
@@ -128,12 +131,8 @@ def main() -> None:
     python = sys.executable
     files = [str(data / name) for name in FILES]
     parsers = [p for p in PARSERS if _importable(p.split(":")[0])]
-    personaemp = str(Path(python).with_name("personaemp"))
     outputs = {name: args.work / name / "filtered.jsonl" for name in ("replicated", "distinct")}
-    commands = {
-        "replicated": [personaemp, "filter"],
-        "distinct": [python, "-c", UNCACHED, "filter"],
-    }
+    commands = {name: [python, "-c", FILTER, str(ROOT), name, "filter"] for name in outputs}
 
     print(f"machine: {_machine()}")
     measure([python, "-c", PARSE, parsers[0], *files])  # warm the page cache
