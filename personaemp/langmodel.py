@@ -39,6 +39,7 @@ class Model:
         self.next_row = row_start[states]
         self.next_feature = np.asarray(identifier.tk_output, dtype=np.int32)[states]
         self.start = int(row_start[0])
+        self.first_row = self.next_row[self.start : self.start + 256].copy()
         # A byte no n-gram holds (0xFF never occurs in UTF-8) leads back to the start and
         # emits nothing: DEPTH - 1 of them before a text let every position look DEPTH bytes
         # back, the first ones starting afresh as the real walk does, with no edge cases.
@@ -73,9 +74,8 @@ class Model:
         size = len(data)
         # row[i]: the row of the state reached from the start by the DEPTH - 1 bytes before
         # byte i, read one lag at a time, the farthest first.
-        row = np.full(size, self.start, dtype=np.int32)
-        for lag in range(DEPTH - 1, 0, -1):
-            back = DEPTH - 1 - lag
+        row = self.first_row.take(codes[:size])  # from the start: its row, 256 entries
+        for back in range(1, DEPTH - 1):
             np.take(self.next_row, row + codes[back : back + size], out=row, mode="clip")
         found = np.take(self.next_feature, row + codes[DEPTH - 1 :], mode="clip")
         positions = np.flatnonzero(found >= 0)
