@@ -24,6 +24,12 @@ import numpy as np
 DEPTH = 6  # bytes of the longest n-gram node in py3langid's shipped model
 FLOOR = float(np.finfo(np.float32).min)  # the score of a folded alias column
 RESET = 0xFF
+BATCH = 256  # texts walked together at most: their indexes fit in the keys' top bits
+# A sort key packs (text, feature, position): positions of a batch below 2**32 bytes,
+# feature ids below 2**20 (py3langid's model has about 100,000).
+POSITION_BITS, FEATURE_BITS = 32, 20
+TEXT_SHIFT = POSITION_BITS + FEATURE_BITS
+POSITION_MASK, FEATURE_MASK = (1 << POSITION_BITS) - 1, (1 << FEATURE_BITS) - 1
 PAD = bytes([RESET]) * (DEPTH - 1)
 
 
@@ -40,6 +46,8 @@ class Model:
         self.next_feature = np.asarray(identifier.tk_output, dtype=np.int32)[states]
         self.start = int(row_start[0])
         self.first_row = self.next_row[self.start : self.start + 256].copy()
+        if len(identifier.nb_ptc) > FEATURE_MASK:
+            raise RuntimeError("py3langid's model has more features than langmodel.py's keys hold")
         # A byte no n-gram holds (0xFF never occurs in UTF-8) leads back to the start and
         # emits nothing: DEPTH - 1 of them before a text let every position look DEPTH bytes
         # back, the first ones starting afresh as the real walk does, with no edge cases.
@@ -69,9 +77,15 @@ class Model:
 
     def features(self, data: bytes) -> tuple[np.ndarray, np.ndarray]:
         """(feature ids, counts), each feature once, in the order of its first occurrence."""
-        # Few numpy calls: in the filter, between users' reading, each costs microseconds.
-        codes = np.frombuffer(PAD + data, dtype=np.uint8)
-        size = len(data)
+        return self.features_of_many([data])[0]
+
+    def features_of_many(self, datas: list[bytes]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """`features` of each text, all texts walked and counted by the same numpy calls:
+        inside the filter each call costs microseconds (the reading between users evicts the
+        caches), so a batch of users pays them once."""
+        # The texts one after the other, PAD before each: a walk crossing it starts afresh.
+        codes = np.frombuffer(PAD + PAD.join(datas), dtype=np.uint8)
+        size = len(codes) - len(PAD)
         # row[i]: the row of the state reached from the start by the DEPTH - 1 bytes before
         # byte i, read one lag at a time, the farthest first.
         row = self.first_row.take(codes[:size])  # from the start: its row, 256 entries
@@ -80,33 +94,60 @@ class Model:
         found = np.take(self.next_feature, row + codes[DEPTH - 1 :], mode="clip")
         positions = np.flatnonzero(found >= 0)
         if not len(positions):
-            return positions, positions
-        # Sorted by feature, then position: each feature's run gives its count and its first
-        # position. Returned in first-occurrence order because the score's float sum follows
-        # the order, and py3langid's (a Counter's) is the one to match bit for bit.
-        keys = found[positions].astype(np.int64) << 32 | positions
+            return [(positions, positions)] * len(datas)
+        ends = np.cumsum([len(data) + len(PAD) for data in datas])
+        text = np.searchsorted(ends, positions, side="right")
+        # Sorted by text, feature, then position: each (text, feature) run gives its count and
+        # its first position. Kept in first-occurrence order because the score's float sum
+        # follows the order, and py3langid's (a Counter's) is the one to match bit for bit.
+        keys = text << TEXT_SHIFT | found[positions].astype(np.int64) << POSITION_BITS | positions
         keys.sort()
-        features = keys >> 32
-        starts = np.flatnonzero(np.concatenate(([True], features[1:] != features[:-1])))
+        groups = keys >> POSITION_BITS
+        starts = np.flatnonzero(np.concatenate(([True], groups[1:] != groups[:-1])))
         counts = np.diff(starts, append=len(keys))
-        order = np.argsort(keys[starts] & 0xFFFFFFFF)
-        return features[starts][order], counts[order]
+        firsts = keys[starts]
+        order = np.argsort(firsts >> TEXT_SHIFT << POSITION_BITS | firsts & POSITION_MASK)
+        firsts, counts = firsts[order], counts[order]
+        bounds = np.searchsorted(firsts >> TEXT_SHIFT, np.arange(len(datas) + 1)).tolist()
+        ids = groups[starts][order] & FEATURE_MASK
+        return [(ids[a:b], counts[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
 
     def scores(self, text: str) -> np.ndarray | None:
         """Log-score per label column (py3langid's, aliases unfolded), or None when the text
         holds none of the features."""
-        ids, counts = self.features(self.encode(text))
-        if not len(ids):
-            return None
-        return np.log1p(counts.astype(np.float32)) @ self.table.take(ids, axis=0) + self.prior
+        return self.scores_of_many([text])[0]
+
+    def scores_of_many(self, texts: list[str]) -> list[np.ndarray | None]:
+        found = self.features_of_many([self.encode(text) for text in texts])
+        counted = [len(ids) for ids, _ in found]
+        if not any(counted):
+            return [None] * len(texts)
+        ids = np.concatenate([ids for ids, _ in found])
+        weights = np.log1p(np.concatenate([counts for _, counts in found]).astype(np.float32))
+        rows = self.table.take(ids, axis=0)
+        scores: list[np.ndarray | None] = []
+        start = 0
+        for size in counted:
+            # One product per text, on its own rows: the same BLAS call py3langid makes.
+            end = start + size
+            scores.append(weights[start:end] @ rows[start:end] + self.prior if size else None)
+            start = end
+        return scores
 
     def best(self, text: str) -> str | None:
         """The top language, None where all score alike (no evidence either way): what
         py3langid's rank(text) puts first, ties to the first label."""
-        scores = self.scores(text)
-        if scores is None:
-            return None
-        values = scores.tolist()  # exact (float32 to float), and cheaper than numpy scalars
+        return self.best_of_many([text])[0]
+
+    def best_of_many(self, texts: list[str]) -> list[str | None]:
+        answers: list[str | None] = []
+        for start in range(0, len(texts), BATCH):
+            for scores in self.scores_of_many(texts[start : start + BATCH]):
+                answers.append(None if scores is None else self._top(scores.tolist()))
+        return answers
+
+    def _top(self, values: list[float]) -> str | None:
+        # Python floats: exact (from float32), and cheaper than numpy scalars one by one.
         for first, later in self.aliases:  # a label listed twice scores its better column
             values[first] = max(values[first], values[later])
             values[later] = FLOOR

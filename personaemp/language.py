@@ -223,8 +223,9 @@ def load_in_background() -> None:
     threading.Thread(target=_identifier, name="personaemp-language", daemon=True).start()
 
 
-def detect_language(text: str) -> str | None:
-    """Return an ISO 639-1 code, or None when the text gives too little to go on."""
+def _by_script(text: str) -> str | None | bool:
+    """The language a text's writing system names, None for too little text, False when
+    the model must decide."""
     sizes = _sizes(_runs(text[:OWN_WORDS_LIMIT]))
     total = sum(sizes.values())
     if total < MIN_LETTERS:
@@ -236,18 +237,40 @@ def detect_language(text: str) -> str | None:
         if script == "cjk":
             # Japanese puts kana between the Han characters; Chinese has none.
             return "ja" if len(_KANA.findall(text)) >= 0.1 * size / _WEIGHT["cjk"] else "zh"
-    # None: not one of the model's n-grams in the text ("translate", "Hi")
-    return _identifier().best(text[:OWN_WORDS_LIMIT])
+    return False
+
+
+def detect_languages(texts: list[str]) -> list[str | None]:
+    """`detect_language` of each text; the model reads those it must decide all at once."""
+    found = [_by_script(text) for text in texts]
+    undecided = [index for index, language in enumerate(found) if language is False]
+    if undecided:
+        # None: not one of the model's n-grams in the text ("translate", "Hi")
+        answers = _identifier().best_of_many([texts[index][:OWN_WORDS_LIMIT] for index in undecided])
+        for index, answer in zip(undecided, answers, strict=True):
+            found[index] = answer
+    return found
+
+
+def detect_language(text: str) -> str | None:
+    """Return an ISO 639-1 code, or None when the text gives too little to go on."""
+    return detect_languages([text])[0]
+
+
+def user_languages(histories: Iterable[Iterable[str]]) -> list[str | None]:
+    """The language each user writes in: `detect_language` of their `own_words`, else the
+    language of their request to translate when that is all they wrote themselves."""
+    words = [own_words(turns) for turns in histories]
+    found = detect_languages(words)
+    for index, language in enumerate(found):
+        if language is None and (request := _TRANSLATE.search(words[index].lower())):
+            found[index] = _TRANSLATE_WORDS[request.group().lower()]
+    return found
 
 
 def user_language(turns: Iterable[str]) -> str | None:
-    """The language a user writes in: `detect_language` of `own_words`, else the
-    language of their request to translate when that is all they wrote themselves."""
-    words = own_words(turns)
-    found = detect_language(words)
-    if found is None and (request := _TRANSLATE.search(words.lower())):
-        return _TRANSLATE_WORDS[request.group().lower()]
-    return found
+    """`user_languages` of one user."""
+    return user_languages([turns])[0]
 
 
 LANGUAGE_NAMES = {

@@ -116,3 +116,20 @@ def test_the_installed_model_is_an_aho_corasick_automaton_no_deeper_than_depth(r
     trie_edge = (parent[target] == source) & (depth[target] == depth[source] + 1)
     assert trie_edge[source != 0].all()
     assert np.count_nonzero(trie_edge) == states - 1  # every node but the start has its edge
+
+
+def test_texts_walked_together_score_as_each_alone(reference):
+    """The filter decides its kept users a batch at a time: no text's features, scores or
+    answer depend on its neighbours (more texts than one batch holds)."""
+    model = _identifier()
+    texts = TEXTS * 11  # 286: past langmodel.BATCH
+    answers = model.best_of_many(texts)
+    for text, scores, answer in zip(texts, model.scores_of_many(texts), answers, strict=True):
+        data = reference._encode(text)
+        walked = visit_counts(reference.tk_nextmove, reference._rowbase, reference.tk_output, data)
+        if not walked:
+            assert scores is None and answer is None
+            continue
+        assert np.array_equal(scores, reference._raw_score(data))
+        ranked = reference.rank(text)
+        assert answer == (None if ranked[0][1] == ranked[-1][1] else ranked[0][0])
