@@ -118,21 +118,27 @@ class Model:
         return self.scores_of_many([text])[0]
 
     def scores_of_many(self, texts: list[str]) -> list[np.ndarray | None]:
+        matrix, scored = self._score_matrix(texts)
+        return [row if has else None for row, has in zip(matrix, scored, strict=True)]
+
+    def _score_matrix(self, texts: list[str]) -> tuple[np.ndarray, list[bool]]:
+        """One row of scores per text, and whether the text held any feature."""
         found = self.features_of_many([self.encode(text) for text in texts])
         counted = [len(ids) for ids, _ in found]
-        if not any(counted):
-            return [None] * len(texts)
-        ids = np.concatenate([ids for ids, _ in found])
-        weights = np.log1p(np.concatenate([counts for _, counts in found]).astype(np.float32))
-        rows = self.table.take(ids, axis=0)
-        scores: list[np.ndarray | None] = []
-        start = 0
-        for size in counted:
-            # One product per text, on its own rows: the same BLAS call py3langid makes.
-            end = start + size
-            scores.append(weights[start:end] @ rows[start:end] + self.prior if size else None)
-            start = end
-        return scores
+        matrix = np.zeros((len(texts), len(self.labels)), dtype=np.float32)
+        if any(counted):
+            ids = np.concatenate([ids for ids, _ in found])
+            weights = np.log1p(np.concatenate([counts for _, counts in found]).astype(np.float32))
+            rows = self.table.take(ids, axis=0)
+            start = 0
+            for text, size in enumerate(counted):
+                # One product per text, on its own rows: the same BLAS call py3langid makes.
+                end = start + size
+                if size:
+                    np.matmul(weights[start:end], rows[start:end], out=matrix[text])
+                start = end
+            matrix += self.prior
+        return matrix, [size > 0 for size in counted]
 
     def best(self, text: str) -> str | None:
         """The top language, None where all score alike (no evidence either way): what
@@ -142,17 +148,14 @@ class Model:
     def best_of_many(self, texts: list[str]) -> list[str | None]:
         answers: list[str | None] = []
         for start in range(0, len(texts), BATCH):
-            for scores in self.scores_of_many(texts[start : start + BATCH]):
-                answers.append(None if scores is None else self._top(scores.tolist()))
+            matrix, scored = self._score_matrix(texts[start : start + BATCH])
+            if self.aliases:  # a label listed twice scores its better column
+                firsts, laters = (list(columns) for columns in zip(*self.aliases, strict=True))
+                matrix[:, firsts] = np.maximum(matrix[:, firsts], matrix[:, laters])
+                matrix[:, laters] = FLOOR
+            distinct = matrix[:, self.distinct]
+            alike = (distinct.max(axis=1) == distinct.min(axis=1)).tolist()
+            tops = matrix.argmax(axis=1).tolist()  # the first column holding the best score
+            for top, same, has in zip(tops, alike, scored, strict=True):
+                answers.append(self.labels[top] if has and not same else None)
         return answers
-
-    def _top(self, values: list[float]) -> str | None:
-        # Python floats: exact (from float32), and cheaper than numpy scalars one by one.
-        for first, later in self.aliases:  # a label listed twice scores its better column
-            values[first] = max(values[first], values[later])
-            values[later] = FLOOR
-        distinct = [values[column] for column in self.distinct]
-        top = max(distinct)
-        if top == min(distinct):
-            return None
-        return self.labels[values.index(top)]
