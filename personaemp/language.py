@@ -152,8 +152,11 @@ def _clean(text: str) -> str:
         kinds = tuple(kind for kind, (needs, _) in enumerate(_BROUGHT_ALONG) if not marks.isdisjoint(needs))
         text = _brought_along(kinds).sub(" ", text)
     lines = text.splitlines()
-    if len(_CODE_CHARS.findall(text)) < 3:
+    symbols = len(_CODE_CHARS.findall(text))
+    if symbols < 3:
         return "\n".join(lines)  # no line can look like code: skip the test of each
+    if len(lines) == 1:  # the text's symbols are the line's
+        return "" if symbols >= 0.1 * len(lines[0].strip()) else lines[0]
     return "\n".join(line for line in lines if not _looks_like_code(line))
 
 
