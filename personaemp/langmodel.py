@@ -4,10 +4,12 @@ py3langid finds its features (byte n-grams) by walking an Aho-Corasick automaton
 at a time in Python: about 0.2 µs a byte, most of the cost of naming a user's language.
 In that automaton the state after a byte is the longest suffix of the text read so far
 that is a node of the n-gram trie, and no node is longer than DEPTH bytes, so the state at
-byte i depends on bytes i-DEPTH+1..i alone. `Model.features` starts DEPTH walks of
-DEPTH bytes at once, one per end position, as DEPTH array lookups: the same features, the
-same counts, in the same order (tests/test_language.py holds it to py3langid's own walk,
-and checks DEPTH and the suffix property on every transition of the installed model).
+byte i depends on bytes i-DEPTH+1..i alone. `Model.features_of_many` starts a walk of
+DEPTH bytes at every position of every text at once, as DEPTH array lookups: the same
+features, the same counts, in the same order (tests/test_langmodel.py holds it to
+py3langid's own walk, and checks DEPTH and the suffix property on every transition of the
+installed model). Many texts go through the same numpy calls: inside the filter each call
+costs microseconds, so its kept users are decided a batch at a time.
 
 Scoring is py3langid's too (log1p of the counts times the feature rows, plus the class
 prior, script aliases folded), on a float32 copy of the table limited to the languages
@@ -24,7 +26,7 @@ import numpy as np
 DEPTH = 6  # bytes of the longest n-gram node in py3langid's shipped model
 FLOOR = float(np.finfo(np.float32).min)  # the score of a folded alias column
 RESET = 0xFF
-BATCH = 256  # texts walked together at most: their indexes fit in the keys' top bits
+BATCH = 256  # texts walked together at most: their indexes fit in the keys' top 11 bits
 # A sort key packs (text, feature, position): positions of a batch below 2**32 bytes,
 # feature ids below 2**20 (py3langid's model has about 100,000).
 POSITION_BITS, FEATURE_BITS = 32, 20
@@ -83,6 +85,12 @@ class Model:
         """`features` of each text, all texts walked and counted by the same numpy calls:
         inside the filter each call costs microseconds (the reading between users evicts the
         caches), so a batch of users pays them once."""
+        if len(datas) > BATCH:  # the keys below hold the index of BATCH texts at most
+            return [
+                found
+                for start in range(0, len(datas), BATCH)
+                for found in self.features_of_many(datas[start : start + BATCH])
+            ]
         # The texts one after the other, PAD before each: a walk crossing it starts afresh.
         codes = np.frombuffer(PAD + PAD.join(datas), dtype=np.uint8)
         size = len(codes) - len(PAD)
