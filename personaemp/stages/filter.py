@@ -13,6 +13,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from personaemp import locks
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, atomic_output, write_json_atomic
+from personaemp.language import load_in_background
 from personaemp.progress import emit
 from personaemp.records import FilterMatch, Memory
 from personaemp.rules import RuleSet, load_rules
@@ -117,6 +118,9 @@ def filter_users(
     rules = RuleSet(load_rules(rules_path))
     policy = ErrorPolicy(on_error)
     users = read_users(source, policy, fmt=fmt, split=split, hf_config=hf_config)
+    # Every kept user is written with a language: the model (about 0.7 s to load, LZMA and
+    # copies that release the GIL) loads on the other core while the first users are read.
+    load_in_background()
     report = FilterReport(input=source, output=str(output))
     all_labels, kept_labels, rules_hit, languages = Tally(), Tally(), Tally(), Tally()
     # Kept users wait here for their language, decided LANGUAGE_BATCH at a time (one pass of
