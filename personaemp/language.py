@@ -42,17 +42,27 @@ _SCRIPT_LANGUAGE = {"greek": "el", "hebrew": "he", "thai": "th", "hangul": "ko"}
 _RUN = re.compile(
     "|".join(rf"(?P<{name}>[{chars}]+(?:[\W\d_]*[{chars}]+)*)" for name, chars in _SCRIPT_CHARS.items())
 )
+_ASCII_LETTER = re.compile("[A-Za-z]")
 _KANA = re.compile("[\u3040-\u30ff]")
 # Sizes are in characters; a Han or Hangul character carries about a short word.
 _WEIGHT = {"cjk": 2, "hangul": 2}
 
-# Code blocks, inline code, URLs and e-mail addresses, quoted passages: one pass drops them all.
-_BROUGHT_ALONG = re.compile(
-    r"```.*?(?:```|\Z)|`[^`\n]{1,200}`|\b(?:https?://|www\.)\S+|\S+@\S+\.\w+"
-    r'|"[^"]{1,3000}"|“[^”]{1,3000}”|„[^“”]{1,3000}[“”]|«[^»]{1,3000}»|「[^」]{1,3000}」|『[^』]{1,3000}』',
-    re.S,
+# Code blocks, inline code, URLs and e-mail addresses, quoted passages: one pass drops them
+# all. Each kind with the marks it cannot match without: a turn's pass tries only the kinds
+# whose marks it holds, which finds the same matches (an absent kind never matches) at a
+# fifth of the cost (the e-mail kind alone tried every position of every turn with a quote).
+_BROUGHT_ALONG = (
+    (("`",), r"```.*?(?:```|\Z)"),
+    (("`",), r"`[^`\n]{1,200}`"),
+    (("://", "www."), r"\b(?:https?://|www\.)\S+"),
+    (("@",), r"\S+@\S+\.\w+"),
+    (('"',), r'"[^"]{1,3000}"'),
+    (("“",), r"“[^”]{1,3000}”"),
+    (("„",), r"„[^“”]{1,3000}[“”]"),
+    (("«",), r"«[^»]{1,3000}»"),
+    (("「",), r"「[^」]{1,3000}」"),
+    (("『",), r"『[^』]{1,3000}』"),
 )
-_BROUGHT_MARKS = ("`", "://", "www.", "@", '"', "“", "„", "«", "「", "『")
 _CODE_CHARS = re.compile(r"[{}\[\]();:.=<>_\\|$#@*&^~/+]")
 # "translate" in the languages AlpsBench users write in, with the language of the word
 # (None: shared by several): a turn that asks for a translation brings text that is not
@@ -77,6 +87,13 @@ TURN_LIMIT = 200  # characters of one turn: a long pasted message weighs no more
 
 def _runs(text: str) -> list[tuple[str, int]]:
     """Consecutive stretches of one writing system: [(script, weighted size)]."""
+    if text.isascii():
+        # Half the turns: every ASCII character that is not a letter may sit inside a run,
+        # so _RUN would find one Latin run from the first letter to the last.
+        first = _ASCII_LETTER.search(text)
+        if first is None:
+            return []
+        return [("latin", len(text) - _ASCII_LETTER.search(text[::-1]).start() - first.start())]
     runs: list[tuple[str, int]] = []
     for match in _RUN.finditer(text):
         script = match.lastgroup
@@ -102,6 +119,8 @@ def _strip_foreign_block(text: str, runs: list[tuple[str, int]]) -> str:
     else the smaller of the two ends' scripts; the rest is dropped when it is long
     (PASTED) and the frame has at least FRAME_MIN.
     """
+    if len(runs) < 2:
+        return text  # one writing system (most turns)
     runs = [run for run in runs if run[1] >= 2]  # a lone "я" or "A1": noise, not a run
     sizes = _sizes(runs)
     if len(sizes) < 2:
@@ -120,10 +139,25 @@ def _looks_like_code(line: str) -> bool:
     return symbols >= 3 and symbols >= 0.1 * len(line.strip())
 
 
+_MARKS = re.compile(r'[`@"“„«「『]|://|www\.')
+
+
+@functools.lru_cache(maxsize=256)
+def _brought_along(kinds: tuple[int, ...]) -> re.Pattern:
+    return re.compile("|".join(_BROUGHT_ALONG[kind][1] for kind in kinds), re.S)
+
+
 def _clean(text: str) -> str:
-    if any(mark in text for mark in _BROUGHT_MARKS):
-        text = _BROUGHT_ALONG.sub(" ", text)
-    return "\n".join(line for line in text.splitlines() if not _looks_like_code(line))
+    if marks := set(_MARKS.findall(text)):
+        kinds = tuple(kind for kind, (needs, _) in enumerate(_BROUGHT_ALONG) if not marks.isdisjoint(needs))
+        text = _brought_along(kinds).sub(" ", text)
+    lines = text.splitlines()
+    symbols = len(_CODE_CHARS.findall(text))
+    if symbols < 3:
+        return "\n".join(lines)  # no line can look like code: skip the test of each
+    if len(lines) == 1:  # the text's symbols are the line's
+        return "" if symbols >= 0.1 * len(lines[0].strip()) else lines[0]
+    return "\n".join(line for line in lines if not _looks_like_code(line))
 
 
 def _ends(text: str) -> str:
@@ -177,17 +211,12 @@ def _identifier():
 def _load_identifier():
     from py3langid.langid import MODEL_FILE, LanguageIdentifier
 
+    from personaemp.langmodel import Model
+
     identifier = LanguageIdentifier.from_model_file(MODEL_FILE)
     # ISO 639-1 codes only: the model also knows Cantonese, Wu, Ancient Greek, Nigerian
     # Pidgin..., which it would pick for short Chinese, Greek or English text.
-    identifier.set_languages([code for code in identifier.labels if len(code) == 2 and code != "zxx"])
-    # set_languages leaves a column slice of a float16 table: every text gathered its rows
-    # from strided half floats and multiplied them without BLAS. A contiguous float32 copy
-    # (46 MB) gives the same answers (bench/language_bench.py) in 60% of the time.
-    import numpy
-
-    identifier.nb_ptc = numpy.ascontiguousarray(identifier.nb_ptc, dtype=numpy.float32)
-    return identifier
+    return Model(identifier, [code for code in identifier.labels if len(code) == 2 and code != "zxx"])
 
 
 def load_in_background() -> None:
@@ -197,8 +226,9 @@ def load_in_background() -> None:
     threading.Thread(target=_identifier, name="personaemp-language", daemon=True).start()
 
 
-def detect_language(text: str) -> str | None:
-    """Return an ISO 639-1 code, or None when the text gives too little to go on."""
+def _by_script(text: str) -> str | None | bool:
+    """The language a text's writing system names, None for too little text, False when
+    the model must decide."""
     sizes = _sizes(_runs(text[:OWN_WORDS_LIMIT]))
     total = sum(sizes.values())
     if total < MIN_LETTERS:
@@ -210,20 +240,40 @@ def detect_language(text: str) -> str | None:
         if script == "cjk":
             # Japanese puts kana between the Han characters; Chinese has none.
             return "ja" if len(_KANA.findall(text)) >= 0.1 * size / _WEIGHT["cjk"] else "zh"
-    ranked = _identifier().rank(text[:OWN_WORDS_LIMIT])
-    if ranked[0][1] == ranked[-1][1]:
-        return None  # not one of the model's n-grams in the text ("translate", "Hi")
-    return ranked[0][0]
+    return False
+
+
+def detect_languages(texts: list[str]) -> list[str | None]:
+    """`detect_language` of each text; the model reads those it must decide all at once."""
+    found = [_by_script(text) for text in texts]
+    undecided = [index for index, language in enumerate(found) if language is False]
+    if undecided:
+        # None: not one of the model's n-grams in the text ("translate", "Hi")
+        answers = _identifier().best_of_many([texts[index][:OWN_WORDS_LIMIT] for index in undecided])
+        for index, answer in zip(undecided, answers, strict=True):
+            found[index] = answer
+    return found
+
+
+def detect_language(text: str) -> str | None:
+    """Return an ISO 639-1 code, or None when the text gives too little to go on."""
+    return detect_languages([text])[0]
+
+
+def user_languages(histories: Iterable[Iterable[str]]) -> list[str | None]:
+    """The language each user writes in: `detect_language` of their `own_words`, else the
+    language of their request to translate when that is all they wrote themselves."""
+    words = [own_words(turns) for turns in histories]
+    found = detect_languages(words)
+    for index, language in enumerate(found):
+        if language is None and (request := _TRANSLATE.search(words[index].lower())):
+            found[index] = _TRANSLATE_WORDS[request.group().lower()]
+    return found
 
 
 def user_language(turns: Iterable[str]) -> str | None:
-    """The language a user writes in: `detect_language` of `own_words`, else the
-    language of their request to translate when that is all they wrote themselves."""
-    words = own_words(turns)
-    found = detect_language(words)
-    if found is None and (request := _TRANSLATE.search(words.lower())):
-        return _TRANSLATE_WORDS[request.group().lower()]
-    return found
+    """`user_languages` of one user."""
+    return user_languages([turns])[0]
 
 
 LANGUAGE_NAMES = {

@@ -6,6 +6,7 @@ import json
 
 import pytest
 from conftest import (
+    EMOTIONAL_TEXT,
     FLAG,
     SAMPLE_KEPT,
     SAMPLE_TASK1,
@@ -455,9 +456,9 @@ def test_the_same_turns_are_decided_once_and_other_turns_get_their_own_language(
     more, or the same words split into other turns, is another history."""
     import personaemp.sources.normalize as normalize
 
-    calls = []
-    real = normalize.user_language
-    monkeypatch.setattr(normalize, "user_language", lambda turns: calls.append(1) or real(turns))
+    calls = []  # one per history decided (the filter decides its kept users a batch at a time)
+    real = normalize.user_languages
+    monkeypatch.setattr(normalize, "user_languages", lambda users: calls.extend(users) or real(users))
     monkeypatch.setattr(normalize, "_LANGUAGES", {})
     split = [
         session("s1", "我和我的姐姐又吵架了，", "嗯。"),
@@ -478,3 +479,41 @@ def test_the_same_turns_are_decided_once_and_other_turns_get_their_own_language(
         "first": "zh", "copy": "zh", "english": "en", "split": "zh",
     }  # fmt: skip
     assert len(calls) == 3, "the copy's language came from the first user's"
+
+
+def test_kept_users_decided_a_batch_at_a_time_are_written_as_one_by_one(tmp_path, monkeypatch):
+    """Languages are decided LANGUAGE_BATCH kept users at a time: the same bytes, in the same
+    order, whatever the batch size (2: many batches and a partial one at the end; 1: each
+    user alone)."""
+    import personaemp.stages.filter as stage
+
+    outputs = []
+    for size in (1, 2, 1000):
+        monkeypatch.setattr(stage, "LANGUAGE_BATCH", size)
+        folder = tmp_path / str(size)
+        filter_users(str(SAMPLE_TASK1), folder / "filtered.jsonl", report_path=folder / "report.json")
+        report = json.loads((folder / "report.json").read_text())
+        report.pop("output")
+        outputs.append(((folder / "filtered.jsonl").read_bytes(), report))
+    assert outputs[0] == outputs[1] == outputs[2]
+    assert outputs[0][1]["kept"] == SAMPLE_KEPT > 2
+
+
+def test_a_bad_turn_of_a_waiting_user_is_skipped_in_its_place(tmp_path):
+    """A kept user waits for its batch's languages, but its turns are read at once: its bad
+    byte is counted before the next row's error, and the users around it are written."""
+    ids = ["a__1", "b__2", "c__3", "d__4"]
+    folder = simple_task1(tmp_path / "task1", ids)
+    path = folder / "model_input.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    marker = EMOTIONAL_TEXT.encode()
+    lines[1] = lines[1].replace(marker, marker[:10] + b"\xff" + marker[10:], 1)
+    lines[2] = b"{not json\n"
+    path.write_bytes(b"".join(lines))
+    report, output = run(tmp_path, folder, on_error="skip")
+    assert [row["user_id"] for row in read_jsonl(output)] == ["a__1", "d__4"]
+    places = [row.split(": ", 1)[0] for row in report.skipped_rows]
+    assert places[:2] == [f"{path}:2", f"{path}:3"]  # then c__3's unjoined reference row
+    assert "dialogue text is not valid UTF-8" in report.skipped_rows[0]
+    with pytest.raises(RowError, match=r"model_input\.jsonl:2: dialogue text is not valid UTF-8"):
+        run(tmp_path, folder)

@@ -100,6 +100,38 @@ def test_own_words_drop_code_urls_and_quotes():
     assert "why does this fail?" in words and "what does mean in English?" in words
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # One pass drops every kind at once, however they nest; each pass tries only the kinds
+        # whose marks the turn holds (the expected words are what the single full pattern gave).
+        ('write to me at bob@example.com "or call" later', "write to me at later"),
+        ('see "the docs at https://x.y/z" and `code` too', "see and too"),
+        ("„Zitat“ und «citation» and 「引用」 and 『二重』 stay out", "und and and stay out"),
+        ('an unclosed "quote with a@b.co and www.site.com inside', 'an unclosed "quote with and inside'),
+        ("```\nfenced without an end\nx = 1", ""),
+        ("mail me: someone@@mail..com, ok?", "mail me: , ok?"),
+    ],
+)
+def test_own_words_drop_each_kind_of_brought_along_text(text, expected):
+    assert own_words([text]) == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["", "123 !!", "a", "  x  ", "a_b", "\x00a\x7f", "Hello, world! 42 times_over the top.", "1a2b3"]
+)
+def test_runs_of_ascii_text_are_what_the_run_pattern_finds(text):
+    """ASCII text takes a shortcut (one Latin run from the first letter to the last)."""
+    expected: list[tuple[str, int]] = []
+    for match in language._RUN.finditer(text):
+        size = match.end() - match.start()
+        if expected and expected[-1][0] == match.lastgroup:
+            expected[-1] = (match.lastgroup, expected[-1][1] + size)
+        else:
+            expected.append((match.lastgroup, size))
+    assert language._runs(text) == expected
+
+
 def test_own_words_drop_what_follows_translate_colon():
     assert own_words(["Vale, traduce esto: And you were way too quick"]) == "Vale, traduce esto"
     assert own_words(["翻译：The number of layers in a 3D U-Net can vary."]) == "翻译"

@@ -252,8 +252,9 @@ def test_a_shard_summarizes_its_own_personas(tmp_path):
 
 
 def copied_sample(target: Path, copies: int) -> Path:
-    """More kept rows than the pipe holds (64 KB): the filter cannot finish before
-    infer-persona has taken some of them."""
+    """`copies` times the sample (16 kept rows of about 3.9 KB each). Above 192 KB of kept
+    rows (the pipe's 64 KB and asyncio's reader, which pauses past 128 KB) the filter cannot
+    finish before infer-persona has taken some of them: 4 copies are 250 KB."""
     return copy_sample(SAMPLE_TASK1, target, copies)
 
 
@@ -266,7 +267,7 @@ def streamed_options(source: Path, processed: Path, base_url: str, **llm) -> Run
 
 
 def test_run_sends_requests_while_the_filter_still_reads_and_writes_what_the_stages_write(tmp_path):
-    source = copied_sample(tmp_path / "input", 3)
+    source = copied_sample(tmp_path / "input", 6)  # 375 KB of kept rows: the filter must wait
     processed = tmp_path / "processed"
     seen_filtered = []  # at each request: had the filter written its output yet?
     responder = order_free_responder()
@@ -279,8 +280,9 @@ def test_run_sends_requests_while_the_filter_still_reads_and_writes_what_the_sta
         console = Console(file=open(tmp_path / "console.txt", "w"))  # noqa: SIM115
         result = run_pipeline(streamed_options(source, processed, server.base_url), console)
         console.file.close()
+        # Held back by the pipe, the filter cannot end before the first request (whether the
+        # last one comes before or after its end is a race, so it is not asserted).
         assert seen_filtered[0] is False, "the first request went out before the filter ended"
-        assert seen_filtered[-1] is True
         sent = server.count
         again = run_pipeline(streamed_options(source, processed, server.base_url), QUIET)
         assert server.count == sent, "a re-run sends nothing"
@@ -297,13 +299,13 @@ def test_run_sends_requests_while_the_filter_still_reads_and_writes_what_the_sta
         generate_queries(alone / "personas.jsonl", alone / "queries.jsonl", settings, console=QUIET)
     text = (tmp_path / "console.txt").read_text()
     assert "filter → infer-persona → gen-queries" in text and "filter funnel" in text
-    assert result.reports["filter"].kept == report.kept == 48
+    assert result.reports["filter"].kept == report.kept == 96
     assert (processed / "filtered.jsonl").read_bytes() == (alone / "filtered.jsonl").read_bytes()
     for name in ("personas.jsonl", "queries.jsonl", "rejected.jsonl"):
         assert comparable(processed / name) == comparable(alone / name), name
     manifest = json.loads((processed / "manifest.json").read_text())
     assert {"filter", "infer-persona", "gen-queries", "split"} <= set(manifest)
-    assert json.loads((processed / "filter_report.json").read_text())["kept"] == 48
+    assert json.loads((processed / "filter_report.json").read_text())["kept"] == 96
 
 
 def leftovers(folder: Path) -> list[str]:
@@ -343,7 +345,7 @@ def test_a_bad_row_the_streamed_filter_meets_late_stops_run_and_loses_nothing(tm
 
 
 def test_run_stopped_by_the_endpoint_stops_the_streamed_filter_and_leaves_no_partial_file(tmp_path):
-    source = copied_sample(tmp_path / "input", 3)
+    source = copied_sample(tmp_path / "input", 6)  # more than the pipe holds: it cannot end first
     processed = tmp_path / "processed"
     with FakeOpenAI(responder=order_free_responder(), require_key="sk-right") as server:
         options = streamed_options(source, processed, server.base_url, max_retries=0)

@@ -671,3 +671,23 @@ def test_task1_invalid_utf8_inside_a_kept_users_turn_names_the_line(tmp_path):
     with pytest.raises(RowError) as caught:
         users[1].turns  # noqa: B018 - reading the property is the act under test
     assert str(caught.value).startswith(f"{folder / 'model_input.jsonl'}:2: dialogue text is not valid UTF-8")
+
+
+def test_task1_invalid_utf8_in_a_user_turn_is_named_by_the_language_and_the_output(tmp_path):
+    """A user's turns are digested and decoded as one JSON array; a bad byte in one makes
+    that fail, and the turn-by-turn decoding then names the line as it did before."""
+    folder = simple_task1(tmp_path, ["a__1", "b__2"])
+    lines = (folder / "model_input.jsonl").read_bytes().splitlines(keepends=True)
+    marker = EMOTIONAL_TEXT.encode()
+    lines[1] = lines[1].replace(marker, marker[:10] + b"\xff" + marker[10:], 1)
+    (folder / "model_input.jsonl").write_bytes(b"".join(lines))
+    good, bad = read_users(str(folder), ErrorPolicy())
+    assert good.language == "en"
+    assert good._turn_dicts(("user",))[0]["text"] == EMOTIONAL_TEXT
+    expected = f"{folder / 'model_input.jsonl'}:2: dialogue text is not valid UTF-8"
+    with pytest.raises(RowError) as caught:
+        bad.language  # noqa: B018 - reading the property is the act under test
+    assert str(caught.value).startswith(expected)
+    with pytest.raises(RowError) as caught:
+        bad._turn_dicts(("user",))
+    assert str(caught.value).startswith(expected)

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
 from pydantic import ValidationError
 
 from personaemp.errors import RowError, first_problem
-from personaemp.language import user_language
+from personaemp.language import user_language, user_languages
 from personaemp.records import FilterMatch, Intent, Memory, Source, Turn, User
 
 
@@ -34,6 +34,34 @@ def _expect(value: Any, kind: type, what: str, location: str) -> Any:
 RawTurn = tuple[str, "str | msgspec.Raw", str | None, int | None]
 LANGUAGE_CACHE = 200_000  # users' languages remembered by their turns' digest (16 bytes each)
 _LANGUAGES: dict[bytes, str | None] = {}
+_STRINGS = msgspec.json.Decoder(list[str])
+
+
+def _remember(key: bytes, language: str | None) -> None:
+    if len(_LANGUAGES) >= LANGUAGE_CACHE:
+        _LANGUAGES.clear()
+    _LANGUAGES[key] = language
+
+
+def decide_languages(users: list[SourceUser]) -> None:
+    """Set the language of users whose turns decode, their unseen histories decided together
+    (user_languages: one pass of the model for all). The others are left to the `language`
+    property, which raises their error when it is read."""
+    todo: dict[bytes, list[SourceUser]] = {}
+    for user in users:
+        if "language" in user.__dict__ or user._language or user._user_texts is None:
+            continue
+        key = user._history_key()
+        if key in _LANGUAGES:
+            user.__dict__["language"] = _LANGUAGES[key]
+        else:
+            todo.setdefault(key, []).append(user)
+    # From the users' own words: not what they paste to translate, quote or debug.
+    found = user_languages([same[0]._user_texts for same in todo.values()])
+    for (key, same), language in zip(todo.items(), found, strict=True):
+        _remember(key, language)
+        for user in same:
+            user.__dict__["language"] = language
 
 
 def lazy_turns(sessions: Any, dialogue: Any, location: str) -> Callable[[], list[RawTurn]]:
@@ -173,46 +201,90 @@ class SourceUser:
             raise RowError(self.location, "a turn needs a string 'role' and 'text'")
         return text
 
+    @functools.cached_property
+    def _user_literals(self) -> bytes | None:
+        """The user's turns as one JSON array of their undecoded string literals (None when
+        the reader decoded them already): one digest and one decode instead of one per turn."""
+        texts = [text for role, text, _, _ in self._raw_turns if role == "user"]
+        if not all(isinstance(text, msgspec.Raw) for text in texts):
+            return None
+        return b"[" + b",".join(texts) + b"]"
+
+    @functools.cached_property
+    def _user_texts(self) -> list[str] | None:
+        """The user's turns decoded at once; None when one is not valid (the turn-by-turn
+        path then raises its error where it did before, naming it)."""
+        if self._user_literals is None:
+            texts = [text for role, text, _, _ in self._raw_turns if role == "user"]
+            return texts if all(isinstance(text, str) for text in texts) else None
+        try:
+            return _STRINGS.decode(self._user_literals)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            return None
+
     def _turn_dicts(self, roles: tuple[str, ...] | None) -> list[dict]:
+        texts = self._user_texts
+        decoded = iter(texts) if texts is not None else None
         return [
-            {"role": r, "text": self._text(t), "session_id": s, "index": i}
+            {
+                "role": r,
+                "text": next(decoded) if decoded is not None and r == "user" else self._text(t),
+                "session_id": s,
+                "index": i,
+            }
             for r, t, s, i in self._raw_turns
             if roles is None or r in roles
         ]
+
+    def _history_key(self) -> bytes:
+        """The key of the user's turns in the language cache: a digest of their raw bytes (no
+        JSON decoding), so a repeated history (a copied session, a replicated benchmark
+        input) is decided once. A miss costs a hash of the turns, about a microsecond per KB."""
+        digest = hashlib.blake2b(digest_size=16)
+        if self._user_literals is not None:
+            # String literals are self-delimiting: the array alone is a key no other history shares.
+            digest.update(b"r")
+            digest.update(self._user_literals)
+        else:
+            for role, text, _, _ in self._raw_turns:
+                if role == "user":
+                    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+                    # The kind and the length first: no two histories share a key.
+                    digest.update((b"s" if isinstance(text, str) else b"b") + len(data).to_bytes(8, "big"))
+                    digest.update(data)
+        return digest.digest()
+
+    def _own_turns(self) -> Iterable[str]:
+        texts = self._user_texts
+        if texts is None:  # decoded one by one, as far as own_words reads: a bad one raises here
+            return (self._text(text) for role, text, _, _ in self._raw_turns if role == "user")
+        return texts
 
     @functools.cached_property
     def language(self) -> str | None:
         if self._language:
             return self._language
-        # The same turns get the same language: keyed by a digest of their raw bytes (no JSON
-        # decoding), a repeated history (a copied session, a replicated benchmark input) is
-        # decided once. A miss costs a hash of the turns, about a microsecond per KB.
-        digest = hashlib.blake2b(digest_size=16)
-        for role, text, _, _ in self._raw_turns:
-            if role == "user":
-                data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
-                # The kind (a str, or raw JSON) and the length first: no two histories share a key.
-                digest.update((b"s" if isinstance(text, str) else b"r") + len(data).to_bytes(8, "big"))
-                digest.update(data)
-        key = digest.digest()
+        key = self._history_key()
         if key not in _LANGUAGES:
-            if len(_LANGUAGES) >= LANGUAGE_CACHE:
-                _LANGUAGES.clear()
-            # From the user's own words: not what they paste to translate, quote or debug.
-            _LANGUAGES[key] = user_language(
-                self._text(text) for role, text, _, _ in self._raw_turns if role == "user"
-            )
+            _remember(key, user_language(self._own_turns()))
         return _LANGUAGES[key]
 
-    def to_user(self, memories: list[Memory], match: FilterMatch, roles: tuple[str, ...] | None) -> User:
-        """The output record: given memories, turns of the given roles (None: all)."""
+    def to_user(
+        self,
+        memories: list[Memory],
+        match: FilterMatch,
+        roles: tuple[str, ...] | None,
+        turns: list[dict] | None = None,
+    ) -> User:
+        """The output record: given memories, turns of the given roles (None: all; `turns`:
+        what `_turn_dicts(roles)` gave already)."""
         # Turns as plain dicts: pydantic builds them far faster than Turn(...) calls would.
         return User.model_validate(
             {
                 "user_id": self.user_id,
                 "source": self.source,
                 "language": self.language,
-                "turns": self._turn_dicts(roles),
+                "turns": self._turn_dicts(roles) if turns is None else turns,
                 "memories": memories,
                 "intents": self.intents,
                 "filter": match,

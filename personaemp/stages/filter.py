@@ -13,16 +13,18 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from personaemp import locks
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, atomic_output, write_json_atomic
+from personaemp.language import load_in_background
 from personaemp.progress import emit
 from personaemp.records import FilterMatch, Memory
 from personaemp.rules import RuleSet, load_rules
 from personaemp.sources import read_users
-from personaemp.sources.normalize import SourceUser
+from personaemp.sources.normalize import SourceUser, decide_languages
 from personaemp.workspace import record_stage
 
 # Gates in the order they are applied; a dropped user is counted under the first it fails.
 GATES = ("intents", "min_memories", "memory_labels", "language")
 TOP_LABELS = 15
+LANGUAGE_BATCH = 64  # kept users whose languages are decided together
 
 
 @dataclass
@@ -116,14 +118,35 @@ def filter_users(
     rules = RuleSet(load_rules(rules_path))
     policy = ErrorPolicy(on_error)
     users = read_users(source, policy, fmt=fmt, split=split, hf_config=hf_config)
+    # Every kept user is written with a language: the model (about 0.7 s to load, LZMA and
+    # copies that release the GIL) loads on the other core while the first users are read.
+    load_in_background()
     report = FilterReport(input=source, output=str(output))
     all_labels, kept_labels, rules_hit, languages = Tally(), Tally(), Tally(), Tally()
+    # Kept users wait here for their language, decided LANGUAGE_BATCH at a time (one pass of
+    # the model for all: about half the cost per user). Their turns are read and decoded in
+    # order, so a malformed one is met where it was; they are written in order.
+    # `run` streams each kept row to its LLM stages as soon as it is kept: no waiting there.
+    waiting: list[tuple[SourceUser, Decision, list[dict]]] = []
+    batch = 1 if on_kept is not None else LANGUAGE_BATCH
+
+    def write_waiting() -> None:
+        decide_languages([user for user, _, _ in waiting])
+        for user, decision, turns in waiting:
+            kept = user.to_user(decision.memories, decision.match, roles, turns)
+            languages.add([kept.language or "unknown"])
+            line = kept.model_dump_json().encode() + b"\n"
+            handle.write(line)
+            if on_kept is not None:
+                on_kept(line)
+        waiting.clear()
+
     with locks.exclusive(output), atomic_output(output) as handle, _progress(console) as progress:
         task = progress.add_task("filter", total=None)
         for user in users:
             try:
                 decision = select_user(user, rules)
-                kept = user.to_user(decision.memories, decision.match, roles) if decision.match else None
+                turns = user._turn_dicts(roles) if decision.match else None
             except RowError as error:  # a malformed turn, found when the turns are first read
                 policy.handle(error)
                 continue
@@ -136,18 +159,17 @@ def filter_users(
             if decision.gate is None:
                 report.kept += 1
                 matched = set(decision.match.matched_memory_ids)
-                kept_labels.add(_label_key(m.label) for m in kept.memories if m.memory_id in matched)
+                kept_labels.add(_label_key(m.label) for m in decision.memories if m.memory_id in matched)
                 rules_hit.add(decision.match.matched_rules)
-                languages.add([kept.language or "unknown"])
-                line = kept.model_dump_json().encode() + b"\n"
-                handle.write(line)
-                if on_kept is not None:
-                    on_kept(line)
+                waiting.append((user, decision, turns))
+                if len(waiting) >= batch:
+                    write_waiting()
             else:
                 report.dropped[decision.gate] += 1
             if report.users_in % 500 == 0:
                 progress.update(task, completed=report.users_in, description=f"filter: {report.kept} kept")
                 emit("filter", report.users_in, None)
+        write_waiting()
         progress.update(task, completed=report.users_in, description=f"filter: {report.kept} kept")
         emit("filter", report.users_in, report.users_in)
         if report.users_in == 0:  # raised inside the block: the previous output stays as it was
