@@ -86,12 +86,24 @@ def _unpack(entry: int) -> tuple[int, int]:
     return entry >> _OFFSET_BITS, entry & ((1 << _OFFSET_BITS) - 1)
 
 
+class _ReferenceId(msgspec.Struct):
+    benchmark_id: Any = None
+
+
+# The index needs each reference row's id alone: a typed decoder checks the whole row's
+# syntax but builds nothing else (the row is decoded whole when its user is joined). Decoding
+# every row whole here took an eighth of the filter's time.
+_REFERENCE_ID = msgspec.json.Decoder(_ReferenceId)
+
+
 def _index_reference(path: Path, policy: ErrorPolicy) -> dict[str, int]:
     index: dict[str, int] = {}
-    for lineno, offset, row in iter_jsonl(path, policy):
+    for lineno, offset, row in iter_jsonl(path, policy, _REFERENCE_ID):
         location = f"{path}:{lineno}"
         try:
-            benchmark_id = _benchmark_id(row, location)
+            benchmark_id = row.benchmark_id
+            if not isinstance(benchmark_id, str) or not benchmark_id:
+                raise RowError(location, "missing required field 'benchmark_id'")
             if benchmark_id in index:
                 first = _unpack(index[benchmark_id])[0]
                 raise RowError(location, f"duplicate benchmark_id {benchmark_id!r} (first at line {first})")
