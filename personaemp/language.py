@@ -18,11 +18,19 @@ hand-checked list of users (README: "Language detection").
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import queue
 import re
+import signal
+import subprocess
+import sys
 import threading
 from collections import Counter
 from collections.abc import Iterable
+
+from personaemp.errors import PersonaempError
 
 # Writing systems. Greek, Hebrew, Thai and Hangul name their language outright; Han + kana
 # ("cjk"), Cyrillic, Arabic and Latin are shared by several languages and go to the model.
@@ -219,6 +227,12 @@ def _load_identifier():
     return Model(identifier, [code for code in identifier.labels if len(code) == 2 and code != "zxx"])
 
 
+def release_model() -> None:
+    """Let the model's memory go (about 120 MB): the worker holds its own from now on."""
+    with _LOADING:
+        _load_identifier.cache_clear()
+
+
 def load_in_background() -> None:
     """Start loading the model in a thread, for a process that will soon need it (`run`'s
     filter child; gen-queries' checks in `run`): half a second, most of it LZMA
@@ -269,6 +283,116 @@ def user_languages(histories: Iterable[Iterable[str]]) -> list[str | None]:
         if language is None and (request := _TRANSLATE.search(words[index].lower())):
             found[index] = _TRANSLATE_WORDS[request.group().lower()]
     return found
+
+
+# The worker: a plain `python -c` child (not multiprocessing, whose spawn re-runs a script
+# that calls the library without a __main__ guard). It ignores Ctrl-C (the parent stops
+# it), ends when its stdin closes (the parent ended or died), and a parent killed outright
+# takes it along (PR_SET_PDEATHSIG).
+_WORKER = (
+    "import signal, sys\n"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    "from personaemp.language import serve_languages\n"
+    "serve_languages(sys.stdin.buffer, sys.stdout.buffer)\n"
+)
+_LENGTH = 8  # bytes of a frame's length, big-endian
+
+
+def _write_frame(stream, value) -> None:
+    import msgspec
+
+    payload = msgspec.msgpack.encode(value)
+    stream.write(len(payload).to_bytes(_LENGTH, "big") + payload)
+    stream.flush()
+
+
+def _read_frame(stream):
+    import msgspec
+
+    header = stream.read(_LENGTH)
+    if len(header) < _LENGTH:
+        return None
+    return msgspec.msgpack.decode(stream.read(int.from_bytes(header, "big")))
+
+
+def serve_languages(requests, replies) -> None:
+    """The worker's loop: each frame of histories answered by a frame of their languages."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    _identifier()
+    while (histories := _read_frame(requests)) is not None:
+        _write_frame(replies, user_languages(histories))
+
+
+class LanguageWorker:
+    """`user_languages` in a second process: a big input's reader goes on while the other
+    core decides the languages of the users it kept (a third of the filter's work). Batches
+    are answered in the order they were sent; its start (imports, the model: about a
+    second) is spent on that other core."""
+
+    def __init__(self) -> None:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": path}, process_group=0,
+        )  # fmt: skip
+        # A batch is larger than the pipe: written from a thread (blocked in the write, it
+        # lets the reader run), so the reader never waits for the worker to take it.
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._sender = threading.Thread(target=self._send_all, name="personaemp-languages", daemon=True)
+        self._sender.start()
+
+    def _send_all(self) -> None:
+        while (histories := self._outbox.get()) is not None:
+            # Only the head and tail of a long turn travel: what own_words reads of it.
+            with contextlib.suppress(BrokenPipeError, ValueError):  # died: `receive` says so
+                _write_frame(self._process.stdin, [[_ends(turn) for turn in turns] for turns in histories])
+        with contextlib.suppress(OSError):
+            self._process.stdin.close()  # the worker's loop ends
+
+    def send(self, histories: list[list[str]]) -> None:
+        """Queue a batch for the worker."""
+        self._outbox.put(histories)
+
+    def receive(self) -> list[str | None]:
+        """The languages of the oldest batch sent and not yet received."""
+        found = _read_frame(self._process.stdout)
+        if found is None:
+            raise PersonaempError(
+                f"the language worker ended (exit code {self._process.wait()})",
+                "run again; if it recurs, report it",
+            )
+        return found
+
+    def __enter__(self) -> LanguageWorker:
+        return self
+
+    def __exit__(self, error_type, *_) -> None:
+        """Done: the worker ends when its input does. Stopped (an error, Ctrl-C): killed."""
+        if error_type is not None:
+            self._process.kill()
+        self._outbox.put(None)
+        self._sender.join(5)
+        try:
+            self._process.wait(5)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._process.stdout.close()
+
+    @staticmethod
+    def worth_it() -> bool:
+        """A second core to run on (and POSIX pipes and process groups)."""
+        if os.name != "posix":
+            return False
+        try:
+            return len(os.sched_getaffinity(0)) >= 2
+        except AttributeError:  # not Linux
+            return (os.cpu_count() or 1) >= 2
 
 
 def user_language(turns: Iterable[str]) -> str | None:

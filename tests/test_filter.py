@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import (
@@ -497,6 +498,82 @@ def test_kept_users_decided_a_batch_at_a_time_are_written_as_one_by_one(tmp_path
         outputs.append(((folder / "filtered.jsonl").read_bytes(), report))
     assert outputs[0] == outputs[1] == outputs[2]
     assert outputs[0][1]["kept"] == SAMPLE_KEPT > 2
+
+
+def language_workers() -> list[int]:
+    """This process's descendants running the language worker (Linux /proc)."""
+    import os
+
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            command = cmdline.read_bytes()
+            parent = int((cmdline.parent / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"serve_languages" in command and parent == os.getpid():
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+def test_a_big_input_has_its_languages_decided_in_a_second_process(tmp_path, monkeypatch):
+    """Past WORKER_AFTER kept users the languages go to a worker process while the reading
+    goes on: the same bytes as in-process, batches back in order, no worker left after.
+    Without the history cache, every user is the worker's (as on an input of distinct users)."""
+    import personaemp.sources.normalize as normalize
+    import personaemp.stages.filter as stage
+    from personaemp.language import LanguageWorker
+
+    started = []
+
+    class Counted(LanguageWorker):
+        def __init__(self):
+            super().__init__()
+            started.append(self)
+
+    monkeypatch.setattr(normalize, "LANGUAGE_CACHE", 0)
+    monkeypatch.setattr(stage, "LanguageWorker", Counted)
+    monkeypatch.setattr(stage, "LANGUAGE_BATCH", 3)  # many batches, several in flight, a partial last
+    outputs = []
+    for after in (10**9, 2):  # never a worker; a worker from the third kept user on
+        monkeypatch.setattr(stage, "WORKER_AFTER", after)
+        folder = tmp_path / str(after)
+        filter_users(str(SAMPLE_TASK1), folder / "filtered.jsonl", report_path=folder / "report.json")
+        report = json.loads((folder / "report.json").read_text())
+        report.pop("output")
+        outputs.append(((folder / "filtered.jsonl").read_bytes(), report))
+    assert len(started) == 1 and started[0]._process.returncode == 0
+    assert outputs[0] == outputs[1] and outputs[0][1]["kept"] == SAMPLE_KEPT > 6
+    assert language_workers() == []
+
+
+def test_a_stopped_filter_stops_its_language_worker(tmp_path, monkeypatch):
+    """A bad row met after the worker started stops the filter: the worker goes with it and
+    nothing is written."""
+    import personaemp.stages.filter as stage
+    from personaemp.language import LanguageWorker
+
+    started = []
+
+    class Counted(LanguageWorker):
+        def __init__(self):
+            super().__init__()
+            started.append(self)
+
+    monkeypatch.setattr(stage, "LanguageWorker", Counted)
+    monkeypatch.setattr(stage, "LANGUAGE_BATCH", 1)
+    monkeypatch.setattr(stage, "WORKER_AFTER", 1)
+    ids = [f"u{n}__{n}" for n in range(6)]
+    folder = simple_task1(tmp_path / "task1", ids)
+    path = folder / "model_input.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[4] = b"{not json\n"
+    path.write_bytes(b"".join(lines))
+    with pytest.raises(RowError, match="model_input.jsonl:5"):
+        filter_users(str(folder), tmp_path / "out" / "filtered.jsonl")
+    assert not (tmp_path / "out" / "filtered.jsonl").exists()
+    assert len(started) == 1 and started[0]._process.returncode is not None
+    assert language_workers() == []
 
 
 def test_a_bad_turn_of_a_waiting_user_is_skipped_in_its_place(tmp_path):

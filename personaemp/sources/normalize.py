@@ -43,10 +43,10 @@ def _remember(key: bytes, language: str | None) -> None:
     _LANGUAGES[key] = language
 
 
-def decide_languages(users: list[SourceUser]) -> None:
-    """Set the language of users whose turns decode, their unseen histories decided together
-    (user_languages: one pass of the model for all). The others are left to the `language`
-    property, which raises their error when it is read."""
+def unseen_languages(users: list[SourceUser]) -> tuple[dict[bytes, list[SourceUser]], list[list[str]]]:
+    """Set the language of users whose history was decided before; the others grouped by
+    history, with each history's own texts (for `user_languages`, here or in a worker). Users
+    whose turns do not decode are left to the `language` property, which raises their error."""
     todo: dict[bytes, list[SourceUser]] = {}
     for user in users:
         if "language" in user.__dict__ or user._language or user._user_texts is None:
@@ -56,12 +56,23 @@ def decide_languages(users: list[SourceUser]) -> None:
             user.__dict__["language"] = _LANGUAGES[key]
         else:
             todo.setdefault(key, []).append(user)
-    # From the users' own words: not what they paste to translate, quote or debug.
-    found = user_languages([same[0]._user_texts for same in todo.values()])
+    return todo, [same[0]._user_texts for same in todo.values()]
+
+
+def settle_languages(todo: dict[bytes, list[SourceUser]], found: list[str | None]) -> None:
+    """Give each history's users the language found for it, and remember it."""
     for (key, same), language in zip(todo.items(), found, strict=True):
         _remember(key, language)
         for user in same:
             user.__dict__["language"] = language
+
+
+def decide_languages(users: list[SourceUser]) -> None:
+    """Set the language of users whose turns decode, their unseen histories decided together
+    (user_languages: one pass of the model for all)."""
+    todo, histories = unseen_languages(users)
+    # From the users' own words: not what they paste to translate, quote or debug.
+    settle_languages(todo, user_languages(histories))
 
 
 def lazy_turns(sessions: Any, dialogue: Any, location: str) -> Callable[[], list[RawTurn]]:

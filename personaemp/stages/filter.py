@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections import Counter
+import contextlib
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,18 +14,20 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from personaemp import locks
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, atomic_output, write_json_atomic
-from personaemp.language import load_in_background
+from personaemp.language import LanguageWorker, load_in_background, release_model
 from personaemp.progress import emit
 from personaemp.records import FilterMatch, Memory
 from personaemp.rules import RuleSet, load_rules
 from personaemp.sources import read_users
-from personaemp.sources.normalize import SourceUser, decide_languages
+from personaemp.sources.normalize import SourceUser, decide_languages, settle_languages, unseen_languages
 from personaemp.workspace import record_stage
 
 # Gates in the order they are applied; a dropped user is counted under the first it fails.
 GATES = ("intents", "min_memories", "memory_labels", "language")
 TOP_LABELS = 15
 LANGUAGE_BATCH = 64  # kept users whose languages are decided together
+WORKER_AFTER = 256  # kept users before their languages go to a second process (its start: ~1 s)
+WORKER_AHEAD = 4  # batches the worker may have in hand: it never waits, memory stays bounded
 
 
 @dataclass
@@ -129,19 +132,49 @@ def filter_users(
     # `run` streams each kept row to its LLM stages as soon as it is kept: no waiting there.
     waiting: list[tuple[SourceUser, Decision, list[dict]]] = []
     batch = 1 if on_kept is not None else LANGUAGE_BATCH
+    # Past WORKER_AFTER kept users, a big input: their languages go to a second process and
+    # the reading goes on; batches come back, and are written, in order.
+    worker: LanguageWorker | None = None
+    in_flight: deque = deque()  # (batch, its histories to settle): sent to the worker, in order
 
-    def write_waiting() -> None:
-        decide_languages([user for user, _, _ in waiting])
-        for user, decision, turns in waiting:
+    def write(rows: list[tuple[SourceUser, Decision, list[dict]]]) -> None:
+        for user, decision, turns in rows:
             kept = user.to_user(decision.memories, decision.match, roles, turns)
             languages.add([kept.language or "unknown"])
             line = kept.model_dump_json().encode() + b"\n"
             handle.write(line)
             if on_kept is not None:
                 on_kept(line)
+
+    def write_done(ahead: int) -> None:
+        """Write the batches back from the worker, leaving at most `ahead` in flight."""
+        while len(in_flight) > ahead:
+            rows, todo = in_flight.popleft()
+            settle_languages(todo, worker.receive())
+            write(rows)
+
+    def write_waiting() -> None:
+        nonlocal worker
+        users = [user for user, _, _ in waiting]
+        if worker is None and on_kept is None and report.kept >= WORKER_AFTER and LanguageWorker.worth_it():
+            release_model()  # before the worker loads its own: the two never add up
+            worker = cleanup.enter_context(LanguageWorker())
+        if worker is None:
+            decide_languages(users)
+            write(waiting)
+        else:
+            todo, histories = unseen_languages(users)
+            worker.send(histories)
+            in_flight.append((list(waiting), todo))
+            write_done(ahead=WORKER_AHEAD)
         waiting.clear()
 
-    with locks.exclusive(output), atomic_output(output) as handle, _progress(console) as progress:
+    with (
+        locks.exclusive(output),
+        atomic_output(output) as handle,
+        _progress(console) as progress,
+        contextlib.ExitStack() as cleanup,  # the worker, if one started
+    ):
         task = progress.add_task("filter", total=None)
         for user in users:
             try:
@@ -170,6 +203,7 @@ def filter_users(
                 progress.update(task, completed=report.users_in, description=f"filter: {report.kept} kept")
                 emit("filter", report.users_in, None)
         write_waiting()
+        write_done(ahead=0)
         progress.update(task, completed=report.users_in, description=f"filter: {report.kept} kept")
         emit("filter", report.users_in, report.users_in)
         if report.users_in == 0:  # raised inside the block: the previous output stays as it was
