@@ -286,9 +286,9 @@ def user_languages(histories: Iterable[Iterable[str]]) -> list[str | None]:
 
 
 # The worker: a plain `python -c` child (not multiprocessing, whose spawn re-runs a script
-# that calls the library without a __main__ guard). It ignores Ctrl-C (the parent stops
-# it), ends when its stdin closes (the parent ended or died), and a parent killed outright
-# takes it along (PR_SET_PDEATHSIG).
+# that calls the library without a __main__ guard). It ignores Ctrl-C (the parent kills it
+# on the way out) and ends when its stdin closes: the parent ended, or died (kill -9: gone
+# once its batch is done, measured within 4 s; PR_SET_PDEATHSIG too, where it works).
 _WORKER = (
     "import signal, sys\n"
     "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
