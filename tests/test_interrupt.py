@@ -30,9 +30,10 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 
 
 def setup(tmp_path: Path, base_url: str) -> Path:
-    """144 users, 48 kept: more than the pipe to the filter child holds, so with requests
-    held the child is still there, blocked on the pipe."""
-    copy_sample(SAMPLE_TASK1, tmp_path / "input", 3)
+    """288 users, 96 kept (375 KB of rows): more than the pipe to the filter child and
+    asyncio's reader hold together (192 KB; 3 copies, 189 KB, fitted: the child could end
+    and the test flaked), so with requests held the child is still there, blocked on it."""
+    copy_sample(SAMPLE_TASK1, tmp_path / "input", 6)
     config = tmp_path / "personaemp.toml"
     config.write_text(
         f'[paths]\ninput = "{tmp_path / "input"}"\nprocessed = "{tmp_path / "processed"}"\n'
@@ -227,7 +228,7 @@ def test_a_resumed_run_after_ctrl_c_finishes_with_every_row(tmp_path, held):
     assert again.returncode == 0, again.stderr[-2000:]
     processed = tmp_path / "processed"
     personas = (processed / "personas.jsonl").read_text().splitlines()
-    assert len(personas) == 48 and (processed / "dataset").is_dir()
+    assert len(personas) == 96 and (processed / "dataset").is_dir()
 
 
 # --- the event loop: Ctrl-C always ends in KeyboardInterrupt ---------------------------------
