@@ -482,6 +482,14 @@ def test_the_same_turns_are_decided_once_and_other_turns_get_their_own_language(
     assert len(calls) == 3, "the copy's language came from the first user's"
 
 
+def sample_output(folder: Path) -> tuple[bytes, dict]:
+    """The sample filtered into `folder`: the output's bytes and the report (its path left out)."""
+    filter_users(str(SAMPLE_TASK1), folder / "filtered.jsonl", report_path=folder / "report.json")
+    report = json.loads((folder / "report.json").read_text())
+    report.pop("output")
+    return (folder / "filtered.jsonl").read_bytes(), report
+
+
 def test_kept_users_decided_a_batch_at_a_time_are_written_as_one_by_one(tmp_path, monkeypatch):
     """Languages are decided LANGUAGE_BATCH kept users at a time: the same bytes, in the same
     order, whatever the batch size (2: many batches and a partial one at the end; 1: each
@@ -491,11 +499,7 @@ def test_kept_users_decided_a_batch_at_a_time_are_written_as_one_by_one(tmp_path
     outputs = []
     for size in (1, 2, 1000):
         monkeypatch.setattr(stage, "LANGUAGE_BATCH", size)
-        folder = tmp_path / str(size)
-        filter_users(str(SAMPLE_TASK1), folder / "filtered.jsonl", report_path=folder / "report.json")
-        report = json.loads((folder / "report.json").read_text())
-        report.pop("output")
-        outputs.append(((folder / "filtered.jsonl").read_bytes(), report))
+        outputs.append(sample_output(tmp_path / str(size)))
     assert outputs[0] == outputs[1] == outputs[2]
     assert outputs[0][1]["kept"] == SAMPLE_KEPT > 2
 
@@ -516,11 +520,8 @@ def language_workers() -> list[int]:
     return found
 
 
-def test_a_big_input_has_its_languages_decided_in_a_second_process(tmp_path, monkeypatch):
-    """Past WORKER_AFTER kept users the languages go to a worker process while the reading
-    goes on: the same bytes as in-process, batches back in order, no worker left after.
-    Without the history cache, every user is the worker's (as on an input of distinct users)."""
-    import personaemp.sources.normalize as normalize
+def counted_workers(monkeypatch) -> list:
+    """The language workers the filter starts from now on, in a list."""
     import personaemp.stages.filter as stage
     from personaemp.language import LanguageWorker
 
@@ -531,17 +532,28 @@ def test_a_big_input_has_its_languages_decided_in_a_second_process(tmp_path, mon
             super().__init__()
             started.append(self)
 
-    monkeypatch.setattr(normalize, "LANGUAGE_CACHE", 0)
+        @staticmethod
+        def worth_it() -> bool:
+            return True  # one core too: the test is of the worker, not of the machine
+
     monkeypatch.setattr(stage, "LanguageWorker", Counted)
+    return started
+
+
+def test_a_big_input_has_its_languages_decided_in_a_second_process(tmp_path, monkeypatch):
+    """Past WORKER_AFTER kept users the languages go to a worker process while the reading
+    goes on: the same bytes as in-process, batches back in order, no worker left after.
+    Without the history cache, every user is the worker's (as on an input of distinct users)."""
+    import personaemp.sources.normalize as normalize
+    import personaemp.stages.filter as stage
+
+    started = counted_workers(monkeypatch)
+    monkeypatch.setattr(normalize, "LANGUAGE_CACHE", 0)
     monkeypatch.setattr(stage, "LANGUAGE_BATCH", 3)  # many batches, several in flight, a partial last
     outputs = []
     for after in (10**9, 2):  # never a worker; a worker from the third kept user on
         monkeypatch.setattr(stage, "WORKER_AFTER", after)
-        folder = tmp_path / str(after)
-        filter_users(str(SAMPLE_TASK1), folder / "filtered.jsonl", report_path=folder / "report.json")
-        report = json.loads((folder / "report.json").read_text())
-        report.pop("output")
-        outputs.append(((folder / "filtered.jsonl").read_bytes(), report))
+        outputs.append(sample_output(tmp_path / str(after)))
     assert len(started) == 1 and started[0]._process.returncode == 0
     assert outputs[0] == outputs[1] and outputs[0][1]["kept"] == SAMPLE_KEPT > 6
     assert language_workers() == []
@@ -551,16 +563,8 @@ def test_a_stopped_filter_stops_its_language_worker(tmp_path, monkeypatch):
     """A bad row met after the worker started stops the filter: the worker goes with it and
     nothing is written."""
     import personaemp.stages.filter as stage
-    from personaemp.language import LanguageWorker
 
-    started = []
-
-    class Counted(LanguageWorker):
-        def __init__(self):
-            super().__init__()
-            started.append(self)
-
-    monkeypatch.setattr(stage, "LanguageWorker", Counted)
+    started = counted_workers(monkeypatch)
     monkeypatch.setattr(stage, "LANGUAGE_BATCH", 1)
     monkeypatch.setattr(stage, "WORKER_AFTER", 1)
     ids = [f"u{n}__{n}" for n in range(6)]
