@@ -509,10 +509,14 @@ class StatsOptions(Section):
     ] = PROCESSED / "stats"
 
 
+# Options several sections share, declared once.
+SplitsFolder = Annotated[
+    Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir", io="read")
+]
+
+
 class PushOptions(Section):
-    splits: Annotated[
-        Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir", io="read")
-    ] = PROCESSED / "splits"
+    splits: SplitsFolder = PROCESSED / "splits"
     repo_id: Annotated[
         str | None, Opt("Hub dataset repo OWNER/NAME; without one, a dry run.", metavar="OWNER/NAME")
     ] = None
@@ -586,13 +590,16 @@ Part = Literal["train", "test"]
 
 # personaemp.stages.respond.CONTEXTS: what a policy sees (respond, and export's prompts)
 Context = Literal["none", "memory", "memory-summary", "rag", "mismatch", "persona"]
+SplitSetting = Annotated[SplitName, Opt("Split setting.")]
+RagK = Annotated[int, Field(ge=1), Opt("Memories given with --context rag (the paper: 3).")]
+MismatchSeed = Annotated[
+    int, Opt("Seed choosing whose memories each user gets with --context mismatch (never their own).")
+]
 
 
 class RespondOptions(Section):
-    splits: Annotated[
-        Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir", io="read")
-    ] = PROCESSED / "splits"
-    split: Annotated[SplitName, Opt("Split setting.")] = "random"
+    splits: SplitsFolder = PROCESSED / "splits"
+    split: SplitSetting = "random"
     part: Annotated[Part, Opt("Part of the split.")] = "test"
     context: Annotated[
         Context,
@@ -603,10 +610,8 @@ class RespondOptions(Section):
             "memories (mismatched memory), or the persona (the judge reads it too)."
         ),
     ] = "memory"
-    rag_k: Annotated[int, Field(ge=1), Opt("Memories given with --context rag (the paper: 3).")] = 3
-    mismatch_seed: Annotated[
-        int, Opt("Seed choosing whose memories each user gets with --context mismatch (never their own).")
-    ] = 0
+    rag_k: RagK = 3
+    mismatch_seed: MismatchSeed = 0
     output: Annotated[
         Path | None,
         Opt(
@@ -625,10 +630,8 @@ class RespondOptions(Section):
 
 
 class ExportOptions(Section):
-    splits: Annotated[
-        Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir", io="read")
-    ] = PROCESSED / "splits"
-    split: Annotated[SplitName, Opt("Split setting.")] = "random"
+    splits: SplitsFolder = PROCESSED / "splits"
+    split: SplitSetting = "random"
     part: Annotated[Part, Opt("Part of the split (train to train on, test to evaluate).")] = "train"
     format: Annotated[
         Literal["trl", "verl"],
@@ -641,10 +644,8 @@ class ExportOptions(Section):
         Context,
         Opt("What the policy sees besides the query, as `personaemp respond --context` (the same prompt)."),
     ] = "memory"
-    rag_k: Annotated[int, Field(ge=1), Opt("Memories given with --context rag (the paper: 3).")] = 3
-    mismatch_seed: Annotated[
-        int, Opt("Seed choosing whose memories each user gets with --context mismatch (never their own).")
-    ] = 0
+    rag_k: RagK = 3
+    mismatch_seed: MismatchSeed = 0
     summaries: Annotated[
         Path | None,
         Opt(
@@ -711,10 +712,8 @@ def _judge_specs(value: Any) -> Any:
 
 
 class EvaluateOptions(Section):
-    splits: Annotated[
-        Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir", io="read")
-    ] = PROCESSED / "splits"
-    split: Annotated[SplitName, Opt("Split setting.")] = "random"
+    splits: SplitsFolder = PROCESSED / "splits"
+    split: SplitSetting = "random"
     part: Annotated[Part, Opt("Part of the split.")] = "test"
     responses: Annotated[
         Names,
