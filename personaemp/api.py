@@ -91,6 +91,20 @@ def _llm_settings(settings, resolver: Resolver):
     return settings
 
 
+async def _llm_stage(
+    command: str, values: dict[str, Any], config, settings, progress: Progress, call, show=None
+):
+    """An LLM stage: its options resolved, its engine (`settings`, or the LLM options), then
+    `call` (a pipeline.acall_*) on its section; `show(report, console)` with progress=True."""
+    resolver = _resolve(command, values, config)
+    engine = _llm_settings(settings, resolver)
+    with _reporting(progress) as console:
+        result = await call(resolver.section(COMMANDS[command][0]), resolver.llm, console, settings=engine)
+        if show is not None:
+            _printed(progress, console, lambda c: show(result.report, c))
+    return result
+
+
 # --- the stages ----------------------------------------------------------------------------------
 
 
@@ -126,12 +140,16 @@ async def ainfer_personas(
     The endpoint: LLM options (`base_url=`, `model=`, ...) or `settings=pe.LLMSettings(...)`."""
     from personaemp import pipeline, summaries
 
-    resolver = _resolve("infer-persona", {"input": input, "output": output, **options}, config)
-    engine = _llm_settings(settings, resolver)
-    with _reporting(progress) as console:
-        result = await pipeline.acall_persona(resolver.persona, resolver.llm, console, settings=engine)
-        _printed(progress, console, lambda c: summaries.print_stage_report(result.report, c))
-    return result
+    values = {"input": input, "output": output, **options}
+    return await _llm_stage(
+        "infer-persona",
+        values,
+        config,
+        settings,
+        progress,
+        pipeline.acall_persona,
+        summaries.print_stage_report,
+    )
 
 
 async def agenerate_queries(
@@ -147,12 +165,16 @@ async def agenerate_queries(
     checked; the funnel is `result.summary`."""
     from personaemp import pipeline, summaries
 
-    resolver = _resolve("gen-queries", {"input": input, "output": output, **options}, config)
-    engine = _llm_settings(settings, resolver)
-    with _reporting(progress) as console:
-        result = await pipeline.acall_queries(resolver.queries, resolver.llm, console, settings=engine)
-        _printed(progress, console, lambda c: summaries.print_stage_report(result.report, c))
-    return result
+    values = {"input": input, "output": output, **options}
+    return await _llm_stage(
+        "gen-queries",
+        values,
+        config,
+        settings,
+        progress,
+        pipeline.acall_queries,
+        summaries.print_stage_report,
+    )
 
 
 def split_users(
@@ -220,10 +242,8 @@ async def awrite_criteria(
     """`personaemp criteria`: weighted evaluation criteria per query and PERM dimension."""
     from personaemp import pipeline
 
-    resolver = _resolve("criteria", {"input": input, "output": output, **options}, config)
-    engine = _llm_settings(settings, resolver)
-    with _reporting(progress) as console:
-        return await pipeline.acall_criteria(resolver.criteria, resolver.llm, console, settings=engine)
+    values = {"input": input, "output": output, **options}
+    return await _llm_stage("criteria", values, config, settings, progress, pipeline.acall_criteria)
 
 
 async def awrite_responses(
@@ -238,10 +258,8 @@ async def awrite_responses(
     """`personaemp respond`: a policy model's response to every query of a split part."""
     from personaemp import pipeline
 
-    resolver = _resolve("respond", {"splits": splits, "output": output, **options}, config)
-    engine = _llm_settings(settings, resolver)
-    with _reporting(progress) as console:
-        return await pipeline.acall_respond(resolver.respond, resolver.llm, console, settings=engine)
+    values = {"splits": splits, "output": output, **options}
+    return await _llm_stage("respond", values, config, settings, progress, pipeline.acall_respond)
 
 
 async def aevaluate(
@@ -256,10 +274,8 @@ async def aevaluate(
     (scores per system) is `result.summary`."""
     from personaemp import pipeline
 
-    resolver = _resolve("evaluate", {"splits": splits, **options}, config)
-    engine = _llm_settings(settings, resolver)
-    with _reporting(progress) as console:
-        return await pipeline.acall_evaluate(resolver.evaluate, resolver.llm, console, settings=engine)
+    values = {"splits": splits, **options}
+    return await _llm_stage("evaluate", values, config, settings, progress, pipeline.acall_evaluate)
 
 
 def write_table(
