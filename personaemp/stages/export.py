@@ -22,8 +22,8 @@ from typing import Any
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl
 from personaemp.prompts import load_prompt
-from personaemp.stages.criteria import query_units, read_criteria
-from personaemp.stages.respond import CONTEXTS, RESPOND, build_messages, mismatched, split_file
+from personaemp.stages.criteria import read_criteria
+from personaemp.stages.respond import RESPOND, build_messages, policy_units
 
 FORMATS = ("trl", "verl")
 ABILITY = "empathy"
@@ -57,13 +57,8 @@ def export_rows(
     criteria_file: Path | None = None,
 ) -> tuple[Path, list[dict[str, Any]]]:
     """(the split file read, one record per query: `prompt` and what the reward reads)."""
-    if context not in CONTEXTS:
-        raise InputError(f"--context takes {', '.join(CONTEXTS)}, not {context!r}")
-    input_path = split_file(splits, split, part)
-    units = query_units(input_path, "pass a split file written by `personaemp split`")
+    input_path, units, policy_view = policy_units(splits, split, part, context, mismatch_seed)
     prompt = load_prompt(RESPOND.prompt)
-    stand_in = mismatched(units, mismatch_seed, input_path) if context == "mismatch" else {}
-    memories_of = {unit["user_id"]: unit["memories"] for unit in units}
     summary_of: dict[str, str] = {}
     if context == "memory-summary":
         if summaries is None:
@@ -76,9 +71,7 @@ def export_rows(
     records = []
     for unit in units:
         qid = unit["query_id"]
-        policy_view = unit
-        if context == "mismatch":
-            policy_view = {**unit, "memories": memories_of[stand_in[unit["user_id"]]]}
+        seen, _ = policy_view(unit)
         summary = None
         if context == "memory-summary":
             if qid not in summary_of:
@@ -102,7 +95,7 @@ def export_rows(
                     f"{criteria_file}: no criteria for query {qid}", "run `personaemp criteria` on it"
                 )
             info["criteria"] = criteria[qid]
-        records.append({"prompt": build_messages(policy_view, context, rag_k, prompt, summary), "info": info})
+        records.append({"prompt": build_messages(seen, context, rag_k, prompt, summary), "info": info})
     return input_path, records
 
 

@@ -100,6 +100,26 @@ def mismatched(units: list[dict], seed: int, path: Path) -> dict[str, str]:
     return {user: users[(i + 1) % len(users)] for i, user in enumerate(users)}
 
 
+def policy_units(splits: Path, split: str, part: str, context: str, mismatch_seed: int):
+    """(the split file, its query units, `view`): `view(unit)` is (the unit as the policy sees
+    it, the user whose memories it carries under --context mismatch, else None). Respond and
+    export build their prompts from it."""
+    if context not in CONTEXTS:
+        raise InputError(f"--context takes {', '.join(CONTEXTS)}, not {context!r}")
+    input_path = split_file(splits, split, part)
+    units = query_units(input_path, "pass a split file written by `personaemp split`")
+    stand_in = mismatched(units, mismatch_seed, input_path) if context == "mismatch" else {}
+    memories_of = {unit["user_id"]: unit["memories"] for unit in units}
+
+    def view(unit: dict) -> tuple[dict, str | None]:
+        if context != "mismatch":
+            return unit, None
+        other = stand_in[unit["user_id"]]
+        return {**unit, "memories": memories_of[other]}, other
+
+    return input_path, units, view
+
+
 async def awrite_responses(
     splits: Path,
     output_path: Path,
@@ -117,10 +137,7 @@ async def awrite_responses(
     """A response to every query of `splits/<split>/<part>.jsonl`; returns the stage report."""
     from personaemp.llm.run import arun_llm_stage
 
-    if context not in CONTEXTS:
-        raise InputError(f"--context takes {', '.join(CONTEXTS)}, not {context!r}")
-    input_path = split_file(splits, split, part)
-    units = query_units(input_path, "pass a split file written by `personaemp split`")
+    input_path, units, policy_view = policy_units(splits, split, part, context, mismatch_seed)
     selected = pick_queries(units, input_path, limit, None)
     settings = with_room(settings, ROOM)
     prompt = load_prompt(RESPOND.prompt)
@@ -129,8 +146,6 @@ async def awrite_responses(
         RESPOND.name: prompt.hash,
         **({SUMMARY.name: summary_prompt.hash} if context == "memory-summary" else {}),
     }
-    stand_in = mismatched(units, mismatch_seed, input_path) if context == "mismatch" else {}
-    memories_of = {unit["user_id"]: unit["memories"] for unit in units}
 
     def make_work(engine):
         summaries: dict[str, asyncio.Future] = {}  # one summary call per user, shared by their queries
@@ -148,9 +163,9 @@ async def awrite_responses(
         async def work(unit: dict) -> dict:
             row = {"query_id": unit["query_id"], "user_id": unit["user_id"]}
             summary = None
-            if context == "mismatch":
-                row["memories_of"] = stand_in[unit["user_id"]]
-                unit = {**unit, "memories": memories_of[row["memories_of"]]}
+            unit, other = policy_view(unit)
+            if other is not None:
+                row["memories_of"] = other
             if context == "memory-summary":
                 summary = row["summary"] = await summarise(unit)
             try:
