@@ -23,12 +23,12 @@ import functools
 import os
 import queue
 import re
-import signal
 import subprocess
-import sys
 import threading
 from collections import Counter
 from collections.abc import Iterable
+
+import msgspec
 
 from personaemp.errors import PersonaempError
 
@@ -299,16 +299,12 @@ _LENGTH = 8  # bytes of a frame's length, big-endian
 
 
 def _write_frame(stream, value) -> None:
-    import msgspec
-
     payload = msgspec.msgpack.encode(value)
     stream.write(len(payload).to_bytes(_LENGTH, "big") + payload)
     stream.flush()
 
 
 def _read_frame(stream):
-    import msgspec
-
     header = stream.read(_LENGTH)
     if len(header) < _LENGTH:
         return None
@@ -317,11 +313,9 @@ def _read_frame(stream):
 
 def serve_languages(requests, replies) -> None:
     """The worker's loop: each frame of histories answered by a frame of their languages."""
-    if sys.platform.startswith("linux"):
-        import ctypes
+    from personaemp.parallel import die_with_parent
 
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    die_with_parent()
     _identifier()
     while (histories := _read_frame(requests)) is not None:
         _write_frame(replies, user_languages(histories))
@@ -334,12 +328,9 @@ class LanguageWorker:
     second) is spent on that other core."""
 
     def __init__(self) -> None:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-        self._process = subprocess.Popen(
-            [sys.executable, "-c", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": path}, process_group=0,
-        )  # fmt: skip
+        from personaemp.parallel import python_child
+
+        self._process = python_child(_WORKER)
         # A batch is larger than the pipe: written from a thread (blocked in the write, it
         # lets the reader run), so the reader never waits for the worker to take it.
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()

@@ -1,11 +1,17 @@
-"""map() over the cores, for CPU-bound work that is cheap to hand to a forked worker."""
+"""Work beside the main process: map() over the cores for CPU-bound work that is cheap to
+hand to a forked worker, and `python -c` children (run's streamed filter, the filter's
+language worker)."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -31,3 +37,25 @@ def _leave_sigint_to_the_parent() -> None:
     """A Ctrl-C reaches the workers too (one process group): each printed its traceback. The
     parent's KeyboardInterrupt ends the pool (terminate) and is reported once, by the parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def python_child(code: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`python -c code` with this package importable (a checkout on PYTHONPATH included),
+    pipes on its stdin and stdout, in a process group of its own: a terminal's Ctrl-C
+    reaches only the parent, which stops the child itself."""
+    root = str(Path(__file__).resolve().parent.parent)
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    return subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        env={**os.environ, **(env or {}), "PYTHONPATH": path}, process_group=0,
+    )  # fmt: skip
+
+
+def die_with_parent() -> None:
+    """Linux: SIGTERM to this process when its parent dies (PR_SET_PDEATHSIG), where the
+    kernel honours it; a child must not count on it alone (its pipes closing say it too)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)

@@ -18,16 +18,15 @@ import asyncio
 import contextlib
 import os
 import pickle
-import signal
 import struct
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from personaemp.errors import PersonaempError
+from personaemp.parallel import die_with_parent, python_child
 
 _HEADER = struct.Struct(">cQ")  # frame kind, payload length
 _ROW, _END = b"r", b"e"
@@ -75,13 +74,7 @@ class FilterFeed:
         self._decode = msgspec.json.Decoder().decode
 
     def __enter__(self) -> FilterFeed:
-        package_root = str(Path(__file__).resolve().parent.parent)
-        path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
-        self._process = subprocess.Popen(
-            [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": path, _PARENT_PID: str(os.getpid())},
-            process_group=0,
-        )  # fmt: skip
+        self._process = python_child(_CHILD, {_PARENT_PID: str(os.getpid())})
         try:
             self._process.stdin.write(pickle.dumps(self.filter_args))
             self._process.stdin.close()
@@ -155,11 +148,7 @@ def tie_to_parent() -> None:
     """Linux: SIGTERM (a clean stop) to the child when `run` dies without stopping it
     (kill -9); the child is in its own process group, so a kill of `run`'s misses it."""
     parent = int(os.environ.get(_PARENT_PID, "0"))
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    die_with_parent()
     if parent and os.getppid() != parent:  # it died before that took effect
         os._exit(1)
 
