@@ -136,7 +136,7 @@ def run_persona(
 
     result = run_sync(acall_persona(options, llm, console, env, full))
     summaries.print_stage_report(result.report, console)
-    if result.report.estimate is None and not summaries.waits_for_a_batch(result.report):
+    if summaries.wrote_rows(result.report):
         summaries.print_persona_summary(result.summary, console)
     return result
 
@@ -169,7 +169,7 @@ def run_queries(
 
     result = run_sync(acall_queries(options, llm, console, env, full))
     summaries.print_stage_report(result.report, console)
-    if result.report.estimate is None and not summaries.waits_for_a_batch(result.report):
+    if summaries.wrote_rows(result.report):
         summaries.print_query_funnel(result.summary, console)
     return result
 
@@ -486,7 +486,7 @@ def run_respond(
     result = run_sync(acall_respond(options, llm, console, env))
     report = result.report
     summaries.print_stage_report(report, console)
-    if report.estimate is None and not summaries.waits_for_a_batch(report):
+    if summaries.wrote_rows(report):
         console.print(f"wrote {options.output_path}")
     return result
 

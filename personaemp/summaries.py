@@ -346,6 +346,12 @@ def print_estimate(report, console: Console) -> None:
     )
 
 
+def wrote_rows(report) -> bool:
+    """The stage ran and is done: not --estimate, not a --batch round still to be answered
+    (only then is there a summary of what it wrote)."""
+    return report.estimate is None and not waits_for_a_batch(report)
+
+
 def waits_for_a_batch(report) -> bool:
     """--batch: this round wrote requests still to be answered (the stage is not done)."""
     return bool(getattr(report, "batch", None) and report.batch["files"])
