@@ -140,6 +140,19 @@ def responder(rng: random.Random):
     return answer
 
 
+def queries_from(source: Path, work: Path, settings, *, limit: int | None = None, console=None):
+    """filter, infer-persona (the first `limit` users) and gen-queries into `work`, as the
+    benches start: (the persona report, the queries report, the funnel)."""
+    filter_users(str(source), work / "filtered.jsonl", console=console)
+    personas, _ = infer_personas(
+        work / "filtered.jsonl", work / "personas.jsonl", settings, limit=limit, console=console
+    )
+    queries, funnel = generate_queries(
+        work / "personas.jsonl", work / "queries.jsonl", settings, console=console
+    )
+    return personas, queries, funnel
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--users", type=int, default=100)
@@ -148,13 +161,9 @@ def main() -> None:
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
     with tempfile.TemporaryDirectory() as folder, FakeOpenAI(responder=responder(random.Random(7))) as server:
         work = Path(folder)
-        filter_users(str(args.source), work / "filtered.jsonl", console=quiet)
         settings = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=work / "w")
-        persona_report, _ = infer_personas(
-            work / "filtered.jsonl", work / "personas.jsonl", settings, limit=args.users, console=quiet
-        )
-        query_report, funnel = generate_queries(
-            work / "personas.jsonl", work / "queries.jsonl", settings, console=quiet
+        persona_report, query_report, funnel = queries_from(
+            args.source, work, settings, limit=args.users, console=quiet
         )
         steps = {**persona_report.steps, **query_report.steps}
     accepted = sum(funnel.accepted.values())

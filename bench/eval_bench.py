@@ -26,15 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from cost_bench import queries_from  # noqa: E402
 from cost_bench import responder as capable  # noqa: E402
 from fake_openai import FakeOpenAI  # noqa: E402
 
 from personaemp.llm.settings import LLMSettings  # noqa: E402
 from personaemp.stages.criteria import write_criteria  # noqa: E402
 from personaemp.stages.evaluate import JudgeOptions, evaluate  # noqa: E402
-from personaemp.stages.filter import filter_users  # noqa: E402
-from personaemp.stages.persona import infer_personas  # noqa: E402
-from personaemp.stages.queries import generate_queries  # noqa: E402
 from personaemp.stages.respond import write_responses  # noqa: E402
 from personaemp.stages.split import split_users  # noqa: E402
 
@@ -85,11 +83,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder, FakeOpenAI(responder=scripted(random.Random(7))) as server:
         work = Path(folder)
         settings = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=work / "w")
-        filter_users(args.source, work / "filtered.jsonl", console=quiet)
-        infer_personas(
-            work / "filtered.jsonl", work / "personas.jsonl", settings, limit=args.users, console=quiet
-        )
-        generate_queries(work / "personas.jsonl", work / "queries.jsonl", settings, console=quiet)
+        queries_from(args.source, work, settings, limit=args.users, console=quiet)
         split_users(work / "queries.jsonl", work / "splits", ood=False, test_size=0.3)
         write_criteria(work / "queries.jsonl", work / "criteria.jsonl", settings, console=quiet)
         write_responses(work / "splits", work / "memory.jsonl", settings, context="memory", console=quiet)

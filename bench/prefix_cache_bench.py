@@ -35,6 +35,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent / "tests"))
 sys.path.insert(0, str(BENCH))
 
+from cost_bench import queries_from  # noqa: E402
 from eval_bench import RESPONSE, scripted  # noqa: E402
 from fake_openai import FakeOpenAI, schema_from_messages  # noqa: E402
 
@@ -42,9 +43,6 @@ import personaemp  # noqa: E402
 from personaemp.llm.settings import LLMSettings  # noqa: E402
 from personaemp.stages.criteria import write_criteria  # noqa: E402
 from personaemp.stages.evaluate import JudgeOptions, evaluate  # noqa: E402
-from personaemp.stages.filter import filter_users  # noqa: E402
-from personaemp.stages.persona import infer_personas  # noqa: E402
-from personaemp.stages.queries import generate_queries  # noqa: E402
 from personaemp.stages.respond import write_responses  # noqa: E402
 from personaemp.stages.split import split_users  # noqa: E402
 
@@ -88,9 +86,7 @@ def run(profile: str, rule: str, source: Path) -> dict:
     ):
         work = Path(folder)
         settings = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=work / "w", concurrency=1)
-        filter_users(str(source), work / "filtered.jsonl", console=quiet)
-        infer_personas(work / "filtered.jsonl", work / "personas.jsonl", settings, console=quiet)
-        _, funnel = generate_queries(work / "personas.jsonl", work / "queries.jsonl", settings, console=quiet)
+        _, _, funnel = queries_from(source, work, settings, console=quiet)
         split_users(work / "queries.jsonl", work / "splits", ood=False, test_size=0.3)
         write_criteria(work / "queries.jsonl", work / "criteria.jsonl", settings, console=quiet)
         for system in SYSTEMS:

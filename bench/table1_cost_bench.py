@@ -29,15 +29,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from cost_bench import queries_from  # noqa: E402
 from eval_bench import scripted  # noqa: E402
 from fake_openai import FakeOpenAI  # noqa: E402
 
 from personaemp.llm.settings import LLMSettings  # noqa: E402
 from personaemp.stages.criteria import write_criteria  # noqa: E402
 from personaemp.stages.evaluate import JudgeOptions, evaluate  # noqa: E402
-from personaemp.stages.filter import filter_users  # noqa: E402
-from personaemp.stages.persona import infer_personas  # noqa: E402
-from personaemp.stages.queries import generate_queries  # noqa: E402
 from personaemp.stages.respond import write_responses  # noqa: E402
 from personaemp.stages.split import split_users  # noqa: E402
 
@@ -64,11 +62,7 @@ def main() -> None:
         work = Path(folder)
         live = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=work / "w")
         dry = dataclasses.replace(live, estimate=True, work_dir=work / "dry")  # an empty cache
-        filter_users(args.source, work / "filtered.jsonl", console=quiet)
-        infer_personas(
-            work / "filtered.jsonl", work / "personas.jsonl", live, limit=args.users, console=quiet
-        )
-        generate_queries(work / "personas.jsonl", work / "queries.jsonl", live, console=quiet)
+        queries_from(args.source, work, live, limit=args.users, console=quiet)
         split_users(work / "queries.jsonl", work / "splits", ood=True, test_size=0.1)
         test = work / "splits" / "random" / "test.jsonl"
         queries = sum(len(__import__("json").loads(line)["queries"]) for line in test.open())
