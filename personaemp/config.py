@@ -195,13 +195,14 @@ def cli_flags(section: str, given: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def llm_settings(options: LLMOptions, env: Mapping[str, str] | None = None):
-    """The engine's settings from the resolved [llm] options; the key from OPENAI_API_KEY only."""
-    from personaemp.llm.settings import LLMSettings
+    """The engine's settings from the resolved [llm] options; the key from OPENAI_API_KEY only
+    (`env`, else the process's environment, as LLMSettings reads it)."""
+    from personaemp.llm.settings import KEY_ENV, LLMSettings
 
-    env = os.environ if env is None else env
-    return LLMSettings(
+    key = None if env is None else env.get(KEY_ENV) or None
+    settings = LLMSettings(
         base_urls=list(options.base_url),
-        api_key=env.get("OPENAI_API_KEY") or None,
+        api_key=key,
         model=options.model,
         llm=options.llm,
         structured=options.structured,
@@ -224,3 +225,6 @@ def llm_settings(options: LLMOptions, env: Mapping[str, str] | None = None):
         estimate=options.estimate,
         batch=options.batch,
     )
+    if key is not None:  # from the variable, though handed over as an argument
+        settings.key_source = f"${KEY_ENV}"
+    return settings

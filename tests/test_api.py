@@ -273,3 +273,34 @@ def test_settings_take_paths_as_text(tmp_path):
     TypeError on str / str)."""
     settings = pe.LLMSettings(work_dir=str(tmp_path / "w"), batch="~/b", model="m")
     assert settings.work_dir == tmp_path / "w" and settings.batch == Path("~/b").expanduser()
+
+
+# --- the key: one rule for every entry point -----------------------------------------------------
+
+
+def test_settings_built_in_python_send_the_environments_key(tmp_path, monkeypatch):
+    """LLMSettings(...) without api_key= sends $OPENAI_API_KEY, as the CLI does (it sent
+    "Bearer none": a 401 from a real provider with the variable set)."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-the-environment")
+    with FakeOpenAI(responder=order_free_responder(), require_key="sk-from-the-environment") as fake:
+        kept = pe.filter_users(SAMPLE_TASK1, tmp_path / "filtered.jsonl")
+        settings = pe.LLMSettings(base_urls=[fake.base_url], model="fake", work_dir=tmp_path / ".w")
+        assert settings.key_source == "$OPENAI_API_KEY"
+        result = pe.infer_personas(kept.output, tmp_path / "personas.jsonl", limit=2, settings=settings)
+        assert result.counts["done"] == 2 and fake.errors == []
+        assert "sk-from-the-environment" not in repr(settings) and "api_key" not in settings.public()
+
+
+def test_an_api_key_argument_wins_and_a_refusal_names_where_the_key_came_from(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-the-right-one")
+    with FakeOpenAI(responder=order_free_responder(), require_key="sk-the-right-one") as fake:
+        kept = pe.filter_users(SAMPLE_TASK1, tmp_path / "filtered.jsonl")
+        settings = pe.LLMSettings(
+            base_urls=[fake.base_url], model="fake", api_key="sk-a-wrong-one", work_dir=tmp_path / ".w"
+        )
+        assert settings.key_source == "the api_key argument"
+        with pytest.raises(pe.PersonaempError, match="the key came from the api_key argument") as raised:
+            pe.infer_personas(kept.output, tmp_path / "personas.jsonl", limit=1, settings=settings)
+        assert "sk-a-wrong-one" not in str(raised.value)
+    monkeypatch.delenv("OPENAI_API_KEY")
+    assert pe.LLMSettings(model="m").key_source == "$OPENAI_API_KEY (not set)"

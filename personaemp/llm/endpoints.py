@@ -120,9 +120,16 @@ async def _read_bounded(response) -> None:
 
 class Endpoint:
     def __init__(
-        self, base_url: str, api_key: str | None, concurrency: int, rpm: float | None, timeout: float
+        self,
+        base_url: str,
+        api_key: str | None,
+        concurrency: int,
+        rpm: float | None,
+        timeout: float,
+        key_source: str = "$OPENAI_API_KEY",
     ):
         self.base_url = base_url
+        self.key_source = key_source  # where the key came from, for a 401 (never the key)
         self.timeout = timeout  # seconds for a whole request, connect to last byte
         self.concurrency = concurrency
         self.in_flight = 0
@@ -220,7 +227,7 @@ class EndpointPool:
                     # would walk every message and schema to "transform" them (~1 ms CPU each).
                     response = await endpoint.client.post("/chat/completions", body=request, cast_to=dict)
             except openai.APIStatusError as exc:
-                error = _status_error(exc)
+                error = _status_error(exc, endpoint.key_source)
             except (openai.APITimeoutError, TimeoutError):
                 whole = f"no whole reply within {endpoint.timeout:g} s"
                 error = LLMError("timeout", f"the request timed out ({whole})")
@@ -331,13 +338,16 @@ def server_message(exc: openai.APIStatusError) -> str:
     return _first_line(exc)
 
 
-def _status_error(exc: openai.APIStatusError) -> Exception:
+def _status_error(exc: openai.APIStatusError, key_source: str = "$OPENAI_API_KEY") -> Exception:
     status = exc.status_code
     said = server_message(exc)
     message = f"HTTP {status}: {said}"
     if status in (401, 403):
         # Every request would fail the same way: stop the run, do not fill the failures file.
-        return PersonaempError(f"the endpoint refused the API key ({message})", "check OPENAI_API_KEY")
+        return PersonaempError(
+            f"the endpoint refused the API key ({message}); the key came from {key_source}",
+            f"check {key_source.split(' ')[0] if key_source.startswith('$') else 'the key you passed'}",
+        )
     if status == 404:
         return PersonaempError(
             f"the endpoint has no such model or path ({message})", "check --model and --base-url"

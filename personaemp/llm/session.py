@@ -47,7 +47,10 @@ async def open_engine(
             )
             timeout = settings.timeout
             structured = settings.structured  # auto: negotiated by the engine
-        endpoints = [Endpoint(url, settings.api_key, concurrency, settings.rpm, timeout) for url in base_urls]
+        endpoints = [
+            Endpoint(url, settings.api_key, concurrency, settings.rpm, timeout, settings.key_source)
+            for url in base_urls
+        ]
         for endpoint in endpoints:
             stack.push_async_callback(endpoint.client.close)
         cache = None

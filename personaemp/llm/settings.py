@@ -7,6 +7,7 @@ the engine's view of them (a list of endpoints, the key, use_cache instead of no
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from pydantic import TypeAdapter, ValidationError
 from personaemp.errors import InputError
 from personaemp.options import LLMOptions, StepSampling, describe, spec
 
+KEY_ENV = "OPENAI_API_KEY"  # the endpoint's key when none is given
 _DEFAULT = LLMOptions()
 _STEPS = TypeAdapter(dict[str, dict[str, StepSampling]])
 
@@ -23,11 +25,14 @@ _STEPS = TypeAdapter(dict[str, dict[str, StepSampling]])
 class LLMSettings:
     """Settings shared by every LLM stage (flags > env vars > personaemp.toml > defaults).
 
-    `api_key` is kept out of repr() and of `public()`, so it never reaches a report.
+    `api_key` is kept out of repr() and of `public()`, so it never reaches a report. Not
+    given, it is read from the variable `key_env` (OPENAI_API_KEY), for every entry point
+    alike (the CLI, `pe.*`, the reward); `key_source` says where it came from.
     """
 
     base_urls: list[str] = field(default_factory=lambda: list(_DEFAULT.base_url))
     api_key: str | None = field(default=None, repr=False)
+    key_env: str = KEY_ENV
     model: str | None = _DEFAULT.model
     llm: str = _DEFAULT.llm  # auto: local unless an endpoint is configured
     structured: str = (
@@ -53,10 +58,16 @@ class LLMSettings:
     estimate: bool = _DEFAULT.estimate  # count what would be sent; send and write nothing
     batch: Path | None = _DEFAULT.batch  # work from batch files in this folder, no endpoint
     local_log: Path | None = None
+    key_source: str = field(default="", init=False, repr=False)
 
     def __post_init__(self) -> None:
         from personaemp import secrets
 
+        if self.api_key:
+            self.key_source = "the api_key argument"
+        else:
+            self.api_key = os.environ.get(self.key_env) or None
+            self.key_source = f"${self.key_env}" + ("" if self.api_key else " (not set)")
         secrets.register(self.api_key)
         # Paths as Python callers write them (str, ~): the engine joins them as Paths.
         self.work_dir = Path(self.work_dir).expanduser()
