@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from cost_bench import SENTENCES  # noqa: E402
 
+from personaemp.build.filter import filter_users  # noqa: E402
 from personaemp.checks import (  # noqa: E402
     COPY_SHARE,
     COPY_SHORT,
@@ -44,7 +45,6 @@ from personaemp.checks import (  # noqa: E402
     tokens,
     words,
 )
-from personaemp.stages.filter import filter_users  # noqa: E402
 
 
 def clip(text: str, size: int = 300) -> str:

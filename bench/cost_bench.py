@@ -27,11 +27,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from fake_openai import FakeOpenAI  # noqa: E402
 
+from personaemp.build.filter import filter_users  # noqa: E402
+from personaemp.build.persona import infer_personas  # noqa: E402
+from personaemp.build.queries import LANGUAGE_NAMES, generate_queries  # noqa: E402
 from personaemp.language import detect_language  # noqa: E402
 from personaemp.llm.settings import LLMSettings  # noqa: E402
-from personaemp.stages.filter import filter_users  # noqa: E402
-from personaemp.stages.persona import infer_personas  # noqa: E402
-from personaemp.stages.queries import LANGUAGE_NAMES, generate_queries  # noqa: E402
 
 # One message per category and language; other languages reuse the user's own messages.
 SENTENCES = {

@@ -27,12 +27,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 from cost_bench import responder as capable  # noqa: E402
 from fake_openai import FakeOpenAI  # noqa: E402
 
+from personaemp.build.filter import filter_users  # noqa: E402
+from personaemp.build.persona import infer_personas  # noqa: E402
+from personaemp.build.queries import generate_queries  # noqa: E402
 from personaemp.config import load_config  # noqa: E402
 from personaemp.llm.settings import LLMSettings  # noqa: E402
 from personaemp.pipeline import run_pipeline  # noqa: E402
-from personaemp.stages.filter import filter_users  # noqa: E402
-from personaemp.stages.persona import infer_personas  # noqa: E402
-from personaemp.stages.queries import generate_queries  # noqa: E402
 
 PAPER_USERS = 2780
 PRICES = (0.27, 1.10)

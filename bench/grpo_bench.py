@@ -166,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     from trl import GRPOConfig, GRPOTrainer
 
     from personaemp.llm.settings import LLMSettings
-    from personaemp.reward import PereGRM, agreement, summarise
-    from personaemp.stages.export import write_export
+    from personaemp.training.export import write_export
+    from personaemp.training.reward import PereGRM, agreement, summarise
 
     work = Path(tempfile.mkdtemp(prefix="grpo_bench-"))
     splits = write_split(work)

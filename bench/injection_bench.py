@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from fake_openai import FakeOpenAI, injected, instance_from_schema, schema_for_request  # noqa: E402
 
 import personaemp  # noqa: E402
+from personaemp.evaluation.criteria import write_criteria  # noqa: E402
+from personaemp.evaluation.evaluate import JudgeOptions, evaluate  # noqa: E402
 from personaemp.llm.settings import LLMSettings  # noqa: E402
 from personaemp.records import DIMENSIONS  # noqa: E402
-from personaemp.stages.criteria import write_criteria  # noqa: E402
-from personaemp.stages.evaluate import JudgeOptions, evaluate  # noqa: E402
 
 USERS = 6
 

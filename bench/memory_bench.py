@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from demo_bench import machine  # noqa: E402
 
-from personaemp.stages.filter import filter_users  # noqa: E402
+from personaemp.build.filter import filter_users  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "alpsbench" / "task1"
 

@@ -24,10 +24,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from fake_openai import PROFILES, FakeOpenAI, reply  # noqa: E402
 
+from personaemp.build.filter import filter_users  # noqa: E402
+from personaemp.build.persona import infer_personas  # noqa: E402
+from personaemp.build.queries import generate_queries  # noqa: E402
 from personaemp.llm.settings import LLMSettings  # noqa: E402
-from personaemp.stages.filter import filter_users  # noqa: E402
-from personaemp.stages.persona import infer_personas  # noqa: E402
-from personaemp.stages.queries import generate_queries  # noqa: E402
 
 SAMPLE = ROOT / "data" / "raw" / "alpsbench_sample" / "task1"
 

@@ -33,11 +33,11 @@ from cost_bench import queries_from  # noqa: E402
 from eval_bench import scripted  # noqa: E402
 from fake_openai import FakeOpenAI  # noqa: E402
 
+from personaemp.build.split import split_users  # noqa: E402
+from personaemp.evaluation.criteria import write_criteria  # noqa: E402
+from personaemp.evaluation.evaluate import JudgeOptions, evaluate  # noqa: E402
+from personaemp.evaluation.respond import write_responses  # noqa: E402
 from personaemp.llm.settings import LLMSettings  # noqa: E402
-from personaemp.stages.criteria import write_criteria  # noqa: E402
-from personaemp.stages.evaluate import JudgeOptions, evaluate  # noqa: E402
-from personaemp.stages.respond import write_responses  # noqa: E402
-from personaemp.stages.split import split_users  # noqa: E402
 
 PAPER_QUERIES, PAPER_USERS = 5463, 2780
 PER_SPLIT = round(PAPER_QUERIES * 0.1)  # test queries per split

@@ -286,7 +286,7 @@ def write_table(
 ) -> str:
     """`personaemp table`: the paper's Table 1 from evaluate reports (the text; written to
     `output=` when given)."""
-    from personaemp.stages.table import write_table as render
+    from personaemp.evaluation.table import write_table as render
 
     chosen = _resolve("table", options, config).section("table")
     return render(
@@ -319,7 +319,7 @@ def measure_agreement(
     **options: Any,
 ) -> dict[str, Any]:
     """`personaemp agreement`: the judge against people (and a second judge); the figures."""
-    from personaemp.stages.agreement import run_agreement
+    from personaemp.review.agreement import run_agreement
 
     resolver = _resolve("agreement", {"input": input, **options}, config)
     with _reporting(progress) as console:
@@ -334,7 +334,7 @@ def serve_review(
     **options: Any,
 ) -> None:
     """`personaemp review`: serve the labelling page until interrupted (blocks)."""
-    from personaemp.stages.review import serve_review as serve
+    from personaemp.review.page import serve_review as serve
 
     resolver = _resolve("review", {"input": input, **options}, config)
     with _reporting(progress) as console:

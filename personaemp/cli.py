@@ -568,7 +568,7 @@ def review_command(
 ):
     """Serve a local page to label a stratified sample of queries: accept/reject, agree with the
     judge or not, traits supported or not, a note; every click goes to the labels file."""
-    from personaemp.stages.review import exchange_label_studio, serve_review
+    from personaemp.review.page import exchange_label_studio, serve_review
 
     review = options.section("review")
     if export_label_studio or import_label_studio:
@@ -580,6 +580,6 @@ def review_command(
 def agreement_command(options: Resolver, console: Console):
     """How far the LLM judge agrees with people (kappa, intervals, precision, corrected pass
     shares) and, with --judge-model, with a second judge re-running the check step."""
-    from personaemp.stages.agreement import run_agreement
+    from personaemp.review.agreement import run_agreement
 
     return run_agreement(options.section("agreement"), options.llm, console)

@@ -83,7 +83,7 @@ def rule(console: Console, title: str) -> None:
 
 
 def call_filter(options: FilterOptions, console: Console) -> StageResult:
-    from personaemp.stages import filter as stage
+    from personaemp.build import filter as stage
 
     args = filter_args(options)
     return results.of_filter(stage.filter_users(**args, console=console), args["report_path"])
@@ -116,7 +116,7 @@ async def acall_persona(
     settings=None,
 ) -> StageResult:
     """infer-persona from its options; `settings` (LLMSettings) instead of those of `llm`."""
-    from personaemp.stages import persona as stage
+    from personaemp.build import persona as stage
 
     report, summary = await stage.ainfer_personas(
         options.input, options.output, settings or llm_settings(llm, env), **_persona_args(options, llm),
@@ -149,7 +149,7 @@ async def acall_queries(
     full: bool | None = None,
     settings=None,
 ) -> StageResult:
-    from personaemp.stages import queries as stage
+    from personaemp.build import queries as stage
 
     report, funnel = await stage.agenerate_queries(
         options.input, options.output, settings or llm_settings(llm, env), **_queries_args(options, llm),
@@ -184,7 +184,7 @@ def _persona_args(options: PersonaOptions, llm: LLMOptions) -> dict[str, Any]:
 
 def _queries_args(options: QueriesOptions, llm: LLMOptions) -> dict[str, Any]:
     """gen-queries' arguments from its options, for the command and for `run`'s chain."""
-    from personaemp.stages.queries import QueryOptions
+    from personaemp.build.queries import QueryOptions
 
     enforce = {"enforce": tuple(options.enforce)} if options.enforce is not None else {}
     return {
@@ -220,8 +220,8 @@ def persona_and_queries(
     `meanwhile` is called once the first requests are going out. `stream`: infer-persona's
     input as the filter writes it (streaming.FilterFeed), whose summary is printed first."""
     from personaemp import summaries
+    from personaemp.build import persona, queries
     from personaemp.llm.run import run_llm_chain
-    from personaemp.stages import persona, queries
 
     # In `run`, a [persona] limit is the size of the build, not a quick look: the card quotes it.
     first = persona.persona_stage(
@@ -335,8 +335,8 @@ def run_merge(
     output: Path | None = None,
 ):
     """`personaemp merge STAGE`: the stage's shard files into its output (stages/merge.py)."""
+    from personaemp.build.merge import merge_shards
     from personaemp.paths import check_paths
-    from personaemp.stages.merge import merge_shards
 
     name = "persona" if stage == "infer-persona" else "queries"
     given = {"input": input_path, "output": output}
@@ -354,7 +354,7 @@ def run_merge(
 
 
 def call_split(options: SplitOptions, console: Console | None = None) -> StageResult:
-    from personaemp.stages import split as stage
+    from personaemp.build import split as stage
 
     report = stage.split_users(
         options.input,
@@ -379,7 +379,7 @@ def run_split(options: SplitOptions, console: Console) -> StageResult:
 
 
 def call_stats(options: StatsOptions, console: Console | None = None) -> StageResult:
-    from personaemp.stages import stats as stage
+    from personaemp.build import stats as stage
 
     return results.of_stats(stage.write_stats(options.processed, options.out_dir))
 
@@ -393,7 +393,7 @@ def run_stats(options: StatsOptions, console: Console) -> StageResult:
 
 
 def call_push(options: PushOptions, console: Console | None = None) -> StageResult:
-    from personaemp.stages import publish as stage
+    from personaemp.build import publish as stage
 
     dry = options.is_dry_run
     return results.of_publish(
@@ -429,7 +429,7 @@ async def acall_criteria(
     env: Mapping[str, str] | None = None,
     settings=None,
 ) -> StageResult:
-    from personaemp.stages import criteria as stage
+    from personaemp.evaluation import criteria as stage
 
     report = await stage.awrite_criteria(
         options.input,
@@ -460,7 +460,7 @@ async def acall_respond(
     env: Mapping[str, str] | None = None,
     settings=None,
 ) -> StageResult:
-    from personaemp.stages import respond as stage
+    from personaemp.evaluation import respond as stage
 
     report = await stage.awrite_responses(
         options.splits,
@@ -492,7 +492,7 @@ def run_respond(
 
 
 def run_export(options, console: Console) -> dict:
-    from personaemp.stages.export import write_export
+    from personaemp.training.export import write_export
 
     written = write_export(
         options.splits, options.output_path, format=options.format, split=options.split,
@@ -511,7 +511,7 @@ async def acall_evaluate(
     env: Mapping[str, str] | None = None,
     settings=None,
 ) -> StageResult:
-    from personaemp.stages import evaluate as stage
+    from personaemp.evaluation import evaluate as stage
 
     settings = settings or llm_settings(llm, env)
     report, evaluation = await stage.aevaluate(
@@ -560,7 +560,7 @@ RUN_COMMANDS = ("filter", "infer-persona", "gen-queries", "split", "stats", "pus
 
 def run_table(options, console: Console) -> str:
     """Table 1 from evaluate reports: printed (stdout) or written to --output."""
-    from personaemp.stages.table import write_table
+    from personaemp.evaluation.table import write_table
 
     text = write_table(
         [Path(p) for p in options.reports], options.output, options.format,
@@ -580,7 +580,7 @@ def judge_panel(options: EvaluateOptions, settings, env: Mapping[str, str] | Non
     import os
 
     from personaemp.errors import PersonaempError
-    from personaemp.stages.evaluate import Judge
+    from personaemp.evaluation.evaluate import Judge
 
     env = os.environ if env is None else env
     panel = []
@@ -677,11 +677,11 @@ def estimate_pipeline(options: RunOptions, console: Console, env: Mapping[str, s
     import tempfile
 
     from personaemp import summaries
+    from personaemp.build import queries as queries_stage
     from personaemp.llm.cache import ReplyCache
     from personaemp.llm.estimate import cache_history, project
     from personaemp.records import Persona
     from personaemp.runner import StageOutcome
-    from personaemp.stages import queries as queries_stage
 
     result = PipelineResult()
     with tempfile.TemporaryDirectory() as folder:

@@ -158,7 +158,7 @@ def filter_child() -> None:
     outcome, as frames on stdout."""
     from rich.console import Console
 
-    from personaemp.stages.filter import filter_users
+    from personaemp.build.filter import filter_users
 
     filter_args = pickle.load(sys.stdin.buffer)
     out = sys.stdout.buffer

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from personaemp.stages.filter import FilterReport
+from personaemp.build.filter import FilterReport
 
 
 def print_filter_summary(report: FilterReport, console: Console) -> None:

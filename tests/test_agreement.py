@@ -12,17 +12,17 @@ from conftest import order_free_responder, read_jsonl, write_jsonl
 from fake_openai import FakeOpenAI
 from typer.testing import CliRunner
 
+from personaemp.build.publish import publish
+from personaemp.build.split import split_users
 from personaemp.cli import app
-from personaemp.stages.agreement import (
+from personaemp.review.agreement import (
     compute_agreement,
     confusion,
     kappa_of,
     rogan_gladen,
     wilson,
 )
-from personaemp.stages.publish import publish
-from personaemp.stages.review import LLM_CHECKS, LabelFile, make_event, read_items
-from personaemp.stages.split import split_users
+from personaemp.review.page import LLM_CHECKS, LabelFile, make_event, read_items
 
 # --- the statistics ----------------------------------------------------------------------------
 
@@ -138,7 +138,7 @@ def build(sample_build, tmp_path, monkeypatch) -> Path:
 def label_sample(build: Path, reviewers=("ana", "bo"), size=24) -> Path:
     """Two reviewers label the same sample as the page would post it: ana agrees with the judge
     except on every fourth query, bo on every third; traits alternate."""
-    from personaemp.stages.review import open_session
+    from personaemp.review.page import open_session
 
     session = open_session(build / "queries.jsonl", build / "labels.jsonl", size, 0)
     for r, reviewer in enumerate(reviewers):

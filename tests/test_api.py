@@ -155,7 +155,7 @@ def test_every_command_has_a_function_with_its_defaults(command):
 def test_split_defaults_to_the_ood_split_as_the_command_does(tmp_path):
     assert SplitOptions().ood is True
     assert inspect.signature(pe.split_users).parameters["ood"].default is True
-    from personaemp.stages.split import split_users
+    from personaemp.build.split import split_users
 
     assert inspect.signature(split_users).parameters["ood"].default is True
 

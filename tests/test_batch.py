@@ -17,10 +17,10 @@ from conftest import SAMPLE_TASK1, read_jsonl
 from fake_openai import FakeOpenAI
 from rich.console import Console
 
+from personaemp.build.filter import filter_users
+from personaemp.build.persona import infer_personas
+from personaemp.build.queries import generate_queries
 from personaemp.llm.settings import LLMSettings
-from personaemp.stages.filter import filter_users
-from personaemp.stages.persona import infer_personas
-from personaemp.stages.queries import generate_queries
 
 QUIET = Console(quiet=True)
 DEAD = "http://127.0.0.1:9/v1"  # nothing listens: a request sent there would fail the run

@@ -262,8 +262,8 @@ def test_on_the_sample_build_honest_queries_pass_and_planted_copies_fail(sample_
     user's own longer messages, planted as queries, are."""
     import json
 
+    from personaemp.build.queries import own_texts
     from personaemp.records import Persona
-    from personaemp.stages.queries import own_texts
 
     rows = [json.loads(line) for line in (sample_build / "queries.jsonl").read_text().splitlines()]
     generated = [q for row in rows for q in row["queries"] + row["rejected_queries"]]

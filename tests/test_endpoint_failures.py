@@ -19,7 +19,7 @@ from fake_openai import KEY_FORMS, FakeOpenAI, huge, reply, server_error, trickl
 from rich.console import Console
 
 from personaemp import secrets
-from personaemp.stages.filter import filter_users
+from personaemp.build.filter import filter_users
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "data" / "raw" / "alpsbench_sample" / "task1"

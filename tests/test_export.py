@@ -17,8 +17,8 @@ from test_evaluation import user_row
 from typer.testing import CliRunner
 
 from personaemp.cli import app
+from personaemp.evaluation.respond import write_responses
 from personaemp.llm.settings import LLMSettings
-from personaemp.stages.respond import write_responses
 
 RUNNER = CliRunner()
 
@@ -80,7 +80,7 @@ def test_verl_rows_feed_the_reward(splits, tmp_path):
     """A parquet row as pandas hands it over (numpy arrays inside extra_info) scores as a dict does."""
     import pandas as pd
 
-    from personaemp.reward import PereGRM
+    from personaemp.training.reward import PereGRM
 
     out = tmp_path / "test.parquet"
     criteria = tmp_path / "criteria.jsonl"
@@ -142,8 +142,8 @@ def test_a_training_score_is_the_evaluation_score_and_costs_nothing_after_it(spl
     from rich.console import Console
     from test_evaluation import judge
 
-    from personaemp.reward import PereGRM
-    from personaemp.stages.evaluate import JudgeOptions, evaluate, harmonic
+    from personaemp.evaluation.evaluate import JudgeOptions, evaluate, harmonic
+    from personaemp.training.reward import PereGRM
 
     responses = tmp_path / "full.jsonl"
     replies = {q: f"<think>plan</think>I am sorry ({q})." for q in ("u3-q1",)}

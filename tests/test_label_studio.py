@@ -12,9 +12,9 @@ from conftest import read_jsonl
 from typer.testing import CliRunner
 
 from personaemp.cli import app
-from personaemp.stages.agreement import compute_agreement
-from personaemp.stages.label_studio import CONFIG_FILE, TASKS_FILE
-from personaemp.stages.review import LLM_CHECKS, current_labels, read_label_events
+from personaemp.review.agreement import compute_agreement
+from personaemp.review.label_studio import CONFIG_FILE, TASKS_FILE
+from personaemp.review.page import LLM_CHECKS, current_labels, read_label_events
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def test_the_project_is_a_config_and_tasks_that_fill_it(queries, tmp_path):
     assert {c.get("toName") for c in config.iter("Choices")} == {"query_text"}
     assert [t.get("name") for t in config.iter("TextArea")] == ["note"]
     # the same sample as the page's, in the same order
-    from personaemp.stages.review import open_session
+    from personaemp.review.page import open_session
 
     session = open_session(queries, tmp_path / "unused.jsonl", 6, 0)
     assert [t["data"]["query_id"] for t in tasks] == [i["query_id"] for i in session.items]

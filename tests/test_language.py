@@ -11,8 +11,8 @@ import pytest
 from conftest import REPO
 
 from personaemp import language
+from personaemp.build.filter import filter_users
 from personaemp.language import detect_language, normalize_language, own_words, user_language
-from personaemp.stages.filter import filter_users
 
 
 @pytest.mark.parametrize(

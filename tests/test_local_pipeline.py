@@ -16,11 +16,11 @@ import pytest
 from fake_openai import FakeOpenAI
 from rich.console import Console
 
+from personaemp.build.filter import filter_users
+from personaemp.build.persona import infer_personas
+from personaemp.build.queries import QueryOptions, generate_queries
 from personaemp.llm.settings import LLMSettings
 from personaemp.records import Persona, Query
-from personaemp.stages.filter import filter_users
-from personaemp.stages.persona import infer_personas
-from personaemp.stages.queries import QueryOptions, generate_queries
 
 pytestmark = pytest.mark.embedded
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "raw" / "alpsbench_sample" / "task1"

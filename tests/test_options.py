@@ -123,20 +123,20 @@ def test_the_api_key_is_no_option():
 
 
 def test_the_names_options_repeat_agree_with_the_stages():
+    from personaemp.build import persona, queries
     from personaemp.records import CATEGORIES
     from personaemp.sources import FORMATS
-    from personaemp.stages import persona, queries
 
     assert opts.FORMATS == FORMATS
     assert opts.CHECKS == queries.CHECKS
     from personaemp import reward
-    from personaemp.stages import criteria, evaluate, respond
+    from personaemp.evaluation import criteria, evaluate, respond
 
     stages = (persona, queries, criteria, respond, evaluate, reward)
     assert set(opts.STEPS) == {step.name for stage in stages for step in stage.STEPS}
     from typing import get_args
 
-    from personaemp.stages import export
+    from personaemp.training import export
 
     assert get_args(opts.Context) == respond.CONTEXTS
     assert get_args(opts.ExportOptions.model_fields["format"].annotation) == export.FORMATS
@@ -167,7 +167,7 @@ def test_derived_defaults_match_the_static_ones():
 def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
     """Replace the five stage functions (and the summaries) by recorders."""
     from personaemp import summaries
-    from personaemp.stages import filter, persona, publish, queries, split, stats
+    from personaemp.build import filter, persona, publish, queries, split, stats
 
     recorded: dict[str, tuple[tuple, dict]] = {}
 
@@ -801,7 +801,7 @@ def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(mon
     sections must still reach the stage function identically."""
     monkeypatch.setenv("JUDGE_A_KEY", "sk-judge-a")
     from personaemp import summaries
-    from personaemp.stages import criteria, evaluate, respond
+    from personaemp.evaluation import criteria, evaluate, respond
 
     calls: dict[str, tuple] = {}
 

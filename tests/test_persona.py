@@ -15,16 +15,8 @@ from pydantic import ValidationError
 from rich.console import Console
 from typer.testing import CliRunner
 
-from personaemp.cli import app
-from personaemp.errors import InputError
-from personaemp.io import pick_units
-from personaemp.llm.engine import REASK
-from personaemp.llm.settings import LLMSettings
-from personaemp.llm.step import RejectedReply
-from personaemp.prompts import fence, load_prompt, prompts_dir
-from personaemp.records import BIG_FIVE, Persona, Trait, User
-from personaemp.stages.filter import filter_users
-from personaemp.stages.persona import (
+from personaemp.build.filter import filter_users
+from personaemp.build.persona import (
     EVIDENCE_TEXT,
     MEMORY_TEXT,
     TURN_TEXT,
@@ -44,6 +36,14 @@ from personaemp.stages.persona import (
     render_turns,
     summarize,
 )
+from personaemp.cli import app
+from personaemp.errors import InputError
+from personaemp.io import pick_units
+from personaemp.llm.engine import REASK
+from personaemp.llm.settings import LLMSettings
+from personaemp.llm.step import RejectedReply
+from personaemp.prompts import fence, load_prompt, prompts_dir
+from personaemp.records import BIG_FIVE, Persona, Trait, User
 
 REASK_START = REASK.split("{error}")[0]
 

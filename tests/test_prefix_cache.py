@@ -14,10 +14,10 @@ from fake_openai import FakeOpenAI, reply, schema_for_request, schema_from_messa
 from rich.console import Console
 from test_persona import Script, filtered_users, quiet, settings_for
 
+from personaemp.build.persona import infer_personas
 from personaemp.llm.accounting import Accounting, dollars
 from personaemp.llm.endpoints import cached_tokens
 from personaemp.llm.run import REPORT_FILE
-from personaemp.stages.persona import infer_personas
 
 
 def ask(server: FakeOpenAI, text: str, schema: dict | None = None) -> dict:
@@ -135,8 +135,8 @@ def test_the_run_report_counts_the_cached_tokens_the_server_served(tmp_path, rul
 def test_estimate_prices_what_a_prefix_cache_would_serve_at_price_cached(tmp_path):
     """--estimate renders the requests it would send: those of later users open with the same
     preamble, and each user's later steps with what their own earlier steps sent."""
+    from personaemp.build.queries import generate_queries
     from personaemp.llm.settings import LLMSettings
-    from personaemp.stages.queries import generate_queries
 
     input_path = filtered_users(tmp_path)
     with FakeOpenAI(responder=schema_anywhere(Script(input_path)), prefix_cache="deepseek") as server:
@@ -172,9 +172,9 @@ def test_the_schema_text_follows_the_task_and_the_request_is_one_user_turn(tmp_p
     step) and before what only this request carries; the two user turns go as one."""
     from fake_openai import schema_from_messages
 
+    from personaemp.evaluation.criteria import CRITERIA_ASPECTS, build_messages, dimensions_text
     from personaemp.llm.engine import SCHEMA_IN_PROMPT
     from personaemp.prompts import load_prompt
-    from personaemp.stages.criteria import CRITERIA_ASPECTS, build_messages, dimensions_text
 
     unit = {"query": "I failed again.", "situation": "A failed test.", "profile": "anxious",
             "memories": [{"memory_id": "m1", "value": "failed a driving test"}]}  # fmt: skip
@@ -187,8 +187,8 @@ def test_the_schema_text_follows_the_task_and_the_request_is_one_user_turn(tmp_p
     ) as server:
         import asyncio
 
+        from personaemp.evaluation.criteria import CRITERIA
         from personaemp.llm.session import open_engine
-        from personaemp.stages.criteria import CRITERIA
 
         async def ask():
             async with open_engine(
@@ -221,11 +221,11 @@ def test_requests_about_different_users_share_the_task_and_the_schema(tmp_path):
     import json
     import os
 
+    from personaemp.build.persona import persona_schema
+    from personaemp.evaluation.criteria import CRITERIA, build_messages
     from personaemp.llm.engine import SCHEMA_IN_PROMPT, _with_schema_text
     from personaemp.prompts import load_prompt
     from personaemp.records import Memory
-    from personaemp.stages.criteria import CRITERIA, build_messages
-    from personaemp.stages.persona import persona_schema
 
     def unit(memory: str) -> dict:
         return {"query": "I failed again.", "situation": "A failed test.", "profile": "anxious",

@@ -15,11 +15,11 @@ import pytest
 from fake_openai import PROFILES, FakeOpenAI, reply
 from rich.console import Console
 
+from personaemp.build.filter import filter_users
+from personaemp.build.persona import infer_personas
+from personaemp.build.queries import generate_queries
 from personaemp.llm.engine import DECISIONS_FILE
 from personaemp.llm.settings import LLMSettings
-from personaemp.stages.filter import filter_users
-from personaemp.stages.persona import infer_personas
-from personaemp.stages.queries import generate_queries
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "data" / "raw" / "alpsbench_sample" / "task1"

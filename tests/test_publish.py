@@ -1,4 +1,4 @@
-"""`personaemp push`: personaemp.stages.publish (dataset rows, dry-run repository, card) and the CLI.
+"""`personaemp push`: personaemp.build.publish (dataset rows, dry-run repository, card) and the CLI.
 
 The splits are made by the real `split_users` from hand-made queries rows; every dry run
 is loaded back with `datasets.load_dataset` from a fresh cache folder, so what is checked
@@ -19,11 +19,11 @@ import yaml
 from conftest import read_jsonl, write_json, write_jsonl
 from typer.testing import CliRunner
 
+from personaemp.build.publish import COLUMNS, features, publish
+from personaemp.build.split import split_users
 from personaemp.cli import app
 from personaemp.errors import InputError, PersonaempError
 from personaemp.records import BIG_FIVE
-from personaemp.stages.publish import COLUMNS, features, publish
-from personaemp.stages.split import split_users
 from personaemp.workspace import record_stage
 
 SECRET = "hf_TestSecretTokenDoNotLeak0123456789"
@@ -151,7 +151,7 @@ def _plots_not_drawn(monkeypatch):
     """The plots are drawn and checked in tests/test_stats.py; drawing them for each of the
     many pushes here would cost about a second each. Their names (so the files, the card's
     links and the export list) are the real ones."""
-    from personaemp.stages import stats as stage
+    from personaemp.build import stats as stage
 
     monkeypatch.setattr(
         stage, "render_figures", lambda stats: {n: b"\x89PNG" for n in stage.figure_names(stats)}

@@ -24,12 +24,7 @@ from rich.console import Console
 from test_persona import section
 from typer.testing import CliRunner
 
-from personaemp.cli import app
-from personaemp.errors import InputError
-from personaemp.llm.settings import LLMSettings
-from personaemp.prompts import fence, load_prompt
-from personaemp.records import CATEGORY_DEFINITIONS, Persona, category_definitions
-from personaemp.stages.queries import (
+from personaemp.build.queries import (
     CHECKS,
     JUDGED,
     LANGUAGE_NAMES,
@@ -51,6 +46,11 @@ from personaemp.stages.queries import (
     reviews_schema,
     situations_schema,
 )
+from personaemp.cli import app
+from personaemp.errors import InputError
+from personaemp.llm.settings import LLMSettings
+from personaemp.prompts import fence, load_prompt
+from personaemp.records import CATEGORY_DEFINITIONS, Persona, category_definitions
 from personaemp.summaries import print_query_funnel
 
 # --- hand-made persona rows -----------------------------------------------------------------------

@@ -20,7 +20,7 @@ from browser import Browser, find_chromium
 from conftest import REPO, read_jsonl
 
 from personaemp.errors import InputError
-from personaemp.stages.review import (
+from personaemp.review.page import (
     LLM_CHECKS,
     LabelFile,
     current_labels,
@@ -342,7 +342,7 @@ def test_a_reviewer_labels_with_keys_and_mouse_reloads_and_resumes(served, tmp_p
     assert (tmp_path / "review.png").read_bytes().startswith(b"\x89PNG")
 
     # what the browser saved is what the agreement figures are made of
-    from personaemp.stages.agreement import compute_agreement
+    from personaemp.review.agreement import compute_agreement
 
     report = compute_agreement(Path(session.source), path, resamples=200)
     assert {c: f["pairs"] for c, f in report["judge_vs_people"].items()} == {

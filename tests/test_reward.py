@@ -1,4 +1,4 @@
-"""The training reward (personaemp.reward), called exactly as TRL and verl call it.
+"""The training reward (personaemp.training.reward), called exactly as TRL and verl call it.
 
 The judge is the fake OpenAI server, scripted so each score can be worked out by hand: it
 reads the query id shown to it (in the query text) and the dimension it is asked about.
@@ -26,9 +26,10 @@ import pytest
 from fake_openai import FakeOpenAI, invalid_json_content, server_error
 
 from personaemp.errors import InputError
+from personaemp.evaluation.evaluate import BYSTANDER_ASPECTS, harmonic
 from personaemp.llm.settings import LLMSettings
 from personaemp.records import DIMENSIONS
-from personaemp.reward import (
+from personaemp.training.reward import (
     FixedCriteriaReward,
     PereGRM,
     Reward,
@@ -37,7 +38,6 @@ from personaemp.reward import (
     completion_text,
     summarise_log,
 )
-from personaemp.stages.evaluate import BYSTANDER_ASPECTS, harmonic
 
 SCORES = {"q1": (5, 4, 3), "q2": (2, 2, 2)}
 POINTS = 16  # each bystander aspect: B = 0.8
@@ -192,7 +192,7 @@ def test_verl_compute_score_and_its_batched_form(tmp_path):
 
 def test_verl_loads_the_function_from_a_file_by_name(tmp_path, monkeypatch):
     """verl imports custom_reward_function.path with importlib and takes .name from it."""
-    import personaemp.reward as module
+    import personaemp.training.reward as module
 
     with FakeOpenAI(responder=judge) as server:
         config = tmp_path / "personaemp.toml"
@@ -234,7 +234,7 @@ def test_an_unreadable_judgment_takes_the_documented_fallback_counted_and_logged
 
     with FakeOpenAI(responder=broken_resonation) as server:
         reward = PereGRM(settings(server, tmp_path), log_path=tmp_path / "reward.jsonl")
-        with caplog.at_level(logging.WARNING, logger="personaemp.reward"):
+        with caplog.at_level(logging.WARNING, logger="personaemp.training.reward"):
             rewards, _ = trl_call(reward, [row("q1"), row("q2")], ["one", "two"])
     neutral = {
         "q1": dict(zip(DIMENSIONS, (3, 4, 3), strict=True)),
@@ -386,7 +386,7 @@ def test_the_joint_prompt_keeps_policy_and_user_text_in_its_data_blocks(tmp_path
 
 
 def test_from_config_reads_the_reward_section_and_env_vars_over_it(tmp_path):
-    from personaemp.reward import from_config
+    from personaemp.training.reward import from_config
 
     config = tmp_path / "personaemp.toml"
     config.write_text('[llm]\nmodel = "m"\nbase_url = ["http://127.0.0.1:9/v1"]\n'

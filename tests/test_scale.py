@@ -16,6 +16,10 @@ from fake_openai import FakeOpenAI, server_error
 from rich.console import Console
 from typer.testing import CliRunner
 
+from personaemp.build.filter import filter_users
+from personaemp.build.merge import shard_of
+from personaemp.build.persona import infer_personas
+from personaemp.build.queries import generate_queries
 from personaemp.cli import app
 from personaemp.errors import InputError, PersonaempError
 from personaemp.io import read_stage_rows
@@ -23,10 +27,6 @@ from personaemp.llm.settings import LLMSettings
 from personaemp.options import LLMOptions, PathsOptions, RunOptions, SplitOptions
 from personaemp.pipeline import run_filter, run_persona_and_queries, run_pipeline
 from personaemp.records import User
-from personaemp.stages.filter import filter_users
-from personaemp.stages.merge import shard_of
-from personaemp.stages.persona import infer_personas
-from personaemp.stages.queries import generate_queries
 
 QUIET = Console(quiet=True)
 
@@ -222,7 +222,7 @@ def test_per_user_schemas_leave_the_step_schema_as_it_was():
     the step must not pick up one user's ids."""
     from types import SimpleNamespace
 
-    from personaemp.stages.persona import PERSONA_STEP, PersonaReply, persona_schema
+    from personaemp.build.persona import PERSONA_STEP, PersonaReply, persona_schema
 
     def user(*ids):
         return SimpleNamespace(memories=[SimpleNamespace(memory_id=i) for i in ids])

@@ -14,10 +14,7 @@ import pytest
 from conftest import read_jsonl, write_jsonl
 from typer.testing import CliRunner
 
-from personaemp.cli import app
-from personaemp.errors import InputError
-from personaemp.records import BIG_FIVE
-from personaemp.stages.split import (
+from personaemp.build.split import (
     LEFT_OUT_REASONS,
     LEVELS,
     REPORT_FILE,
@@ -26,6 +23,9 @@ from personaemp.stages.split import (
     profile_of,
     split_users,
 )
+from personaemp.cli import app
+from personaemp.errors import InputError
+from personaemp.records import BIG_FIVE
 from personaemp.workspace import read_manifest
 
 LOW, MEDIUM, HIGH = ("low",) * 5, ("medium",) * 5, ("high",) * 5
@@ -803,7 +803,7 @@ def test_the_elbow_sweep_over_forked_workers_clusters_as_one_process_does(monkey
     """Large splits spread the sweep's seeded fits over the cores: same clusters, same costs."""
     import random as stdlib_random
 
-    from personaemp.stages import split as split_stage
+    from personaemp.build import split as split_stage
 
     rng = stdlib_random.Random(3)
     profiles = [tuple(rng.choice(split_stage.LEVELS) for _ in range(5)) for _ in range(600)]
@@ -827,7 +827,7 @@ def test_the_remembered_dissimilarity_fits_exactly_what_kmodes_alone_fits():
     import numpy as np
     from kmodes.kmodes import KModes
 
-    from personaemp.stages.split import _fit
+    from personaemp.build.split import _fit
 
     rng = stdlib_random.Random(3)
     data = np.array([[rng.choice((0, 1, 2)) for _ in range(5)] for _ in range(400)])

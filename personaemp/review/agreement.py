@@ -29,7 +29,7 @@ from typing import Any
 
 from personaemp.errors import InputError
 from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
-from personaemp.stages.review import LLM_CHECKS, current_labels, read_items, read_label_events
+from personaemp.review.page import LLM_CHECKS, current_labels, read_items, read_label_events
 
 REPORT_FILE, PLOT_FILE = "agreement.json", "agreement.png"
 Z = 1.959964  # the 97.5% normal quantile
@@ -313,11 +313,11 @@ def rejudge(queries: Path, output: Path, settings, console=None):
     generated query of `queries`; one row per user in `output` (apart from the build), with
     each query's checks as that judge and the deterministic checks make them. Resumable and
     cached like every LLM stage. Returns the stage report."""
+    from personaemp.build.queries import CHECK
     from personaemp.io import read_stage_rows
     from personaemp.llm.run import LLMStage, run_stage
     from personaemp.prompts import load_prompt
     from personaemp.records import Persona
-    from personaemp.stages.queries import CHECK
 
     rows, _ = read_stage_rows(Path(queries), Persona, kind="queries")
     prompt = load_prompt(CHECK.prompt)
@@ -339,14 +339,14 @@ def rejudge(queries: Path, output: Path, settings, console=None):
 async def judge_again(engine, row: dict, prompt) -> dict:
     """One user's generated queries through the existing check step (stages/queries.py)."""
     from personaemp import checks
-    from personaemp.records import Persona
-    from personaemp.stages.queries import (
+    from personaemp.build.queries import (
         CHECK,
         SituationReply,
         build_check_messages,
         judge_checks,
         reviews_schema,
     )
+    from personaemp.records import Persona
 
     persona = Persona.model_validate(row)
     generated = list(row.get("queries") or []) + list(row.get("rejected_queries") or [])

@@ -88,7 +88,7 @@ def numbered_memories(memories: Sequence[dict]) -> str:
 def query_units(path: Path, hint: str) -> list[dict[str, Any]]:
     """Every accepted query of a gen-queries or split file, with what a judge reads about
     its user. Query ids must be unique: they key the criteria, responses and scores."""
-    from personaemp.stages.split import check_queries_row, profile_of
+    from personaemp.build.split import check_queries_row, profile_of
 
     units: list[dict[str, Any]] = []
     seen: dict[str, str] = {}

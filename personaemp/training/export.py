@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from personaemp.errors import InputError, RowError
+from personaemp.evaluation.criteria import read_criteria
+from personaemp.evaluation.respond import RESPOND, build_messages, policy_units
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl
 from personaemp.prompts import load_prompt
-from personaemp.stages.criteria import read_criteria
-from personaemp.stages.respond import RESPOND, build_messages, policy_units
 
 FORMATS = ("trl", "verl")
 ABILITY = "empathy"

@@ -36,8 +36,8 @@ from personaemp.records import (
     Situation,
     category_definitions,
 )
-from personaemp.stages.merge import failures_path, sharded
-from personaemp.stages.persona import render_memories, render_turns
+from personaemp.build.merge import failures_path, sharded
+from personaemp.build.persona import render_memories, render_turns
 
 STAGE = "gen-queries"
 JUDGED = ("emotional_support", "logical_consistency", "role_awareness")

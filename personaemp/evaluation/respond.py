@@ -28,9 +28,9 @@ from pathlib import Path
 
 from personaemp.aio import sync_twin
 from personaemp.errors import InputError, UnitError
+from personaemp.evaluation.criteria import pick_queries, query_units, with_room
 from personaemp.llm.step import Step
 from personaemp.prompts import Prompt, load_prompt
-from personaemp.stages.criteria import pick_queries, query_units, with_room
 
 STAGE = "respond"
 CONTEXTS = ("none", "memory", "memory-summary", "rag", "mismatch", "persona")

@@ -42,14 +42,9 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, Field, ValidationError
 
 from personaemp.aio import sync_twin
+from personaemp.build.split import LEVELS
 from personaemp.errors import InputError, RowError, UnitError, first_problem
-from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
-from personaemp.llm.reply import split_reasoning
-from personaemp.llm.step import Step
-from personaemp.prompts import Prompt, load_prompt
-from personaemp.records import BIG_FIVE, DIMENSION_DEFINITIONS, DIMENSIONS, Response
-from personaemp.runner import ENDPOINT_KINDS
-from personaemp.stages.criteria import (
+from personaemp.evaluation.criteria import (
     definitions_hash,
     dimensions_text,
     numbered_memories,
@@ -57,8 +52,13 @@ from personaemp.stages.criteria import (
     read_criteria,
     with_room,
 )
-from personaemp.stages.respond import split_file
-from personaemp.stages.split import LEVELS
+from personaemp.evaluation.respond import split_file
+from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
+from personaemp.llm.reply import split_reasoning
+from personaemp.llm.step import Step
+from personaemp.prompts import Prompt, load_prompt
+from personaemp.records import BIG_FIVE, DIMENSION_DEFINITIONS, DIMENSIONS, Response
+from personaemp.runner import ENDPOINT_KINDS
 
 STAGE = "evaluate"
 FLOOR = 1  # the score of a missing or empty response, on every dimension

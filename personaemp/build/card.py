@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from personaemp.records import BIG_FIVE
-from personaemp.stages.stats import FIGURE_DIR, STATS_FILE
+from personaemp.build.stats import FIGURE_DIR, STATS_FILE
 
 CITATIONS = """\
 - **PersonaEmp** — Zheng et al., *From Empathy to Personalized Empathy: Adapting Empathetic
@@ -106,7 +106,7 @@ def _image(name: str, text: str, figures: list[str]) -> list[str]:
 
 
 def stats_section(stats: dict[str, Any], figures: list[str]) -> str:
-    """The card's statistics: every figure from `stats` (personaemp.stages.stats.compute_stats,
+    """The card's statistics: every figure from `stats` (personaemp.build.stats.compute_stats,
     the dict published as stats.json beside the card), and its plots (`figures`: their paths)."""
     out = ["## Statistics", "", f"The same figures are in `{STATS_FILE}` (from `personaemp stats`).", ""]
     funnel = stats.get("funnel") or {}
@@ -231,9 +231,9 @@ def render_card(
     figures: list[str] | None = None,
     quality: dict[str, Any] | None = None,
 ) -> str:
-    """The card; `quality`: the build's agreement report (personaemp.stages.agreement), None
+    """The card; `quality`: the build's agreement report (personaemp.review.agreement), None
     when nobody labelled it (the card says so)."""
-    from personaemp.stages.agreement import PLOT_FILE, quality_section
+    from personaemp.review.agreement import PLOT_FILE, quality_section
 
     sections = [_front_matter(facts), "", "# PersonaEmp (rebuilt with personaemp)", ""]
     sections.append(

@@ -16,7 +16,7 @@ from typing import Any
 
 from personaemp.errors import InputError
 from personaemp.io import write_json_atomic
-from personaemp.stages.review import LLM_CHECKS, LabelFile, current_labels, make_event, read_items
+from personaemp.review.page import LLM_CHECKS, LabelFile, current_labels, make_event, read_items
 
 TASKS_FILE, CONFIG_FILE = "tasks.json", "label_config.xml"
 

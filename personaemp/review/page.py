@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from personaemp.build.queries import CHECKS, JUDGED
 from personaemp.errors import InputError
 from personaemp.io import ErrorPolicy, iter_jsonl
-from personaemp.stages.queries import CHECKS, JUDGED
 
 # The checks whose verdict is the LLM judge's: its three judgments, and the category it
 # reads (category_match compares that reading with the category the query was written for).
@@ -326,7 +326,7 @@ def exchange_label_studio(options, export: Path | None, export_file: Path | None
     """`personaemp review --export-label-studio DIR` / `--import-label-studio FILE`."""
     from rich.markup import escape
 
-    from personaemp.stages.label_studio import export_project, import_export
+    from personaemp.review.label_studio import export_project, import_export
 
     labels = options.labels or Path(options.input).with_name("labels.jsonl")
     if export is not None:

@@ -5,7 +5,7 @@ One row per accepted query, carrying its user's persona, Big Five levels and mem
 text unless asked for (`include_dialogue`). Configs `random` and `ood`, each with train
 and test. `--dry-run` writes exactly the repository that would be uploaded.
 
-The card's statistics (personaemp.stages.stats) are computed once from the same build and
+The card's statistics (personaemp.build.stats) are computed once from the same build and
 published three ways: the card's tables, its plots (`figures/*.png`, linked relatively)
 and `stats.json`.
 
@@ -44,9 +44,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from personaemp.errors import InputError, PersonaempError, RowError, first_problem
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_atomic
 from personaemp.records import BIG_FIVE, DIMENSIONS
-from personaemp.stages.dataset_card import render_card
-from personaemp.stages.split import REPORT_FILE, SETTINGS_WRITTEN, check_queries_row, profile_of
-from personaemp.stages.stats import FIGURE_DIR, STATS_FILE, sources_of_split, stats_and_figures
+from personaemp.build.card import render_card
+from personaemp.build.split import REPORT_FILE, SETTINGS_WRITTEN, check_queries_row, profile_of
+from personaemp.build.stats import FIGURE_DIR, STATS_FILE, sources_of_split, stats_and_figures
 from personaemp.workspace import stage_chain
 
 SETTINGS = SETTINGS_WRITTEN  # the configs, one per split setting
@@ -484,7 +484,7 @@ def publish(
     users = read_splits(files)
     found = None
     if criteria is not None and Path(criteria).exists():
-        from personaemp.stages.criteria import read_criteria
+        from personaemp.evaluation.criteria import read_criteria
 
         found = read_criteria(Path(criteria))
     datasets = _datasets(users, include_dialogue, found)
@@ -501,7 +501,7 @@ def publish(
     # The build's statistics, computed once: the card's tables, its plots and stats.json.
     stats, figures = stats_and_figures(sources_of_split(splits_dir, split_report))
     files = {f"{FIGURE_DIR}/{name}": png for name, png in figures.items()}
-    from personaemp.stages.agreement import PLOT_FILE, card_quality
+    from personaemp.review.agreement import PLOT_FILE, card_quality
 
     quality, plot = card_quality(sources_of_split(splits_dir, split_report).queries)
     if plot is not None:

@@ -35,7 +35,7 @@ from personaemp.records import (
     TraitLevel,
     User,
 )
-from personaemp.stages.merge import failures_path, sharded
+from personaemp.build.merge import failures_path, sharded
 
 STAGE = "infer-persona"
 MEMORY_TEXT = 240  # characters of a memory's value kept in a prompt

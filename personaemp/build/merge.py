@@ -177,10 +177,10 @@ def _find_parts(output: Path) -> dict[int, Path]:
 def _input_rows(stage: str, input_path: Path):
     """The stage's units as its run reads them (io.StageRows)."""
     if stage == "infer-persona":
-        from personaemp.stages.persona import read_rows
+        from personaemp.build.persona import read_rows
 
         return read_rows(input_path)
-    from personaemp.stages.queries import read_personas
+    from personaemp.build.queries import read_personas
 
     return read_personas(input_path)[0]
 

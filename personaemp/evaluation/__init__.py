@@ -1,0 +1,1 @@
+"""Evaluate models the paper's way: criteria -> respond -> evaluate -> table."""

@@ -1,0 +1,1 @@
+"""People check the build: the labelling page, agreement with the judge, Label Studio."""

@@ -1,0 +1,759 @@
+"""PereGRM as a training reward: the evaluation's instruments, called from a GRPO step.
+
+Two signals, as in the paper, on the engine, cache and prompts of `personaemp evaluate`
+(so a score means the same in a report and in a training step):
+
+  PereGRM              dynamic criteria: per dimension the judge writes its own criteria for
+                       this user and scores, k samples averaged (`samples`);
+  FixedCriteriaReward  PERM-style: the query's pre-written criteria (`personaemp criteria`).
+
+Per rollout: s_d = score / 5 per dimension, H = their harmonic mean; with the bystander
+(persona-blind, five aspects 0-20, B = sum / 100) the reward is H + lambda * (B - 1)
+(lambda = 0.5 in the paper's training), else H. Per rollout the authors send 3k judge calls
+(+1 with the bystander); `joint=True` asks for the three dimensions in one call instead (k
+calls, +1): a different instrument (prompts/judge_joint.md), so it is reported beside the
+per-dimension mode, never in its place (bench/grpo_bench.py prints how far they agree).
+
+Ways in:
+  - TRL: `GRPOTrainer(reward_funcs=[reward])`: `reward(prompts=..., completions=..., **columns)`
+    takes the dataset's columns (written by `personaemp export --format trl`) and returns one
+    float per completion; completions plain or conversational.
+  - verl: `reward.compute_score(data_source, solution_str, ground_truth, extra_info)` and the
+    batched `reward.compute_score_batch(data_sources=, solution_strs=, ground_truths=,
+    extra_infos=)`; `extra_info` as `personaemp export --format verl` writes it. verl loads a
+    function from a file: this module's own `compute_score` / `compute_score_batch` build
+    their reward from the personaemp.toml named by $PERSONAEMP_CONFIG (see README "Train
+    with PereGRM").
+  - async code: `await reward.ascore(rollouts)`.
+
+What happens to a rollout:
+  - reasoning (`<think>...</think>`) is removed first: the judge reads what the user would;
+  - no visible answer (empty, or cut while reasoning) scores the floor (1 on each dimension,
+    B = 0) without a judge call, as in evaluation, and is counted;
+  - a judgment that cannot be read after the engine's re-asks, or whose request failed,
+    takes the FALLBACK of its dimension (or of B); one unreadable sample of k is dropped
+    from the mean. Every fallback is counted per step, logged and written to the step's
+    line of the JSONL log. The fallback (`fallback=`): "neutral" (the default: 3 of 5 on a
+    dimension, B = 0.8, the values the authors' reward puts in) or "floor" (1, B = 0);
+  - an endpoint that cannot be used at all (EndpointError) stops the step: a training run
+    should not go on learning from fallbacks.
+
+Determinism: every judgment is cached by its exact request (and sample index), so
+re-scoring a batch sends no request, and evaluation and training share answers. Identical
+rollouts in a batch are judged once. Calls run concurrently across the whole batch (the
+engine's --concurrency bounds them). Calling from a thread, or from code that already runs
+an event loop (a notebook, an async trainer), works: the step then runs on a loop of its own
+in a helper thread (`run_sync`).
+
+Each call of the reward opens the engine (endpoints, cache) and closes it again: nothing
+lingers between steps (a forked or Ray worker starts clean), the structured-output mode is
+remembered in the work dir, and --max-cost, --rpm apply per step.
+
+Accounting per step (`log_path=`, JSONL, one line per call of the reward): rollouts, calls and
+HTTP requests, cache hits, tokens (prompt, completion, cached when the engine reports
+them), seconds, failures by kind, fallbacks per dimension, mean reward; `summary()` and
+`summarise_log(path)` add them up, with calls and tokens per rollout score.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import os
+import statistics
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from personaemp.errors import InputError, UnitError
+from personaemp.evaluation.criteria import numbered_memories, read_criteria, with_room
+from personaemp.evaluation.evaluate import (
+    BYSTANDER,
+    DYNAMIC_STANDARDS,
+    FLOOR,
+    JUDGE,
+    JUDGE_DYNAMIC,
+    ROOM,
+    Score,
+    check_sampling,
+    cut_while_reasoning,
+    harmonic,
+    judge_messages,
+)
+from personaemp.llm.reply import split_reasoning
+from personaemp.llm.step import Step
+from personaemp.options import RewardConfig
+from personaemp.prompts import Prompt, load_prompt
+from personaemp.records import DIMENSIONS
+
+log = logging.getLogger("personaemp.reward")
+
+FALLBACKS = {
+    # dimension score (1-5) and B (0-1) of a judgment that could not be had
+    "neutral": (3.0, 0.8),  # the authors' reward: 0.6 normalised, and 0.8
+    "floor": (float(FLOOR), 0.0),
+}
+
+
+class DimensionJudgment(BaseModel):
+    criteria: list[str] = Field(min_length=1, description="criteria for this user, written before scoring")
+    analysis: str = Field(description="the reply measured against those criteria")
+    score: Score
+
+
+class JointReply(BaseModel):
+    """The three dimensions in one reply (joint mode)."""
+
+    resonation: DimensionJudgment
+    expression: DimensionJudgment
+    reception: DimensionJudgment
+
+
+JUDGE_JOINT = Step("judge_joint", JointReply, prompt="judge_joint", version=1, temperature=0.0)
+STEPS = (JUDGE_JOINT,)
+JOINT_ROOM = {JUDGE_JOINT.name: 4096}  # three judgments' worth of reasoning
+
+
+_DEFAULT = RewardConfig()  # the defaults live with the [reward] options
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardOptions:
+    """The instrument (personaemp.options.RewardConfig says what each field means)."""
+
+    dynamic: bool = _DEFAULT.dynamic  # PereGRM; False: fixed criteria (file or `criteria` column)
+    samples: int = _DEFAULT.samples  # k: judgments averaged per dimension (dynamic only)
+    bystander: bool = _DEFAULT.bystander
+    reward_lambda: float = _DEFAULT.reward_lambda
+    joint: bool = _DEFAULT.joint  # the three dimensions in one call (dynamic only)
+    fallback: str = _DEFAULT.fallback
+    criteria_file: Path | None = _DEFAULT.criteria
+
+    @property
+    def mode(self) -> str:
+        judge = (
+            (f"joint@{self.samples}" if self.joint else f"dynamic@{self.samples}")
+            if self.dynamic
+            else "fixed"
+        )
+        return judge + ("+bystander" if self.bystander else "")
+
+    @property
+    def calls_per_rollout(self) -> int:
+        """Judge calls one judged rollout asks for (before cache and de-duplication)."""
+        per_sample = 1 if self.joint else len(DIMENSIONS)
+        return per_sample * (self.samples if self.dynamic else 1) + int(self.bystander)
+
+
+@dataclasses.dataclass
+class Rollout:
+    """One completion to score and what the judge reads about its query."""
+
+    query_id: str
+    query: str
+    situation: str
+    profile: str
+    memories: list[dict]
+    completion: str
+    user_id: str = ""
+    category: str = ""
+    criteria: dict | None = None
+
+
+@dataclasses.dataclass
+class StepResult:
+    rewards: list[float]
+    rows: list[dict]  # per rollout: status, scores, samples, bystander, harmonic, reward, fallbacks
+    record: dict  # the step's accounting line
+
+
+# --- from the trainers' arguments to rollouts --------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    """numpy arrays and scalars (verl's non-tensor batch, pandas-read parquet) as lists and numbers."""
+    if hasattr(value, "tolist") and not isinstance(value, str | bytes):
+        return _plain(value.tolist())
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def completion_text(completion: Any) -> str:
+    """A completion as text: a string, or a conversational completion (a list of messages,
+    the assistant's content joined; TRL's shape), or one message."""
+    completion = _plain(completion)
+    if completion is None:
+        return ""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Mapping):
+        completion = [completion]
+    if isinstance(completion, list):
+        parts = []
+        for message in completion:
+            if not isinstance(message, Mapping):
+                raise InputError(f"a completion message is not a dict with content: {message!r:.80}")
+            if message.get("role", "assistant") == "assistant":
+                content = message.get("content") or ""
+                parts.append(content if isinstance(content, str) else _text_parts(content))
+        return "\n".join(parts)
+    raise InputError(f"a completion is neither text nor a list of messages: {completion!r:.80}")
+
+
+def _text_parts(content: list) -> str:
+    # Multimodal message content: [{"type": "text", "text": ...}, ...]
+    return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+
+
+NEEDED = ("query_id", "query", "situation", "memories")
+
+
+def rollout_from(completion: Any, info: Mapping[str, Any], where: str) -> Rollout:
+    """A rollout from a completion and its row (TRL columns or verl extra_info)."""
+    info = _plain(info) or {}
+    lacking = [key for key in NEEDED if key not in info]
+    if "persona" not in info and "profile" not in info:
+        lacking.append("persona")
+    if lacking:
+        raise InputError(
+            f"{where}: no {', '.join(lacking)} for the judge",
+            "train on rows written by `personaemp export` (they carry what the reward needs)",
+        )
+    memories = info["memories"] or []
+    memories = [
+        m if isinstance(m, Mapping) else {"memory_id": f"m{n}", "value": str(m)}
+        for n, m in enumerate(memories, 1)
+    ]
+    return Rollout(
+        query_id=str(info["query_id"]),
+        query=str(info["query"]),
+        situation=str(info["situation"] or ""),
+        profile=str(info.get("persona", info.get("profile")) or ""),
+        memories=[
+            {"memory_id": str(m.get("memory_id", "")), "value": str(m.get("value", ""))} for m in memories
+        ],
+        completion=completion_text(completion),
+        user_id=str(info.get("user_id") or ""),
+        category=str(info.get("category") or ""),
+        criteria=info.get("criteria") or None,
+    )
+
+
+# --- running a coroutine from any caller -------------------------------------------------------
+
+
+def run_sync(make: Callable[[], Any]) -> Any:
+    """Run the coroutine `make()` to its end and return its value, from any thread, also
+    one whose event loop is running (then on a fresh loop in a helper thread).
+
+    Kept small and local: a shared loop-safe runner can replace it."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="personaemp-reward") as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
+
+
+# --- the reward --------------------------------------------------------------------------------
+
+
+class Reward:
+    """A judge-based reward (see the module's docstring). Use PereGRM or FixedCriteriaReward."""
+
+    def __init__(
+        self,
+        settings,
+        options: RewardOptions | None = None,
+        *,
+        log_path: Path | str | None = None,
+        name: str = "peregrm",
+    ):
+        options = options or RewardOptions()
+        if options.samples < 1:
+            raise InputError("samples must be at least 1")
+        if options.fallback not in FALLBACKS:
+            raise InputError(f"fallback takes {', '.join(FALLBACKS)}, not {options.fallback!r}")
+        if not options.dynamic and (options.samples > 1 or options.joint):
+            raise InputError("samples and joint apply to the dynamic (PereGRM) judge")
+        self.options = options
+        self.__name__ = name  # TRL names a reward function's column and metrics after it
+        room = {**ROOM, **JOINT_ROOM}
+        self.settings = with_room(settings, room)
+        self.step = JUDGE_JOINT if options.joint else JUDGE_DYNAMIC if options.dynamic else JUDGE
+        check_sampling(self.settings, self.step, _judge_view(options))
+        used = [self.step, *([BYSTANDER] if options.bystander else [])]
+        self.prompts: dict[str, Prompt] = {step.name: load_prompt(step.prompt) for step in used}
+        self.criteria = read_criteria(Path(options.criteria_file)) if options.criteria_file else {}
+        self.log_path = Path(log_path) if log_path is not None else None
+        self.steps: list[dict] = []
+        self._lock = threading.Lock()
+        self._step = 0
+        self._answered = False  # the endpoint answered an earlier step: no need to start one at a time
+
+    # -- the trainers' call shapes
+
+    def __call__(self, prompts=None, completions=None, **columns) -> list[float]:
+        """TRL's reward-function call: one float per completion; `columns` are the dataset's
+        columns (one value per completion) plus TRL's own keyword arguments."""
+        rollouts = self.rollouts_from_columns(completions, columns)
+        state = columns.get("trainer_state")
+        result = self.score(rollouts, step=getattr(state, "global_step", None))
+        log_metric, log_extra = columns.get("log_metric"), columns.get("log_extra")
+        if callable(log_metric):  # TRL >= 1.x: shown beside its own metrics
+            record = result.record
+            log_metric(f"{self.__name__}/calls_per_rollout", record["calls_per_rollout"])
+            log_metric(f"{self.__name__}/fallbacks", float(sum(record["fallbacks"].values())))
+        if callable(log_extra):  # and per completion, in its completions table
+            log_extra(f"{self.__name__}_harmonic", [round(row["harmonic"], 4) for row in result.rows])
+            log_extra(f"{self.__name__}_bystander", [row["bystander"] for row in result.rows])
+        return result.rewards
+
+    def rollouts_from_columns(self, completions, columns: Mapping[str, Any]) -> list[Rollout]:
+        if completions is None:
+            raise InputError("no completions given")
+        completions = list(completions)
+        rows = []
+        for index in range(len(completions)):
+            row = {}
+            for key, values in columns.items():
+                # a column: one value per completion (a list; numpy arrays, datasets' Column too)
+                if isinstance(values, str | bytes | Mapping) or not hasattr(values, "__getitem__"):
+                    continue
+                if hasattr(values, "__len__") and len(values) == len(completions):
+                    row[key] = values[index]
+            rows.append(row)
+        return [
+            rollout_from(c, row, f"completion {i}")
+            for i, (c, row) in enumerate(zip(completions, rows, strict=True))
+        ]
+
+    def compute_score(
+        self, data_source=None, solution_str="", ground_truth=None, extra_info=None, **_
+    ) -> float:
+        """verl's custom reward, one rollout a call (its naive reward manager)."""
+        return self.score([rollout_from(solution_str, extra_info or {}, f"{data_source} rollout")]).rewards[0]
+
+    def compute_score_batch(
+        self, data_sources=None, solution_strs=(), ground_truths=None, extra_infos=None, **_
+    ) -> list[float]:
+        """verl's batched custom reward (reward_model.reward_manager=batch): one float each."""
+        solution_strs = list(solution_strs)
+        extra_infos = list(extra_infos) if extra_infos is not None else [{}] * len(solution_strs)
+        if len(extra_infos) != len(solution_strs):
+            raise InputError(f"{len(solution_strs)} solution_strs but {len(extra_infos)} extra_infos")
+        sources = list(data_sources) if data_sources is not None else [None] * len(solution_strs)
+        rollouts = [
+            rollout_from(text, info or {}, f"{source} rollout {i}")
+            for i, (source, text, info) in enumerate(zip(sources, solution_strs, extra_infos, strict=True))
+        ]
+        return self.score(rollouts).rewards
+
+    # -- scoring
+
+    def score(self, rollouts: Sequence[Rollout], step: int | None = None) -> StepResult:
+        """Score a batch (one training step) from synchronous code; see `ascore`."""
+        return run_sync(lambda: self.ascore(rollouts, step=step))
+
+    async def ascore(self, rollouts: Sequence[Rollout], step: int | None = None) -> StepResult:
+        """Score a batch on the running event loop: judgments concurrent, one accounting line."""
+        from personaemp.llm.session import open_engine
+
+        started = time.perf_counter()
+        rollouts = list(rollouts)
+        units = [self._unit(rollout) for rollout in rollouts]
+        async with open_engine(self.settings, notify=log.warning) as engine:
+            engine.answered = engine.answered or self._answered
+            shared: dict[str, asyncio.Task] = {}  # identical rollouts of the batch: judged once
+            for unit in units:
+                if unit["key"] not in shared:
+                    shared[unit["key"]] = asyncio.ensure_future(self._judge(engine, unit))
+            try:
+                judged = {key: await task for key, task in shared.items()}
+            finally:
+                for task in shared.values():
+                    task.cancel()
+            self._answered = self._answered or engine.answered
+            totals = engine.accounting.totals()
+        rows = [{"query_id": unit["query_id"], **judged[unit["key"]]} for unit in units]
+        record = self._record(rows, len(shared), totals, time.perf_counter() - started, step)
+        return StepResult([row["reward"] for row in rows], rows, record)
+
+    def _unit(self, rollout: Rollout) -> dict:
+        response, _ = split_reasoning(rollout.completion)
+        status = (
+            "cut_in_reasoning"
+            if not response and cut_while_reasoning(rollout.completion)
+            else "empty"
+            if not response.strip()
+            else "judged"
+        )
+        criteria = None
+        if not self.options.dynamic:
+            criteria = self.criteria.get(rollout.query_id) or rollout.criteria
+            if not criteria or not all(criteria.get(d) for d in DIMENSIONS):
+                raise InputError(
+                    f"no fixed criteria for query {rollout.query_id}",
+                    "pass criteria_file= (`personaemp criteria`), or export with --criteria",
+                )
+        unit = {
+            "query_id": rollout.query_id,
+            "query": rollout.query,
+            "situation": rollout.situation,
+            "profile": rollout.profile,
+            "memories": rollout.memories,
+            "response": response,
+            "status": status,
+            "criteria": criteria,
+        }
+        unit["key"] = json.dumps(
+            [
+                unit[k]
+                for k in (
+                    "query_id",
+                    "query",
+                    "situation",
+                    "profile",
+                    "memories",
+                    "response",
+                    "criteria",
+                    "status",
+                )
+            ],
+            sort_keys=True,
+            ensure_ascii=False,
+        )
+        return unit
+
+    async def _judge(self, engine, unit: dict) -> dict:
+        options = self.options
+        fallback_score, fallback_b = FALLBACKS[options.fallback]
+        row: dict[str, Any] = {"status": unit["status"], "fallbacks": [], "failures": {}}
+        if unit["status"] != "judged":
+            row["scores"] = dict.fromkeys(DIMENSIONS, float(FLOOR))
+            row["bystander"] = 0.0 if options.bystander else None
+            return self._finish(row)
+        k = options.samples if options.dynamic else 1
+        calls: list[tuple[str, Any]] = []  # (what, coroutine)
+        if options.joint:
+            messages = self._joint_messages(unit)
+            calls += [("joint", engine.call(JUDGE_JOINT, messages, sample=s)) for s in range(k)]
+        else:
+            for dimension in DIMENSIONS:
+                messages = judge_messages(unit, dimension, self.prompts[self.step.name])
+                calls += [(dimension, engine.call(self.step, messages, sample=s)) for s in range(k)]
+        if options.bystander:
+            messages = self.prompts[BYSTANDER.name].render(query=unit["query"], response=unit["response"])
+            calls.append(("bystander", engine.call(BYSTANDER, messages)))
+        results = await asyncio.gather(*(call for _, call in calls), return_exceptions=True)
+        failures: Counter = Counter()
+        got: dict[str, list[float]] = {d: [] for d in DIMENSIONS}
+        bystander = None
+        for (what, _), result in zip(calls, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, UnitError):
+                    raise result  # the endpoint is gone, the budget is spent, or a bug: stop
+                failures[result.kind] += 1
+                continue
+            if what == "bystander":
+                bystander = sum(result.value.model_dump().values()) / 100
+            elif what == "joint":
+                for dimension in DIMENSIONS:
+                    got[dimension].append(getattr(result.value, dimension).score)
+            else:
+                got[what].append(result.value.score)
+        scores = {}
+        for dimension in DIMENSIONS:
+            if got[dimension]:
+                scores[dimension] = statistics.fmean(got[dimension])
+            else:
+                scores[dimension] = fallback_score
+                row["fallbacks"].append(dimension)
+        if options.bystander and bystander is None:
+            bystander = fallback_b
+            row["fallbacks"].append("bystander")
+        row.update(scores=scores, samples=got, bystander=bystander, failures=dict(failures))
+        row["unparsed_samples"] = (
+            sum(k - len(got[d]) for d in DIMENSIONS if got[d]) if not options.joint else 0
+        )
+        return self._finish(row)
+
+    def _finish(self, row: dict) -> dict:
+        row["harmonic"] = harmonic(row["scores"])
+        row["reward"] = (
+            row["harmonic"] + self.options.reward_lambda * (row["bystander"] - 1)
+            if self.options.bystander
+            else row["harmonic"]
+        )
+        return row
+
+    def _joint_messages(self, unit: dict) -> list[dict]:
+        return self.prompts[JUDGE_JOINT.name].render(
+            dimensions=DYNAMIC_STANDARDS,
+            profile=unit["profile"] or "(none)",
+            memories=numbered_memories(unit["memories"]),
+            situation=unit["situation"],
+            query=unit["query"],
+            response=unit["response"] or "",
+        )
+
+    # -- accounting
+
+    def _record(self, rows: list[dict], distinct: int, totals, seconds: float, step: int | None) -> dict:
+        with self._lock:
+            self._step += 1
+            number = self._step
+        status = Counter(row["status"] for row in rows)
+        fallbacks = Counter(what for row in rows for what in row["fallbacks"])
+        failures = Counter()
+        for row in rows:
+            failures.update(row.get("failures", {}))
+        judged = status["judged"]
+        tokens = totals.prompt_tokens + totals.completion_tokens
+        record = {
+            "step": step if step is not None else number,
+            "call": number,
+            "at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "mode": self.options.mode,
+            # which instruments made these numbers, as evaluate's report names them
+            "instruments": {
+                step.name: f"v{step.version}/{self.prompts[step.name].hash}"
+                for step in (self.step, BYSTANDER)
+                if step.name in self.prompts
+            },
+            "rollouts": len(rows),
+            "distinct": distinct,
+            "judged": judged,
+            "empty": status["empty"],
+            "cut_in_reasoning": status["cut_in_reasoning"],
+            "calls": totals.calls,
+            "requests": totals.requests,
+            "cache_hits": totals.cache_hits,
+            "reasks": totals.reasks,
+            "prompt_tokens": totals.prompt_tokens,
+            "completion_tokens": totals.completion_tokens,
+            # Prompt tokens the endpoint served from its prefix cache, when the engine records them.
+            "cached_tokens": getattr(totals, "cached_tokens", None),
+            "seconds": round(seconds, 3),
+            "failures": dict(failures),
+            "fallbacks": dict(fallbacks),
+            "unparsed_samples": sum(row.get("unparsed_samples", 0) for row in rows),
+            "calls_per_rollout": round(totals.calls / judged, 3) if judged else 0.0,
+            "tokens_per_rollout": round(tokens / judged, 1) if judged else 0.0,
+            "authors_calls_per_rollout": 3 * (self.options.samples if self.options.dynamic else 1)
+            + int(self.options.bystander),
+            "reward_mean": round(statistics.fmean(row["reward"] for row in rows), 4) if rows else None,
+            "harmonic_mean": round(statistics.fmean(row["harmonic"] for row in rows), 4) if rows else None,
+        }
+        if fallbacks:
+            log.warning(
+                "%s step %s: %d judgment(s) took the %s fallback (%s); failures: %s",
+                self.__name__, record["step"], sum(fallbacks.values()), self.options.fallback,
+                ", ".join(f"{k} {v}" for k, v in sorted(fallbacks.items())), dict(failures),
+            )  # fmt: skip
+        log.info(
+            "%s step %s: %d rollouts, %d calls, %d requests, %d cached, %.1fs",
+            self.__name__, record["step"], len(rows), totals.calls, totals.requests,
+            totals.cache_hits, seconds,
+        )  # fmt: skip
+        with self._lock:
+            self.steps.append(record)
+            if self.log_path is not None:
+                self.log_path.parent.mkdir(parents=True, exist_ok=True)
+                with self.log_path.open("a", encoding="utf-8") as handle:
+                    handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    handle.flush()
+        return record
+
+    def summary(self) -> dict:
+        """The steps scored so far, added up (see `summarise`)."""
+        with self._lock:
+            return summarise(list(self.steps))
+
+
+def _judge_view(options: RewardOptions):
+    """check_sampling reads `samples` as evaluate's options carry it."""
+    from personaemp.evaluation.evaluate import JudgeOptions
+
+    return JudgeOptions(dynamic=options.dynamic, samples=options.samples, bystander=options.bystander)
+
+
+def summarise(records: Iterable[dict]) -> dict:
+    """Steps' accounting lines added up: totals, and calls and tokens per judged rollout."""
+    records = list(records)
+    total: dict[str, Any] = {"steps": len(records)}
+    summed = ("rollouts", "distinct", "judged", "empty", "cut_in_reasoning", "calls", "requests",
+              "cache_hits", "reasks", "prompt_tokens", "completion_tokens", "unparsed_samples")  # fmt: skip
+    for key in summed:
+        total[key] = sum(record.get(key, 0) for record in records)
+    cached = [record.get("cached_tokens") for record in records]
+    total["cached_tokens"] = sum(cached) if cached and all(c is not None for c in cached) else None
+    total["seconds"] = round(sum(record.get("seconds", 0.0) for record in records), 3)
+    for key in ("failures", "fallbacks"):
+        counter: Counter = Counter()
+        for record in records:
+            counter.update(record.get(key, {}))
+        total[key] = dict(counter)
+    judged = total["judged"]
+    total["calls_per_rollout"] = round(total["calls"] / judged, 3) if judged else 0.0
+    total["requests_per_rollout"] = round(total["requests"] / judged, 3) if judged else 0.0
+    tokens = total["prompt_tokens"] + total["completion_tokens"]
+    total["tokens_per_rollout"] = round(tokens / judged, 1) if judged else 0.0
+    if records:
+        total["mode"] = records[-1].get("mode")
+        total["authors_calls_per_rollout"] = records[-1].get("authors_calls_per_rollout")
+    return total
+
+
+def agreement(first: StepResult, second: StepResult) -> dict:
+    """How far two instruments agree on the same rollouts (e.g. per-dimension vs joint):
+    per dimension, on H and on the reward, the rank correlation (Spearman) and the mean
+    absolute difference, over the rollouts both judged."""
+    from personaemp.evaluation.evaluate import spearman
+
+    if len(first.rows) != len(second.rows):
+        raise InputError(f"{len(first.rows)} rollouts against {len(second.rows)}: not the same batch")
+    pairs = [
+        (a, b) for a, b in zip(first.rows, second.rows, strict=True) if a["status"] == b["status"] == "judged"
+    ]
+    pick = {d: (lambda row, d=d: row["scores"][d]) for d in DIMENSIONS}
+    pick["harmonic"] = lambda row: row["harmonic"]
+    pick["reward"] = lambda row: row["reward"]
+    found: dict[str, Any] = {"rollouts": len(pairs)}
+    for name, value in pick.items():
+        a, b = [value(x) for x, _ in pairs], [value(y) for _, y in pairs]
+        rho = spearman(a, b)
+        found[name] = {
+            "spearman": None if rho is None else round(rho, 4),
+            "mean_abs_diff": round(statistics.fmean(abs(x - y) for x, y in zip(a, b, strict=True)), 4)
+            if pairs
+            else None,
+        }
+    return found
+
+
+def summarise_log(path: Path | str) -> dict:
+    """`summarise` over a reward log (JSONL, one line per step)."""
+    path = Path(path)
+    records = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise InputError(
+            f"{path}: cannot read the reward log ({exc.strerror or type(exc).__name__})"
+        ) from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError as exc:
+            raise InputError(f"{path}:{number}: not a JSON line ({exc})") from None
+    return summarise(records)
+
+
+class PereGRM(Reward):
+    """The paper's training reward: dynamic criteria, k samples, bystander penalty (lambda)."""
+
+    def __init__(self, settings, *, samples: int = 1, bystander: bool = True, reward_lambda: float = 0.5,
+                 joint: bool = False, fallback: str = "neutral", log_path=None,
+                 name: str = "peregrm"):  # fmt: skip
+        options = RewardOptions(True, samples, bystander, reward_lambda, joint, fallback)
+        super().__init__(settings, options, log_path=log_path, name=name)
+
+
+class FixedCriteriaReward(Reward):
+    """PERM-style: each query's pre-written criteria (a criteria file, or the rows' `criteria`)."""
+
+    def __init__(self, settings, *, criteria_file=None, bystander: bool = True, reward_lambda: float = 0.5,
+                 fallback: str = "neutral", log_path=None, name: str = "perm"):  # fmt: skip
+        options = RewardOptions(False, 1, bystander, reward_lambda, False, fallback, criteria_file)
+        super().__init__(settings, options, log_path=log_path, name=name)
+
+
+# --- verl: a function in a file ------------------------------------------------------------------
+
+CONFIG_VAR = "PERSONAEMP_CONFIG"
+_default: Reward | None = None
+_default_lock = threading.Lock()
+
+
+def from_config(path: Path | str | None = None, env: Mapping[str, str] | None = None) -> Reward:
+    """A reward from a personaemp.toml: the instrument from [reward], the judge from [llm]
+    ([reward] judge_model over its model); env vars over the file, as for every command."""
+    from personaemp.config import Resolver, llm_settings
+
+    env = os.environ if env is None else env
+    resolver = Resolver(Path(path) if path else None, env=env)
+    config = resolver.section("reward")
+    settings = llm_settings(resolver.section("llm"), env)
+    if config.judge_model:
+        settings = dataclasses.replace(settings, model=config.judge_model)
+    options = RewardOptions(
+        dynamic=config.dynamic,
+        samples=config.samples,
+        bystander=config.bystander,
+        reward_lambda=config.reward_lambda,
+        joint=config.joint,
+        fallback=config.fallback,
+        criteria_file=config.criteria,
+    )
+    return Reward(settings, options, log_path=config.log)
+
+
+def default_reward() -> Reward:
+    """The reward this module's `compute_score` uses: built once per process from $PERSONAEMP_CONFIG."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = from_config(os.environ.get(CONFIG_VAR) or None)
+        return _default
+
+
+def compute_score(data_source=None, solution_str="", ground_truth=None, extra_info=None, **kwargs) -> float:
+    """verl: custom_reward_function.path=<this file>, custom_reward_function.name=compute_score."""
+    return default_reward().compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
+
+
+async def compute_score_async(data_source=None, solution_str="", ground_truth=None, extra_info=None, **_):
+    """verl's asynchronous reward loop: the same score, awaited on its loop."""
+    rollout = rollout_from(solution_str, extra_info or {}, f"{data_source} rollout")
+    return (await default_reward().ascore([rollout])).rewards[0]
+
+
+def compute_score_batch(data_sources=None, solution_strs=(), ground_truths=None, extra_infos=None, **kwargs):
+    """verl, batched: name=compute_score_batch with reward_model.reward_manager=batch."""
+    return default_reward().compute_score_batch(
+        data_sources, solution_strs, ground_truths, extra_infos, **kwargs
+    )
+
+
+__all__ = [
+    "FALLBACKS",
+    "agreement",
+    "FixedCriteriaReward",
+    "PereGRM",
+    "Reward",
+    "RewardOptions",
+    "Rollout",
+    "StepResult",
+    "compute_score",
+    "compute_score_async",
+    "compute_score_batch",
+    "from_config",
+    "run_sync",
+    "summarise",
+    "summarise_log",
+]
