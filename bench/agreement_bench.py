@@ -26,11 +26,11 @@ from conftest import SAMPLE_TASK1, order_free_responder  # noqa: E402
 from fake_openai import FakeOpenAI  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from personaemp.build.card import _table  # noqa: E402
+from personaemp.build.card import _table, quality_section  # noqa: E402
 from personaemp.config import llm_settings  # noqa: E402
 from personaemp.options import LLMOptions, PathsOptions, RunOptions  # noqa: E402
 from personaemp.pipeline import run_pipeline  # noqa: E402
-from personaemp.review.agreement import agreement_table, compute_agreement, quality_section, rejudge  # noqa: E402
+from personaemp.review.agreement import agreement_table, compute_agreement, rejudge  # noqa: E402
 from personaemp.review.page import LLM_CHECKS, make_event, open_session  # noqa: E402
 
 

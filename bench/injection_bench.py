@@ -30,7 +30,8 @@ from fake_openai import FakeOpenAI, injected, instance_from_schema, schema_for_r
 
 import personaemp  # noqa: E402
 from personaemp.evaluation.criteria import write_criteria  # noqa: E402
-from personaemp.evaluation.evaluate import JudgeOptions, evaluate  # noqa: E402
+from personaemp.evaluation.evaluate import evaluate
+from personaemp.instruments.judges import JudgeOptions
 from personaemp.llm.settings import LLMSettings  # noqa: E402
 from personaemp.records import DIMENSIONS  # noqa: E402
 

@@ -42,8 +42,9 @@ from fake_openai import FakeOpenAI, schema_from_messages  # noqa: E402
 import personaemp  # noqa: E402
 from personaemp.build.split import split_users  # noqa: E402
 from personaemp.evaluation.criteria import write_criteria  # noqa: E402
-from personaemp.evaluation.evaluate import JudgeOptions, evaluate  # noqa: E402
+from personaemp.evaluation.evaluate import evaluate  # noqa: E402
 from personaemp.evaluation.respond import write_responses  # noqa: E402
+from personaemp.instruments.judges import JudgeOptions  # noqa: E402
 from personaemp.llm.settings import LLMSettings  # noqa: E402
 
 SAMPLE = BENCH.parent / "data" / "raw" / "alpsbench_sample" / "task1"

@@ -568,7 +568,8 @@ def review_command(
 ):
     """Serve a local page to label a stratified sample of queries: accept/reject, agree with the
     judge or not, traits supported or not, a note; every click goes to the labels file."""
-    from personaemp.review.page import exchange_label_studio, serve_review
+    from personaemp.review.label_studio import exchange_label_studio
+    from personaemp.review.page import serve_review
 
     review = options.section("review")
     if export_label_studio or import_label_studio:

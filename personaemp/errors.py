@@ -91,3 +91,7 @@ def os_error(exc: OSError) -> PersonaempError:
     where = paths[-1] if len(paths) == 2 and name in ("EISDIR", "ENOTDIR") else (paths[0] if paths else "")
     error = (InputError if code == 2 else PersonaempError)(f"{where}: {what}" if where else what, hint)
     return error
+
+
+class Pending(Exception):
+    """--estimate, --batch: the cache cannot answer this request; it was handed on, not sent."""

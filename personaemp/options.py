@@ -53,7 +53,7 @@ FORMATS = ("auto", "task1", "raw", "hf")  # personaemp.sources.FORMATS
 CHECKS = (
     "emotional_support", "logical_consistency", "role_awareness", "memory_ids_valid",
     "category_match", "length_ok", "language_match", "not_duplicate", "not_copied",
-)  # fmt: skip  # personaemp.build.queries.CHECKS
+)  # fmt: skip  # personaemp.instruments.query_check.CHECKS
 STEPS = (
     "persona", "big_five", "situations", "query", "check",
     "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander", "judge_joint",
@@ -588,7 +588,7 @@ SplitName = Literal["random", "ood"]
 Part = Literal["train", "test"]
 
 
-# personaemp.evaluation.respond.CONTEXTS: what a policy sees (respond, and export's prompts)
+# personaemp.instruments.policy.CONTEXTS: what a policy sees (respond, and export's prompts)
 Context = Literal["none", "memory", "memory-summary", "rag", "mismatch", "persona"]
 SplitSetting = Annotated[SplitName, Opt("Split setting.")]
 RagK = Annotated[int, Field(ge=1), Opt("Memories given with --context rag (the paper: 3).")]

@@ -310,7 +310,7 @@ def chains(options: RunOptions) -> bool:
 def streams(options: RunOptions) -> bool:
     """Whether `run` can hand infer-persona the filter's users as the filter writes them
     (streaming.py): not when infer-persona picks its users (--limit / --users)."""
-    from personaemp.streaming import can_stream
+    from personaemp.build.streaming import can_stream
 
     return (
         can_stream()
@@ -394,6 +394,7 @@ def run_stats(options: StatsOptions, console: Console) -> StageResult:
 
 def call_push(options: PushOptions, console: Console | None = None) -> StageResult:
     from personaemp.build import publish as stage
+    from personaemp.review.agreement import card_quality
 
     dry = options.is_dry_run
     return results.of_publish(
@@ -405,6 +406,7 @@ def call_push(options: PushOptions, console: Console | None = None) -> StageResu
             revision=options.revision,
             include_dialogue=options.include_dialogue,
             criteria=options.criteria,
+            quality=card_quality,
         )
     )
 
@@ -625,7 +627,7 @@ def _run_stages(
     options: RunOptions, console: Console, env: Mapping[str, str] | None, result: PipelineResult
 ) -> PipelineResult:
     if chains(options) and streams(options):
-        from personaemp.streaming import FilterFeed
+        from personaemp.build.streaming import FilterFeed
 
         with (
             result.stage("filter → infer-persona → gen-queries", console),

@@ -28,7 +28,7 @@ import jsonlines
 import msgspec
 
 from personaemp import locks
-from personaemp.errors import PersonaempError, UnitError
+from personaemp.errors import Pending, PersonaempError, UnitError
 from personaemp.io import atomic_output, named, notice, read_jsonl_at
 from personaemp.secrets import redact
 
@@ -186,7 +186,6 @@ class StageRun:
 
     async def do(self, unit: dict[str, Any], work: Work) -> dict[str, Any] | None:
         """Run one unit; return the row written (None if it failed or is pending)."""
-        from personaemp.llm.engine import Pending
 
         uid = str(unit[self.key])
         try:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from personaemp.build.filter import FilterReport
+from personaemp.errors import InputError
+from personaemp.io import ErrorPolicy, iter_jsonl
 
 
-def print_filter_summary(report: FilterReport, console: Console) -> None:
+def print_filter_summary(report, console: Console) -> None:
     funnel = Table(title="filter funnel", title_justify="left")
     funnel.add_column("step")
     funnel.add_column("users", justify="right")
@@ -103,8 +106,6 @@ def print_persona_summary(summary, console: Console) -> None:
 
 def print_persona(path, user_id: str, console: Console) -> None:
     """One persona with each trait and level next to the memories it cites, for auditing."""
-    from personaemp.errors import InputError
-    from personaemp.io import ErrorPolicy, iter_jsonl
     from personaemp.records import BIG_FIVE, Persona
 
     for _, _, row in iter_jsonl(path, ErrorPolicy("fail")):
@@ -377,3 +378,21 @@ def print_batch_round(report, console: Console) -> None:
         f"-o {first.removesuffix('.jsonl')}.output.jsonl --model {escape(report.model)}`; put the output "
         "file in the same folder and run this command again."
     )
+
+
+def interval_text(figures: dict[str, Any], key: str, percent: bool = False) -> str:
+    value, ci = figures.get(key), figures.get(f"{key}_ci")
+    if value is None:
+        return "—"
+    shown = f"{value:.1%}" if percent else f"{value:.2f}"
+    if ci:
+        shown += f" [{ci[0]:.1%}, {ci[1]:.1%}]" if percent else f" [{ci[0]:.2f}, {ci[1]:.2f}]"
+    return shown
+
+
+def judges_text(figures: dict[str, Any]) -> str:
+    """Judge vs judge: kappa and, beside it, raw agreement (kappa is undefined when both
+    judges give one answer throughout)."""
+    if not figures or figures.get("agreement") is None:
+        return "—"
+    return f"{interval_text(figures, 'kappa')} ({figures['agreement']:.0%} agree)"

@@ -262,7 +262,7 @@ def test_on_the_sample_build_honest_queries_pass_and_planted_copies_fail(sample_
     user's own longer messages, planted as queries, are."""
     import json
 
-    from personaemp.build.queries import own_texts
+    from personaemp.instruments.query_check import own_texts
     from personaemp.records import Persona
 
     rows = [json.loads(line) for line in (sample_build / "queries.jsonl").read_text().splitlines()]

@@ -22,8 +22,10 @@ from typer.testing import CliRunner
 from personaemp.cli import app
 from personaemp.errors import InputError
 from personaemp.evaluation.criteria import write_criteria
-from personaemp.evaluation.evaluate import BYSTANDER_ASPECTS, JudgeOptions, evaluate, harmonic
-from personaemp.evaluation.respond import most_similar, write_responses
+from personaemp.evaluation.evaluate import evaluate
+from personaemp.evaluation.respond import write_responses
+from personaemp.instruments.judges import BYSTANDER_ASPECTS, JudgeOptions, harmonic
+from personaemp.instruments.policy import most_similar
 from personaemp.llm.settings import LLMSettings
 from personaemp.records import DIMENSION_DEFINITIONS, DIMENSIONS
 
@@ -405,7 +407,7 @@ def test_two_models_answering_into_one_folder_keep_their_own_failures(workspace)
 
 
 def test_weights_sum_to_exactly_100_and_bad_criteria_rows_are_one_line(workspace):
-    from personaemp.evaluation.criteria import CriteriaReply, normalise
+    from personaemp.instruments.criteria import CriteriaReply, normalise
 
     six = CriteriaReply.model_validate({"criteria": [{"name": "n", "weight": 1, "description": "d"}] * 6})
     assert sum(c.weight for c in normalise(six)) == 100 and {c.weight for c in normalise(six)} == {
@@ -478,7 +480,7 @@ def unit_for_prompts(response: str | None = "a reply") -> dict:
 
 
 def test_criteria_prompt_asks_for_baseline_and_persona_criteria_and_rewards_no_call_back():
-    from personaemp.evaluation.criteria import build_messages
+    from personaemp.instruments.criteria import build_messages
     from personaemp.prompts import load_prompt
 
     aspects = {
@@ -500,7 +502,7 @@ def test_criteria_prompt_asks_for_baseline_and_persona_criteria_and_rewards_no_c
 
 
 def test_fixed_judge_applies_the_sheet_with_the_authors_anchors_and_one_decimal():
-    from personaemp.evaluation.evaluate import ScoreReply, judge_messages
+    from personaemp.instruments.judges import ScoreReply, judge_messages
     from personaemp.prompts import load_prompt
 
     unit = {**unit_for_prompts(), "criteria": {d: [{"name": "n", "weight": 100.0, "description": "d"}]
@@ -517,7 +519,7 @@ def test_fixed_judge_applies_the_sheet_with_the_authors_anchors_and_one_decimal(
 
 
 def test_dynamic_judge_derives_its_own_criteria_step_by_step_as_strictly_as_it_can():
-    from personaemp.evaluation.evaluate import DynamicScoreReply, judge_messages
+    from personaemp.instruments.judges import DynamicScoreReply, judge_messages
     from personaemp.prompts import load_prompt
 
     texts = {
@@ -541,7 +543,7 @@ def test_dynamic_judge_derives_its_own_criteria_step_by_step_as_strictly_as_it_c
 
 
 def test_bystander_scores_the_authors_five_aspects_blind_to_the_persona_and_against_padding():
-    from personaemp.evaluation.evaluate import BystanderReply
+    from personaemp.instruments.judges import BystanderReply
     from personaemp.prompts import load_prompt
 
     messages = load_prompt("bystander").render(query="[u1-q1] I failed again.", response="a reply")
@@ -621,9 +623,9 @@ def test_no_prompt_leaves_user_or_policy_text_outside_its_data_blocks():
     from fake_openai import INJECTION_MARKER, injected, outside_blocks
     from test_queries import english_user, persona, situation
 
-    from personaemp.build.queries import build_check_messages
-    from personaemp.evaluation.criteria import build_messages
-    from personaemp.evaluation.evaluate import judge_messages
+    from personaemp.instruments.criteria import build_messages
+    from personaemp.instruments.judges import judge_messages
+    from personaemp.instruments.query_check import build_check_messages
     from personaemp.prompts import load_prompt
 
     attack = injected("hello")
@@ -770,7 +772,7 @@ def test_a_panel_judges_every_system_by_each_judge_and_says_how_far_they_agree(w
 
 
 def test_kendall_tau_and_rank_correlation_by_hand():
-    from personaemp.evaluation.evaluate import kendall_tau, spearman
+    from personaemp.instruments.judges import kendall_tau, spearman
 
     assert kendall_tau([1, 2, 3], [1, 2, 3]) == 1.0 and kendall_tau([1, 2, 3], [3, 2, 1]) == -1.0
     assert kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)

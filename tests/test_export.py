@@ -142,7 +142,8 @@ def test_a_training_score_is_the_evaluation_score_and_costs_nothing_after_it(spl
     from rich.console import Console
     from test_evaluation import judge
 
-    from personaemp.evaluation.evaluate import JudgeOptions, evaluate, harmonic
+    from personaemp.evaluation.evaluate import evaluate
+    from personaemp.instruments.judges import JudgeOptions, harmonic
     from personaemp.training.reward import PereGRM
 
     responses = tmp_path / "full.jsonl"

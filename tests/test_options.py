@@ -136,9 +136,10 @@ def test_the_names_options_repeat_agree_with_the_stages():
     assert set(opts.STEPS) == {step.name for stage in stages for step in stage.STEPS}
     from typing import get_args
 
+    from personaemp.instruments import policy
     from personaemp.training import export
 
-    assert get_args(opts.Context) == respond.CONTEXTS
+    assert get_args(opts.Context) == policy.CONTEXTS
     assert get_args(opts.ExportOptions.model_fields["format"].annotation) == export.FORMATS
     from personaemp import reward
 
@@ -174,6 +175,7 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
     def recorder(stage: str, result: Any):
         def record(*args, **kwargs):
             kwargs.pop("console", None)
+            kwargs.pop("quality", None)  # push's agreement hook (review), not an option
             # Not an option: whether the report stands for the build. `run` says yes (its
             # limit sizes the build), a command leaves it to the stage (a limit = a quick look).
             full = kwargs.pop("full", None)
@@ -198,7 +200,7 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
         def __exit__(self, *exc_info):
             pass
 
-    from personaemp import streaming
+    from personaemp.build import streaming
 
     monkeypatch.setattr(streaming, "FilterFeed", RecordedFeed)
     report = SimpleNamespace(estimate=None)  # what the summaries look at; they are stubbed too

@@ -17,10 +17,6 @@ from typer.testing import CliRunner
 
 from personaemp.build.filter import filter_users
 from personaemp.build.persona import (
-    EVIDENCE_TEXT,
-    MEMORY_TEXT,
-    TURN_TEXT,
-    TURN_WINDOW,
     BigFiveReply,
     PersonaReply,
     big_five_schema,
@@ -32,8 +28,6 @@ from personaemp.build.persona import (
     persona_schema,
     profile_text,
     read_rows,
-    render_memories,
-    render_turns,
     summarize,
 )
 from personaemp.cli import app
@@ -44,6 +38,14 @@ from personaemp.llm.settings import LLMSettings
 from personaemp.llm.step import RejectedReply
 from personaemp.prompts import fence, load_prompt, prompts_dir
 from personaemp.records import BIG_FIVE, Persona, Trait, User
+from personaemp.render import (
+    EVIDENCE_TEXT,
+    MEMORY_TEXT,
+    TURN_TEXT,
+    TURN_WINDOW,
+    render_memories,
+    render_turns,
+)
 
 REASK_START = REASK.split("{error}")[0]
 

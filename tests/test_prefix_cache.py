@@ -172,7 +172,7 @@ def test_the_schema_text_follows_the_task_and_the_request_is_one_user_turn(tmp_p
     step) and before what only this request carries; the two user turns go as one."""
     from fake_openai import schema_from_messages
 
-    from personaemp.evaluation.criteria import CRITERIA_ASPECTS, build_messages, dimensions_text
+    from personaemp.instruments.criteria import CRITERIA_ASPECTS, build_messages, dimensions_text
     from personaemp.llm.engine import SCHEMA_IN_PROMPT
     from personaemp.prompts import load_prompt
 
@@ -187,7 +187,7 @@ def test_the_schema_text_follows_the_task_and_the_request_is_one_user_turn(tmp_p
     ) as server:
         import asyncio
 
-        from personaemp.evaluation.criteria import CRITERIA
+        from personaemp.instruments.criteria import CRITERIA
         from personaemp.llm.session import open_engine
 
         async def ask():
@@ -222,7 +222,7 @@ def test_requests_about_different_users_share_the_task_and_the_schema(tmp_path):
     import os
 
     from personaemp.build.persona import persona_schema
-    from personaemp.evaluation.criteria import CRITERIA, build_messages
+    from personaemp.instruments.criteria import CRITERIA, build_messages
     from personaemp.llm.engine import SCHEMA_IN_PROMPT, _with_schema_text
     from personaemp.prompts import load_prompt
     from personaemp.records import Memory

@@ -25,29 +25,31 @@ from test_persona import section
 from typer.testing import CliRunner
 
 from personaemp.build.queries import (
-    CHECKS,
-    JUDGED,
     LANGUAGE_NAMES,
     MessageReply,
     QueriesReply,
     QueryOptions,
-    ReviewReply,
-    ReviewsReply,
     SituationReply,
     SituationsReply,
-    build_check_messages,
     build_query_messages,
     build_situation_messages,
     generate_queries,
-    judge_checks,
     parse_queries,
     parse_situations,
     queries_schema,
-    reviews_schema,
     situations_schema,
 )
 from personaemp.cli import app
 from personaemp.errors import InputError
+from personaemp.instruments.query_check import (
+    CHECKS,
+    JUDGED,
+    ReviewReply,
+    ReviewsReply,
+    build_check_messages,
+    judge_checks,
+    reviews_schema,
+)
 from personaemp.llm.settings import LLMSettings
 from personaemp.prompts import fence, load_prompt
 from personaemp.records import CATEGORY_DEFINITIONS, Persona, category_definitions

@@ -26,7 +26,7 @@ import pytest
 from fake_openai import FakeOpenAI, invalid_json_content, server_error
 
 from personaemp.errors import InputError
-from personaemp.evaluation.evaluate import BYSTANDER_ASPECTS, harmonic
+from personaemp.instruments.judges import BYSTANDER_ASPECTS, harmonic
 from personaemp.llm.settings import LLMSettings
 from personaemp.records import DIMENSIONS
 from personaemp.training.reward import (

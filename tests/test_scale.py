@@ -17,7 +17,6 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from personaemp.build.filter import filter_users
-from personaemp.build.merge import shard_of
 from personaemp.build.persona import infer_personas
 from personaemp.build.queries import generate_queries
 from personaemp.cli import app
@@ -27,6 +26,7 @@ from personaemp.llm.settings import LLMSettings
 from personaemp.options import LLMOptions, PathsOptions, RunOptions, SplitOptions
 from personaemp.pipeline import run_filter, run_persona_and_queries, run_pipeline
 from personaemp.records import User
+from personaemp.shards import shard_of
 
 QUIET = Console(quiet=True)
 
@@ -374,8 +374,8 @@ def test_the_streamed_filter_stops_cleanly_when_run_was_started_with_sigint_igno
     import signal
     import time
 
+    from personaemp.build.streaming import FilterFeed
     from personaemp.pipeline import filter_args
-    from personaemp.streaming import FilterFeed
 
     source = copied_sample(tmp_path / "input", 3)
     options = streamed_options(source, tmp_path / "processed", "http://127.0.0.1:9/v1")

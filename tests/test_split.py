@@ -14,18 +14,11 @@ import pytest
 from conftest import read_jsonl, write_jsonl
 from typer.testing import CliRunner
 
-from personaemp.build.split import (
-    LEFT_OUT_REASONS,
-    LEVELS,
-    REPORT_FILE,
-    cluster_profiles,
-    elbow,
-    profile_of,
-    split_users,
-)
+from personaemp.build.split import LEFT_OUT_REASONS, cluster_profiles, elbow, split_users
 from personaemp.cli import app
 from personaemp.errors import InputError
 from personaemp.records import BIG_FIVE
+from personaemp.splits import LEVELS, REPORT_FILE, profile_of
 from personaemp.workspace import read_manifest
 
 LOW, MEDIUM, HIGH = ("low",) * 5, ("medium",) * 5, ("high",) * 5

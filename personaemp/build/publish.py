@@ -36,6 +36,7 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -44,8 +45,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from personaemp.errors import InputError, PersonaempError, RowError, first_problem
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_atomic
 from personaemp.records import BIG_FIVE, DIMENSIONS
-from personaemp.build.card import render_card
-from personaemp.build.split import REPORT_FILE, SETTINGS_WRITTEN, check_queries_row, profile_of
+from personaemp.build.card import QUALITY_PLOT, render_card
+from personaemp.splits import REPORT_FILE, SETTINGS_WRITTEN, check_queries_row, profile_of
 from personaemp.build.stats import FIGURE_DIR, STATS_FILE, sources_of_split, stats_and_figures
 from personaemp.workspace import stage_chain
 
@@ -470,11 +471,14 @@ def publish(
     revision: str | None = None,
     include_dialogue: bool = False,
     criteria: Path | None = None,
+    quality: Callable[[Path | None], tuple[dict[str, Any] | None, bytes | None]] | None = None,
 ) -> PublishResult:
     """Push both configs to `repo_id`, or write the same repository to `out` (dry run).
 
     `criteria`: a `personaemp criteria` file; when it exists, each row gets its query's
-    criteria as a `criteria` column (queries it lacks get empty lists, and a warning)."""
+    criteria as a `criteria` column (queries it lacks get empty lists, and a warning).
+    `quality`: queries file -> (agreement report, plot) of the people's labels beside it
+    (the review product's `card_quality`); without it the card says nobody measured the judge."""
     if (repo_id is None) == (out is None):
         raise InputError("give either --repo-id OWNER/NAME or --dry-run --out-dir DIR")
     if repo_id is not None and repo_id.count("/") != 1:
@@ -484,7 +488,7 @@ def publish(
     users = read_splits(files)
     found = None
     if criteria is not None and Path(criteria).exists():
-        from personaemp.evaluation.criteria import read_criteria
+        from personaemp.instruments.criteria import read_criteria
 
         found = read_criteria(Path(criteria))
     datasets = _datasets(users, include_dialogue, found)
@@ -501,12 +505,10 @@ def publish(
     # The build's statistics, computed once: the card's tables, its plots and stats.json.
     stats, figures = stats_and_figures(sources_of_split(splits_dir, split_report))
     files = {f"{FIGURE_DIR}/{name}": png for name, png in figures.items()}
-    from personaemp.review.agreement import PLOT_FILE, card_quality
-
-    quality, plot = card_quality(sources_of_split(splits_dir, split_report).queries)
+    report, plot = quality(sources_of_split(splits_dir, split_report).queries) if quality else (None, None)
     if plot is not None:
-        files[f"{FIGURE_DIR}/{PLOT_FILE}"] = plot
-    card = render_card(facts, include_dialogue, stats, list(files), quality=quality)
+        files[f"{FIGURE_DIR}/{QUALITY_PLOT}"] = plot
+    card = render_card(facts, include_dialogue, stats, list(files), quality=report)
     files[STATS_FILE] = msgspec.json.format(msgspec.json.encode(stats), indent=2) + b"\n"
     files.update(dict(entry for parts in data.values() for entry in parts.values()))
     if out is not None:

@@ -32,11 +32,9 @@ from personaemp.options import SplitOptions
 from personaemp.parallel import fork_map
 from personaemp.records import BIG_FIVE, Category, Memory, Record, Trait, Turn
 from personaemp.workspace import record_stage
+from personaemp.splits import LEVELS, PublishedQuery, QueriesRow, QuerySituation, REPORT_FILE, SETTINGS_WRITTEN, check_queries_row, profile_of
 
-LEVELS = ("low", "medium", "high")
-REPORT_FILE = "split_report.json"
 STAGE = "split"
-SETTINGS_WRITTEN = ("random", "ood")  # the folders a split writes under its --out-dir
 # Why a user is left out of every split; written into the report, so it documents itself.
 LEFT_OUT_REASONS = {
     "ineligible": "the persona failed infer-persona's depth gate (eligible: false)",
@@ -49,46 +47,12 @@ LEFT_OUT_REASONS = {
 # --- what a queries row must hold to be split and published ----------------------------------
 
 
-class QuerySituation(Record):
-    topic: str
-    text: str
 
 
-class PublishedQuery(Record):
-    query_id: str
-    category: Category
-    query: str
-    situation: QuerySituation
-    memory_ids: list[str]
 
 
-class QueriesRow(Record):
-    """A gen-queries row as far as split and push read it (the rest is carried along as is).
-
-    The Big Five is checked by `profile_of` instead: a user without a complete profile is
-    counted as left out, not refused.
-    """
-
-    user_id: str
-    eligible: bool = True
-    language: str | None = None
-    profile: str = ""
-    topics: list[str] = []
-    traits: list[Trait] = []
-    memories: list[Memory]
-    turns: list[Turn] = []
-    big_five: Any = None
-    queries: list[PublishedQuery]
 
 
-def check_queries_row(row: Any, location: str, hint: str) -> QueriesRow:
-    """`row` validated as a queries row, else an InputError naming `location` and the field."""
-    if not isinstance(row, dict):
-        raise InputError(f"{location}: not a queries row (a JSON object is expected)", hint)
-    try:
-        return QueriesRow.model_validate(row)
-    except ValidationError as exc:
-        raise InputError(f"{location}: not a queries row ({first_problem(exc)})", hint) from None
 
 
 _DEFAULT = SplitOptions()  # the command's defaults are the function's
@@ -111,14 +75,6 @@ class SplitReport:
         }
 
 
-def profile_of(row: dict) -> tuple[str, ...] | None:
-    """The user's five levels in BIG_FIVE order, or None if it has no complete Big Five."""
-    big_five = row.get("big_five")
-    if not isinstance(big_five, dict):
-        return None
-    entries = [big_five.get(trait) for trait in BIG_FIVE]
-    levels = tuple(entry.get("level") if isinstance(entry, dict) else None for entry in entries)
-    return levels if all(level in LEVELS for level in levels) else None
 
 
 def read_users(path: Path) -> tuple[list[dict], Counter]:

@@ -37,119 +37,38 @@ import statistics
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import AfterValidator, BaseModel, Field, ValidationError
+from pydantic import ValidationError
 
 from personaemp.aio import sync_twin
-from personaemp.build.split import LEVELS
 from personaemp.errors import InputError, RowError, UnitError, first_problem
-from personaemp.evaluation.criteria import (
-    definitions_hash,
-    dimensions_text,
-    numbered_memories,
-    query_units,
-    read_criteria,
-    with_room,
+from personaemp.instruments.criteria import definitions_hash, query_units, read_criteria, with_room
+from personaemp.instruments.judges import (
+    BYSTANDER,
+    DYNAMIC_ASPECTS,
+    FLOOR,
+    JUDGE,
+    JUDGE_DYNAMIC,
+    MISSING_RULES,
+    ROOM,
+    JudgeOptions,
+    check_sampling,
+    cut_while_reasoning,
+    harmonic,
+    judge_messages,
+    kendall_tau,
+    spearman,
 )
-from personaemp.evaluation.respond import split_file
+from personaemp.instruments.judges import STEPS as STEPS  # the stage's steps
 from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
 from personaemp.llm.reply import split_reasoning
-from personaemp.llm.step import Step
 from personaemp.prompts import Prompt, load_prompt
-from personaemp.records import BIG_FIVE, DIMENSION_DEFINITIONS, DIMENSIONS, Response
+from personaemp.records import BIG_FIVE, DIMENSIONS, Response
 from personaemp.runner import ENDPOINT_KINDS
+from personaemp.splits import LEVELS, split_file
 
 STAGE = "evaluate"
-FLOOR = 1  # the score of a missing or empty response, on every dimension
-
-
-def _one_decimal(value: float) -> float:
-    # The authors' judges may answer between two levels (e.g. 3.5): one decimal is kept.
-    return round(value, 1)
-
-
-Score = Annotated[
-    float, Field(ge=1, le=5, description="1 to 5, one decimal at most"), AfterValidator(_one_decimal)
-]
-Points = Annotated[int, Field(ge=0, le=20)]
-
-
-class ScoreReply(BaseModel):
-    analysis: str = Field(description="how far the reply meets the sheet: high-weight criteria, main misses")
-    score: Score
-
-
-class DynamicScoreReply(BaseModel):
-    criteria: list[str] = Field(min_length=1, description="criteria for this user, written before scoring")
-    analysis: str = Field(description="the reply measured against those criteria, step by step")
-    score: Score
-
-
-# The bystander's five aspects (eq. 7 of the paper), in the order of the authors' judge.
-BYSTANDER_ASPECTS = (
-    "content_effectiveness",
-    "logical_structure_clarity",
-    "communication_efficiency",
-    "objectivity_neutrality",
-    "information_accuracy_verifiability",
-)
-
-
-class BystanderReply(BaseModel):
-    content_effectiveness: Points
-    logical_structure_clarity: Points
-    communication_efficiency: Points
-    objectivity_neutrality: Points
-    information_accuracy_verifiability: Points
-
-
-# The general standard the dynamic (PereGRM) judge derives its criteria from, per dimension:
-# the facts of the authors' reward judge, in our words. Part of the fingerprint.
-DYNAMIC_ASPECTS = {
-    "resonation": (
-        "How deeply and accurately the reply enters the user's own frame of reference, "
-        "personality included: does it catch (1) the emotion and content the user states, "
-        "(2) how the reaction follows from the user's stable traits as the memories show them, "
-        "(3) the psychological need beneath the reaction?"
-    ),
-    "expression": (
-        "The quality, tone and effectiveness of the reply's communication, above all whether "
-        "its strategy is adapted to this user's personality and needs as the memories show them."
-    ),
-    "reception": (
-        "The exchange seen strictly from this user's side, given their personality and needs: "
-        "did the reply find the unspoken need and meet it in a way that feels warm, safe and "
-        "supportive to this person? Check safety (creepy, dismissive or intrusive means a low "
-        "score), the need (what the user truly needed, not only their surface words) and "
-        "engagement (would this user want to reply and share more?)."
-    ),
-}
-
-
-# All three standards are in each dynamic judge request's task: the same bytes for every
-# reply, which a provider's prefix cache serves; a request only names its dimension.
-DYNAMIC_STANDARDS = dimensions_text({d: f"General standard: {text}" for d, text in DYNAMIC_ASPECTS.items()})
-
-
-# A judge must be repeatable: temperature 0 unless a run sets it (dynamic@k needs > 0).
-JUDGE = Step("judge", ScoreReply, prompt="judge", version=2, temperature=0.0)
-JUDGE_DYNAMIC = Step("judge_dynamic", DynamicScoreReply, prompt="judge_dynamic", version=2, temperature=0.0)
-BYSTANDER = Step("bystander", BystanderReply, prompt="bystander", version=2, temperature=0.0)
-STEPS = (JUDGE, JUDGE_DYNAMIC, BYSTANDER)
-ROOM = {step.name: 2048 for step in STEPS}  # tokens at least, as the authors' judges: room to reason
-
-
-MISSING_RULES = ("floor", "skip")  # floor: ours (missing and empty score 1); skip: the authors'
-
-
-@dataclasses.dataclass(frozen=True)
-class JudgeOptions:
-    dynamic: bool = False
-    samples: int = 1
-    bystander: bool = False
-    reward_lambda: float = 0.5
-    missing: str = "floor"  # or "skip": means over the judged responses only (evaluation/eval.py)
 
 
 # --- inputs ------------------------------------------------------------------------------------
@@ -205,11 +124,6 @@ def read_responses(path: Path) -> Responses:
     with path.open("rb") as handle:  # skipped by the reader; named, as a lost response may hide there
         blank = [number for number, line in enumerate(handle, 1) if line.isspace()]
     return Responses(path, found, lines, blank, flags)
-
-
-def cut_while_reasoning(text: str) -> bool:
-    """A `<think>` opened and never closed: the reply ended inside its reasoning."""
-    return text.rfind("<think>") > text.rfind("</think>")
 
 
 def check_systems_answer(systems: dict[str, Responses], query_ids: set[str], splits, split, part) -> None:
@@ -272,29 +186,6 @@ def build_units(queries: list[dict], systems: dict[str, Responses], criteria, dy
 
 
 # --- the judge calls ---------------------------------------------------------------------------
-
-
-def criteria_text(criteria: list[dict]) -> str:
-    return "\n".join(
-        f"{n}. ({c['weight']:g}%) {c['name']}: {c['description']}" for n, c in enumerate(criteria, 1)
-    )
-
-
-def judge_messages(unit: dict, dimension: str, prompt: Prompt) -> list[dict]:
-    values = {
-        "dimension": dimension,
-        "definition": DIMENSION_DEFINITIONS[dimension],
-        "profile": unit["profile"] or "(none)",
-        "memories": numbered_memories(unit["memories"]),
-        "situation": unit["situation"],
-        "query": unit["query"],
-        "response": unit["response"] or "",
-    }
-    if unit["criteria"] is not None:
-        values["criteria"] = criteria_text(unit["criteria"][dimension])
-    else:
-        values["dimensions"] = DYNAMIC_STANDARDS
-    return prompt.render(**values)
 
 
 async def score_unit(engine, unit: dict, options: JudgeOptions, prompts: dict[str, Prompt]) -> dict:
@@ -456,20 +347,6 @@ async def aevaluate(
     return (reports[0] if single else reports), evaluation
 
 
-def check_sampling(settings, step: Step, options: JudgeOptions) -> None:
-    temperature = settings.steps.get(step.name, {}).get("temperature", step.temperature)
-    if options.samples > 1 and settings.seed is not None:
-        raise InputError(
-            f"--samples {options.samples} with --seed would send {options.samples} identical requests",
-            "leave --seed out when sampling several judgments",
-        )
-    if options.samples > 1 and temperature == 0:
-        raise InputError(
-            f"--samples {options.samples} at temperature 0 would give {options.samples} identical judgments",
-            "set --step judge_dynamic.temperature=0.7 (or another value above 0)",
-        )
-
-
 def checked_criteria(criteria_file: Path | None, queries: list[dict]) -> dict:
     if criteria_file is None or not Path(criteria_file).exists():
         raise InputError(
@@ -537,11 +414,6 @@ def failures_file(report_path: Path) -> Path:
 
 
 # --- the numbers -------------------------------------------------------------------------------
-
-
-def harmonic(scores: dict[str, float]) -> float:
-    """Harmonic mean of the dimensions normalised to [0, 1] (score / 5)."""
-    return len(DIMENSIONS) / sum(5 / scores[d] for d in DIMENSIONS)
 
 
 def metrics(rows: list[dict], reward_lambda: float, missing: str = "floor") -> dict[str, Any]:
@@ -627,52 +499,6 @@ def summarise(scores_path, failures_path, units, systems, options) -> dict[str, 
 
 
 # --- how far the judges agree ------------------------------------------------------------------
-
-
-def ranks(values: Sequence[float]) -> list[float]:
-    """1-based ranks, ties sharing their mean rank."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    found = [0.0] * len(values)
-    start = 0
-    while start < len(order):
-        end = start
-        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
-            end += 1
-        for k in range(start, end + 1):
-            found[order[k]] = (start + end) / 2 + 1
-        start = end + 1
-    return found
-
-
-def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """Rank correlation (Pearson's r of the tie-averaged ranks); None when a side is constant."""
-    if len(a) < 2:
-        return None
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
-    num = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
-    den = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
-    return None if den == 0 else num / den
-
-
-def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """Kendall's tau-b (ties in either ranking accounted for); None when a side is constant."""
-    concordant = discordant = ties_a = ties_b = 0
-    for i in range(len(a)):
-        for j in range(i + 1, len(a)):
-            da, db = a[i] - a[j], b[i] - b[j]
-            if da == 0 and db == 0:
-                continue
-            if da == 0:
-                ties_a += 1
-            elif db == 0:
-                ties_b += 1
-            elif (da > 0) == (db > 0):
-                concordant += 1
-            else:
-                discordant += 1
-    den = ((concordant + discordant + ties_a) * (concordant + discordant + ties_b)) ** 0.5
-    return None if den == 0 else (concordant - discordant) / den
 
 
 def agreement(per_judge: dict[str, dict], wanted: set[str]) -> dict[str, dict]:

@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from personaemp.errors import PersonaempError
+from personaemp.errors import Pending, PersonaempError
 from personaemp.io import write_json_atomic
 from personaemp.llm.accounting import Accounting, StepStats
 from personaemp.llm.cache import ReplyCache, request_key
@@ -103,10 +103,6 @@ class Budget:
 
     def dollars(self, prompt_tokens: int, completion_tokens: int) -> float:
         return (prompt_tokens * (self.price_in or 0) + completion_tokens * (self.price_out or 0)) / 1e6
-
-
-class Pending(Exception):
-    """--estimate, --batch: the cache cannot answer this request; it was handed on, not sent."""
 
 
 class _FormatRefused(Exception):

@@ -30,6 +30,7 @@ from typing import Any
 from personaemp.errors import InputError
 from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
 from personaemp.review.page import LLM_CHECKS, current_labels, read_items, read_label_events
+from personaemp.summaries import interval_text, judges_text
 
 REPORT_FILE, PLOT_FILE = "agreement.json", "agreement.png"
 Z = 1.959964  # the 97.5% normal quantile
@@ -313,7 +314,7 @@ def rejudge(queries: Path, output: Path, settings, console=None):
     generated query of `queries`; one row per user in `output` (apart from the build), with
     each query's checks as that judge and the deterministic checks make them. Resumable and
     cached like every LLM stage. Returns the stage report."""
-    from personaemp.build.queries import CHECK
+    from personaemp.instruments.query_check import CHECK
     from personaemp.io import read_stage_rows
     from personaemp.llm.run import LLMStage, run_stage
     from personaemp.prompts import load_prompt
@@ -339,7 +340,7 @@ def rejudge(queries: Path, output: Path, settings, console=None):
 async def judge_again(engine, row: dict, prompt) -> dict:
     """One user's generated queries through the existing check step (stages/queries.py)."""
     from personaemp import checks
-    from personaemp.build.queries import (
+    from personaemp.instruments.query_check import (
         CHECK,
         SituationReply,
         build_check_messages,
@@ -458,95 +459,6 @@ def plot_agreement(report: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
-def _interval(figures: dict[str, Any], key: str, percent: bool = False) -> str:
-    value, ci = figures.get(key), figures.get(f"{key}_ci")
-    if value is None:
-        return "—"
-    shown = f"{value:.1%}" if percent else f"{value:.2f}"
-    if ci:
-        shown += f" [{ci[0]:.1%}, {ci[1]:.1%}]" if percent else f" [{ci[0]:.2f}, {ci[1]:.2f}]"
-    return shown
-
-
-def _judges(figures: dict[str, Any]) -> str:
-    """Judge vs judge: kappa and, beside it, raw agreement (kappa is undefined when both
-    judges give one answer throughout)."""
-    if not figures or figures.get("agreement") is None:
-        return "—"
-    return f"{_interval(figures, 'kappa')} ({figures['agreement']:.0%} agree)"
-
-
-def quality_section(report: dict[str, Any] | None, table) -> str:
-    """The card's "Quality" section, from an agreement report (None: no labels exist)."""
-    out = ["## Quality", ""]
-    labels = (report or {}).get("labels") or {}
-    if not report or not labels.get("events"):
-        out.append(
-            "No human labels exist for this build: how often its LLM judge is right is not "
-            "measured (`personaemp review`, then `personaemp agreement`)."
-        )
-        return "\n".join(out)
-    reviewers = labels["reviewers"]
-    out.append(
-        f"{len(reviewers)} reviewer{'s' if len(reviewers) != 1 else ''} labelled "
-        f"{labels['queries_labelled']} of the {report['queries']} generated queries with `personaemp "
-        "review` (a sample balanced over category, language and check outcomes). Kappa is "
-        "Cohen's, with a bootstrap 95% interval over queries; raw agreement is shown beside what "
-        "always giving the most common answer would score."
-    )
-    out.append("")
-    rows = []
-    for check, figures in report["judge_vs_people"].items():
-        judges = ((report.get("judge_vs_judge") or {}).get("checks") or {}).get(check) or {}
-        raw = (
-            "—" if figures["agreement"] is None else f"{figures['agreement']:.1%} ({figures['constant']:.1%})"
-        )
-        rows.append(
-            [
-                check, figures["pairs"], _interval(figures, "kappa"), raw,
-                _interval(figures, "precision", True),
-                "—" if figures["apparent_pass"] is None else f"{figures['apparent_pass']:.1%}",
-                _interval(figures, "corrected_pass", True), _judges(judges),
-            ]
-        )  # fmt: skip
-    out.append(
-        table(
-            [
-                "LLM check", "labelled", "judge vs people κ", "agreement (constant)", "precision of passes",
-                "judge's pass share", "corrected pass share", "judge vs judge κ",
-            ],
-            rows,
-        )
-    )  # fmt: skip
-    out.append("")
-    acceptance, traits = report["acceptance"], report["traits"]
-    lines = []
-    if acceptance["pairs"]:
-        lines.append(
-            f"- Of the accepted queries people labelled, {_interval(acceptance, 'precision', True)} were "
-            "accepted by them (Wilson interval); acceptance κ, build vs people: "
-            f"{_interval(acceptance, 'kappa')}."
-        )
-    if traits["labelled"]:
-        lines.append(
-            f"- Persona traits people found supported by their cited memories: "
-            f"{_interval(traits, 'share', True)} of {traits['labelled']}."
-        )
-    people = (report.get("people_vs_people") or {}).get("fields") or {}
-    if people:
-        shown = ", ".join(f"{kind} {_interval(f, 'kappa')} (n={f['pairs']})" for kind, f in people.items())
-        lines.append(f"- People vs people (queries two reviewers labelled), κ: {shown}.")
-    second = report.get("judge_vs_judge")
-    if second:
-        lines.append(f"- Second judge: `{second.get('model') or 'unknown'}` on {second['queries']} queries.")
-    lines.append(
-        "- The corrected pass share applies the judge's sensitivity and specificity against "
-        "people to its pass share over every generated query (Rogan–Gladen)."
-    )
-    out += lines
-    return "\n".join(out)
-
-
 def agreement_table(report: dict[str, Any], console) -> None:
     from rich.table import Table
 
@@ -557,25 +469,25 @@ def agreement_table(report: dict[str, Any], console) -> None:
     second = (report.get("judge_vs_judge") or {}).get("checks") or {}
     for check, f in report["judge_vs_people"].items():
         table.add_row(
-            check, str(f["pairs"]), _interval(f, "kappa"),
+            check, str(f["pairs"]), interval_text(f, "kappa"),
             "—" if f["agreement"] is None else f"{f['agreement']:.1%}",
             "—" if f["constant"] is None else f"{f['constant']:.1%}",
-            _interval(f, "precision", True),
+            interval_text(f, "precision", True),
             "—" if f["apparent_pass"] is None else f"{f['apparent_pass']:.1%}",
-            _interval(f, "corrected_pass", True),
-            _judges(second.get(check) or {}),
+            interval_text(f, "corrected_pass", True),
+            judges_text(second.get(check) or {}),
         )  # fmt: skip
     console.print(table)
     people = (report.get("people_vs_people") or {}).get("fields") or {}
     for kind, f in people.items():
-        console.print(f"people vs people, {kind}: κ {_interval(f, 'kappa')}, agreement "
+        console.print(f"people vs people, {kind}: κ {interval_text(f, 'kappa')}, agreement "
                       f"{f['agreement']:.1%} (constant {f['constant']:.1%}), n={f['pairs']}")  # fmt: skip
     acceptance, traits = report["acceptance"], report["traits"]
     if acceptance["pairs"]:
-        console.print(f"accepted queries people accept: {_interval(acceptance, 'precision', True)}; "
-                      f"acceptance κ {_interval(acceptance, 'kappa')}")  # fmt: skip
+        console.print(f"accepted queries people accept: {interval_text(acceptance, 'precision', True)}; "
+                      f"acceptance κ {interval_text(acceptance, 'kappa')}")  # fmt: skip
     if traits["labelled"]:
-        console.print(f"traits supported: {_interval(traits, 'share', True)} of {traits['labelled']}")
+        console.print(f"traits supported: {interval_text(traits, 'share', True)} of {traits['labelled']}")
 
 
 def card_quality(queries: Path | None) -> tuple[dict[str, Any] | None, bytes | None]:

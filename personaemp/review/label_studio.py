@@ -16,7 +16,7 @@ from typing import Any
 
 from personaemp.errors import InputError
 from personaemp.io import write_json_atomic
-from personaemp.review.page import LLM_CHECKS, LabelFile, current_labels, make_event, read_items
+from personaemp.review.page import LLM_CHECKS, LabelFile, current_labels, make_event, open_session, read_items
 
 TASKS_FILE, CONFIG_FILE = "tasks.json", "label_config.xml"
 
@@ -172,3 +172,20 @@ def import_export(path: Path, queries: Path, labels: Path) -> int:
         state.setdefault(event["reviewer"], {}).setdefault(event["query_id"], {})[event["field"]] = event
         added += 1
     return added
+
+
+def exchange_label_studio(options, export: Path | None, export_file: Path | None, console) -> None:
+    """`personaemp review --export-label-studio DIR` / `--import-label-studio FILE`."""
+    from rich.markup import escape
+
+    labels = options.labels or Path(options.input).with_name("labels.jsonl")
+    if export is not None:
+        session = open_session(options.input, labels, options.size, options.seed)
+        paths = export_project(session.items, Path(export))
+        console.print(
+            f"wrote {len(session.items)} tasks (seed {options.seed}): "
+            + escape(", ".join(str(path) for path in paths))
+        )
+    if export_file is not None:
+        added = import_export(Path(export_file), Path(options.input), labels)
+        console.print(f"{added} labels from {escape(str(export_file))} appended to {escape(str(labels))}")

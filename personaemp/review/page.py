@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from personaemp.build.queries import CHECKS, JUDGED
 from personaemp.errors import InputError
+from personaemp.instruments.query_check import CHECKS, JUDGED
 from personaemp.io import ErrorPolicy, iter_jsonl
 
 # The checks whose verdict is the LLM judge's: its three judgments, and the category it
@@ -320,22 +320,3 @@ def serve_review(options, console) -> None:
         console.print(f"stopped; labels are in {escape(str(labels))}")
     finally:
         server.server_close()
-
-
-def exchange_label_studio(options, export: Path | None, export_file: Path | None, console) -> None:
-    """`personaemp review --export-label-studio DIR` / `--import-label-studio FILE`."""
-    from rich.markup import escape
-
-    from personaemp.review.label_studio import export_project, import_export
-
-    labels = options.labels or Path(options.input).with_name("labels.jsonl")
-    if export is not None:
-        session = open_session(options.input, labels, options.size, options.seed)
-        paths = export_project(session.items, Path(export))
-        console.print(
-            f"wrote {len(session.items)} tasks (seed {options.seed}): "
-            + escape(", ".join(str(path) for path in paths))
-        )
-    if export_file is not None:
-        added = import_export(Path(export_file), Path(options.input), labels)
-        console.print(f"{added} labels from {escape(str(export_file))} appended to {escape(str(labels))}")

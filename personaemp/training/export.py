@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from personaemp.errors import InputError, RowError
-from personaemp.evaluation.criteria import read_criteria
-from personaemp.evaluation.respond import RESPOND, build_messages, policy_units
+from personaemp.instruments.criteria import read_criteria
+from personaemp.instruments.policy import RESPOND, build_messages, policy_units
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl
 from personaemp.prompts import load_prompt
 

@@ -75,8 +75,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from personaemp.errors import InputError, UnitError
-from personaemp.evaluation.criteria import numbered_memories, read_criteria, with_room
-from personaemp.evaluation.evaluate import (
+from personaemp.instruments.criteria import numbered_memories, read_criteria, with_room
+from personaemp.instruments.judges import (
     BYSTANDER,
     DYNAMIC_STANDARDS,
     FLOOR,
@@ -585,7 +585,7 @@ class Reward:
 
 def _judge_view(options: RewardOptions):
     """check_sampling reads `samples` as evaluate's options carry it."""
-    from personaemp.evaluation.evaluate import JudgeOptions
+    from personaemp.instruments.judges import JudgeOptions
 
     return JudgeOptions(dynamic=options.dynamic, samples=options.samples, bystander=options.bystander)
 
@@ -621,7 +621,7 @@ def agreement(first: StepResult, second: StepResult) -> dict:
     """How far two instruments agree on the same rollouts (e.g. per-dimension vs joint):
     per dimension, on H and on the reward, the rank correlation (Spearman) and the mean
     absolute difference, over the rollouts both judged."""
-    from personaemp.evaluation.evaluate import spearman
+    from personaemp.instruments.judges import spearman
 
     if len(first.rows) != len(second.rows):
         raise InputError(f"{len(first.rows)} rollouts against {len(second.rows)}: not the same batch")

@@ -42,7 +42,7 @@ _CHILD = (
     "signal.signal(signal.SIGTERM, stop)\n"
     "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
     "try:\n"
-    "    from personaemp.streaming import filter_child, tie_to_parent\n"
+    "    from personaemp.build.streaming import filter_child, tie_to_parent\n"
     "    tie_to_parent()\n"
     "    from personaemp.language import load_in_background\n"
     "    load_in_background()\n"
