@@ -6,6 +6,7 @@ import functools
 import inspect
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,6 +27,7 @@ from personaemp.options import (
     show_default,
     specs,
 )
+from personaemp.registry import STAGES
 
 
 def _clean_help(params: list) -> list:
@@ -171,7 +173,8 @@ def print_json(result: Any) -> None:
 
     if result is None:
         return
-    sys.stdout.write(json.dumps(result.as_dict(), ensure_ascii=False, indent=2, default=str) + "\n")
+    plain = result.as_dict() if hasattr(result, "as_dict") else result  # agreement, export: a dict
+    sys.stdout.write(json.dumps(plain, ensure_ascii=False, indent=2, default=str) + "\n")
 
 
 def with_output_options(command):
@@ -285,6 +288,9 @@ def _old_parameter(option: OptionSpec) -> inspect.Parameter:
     )
 
 
+_COMMANDS: dict[str, Callable] = {}  # name -> command, registered on `app` in ORDER at the end
+
+
 def stage_command(name: str):
     """Register `func(options: Resolver, console: Console, **cli_only)` as the stage command
     `name`; it returns its StageResult (printed with --json) or None.
@@ -356,9 +362,9 @@ def stage_command(name: str):
 
         parameters = [context, config, *generated, *own, *output_options(), *old]
         command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
-        command.__name__, command.__doc__ = func.__name__, func.__doc__
+        command.__name__, command.__doc__ = func.__name__, func.__doc__ or STAGES[name].help
         command.__annotations__ = {}
-        app.command(name, cls=_Command)(reports_errors(command))
+        _COMMANDS[name] = reports_errors(command)
         return func
 
     return register
@@ -372,15 +378,12 @@ def filter_command(
         bool, typer.Option("--show-rules", help=CLI_ONLY["filter"]["--show-rules"])
     ] = False,
 ):
-    """Keep the users whose memories show personality and emotionally relevant experience."""
     if show_rules:
         from personaemp.rules import default_rules_text
 
         typer.echo(default_rules_text(), nl=False)
         return None
-    from personaemp.pipeline import run_filter
-
-    return run_filter(options.filter, console)
+    return STAGES["filter"].run(options, console)
 
 
 @stage_command("infer-persona")
@@ -391,27 +394,61 @@ def infer_persona_command(
         str | None, typer.Option("--show", metavar="USER", help=CLI_ONLY["infer-persona"]["--show"])
     ] = None,
 ):
-    """Infer an evidence-grounded persona and Big Five levels for each filtered user (LLM)."""
     if show is not None:
         from personaemp.summaries import print_persona
 
         print_persona(options.persona.output, show, console_for(stderr=False))
         return None
-    from personaemp.pipeline import run_persona
-
-    return run_persona(options.persona, options.llm, console)
+    return STAGES["infer-persona"].run(options, console)
 
 
-@stage_command("gen-queries")
-def gen_queries_command(options: Resolver, console: Console):
-    """Write empathy-seeking queries (ES, HEQ, SS) for each eligible persona and check them (LLM)."""
-    from personaemp.pipeline import run_queries
+@stage_command("evaluate")
+def evaluate_command(options: Resolver, console: Console, json_output: bool = False):
+    from personaemp.summaries import print_evaluation
 
-    return run_queries(options.queries, options.llm, console)
+    result = STAGES["evaluate"].run(options, console)
+    if result.summary is not None:  # None after --estimate
+        # The tables are the command's output (stdout), unless --json holds stdout: then stderr.
+        print_evaluation(result.summary, console if json_output else console_for(stderr=False))
+    return result
 
 
-@app.command("merge", cls=_Command)
-@reports_errors
+@stage_command("table")
+def table_command(options: Resolver, console: Console):
+    text = STAGES["table"].run(options, console)
+    if options.section("table").output is None:
+        print(text, end="")
+    else:
+        console.print(f"wrote {options.section('table').output}")
+    return text
+
+
+@stage_command("review")
+def review_command(
+    options: Resolver,
+    console: Console,
+    export_label_studio: Annotated[
+        Path | None,
+        typer.Option(
+            "--export-label-studio", metavar="DIR", help=CLI_ONLY["review"]["--export-label-studio"]
+        ),
+    ] = None,
+    import_label_studio: Annotated[
+        Path | None,
+        typer.Option(
+            "--import-label-studio", metavar="FILE", help=CLI_ONLY["review"]["--import-label-studio"]
+        ),
+    ] = None,
+):
+    if export_label_studio or import_label_studio:
+        from personaemp.review.label_studio import exchange_label_studio
+
+        return exchange_label_studio(
+            options.section("review"), export_label_studio, import_label_studio, console
+        )
+    return STAGES["review"].run(options, console)
+
+
 @with_output_options
 def merge_command(
     stage: Annotated[
@@ -447,8 +484,6 @@ def merge_command(
     return run_merge(stage, load_config(config), console, input_path=input, output=output)
 
 
-@app.command("serve-local", cls=_Command)
-@reports_errors
 def serve_local_command(
     host: Annotated[str, typer.Option(metavar="ADDRESS", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(metavar="INTEGER", help="Port to listen on.")] = 8011,
@@ -462,33 +497,6 @@ def serve_local_command(
         raise typer.Exit(code)
 
 
-@stage_command("split")
-def split_command(options: Resolver, console: Console):
-    """Split users into train/test: random 9:1, and (unless --no-ood) a held-out Big Five cluster."""
-    from personaemp.pipeline import run_split
-
-    return run_split(options.split, console)
-
-
-@stage_command("stats")
-def stats_command(options: Resolver, console: Console):
-    """Describe a build: funnel, Big Five levels, queries, checks, as stats.json, plots and a summary."""
-    from personaemp.pipeline import run_stats
-
-    return run_stats(options.stats, console)
-
-
-@stage_command("push")
-def push_command(options: Resolver, console: Console):
-    """Publish the splits as a Hub dataset (configs random and ood) with a dataset card;
-    without --repo-id, or with --dry-run, write the same repository to --out-dir."""
-    from personaemp.pipeline import run_push
-
-    return run_push(options.push, console)
-
-
-@app.command("run", cls=_Command)
-@reports_errors
 @with_output_options
 def run_command(
     config: Annotated[
@@ -506,81 +514,23 @@ def run_command(
     return run_pipeline(options, console)
 
 
-@stage_command("criteria")
-def criteria_command(options: Resolver, console: Console):
-    """Write 4-6 weighted evaluation criteria per query and PERM dimension, seeing no response (LLM)."""
-    from personaemp.pipeline import run_criteria
+def _runs(name: str):
+    """The command of a stage that needs nothing but its options."""
 
-    return run_criteria(options.criteria, options.llm, console)
+    def command(options: Resolver, console: Console):
+        return STAGES[name].run(options, console)
 
-
-@stage_command("respond")
-def respond_command(options: Resolver, console: Console):
-    """Have a policy model answer every query of a split, with the chosen context (LLM)."""
-    from personaemp.pipeline import run_respond
-
-    return run_respond(options.respond, options.llm, console)
+    return command
 
 
-@stage_command("export")
-def export_command(options: Resolver, console: Console):
-    """Write a split as training files: TRL's conversational prompts (JSON lines) or verl's parquet,
-    with the prompts `respond` sends and what the PereGRM reward reads."""
-    from personaemp.pipeline import run_export
-
-    return run_export(options.section("export"), console)
-
-
-@stage_command("evaluate")
-def evaluate_command(options: Resolver, console: Console, json_output: bool = False):
-    """Score systems' responses per PERM dimension (fixed criteria, or dynamic @k), side by side (LLM)."""
-    from personaemp.pipeline import run_evaluate
-
-    # The tables are the command's output (stdout), unless --json holds stdout: then stderr.
-    tables = console if json_output else console_for(stderr=False)
-    return run_evaluate(options.evaluate, options.llm, console, tables=tables)
-
-
-@stage_command("table")
-def table_command(options: Resolver, console: Console):
-    """Render the paper's Table 1 (systems x judge x split: Res, Exp, Rec, Avg) from evaluate reports."""
-    from personaemp.pipeline import run_table
-
-    return run_table(options.section("table"), console)
-
-
-@stage_command("review")
-def review_command(
-    options: Resolver,
-    console: Console,
-    export_label_studio: Annotated[
-        Path | None,
-        typer.Option(
-            "--export-label-studio", metavar="DIR", help=CLI_ONLY["review"]["--export-label-studio"]
-        ),
-    ] = None,
-    import_label_studio: Annotated[
-        Path | None,
-        typer.Option(
-            "--import-label-studio", metavar="FILE", help=CLI_ONLY["review"]["--import-label-studio"]
-        ),
-    ] = None,
-):
-    """Serve a local page to label a stratified sample of queries: accept/reject, agree with the
-    judge or not, traits supported or not, a note; every click goes to the labels file."""
-    from personaemp.review.label_studio import exchange_label_studio
-    from personaemp.review.page import serve_review
-
-    review = options.section("review")
-    if export_label_studio or import_label_studio:
-        return exchange_label_studio(review, export_label_studio, import_label_studio, console)
-    return serve_review(review, console)
-
-
-@stage_command("agreement")
-def agreement_command(options: Resolver, console: Console):
-    """How far the LLM judge agrees with people (kappa, intervals, precision, corrected pass
-    shares) and, with --judge-model, with a second judge re-running the check step."""
-    from personaemp.review.agreement import run_agreement
-
-    return run_agreement(options.section("agreement"), options.llm, console)
+for _name in STAGES:
+    if _name not in _COMMANDS:
+        stage_command(_name)(_runs(_name))
+_COMMANDS.update(
+    {name: reports_errors(command) for name, command in
+     (("merge", merge_command), ("serve-local", serve_local_command), ("run", run_command))}
+)  # fmt: skip
+ORDER = ("filter", "infer-persona", "gen-queries", "merge", "serve-local", "split", "stats", "push", "run",
+         "criteria", "respond", "export", "evaluate", "table", "review", "agreement")  # fmt: skip
+for _name in ORDER:
+    app.command(_name, cls=_Command)(_COMMANDS[_name])

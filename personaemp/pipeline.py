@@ -1,11 +1,7 @@
-"""The stages as the commands and `personaemp run` call them, from resolved options.
-
-`run_<stage>(options, ...)` is the one place a stage function is called from options
-(and its summary printed): `personaemp <stage>` calls it with the options of its flags,
-`personaemp run` with those of personaemp.toml, so both sides pass the same arguments.
-`run_pipeline` chains filter -> infer-persona -> gen-queries -> split -> stats -> push; finished
+"""`personaemp run`: filter -> infer-persona -> gen-queries -> split -> stats -> push from one
+config, each stage as registry.STAGES declares it (the same call as its command). Finished
 LLM work is skipped through the stages' own resume (and the cache), so re-running the
-pipeline after a crash or an edit redoes only what changed.
+pipeline after a crash or an edit redoes only what changed. Also `personaemp merge`.
 """
 
 from __future__ import annotations
@@ -20,24 +16,13 @@ from types import SimpleNamespace
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 
 from personaemp import results
-from personaemp.aio import run_sync
 from personaemp.config import llm_settings
 from personaemp.options import (
-    CriteriaOptions,
-    EvaluateOptions,
-    FilterOptions,
-    LLMOptions,
-    PersonaOptions,
-    PushOptions,
-    QueriesOptions,
-    RespondOptions,
     RunOptions,
-    SplitOptions,
-    StatsOptions,
 )
+from personaemp.registry import RUN_COMMANDS, STAGES, filter_args, persona_args, queries_args
 from personaemp.results import StageResult
 from personaemp.summaries import waits_for_a_batch
 
@@ -82,120 +67,6 @@ def rule(console: Console, title: str) -> None:
     console.print(Rule(title), width=None if console.is_terminal else 80)
 
 
-def call_filter(options: FilterOptions, console: Console) -> StageResult:
-    from personaemp.build import filter as stage
-
-    args = filter_args(options)
-    return results.of_filter(stage.filter_users(**args, console=console), args["report_path"])
-
-
-def run_filter(options: FilterOptions, console: Console) -> StageResult:
-    from personaemp import summaries
-
-    result = call_filter(options, console)
-    summaries.print_filter_summary(result.report, console)
-    return result
-
-
-def filter_args(options: FilterOptions) -> dict[str, Any]:
-    """filter_users' arguments from its options, for the command and for `run`'s streamed filter."""
-    return {
-        "source": options.input, "output": options.output, "fmt": options.format,
-        "rules_path": options.rules, "split": options.benchmark_split, "hf_config": options.hf_config,
-        "on_error": options.on_error, "keep_turns": options.turns,
-        "report_path": options.output.with_name("filter_report.json"),
-    }  # fmt: skip
-
-
-async def acall_persona(
-    options: PersonaOptions,
-    llm: LLMOptions,
-    console: Console,
-    env: Mapping[str, str] | None = None,
-    full: bool | None = None,
-    settings=None,
-) -> StageResult:
-    """infer-persona from its options; `settings` (LLMSettings) instead of those of `llm`."""
-    from personaemp.build import persona as stage
-
-    report, summary = await stage.ainfer_personas(
-        options.input, options.output, settings or llm_settings(llm, env), **_persona_args(options, llm),
-        full=full, console=console,
-    )  # fmt: skip
-    return results.of_llm_stage(report, summary)
-
-
-def run_persona(
-    options: PersonaOptions,
-    llm: LLMOptions,
-    console: Console,
-    env: Mapping[str, str] | None = None,
-    full: bool | None = None,
-) -> StageResult:
-    from personaemp import summaries
-
-    result = run_sync(acall_persona(options, llm, console, env, full))
-    summaries.print_stage_report(result.report, console)
-    if summaries.wrote_rows(result.report):
-        summaries.print_persona_summary(result.summary, console)
-    return result
-
-
-async def acall_queries(
-    options: QueriesOptions,
-    llm: LLMOptions,
-    console: Console,
-    env: Mapping[str, str] | None = None,
-    full: bool | None = None,
-    settings=None,
-) -> StageResult:
-    from personaemp.build import queries as stage
-
-    report, funnel = await stage.agenerate_queries(
-        options.input, options.output, settings or llm_settings(llm, env), **_queries_args(options, llm),
-        full=full, console=console,
-    )  # fmt: skip
-    return results.of_llm_stage(report, funnel)
-
-
-def run_queries(
-    options: QueriesOptions,
-    llm: LLMOptions,
-    console: Console,
-    env: Mapping[str, str] | None = None,
-    full: bool | None = None,
-) -> StageResult:
-    from personaemp import summaries
-
-    result = run_sync(acall_queries(options, llm, console, env, full))
-    summaries.print_stage_report(result.report, console)
-    if summaries.wrote_rows(result.report):
-        summaries.print_query_funnel(result.summary, console)
-    return result
-
-
-def _persona_args(options: PersonaOptions, llm: LLMOptions) -> dict[str, Any]:
-    """infer-persona's arguments from its options, for the command and for `run`'s chain."""
-    return {
-        "limit": options.limit, "users": options.users, "retry_failed": llm.retry_failed,
-        "require_depth": options.require_depth, "shard": options.shard,
-    }  # fmt: skip
-
-
-def _queries_args(options: QueriesOptions, llm: LLMOptions) -> dict[str, Any]:
-    """gen-queries' arguments from its options, for the command and for `run`'s chain."""
-    from personaemp.build.queries import QueryOptions
-
-    enforce = {"enforce": tuple(options.enforce)} if options.enforce is not None else {}
-    return {
-        "options": QueryOptions(
-            categories=tuple(options.categories), per_category=options.per_category, **enforce
-        ),
-        "limit": options.limit, "users": options.users, "retry_failed": llm.retry_failed,
-        "shard": options.shard,
-    }  # fmt: skip
-
-
 def run_persona_and_queries(
     options: RunOptions,
     console: Console,
@@ -224,12 +95,13 @@ def persona_and_queries(
     from personaemp.llm.run import run_llm_chain
 
     # In `run`, a [persona] limit is the size of the build, not a quick look: the card quotes it.
+    retry = options.llm.retry_failed
     first = persona.persona_stage(
-        options.persona.input, options.persona.output, **_persona_args(options.persona, options.llm),
+        options.persona.input, options.persona.output, **persona_args(options.persona, retry),
         full=True, stream=stream,
     )  # fmt: skip
     second = queries.queries_stage(
-        options.queries.input, options.queries.output, **_queries_args(options.queries, options.llm),
+        options.queries.input, options.queries.output, **queries_args(options.queries, retry),
         full=True, chained=True,
     )  # fmt: skip
     written = functools.cache(lambda: queries.read_personas(options.queries.input))  # read once, at the end
@@ -353,254 +225,6 @@ def run_merge(
     return result
 
 
-def call_split(options: SplitOptions, console: Console | None = None) -> StageResult:
-    from personaemp.build import split as stage
-
-    report = stage.split_users(
-        options.input,
-        options.out_dir,
-        ood=options.ood,
-        seed=options.seed,
-        test_size=options.test_size,
-        k=options.k,
-        k_range=(options.k_min, options.k_max),
-        holdout=options.holdout,
-        seeds=options.seeds,
-    )
-    return results.of_split(report, options.out_dir)
-
-
-def run_split(options: SplitOptions, console: Console) -> StageResult:
-    from personaemp import summaries
-
-    result = call_split(options)
-    summaries.print_split_report(result.report, options.out_dir, console)
-    return result
-
-
-def call_stats(options: StatsOptions, console: Console | None = None) -> StageResult:
-    from personaemp.build import stats as stage
-
-    return results.of_stats(stage.write_stats(options.processed, options.out_dir))
-
-
-def run_stats(options: StatsOptions, console: Console) -> StageResult:
-    from personaemp import summaries
-
-    result = call_stats(options)
-    summaries.print_stats(result.report, console)
-    return result
-
-
-def call_push(options: PushOptions, console: Console | None = None) -> StageResult:
-    from personaemp.build import publish as stage
-    from personaemp.review.agreement import card_quality
-
-    dry = options.is_dry_run
-    return results.of_publish(
-        stage.publish(
-            options.splits,
-            repo_id=None if dry else options.repo_id,
-            out=options.out_dir if dry else None,
-            private=options.private,
-            revision=options.revision,
-            include_dialogue=options.include_dialogue,
-            criteria=options.criteria,
-            quality=card_quality,
-        )
-    )
-
-
-def run_push(options: PushOptions, console: Console) -> StageResult:
-    made = call_push(options)
-    result, dry = made.report, options.is_dry_run
-    if dry and not options.dry_run:
-        console.print("no repo_id: a dry run, the repository that would be pushed goes to a folder")
-    for setting, parts in result.rows.items():
-        console.print(f"[bold]{setting}[/]: " + ", ".join(f"{split} {n} rows" for split, n in parts.items()))
-    for warning in result.warnings:  # e.g. a stage report the card could not find
-        console.print(f"[yellow]warning:[/] {escape(warning)}")
-    console.print(f"wrote {result.target}")
-    return made
-
-
-async def acall_criteria(
-    options: CriteriaOptions,
-    llm: LLMOptions,
-    console: Console,
-    env: Mapping[str, str] | None = None,
-    settings=None,
-) -> StageResult:
-    from personaemp.evaluation import criteria as stage
-
-    report = await stage.awrite_criteria(
-        options.input,
-        options.output,
-        settings or llm_settings(llm, env),
-        limit=options.limit,
-        users=options.users,
-        retry_failed=llm.retry_failed,
-        console=console,
-    )
-    return results.of_llm_stage(report)
-
-
-def run_criteria(
-    options: CriteriaOptions, llm: LLMOptions, console: Console, env: Mapping[str, str] | None = None
-) -> StageResult:
-    from personaemp import summaries
-
-    result = run_sync(acall_criteria(options, llm, console, env))
-    summaries.print_stage_report(result.report, console)
-    return result
-
-
-async def acall_respond(
-    options: RespondOptions,
-    llm: LLMOptions,
-    console: Console,
-    env: Mapping[str, str] | None = None,
-    settings=None,
-) -> StageResult:
-    from personaemp.evaluation import respond as stage
-
-    report = await stage.awrite_responses(
-        options.splits,
-        options.output_path,
-        settings or llm_settings(llm, env),
-        split=options.split,
-        part=options.part,
-        context=options.context,
-        rag_k=options.rag_k,
-        mismatch_seed=options.mismatch_seed,
-        limit=options.limit,
-        retry_failed=llm.retry_failed,
-        console=console,
-    )
-    return results.of_llm_stage(report)
-
-
-def run_respond(
-    options: RespondOptions, llm: LLMOptions, console: Console, env: Mapping[str, str] | None = None
-) -> StageResult:
-    from personaemp import summaries
-
-    result = run_sync(acall_respond(options, llm, console, env))
-    report = result.report
-    summaries.print_stage_report(report, console)
-    if summaries.wrote_rows(report):
-        console.print(f"wrote {options.output_path}")
-    return result
-
-
-def run_export(options, console: Console) -> dict:
-    from personaemp.training.export import write_export
-
-    written = write_export(
-        options.splits, options.output_path, format=options.format, split=options.split,
-        part=options.part, context=options.context, rag_k=options.rag_k,
-        mismatch_seed=options.mismatch_seed, summaries=options.summaries,
-        criteria_file=options.criteria, data_source=options.data_source,
-    )  # fmt: skip
-    console.print(f"wrote {written['rows']} rows ({written['format']}) to {written['output']}")
-    return written
-
-
-async def acall_evaluate(
-    options: EvaluateOptions,
-    llm: LLMOptions,
-    console: Console,
-    env: Mapping[str, str] | None = None,
-    settings=None,
-) -> StageResult:
-    from personaemp.evaluation import evaluate as stage
-
-    settings = settings or llm_settings(llm, env)
-    report, evaluation = await stage.aevaluate(
-        options.splits,
-        [Path(path) for path in options.responses],
-        options.output,
-        settings,
-        split=options.split,
-        part=options.part,
-        criteria_file=options.criteria,
-        judge_model=options.judge_model,
-        judges=judge_panel(options, settings, env),
-        options=stage.JudgeOptions(
-            dynamic=options.dynamic,
-            samples=options.samples,
-            bystander=options.bystander,
-            reward_lambda=options.reward_lambda,
-            missing=options.missing,
-        ),
-        retry_failed=llm.retry_failed,
-        console=console,
-    )
-    return results.of_evaluate(report, evaluation, options.output)
-
-
-def run_evaluate(
-    options: EvaluateOptions,
-    llm: LLMOptions,
-    console: Console,
-    env: Mapping[str, str] | None = None,
-    tables: Console | None = None,
-) -> StageResult:
-    """`tables`: where the evaluation's tables go (the command: stdout)."""
-    from personaemp import summaries
-
-    result = run_sync(acall_evaluate(options, llm, console, env))
-    for report in result.judges or [result.report]:  # a panel: one per judge
-        summaries.print_stage_report(report, console)
-    if result.summary is not None:  # None after --estimate
-        summaries.print_evaluation(result.summary, tables or console)
-    return result
-
-
-RUN_COMMANDS = ("filter", "infer-persona", "gen-queries", "split", "stats", "push")
-
-
-def run_table(options, console: Console) -> str:
-    """Table 1 from evaluate reports: printed (stdout) or written to --output."""
-    from personaemp.evaluation.table import write_table
-
-    text = write_table(
-        [Path(p) for p in options.reports], options.output, options.format,
-        harmonic=options.harmonic, digits=options.digits,
-    )  # fmt: skip
-    if options.output is None:
-        print(text, end="")
-    else:
-        console.print(f"wrote {options.output}")
-    return text
-
-
-def judge_panel(options: EvaluateOptions, settings, env: Mapping[str, str] | None = None) -> list:
-    """The engine settings of each judge of `--judge`/[[evaluate.judges]]: its endpoint, model
-    and key over the run's; the key read from its variable only."""
-    import dataclasses
-    import os
-
-    from personaemp.errors import PersonaempError
-    from personaemp.evaluation.evaluate import Judge
-
-    env = os.environ if env is None else env
-    panel = []
-    for spec in options.judges:
-        key = settings.api_key
-        if spec.key_env is not None:
-            key = env.get(spec.key_env) or None
-            if key is None:
-                raise PersonaempError(  # the environment, not the input: exit 1
-                    f"judge {spec.name}: ${spec.key_env} is not set", f"export {spec.key_env}=... first"
-                )
-        changes: dict = {"model": spec.model or options.judge_model or settings.model, "api_key": key}
-        if spec.base_url:
-            changes["base_urls"] = [spec.base_url]
-        panel.append(Judge(spec.name, dataclasses.replace(settings, **changes)))
-    return panel
-
-
 def run_pipeline(
     options: RunOptions, console: Console, env: Mapping[str, str] | None = None
 ) -> PipelineResult:
@@ -641,7 +265,7 @@ def _run_stages(
             result.add("gen-queries", made[1])
         return _split_stats_push(options, console, result)
     with result.stage("filter", console):
-        result.add("filter", run_filter(options.filter, console))
+        result.add("filter", STAGES["filter"].run(options, console))
     if chains(options):
         with result.stage("infer-persona → gen-queries", console), _background_imports() as importing:
             made = persona_and_queries(options, console, env, meanwhile=importing.start)
@@ -650,23 +274,21 @@ def _run_stages(
         return _split_stats_push(options, console, result)
     # In `run`, a [persona] limit is the size of the build, not a quick look: the card quotes it.
     with result.stage("infer-persona", console):
-        result.add("infer-persona", run_persona(options.persona, options.llm, console, env, full=True))
+        result.add("infer-persona", STAGES["infer-persona"].run(options, console, env=env, full=True))
     if waits_for_a_batch(result.reports["infer-persona"]):
         return result  # --batch: the next stage starts when this one's rounds are done
     with result.stage("gen-queries", console):
-        result.add("gen-queries", run_queries(options.queries, options.llm, console, env, full=True))
+        result.add("gen-queries", STAGES["gen-queries"].run(options, console, env=env, full=True))
     if waits_for_a_batch(result.reports["gen-queries"]):
         return result
     return _split_stats_push(options, console, result)
 
 
 def _split_stats_push(options: RunOptions, console: Console, result: PipelineResult) -> PipelineResult:
-    with result.stage("split", console):
-        result.add("split", run_split(options.split, console))
-    with result.stage("stats", console):
-        result.add("stats", run_stats(options.stats, console))
-    with result.stage("push (dry run)" if options.push.is_dry_run else "push", console):
-        result.add("push", run_push(options.push, console))
+    for name in ("split", "stats", "push"):
+        title = "push (dry run)" if name == "push" and options.push.is_dry_run else name
+        with result.stage(title, console):
+            result.add(name, STAGES[name].run(options, console))
     return result
 
 
@@ -688,14 +310,16 @@ def estimate_pipeline(options: RunOptions, console: Console, env: Mapping[str, s
     result = PipelineResult()
     with tempfile.TemporaryDirectory() as folder:
         filtered = Path(folder) / "filtered.jsonl"
-        run_filter(options.filter.model_copy(update={"output": filtered}), Console(quiet=True))
-        persona_options = options.persona.model_copy(update={"input": filtered})
+        into = {"filter": options.filter.model_copy(update={"output": filtered}),
+                "persona": options.persona.model_copy(update={"input": filtered})}  # fmt: skip
+        estimated = options.model_copy(update=into)
+        STAGES["filter"].run(estimated, Console(quiet=True))
         rule(console, "infer-persona --estimate")
-        persona = result.add("infer-persona", run_persona(persona_options, options.llm, console, env)).report
+        persona = result.add("infer-persona", STAGES["infer-persona"].run(estimated, console, env=env)).report
     written = options.queries.input
     if written.exists():
         rule(console, "gen-queries --estimate (personas written)")
-        result.add("gen-queries", run_queries(options.queries, options.llm, console, env))
+        result.add("gen-queries", STAGES["gen-queries"].run(options, console, env=env))
     rows = (
         [Persona.model_validate_json(line) for line in written.read_text().splitlines()]
         if written.exists()

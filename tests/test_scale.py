@@ -24,8 +24,9 @@ from personaemp.errors import InputError, PersonaempError
 from personaemp.io import read_stage_rows
 from personaemp.llm.settings import LLMSettings
 from personaemp.options import LLMOptions, PathsOptions, RunOptions, SplitOptions
-from personaemp.pipeline import run_filter, run_persona_and_queries, run_pipeline
+from personaemp.pipeline import run_persona_and_queries, run_pipeline
 from personaemp.records import User
+from personaemp.registry import STAGES
 from personaemp.shards import shard_of
 
 QUIET = Console(quiet=True)
@@ -68,7 +69,7 @@ def test_run_starts_gen_queries_before_the_last_persona_and_writes_what_the_stag
             llm=LLMOptions(base_url=[server.base_url], model="fake", concurrency=2),
             split=SplitOptions(ood=False),
         )
-        run_filter(options.filter, QUIET)
+        STAGES["filter"].run(options, QUIET)
         reports = run_persona_and_queries(options, QUIET)  # what `run` calls: see test_pipeline
         result = SimpleNamespace(reports=dict(zip(("infer-persona", "gen-queries"), reports, strict=True)))
         steps = [step_of(request.body) for request in server.chat_requests]
@@ -110,7 +111,7 @@ def test_a_stopped_chain_keeps_what_both_stages_finished(tmp_path):
         budget = 30  # requests answered before every later one fails
         healthy = server.responder
         server.responder = lambda body, n: healthy(body, n) if n <= budget else server_error(500)
-        run_filter(options.filter, QUIET)
+        STAGES["filter"].run(options, QUIET)
         with pytest.raises(Exception, match="failed 8 requests in a row"):
             run_persona_and_queries(options, QUIET)
         finished = len(read_jsonl(processed / "personas.jsonl")), len(read_jsonl(processed / "queries.jsonl"))
@@ -375,7 +376,7 @@ def test_the_streamed_filter_stops_cleanly_when_run_was_started_with_sigint_igno
     import time
 
     from personaemp.build.streaming import FilterFeed
-    from personaemp.pipeline import filter_args
+    from personaemp.registry import filter_args
 
     source = copied_sample(tmp_path / "input", 3)
     options = streamed_options(source, tmp_path / "processed", "http://127.0.0.1:9/v1")

@@ -384,7 +384,9 @@ def quality_section(report: dict[str, Any] | None, table) -> str:
         )
     people = (report.get("people_vs_people") or {}).get("fields") or {}
     if people:
-        shown = ", ".join(f"{kind} {interval_text(f, 'kappa')} (n={f['pairs']})" for kind, f in people.items())
+        shown = ", ".join(
+            f"{kind} {interval_text(f, 'kappa')} (n={f['pairs']})" for kind, f in people.items()
+        )
         lines.append(f"- People vs people (queries two reviewers labelled), κ: {shown}.")
     second = report.get("judge_vs_judge")
     if second:

@@ -13,7 +13,6 @@ entry that adds up the parts'. The result is what one run over the whole input w
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import re
 from collections import Counter
@@ -24,21 +23,9 @@ from typing import Any
 from personaemp import locks
 from personaemp.errors import InputError
 from personaemp.io import atomic_output
-from personaemp.shards import SHARD, failures_path, parse_shard, shard_name, shard_of, shard_path, sharded
+from personaemp.shards import failures_path, shard_name, shard_of
 
 STAGES = ("infer-persona", "gen-queries")
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 @dataclass

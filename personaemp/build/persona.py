@@ -29,14 +29,16 @@ from personaemp.records import (
     BigFive,
     Grounding,
     Level,
-    Memory,
     Persona,
     Trait,
     TraitLevel,
     User,
 )
+from personaemp.render import (
+    render_memories,
+    render_turns,
+)
 from personaemp.shards import failures_path, sharded
-from personaemp.render import EVIDENCE_TEXT, MEMORY_TEXT, TURN_TEXT, TURN_WINDOW, _clip, render_memories, render_turns
 
 STAGE = "infer-persona"
 
@@ -81,12 +83,6 @@ STEPS = (PERSONA_STEP, BIG_FIVE_STEP)
 
 
 # --- rendering ------------------------------------------------------------------------------
-
-
-
-
-
-
 
 
 def profile_text(traits: Sequence[Trait]) -> str:

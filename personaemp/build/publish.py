@@ -34,20 +34,20 @@ import json
 import os
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from personaemp.build.card import QUALITY_PLOT, render_card
+from personaemp.build.stats import FIGURE_DIR, STATS_FILE, sources_of_split, stats_and_figures
 from personaemp.errors import InputError, PersonaempError, RowError, first_problem
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_atomic
 from personaemp.records import BIG_FIVE, DIMENSIONS
-from personaemp.build.card import QUALITY_PLOT, render_card
 from personaemp.splits import REPORT_FILE, SETTINGS_WRITTEN, check_queries_row, profile_of
-from personaemp.build.stats import FIGURE_DIR, STATS_FILE, sources_of_split, stats_and_figures
 from personaemp.workspace import stage_chain
 
 SETTINGS = SETTINGS_WRITTEN  # the configs, one per split setting

@@ -23,30 +23,33 @@ from pydantic import BaseModel, Field
 from personaemp import checks
 from personaemp.aio import sync_twin
 from personaemp.errors import InputError
+from personaemp.instruments.query_check import (
+    CHECK,
+    CHECKS,
+    SituationReply,
+    build_check_messages,
+    judge_checks,
+    numbered,
+    reviews_schema,
+)
 from personaemp.io import ErrorPolicy, StageRows, atomic_output, iter_jsonl, pick_units, read_stage_rows
-from personaemp.language import LANGUAGE_NAMES, normalize_language
+from personaemp.language import LANGUAGE_NAMES
 from personaemp.llm.step import Step, edit_schema
 from personaemp.prompts import Prompt, load_prompt
 from personaemp.records import (
     CATEGORIES,
-    Category,
-    Checks,
     Persona,
     Query,
     Situation,
     category_definitions,
 )
-from personaemp.shards import failures_path, sharded
 from personaemp.render import render_memories, render_turns
-from personaemp.instruments.query_check import CHECK, CHECKS, JUDGED, ReviewReply, ReviewsReply, numbered, build_check_messages, judge_checks, own_texts, reviews_schema
-from personaemp.instruments.query_check import SituationReply
+from personaemp.shards import failures_path, sharded
 
 STAGE = "gen-queries"
 
 
 # --- reply models ----------------------------------------------------------------------------
-
-
 
 
 class SituationsReply(BaseModel):
@@ -60,10 +63,6 @@ class MessageReply(BaseModel):
 
 class QueriesReply(BaseModel):
     messages: list[MessageReply]
-
-
-
-
 
 
 SITUATIONS = Step("situations", SituationsReply, prompt="situations")
@@ -134,8 +133,6 @@ def parse_situations(
 # --- step 2: queries -------------------------------------------------------------------------
 
 
-
-
 def build_query_messages(
     persona: Persona, situations: Sequence[SituationReply], prompt: Prompt
 ) -> list[dict]:
@@ -162,14 +159,6 @@ def parse_queries(reply: QueriesReply, count: int) -> dict[int, str]:
 
 
 # --- step 3: checks --------------------------------------------------------------------------
-
-
-
-
-
-
-
-
 
 
 # --- the stage -------------------------------------------------------------------------------

@@ -24,15 +24,19 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from pydantic import ValidationError
 
-from personaemp.errors import InputError, RowError, first_problem
+from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_atomic
 from personaemp.options import SplitOptions
 from personaemp.parallel import fork_map
-from personaemp.records import BIG_FIVE, Category, Memory, Record, Trait, Turn
+from personaemp.records import BIG_FIVE
+from personaemp.splits import (
+    LEVELS,
+    REPORT_FILE,
+    check_queries_row,
+    profile_of,
+)
 from personaemp.workspace import record_stage
-from personaemp.splits import LEVELS, PublishedQuery, QueriesRow, QuerySituation, REPORT_FILE, SETTINGS_WRITTEN, check_queries_row, profile_of
 
 STAGE = "split"
 # Why a user is left out of every split; written into the report, so it documents itself.
@@ -45,14 +49,6 @@ LEFT_OUT_REASONS = {
 
 
 # --- what a queries row must hold to be split and published ----------------------------------
-
-
-
-
-
-
-
-
 
 
 _DEFAULT = SplitOptions()  # the command's defaults are the function's
@@ -73,8 +69,6 @@ class SplitReport:
             "left_out_reasons": {reason: LEFT_OUT_REASONS[reason] for reason in sorted(self.left_out)},
             "settings": self.settings,
         }
-
-
 
 
 def read_users(path: Path) -> tuple[list[dict], Counter]:

@@ -504,20 +504,21 @@ def card_quality(queries: Path | None) -> tuple[dict[str, Any] | None, bytes | N
     return report, plot_agreement(report)
 
 
-def run_agreement(options, llm, console, env=None) -> dict[str, Any]:
-    """`personaemp agreement` (AgreementOptions, LLMOptions): the second judge first when
-    --judge-model is given, then the figures, written to --out and printed."""
+def run_agreement(options, settings, console) -> dict[str, Any]:
+    """`personaemp agreement` (AgreementOptions, and the [llm] options as LLMSettings): the
+    second judge first when --judge-model is given, then the figures, written to --out and
+    printed."""
+    import dataclasses
+
     from rich.markup import escape
 
     labels, second_judge, out = options.paths()
     if options.judge_model:
-        from personaemp.config import llm_settings
         from personaemp.summaries import print_stage_report
 
-        second = llm.model_copy(
-            update={"model": options.judge_model, "base_url": list(options.judge_base_url or llm.base_url)}
-        )
-        report = rejudge(options.input, second_judge, llm_settings(second, env), console)
+        urls = list(options.judge_base_url or settings.base_urls)
+        second = dataclasses.replace(settings, model=options.judge_model, base_urls=urls)
+        report = rejudge(options.input, second_judge, second, console)
         print_stage_report(report, console)
     if not labels.exists() and not second_judge.exists():
         raise InputError(

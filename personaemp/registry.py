@@ -1,0 +1,391 @@
+"""Every stage declared once: its command, its Python name, how its options reach its
+function, and its summary. The Typer commands (cli.py), `import personaemp as pe` (api.py)
+and `personaemp run` (pipeline.py) are all derived from `STAGES`.
+
+A stage's `call(section, console, llm)` turns its resolved options into its function's
+arguments and its return value into a StageResult; `llm` is the engine's settings
+(LLMSettings) for an LLM stage, whose `call` is a coroutine. What differs between stages
+stays in the stage's own module (personaemp/build, evaluation, review, training).
+
+To add a stage: its module (a function with plain arguments), its options section
+(options.py: SECTIONS and COMMANDS), and one `Stage(...)` below.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from personaemp import results, summaries
+from personaemp.aio import run_sync
+from personaemp.options import COMMANDS
+
+
+@dataclass(frozen=True)
+class Stage:
+    command: str  # the CLI command; its options: the sections of options.COMMANDS[command]
+    function: str  # its name in `import personaemp as pe` (an LLM stage also has "a" + function)
+    call: Callable[..., Any]  # (section, console, llm=None, **extra) -> result (a coroutine: LLM)
+    help: str  # the command's --help; the Python function's docstring begins with it
+    summary: Callable[[Any, Console], None] | None = None  # (result, console): after the stage
+    positional: tuple[str, ...] = ("input", "output")  # the Python function's positional arguments
+    progress: bool = False  # the Python function's default: print progress and the summary
+
+    @property
+    def sections(self) -> tuple[str, ...]:
+        return COMMANDS[self.command]
+
+    @property
+    def llm(self) -> bool:
+        return "llm" in self.sections
+
+    def options(self, options) -> Any:
+        """The stage's own section of `options` (a config.Resolver, or run's RunOptions)."""
+        name = self.sections[0]
+        return getattr(options, name) if hasattr(options, name) else options.section(name)
+
+    def run(self, options, console: Console, llm=None, env: Mapping[str, str] | None = None, **extra):
+        """The stage on `options` (its section; an LLM stage also [llm], whose key is read from
+        `env`, unless `llm` gives the engine's settings), then its summary on `console`."""
+        if self.llm:
+            return run_sync(self.arun(options, console, llm, env, **extra))
+        return self._shown(self.call(self.options(options), console, **extra), console)
+
+    async def arun(self, options, console: Console, llm=None, env: Mapping[str, str] | None = None, **extra):
+        """`run` of an LLM stage, awaited."""
+        if llm is None:
+            from personaemp.config import llm_settings
+
+            llm = llm_settings(options.llm, env)
+        retry = options.llm.retry_failed
+        return self._shown(
+            await self.call(self.options(options), console, llm, retry=retry, **extra), console
+        )
+
+    def _shown(self, result, console: Console):
+        if self.summary is not None:
+            self.summary(result, console)
+        return result
+
+
+# --- how each stage's options reach its function -------------------------------------------------
+
+
+def filter_args(options) -> dict[str, Any]:
+    """filter_users' arguments from its options, for the command and for `run`'s streamed filter."""
+    return {
+        "source": options.input, "output": options.output, "fmt": options.format,
+        "rules_path": options.rules, "split": options.benchmark_split, "hf_config": options.hf_config,
+        "on_error": options.on_error, "keep_turns": options.turns,
+        "report_path": options.output.with_name("filter_report.json"),
+    }  # fmt: skip
+
+
+def _filter(options, console):
+    from personaemp.build.filter import filter_users
+
+    args = filter_args(options)
+    return results.of_filter(filter_users(**args, console=console), args["report_path"])
+
+
+def persona_args(options, retry: bool) -> dict[str, Any]:
+    """infer-persona's arguments from its options, for the command and for `run`'s chain."""
+    return {
+        "limit": options.limit, "users": options.users, "retry_failed": retry,
+        "require_depth": options.require_depth, "shard": options.shard,
+    }  # fmt: skip
+
+
+def queries_args(options, retry: bool) -> dict[str, Any]:
+    """gen-queries' arguments from its options, for the command and for `run`'s chain."""
+    from personaemp.build.queries import QueryOptions
+
+    enforce = {"enforce": tuple(options.enforce)} if options.enforce is not None else {}
+    return {
+        "options": QueryOptions(
+            categories=tuple(options.categories), per_category=options.per_category, **enforce
+        ),
+        "limit": options.limit, "users": options.users, "retry_failed": retry, "shard": options.shard,
+    }  # fmt: skip
+
+
+async def _persona(options, console, llm, retry=False, full=None):
+    from personaemp.build.persona import ainfer_personas
+
+    made = await ainfer_personas(
+        options.input, options.output, llm, **persona_args(options, retry), full=full, console=console
+    )
+    return results.of_llm_stage(*made)
+
+
+async def _queries(options, console, llm, retry=False, full=None):
+    from personaemp.build.queries import agenerate_queries
+
+    made = await agenerate_queries(
+        options.input, options.output, llm, **queries_args(options, retry), full=full, console=console
+    )
+    return results.of_llm_stage(*made)
+
+
+def _split(options, console):
+    from personaemp.build.split import split_users
+
+    report = split_users(
+        options.input, options.out_dir, ood=options.ood, seed=options.seed, test_size=options.test_size,
+        k=options.k, k_range=(options.k_min, options.k_max), holdout=options.holdout, seeds=options.seeds,
+    )  # fmt: skip
+    return results.of_split(report, options.out_dir)
+
+
+def _stats(options, console):
+    from personaemp.build.stats import write_stats
+
+    return results.of_stats(write_stats(options.processed, options.out_dir))
+
+
+def _push(options, console):
+    from personaemp.build.publish import publish
+    from personaemp.review.agreement import card_quality
+
+    dry = options.is_dry_run
+    if dry and not options.dry_run:
+        console.print("no repo_id: a dry run, the repository that would be pushed goes to a folder")
+    return results.of_publish(
+        publish(
+            options.splits, repo_id=None if dry else options.repo_id, out=options.out_dir if dry else None,
+            private=options.private, revision=options.revision, include_dialogue=options.include_dialogue,
+            criteria=options.criteria, quality=card_quality,
+        )
+    )  # fmt: skip
+
+
+async def _criteria(options, console, llm, retry=False):
+    from personaemp.evaluation.criteria import awrite_criteria
+
+    report = await awrite_criteria(
+        options.input, options.output, llm, limit=options.limit, users=options.users,
+        retry_failed=retry, console=console,
+    )  # fmt: skip
+    return results.of_llm_stage(report)
+
+
+async def _respond(options, console, llm, retry=False):
+    from personaemp.evaluation.respond import awrite_responses
+
+    report = await awrite_responses(
+        options.splits, options.output_path, llm, split=options.split, part=options.part,
+        context=options.context, rag_k=options.rag_k, mismatch_seed=options.mismatch_seed,
+        limit=options.limit, retry_failed=retry, console=console,
+    )  # fmt: skip
+    return results.of_llm_stage(report)
+
+
+def _export(options, console) -> dict:
+    from personaemp.training.export import write_export
+
+    return write_export(
+        options.splits, options.output_path, format=options.format, split=options.split,
+        part=options.part, context=options.context, rag_k=options.rag_k,
+        mismatch_seed=options.mismatch_seed, summaries=options.summaries,
+        criteria_file=options.criteria, data_source=options.data_source,
+    )  # fmt: skip
+
+
+async def _evaluate(options, console, llm, retry=False, env=None):
+    from personaemp.evaluation import evaluate as stage
+
+    report, evaluation = await stage.aevaluate(
+        options.splits, [Path(path) for path in options.responses], options.output, llm,
+        split=options.split, part=options.part, criteria_file=options.criteria,
+        judge_model=options.judge_model, judges=judge_panel(options, llm, env),
+        options=stage.JudgeOptions(
+            dynamic=options.dynamic, samples=options.samples, bystander=options.bystander,
+            reward_lambda=options.reward_lambda, missing=options.missing,
+        ),
+        retry_failed=retry, console=console,
+    )  # fmt: skip
+    return results.of_evaluate(report, evaluation, options.output)
+
+
+def judge_panel(options, settings, env: Mapping[str, str] | None = None) -> list:
+    """The engine settings of each judge of `--judge`/[[evaluate.judges]]: its endpoint, model
+    and key over the run's; the key read from its variable only."""
+    import dataclasses
+    import os
+
+    from personaemp.errors import PersonaempError
+    from personaemp.evaluation.evaluate import Judge
+
+    env = os.environ if env is None else env
+    panel = []
+    for spec in options.judges:
+        key = settings.api_key
+        if spec.key_env is not None:
+            key = env.get(spec.key_env) or None
+            if key is None:
+                raise PersonaempError(  # the environment, not the input: exit 1
+                    f"judge {spec.name}: ${spec.key_env} is not set", f"export {spec.key_env}=... first"
+                )
+        changes: dict = {"model": spec.model or options.judge_model or settings.model, "api_key": key}
+        if spec.base_url:
+            changes["base_urls"] = [spec.base_url]
+        panel.append(Judge(spec.name, dataclasses.replace(settings, **changes)))
+    return panel
+
+
+def _table(options, console) -> str:
+    from personaemp.evaluation.table import write_table
+
+    return write_table(
+        [Path(p) for p in options.reports], options.output, options.format,
+        harmonic=options.harmonic, digits=options.digits,
+    )  # fmt: skip
+
+
+async def _agreement(options, console, llm, retry=False):
+    from personaemp.review.agreement import run_agreement
+
+    return run_agreement(options, llm, console)
+
+
+def _review(options, console):
+    from personaemp.review.page import serve_review
+
+    serve_review(options, console)
+
+
+# --- the summaries a command and `run` print ------------------------------------------------------
+
+
+def _llm_summary(then: Callable[[Any, Console], None] | None = None):
+    def show(result, console: Console) -> None:
+        summaries.print_stage_report(result.report, console)
+        if then is not None and summaries.wrote_rows(result.report):
+            then(result, console)
+
+    return show
+
+
+def _push_summary(made, console: Console) -> None:
+    result = made.report
+    for setting, parts in result.rows.items():
+        console.print(f"[bold]{setting}[/]: " + ", ".join(f"{split} {n} rows" for split, n in parts.items()))
+    for warning in result.warnings:  # e.g. a stage report the card could not find
+        console.print(f"[yellow]warning:[/] {escape(warning)}")
+    console.print(f"wrote {result.target}")
+
+
+def _evaluate_summary(result, console: Console) -> None:
+    for report in result.judges or [result.report]:  # a panel: one per judge
+        summaries.print_stage_report(report, console)
+
+
+# --- the stages ----------------------------------------------------------------------------------
+
+STAGES: dict[str, Stage] = {
+    stage.command: stage
+    for stage in (
+        Stage(
+            "filter", "filter_users", _filter,
+            "Keep the users whose memories show personality and emotionally relevant experience.",
+            lambda result, console: summaries.print_filter_summary(result.report, console),
+        ),
+        Stage(
+            "infer-persona", "infer_personas", _persona,
+            "Infer an evidence-grounded persona and Big Five levels for each filtered user (LLM).",
+            _llm_summary(lambda result, console: summaries.print_persona_summary(result.summary, console)),
+        ),
+        Stage(
+            "gen-queries", "generate_queries", _queries,
+            "Write empathy-seeking queries (ES, HEQ, SS) for each eligible persona and check them (LLM).",
+            _llm_summary(lambda result, console: summaries.print_query_funnel(result.summary, console)),
+        ),
+        Stage(
+            "split", "split_users", _split,
+            "Split users into train/test: random 9:1, and (unless --no-ood) a held-out Big Five cluster.",
+            lambda result, console: summaries.print_split_report(result.report, result.output, console),
+            positional=("input", "out_dir"),
+        ),
+        Stage(
+            "stats", "write_stats", _stats,
+            "Describe a build: funnel, Big Five levels, queries, checks, as stats.json, plots and a summary.",
+            lambda result, console: summaries.print_stats(result.report, console),
+            positional=("processed", "out_dir"),
+        ),
+        Stage(
+            "push", "publish", _push,
+            "Publish the splits as a Hub dataset (configs random and ood) with a dataset card;\n"
+            "    without --repo-id, or with --dry-run, write the same repository to --out-dir.",
+            _push_summary, positional=("splits",),
+        ),
+        Stage(
+            "criteria", "write_criteria", _criteria,
+            "Write 4-6 weighted evaluation criteria per query and PERM dimension, seeing no response (LLM).",
+            _llm_summary(),
+        ),
+        Stage(
+            "respond", "write_responses", _respond,
+            "Have a policy model answer every query of a split, with the chosen context (LLM).",
+            _llm_summary(lambda result, console: console.print(f"wrote {result.output}")),
+            positional=("splits", "output"),
+        ),
+        Stage(
+            "export", "export_split", _export,
+            "Write a split as training files: TRL's conversational prompts (JSON lines) or verl's parquet,\n"
+            "    with the prompts `respond` sends and what the PereGRM reward reads.",
+            lambda made, console: console.print(
+                f"wrote {made['rows']} rows ({made['format']}) to {made['output']}"
+            ),
+            positional=("splits", "output"),
+        ),
+        Stage(
+            "evaluate", "evaluate", _evaluate,
+            "Score systems' responses per PERM dimension (fixed criteria, or dynamic @k), side by side "
+            "(LLM).",
+            _evaluate_summary, positional=("splits",),
+        ),
+        Stage(
+            "table", "write_table", _table,
+            "Render the paper's Table 1 (systems x judge x split: Res, Exp, Rec, Avg) from evaluate reports.",
+            positional=(),
+        ),
+        Stage(
+            "review", "serve_review", _review,
+            "Serve a local page to label a stratified sample of queries: accept/reject, agree with the\n"
+            "    judge or not, traits supported or not, a note; every click goes to the labels file.",
+            positional=("input",), progress=True,
+        ),
+        Stage(
+            "agreement", "measure_agreement", _agreement,
+            "How far the LLM judge agrees with people (kappa, intervals, precision, corrected pass\n"
+            "    shares) and, with --judge-model, with a second judge re-running the check step.",
+            positional=("input",),
+        ),
+    )
+}  # fmt: skip
+
+RUN_COMMANDS = ("filter", "infer-persona", "gen-queries", "split", "stats", "push")
+
+
+def signature_parameters(stage: Stage) -> list[inspect.Parameter]:
+    """The stage's options as keyword arguments with the command's defaults (api.py)."""
+    from personaemp.options import specs
+
+    taken, out = set(stage.positional), []
+    for section in stage.sections:
+        for option in specs(section):
+            if option.name not in taken:
+                taken.add(option.name)
+                out.append(
+                    inspect.Parameter(
+                        option.name, inspect.Parameter.KEYWORD_ONLY, default=option.default,
+                        annotation=option.info.annotation,
+                    )
+                )  # fmt: skip
+    return out
