@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 
 from personaemp import results, summaries
 from personaemp.aio import run_sync
@@ -203,7 +202,7 @@ async def _evaluate(options, console, llm, retry=False, env=None):
     report, evaluation = await stage.aevaluate(
         options.splits, [Path(path) for path in options.responses], options.output, llm,
         split=options.split, part=options.part, criteria_file=options.criteria,
-        judge_model=options.judge_model, judges=judge_panel(options, llm, env),
+        judge_model=options.judge_model, judges=stage.judge_panel(options, llm, env),
         options=stage.JudgeOptions(
             dynamic=options.dynamic, samples=options.samples, bystander=options.bystander,
             reward_lambda=options.reward_lambda, missing=options.missing,
@@ -211,32 +210,6 @@ async def _evaluate(options, console, llm, retry=False, env=None):
         retry_failed=retry, console=console,
     )  # fmt: skip
     return results.of_evaluate(report, evaluation, options.output)
-
-
-def judge_panel(options, settings, env: Mapping[str, str] | None = None) -> list:
-    """The engine settings of each judge of `--judge`/[[evaluate.judges]]: its endpoint, model
-    and key over the run's; the key read from its variable only."""
-    import dataclasses
-    import os
-
-    from personaemp.errors import PersonaempError
-    from personaemp.evaluation.evaluate import Judge
-
-    env = os.environ if env is None else env
-    panel = []
-    for spec in options.judges:
-        key = settings.api_key
-        if spec.key_env is not None:
-            key = env.get(spec.key_env) or None
-            if key is None:
-                raise PersonaempError(  # the environment, not the input: exit 1
-                    f"judge {spec.name}: ${spec.key_env} is not set", f"export {spec.key_env}=... first"
-                )
-        changes: dict = {"model": spec.model or options.judge_model or settings.model, "api_key": key}
-        if spec.base_url:
-            changes["base_urls"] = [spec.base_url]
-        panel.append(Judge(spec.name, dataclasses.replace(settings, **changes)))
-    return panel
 
 
 def _table(options, console) -> str:
@@ -270,15 +243,6 @@ def _llm_summary(then: Callable[[Any, Console], None] | None = None):
             then(result, console)
 
     return show
-
-
-def _push_summary(made, console: Console) -> None:
-    result = made.report
-    for setting, parts in result.rows.items():
-        console.print(f"[bold]{setting}[/]: " + ", ".join(f"{split} {n} rows" for split, n in parts.items()))
-    for warning in result.warnings:  # e.g. a stage report the card could not find
-        console.print(f"[yellow]warning:[/] {escape(warning)}")
-    console.print(f"wrote {result.target}")
 
 
 def _evaluate_summary(result, console: Console) -> None:
@@ -322,7 +286,7 @@ STAGES: dict[str, Stage] = {
             "push", "publish", _push,
             "Publish the splits as a Hub dataset (configs random and ood) with a dataset card;\n"
             "    without --repo-id, or with --dry-run, write the same repository to --out-dir.",
-            _push_summary, positional=("splits",),
+            summaries.print_push, positional=("splits",),
         ),
         Stage(
             "criteria", "write_criteria", _criteria,

@@ -396,3 +396,12 @@ def judges_text(figures: dict[str, Any]) -> str:
     if not figures or figures.get("agreement") is None:
         return "—"
     return f"{interval_text(figures, 'kappa')} ({figures['agreement']:.0%} agree)"
+
+
+def print_push(made, console: Console) -> None:
+    result = made.report
+    for setting, parts in result.rows.items():
+        console.print(f"[bold]{setting}[/]: " + ", ".join(f"{split} {n} rows" for split, n in parts.items()))
+    for warning in result.warnings:  # e.g. a stage report the card could not find
+        console.print(f"[yellow]warning:[/] {escape(warning)}")
+    console.print(f"wrote {result.target}")

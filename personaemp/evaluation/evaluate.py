@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -539,3 +539,27 @@ def agreement(per_judge: dict[str, dict], wanted: set[str]) -> dict[str, dict]:
                 "spearman_per_query": {k: None if v is None else round(v, 4) for k, v in per_query.items()},
             }
     return found
+
+
+def judge_panel(options, settings, env: Mapping[str, str] | None = None) -> list:
+    """The engine settings of each judge of `--judge`/[[evaluate.judges]]: its endpoint, model
+    and key over the run's; the key read from its variable only."""
+    import os
+
+    from personaemp.errors import PersonaempError
+
+    env = os.environ if env is None else env
+    panel = []
+    for spec in options.judges:
+        key = settings.api_key
+        if spec.key_env is not None:
+            key = env.get(spec.key_env) or None
+            if key is None:
+                raise PersonaempError(  # the environment, not the input: exit 1
+                    f"judge {spec.name}: ${spec.key_env} is not set", f"export {spec.key_env}=... first"
+                )
+        changes: dict = {"model": spec.model or options.judge_model or settings.model, "api_key": key}
+        if spec.base_url:
+            changes["base_urls"] = [spec.base_url]
+        panel.append(Judge(spec.name, dataclasses.replace(settings, **changes)))
+    return panel
