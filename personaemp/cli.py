@@ -364,6 +364,14 @@ def stage_command(name: str):
     return register
 
 
+@stage_command("extract-memories")
+def extract_memories_command(options: Resolver, console: Console):
+    """Extract AlpsBench-style memories and intents from your own conversation logs (LLM), for `filter`."""
+    from personaemp.build.memories import run_extract_memories
+
+    return run_extract_memories(options.section("extract"), options.llm, console)
+
+
 @stage_command("filter")
 def filter_command(
     options: Resolver,
