@@ -4,9 +4,10 @@ One pydantic model per TOML section: `[extract]` (extract-memories), `[filter]`,
 (infer-persona), `[queries]` (gen-queries), `[split]`, `[stats]`, `[push]`, `[criteria]`,
 `[respond]`, `[evaluate]`, `[table]`, `[review]`, `[agreement]`, `[export]`, `[reward]` (the
 training reward), `[llm]` (the options every LLM command shares) and `[paths]` (where a
-config's files live). A field is an option: its name is the TOML key, its type, default and constraints are the validation, and its `Opt` metadata holds the
-help text, the CLI spelling (default `--field-name`), the environment variable and, for
-file paths, where its default comes from inside a config. From these models follow:
+config's files live). A field is an option: its name is the TOML key, its type, default and
+constraints are the validation, and its `Opt` metadata holds the help text, the CLI spelling
+(default `--field-name`), the environment variable and, for file paths, where its default
+comes from inside a config. From these models follow:
 
 - the Typer options of each stage command (`personaemp.cli`),
 - the sections of personaemp.toml and their resolution, flag > env var > file > default
