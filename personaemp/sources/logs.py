@@ -331,6 +331,14 @@ def read_jsonl_log(path: Path, fmt: str, policy: ErrorPolicy, options: dict) -> 
 # --- tables and WildChat parquet: polars ---------------------------------------------------------
 
 TABLE_COLUMNS = ("user", "session", "order", "role", "text")
+# The column names a table is read with unless mapped (options.ExtractOptions repeats them).
+DEFAULT_COLUMNS = {
+    "user": "user_id",
+    "session": "session_id",
+    "order": "turn",
+    "role": "role",
+    "text": "text",
+}
 BATCH_ROWS = 4096
 
 
@@ -377,13 +385,15 @@ def read_table(path: Path, policy: ErrorPolicy, columns: dict[str, str | None]) 
     import polars as pl
 
     present = table_columns(path)
+    columns = {**DEFAULT_COLUMNS, **columns}
     wanted = {name: columns.get(name) for name in (*TABLE_COLUMNS, "time")}
     for name, column in wanted.items():
         if column is not None and column not in present:
             flag = f"--{name}-column"
             raise InputError(f"{path}: no column {column!r} ({flag})", f"the file has {', '.join(present)}")
-    if wanted["order"] is None:
-        raise InputError(f"{path}: no turn order column", "name it with --order-column")
+    for name in ("user", "order", "role", "text"):
+        if wanted[name] is None:
+            raise InputError(f"{path}: a table needs a {name} column", f"name it with --{name}-column")
     line_offset = 2 if path.suffix != ".parquet" else 1  # CSV: the header is line 1
     lf = _scan(path).with_row_index("_row")
     session = pl.col(wanted["session"]).cast(pl.String) if wanted["session"] else pl.lit("s1")
@@ -399,8 +409,9 @@ def read_table(path: Path, policy: ErrorPolicy, columns: dict[str, str | None]) 
     )
     lf = lf.with_columns(
         pl.col("_row").min().over("user").alias("_u"),
-        pl.col("_row").min().over("user", "session").alias("_s"),
-    ).sort(["_u", "_s", "order", "_row"])
+        pl.col("time").min().over("user", "session").alias("_t"),  # sessions in time order
+        pl.col("_row").min().over("user", "session").alias("_s"),  # ... or in file order
+    ).sort(["_u", "_t", "_s", "order", "_row"], nulls_last=True)
 
     def turns(batch: dict) -> Iterator[tuple]:
         for row in batch:
