@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from personaemp.records import BIG_FIVE
 from personaemp.build.stats import FIGURE_DIR, STATS_FILE
+from personaemp.records import BIG_FIVE
 
 CITATIONS = """\
 - **PersonaEmp** — Zheng et al., *From Empathy to Personalized Empathy: Adapting Empathetic

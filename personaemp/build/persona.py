@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from personaemp.aio import sync_twin
+from personaemp.build.merge import failures_path, sharded
 from personaemp.io import ErrorPolicy, StageRows, iter_jsonl, pick_units, read_stage_rows
 from personaemp.llm.step import RejectedReply, Step, edit_schema
 from personaemp.prompts import Prompt, load_prompt
@@ -35,7 +36,6 @@ from personaemp.records import (
     TraitLevel,
     User,
 )
-from personaemp.build.merge import failures_path, sharded
 
 STAGE = "infer-persona"
 MEMORY_TEXT = 240  # characters of a memory's value kept in a prompt

@@ -41,12 +41,12 @@ from typing import Any
 import msgspec
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from personaemp.errors import InputError, PersonaempError, RowError, first_problem
-from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_atomic
-from personaemp.records import BIG_FIVE, DIMENSIONS
 from personaemp.build.card import render_card
 from personaemp.build.split import REPORT_FILE, SETTINGS_WRITTEN, check_queries_row, profile_of
 from personaemp.build.stats import FIGURE_DIR, STATS_FILE, sources_of_split, stats_and_figures
+from personaemp.errors import InputError, PersonaempError, RowError, first_problem
+from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_atomic
+from personaemp.records import BIG_FIVE, DIMENSIONS
 from personaemp.workspace import stage_chain
 
 SETTINGS = SETTINGS_WRITTEN  # the configs, one per split setting

@@ -22,6 +22,8 @@ from pydantic import BaseModel, Field
 
 from personaemp import checks
 from personaemp.aio import sync_twin
+from personaemp.build.merge import failures_path, sharded
+from personaemp.build.persona import render_memories, render_turns
 from personaemp.errors import InputError
 from personaemp.io import ErrorPolicy, StageRows, atomic_output, iter_jsonl, pick_units, read_stage_rows
 from personaemp.language import LANGUAGE_NAMES, normalize_language
@@ -36,8 +38,6 @@ from personaemp.records import (
     Situation,
     category_definitions,
 )
-from personaemp.build.merge import failures_path, sharded
-from personaemp.build.persona import render_memories, render_turns
 
 STAGE = "gen-queries"
 JUDGED = ("emotional_support", "logical_consistency", "role_awareness")
