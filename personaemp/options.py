@@ -56,8 +56,9 @@ CHECKS = (
     "category_match", "length_ok", "language_match", "not_duplicate", "not_copied",
 )  # fmt: skip  # personaemp.build.queries.CHECKS
 STEPS = (
-    "extract_memories", "persona", "big_five", "situations", "query", "check",
+    "persona", "big_five", "situations", "query", "check",
     "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander", "judge_joint",
+    "extract_memories",
 )  # fmt: skip  # the stages' Step names (judge_joint: personaemp.training.reward)
 STEP_KEYS = ("temperature", "max_tokens")
 
@@ -68,8 +69,9 @@ Check = Literal[
     "category_match", "length_ok", "language_match", "not_duplicate", "not_copied",
 ]  # fmt: skip
 StepName = Literal[
-    "extract_memories", "persona", "big_five", "situations", "query", "check",
+    "persona", "big_five", "situations", "query", "check",
     "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander", "judge_joint",
+    "extract_memories",
 ]  # fmt: skip
 
 
@@ -256,7 +258,12 @@ class ExtractOptions(Section):
             ("--output", "-o"),
             derive="processed:memories.jsonl",
             io="write",
-            beside=("conversations.jsonl", "extract-memories.failures.jsonl", "gold_comparison.json"),
+            beside=(
+                "conversations.jsonl",
+                "extract-memories.failures.jsonl",
+                "gold_comparison.json",
+                "alpsbench_predictions.jsonl",
+            ),
         ),
     ] = PROCESSED / "memories.jsonl"
     user_field: Annotated[
@@ -308,13 +315,12 @@ class ExtractOptions(Section):
         float, Field(gt=0, le=1), Opt("--compare-gold: the value overlap (token F1) a match needs.")
     ] = 0.3
     alpsbench_predictions: Annotated[
-        Path | None,
+        bool,
         Opt(
-            "Also write the memories as AlpsBench's task1 scorer reads them (memory_items per session).",
-            metavar="FILE",
-            io="write",
+            "Also write alpsbench_predictions.jsonl beside the output: the memories as AlpsBench's task1 "
+            "scorer reads them (memory_items per session; with --compare-gold, the gold beside them)."
         ),
-    ] = None
+    ] = False
     limit: Annotated[int | None, Field(ge=1), Opt("Only the first N users.")] = None
     users: Annotated[
         Names | None,
@@ -1325,6 +1331,7 @@ def _placeholders(*texts: str | None) -> set[str]:
 
 BEGIN, END = "<!-- options:begin -->", "<!-- options:end -->"
 _TITLES = {
+    "extract-memories": "`personaemp extract-memories` — TOML `[extract]`",
     "filter": "`personaemp filter` — TOML `[filter]`",
     "infer-persona": "`personaemp infer-persona` — TOML `[persona]`",
     "gen-queries": "`personaemp gen-queries` — TOML `[queries]`",

@@ -251,13 +251,13 @@ def test_a_memory_matches_only_on_the_same_turn_family_and_overlapping_value(tmp
 
 def test_compare_gold_and_predictions_from_the_command(tmp_path):
     output = tmp_path / "out" / "memories.jsonl"
-    predictions = tmp_path / "out" / "alpsbench_predictions.jsonl"
+    predictions = tmp_path / "out" / "alpsbench_predictions.jsonl"  # beside the output
     with FakeOpenAI(responder=order_free_responder()) as server:
         result = CliRunner().invoke(
             app,
             ["extract-memories", "--input", str(SAMPLE_TASK1), "--output", str(output),
              "--compare-gold", str(SAMPLE_TASK1 / "reference_output.jsonl"),
-             "--alpsbench-predictions", str(predictions), "--limit", "6",
+             "--alpsbench-predictions", "--limit", "6",
              "--base-url", server.base_url, "--model", "fake", "--work-dir", str(tmp_path / "w")],
         )  # fmt: skip
     assert result.exit_code == 0, result.output

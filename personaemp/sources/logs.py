@@ -413,7 +413,7 @@ def read_table(path: Path, policy: ErrorPolicy, columns: dict[str, str | None]) 
         pl.col("_row").min().over("user", "session").alias("_s"),  # ... or in file order
     ).sort(["_u", "_t", "_s", "order", "_row"], nulls_last=True)
 
-    def turns(batch: dict) -> Iterator[tuple]:
+    def turns(batch) -> Iterator[tuple]:
         for row in batch:
             location = f"{path}:{row['_row'] + line_offset}"
             if row["user"] in (None, ""):
@@ -457,7 +457,7 @@ def read_wildchat_parquet(path: Path, policy: ErrorPolicy, options: dict) -> Ite
         .sort(["_u", "time", "_row"], nulls_last=True)
     )
 
-    def turns(batch: dict) -> Iterator[tuple]:
+    def turns(batch) -> Iterator[tuple]:
         for row in batch:
             location = f"{path}:{row['_row'] + 1}"
             if row["user"] in (None, ""):
@@ -475,7 +475,6 @@ def _grouped(path: Path, fmt: str, lf, turns, policy: ErrorPolicy) -> Iterator[L
     """Sink the sorted frame to a temporary parquet file, stream it back in batches and
     group consecutive rows into users and sessions."""
     import polars as pl
-    import pyarrow.parquet as pq
 
     with tempfile.TemporaryDirectory(prefix="personaemp-log-") as folder:
         sorted_path = Path(folder) / "sorted.parquet"
@@ -485,8 +484,8 @@ def _grouped(path: Path, fmt: str, lf, turns, policy: ErrorPolicy) -> Iterator[L
             raise _polars_error(path, exc) from None
         current: tuple[str, str] | None = None
         user_rows: list[tuple] = []
-        for batch in pq.ParquetFile(sorted_path).iter_batches(batch_size=BATCH_ROWS):
-            for item in turns(batch.to_pylist()):
+        for batch in pl.scan_parquet(sorted_path).collect_batches(chunk_size=BATCH_ROWS):
+            for item in turns(batch.iter_rows(named=True)):
                 if current is not None and item[0] != current[0]:
                     found = _table_user(fmt, path, user_rows, policy)
                     if found is not None:
