@@ -1,0 +1,1 @@
+"""Build a dataset: filter -> infer-persona -> gen-queries -> split -> stats -> push (and merge)."""
