@@ -296,3 +296,26 @@ def test_the_options_repeat_the_readers_defaults():
     assert (extract.max_sessions, extract.max_turns, extract.max_turn_chars, extract.max_user_chars) == (
         bounds.max_sessions, bounds.max_turns, bounds.max_turn_chars, bounds.max_user_chars,
     )  # fmt: skip
+
+
+def test_run_starts_from_conversations_only_for_a_log(tmp_path):
+    from personaemp.build.memories import extract_plan
+    from personaemp.llm.run import run_stage
+    from personaemp.options import ExtractOptions
+    from personaemp.sources.logs import is_conversation_log
+
+    dealt = regroup(range(0, 4), users=2)
+    logs = [write_shape(shape, dealt, tmp_path / shape) for shape in SHAPES]
+    assert all(is_conversation_log(str(log)) for log in logs)
+    raw = write_jsonl(tmp_path / "raw.jsonl", [{"user_id": "u", "sessions": [], "memory_items": []}])
+    assert not any(is_conversation_log(str(p)) for p in (SAMPLE_TASK1, raw, "hf:Cosineyx/Alpsbench"))
+    options = ExtractOptions(input=str(logs[1]), output=tmp_path / "p" / "memories.jsonl")
+    with FakeOpenAI(responder=order_free_responder()) as server:
+        read, plan = extract_plan(options)
+        first = run_stage(plan, settings=settings(server, tmp_path / "w"))
+        sent = server.count
+        read, plan = extract_plan(options)  # `run` again: resumed, nothing sent
+        again = run_stage(plan, settings=settings(server, tmp_path / "w"))
+        assert server.count == sent
+    assert read.users == 2 and first.outcome.done == 2 and again.outcome.done_before == 2
+    assert filter_users(str(options.output), tmp_path / "p" / "filtered.jsonl", console=QUIET).kept == 2

@@ -627,3 +627,23 @@ def read_log(path: Path, policy: ErrorPolicy, fmt: str = "auto", **options: Any)
     if fmt not in _PARSERS:
         raise InputError(f"unknown --format {fmt!r}", f"use auto, task1 or one of {', '.join(LOG_FORMATS)}")
     return read_jsonl_log(path, fmt, policy, options)
+
+
+def is_conversation_log(source: str) -> bool:
+    """Whether `run` should start with extract-memories: `source` is a log without memories
+    (a table, WildChat parquet, or JSON whose first record is a conversation), not AlpsBench
+    (a task1 folder, a raw export with memory_items, an hf: dataset)."""
+    path = Path(source)
+    if source.startswith("hf:") or not path.is_file():
+        return False
+    if path.suffix in TABLE_SUFFIXES:
+        return True
+    if path.suffix not in (".json", ".jsonl"):
+        return False
+    try:
+        first = _first_record(path)
+    except (InputError, ValueError):
+        return False  # the AlpsBench readers name the problem
+    if not isinstance(first, dict) or "memory_items" in first:
+        return False
+    return any(isinstance(first.get(name), list) for name in ("conversation", "messages", "conversations"))
