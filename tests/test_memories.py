@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SAMPLE_TASK1, order_free_responder, read_jsonl, write_jsonl
-from fake_openai import PROFILES, FakeOpenAI, reply
+from fake_openai import PROFILES, FakeOpenAI
 from log_shapes import SHAPES, TABLE_COLUMNS, expected_users, regroup, write_shape
 from rich.console import Console
 from typer.testing import CliRunner
@@ -168,17 +168,25 @@ def test_rerun_resumes_and_a_failed_user_is_a_failure_row_retried_later(tmp_path
     dealt = regroup(range(0, 6), users=3)
     log = write_shape("messages", dealt, tmp_path)
     output = tmp_path / "out" / "memories.jsonl"
+    marker = next(s for s in dealt if s["user"] == "person-0")["turns"][0]["text"].split("\n")[0]
     ungrounded = {"memory_items": [memory("t999")], "intents_ranked": []}
-    with FakeOpenAI(responder=order_free_responder()) as server:
-        for _ in range(3):  # the first user's first ask and both re-asks cite no real message
-            server.queue(reply(ungrounded))
+    capable, broken = order_free_responder(), [True]
+
+    def answer(body: dict, number: int):  # person-0's replies cite no real message, while broken
+        if broken[0] and marker in body["messages"][-1]["content"]:
+            return ungrounded
+        return capable(body, number)
+
+    with FakeOpenAI(responder=answer) as server:
         first, _ = extract_memories(log, output, settings(server, tmp_path / "w"), console=QUIET)
         assert (first.outcome.done, first.outcome.failed) == (2, 1)
         failure = read_jsonl(output.with_name("extract-memories.failures.jsonl"))
-        assert failure[0]["kind"] == "ungrounded" and "t999" in failure[0]["raw"]
+        assert failure[0]["user_id"] == "person-0" and failure[0]["kind"] == "ungrounded"
+        assert "t999" in failure[0]["raw"]
         sent = server.count
         again, _ = extract_memories(log, output, settings(server, tmp_path / "w"), console=QUIET)
         assert server.count == sent and again.outcome.done_before == 2 and again.outcome.failed_before == 1
+        broken[0] = False
         retried, _ = extract_memories(
             log, output, settings(server, tmp_path / "w"), retry_failed=True, console=QUIET
         )
