@@ -58,11 +58,47 @@ def _enum(schema: dict, definition: str, field: str) -> list[str]:
     return schema["$defs"][definition]["properties"][field]["items"].get("enum", ["m1"])
 
 
+MEMORY_LABELS = (
+    "Social_Relationships/Family",
+    "States_Experiences/Mental_State",
+    "Thoughts/Opinions/Negative",
+)
+
+
+def memories_reply(schema: dict, prompt: str, rng: random.Random) -> dict:
+    """extract-memories: up to three memories, each citing one of the user's messages (the
+    ids the schema allows, the first line of their text in the prompt) with a quote from it."""
+    allowed = schema["$defs"]["EvidenceReply"]["properties"]["turn"].get("enum")
+    lines = dict(re.findall(r"^\[(t\d+)\] (.+)$", prompt, re.MULTILINE))
+    ids = [i for i in (allowed or lines) if i in lines]
+    picked = sorted(rng.sample(ids, min(3, len(ids))), key=lambda i: int(i[1:]))
+    return {
+        "memory_items": [
+            {
+                "type": "direct",
+                "label": MEMORY_LABELS[n % len(MEMORY_LABELS)],
+                "label_suggestion": None,
+                "value": "Wrote about " + " ".join(lines[i].split()[:8]),
+                "evidence": {"turn": i, "quote": lines[i].strip()[:80]},
+                "confidence": 0.8,
+                "emotion": "worry" if n == 1 else None,
+                "time_scope": "long_term",
+            }
+            for n, i in enumerate(picked)
+        ],
+        "intents_ranked": [
+            {"intent_category": "Emotional Support", "intent_subtype": "talking things through"}
+        ],
+    }
+
+
 def responder(rng: random.Random):
     def answer(body: dict, number: int):
         schema = body["response_format"]["json_schema"]["schema"]
         prompt = body["messages"][-1]["content"]
         properties = schema["properties"]
+        if "memory_items" in properties:
+            return memories_reply(schema, prompt, rng)
         if "depth" in properties:
             ids = _enum(schema, "TraitReply", "evidence")
             deep = rng.random() < 0.9

@@ -530,7 +530,8 @@ _COMMANDS.update(
     {name: reports_errors(command) for name, command in
      (("merge", merge_command), ("serve-local", serve_local_command), ("run", run_command))}
 )  # fmt: skip
-ORDER = ("filter", "infer-persona", "gen-queries", "merge", "serve-local", "split", "stats", "push", "run",
-         "criteria", "respond", "export", "evaluate", "table", "review", "agreement")  # fmt: skip
+ORDER = ("extract-memories", "filter", "infer-persona", "gen-queries", "merge", "serve-local", "split",
+         "stats", "push", "run", "criteria", "respond", "export", "evaluate", "table", "review",
+         "agreement")  # fmt: skip
 for _name in ORDER:
     app.command(_name, cls=_Command)(_COMMANDS[_name])

@@ -1,13 +1,13 @@
 """Every option of every stage, declared once.
 
-One pydantic model per TOML section: `[filter]`, `[persona]` (infer-persona), `[queries]`
-(gen-queries), `[split]`, `[stats]`, `[push]`, `[criteria]`, `[respond]`, `[evaluate]`,
-`[table]`, `[review]`, `[agreement]`, `[export]`, `[reward]` (the training reward), `[llm]`
-(the options every LLM command shares) and
-`[paths]` (where a config's files live). A field is an option: its name is the TOML key,
-its type, default and constraints are the validation, and its `Opt` metadata holds the
-help text, the CLI spelling (default `--field-name`), the environment variable and, for
-file paths, where its default comes from inside a config. From these models follow:
+One pydantic model per TOML section: `[extract]` (extract-memories), `[filter]`, `[persona]`
+(infer-persona), `[queries]` (gen-queries), `[split]`, `[stats]`, `[push]`, `[criteria]`,
+`[respond]`, `[evaluate]`, `[table]`, `[review]`, `[agreement]`, `[export]`, `[reward]` (the
+training reward), `[llm]` (the options every LLM command shares) and `[paths]` (where a
+config's files live). A field is an option: its name is the TOML key, its type, default and
+constraints are the validation, and its `Opt` metadata holds the help text, the CLI spelling
+(default `--field-name`), the environment variable and, for file paths, where its default
+comes from inside a config. From these models follow:
 
 - the Typer options of each stage command (`personaemp.cli`),
 - the sections of personaemp.toml and their resolution, flag > env var > file > default
@@ -50,6 +50,7 @@ LLM_PANEL = "LLM endpoint and engine"
 # Names the stages define; options.py repeats them so `--help` does not import the stages
 # (tests/test_options.py checks they agree).
 FORMATS = ("auto", "task1", "raw", "hf")  # personaemp.sources.FORMATS
+LOG_FORMATS = ("auto", "wildchat", "messages", "sharegpt", "table", "task1")  # personaemp.sources.logs
 CHECKS = (
     "emotional_support", "logical_consistency", "role_awareness", "memory_ids_valid",
     "category_match", "length_ok", "language_match", "not_duplicate", "not_copied",
@@ -57,10 +58,12 @@ CHECKS = (
 STEPS = (
     "persona", "big_five", "situations", "query", "check",
     "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander", "judge_joint",
+    "extract_memories",
 )  # fmt: skip  # the stages' Step names (judge_joint: personaemp.training.reward)
 STEP_KEYS = ("temperature", "max_tokens")
 
 Format = Literal["auto", "task1", "raw", "hf"]
+LogFormat = Literal["auto", "wildchat", "messages", "sharegpt", "table", "task1"]
 Check = Literal[
     "emotional_support", "logical_consistency", "role_awareness", "memory_ids_valid",
     "category_match", "length_ok", "language_match", "not_duplicate", "not_copied",
@@ -68,6 +71,7 @@ Check = Literal[
 StepName = Literal[
     "persona", "big_five", "situations", "query", "check",
     "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander", "judge_joint",
+    "extract_memories",
 ]  # fmt: skip
 
 
@@ -228,6 +232,102 @@ class FilterOptions(Section):
         Literal["user", "all"],
         Opt("user: keep the user's own turns (what later stages read); all: keep assistant turns too."),
     ] = "user"
+
+
+class ExtractOptions(Section):
+    """[extract]: extract-memories, the stage before `filter` when the input is a conversation log."""
+
+    input: Annotated[
+        str,
+        Opt(
+            "Conversation log: WildChat parquet/JSONL, OpenAI-messages JSONL, ShareGPT JSON/JSONL, a "
+            "CSV/parquet table of turns, or an AlpsBench task1 folder (its dialogues only).",
+            ("--input", "-i"),
+            derive="paths.input",
+            io="read",
+        ),
+    ] = RAW_INPUT
+    format: Annotated[LogFormat, Opt("Log format (auto: detected from the file and its first record).")] = (
+        "auto"
+    )
+    output: Annotated[
+        Path,
+        Opt(
+            "Users with their extracted memories, in the AlpsBench raw-export shape `filter` reads; "
+            "conversations.jsonl (the users as read) goes beside it.",
+            ("--output", "-o"),
+            derive="processed:memories.jsonl",
+            io="write",
+            beside=(
+                "conversations.jsonl",
+                "extract-memories.failures.jsonl",
+                "gold_comparison.json",
+                "alpsbench_predictions.jsonl",
+            ),
+        ),
+    ] = PROCESSED / "memories.jsonl"
+    user_field: Annotated[
+        str | None,
+        Opt(
+            "Field holding the user id (messages, ShareGPT: default user_id or user; WildChat: "
+            "hashed_ip). Without one, each conversation is its own user.",
+            metavar="NAME",
+        ),
+    ] = None
+    user_column: Annotated[str, Opt("Table: the column of user ids.", metavar="NAME")] = "user_id"
+    session_column: Annotated[
+        str | None, Opt("Table: the column of conversation ids (none: one session per user).", metavar="NAME")
+    ] = "session_id"
+    order_column: Annotated[
+        str, Opt("Table: the column of turn numbers within a session.", metavar="NAME")
+    ] = "turn"
+    role_column: Annotated[str, Opt("Table: the column of roles (user, assistant).", metavar="NAME")] = "role"
+    text_column: Annotated[str, Opt("Table: the column of turn texts.", metavar="NAME")] = "text"
+    time_column: Annotated[str | None, Opt("Table: a column of timestamps (optional).", metavar="NAME")] = (
+        None
+    )
+    max_sessions: Annotated[int, Field(ge=1), Opt("Latest sessions kept per user.")] = 50
+    max_turns: Annotated[
+        int, Field(ge=1), Opt("Latest turns kept per user, all roles (AlpsBench's longest: 249).")
+    ] = 249
+    max_turn_chars: Annotated[
+        int,
+        Field(ge=200),
+        Opt("Characters kept of a longer turn (its head and tail); code blocks cut first."),
+    ] = 2000
+    max_user_chars: Annotated[
+        int, Field(ge=1000), Opt("Characters of the user's own messages per prompt (the latest kept).")
+    ] = 24000
+    on_error: Annotated[
+        Literal["fail", "skip"],
+        Opt("fail: stop at the first bad row, write nothing; skip: skip bad rows and count them."),
+    ] = "fail"
+    compare_gold: Annotated[
+        Path | None,
+        Opt(
+            "AlpsBench reference_output.jsonl: write precision, recall and F1 of the extracted memories "
+            "against it (gold_comparison.json beside the output).",
+            metavar="FILE",
+            io="read",
+        ),
+    ] = None
+    match_threshold: Annotated[
+        float, Field(gt=0, le=1), Opt("--compare-gold: the value overlap (token F1) a match needs.")
+    ] = 0.3
+    alpsbench_predictions: Annotated[
+        bool,
+        Opt(
+            "Also write alpsbench_predictions.jsonl beside the output: the memories as AlpsBench's task1 "
+            "scorer reads them (memory_items per session; with --compare-gold, the gold beside them)."
+        ),
+    ] = False
+    limit: Annotated[int | None, Field(ge=1), Opt("Only the first N users.")] = None
+    users: Annotated[
+        Names | None,
+        Field(min_length=1),
+        Opt("Only these user ids (repeat or comma-separate).", metavar="ID"),
+    ] = None
+    shard: Shard = None
 
 
 class StepSampling(Section):
@@ -956,6 +1056,7 @@ class RunOptions(Section):
     `Opt.derive`), also when the model is built in Python."""
 
     paths: PathsOptions = PathsOptions()
+    extract: ExtractOptions = ExtractOptions()
     filter: FilterOptions = FilterOptions()
     llm: LLMOptions = LLMOptions()
     persona: PersonaOptions = PersonaOptions()
@@ -1001,6 +1102,7 @@ SECTIONS: dict[str, type[Section]] = {
 
 # Stage commands and the sections their options come from (the first is the stage's own).
 COMMANDS: dict[str, tuple[str, ...]] = {
+    "extract-memories": ("extract", "llm"),
     "filter": ("filter",),
     "infer-persona": ("persona", "llm"),
     "gen-queries": ("queries", "llm"),
@@ -1229,6 +1331,7 @@ def _placeholders(*texts: str | None) -> set[str]:
 
 BEGIN, END = "<!-- options:begin -->", "<!-- options:end -->"
 _TITLES = {
+    "extract-memories": "`personaemp extract-memories` — TOML `[extract]`",
     "filter": "`personaemp filter` — TOML `[filter]`",
     "infer-persona": "`personaemp infer-persona` — TOML `[persona]`",
     "gen-queries": "`personaemp gen-queries` — TOML `[queries]`",

@@ -86,6 +86,16 @@ def filter_args(options) -> dict[str, Any]:
     }  # fmt: skip
 
 
+async def _extract(options, console, llm, retry=False, full=None):
+    from personaemp.build import memories
+
+    made = await memories.aextract_memories(
+        Path(options.input), options.output, llm, **memories.extract_args(options), retry_failed=retry,
+        full=full, console=console,
+    )  # fmt: skip
+    return memories.extract_result(options, *made)
+
+
 def _filter(options, console):
     from personaemp.build.filter import filter_users
 
@@ -236,6 +246,12 @@ def _review(options, console):
 # --- the summaries a command and `run` print ------------------------------------------------------
 
 
+def print_memory_summary(summary, console: Console) -> None:
+    from personaemp.build.memories import print_summary
+
+    print_summary(summary, console)
+
+
 def _llm_summary(then: Callable[[Any, Console], None] | None = None):
     def show(result, console: Console) -> None:
         summaries.print_stage_report(result.report, console)
@@ -255,6 +271,12 @@ def _evaluate_summary(result, console: Console) -> None:
 STAGES: dict[str, Stage] = {
     stage.command: stage
     for stage in (
+        Stage(
+            "extract-memories", "extract_memories", _extract,
+            "Extract AlpsBench-style memories and intents from your own conversation logs (LLM), for "
+            "`filter`.",
+            _llm_summary(lambda result, console: print_memory_summary(result.summary, console)),
+        ),
         Stage(
             "filter", "filter_users", _filter,
             "Keep the users whose memories show personality and emotionally relevant experience.",

@@ -132,7 +132,7 @@ API = {
     "stats": ["write_stats"], "push": ["publish"], "criteria": ["write_criteria", "awrite_criteria"],
     "respond": ["write_responses", "awrite_responses"], "evaluate": ["evaluate", "aevaluate"],
     "table": ["write_table"], "export": ["export_split"], "agreement": ["measure_agreement"],
-    "review": ["serve_review"],
+    "review": ["serve_review"], "extract-memories": ["extract_memories", "aextract_memories"],
 }  # fmt: skip
 
 

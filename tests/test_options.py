@@ -130,9 +130,10 @@ def test_the_names_options_repeat_agree_with_the_stages():
     assert opts.FORMATS == FORMATS
     assert opts.CHECKS == queries.CHECKS
     from personaemp import reward
+    from personaemp.build import memories
     from personaemp.evaluation import criteria, evaluate, respond
 
-    stages = (persona, queries, criteria, respond, evaluate, reward)
+    stages = (memories, persona, queries, criteria, respond, evaluate, reward)
     assert set(opts.STEPS) == {step.name for stage in stages for step in stage.STEPS}
     from typing import get_args
 
@@ -362,6 +363,29 @@ def test_run_with_the_default_toml_calls_the_stages_as_the_commands_do(calls, tm
 
 # A value other than the default for every option of every section.
 NON_DEFAULT: dict[str, dict[str, Any]] = {
+    "extract": {
+        "input": "logs/chats.jsonl",
+        "format": "messages",
+        "output": "e/memories.jsonl",
+        "user_field": "account",
+        "user_column": "speaker",
+        "session_column": "chat",
+        "order_column": "position",
+        "role_column": "author",
+        "text_column": "body",
+        "time_column": "sent_at",
+        "max_sessions": 9,
+        "max_turns": 99,
+        "max_turn_chars": 999,
+        "max_user_chars": 9999,
+        "on_error": "skip",
+        "compare_gold": "gold/reference_output.jsonl",
+        "match_threshold": 0.5,
+        "alpsbench_predictions": True,
+        "limit": 3,
+        "users": ["u1", "u2"],
+        "shard": "1/2",
+    },
     "filter": {
         "input": "raw/task1",
         "format": "raw",
