@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from personaemp.aio import sync_twin
+from personaemp.build.taxonomy import TAXONOMY, UNMAPPED, label_family
 from personaemp.errors import InputError
 from personaemp.io import ErrorPolicy, iter_jsonl, pick_units, read_stage_rows
 from personaemp.llm.step import RejectedReply, Step, edit_schema
@@ -47,26 +47,6 @@ PREDICTIONS = "alpsbench_predictions.jsonl"  # --alpsbench-predictions, beside t
 MAX_MEMORIES = 12
 QUOTE_TEXT = 300  # characters of a message kept as evidence when the quote is not in it
 
-# AlpsBench's label taxonomy: the paths its annotated data uses (each at least 4 times in the
-# 3,275 gold memories of the 1,200-session sample; the rare one-off paths left out).
-TAXONOMY = (
-    "Personal_Background/Identity", "Personal_Background/Education", "Personal_Background/Occupation",
-    "Personal_Background/Location", "Personal_Background/Family",
-    "States_Experiences/Physical_State", "States_Experiences/Mental_State",
-    "States_Experiences/Past_Experience",
-    "Possessions/Important_Items", "Possessions/Pet", "Possessions/House", "Possessions/Car",
-    "Preferences/Food", "Preferences/Entertainment", "Preferences/Sports", "Preferences/Reading",
-    "Preferences/Music", "Preferences/Travel_Mode", "Preferences/Shopping",
-    "Preferences/Interaction_Preferences", "Preferences/Education",
-    "Thoughts/Opinions/Positive", "Thoughts/Opinions/Negative", "Thoughts/Curiosity",
-    "Thoughts/Goals/Short_Term", "Thoughts/Goals/Long_Term",
-    "Plans/Schedule", "Plans/Commitments",
-    "Social_Relationships/Family", "Social_Relationships/Friends", "Social_Relationships/Colleagues",
-    "Social_Relationships/Partners", "Social_Relationships/Adversarial",
-    "Constraints_and_Boundaries/Disliked_Topics", "Constraints_and_Boundaries/Sensitive_Topics",
-    "Constraints_and_Boundaries/Do_Not_Remember", "Constraints_and_Boundaries/Interaction_Preferences",
-)  # fmt: skip
-UNMAPPED = "UNMAPPED"
 # Why people come to the assistant. The first eight are the families the filter's [intents]
 # gate keeps (default_rules.toml); the rest are the task families it turns away.
 INTENT_CATEGORIES = (
@@ -499,16 +479,6 @@ def memory_stage(
         steps=STEPS, selected=selected, full=full, input_path=units_path, retry_failed=retry_failed,
         failures=failures_path(output_path, STAGE),
     )  # fmt: skip
-
-
-def label_family(label: str | None, suggestion: str | None = None) -> str:
-    """The first part of a label path; an UNMAPPED memory's suggestion names it when it
-    starts with a family of the taxonomy, else it stays UNMAPPED."""
-    families = {path.split("/")[0] for path in TAXONOMY}
-    if label and label != UNMAPPED:
-        return label.split("/")[0].strip()
-    head = re.split(r"[/|]", suggestion or "")[0].strip()
-    return head if head in families else UNMAPPED
 
 
 def summarize(output_path: Path, wanted: set[str], read: ReadReport | None = None) -> MemorySummary:
