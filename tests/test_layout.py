@@ -1,0 +1,164 @@
+"""The package's shape: four products over shared layers, imports only going down, and the
+commands' --help unchanged unless on purpose (tests/data/help.txt; regenerate it with
+`python tests/test_layout.py` after changing a command or an option)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "personaemp"
+HELP = REPO / "tests" / "data" / "help.txt"
+PRODUCTS = ("build", "evaluation", "review", "training")
+# Above the products: what derives the commands, pe.* and run from the registry, and the
+# public aliases of moved modules.
+TOP = {"cli", "api", "pipeline", "registry", "reward", "stages", "__main__", "__init__"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the personaemp modules it imports (at any depth of the file, lazily too)."""
+    modules = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            for target in targets:
+                while target not in modules and "." in target:
+                    target = target.rsplit(".", 1)[0]
+                if target in modules and target not in (name, "personaemp"):
+                    found.add(target)
+        graph[name] = found
+    return graph
+
+
+def floor(module: str) -> tuple[int, str | None]:
+    """2: above the products; 1: a product (and which); 0: a layer below them."""
+    parts = module.split(".")
+    if len(parts) >= 2 and parts[1] in PRODUCTS:
+        return 1, parts[1]
+    if len(parts) == 2 and parts[1] in TOP or module == "personaemp":
+        return 2, None
+    if len(parts) >= 2 and parts[1] == "stages":
+        return 2, None
+    return 0, None
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_imports_have_no_circle():
+    assert circles(import_graph()) == []
+
+
+def test_imports_only_go_down_and_no_product_imports_another():
+    wrong = []
+    for module, targets in import_graph().items():
+        here, product = floor(module)
+        for target in targets:
+            there, other = floor(target)
+            if there > here or (there == here == 1 and other != product):
+                wrong.append(f"{module} -> {target}")
+    assert wrong == []
+
+
+def test_the_four_products_are_four_folders():
+    for product in PRODUCTS:
+        assert (PACKAGE / product / "__init__.py").is_file()
+    from personaemp.registry import STAGES
+
+    for stage in STAGES.values():  # each stage's code sits in one product folder
+        source = inspect_source(stage.call)
+        assert any(f"personaemp.{product}" in source for product in PRODUCTS), stage.command
+
+
+def inspect_source(function) -> str:
+    import inspect
+
+    return inspect.getsource(function)
+
+
+def test_the_old_module_paths_import_with_a_warning():
+    import personaemp.build.split as new
+
+    with pytest.warns(DeprecationWarning, match="personaemp.stages.split moved to personaemp.build.split"):
+        sys.modules.pop("personaemp.stages.split", None)
+        import personaemp.stages.split as old
+    assert old is new
+
+
+def help_text() -> str:
+    """Every command's --help at a fixed width, in one text."""
+    from typer.main import get_command
+    from typer.testing import CliRunner
+
+    from personaemp.cli import app
+
+    width = {"TERMINAL_WIDTH": "100", "COLUMNS": "100"}
+    runner = CliRunner()
+    out = []
+    for name in [None, *sorted(get_command(app).commands)]:
+        result = runner.invoke(app, [*([name] if name else []), "--help"], env=width)
+        assert result.exit_code == 0, result.output
+        out.append(f"=== {name}\n{result.output}")
+    return "\n".join(out)
+
+
+def test_every_commands_help_is_the_recorded_one(monkeypatch):
+    monkeypatch.setenv("TERMINAL_WIDTH", "100")
+    assert help_text() == HELP.read_text(encoding="utf-8"), (
+        "a command's --help changed: if on purpose, regenerate tests/data/help.txt with "
+        "`python tests/test_layout.py`"
+    )
+
+
+if __name__ == "__main__":
+    os.environ["TERMINAL_WIDTH"] = os.environ["COLUMNS"] = "100"
+    HELP.write_text(help_text(), encoding="utf-8")
+    print(f"wrote {HELP}")
