@@ -19,6 +19,10 @@ from personaemp.options import LLMOptions, StepSampling, describe, spec
 KEY_ENV = "OPENAI_API_KEY"  # the endpoint's key when none is given
 _DEFAULT = LLMOptions()
 _STEPS = TypeAdapter(dict[str, dict[str, StepSampling]])
+_REPORTED = ("model", "structured", "concurrency", "rpm", "timeout", "max_retries", "max_reasks",
+             "max_tokens", "temperature", "seed", "steps")  # fmt: skip
+_CHECKED = (*(name for name in _REPORTED if name != "steps"), "llm", "work_dir", "refresh", "price_in",
+            "price_out", "price_cached", "max_cost", "estimate", "batch")  # fmt: skip
 
 
 @dataclass
@@ -73,29 +77,9 @@ class LLMSettings:
         self.work_dir = Path(self.work_dir).expanduser()
         if self.batch is not None:
             self.batch = Path(self.batch).expanduser()
-        values = {
-            "base_url": list(self.base_urls),
-            "model": self.model,
-            "llm": self.llm,
-            "structured": self.structured,
-            "concurrency": self.concurrency,
-            "rpm": self.rpm,
-            "timeout": self.timeout,
-            "max_retries": self.max_retries,
-            "max_reasks": self.max_reasks,
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "seed": self.seed,
-            "work_dir": self.work_dir,
-            "no_cache": not self.use_cache,
-            "refresh": self.refresh,
-            "price_in": self.price_in,
-            "price_out": self.price_out,
-            "price_cached": self.price_cached,
-            "max_cost": self.max_cost,
-            "estimate": self.estimate,
-            "batch": self.batch,
-        }
+        # Checked as the [llm] options are (same names, but for the endpoints and the cache).
+        values = {name: getattr(self, name) for name in _CHECKED}
+        values.update(base_url=list(self.base_urls), no_cache=not self.use_cache)
         flag = lambda name, lead: spec("llm", name).flag if name else "LLM settings"  # noqa: E731
         try:
             LLMOptions.model_validate(values)
@@ -113,17 +97,7 @@ class LLMSettings:
         """The settings as recorded in reports: everything but the key."""
         return {
             "endpoints": list(self.base_urls) if not self.uses_local else ["local"],
-            "model": self.model,
-            "structured": self.structured,
-            "concurrency": self.concurrency,
-            "rpm": self.rpm,
-            "timeout": self.timeout,
-            "max_retries": self.max_retries,
-            "max_reasks": self.max_reasks,
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "seed": self.seed,
-            "steps": self.steps,
+            **{name: getattr(self, name) for name in _REPORTED},
             "cache": self.use_cache,
             "refresh": self.refresh,
             "max_cost": self.max_cost,
