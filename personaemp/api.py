@@ -291,7 +291,7 @@ def write_table(
     chosen = _resolve("table", options, config).section("table")
     return render(
         [Path(p) for p in chosen.reports], chosen.output, chosen.format,
-        harmonic=chosen.harmonic, digits=chosen.digits,
+        harmonic=chosen.harmonic, digits=chosen.digits, judge=chosen.judge, systems=chosen.systems,
     )  # fmt: skip
 
 

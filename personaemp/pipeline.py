@@ -440,6 +440,7 @@ async def acall_criteria(
         limit=options.limit,
         users=options.users,
         retry_failed=llm.retry_failed,
+        layout=options.layout,
         console=console,
     )
     return results.of_llm_stage(report)
@@ -532,6 +533,8 @@ async def acall_evaluate(
             bystander=options.bystander,
             reward_lambda=options.reward_lambda,
             missing=options.missing,
+            unreadable=options.unreadable,
+            layout=options.layout,
         ),
         retry_failed=llm.retry_failed,
         console=console,
@@ -566,7 +569,7 @@ def run_table(options, console: Console) -> str:
 
     text = write_table(
         [Path(p) for p in options.reports], options.output, options.format,
-        harmonic=options.harmonic, digits=options.digits,
+        harmonic=options.harmonic, digits=options.digits, judge=options.judge, systems=options.systems,
     )  # fmt: skip
     if options.output is None:
         print(text, end="")
