@@ -11,7 +11,9 @@ prefix cache (tests/fake_openai.py, `prefix_cache`):
 - OpenAI-like: json_schema (the schema is part of the cached prefix), nothing under 1,024
   tokens, then 128-token steps; priced at gpt-4.1's ($2.00, $0.50 cached).
 Tokens are the server's (characters / 4 of the prompt as the cache sees it). Requests go
-one at a time, so the scripted replies, and the figures, are the same run after run.
+one at a time, so the scripted replies, and the figures, are the same run after run. Each
+endpoint is measured with both layouts of the criteria and judge requests: paper (the
+default, the authors' order) and shared (the three standards in a shared task).
 
 The figures are counted by the server, so the bench measures any checkout: run it with
 `PYTHONPATH=/work/main` for the layout before (main), with this checkout for the one after.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import random
 import sys
@@ -46,6 +49,7 @@ from personaemp.evaluation.evaluate import evaluate  # noqa: E402
 from personaemp.evaluation.respond import write_responses  # noqa: E402
 from personaemp.instruments.judges import JudgeOptions  # noqa: E402
 from personaemp.llm.settings import LLMSettings  # noqa: E402
+from personaemp.prompts import LAYOUTS  # noqa: E402
 
 SAMPLE = BENCH.parent / "data" / "raw" / "alpsbench_sample" / "task1"
 SYSTEMS = ("none", "memory-summary", "rag")  # Table 1's policies (table1_cost_bench.py)
@@ -77,7 +81,7 @@ def layout_free(answer):
     return respond
 
 
-def run(profile: str, rule: str, source: Path) -> dict:
+def run(profile: str, rule: str, source: Path, layout: str) -> dict:
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
     with (
         tempfile.TemporaryDirectory() as folder,
@@ -89,14 +93,17 @@ def run(profile: str, rule: str, source: Path) -> dict:
         settings = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=work / "w", concurrency=1)
         _, _, funnel = queries_from(source, work, settings, console=quiet)
         split_users(work / "queries.jsonl", work / "splits", ood=False, test_size=0.3)
-        write_criteria(work / "queries.jsonl", work / "criteria.jsonl", settings, console=quiet)
+        write_criteria(
+            work / "queries.jsonl", work / "criteria.jsonl", settings, layout=layout, console=quiet
+        )
         for system in SYSTEMS:
             write_responses(
                 work / "splits", work / f"{system}.jsonl", settings, context=system, console=quiet
             )
         evaluate(
             work / "splits", [work / f"{system}.jsonl" for system in SYSTEMS], work / "eval.json", settings,
-            criteria_file=work / "criteria.jsonl", options=JudgeOptions(bystander=True), console=quiet,
+            criteria_file=work / "criteria.jsonl", options=JudgeOptions(bystander=True, layout=layout),
+            console=quiet,
         )  # fmt: skip
         assert not server.errors, server.errors
         return {
@@ -113,8 +120,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"personaemp from {Path(personaemp.__file__).parent.parent}")
     results = {}
-    for name, (profile, rule, miss, hit) in ENDPOINTS.items():
-        figures = run(profile, rule, args.source)
+    for (name, (profile, rule, miss, hit)), layout in itertools.product(ENDPOINTS.items(), LAYOUTS):
+        figures = run(profile, rule, args.source, layout)
         prompt, cached = figures["prompt_tokens"], figures["cached_tokens"]
         cost = ((prompt - cached) * miss + cached * hit) / 1e6
         figures.update(
@@ -122,9 +129,9 @@ def main() -> None:
             input_dollars=round(cost, 6),
             input_dollars_per_accepted_query=round(cost / max(figures["accepted"], 1), 8),
         )
-        results[name] = figures
+        results[f"{name} {layout}"] = figures
         print(
-            f"{name:14s} {figures['requests']:5d} requests · {prompt:9,} prompt tokens · "
+            f"{name:14s} {layout:6s} {figures['requests']:5d} requests · {prompt:9,} prompt tokens · "
             f"{cached / prompt:6.1%} from the prefix cache · {figures['accepted']} accepted queries · "
             f"input ${cost:.4f} = ${cost / max(figures['accepted'], 1):.6f} per accepted query "
             f"(${miss:g} a miss, ${hit:g} a hit, per million)"

@@ -656,6 +656,18 @@ class PushOptions(Section):
         return self.dry_run or not self.repo_id
 
 
+# personaemp.prompts.LAYOUTS: where a request about one PERM dimension holds its standard
+Layout = Annotated[
+    Literal["paper", "shared"],
+    Opt(
+        "paper: as the authors' prompts, each request holds only its dimension's standard, before "
+        "the context and the reply; shared: the three standards in a task every request shares "
+        "(a provider's prefix cache serves it), the dimension named last. Named in every report."
+    ),
+]
+DEFAULT_LAYOUT = "paper"  # the authors' (criteria, evaluate and the reward alike)
+
+
 class CriteriaOptions(Section):
     input: Annotated[
         Path,
@@ -682,6 +694,7 @@ class CriteriaOptions(Section):
         Field(min_length=1),
         Opt("Only the queries of these user ids (repeat or comma-separate).", metavar="ID"),
     ] = None
+    layout: Layout = DEFAULT_LAYOUT
 
 
 SplitName = Literal["random", "ood"]
@@ -846,12 +859,23 @@ class EvaluateOptions(Section):
         ),
     ] = []
     missing: Annotated[
-        Literal["floor", "skip"],
+        Literal["skip", "floor"],
         Opt(
-            "A query without a visible response: floor (scores 1, counted in the means) or skip "
-            "(the authors' rule: means over the judged responses only)."
+            "A query without a response: skip (the authors' rule: what their eval.py judges is judged "
+            "- any non-empty text, the part after </think> - and the means are over those) or floor "
+            "(no visible reply - none, blank, cut while reasoning - scores 1 and counts in the means)."
         ),
-    ] = "floor"
+    ] = "skip"
+    unreadable: Annotated[
+        Literal["authors", "fail"],
+        Opt(
+            "A judgment that cannot be read after the re-asks. authors: a fixed judgment drops that "
+            "dimension of that query from its mean, a dynamic one counts 3 of 5 (their reward); fail: "
+            "the query fails (kept in the failures file, --retry-failed asks again), an unreadable "
+            "sample of k is left out of its mean."
+        ),
+    ] = "authors"
+    layout: Layout = DEFAULT_LAYOUT
     dynamic: Annotated[bool, Opt("PereGRM: the judge writes its own criteria in each call.")] = False
     samples: Annotated[int, Field(ge=1), Opt("Judgments averaged per dimension with --dynamic (@k).")] = 1
     bystander: Annotated[bool, Opt("Also the persona-blind bystander score B and the reward.")] = False
@@ -909,6 +933,15 @@ class TableOptions(Section):
     ] = None
     harmonic: Annotated[bool, Opt("Add H (0-1) beside Avg in each group.")] = False
     digits: Annotated[int, Field(ge=0, le=6), Opt("Decimals shown.")] = 2
+    judge: Annotated[
+        str | None,
+        Opt("Only this judge of a panel report (e.g. the paper's Table 2 from a Table 1 run).", ("--judge",)),
+    ] = None
+    systems: Annotated[
+        Names | None,
+        Field(min_length=1),
+        Opt("Only these systems, in this order (repeat or comma-separate).", metavar="NAME"),
+    ] = None
 
 
 class ReviewOptions(Section):
@@ -1035,6 +1068,7 @@ class RewardConfig(Section):
     criteria: Annotated[
         Path | None, Opt("Fixed criteria (`personaemp criteria`) when dynamic is false.", io="read")
     ] = None
+    layout: Layout = DEFAULT_LAYOUT
     judge_model: Annotated[str | None, Opt("Judge model (default: [llm] model).")] = None
     log: Annotated[
         Path | None,

@@ -179,7 +179,7 @@ async def _criteria(options, console, llm, retry=False):
 
     report = await awrite_criteria(
         options.input, options.output, llm, limit=options.limit, users=options.users,
-        retry_failed=retry, console=console,
+        retry_failed=retry, layout=options.layout, console=console,
     )  # fmt: skip
     return results.of_llm_stage(report)
 
@@ -216,6 +216,7 @@ async def _evaluate(options, console, llm, retry=False, env=None):
         options=stage.JudgeOptions(
             dynamic=options.dynamic, samples=options.samples, bystander=options.bystander,
             reward_lambda=options.reward_lambda, missing=options.missing,
+            unreadable=options.unreadable, layout=options.layout,
         ),
         retry_failed=retry, console=console,
     )  # fmt: skip
@@ -227,7 +228,7 @@ def _table(options, console) -> str:
 
     return write_table(
         [Path(p) for p in options.reports], options.output, options.format,
-        harmonic=options.harmonic, digits=options.digits,
+        harmonic=options.harmonic, digits=options.digits, judge=options.judge, systems=options.systems,
     )  # fmt: skip
 
 

@@ -90,6 +90,12 @@ def print_stage_report(report, console: Console) -> None:
     if outcome.failures_by_kind:
         kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(outcome.failures_by_kind.items()))
         console.print(f"failures by kind: {kinds} · see {report.failures}")
+    if report.temperatures:
+        console.print(
+            "temperature: " + ", ".join(f"{name} {value:g}" for name, value in report.temperatures.items())
+        )
+    for note in report.notes.values():
+        console.print(escape(note["text"]))
     cost = f" · cost {report.cost:.4f}" if report.cost is not None else ""
     console.print(f"wall time {report.wall_seconds:.1f} s{cost} · wrote {report.output}")
 

@@ -135,7 +135,8 @@ def test_criteria_are_normalised_per_query_and_dimension(workspace):
             weights = [c["weight"] for c in row["criteria"][dimension]]
             assert weights == [37.5, 12.5, 25.0, 25.0]
             assert [c["given_weight"] for c in row["criteria"][dimension]] == [3, 1, 2, 2]
-    assert all(r["temperature"] == 0.0 for r in requests), "criteria are written at temperature 0"
+    assert all(r["temperature"] == 0.2 for r in requests), "criteria at the authors' 0.2"
+    assert report.temperatures == {"criteria": 0.2} and all(r["layout"] == "paper" for r in rows)
     seen = json.dumps([r["messages"] for r in requests])
     assert "younger sister" in seen and "Profile of u2" in seen and "They just failed a test." in seen
 
@@ -170,6 +171,37 @@ def test_respond_keeps_the_answer_without_reasoning_and_gives_each_context(works
     )
 
 
+def test_respond_is_greedy_and_says_when_rag_saw_every_memory(workspace):
+    """The paper decodes greedily for its evaluations: respond runs at temperature 0 unless a
+    step setting says otherwise; with k at least a user's memories, RAG gives all of them,
+    and the report (and the summary) says for how many queries."""
+    from personaemp.summaries import print_stage_report
+
+    with FakeOpenAI(responder=lambda body, n: "ok") as server:
+        memory = write_responses(workspace / "splits", workspace / "m.jsonl", settings(server, workspace),
+                                 console=QUIET)  # fmt: skip
+        rag = write_responses(workspace / "splits", workspace / "r.jsonl", settings(server, workspace),
+                              context="rag", rag_k=4, console=QUIET)  # fmt: skip
+        few = write_responses(workspace / "splits", workspace / "f.jsonl", settings(server, workspace),
+                              context="rag", rag_k=3, console=QUIET)  # fmt: skip
+        sampled = write_responses(
+            workspace / "splits", workspace / "s.jsonl",
+            settings(server, workspace, respond={"temperature": 0.7}), console=QUIET,
+        )  # fmt: skip
+        temperatures = [r.body["temperature"] for r in server.chat_requests]
+    # RAG with k = 4 (every memory) sends the memory row's very requests: served from the cache.
+    assert temperatures == [0.0] * 8 + [0.7] * 4
+    assert memory.temperatures == {"respond": 0.0} and sampled.temperatures == {"respond": 0.7}
+    assert "rag" not in memory.notes
+    assert (rag.notes["rag"]["every_memory"], rag.notes["rag"]["queries"]) == (4, 4)
+    assert few.notes["rag"]["every_memory"] == 0
+    out = Console(record=True, width=200)
+    print_stage_report(rag, out)
+    printed = out.export_text()
+    assert "rag: 4 of 4 queries (100%) saw every memory of their user (k = 4)" in printed
+    assert "temperature: respond 0" in printed
+
+
 def test_rag_picks_the_memories_sharing_rare_words():
     memories = [
         {"memory_id": "m1", "value": "likes spicy noodles"},
@@ -201,8 +233,8 @@ def test_evaluate_scores_each_system_by_query_and_counts_missing_and_empty(works
     with FakeOpenAI(responder=judge) as server:
         _, evaluation = evaluate(
             workspace / "splits", [full, gaps], workspace / "eval" / "report.json",
-            settings(server, workspace), criteria_file=criteria, options=JudgeOptions(bystander=True),
-            console=QUIET,
+            settings(server, workspace), criteria_file=criteria,
+            options=JudgeOptions(bystander=True, missing="floor"), console=QUIET,
         )  # fmt: skip
         assert server.count == (4 + 2) * 4  # judged queries x (3 dimensions + bystander)
     assert json.loads((workspace / "eval" / "report.json").read_text()) == evaluation
@@ -244,6 +276,7 @@ def test_evaluate_scores_each_system_by_query_and_counts_missing_and_empty(works
 
 
 def test_an_unreadable_judgment_is_counted_never_filled(workspace):
+    """--unreadable fail: the query fails whole, and --retry-failed asks again."""
     criteria = write_criteria_file(workspace)
     full = write_jsonl(workspace / "full.jsonl", [{"query_id": q, "response": f"reply {q}"} for q in SCORES])
 
@@ -253,7 +286,7 @@ def test_an_unreadable_judgment_is_counted_never_filled(workspace):
     with FakeOpenAI(responder=flaky) as server:
         report, evaluation = evaluate(
             workspace / "splits", [full], workspace / "report.json", settings(server, workspace),
-            criteria_file=criteria, console=QUIET,
+            criteria_file=criteria, options=JudgeOptions(unreadable="fail"), console=QUIET,
         )  # fmt: skip
     entry = evaluation["systems"]["full"]
     assert (
@@ -267,11 +300,44 @@ def test_an_unreadable_judgment_is_counted_never_filled(workspace):
     assert scores == {q: dict(zip(DIMENSIONS, SCORES[q], strict=True)) for q in ("u1-q1", "u1-q2", "u3-q1")}
 
 
+def test_an_unreadable_fixed_judgment_drops_that_dimension_only_as_the_authors_do(workspace):
+    """By default (eval.py): u2-q1's expression cannot be read; its resonation and reception
+    still count, expression's mean goes over the other three queries, H over complete rows."""
+    criteria = write_criteria_file(workspace)
+    full = write_jsonl(workspace / "full.jsonl", [{"query_id": q, "response": f"reply {q}"} for q in SCORES])
+
+    def flaky(body, n):
+        text = json.dumps(body["messages"])
+        if query_id_in(body) == "u2-q1" and "Dimension: expression" in text:
+            return invalid_json_content()
+        return judge(body, n)
+
+    with FakeOpenAI(responder=flaky) as server:
+        report, evaluation = evaluate(
+            workspace / "splits", [full], workspace / "report.json", settings(server, workspace),
+            criteria_file=criteria, console=QUIET,
+        )  # fmt: skip
+    entry = evaluation["systems"]["full"]
+    assert (
+        report.outcome.failed == 0 and entry["unparsed"] == 0 and evaluation["unreadable_rule"] == "authors"
+    )
+    assert (entry["unreadable_dimensions"], entry["unreadable_queries"], entry["n"]) == (1, 1, 4)
+    assert entry["n_by_dimension"] == {"resonation": 4, "expression": 3, "reception": 4}
+    expression = [SCORES[q][1] for q in SCORES if q != "u2-q1"]
+    assert entry["dimensions"]["expression"] == round(sum(expression) / 3, 3)
+    assert entry["dimensions"]["resonation"] == round(sum(s[0] for s in SCORES.values()) / 4, 3)
+    rows = {r["query_id"]: r for r in read_jsonl(workspace / "report.scores.jsonl")}
+    assert rows["u2-q1"]["unreadable"] == ["expression"] and "expression" not in rows["u2-q1"]["scores"]
+    complete = [harmonic(dict(zip(DIMENSIONS, SCORES[q], strict=True))) for q in SCORES if q != "u2-q1"]
+    assert entry["harmonic"] == round(sum(complete) / 3, 4)
+
+
 def test_dynamic_at_k_averages_k_samples_and_needs_a_temperature(workspace):
     full = write_jsonl(workspace / "full.jsonl", [{"query_id": q, "response": f"r {q}"} for q in SCORES])
     with FakeOpenAI(responder=judge) as server:
         with pytest.raises(InputError, match="identical judgments"):
-            evaluate(workspace / "splits", [full], workspace / "r.json", settings(server, workspace),
+            evaluate(workspace / "splits", [full], workspace / "r.json",
+                     settings(server, workspace, judge_dynamic={"temperature": 0}),
                      options=JudgeOptions(dynamic=True, samples=3), console=QUIET)  # fmt: skip
         assert server.count == 0
         _, evaluation = evaluate(
@@ -375,7 +441,7 @@ def test_own_responses_lose_their_reasoning_and_unknown_ids_are_named(workspace)
     with FakeOpenAI(responder=judge) as server:
         _, evaluation = evaluate(
             workspace / "splits", [own], workspace / "r.json", settings(server, workspace),
-            criteria_file=criteria, console=QUIET,
+            criteria_file=criteria, options=JudgeOptions(missing="floor"), console=QUIET,
         )  # fmt: skip
         judged = json.dumps([r.body["messages"] for r in server.chat_requests])
     assert "I am sorry." in judged and "the user is sad" not in judged and "never closed" not in judged
@@ -384,6 +450,44 @@ def test_own_responses_lose_their_reasoning_and_unknown_ids_are_named(workspace)
     assert (entry["judged"], entry["empty"], entry["missing"], entry["cut_in_reasoning"]) == (1, 0, 3, 1)
     assert entry["unknown_query_ids"] == 1 and entry["unknown_examples"] == [f"{own}:4 typo-q1"]
     assert entry["blank_lines"] == [f"{own}:3"]
+
+
+def test_missing_skip_judges_what_the_authors_eval_py_judges(workspace):
+    """The default: eval.py sends every non-empty response (`if response:`), the text after
+    `</think>` when a `<think>` is in it, else all of it: a blank reply and one cut while
+    reasoning are judged; an empty or null one, and a query without a row, are left out."""
+    criteria = write_criteria_file(workspace)
+    own = write_jsonl(workspace / "own.jsonl", [
+        {"query_id": "u1-q1", "response": "<think>the user is sad</think>I am sorry."},
+        {"query_id": "u1-q2", "response": "<think>never closed"},
+        {"query_id": "u2-q1", "response": "   "},
+    ])  # fmt: skip
+    empty = write_jsonl(workspace / "empty.jsonl", [
+        {"query_id": "u1-q1", "response": ""}, {"query_id": "u1-q2", "response": None},
+        {"query_id": "u2-q1", "response": "fine"},
+    ])  # fmt: skip
+    with FakeOpenAI(responder=judge) as server:
+        _, evaluation = evaluate(
+            workspace / "splits", [own, empty], workspace / "r.json", settings(server, workspace),
+            criteria_file=criteria, console=QUIET,
+        )  # fmt: skip
+        judged = [r.body["messages"][-1]["content"] for r in server.chat_requests]
+    assert server.count == (3 + 1) * 3
+    assert sum("I am sorry." in t and "the user is sad" not in t for t in judged) == 3
+    assert sum("<think>never closed" in t for t in judged) == 3
+    assert sum(re.search(r"<response-\w+>\n   \n</response", t) is not None for t in judged) == 3
+    own_entry, empty_entry = evaluation["systems"]["own"], evaluation["systems"]["empty"]
+    assert evaluation["missing_rule"] == "skip"
+    assert (own_entry["judged"], own_entry["missing"], own_entry["n"], own_entry["missing_rule_queries"]) == (
+        3, 1, 3, 1,
+    )  # fmt: skip
+    assert (empty_entry["judged"], empty_entry["empty"], empty_entry["missing"], empty_entry["n"]) == (
+        1,
+        2,
+        1,
+        1,
+    )
+    assert empty_entry["dimensions"]["resonation"] == SCORES["u2-q1"][0], "no floor in the mean"
 
 
 def test_two_models_answering_into_one_folder_keep_their_own_failures(workspace):
@@ -448,7 +552,7 @@ def test_dynamic_counts_an_unreadable_sample_and_refuses_a_fixed_seed(workspace)
         _, evaluation = evaluate(
             workspace / "splits", [full], workspace / "r.json",
             settings(server, workspace, judge_dynamic={"temperature": 0.7}),
-            options=JudgeOptions(dynamic=True, samples=2), console=QUIET,
+            options=JudgeOptions(dynamic=True, samples=2, unreadable="fail"), console=QUIET,
         )  # fmt: skip
     entry = evaluation["systems"]["full"]
     assert entry["unparsed"] == 0 and entry["judged"] == 4
@@ -456,6 +560,33 @@ def test_dynamic_counts_an_unreadable_sample_and_refuses_a_fixed_seed(workspace)
     rows = {r["query_id"]: r for r in read_jsonl(workspace / "r.scores.jsonl")}
     assert rows["u3-q1"]["unparsed_samples"] == entry["unparsed_samples"]
     assert rows["u3-q1"]["scores"]["resonation"] == 3  # the readable samples, all 3
+
+
+def test_an_unreadable_dynamic_sample_counts_3_of_5_at_the_authors_temperature(workspace):
+    """By default, as the authors' reward: every dynamic call at 0.3 (@k needs no setting), and
+    a sample that cannot be read is 3 of 5 in the mean, counted."""
+    full = write_jsonl(workspace / "full.jsonl", [{"query_id": q, "response": f"r {q}"} for q in SCORES])
+    seen = []
+
+    def once_unreadable(body, n):
+        text = json.dumps(body["messages"])
+        if "[u1-q1]" in text and "Dimension: resonation" in text:
+            seen.append(n)
+            if len(seen) <= 3:  # the first sample, re-asks included
+                return invalid_json_content()
+        return judge(body, n)
+
+    with FakeOpenAI(responder=once_unreadable) as server:
+        _, evaluation = evaluate(
+            workspace / "splits", [full], workspace / "r.json", settings(server, workspace),
+            options=JudgeOptions(dynamic=True, samples=2), console=QUIET,
+        )  # fmt: skip
+        assert {r.body["temperature"] for r in server.chat_requests} == {0.3}
+    entry = evaluation["systems"]["full"]
+    assert (entry["unparsed"], entry["neutral_samples"], entry["unreadable_queries"]) == (0, 1, 1)
+    assert evaluation["temperatures"] == {"judge_dynamic": 0.3} and evaluation["layout"] == "paper"
+    row = {r["query_id"]: r for r in read_jsonl(workspace / "r.scores.jsonl")}["u1-q1"]
+    assert row["samples"]["resonation"] == [3.0, 5] and row["scores"]["resonation"] == 4.0
 
 
 # --- the instruments: what each prompt asks for (the authors' instruments, in our words) -------
@@ -480,7 +611,7 @@ def unit_for_prompts(response: str | None = "a reply") -> dict:
 
 
 def test_criteria_prompt_asks_for_baseline_and_persona_criteria_and_rewards_no_call_back():
-    from personaemp.instruments.criteria import build_messages
+    from personaemp.instruments.criteria import CRITERIA_ASPECTS, build_messages
     from personaemp.prompts import load_prompt
 
     aspects = {
@@ -489,16 +620,23 @@ def test_criteria_prompt_asks_for_baseline_and_persona_criteria_and_rewards_no_c
         "reception": ("felt understanding", "emotional safety", "need met", "autonomy", "engagement", "fit"),
     }
     for dimension in DIMENSIONS:
-        text = system_text(build_messages(unit_for_prompts(), dimension, load_prompt("criteria")))
+        text = system_text(build_messages(unit_for_prompts(), dimension, load_prompt("criteria"), "shared"))
         assert all(aspect in text for aspect in aspects[dimension]), dimension
         assert "baseline criteria" in text and "persona-informed criteria" in text
         assert "never reward a call-back" in text and "mention, quote or recall a remembered fact" in text
         assert "four to six criteria" in text and "add up to 100" in text
-        # All three dimensions' aspects are listed (shared bytes); the request's own dimension,
-        # named last, is the one to write criteria for.
+        # Shared layout: all three dimensions' aspects are listed (shared bytes); the request's
+        # own dimension, named last, is the one to write criteria for.
         named = f"dimension: {dimension} — {DIMENSION_DEFINITIONS[dimension]}"
         named += " write the criteria for this dimension only."
         assert text.endswith(named.lower())
+        # The paper layout (the default): this dimension's aspects only, before the context.
+        paper = system_text(build_messages(unit_for_prompts(), dimension, load_prompt("criteria")))
+        assert all(aspect in paper for aspect in aspects[dimension]), dimension
+        assert paper.index(named.split(" write")[0]) < paper.index("persona:")
+        for other in set(DIMENSIONS) - {dimension}:
+            assert DIMENSION_DEFINITIONS[other].lower() not in paper and other not in paper, dimension
+            assert not [line for line in CRITERIA_ASPECTS[other] if line.lower() in paper], dimension
 
 
 def test_fixed_judge_applies_the_sheet_with_the_authors_anchors_and_one_decimal():
@@ -749,9 +887,9 @@ def test_a_panel_judges_every_system_by_each_judge_and_says_how_far_they_agree(w
             workspace / "splits", [full, gaps], workspace / "panel.json", LLMSettings(model="unused"),
             criteria_file=criteria, judges=panel, console=QUIET, **kw,
         )  # fmt: skip
-        reports, evaluation = run()
+        reports, evaluation = run(options=JudgeOptions(missing="floor"))
         assert (a.count, b.count) == (6 * 3, 6 * 3), "each judge judges every judged response"
-        _, skipping = run(options=JudgeOptions(missing="skip"))
+        _, skipping = run()  # the default: the authors' rule
         assert (a.count, b.count) == (18, 18), "the rule changes the means, not the judgments"
     assert len(reports) == 2 and evaluation["judges"]["a"]["judge_model"] == "judge-a"
     by = {name: found["systems"] for name, found in evaluation["judges"].items()}
@@ -803,7 +941,7 @@ def test_replies_cut_by_the_limit_are_judged_as_seen_and_cut_while_reasoning_cou
     with FakeOpenAI(responder=judge) as server:
         _, evaluation = evaluate(
             workspace / "splits", [policy], workspace / "r.json", settings(server, workspace),
-            criteria_file=criteria, console=QUIET,
+            criteria_file=criteria, options=JudgeOptions(missing="floor"), console=QUIET,
         )  # fmt: skip
         judged = json.dumps([r.body["messages"] for r in server.chat_requests])
     entry = evaluation["systems"]["policy"]
@@ -882,7 +1020,8 @@ def test_table1_three_systems_two_splits_two_judges_and_a_rerun_sends_nothing(wo
     assert header[1:5] == ["A · Random Res", "A · Random Exp", "A · Random Rec", "A · Random Avg"]
     assert [h.split(" ")[:3] for h in header[1::4]] == [["A", "·", "Random"], ["A", "·", "OOD"],
                                                          ["B", "·", "Random"], ["B", "·", "OOD"]]  # fmt: skip
-    systems = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:] for line in table[2:]}
+    rows = [line for line in table[2:] if line.startswith("|")]
+    systems = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:] for line in rows}
     assert list(systems) == ["none", "memory-summary", "rag"]
     # judge A on OOD (u2-q1, u3-q1): Res (4+3)/2, Exp (4+5)/2, Rec (4+1)/2, Avg 3.5
     assert [c.strip(" |") for c in systems["rag"][4:8]] == ["3.50", "4.50", "2.50", "3.50"]
@@ -891,6 +1030,100 @@ def test_table1_three_systems_two_splits_two_judges_and_a_rerun_sends_nothing(wo
     assert "\\multicolumn{4}{c}{A $\\cdot$ Random}" in latex and "memory-summary" in latex
     report = json.loads((workspace / "eval" / "ood.json").read_text())
     assert set(report["judges"]) == {"A", "B"} and "A~B" in report["agreement"]
+
+
+def test_paper_layout_requests_hold_one_dimension_at_the_authors_temperatures(workspace):
+    """With the default options no criteria, fixed or dynamic judge request holds another
+    dimension's definition, and each holds its own before the context; criteria go at 0.2,
+    the dynamic judge at 0.3, the fixed judge at 0 (eval.sh)."""
+    from personaemp.instruments.criteria import CRITERIA_ASPECTS
+    from personaemp.instruments.judges import DYNAMIC_ASPECTS
+
+    full = write_jsonl(workspace / "full.jsonl", [{"query_id": q, "response": f"r {q}"} for q in SCORES])
+    with FakeOpenAI(responder=judge) as server:
+        write_criteria(
+            workspace / "queries.jsonl", workspace / "c.jsonl", settings(server, workspace), console=QUIET
+        )
+        for dynamic in (False, True):
+            evaluate(
+                workspace / "splits", [full], workspace / f"e{dynamic}.json", settings(server, workspace),
+                criteria_file=workspace / "c.jsonl", options=JudgeOptions(dynamic=dynamic), console=QUIET,
+            )  # fmt: skip
+        bodies = [r.body for r in server.chat_requests]
+    steps = {"criteria": 0.2, "fixed": 0.0, "dynamic": 0.3}
+    assert [b["temperature"] for b in bodies] == [
+        steps[k] for k in ("criteria", "fixed", "dynamic") for _ in range(12)
+    ]
+    for body in bodies:
+        text = "\n".join(m["content"] for m in body["messages"])
+        named = [d for d in DIMENSIONS if DIMENSION_DEFINITIONS[d] in text]
+        assert len(named) == 1, text
+        own = text.index(DIMENSION_DEFINITIONS[named[0]])
+        assert own < text.index("Persona:"), "the standard before the context"
+        others = set(DIMENSIONS) - set(named)
+        assert not any(line in text for d in others for line in CRITERIA_ASPECTS[d])
+        assert not any(DYNAMIC_ASPECTS[d] in text for d in others)
+
+
+def reports_for_table(workspace: Path) -> list[Path]:
+    """Two splits' reports: random by a panel (A, B), ood by one judge with the floor rule."""
+    base = {"part": "test", "mode": "fixed", "avg": "", "temperatures": {"judge": 0.0}}
+    cell = lambda n, avg, **kw: {"n": n, "dimensions": dict.fromkeys(DIMENSIONS, avg), "avg": avg,  # noqa: E731
+                                 "missing": 0, "empty": 0, **kw}  # fmt: skip
+    a = {"none": cell(50, 3.0, missing=1), "memory": cell(51, 3.5), "rag": cell(51, 3.4)}
+    b = {"none": cell(51, 2.0), "memory": cell(51, 2.5), "rag": cell(51, 2.4, n_by_dimension={
+        "resonation": 51, "expression": 50, "reception": 51}, unreadable_queries=1)}  # fmt: skip
+    random = {
+        **base, "split": "random", "layout": "paper", "missing_rule": "skip", "unreadable_rule": "authors",
+        "judge_model": "A", "systems": a, "judges": {"A": {"systems": a}, "B": {"systems": b}},
+    }  # fmt: skip
+    ood = {**base, "split": "ood", "layout": "shared", "missing_rule": "floor", "unreadable_rule": "fail",
+           "judge_model": "A", "systems": {"none": cell(20, 2.9, empty=2), "rag": cell(20, 3.1)}}  # fmt: skip
+    paths = [workspace / "random.json", workspace / "ood.json"]
+    for path, report in zip(paths, (random, ood), strict=True):
+        path.write_text(json.dumps(report))
+    return paths
+
+
+def test_a_table_states_its_rules_and_n_and_picks_a_judge_and_systems(workspace):
+    from personaemp.evaluation.table import write_table
+
+    random, ood = reports_for_table(workspace)
+    text = write_table([random], None, "markdown")
+    under = text.split("\n\n", 1)[1]
+    assert "layout paper" in under and "missing responses: skip (the authors'" in under
+    assert "unreadable judgments: authors" in under and "at temperature judge 0" in under
+    assert "A · Random: n: none 50, memory 51, rag 51; left out (no response): none 1." in under
+    assert "B · Random: n: none 51, memory 51, rag 51 (Res 51, Exp 50, Rec 51)" in under
+    assert "queries with an unreadable judgment: 1" in under
+    both = write_table([random, ood], None, "markdown")
+    assert "Rules, A · Random: judge fixed" in both and "Rules, A · OOD: " in both and "layout shared" in both
+    assert "A · OOD: n = 20 in every cell; floors counted: none 2." in both
+    # Table 2 from the panel report: one judge, some systems, in the order asked.
+    table2 = write_table([random], None, "markdown", judge="B", systems=["rag", "none"])
+    lines = table2.splitlines()
+    assert lines[0].startswith("| System | B · Random Res") and "A ·" not in table2
+    assert [line.split(" | ")[0] for line in lines[2:4]] == ["| rag", "| none"] and "memory" not in table2
+    csv_text = write_table([random], None, "csv", judge="A")
+    assert [line for line in csv_text.splitlines() if line.startswith("# ")][0].startswith(
+        "# Rules: judge fixed"
+    )
+    latex = write_table([random], None, "latex")
+    assert "\\end{tabular}" in latex and "\\footnotesize Rules: judge fixed" in latex
+    with pytest.raises(InputError, match="no judge 'C' in the reports"):
+        write_table([random], None, "markdown", judge="C")
+    with pytest.raises(InputError, match="no system 'gpt' in the reports"):
+        write_table([random], None, "markdown", systems=["gpt"])
+
+
+def test_table_takes_judge_and_systems_from_flags(workspace, monkeypatch):
+    monkeypatch.chdir(workspace)
+    random, _ = reports_for_table(workspace)
+    result = CliRunner().invoke(
+        app, ["table", "--report", str(random), "--judge", "B", "--systems", "memory,none"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "B · Random Res" in result.output and "| rag" not in result.output and "Rules:" in result.output
 
 
 def test_table_refuses_what_is_not_a_report_in_one_line(workspace, monkeypatch):

@@ -462,7 +462,13 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "include_dialogue": True,
         "criteria": "c/crit.jsonl",
     },
-    "criteria": {"input": "c/in.jsonl", "output": "c/out.jsonl", "limit": 4, "users": ["u9"]},
+    "criteria": {
+        "input": "c/in.jsonl",
+        "output": "c/out.jsonl",
+        "limit": 4,
+        "users": ["u9"],
+        "layout": "shared",
+    },
     "respond": {
         "splits": "r/splits",
         "split": "ood",
@@ -484,7 +490,9 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
             {"name": "a", "model": "m1", "base_url": "http://127.0.0.1:9/v1", "key_env": "JUDGE_A_KEY"},
             {"name": "b"},
         ],
-        "missing": "skip",
+        "missing": "floor",
+        "unreadable": "fail",
+        "layout": "shared",
         "dynamic": True,
         "samples": 8,
         "bystander": True,
@@ -510,6 +518,8 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "output": "t/table1.tex",
         "harmonic": True,
         "digits": 3,
+        "judge": "gpt",
+        "systems": ["none", "rag"],
     },  # fmt: skip
     "review": {
         "input": "v/q.jsonl",
@@ -868,7 +878,13 @@ def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(mon
     assert args == (Path("e/splits"), [Path("a.jsonl"), Path("b.jsonl")], Path("e/report.json"))
     assert kwargs["judge_model"] == "judge" and kwargs["criteria_file"] == Path("e/criteria.jsonl")
     assert kwargs["options"] == evaluate.JudgeOptions(
-        dynamic=True, samples=8, bystander=True, reward_lambda=0.25, missing="skip"
+        dynamic=True,
+        samples=8,
+        bystander=True,
+        reward_lambda=0.25,
+        missing="floor",
+        unreadable="fail",
+        layout="shared",
     )
     a, b = kwargs["judges"]
     assert (a.name, a.settings.model, a.settings.base_urls, a.settings.api_key) == (

@@ -168,8 +168,8 @@ def test_estimate_prices_what_a_prefix_cache_would_serve_at_price_cached(tmp_pat
 
 
 def test_the_schema_text_follows_the_task_and_the_request_is_one_user_turn(tmp_path):
-    """json_object: the schema is stated after the step's task (shared by every request of the
-    step) and before what only this request carries; the two user turns go as one."""
+    """json_object, shared layout: the schema is stated after the step's task (shared by every
+    request of the step) and before what only this request carries; the two user turns go as one."""
     from fake_openai import schema_from_messages
 
     from personaemp.instruments.criteria import CRITERIA_ASPECTS, build_messages, dimensions_text
@@ -195,13 +195,15 @@ def test_the_schema_text_follows_the_task_and_the_request_is_one_user_turn(tmp_p
                 settings_for(server, tmp_path, structured="json_object", max_reasks=0)
             ) as engine:
                 for dimension in ("resonation", "expression"):
-                    await engine.call(CRITERIA, build_messages(unit, dimension, load_prompt("criteria")))
+                    messages = build_messages(unit, dimension, load_prompt("criteria"), "shared")
+                    await engine.call(CRITERIA, messages)
 
         asyncio.run(ask())
     first, second = (body["messages"] for body in sent[:2])
     assert [m["role"] for m in first] == ["system", "user"]
     text = first[1]["content"]
-    task = load_prompt("criteria").user.template.split("$dimensions")[0]
+    prompt = load_prompt("criteria")
+    task = prompt.user.template + "\n\n" + prompt.standards.template.split("$dimensions")[0]
     schema_at = text.index(SCHEMA_IN_PROMPT.split("{schema}")[0])
     assert text.startswith(task) and schema_at > len(task)
     # Every dimension's definition and aspects are in the task, before the schema: shared bytes.
@@ -292,20 +294,22 @@ def without_keys(text: str) -> str:
     return re.sub(r"[0-9a-f]{16}", "KEY", text)
 
 
+@pytest.mark.parametrize("layout", ["paper", "shared"])
 @pytest.mark.parametrize("name", sorted(p.stem for p in BEFORE.glob("*.md")))
-def test_every_instruction_of_the_old_prompt_is_in_the_new_request(name):
+def test_every_instruction_of_the_old_prompt_is_in_the_new_request(name, layout):
     """Only the order and the shared preamble changed: each sentence of the old system prompt
     (its instructions, slots filled in) is in the new request, outside the data blocks, and
     every value the old request carried is in the new one (test_evaluation.py checks that
-    the values stay inside their data blocks)."""
+    the values stay inside their data blocks). The paper layout says it in the old words."""
     from personaemp.prompts import load_prompt
 
     old = load_prompt(name, BEFORE)
     old_messages = old.render(**VALUES)
-    new_messages = load_prompt(name).render(**VALUES)
+    new_messages = load_prompt(name).render(layout, **VALUES)
     new_text = " ".join(without_keys("\n".join(m["content"] for m in new_messages)).split())
     old_text = without_keys(old_messages[0]["content"])
-    missing = [s for s in sentences(old_text) if REWORDED.get(s, s) not in new_text]
+    reworded = REWORDED if layout == "shared" else {}
+    missing = [s for s in sentences(old_text) if reworded.get(s, s) not in new_text]
     assert not missing, missing
     for slot in re.findall(r"\$(\w+)", old.user.template):
         assert " ".join(VALUES[slot].split()) in new_text, slot

@@ -329,7 +329,37 @@ def test_agreement_between_per_dimension_and_joint_on_the_same_rollouts(tmp_path
 
 def test_several_samples_need_a_temperature(tmp_path):
     with pytest.raises(InputError, match="temperature 0"):
-        PereGRM(LLMSettings(base_urls=["http://127.0.0.1:9/v1"], model="m", work_dir=tmp_path), samples=4)
+        PereGRM(
+            LLMSettings(base_urls=["http://127.0.0.1:9/v1"], model="m", work_dir=tmp_path,
+                        steps={"judge_dynamic": {"temperature": 0}}),
+            samples=4,
+        )  # fmt: skip
+
+
+def test_the_reward_judges_as_the_authors_one_dimension_per_request_at_0_3(tmp_path):
+    """By default every dynamic call runs at 0.3 (k > 1 needs no setting) and holds only its
+    dimension's standard, before the context and the reply; layout="shared" puts the three
+    in the task and names the dimension last."""
+    from personaemp.instruments.judges import DYNAMIC_ASPECTS
+    from personaemp.records import DIMENSION_DEFINITIONS
+
+    with FakeOpenAI(responder=judge) as server:
+        trl_call(PereGRM(settings(server, tmp_path), samples=2, bystander=False), [row("q1")], ["an answer"])
+        paper = [r.body for r in server.chat_requests]
+        trl_call(
+            PereGRM(settings(server, tmp_path), bystander=False, layout="shared"), [row("q1")], ["an answer"]
+        )
+        shared = [r.body for r in server.chat_requests][len(paper) :]
+    assert len(paper) == 3 * 2 and {body["temperature"] for body in paper + shared} == {0.3}
+    for body in paper:
+        text = "\n".join(m["content"] for m in body["messages"])
+        mine = [d for d in DIMENSIONS if DYNAMIC_ASPECTS[d] in text]
+        assert len(mine) == 1 and [d for d in DIMENSIONS if DIMENSION_DEFINITIONS[d] in text] == mine
+        assert text.index(DYNAMIC_ASPECTS[mine[0]]) < text.index("Persona:") < text.index("an answer")
+    for body in shared:
+        text = "\n".join(m["content"] for m in body["messages"])
+        assert all(DYNAMIC_ASPECTS[d] in text for d in DIMENSIONS)
+        assert text.rindex("Dimension: ") > text.index("an answer")
 
 
 def test_fixed_criteria_from_a_file_or_the_rows(tmp_path):

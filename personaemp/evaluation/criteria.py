@@ -25,7 +25,8 @@ from personaemp.instruments.criteria import (
     query_units,
     with_room,
 )
-from personaemp.prompts import load_prompt
+from personaemp.options import DEFAULT_LAYOUT
+from personaemp.prompts import LAYOUTS, load_prompt
 from personaemp.records import DIMENSIONS
 
 STAGE = "criteria"
@@ -66,27 +67,33 @@ async def awrite_criteria(
     users: Sequence[str] | None = None,
     retry_failed: bool = False,
     full: bool | None = None,
+    layout: str = DEFAULT_LAYOUT,
     console=None,
 ):
-    """Criteria for every accepted query of `input_path`; returns the stage report."""
+    """Criteria for every accepted query of `input_path`; returns the stage report. `layout`:
+    the authors' ("paper": each request holds its dimension's standard only) or "shared"."""
     from personaemp.llm.run import arun_llm_stage
 
     units = query_units(input_path, "pass gen-queries' output (queries.jsonl) or a split file")
     selected = pick_queries(units, input_path, limit, users)
     settings = with_room(settings, ROOM)
+    if layout not in LAYOUTS:
+        raise InputError(f"--layout takes {', '.join(LAYOUTS)}, not {layout!r}")
     prompt = load_prompt(CRITERIA.prompt)
 
     def make_work(engine):
         async def work(unit: dict) -> dict:
             criteria = {}
             for dimension in DIMENSIONS:
-                reply = await engine.call(CRITERIA, build_messages(unit, dimension, prompt), parse=normalise)
+                messages = build_messages(unit, dimension, prompt, layout)
+                reply = await engine.call(CRITERIA, messages, parse=normalise)
                 criteria[dimension] = [c.model_dump(mode="json") for c in reply.parsed]
             provenance = engine.provenance({CRITERIA.name: prompt.hash})
             return {
                 "query_id": unit["query_id"],
                 "user_id": unit["user_id"],
                 "criteria": criteria,
+                "layout": layout,
                 "provenance": provenance.model_dump(mode="json"),
             }
 
@@ -99,7 +106,9 @@ async def awrite_criteria(
         settings=settings,
         key="query_id",
         output=output_path,
-        fingerprint=lambda engine: f"{engine.fingerprint(CRITERIA, prompt.hash)}|{definitions_hash()}",
+        fingerprint=lambda engine: "|".join(
+            [engine.fingerprint(CRITERIA, prompt.hash), definitions_hash(), layout]
+        ),
         selected=selected,
         full=full,
         input_path=input_path,

@@ -21,13 +21,21 @@ dimension means, as the paper's tables), mean H, B and reward, also by query cat
 by each Big Five level; with a panel of judges (`judges`), each judge's numbers side by
 side and how far the judges agree.
 
-Nothing is made up: a query without a visible response ("missing": no row, or a reply cut
-while reasoning) or with a blank one ("empty") gets the floor (1 on every dimension, B = 0)
-without a judge call and is counted as such; `missing="skip"` is the authors' rule instead
-(means over the judged responses only), and the report names the rule. A judge reply that
-cannot be read after the re-asks fails the unit (counted "unparsed", written to the
-failures file, retried with --retry-failed), never filled with a default. Scores are keyed
-by query id, so no score can land on another query.
+By default each request is laid out as the authors' (its dimension's standard, then the
+context, then the reply: `layout="paper"`); `layout="shared"` puts the three standards in a
+task every request shares, for a provider's prefix cache. The report names the layout.
+
+Missing responses (`missing`): "skip", the authors' rule, judges what their eval.py judges
+(any non-empty response, the text after `</think>` when it holds a `<think>`; blank and cut
+ones included) and leaves the rest out of the means; "floor" gives a query without a visible
+response ("missing": no row, or a reply cut while reasoning) or with a blank one ("empty")
+1 on every dimension (B = 0) without a judge call. Unreadable judgments (`unreadable`): with
+"authors", a fixed judgment that cannot be read after the re-asks leaves that dimension of
+that query out of its mean (eval.py), a dynamic one counts 3 of 5 (their reward); with
+"fail" the unit fails (counted "unparsed", written to the failures file, retried with
+--retry-failed) and an unreadable sample of k is left out. The report names both rules and
+counts the queries each touched. Scores are keyed by query id, so no score can land on
+another query.
 """
 
 from __future__ import annotations
@@ -51,19 +59,23 @@ from personaemp.instruments.judges import (
     JUDGE,
     JUDGE_DYNAMIC,
     MISSING_RULES,
+    NEUTRAL,
     ROOM,
+    UNREADABLE_RULES,
     JudgeOptions,
+    authors_view,
     check_sampling,
     cut_while_reasoning,
     harmonic,
     judge_messages,
     kendall_tau,
     spearman,
+    step_temperature,
 )
 from personaemp.instruments.judges import STEPS as STEPS  # the stage's steps
 from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
 from personaemp.llm.reply import split_reasoning
-from personaemp.prompts import Prompt, load_prompt
+from personaemp.prompts import LAYOUTS, Prompt, load_prompt
 from personaemp.records import BIG_FIVE, DIMENSIONS, Response
 from personaemp.runner import ENDPOINT_KINDS
 from personaemp.splits import LEVELS, split_file
@@ -85,6 +97,7 @@ class Responses:
     # query id -> {"truncated", "cut_in_reasoning"}: a reply cut by the token limit is judged on
     # its visible text; one cut while reasoning has none (missing). Both are counted.
     flags: dict[str, dict[str, bool]] = dataclasses.field(default_factory=dict)
+    raw: dict[str, str | None] = dataclasses.field(default_factory=dict)  # as written, reasoning kept
 
     def unknown(self, query_ids: set[str]) -> list[str]:
         """`file:line query_id` of the responses to queries the split does not have."""
@@ -98,6 +111,7 @@ def read_responses(path: Path) -> Responses:
     found: dict[str, str | None] = {}
     lines: dict[str, int] = {}
     flags: dict[str, dict[str, bool]] = {}
+    raw: dict[str, str | None] = {}
     try:
         for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
             try:
@@ -114,6 +128,7 @@ def read_responses(path: Path) -> Responses:
                 )
             response = split_reasoning(record.response)[0] if record.response else record.response
             found[record.query_id], lines[record.query_id] = response, lineno
+            raw[record.query_id] = record.response
             flags[record.query_id] = {
                 "truncated": row.get("truncated") is True,
                 "cut_in_reasoning": row.get("cut_in_reasoning") is True
@@ -123,7 +138,7 @@ def read_responses(path: Path) -> Responses:
         raise InputError(f"{error.location}: {error.reason}", hint) from None
     with path.open("rb") as handle:  # skipped by the reader; named, as a lost response may hide there
         blank = [number for number, line in enumerate(handle, 1) if line.isspace()]
-    return Responses(path, found, lines, blank, flags)
+    return Responses(path, found, lines, blank, flags, raw)
 
 
 def check_systems_answer(systems: dict[str, Responses], query_ids: set[str], splits, split, part) -> None:
@@ -160,26 +175,37 @@ def system_names(paths: Sequence[Path]) -> list[str]:
     return names
 
 
-def build_units(queries: list[dict], systems: dict[str, Responses], criteria, dynamic: bool):
+def build_units(queries: list[dict], systems: dict[str, Responses], criteria, dynamic: bool, missing: str):
+    """One unit per system and query. Its `status`: judged, or (not judged) missing / empty:
+    under "skip" what the authors' eval.py would not send (no response, or an empty one),
+    under "floor" what the user would not see (no response, a blank one, cut while reasoning)."""
     units = []
     for system, file in systems.items():
         responses = file.texts
         for query in queries:
-            response = responses.get(query["query_id"])
-            flags = file.flags.get(query["query_id"], {"truncated": False, "cut_in_reasoning": False})
+            qid = query["query_id"]
+            response = responses.get(qid)
+            flags = file.flags.get(qid, {"truncated": False, "cut_in_reasoning": False})
+            if missing == "skip":
+                response = authors_view(file.raw.get(qid))
+                status = "missing" if qid not in responses else "empty" if response is None else "judged"
+            else:
+                status = (
+                    "missing"
+                    if qid not in responses or flags["cut_in_reasoning"]
+                    else "empty"
+                    if not (response or "").strip()
+                    else "judged"
+                )
             units.append(
                 {
-                    "unit_id": f"{system}/{query['query_id']}",
+                    "unit_id": f"{system}/{qid}",
                     "system": system,
                     **query,
                     "response": response,
                     **flags,
-                    "status": "missing"
-                    if query["query_id"] not in responses or flags["cut_in_reasoning"]
-                    else "empty"
-                    if not (response or "").strip()
-                    else "judged",
-                    "criteria": None if dynamic else criteria[query["query_id"]],
+                    "status": status,
+                    "criteria": None if dynamic else criteria[qid],
                 }
             )
     return units
@@ -199,28 +225,38 @@ async def score_unit(engine, unit: dict, options: JudgeOptions, prompts: dict[st
         row["bystander"] = 0.0 if options.bystander else None
         return row
     step = JUDGE_DYNAMIC if options.dynamic else JUDGE
-    scores, samples, analyses, unparsed_samples = {}, {}, {}, 0
+    authors = options.unreadable == "authors"
+    scores, samples, analyses, unparsed_samples, neutral, unreadable = {}, {}, {}, 0, 0, []
     for dimension in DIMENSIONS:
-        messages = judge_messages(unit, dimension, prompts[step.name])
+        messages = judge_messages(unit, dimension, prompts[step.name], options.layout)
         got, notes, last_error, dropped = [], [], None, 0
         for sample in range(options.samples if options.dynamic else 1):
             try:
                 reply = await engine.call(step, messages, sample=sample)
             except UnitError as error:
-                if error.kind in ENDPOINT_KINDS or not options.dynamic:
+                if error.kind in ENDPOINT_KINDS or not (options.dynamic or authors):
                     raise
-                last_error, dropped = error, dropped + 1  # one unreadable sample of k: counted
+                last_error = error
+                if options.dynamic and authors:
+                    got.append(NEUTRAL)  # the authors' reward: an unread judgment is 3 of 5
+                    neutral += 1
+                elif options.dynamic:
+                    dropped += 1  # one unreadable sample of k: left out, counted
                 continue
             got.append(reply.value.score)
             notes.append(reply.value.analysis)
+        unparsed_samples += dropped
+        if not got and not options.dynamic:
+            unreadable.append(dimension)  # eval.py: this dimension's mean goes without it
+            continue
         if not got:
             raise last_error  # type: ignore[misc]  # every sample failed
         scores[dimension] = statistics.fmean(got)
-        samples[dimension], analyses[dimension] = got, notes[0]
-        unparsed_samples += dropped
+        samples[dimension], analyses[dimension] = got, notes[0] if notes else None
     row.update(
-        scores=scores, samples=samples, analyses=analyses, bystander=None, unparsed_samples=unparsed_samples
-    )
+        scores=scores, samples=samples, analyses=analyses, bystander=None, unparsed_samples=unparsed_samples,
+        neutral_samples=neutral, unreadable=unreadable,
+    )  # fmt: skip
     if options.bystander:
         reply = await engine.call(BYSTANDER, prompts[BYSTANDER.name].render(
             query=unit["query"], response=unit["response"]))  # fmt: skip
@@ -266,6 +302,10 @@ async def aevaluate(
         raise InputError("--samples applies to --dynamic judging", "add --dynamic, or leave --samples out")
     if options.missing not in MISSING_RULES:
         raise InputError(f"--missing takes {', '.join(MISSING_RULES)}, not {options.missing!r}")
+    if options.unreadable not in UNREADABLE_RULES:
+        raise InputError(f"--unreadable takes {', '.join(UNREADABLE_RULES)}, not {options.unreadable!r}")
+    if options.layout not in LAYOUTS:
+        raise InputError(f"--layout takes {', '.join(LAYOUTS)}, not {options.layout!r}")
     panel = list(judges)
     if not panel:
         model = judge_model or settings.model
@@ -289,7 +329,7 @@ async def aevaluate(
     criteria = None
     if not options.dynamic:
         criteria = checked_criteria(criteria_file, queries)
-    units = build_units(queries, systems, criteria, options.dynamic)
+    units = build_units(queries, systems, criteria, options.dynamic, options.missing)
     used = [step, *([BYSTANDER] if options.bystander else [])]
     prompts = {s.name: load_prompt(s.prompt) for s in used}
     mode = f"dynamic@{options.samples}" if options.dynamic else "fixed"
@@ -313,10 +353,13 @@ async def aevaluate(
         "mode": mode,
         "lambda": options.reward_lambda,
         "missing_rule": options.missing,
+        "unreadable_rule": options.unreadable,
+        "layout": options.layout,
         "avg": "mean of the unrounded dimension means (1-5); H: mean per-query harmonic mean (0-1)",
         # Which instruments made these numbers: the prompts' hashes and the steps' versions.
         "prompts": {name: prompt.hash for name, prompt in prompts.items()},
         "instruments": {s.name: f"v{s.version}/{prompts[s.name].hash}" for s in used},
+        "temperatures": temperatures(panel[0].settings, used),
     }
     per_judge = {}
     for judge in panel:
@@ -330,6 +373,7 @@ async def aevaluate(
             entry[name]["blank_lines"] = [f"{file.path}:{n}" for n in file.blank]
         per_judge[judge.name] = {
             "judge_model": report.model,
+            "temperatures": temperatures(judge.settings, used),
             "scores_file": str(scores_file(base)),
             "systems": entry,
         }
@@ -345,6 +389,10 @@ async def aevaluate(
         evaluation["agreement"] = agreement(per_judge, {unit["unit_id"] for unit in units})
     write_json_atomic(report_path, evaluation)
     return (reports[0] if single else reports), evaluation
+
+
+def temperatures(settings, steps) -> dict[str, float]:
+    return {step.name: step_temperature(settings, step) for step in steps}
 
 
 def checked_criteria(criteria_file: Path | None, queries: list[dict]) -> dict:
@@ -389,6 +437,8 @@ async def ajudge_all(settings, units, options, prompts, used, mode, input_path, 
                 mode,
                 definitions_hash(DYNAMIC_ASPECTS),
                 f"floor{FLOOR}",
+                f"layout={options.layout}",
+                f"unreadable={options.unreadable}",
             ]
         ),
         input_path=input_path,
@@ -416,20 +466,27 @@ def failures_file(report_path: Path) -> Path:
 # --- the numbers -------------------------------------------------------------------------------
 
 
-def metrics(rows: list[dict], reward_lambda: float, missing: str = "floor") -> dict[str, Any]:
+def metrics(rows: list[dict], reward_lambda: float, missing: str = JudgeOptions.missing) -> dict[str, Any]:
     """Means over the scored rows (`n`: judged, missing and empty ones with the floor rule,
-    the judged only with "skip"; never the unparsed): each dimension, Avg (the mean of the
-    unrounded dimension means), H, and B and reward when judged."""
+    the judged only with "skip"; never the unparsed): each dimension over the rows that have
+    it (`n_by_dimension` when an unreadable judgment left one out), Avg (the mean of the
+    unrounded dimension means), H over the rows with all three, and B and reward when judged."""
     if missing == "skip":
         rows = [r for r in rows if r["status"] == "judged"]
     if not rows:
         return {"n": 0}
-    means = {d: statistics.fmean(r["scores"][d] for r in rows) for d in DIMENSIONS}
+    per = {d: [r["scores"][d] for r in rows if d in r["scores"]] for d in DIMENSIONS}
+    means = {d: statistics.fmean(found) for d, found in per.items() if found}
     result: dict[str, Any] = {"n": len(rows), "dimensions": {d: round(m, 3) for d, m in means.items()}}
+    if any(len(found) != len(rows) for found in per.values()):
+        result["n_by_dimension"] = {d: len(found) for d, found in per.items()}
+    if len(means) < len(DIMENSIONS):
+        return result
     result["avg"] = round(statistics.fmean(means.values()), 3)
+    rows = [r for r in rows if len(r["scores"]) == len(DIMENSIONS)]
     hs = [harmonic(r["scores"]) for r in rows]
-    result["harmonic"] = round(statistics.fmean(hs), 4)
-    if all(r.get("bystander") is not None for r in rows):
+    result["harmonic"] = round(statistics.fmean(hs), 4) if hs else None
+    if rows and all(r.get("bystander") is not None for r in rows):
         result["bystander"] = round(statistics.fmean(r["bystander"] for r in rows), 4)
         rewards = [h + reward_lambda * (r["bystander"] - 1) for h, r in zip(hs, rows, strict=True)]
         result["reward"] = round(statistics.fmean(rewards), 4)
@@ -476,6 +533,14 @@ def summarise(scores_path, failures_path, units, systems, options) -> dict[str, 
             "unparsed": sum(n for kind, n in failed[system].items() if kind not in ENDPOINT_KINDS),
             "endpoint_failures": sum(n for kind, n in failed[system].items() if kind in ENDPOINT_KINDS),
             "unparsed_samples": sum(row.get("unparsed_samples", 0) for row in scored),
+            # The unreadable rule "authors": dimensions left out (fixed), samples counted 3 (dynamic).
+            "unreadable_dimensions": sum(len(row.get("unreadable", ())) for row in scored),
+            "neutral_samples": sum(row.get("neutral_samples", 0) for row in scored),
+            "unreadable_queries": sum(
+                bool(row.get("unreadable") or row.get("neutral_samples")) for row in scored
+            ),
+            # Queries the missing rule touched: left out ("skip") or scored the floor ("floor").
+            "missing_rule_queries": status["missing"] + status["empty"],
             "failures_by_kind": dict(failed[system]),
             **metrics(scored, options.reward_lambda, rule),
         }
@@ -528,10 +593,12 @@ def agreement(per_judge: dict[str, dict], wanted: set[str]) -> dict[str, dict]:
                 for n in (first, second)
             )
             both = sorted(u for u in rows_a.keys() & rows_b.keys() if rows_a[u]["status"] == "judged")
-            per_query = {
-                d: spearman([rows_a[u]["scores"][d] for u in both], [rows_b[u]["scores"][d] for u in both])
-                for d in DIMENSIONS
-            }
+            per_query = {}
+            for d in DIMENSIONS:
+                pairs = [u for u in both if d in rows_a[u]["scores"] and d in rows_b[u]["scores"]]
+                per_query[d] = spearman(
+                    [rows_a[u]["scores"][d] for u in pairs], [rows_b[u]["scores"][d] for u in pairs]
+                )
             found[f"{first}~{second}"] = {
                 "systems": len(systems),
                 "kendall_tau_systems": {k: None if v is None else round(v, 4) for k, v in tau.items()},

@@ -32,6 +32,7 @@ from personaemp.instruments.policy import (
     build_messages,
     listed,
     policy_units,
+    rag_saw_everything,
 )
 from personaemp.prompts import load_prompt
 
@@ -128,6 +129,13 @@ async def awrite_responses(
         console=console,
         failures=failures_file(output_path),
         chain=[*([(SUMMARY, 1)] if context == "memory-summary" else []), (RESPOND, 1)],
+        notes={
+            "rag": rag_saw_everything(
+                [u for u in units if selected is None or u["query_id"] in selected], rag_k
+            )
+        }
+        if context == "rag"
+        else None,  # fmt: skip
     )
 
 

@@ -3,7 +3,10 @@
 Rows are the systems; column groups are judge x split (each report is one split, judged by
 one judge or a panel); each group holds Res, Exp, Rec and Avg on the 1-5 scale (Avg: the
 mean of the unrounded dimension means, as the report keeps it), and H (0-1) on request.
-Written as Markdown, CSV or LaTeX.
+`judge` keeps one judge of a panel, `systems` some systems in a chosen order (the paper's
+Table 2 from the reports of Table 1). Written as Markdown, CSV or LaTeX; under the table
+the rules its numbers were made by (layout, missing responses, unreadable judgments), n
+per cell (per group when the cells share it) and the queries the missing rule touched.
 """
 
 from __future__ import annotations
@@ -39,65 +42,172 @@ def read_report(path: Path) -> dict:
     return report
 
 
-def groups(reports: Sequence[dict]) -> list[tuple[str, str, dict]]:
-    """(judge, split, systems) per column group: judge-major, splits in the order given."""
-    found: dict[str, list[tuple[str, dict]]] = {}
+def groups(reports: Sequence[dict], judge: str | None = None) -> list[tuple[str, str, dict, dict]]:
+    """(judge, split, systems, report) per column group: judge-major, splits in the order
+    given; only `judge`'s when given."""
+    found: dict[str, list[tuple[str, dict, dict]]] = {}
     for report in reports:
         judges = report.get("judges") or {
             report.get("judge_model") or "judge": {"systems": report["systems"]}
         }
         for name, judged in judges.items():
-            found.setdefault(name, []).append((report["split"], judged["systems"]))
+            found.setdefault(name, []).append((report["split"], judged["systems"], report))
+    if judge is not None:
+        if judge not in found:
+            raise InputError(
+                f"no judge {judge!r} in the reports (they hold {', '.join(found)})", "pass one of those names"
+            )
+        found = {judge: found[judge]}
     out = []
     for name, splits in found.items():
-        seen = [split for split, _ in splits]
+        seen = [split for split, _, _ in splits]
         repeated = {split for split in seen if seen.count(split) > 1}
         if repeated:
             raise InputError(
                 f"two reports of the {sorted(repeated)[0]} split judged by {name}",
                 "give one report per split",
             )
-        out.extend((name, split, systems) for split, systems in splits)
+        out.extend((name, split, systems, report) for split, systems, report in splits)
     return out
 
 
-def table_cells(reports: Sequence[dict], harmonic: bool = False, digits: int = 2):
-    """(header rows, body rows): two header rows (group, column) and one row per system."""
+def chosen_systems(chosen: list[tuple[str, str, dict, dict]], systems: Sequence[str] | None) -> list[str]:
+    """Every system of the groups in the order met, or `systems` (each must be in a report)."""
+    found: list[str] = []
+    for _, _, entries, _ in chosen:
+        found.extend(name for name in entries if name not in found)
+    if systems is None:
+        return found
+    unknown = [name for name in systems if name not in found]
+    if unknown:
+        raise InputError(
+            f"no system {unknown[0]!r} in the reports (they hold {', '.join(found)})",
+            "pass some of those names",
+        )
+    return list(dict.fromkeys(systems))
+
+
+def table_cells(
+    reports: Sequence[dict],
+    harmonic: bool = False,
+    digits: int = 2,
+    judge: str | None = None,
+    systems: Sequence[str] | None = None,
+):
+    """(header rows, body rows, columns per group, notes): two header rows (group, column),
+    one row per system, and the lines stating the rules under the table."""
     columns = [SHORT[d] for d in DIMENSIONS] + ["Avg"] + (["H"] if harmonic else [])
-    chosen = groups(reports)
-    systems: list[str] = []
-    for _, _, found in chosen:
-        systems.extend(name for name in found if name not in systems)
-    titles = [f"{judge} · {SPLIT_NAMES.get(split, split)}" for judge, split, _ in chosen]
+    chosen = groups(reports, judge)
+    systems = chosen_systems(chosen, systems)
+    titles = [f"{judge} · {SPLIT_NAMES.get(split, split)}" for judge, split, _, _ in chosen]
     head = [[""] + [title for title in titles for _ in columns], ["System"] + columns * len(chosen)]
     body = []
     for system in systems:
         cells = [system]
-        for _, _, found in chosen:
+        for _, _, found, _ in chosen:
             entry = found.get(system) or {}
             values = [(entry.get("dimensions") or {}).get(d) for d in DIMENSIONS] + [entry.get("avg")]
             if harmonic:
                 values.append(entry.get("harmonic"))
             cells.extend("—" if v is None else f"{v:.{digits}f}" for v in values)
         body.append(cells)
-    return head, body, len(columns)
+    return head, body, len(columns), notes(chosen, systems, titles)
 
 
-def render(reports: Sequence[dict], fmt: str = "markdown", *, harmonic: bool = False, digits: int = 2) -> str:
+# How a report's rules read under a table; a report older than the rule's key predates it.
+LAYOUT_TEXT = {
+    "paper": "paper (each request holds only its dimension's standard, before the context)",
+    "shared": "shared (the three standards in a task all requests share; the dimension named last)",
+    None: "shared (a report from before layouts were named)",
+}
+MISSING_TEXT = {
+    "skip": "skip (the authors': what their eval.py judges is judged, the rest left out of the means)",
+    "floor": "floor (a query without a visible reply scores 1 and counts)",
+}
+UNREADABLE_TEXT = {
+    "authors": "authors (a fixed judgment drops that dimension of that query; a dynamic one counts 3 of 5)",
+    "fail": "fail (the query fails and is left out; an unreadable sample of k is left out)",
+    None: "fail (a report from before the rule was named)",
+}
+
+
+def notes(chosen: list[tuple[str, str, dict, dict]], systems: list[str], titles: list[str]) -> list[str]:
+    """The lines under a table: the rules of each report (once when all share them), then n
+    and the queries the missing rule touched, per group (per cell where the systems differ)."""
+    rules = []
+    for title, (_, _, _, report) in zip(titles, chosen, strict=True):
+        missing = report.get("missing_rule", "floor")
+        temperatures = ", ".join(f"{k} {v:g}" for k, v in (report.get("temperatures") or {}).items())
+        rules.append(
+            (
+                title,
+                f"judge {report.get('mode', 'fixed')}"
+                + (f" at temperature {temperatures}" if temperatures else "")
+                + f"; layout {LAYOUT_TEXT.get(report.get('layout'), report.get('layout'))}"
+                + f"; missing responses: {MISSING_TEXT.get(missing, missing)}"
+                + f"; unreadable judgments: "
+                f"{UNREADABLE_TEXT.get(report.get('unreadable_rule'), report.get('unreadable_rule'))}.",
+            )
+        )
+    lines = (
+        [f"Rules: {rules[0][1]}"]
+        if len({text for _, text in rules}) == 1
+        else [f"Rules, {title}: {text}" for title, text in rules]
+    )
+    for title, (_, _, entries, report) in zip(titles, chosen, strict=True):
+        floor = report.get("missing_rule", "floor") == "floor"
+        cells = [(name, entries[name]) for name in systems if name in entries]
+        counts = {_n_text(entry) for _, entry in cells}
+        n = (
+            f"n = {counts.pop()} in every cell"
+            if len(counts) == 1
+            else "n: " + ", ".join(f"{name} {_n_text(entry)}" for name, entry in cells)
+        )
+        touched = [(name, entry.get("missing", 0) + entry.get("empty", 0)) for name, entry in cells]
+        what = "floors counted" if floor else "left out (no response)"
+        unread = sum(entry.get("unreadable_queries", 0) for _, entry in cells)
+        lines.append(
+            f"{title}: {n}; {what}: "
+            + (", ".join(f"{name} {count}" for name, count in touched if count) or "none")
+            + (f"; queries with an unreadable judgment: {unread}" if unread else "")
+            + "."
+        )
+    return lines
+
+
+def _n_text(entry: dict) -> str:
+    """A cell's n, with the dimensions' own n where an unreadable judgment left one out."""
+    n = str(entry.get("n", 0))
+    by_dimension = entry.get("n_by_dimension")
+    if by_dimension:
+        n += " (" + ", ".join(f"{SHORT[d]} {by_dimension[d]}" for d in DIMENSIONS) + ")"
+    return n
+
+
+def render(
+    reports: Sequence[dict],
+    fmt: str = "markdown",
+    *,
+    harmonic: bool = False,
+    digits: int = 2,
+    judge: str | None = None,
+    systems: Sequence[str] | None = None,
+) -> str:
     if fmt not in FORMATS:
         raise InputError(f"--format takes {', '.join(FORMATS)}, not {fmt!r}")
-    head, body, width = table_cells(reports, harmonic, digits)
+    head, body, width, under = table_cells(reports, harmonic, digits, judge, systems)
     groups_row = head[0][1::width]
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(["system", *(f"{g} {c}" for g, c in zip(head[0][1:], head[1][1:], strict=True))])
         writer.writerows(body)
-        return out.getvalue()
+        return out.getvalue() + "".join(f"# {line}\n" for line in under)
     if fmt == "markdown":
         names = ["System", *(f"{g} {c}" for g, c in zip(head[0][1:], head[1][1:], strict=True))]
         lines = ["| " + " | ".join(names) + " |", "|" + "---|" + "---:|" * (len(names) - 1)]
         lines += ["| " + " | ".join(_md(cell) for cell in row) + " |" for row in body]
+        lines += ["", *(f"{line}  " for line in under[:-1]), under[-1]]
         return "\n".join(lines) + "\n"
     spec = "l" + ("|" + "c" * width) * len(groups_row)
     lines = [
@@ -109,6 +219,8 @@ def render(reports: Sequence[dict], fmt: str = "markdown", *, harmonic: bool = F
         *(" & ".join(_tex(cell) for cell in row) + " \\\\" for row in body),
         "\\bottomrule",
         "\\end{tabular}",
+        "",
+        "\\par\\smallskip\\noindent{\\footnotesize " + " \\\\\n".join(_tex(line) for line in under) + "}",
     ]
     return "\n".join(lines).replace("—", "--") + "\n"
 
@@ -124,11 +236,25 @@ def _tex(text: str) -> str:
 
 
 def write_table(
-    reports: Sequence[Path], output: Path | None, fmt: str, *, harmonic: bool = False, digits: int = 2
+    reports: Sequence[Path],
+    output: Path | None,
+    fmt: str,
+    *,
+    harmonic: bool = False,
+    digits: int = 2,
+    judge: str | None = None,
+    systems: Sequence[str] | None = None,
 ) -> str:
     if not reports:
         raise InputError("no report given", "pass --report FILE for each split (random and ood)")
-    text = render([read_report(Path(p)) for p in reports], fmt, harmonic=harmonic, digits=digits)
+    text = render(
+        [read_report(Path(p)) for p in reports],
+        fmt,
+        harmonic=harmonic,
+        digits=digits,
+        judge=judge,
+        systems=systems,
+    )
     if output is not None:
         from personaemp.io import atomic_output
 

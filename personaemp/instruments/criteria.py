@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, ValidationError
 from personaemp.errors import InputError, RowError, first_problem
 from personaemp.io import ErrorPolicy, iter_jsonl
 from personaemp.llm.step import RejectedReply, Step
+from personaemp.options import DEFAULT_LAYOUT
 from personaemp.prompts import Prompt
 from personaemp.records import BIG_FIVE, DIMENSION_DEFINITIONS, DIMENSIONS, Criterion
 
@@ -30,7 +31,8 @@ class CriteriaReply(BaseModel):
     criteria: list[CriterionReply] = Field(min_length=4, max_length=6)
 
 
-CRITERIA = Step("criteria", CriteriaReply, prompt="criteria", temperature=0.0)  # shared by every system
+# Shared by every system; at the authors' temperature (evaluation/prepare_criteria.py: 0.2).
+CRITERIA = Step("criteria", CriteriaReply, prompt="criteria", temperature=0.2)
 
 
 ROOM = {CRITERIA.name: 2048}  # tokens at least, as the authors' criteria writer
@@ -114,9 +116,8 @@ def query_units(path: Path, hint: str) -> list[dict[str, Any]]:
 
 
 def dimensions_text(aspects: dict[str, Any]) -> str:
-    """Every dimension with its definition and what it covers. All three go in each request's
-    task, the same bytes for every query, where a provider's prefix cache serves them; the
-    request then only names its dimension."""
+    """Every dimension with its definition and what it covers: the shared layout's task (the
+    same bytes for every query, where a provider's prefix cache serves them)."""
     parts = []
     for dimension in DIMENSIONS:
         lines = [aspects[dimension]] if isinstance(aspects[dimension], str) else aspects[dimension]
@@ -124,10 +125,12 @@ def dimensions_text(aspects: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
-def build_messages(unit: dict, dimension: str, prompt: Prompt) -> list[dict]:
+def build_messages(unit: dict, dimension: str, prompt: Prompt, layout: str = DEFAULT_LAYOUT) -> list[dict]:
     return prompt.render(
+        layout,
         dimension=dimension,
         definition=DIMENSION_DEFINITIONS[dimension],
+        aspects="\n".join(CRITERIA_ASPECTS[dimension]),
         dimensions=dimensions_text(CRITERIA_ASPECTS),
         profile=unit["profile"] or "(none)",
         memories=numbered_memories(unit["memories"]),

@@ -17,6 +17,7 @@ from personaemp.instruments.criteria import (
     numbered_memories,
 )
 from personaemp.llm.step import Step
+from personaemp.options import DEFAULT_LAYOUT, EvaluateOptions
 from personaemp.prompts import Prompt
 from personaemp.records import DIMENSION_DEFINITIONS, DIMENSIONS
 
@@ -88,16 +89,17 @@ DYNAMIC_ASPECTS = {
 }
 
 
-# All three standards are in each dynamic judge request's task: the same bytes for every
-# reply, which a provider's prefix cache serves; a request only names its dimension.
+# The three standards, for the shared layout (the same bytes in every request's task) and the
+# joint judge; the paper layout gives a request its own dimension's only.
 DYNAMIC_STANDARDS = dimensions_text({d: f"General standard: {text}" for d, text in DYNAMIC_ASPECTS.items()})
 
 
-# A judge must be repeatable: temperature 0 unless a run sets it (dynamic@k needs > 0).
+# The authors' temperatures: their fixed judge runs at 0 (evaluation/eval.sh), their reward's
+# dynamic judge at 0.3 on every call, so @k samples differ.
 JUDGE = Step("judge", ScoreReply, prompt="judge", version=2, temperature=0.0)
 
 
-JUDGE_DYNAMIC = Step("judge_dynamic", DynamicScoreReply, prompt="judge_dynamic", version=2, temperature=0.0)
+JUDGE_DYNAMIC = Step("judge_dynamic", DynamicScoreReply, prompt="judge_dynamic", version=2, temperature=0.3)
 
 
 BYSTANDER = Step("bystander", BystanderReply, prompt="bystander", version=2, temperature=0.0)
@@ -107,16 +109,38 @@ STEPS = (JUDGE, JUDGE_DYNAMIC, BYSTANDER)
 ROOM = {step.name: 2048 for step in STEPS}  # tokens at least, as the authors' judges: room to reason
 
 
-MISSING_RULES = ("floor", "skip")  # floor: ours (missing and empty score 1); skip: the authors'
+MISSING_RULES = ("skip", "floor")  # skip: the authors' (what eval.py judges); floor: 1, counted
+UNREADABLE_RULES = ("authors", "fail")  # see EvaluateOptions.unreadable
+NEUTRAL = 3.0  # an unreadable dynamic judgment under the authors' rule (their reward's 0.6 x 5)
+_DEFAULT = EvaluateOptions()  # the defaults live with the [evaluate] options
 
 
 @dataclasses.dataclass(frozen=True)
 class JudgeOptions:
-    dynamic: bool = False
-    samples: int = 1
-    bystander: bool = False
-    reward_lambda: float = 0.5
-    missing: str = "floor"  # or "skip": means over the judged responses only (evaluation/eval.py)
+    dynamic: bool = _DEFAULT.dynamic
+    samples: int = _DEFAULT.samples
+    bystander: bool = _DEFAULT.bystander
+    reward_lambda: float = _DEFAULT.reward_lambda
+    missing: str = _DEFAULT.missing
+    unreadable: str = _DEFAULT.unreadable
+    layout: str = _DEFAULT.layout
+
+
+def step_temperature(settings, step: Step) -> float:
+    """The temperature `step` runs at under `settings` (as Engine.sampling picks it)."""
+    chosen = settings.steps.get(step.name, {}).get("temperature")
+    if chosen is not None:
+        return chosen
+    return step.temperature if step.temperature is not None else settings.temperature
+
+
+def authors_view(raw: str | None) -> str | None:
+    """What the authors' eval.py sends to its judge for a response: nothing when the response
+    is empty or absent (`if response:`), else the text after the last `</think>` when a
+    `<think>` appears, else the text as it is (blank, or cut while reasoning, included)."""
+    if not raw:
+        return None
+    return raw.split("</think>")[-1] if "<think>" in raw else raw
 
 
 def cut_while_reasoning(text: str) -> bool:
@@ -130,7 +154,7 @@ def criteria_text(criteria: list[dict]) -> str:
     )
 
 
-def judge_messages(unit: dict, dimension: str, prompt: Prompt) -> list[dict]:
+def judge_messages(unit: dict, dimension: str, prompt: Prompt, layout: str = DEFAULT_LAYOUT) -> list[dict]:
     values = {
         "dimension": dimension,
         "definition": DIMENSION_DEFINITIONS[dimension],
@@ -143,12 +167,13 @@ def judge_messages(unit: dict, dimension: str, prompt: Prompt) -> list[dict]:
     if unit["criteria"] is not None:
         values["criteria"] = criteria_text(unit["criteria"][dimension])
     else:
+        values["aspects"] = DYNAMIC_ASPECTS[dimension]
         values["dimensions"] = DYNAMIC_STANDARDS
-    return prompt.render(**values)
+    return prompt.render(layout, **values)
 
 
 def check_sampling(settings, step: Step, options: JudgeOptions) -> None:
-    temperature = settings.steps.get(step.name, {}).get("temperature", step.temperature)
+    temperature = step_temperature(settings, step)
     if options.samples > 1 and settings.seed is not None:
         raise InputError(
             f"--samples {options.samples} with --seed would send {options.samples} identical requests",
@@ -157,7 +182,7 @@ def check_sampling(settings, step: Step, options: JudgeOptions) -> None:
     if options.samples > 1 and temperature == 0:
         raise InputError(
             f"--samples {options.samples} at temperature 0 would give {options.samples} identical judgments",
-            "set --step judge_dynamic.temperature=0.7 (or another value above 0)",
+            "leave the judge's temperature at its default (0.3, the authors'), or set one above 0",
         )
 
 

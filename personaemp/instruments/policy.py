@@ -10,6 +10,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from personaemp.errors import InputError
 from personaemp.instruments.criteria import query_units
@@ -20,7 +21,9 @@ from personaemp.splits import split_file
 CONTEXTS = ("none", "memory", "memory-summary", "rag", "mismatch", "persona")
 
 
-RESPOND = Step("respond", None, prompt="respond")
+# Greedy, as the paper's appendix decodes for its evaluations (--step respond.temperature=X
+# to sample).
+RESPOND = Step("respond", None, prompt="respond", temperature=0.0)
 
 
 SUMMARY = Step("summary", None, prompt="summary", temperature=0.0)
@@ -53,6 +56,20 @@ def most_similar(query: str, memories: Sequence[dict], k: int) -> list[dict]:
 
     ranked = sorted(range(len(memories)), key=lambda i: (-score(bags[i]), i))[:k]
     return [memories[i] for i in sorted(ranked)]
+
+
+def rag_saw_everything(units: Sequence[dict], rag_k: int) -> dict[str, Any]:
+    """How many queries' RAG context is every memory of their user (k or fewer memories):
+    on short histories the RAG row then repeats the memory row."""
+    every = sum(len(unit["memories"]) <= rag_k for unit in units)
+    share = every / len(units) if units else 0.0
+    return {
+        "text": f"rag: {every} of {len(units)} queries ({share:.0%}) saw every memory of their user "
+        f"(k = {rag_k}); for those the RAG row equals the memory row",
+        "queries": len(units),
+        "every_memory": every,
+        "k": rag_k,
+    }
 
 
 def listed(memories: Sequence[dict]) -> str:

@@ -59,6 +59,9 @@ class StageReport:
     output: str = ""
     failures: str = ""
     fingerprint: str = ""  # what the rows' input_hash was made with (merge checks shards by it)
+    temperatures: dict[str, float] = field(default_factory=dict)  # per step, as sent
+    # A stage's own figures, for the summary: {"name": {"text": line to print, ...numbers}}.
+    notes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         outcome = self.outcome
@@ -83,6 +86,8 @@ class StageReport:
             "output": self.output,
             "failures_file": self.failures,
             "fingerprint": self.fingerprint,
+            "temperatures": self.temperatures,
+            "notes": self.notes,
         }
 
 
@@ -141,6 +146,7 @@ class LLMStage:
             output=str(self.output),
             failures=str(self.failures),
             fingerprint=self.fingerprint(engine),
+            temperatures={step.name: engine.sampling(step).temperature for step in self.steps},
         )
 
     def record(self, report: StageReport, settings: LLMSettings) -> None:
@@ -167,6 +173,7 @@ async def arun_llm_stage(
     console: Console | None = None,
     failures: Path | None = None,
     chain: Sequence[tuple[Step, int]] = (),
+    notes: dict[str, dict[str, Any]] | None = None,
 ) -> StageReport:
     """Run `make_work(engine)` over `units` (the stage's whole current input, re-iterable;
     `selected` ids only), resumably; write and return the stage report.
@@ -174,7 +181,8 @@ async def arun_llm_stage(
     `fingerprint(engine)` names what makes a finished unit reusable (see Engine.fingerprint).
     `full`: the report describes the build (default: nothing was selected); a quick look's
     report is kept apart so a dataset card never quotes it. `chain`: (step, calls per unit)
-    in the order a unit makes them, for --estimate (which sends and writes nothing).
+    in the order a unit makes them, for --estimate (which sends and writes nothing). `notes`:
+    the stage's own figures, written in its report (StageReport.notes).
     """
     plan = LLMStage(
         stage, units, make_work, key, output, fingerprint, steps=[step for step, _ in chain],
@@ -219,6 +227,7 @@ async def arun_llm_stage(
                     dry=estimate is not None,
                 )
             report = plan.report(engine, settings, outcome, started)
+            report.notes = dict(notes or {})
             if estimate is not None:
                 report.estimate = estimate.report(
                     cache_history(engine.cache), settings.price_in, settings.price_out, settings.price_cached

@@ -10,6 +10,16 @@ open with the same bytes, which a provider's prefix cache serves at a fraction o
 what differs (the user, the dimension, the response) comes last. A plain
 `## system` + `## user` template (the policy model's) is rendered as those two messages.
 
+A step asked about one PERM dimension at a time (criteria, the judges) also declares
+`## standard` (that dimension's standard), and may declare `## standards` (the three) and
+`## ask` (a line naming the request's dimension). It is rendered in one of two LAYOUTS:
+  paper   (the default) as the authors' prompts: the request holds its dimension's standard
+          only, after the task and before the context; then the context, then the reply;
+  shared  for a provider's prefix cache: the three standards follow the task, the same bytes
+          for every request, and `## ask` names the dimension at the very end (after the
+          reply). A step with no `## standards` (the fixed judge: its sheet is the query's
+          own) puts its standard after the context, before the input.
+
 The templates live in prompts/ at the root of a checkout, where they are read from; a
 wheel carries them inside this package (setup.py copies them in at build time) and they
 are read there with importlib.resources. The environment variable PERSONAEMP_PROMPTS
@@ -45,11 +55,14 @@ from personaemp.errors import InputError
 
 PACKAGE = "personaemp.prompts"
 ENV_VAR = "PERSONAEMP_PROMPTS"
-_SECTION = re.compile(r"^## (system|user|data|context|task|blocks|input)\s*$", re.MULTILINE)
+_SECTION = re.compile(
+    r"^## (system|user|data|context|task|standard|standards|ask|blocks|input)\s*$", re.MULTILINE
+)
 _SHARED_SECTION = re.compile(r"^## (\w+)\s*$", re.MULTILINE)
 SHARED = "shared"  # shared.md: `## preamble` and the context blocks steps name
 PREAMBLE = "preamble"
 FENCE_CHARS = 16  # hex digits of a block's key
+LAYOUTS = ("paper", "shared")  # where a dimension's standard goes (see above)
 
 
 def default_dir() -> Traversable:
@@ -79,8 +92,11 @@ class Prompt:
     note: Template | None = None  # says which blocks are data: before the blocks after the task
     input: Template | None = None
     base: tuple[str, ...] = ()  # the slots of the first context block: they make the KEY
+    standard: Template | None = None  # the request's dimension's standard
+    standards: Template | None = None  # the three standards (shared layout)
+    ask: Template | None = None  # names the dimension, last (shared layout)
 
-    def render(self, **values: str) -> list[dict[str, str]]:
+    def render(self, layout: str = "paper", **values: str) -> list[dict[str, str]]:
         """Every section filled in; a `$name` slot without a value is an error.
 
         Context layout: the preamble (system), the context blocks and the task (user), and
@@ -97,11 +113,22 @@ class Prompt:
             system = self.system.substitute(values)
             first = [block.substitute(values) for block in self.context]
             user = self.user.substitute(values)
+            shared = layout == "shared"
+            if shared and self.standards is not None:
+                user += "\n\n" + self.standards.substitute(values)
             rest = [block.substitute(values) for block in self.after]
             if self.note is not None:
                 rest.insert(0, self.note.substitute(values))
+            if self.standard is not None:
+                standard = self.standard.substitute(values)
+                if not shared:
+                    rest.insert(0, standard)
+                elif self.standards is None:
+                    rest.append(standard)
             if self.input is not None:
                 rest.append(self.input.substitute(values))
+            if shared and self.ask is not None:
+                rest.append(self.ask.substitute(values))
         except KeyError as exc:
             raise InputError(f"prompt {self.name}: no value for ${exc.args[0]}") from None
         messages = [
@@ -165,6 +192,10 @@ def load_prompt(name: str, folder: Path | Traversable | None = None) -> Prompt:
         input=Template(sections["input"]) if sections.get("input") else None,
         note=Template(sections["blocks"]) if sections.get("blocks") else None,
         base=slots[0],
+        **{
+            name: Template(sections[name]) if sections.get(name) else None
+            for name in ("standard", "standards", "ask")
+        },
     )
 
 

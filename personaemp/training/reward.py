@@ -92,7 +92,7 @@ from personaemp.instruments.judges import (
 from personaemp.llm.reply import split_reasoning
 from personaemp.llm.step import Step
 from personaemp.options import RewardConfig
-from personaemp.prompts import Prompt, load_prompt
+from personaemp.prompts import LAYOUTS, Prompt, load_prompt
 from personaemp.records import DIMENSIONS
 
 log = logging.getLogger("personaemp.reward")
@@ -118,7 +118,8 @@ class JointReply(BaseModel):
     reception: DimensionJudgment
 
 
-JUDGE_JOINT = Step("judge_joint", JointReply, prompt="judge_joint", version=1, temperature=0.0)
+# A dynamic judge: at the authors' 0.3, as JUDGE_DYNAMIC.
+JUDGE_JOINT = Step("judge_joint", JointReply, prompt="judge_joint", version=1, temperature=0.3)
 STEPS = (JUDGE_JOINT,)
 JOINT_ROOM = {JUDGE_JOINT.name: 4096}  # three judgments' worth of reasoning
 
@@ -137,6 +138,7 @@ class RewardOptions:
     joint: bool = _DEFAULT.joint  # the three dimensions in one call (dynamic only)
     fallback: str = _DEFAULT.fallback
     criteria_file: Path | None = _DEFAULT.criteria
+    layout: str = _DEFAULT.layout  # where a request holds its dimension's standard (prompts.LAYOUTS)
 
     @property
     def mode(self) -> str:
@@ -288,6 +290,8 @@ class Reward:
             raise InputError(f"fallback takes {', '.join(FALLBACKS)}, not {options.fallback!r}")
         if not options.dynamic and (options.samples > 1 or options.joint):
             raise InputError("samples and joint apply to the dynamic (PereGRM) judge")
+        if options.layout not in LAYOUTS:
+            raise InputError(f"layout takes {', '.join(LAYOUTS)}, not {options.layout!r}")
         self.options = options
         self.__name__ = name  # TRL names a reward function's column and metrics after it
         room = {**ROOM, **JOINT_ROOM}
@@ -452,7 +456,7 @@ class Reward:
             calls += [("joint", engine.call(JUDGE_JOINT, messages, sample=s)) for s in range(k)]
         else:
             for dimension in DIMENSIONS:
-                messages = judge_messages(unit, dimension, self.prompts[self.step.name])
+                messages = judge_messages(unit, dimension, self.prompts[self.step.name], options.layout)
                 calls += [(dimension, engine.call(self.step, messages, sample=s)) for s in range(k)]
         if options.bystander:
             messages = self.prompts[BYSTANDER.name].render(query=unit["query"], response=unit["response"])
@@ -527,6 +531,7 @@ class Reward:
             "call": number,
             "at": datetime.now(UTC).isoformat(timespec="seconds"),
             "mode": self.options.mode,
+            "layout": self.options.layout,
             # which instruments made these numbers, as evaluate's report names them
             "instruments": {
                 step.name: f"v{step.version}/{self.prompts[step.name].hash}"
@@ -669,8 +674,8 @@ class PereGRM(Reward):
 
     def __init__(self, settings, *, samples: int = 1, bystander: bool = True, reward_lambda: float = 0.5,
                  joint: bool = False, fallback: str = "neutral", log_path=None,
-                 name: str = "peregrm"):  # fmt: skip
-        options = RewardOptions(True, samples, bystander, reward_lambda, joint, fallback)
+                 name: str = "peregrm", layout: str = _DEFAULT.layout):  # fmt: skip
+        options = RewardOptions(True, samples, bystander, reward_lambda, joint, fallback, layout=layout)
         super().__init__(settings, options, log_path=log_path, name=name)
 
 
@@ -678,8 +683,9 @@ class FixedCriteriaReward(Reward):
     """PERM-style: each query's pre-written criteria (a criteria file, or the rows' `criteria`)."""
 
     def __init__(self, settings, *, criteria_file=None, bystander: bool = True, reward_lambda: float = 0.5,
-                 fallback: str = "neutral", log_path=None, name: str = "perm"):  # fmt: skip
-        options = RewardOptions(False, 1, bystander, reward_lambda, False, fallback, criteria_file)
+                 fallback: str = "neutral", log_path=None, name: str = "perm",
+                 layout: str = _DEFAULT.layout):  # fmt: skip
+        options = RewardOptions(False, 1, bystander, reward_lambda, False, fallback, criteria_file, layout)
         super().__init__(settings, options, log_path=log_path, name=name)
 
 
@@ -709,6 +715,7 @@ def from_config(path: Path | str | None = None, env: Mapping[str, str] | None = 
         joint=config.joint,
         fallback=config.fallback,
         criteria_file=config.criteria,
+        layout=config.layout,
     )
     return Reward(settings, options, log_path=config.log)
 
