@@ -25,6 +25,7 @@ from rich.console import Console
 
 from personaemp.aio import sync_twin
 from personaemp.config import Resolver
+from personaemp.errors import python_caller
 from personaemp.options import COMMANDS, SECTIONS, renamed, spec, specs
 from personaemp.progress import listening
 from personaemp.registry import STAGES, Stage, signature_parameters
@@ -103,17 +104,19 @@ def _function(stage: Stage):
     if stage.llm:
 
         async def function(*args, settings=None, config=None, progress=stage.progress, **options):
-            resolver = _resolve(stage.command, bound(args, options), config)
-            engine = _llm_settings(settings, resolver)
-            with _reporting(progress) as console:
-                return await stage.arun(resolver, console, llm=engine)
+            with python_caller():
+                resolver = _resolve(stage.command, bound(args, options), config)
+                engine = _llm_settings(settings, resolver)
+                with _reporting(progress) as console:
+                    return await stage.arun(resolver, console, llm=engine)
 
     else:
 
         def function(*args, config=None, progress=stage.progress, **options):
-            resolver = _resolve(stage.command, bound(args, options), config)
-            with _reporting(progress) as console:
-                return stage.run(resolver, console)
+            with python_caller():
+                resolver = _resolve(stage.command, bound(args, options), config)
+                with _reporting(progress) as console:
+                    return stage.run(resolver, console)
 
     keyword = inspect.Parameter.KEYWORD_ONLY
     parameters = [

@@ -1,5 +1,7 @@
 """Exceptions the library raises; cli.py turns them into one line on stderr and an exit code."""
 
+import contextlib
+import contextvars
 import os
 
 
@@ -95,3 +97,23 @@ def os_error(exc: OSError) -> PersonaempError:
 
 class Pending(Exception):
     """--estimate, --batch: the cache cannot answer this request; it was handed on, not sent."""
+
+
+# Who is calling: the command line ("cli", the default) or Python (`pe.*`, the reward), so
+# that an error names what the caller wrote: a flag, or an argument.
+CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("personaemp_caller", default="cli")
+
+
+def spoken(cli: str, python: str) -> str:
+    """`cli` on the command line, `python` to a Python caller."""
+    return python if CALLER.get() == "python" else cli
+
+
+@contextlib.contextmanager
+def python_caller():
+    """Errors raised inside speak Python (arguments, not flags)."""
+    token = CALLER.set("python")
+    try:
+        yield
+    finally:
+        CALLER.reset(token)

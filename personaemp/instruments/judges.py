@@ -11,7 +11,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, Field
 
-from personaemp.errors import InputError
+from personaemp.errors import InputError, spoken
 from personaemp.instruments.criteria import (
     dimensions_text,
     numbered_memories,
@@ -173,16 +173,25 @@ def judge_messages(unit: dict, dimension: str, prompt: Prompt, layout: str = DEF
 
 
 def check_sampling(settings, step: Step, options: JudgeOptions) -> None:
-    temperature = step_temperature(settings, step)
-    if options.samples > 1 and settings.seed is not None:
+    """k samples must be able to differ: no seed, a temperature above 0 (named as the caller
+    wrote it: flags on the command line, arguments in Python)."""
+    k = options.samples
+    if k > 1 and settings.seed is not None:
         raise InputError(
-            f"--samples {options.samples} with --seed would send {options.samples} identical requests",
-            "leave --seed out when sampling several judgments",
+            spoken(f"--samples {k} with --seed", f"samples={k} with LLMSettings(seed=...)")
+            + f" would send {k} identical requests",
+            spoken("leave --seed out", "leave seed unset") + " when sampling several judgments",
         )
-    if options.samples > 1 and temperature == 0:
+    if k > 1 and step_temperature(settings, step) == 0:
+        authors = step.temperature if step.temperature else 0.3
         raise InputError(
-            f"--samples {options.samples} at temperature 0 would give {options.samples} identical judgments",
-            "leave the judge's temperature at its default (0.3, the authors'), or set one above 0",
+            f"{spoken(f'--samples {k}', f'samples={k}')} at temperature 0 would give {k} identical "
+            f"judgments of step {step.name}",
+            spoken(
+                f"set --step {step.name}.temperature={authors} (the authors'), or another value above 0",
+                f'pass steps={{"{step.name}": {{"temperature": {authors}}}}} in LLMSettings (the '
+                "authors'), or another value above 0",
+            ),
         )
 
 

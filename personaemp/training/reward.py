@@ -74,7 +74,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from personaemp.errors import InputError, UnitError
+from personaemp.errors import InputError, UnitError, python_caller
 from personaemp.instruments.criteria import numbered_memories, read_criteria, with_room
 from personaemp.instruments.judges import (
     BYSTANDER,
@@ -297,7 +297,8 @@ class Reward:
         room = {**ROOM, **JOINT_ROOM}
         self.settings = with_room(settings, room)
         self.step = JUDGE_JOINT if options.joint else JUDGE_DYNAMIC if options.dynamic else JUDGE
-        check_sampling(self.settings, self.step, _judge_view(options))
+        with python_caller():
+            check_sampling(self.settings, self.step, _judge_view(options))
         used = [self.step, *([BYSTANDER] if options.bystander else [])]
         self.prompts: dict[str, Prompt] = {step.name: load_prompt(step.prompt) for step in used}
         self.criteria = read_criteria(Path(options.criteria_file)) if options.criteria_file else {}

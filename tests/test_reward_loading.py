@@ -1,0 +1,82 @@
+"""The reward as the trainers load it: verl 0.9's file loader (a fresh module name, nothing
+put in sys.modules), `pkg://personaemp.reward`, and its errors in Python's words."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+
+import pytest
+from fake_openai import FakeOpenAI
+from test_reward import expected, judge, row
+
+import personaemp.reward as public
+from personaemp.errors import InputError
+from personaemp.llm.settings import LLMSettings
+from personaemp.training.reward import PereGRM
+
+
+def load_as_verl_09(path: str, name: str = "custom_module"):
+    """verl 0.9.1's load_extern_object for a file path: spec_from_file_location under a fresh
+    name, module_from_spec, exec_module; the module is *not* registered in sys.modules."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert name not in sys.modules
+    return module
+
+
+def config_for(server, tmp_path, monkeypatch) -> None:
+    config = tmp_path / "personaemp.toml"
+    config.write_text(
+        f'[llm]\nbase_url = ["{server.base_url}"]\nmodel = "fake"\nwork_dir = "{tmp_path / "work"}"\n'
+        "[reward]\nsamples = 1\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("PERSONAEMP_CONFIG", str(config))
+
+
+def test_the_documented_reward_file_loads_under_verl_09s_loader(tmp_path, monkeypatch):
+    """The docs' `custom_reward_function.path`: personaemp.reward's file. Loaded as verl 0.9
+    loads it (no sys.modules entry), its dataclasses did not import before (AttributeError)."""
+    with FakeOpenAI(responder=judge) as server:
+        config_for(server, tmp_path, monkeypatch)
+        loaded = load_as_verl_09(public.__file__)
+        score = loaded.compute_score(
+            data_source="personaemp", solution_str="an answer", ground_truth="", extra_info=row("q2")
+        )
+    assert score == pytest.approx(expected("q2"))
+    assert loaded.PereGRM is PereGRM  # the package's own objects, not copies
+
+
+def test_pkg_form_imports_the_same_functions():
+    module = importlib.import_module("personaemp.reward")
+    assert module.compute_score is importlib.import_module("personaemp.training.reward").compute_score
+
+
+def test_a_sampling_error_names_the_joint_step_in_pythons_words(tmp_path):
+    settings = LLMSettings(
+        base_urls=["http://127.0.0.1:9/v1"], model="m", work_dir=tmp_path,
+        steps={"judge_joint": {"temperature": 0.0}},
+    )  # fmt: skip
+    with pytest.raises(InputError) as raised:
+        PereGRM(settings, samples=4, joint=True)  # as docs/training.md writes it
+    text = str(raised.value)
+    assert "step judge_joint" in text and 'steps={"judge_joint": {"temperature": 0.3}}' in text
+    assert "--step" not in text and "--samples" not in text
+
+
+def test_the_same_error_speaks_flags_on_the_command_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from personaemp.cli import app
+
+    result = CliRunner().invoke(
+        app,
+        ["evaluate", "--dynamic", "--samples", "3", "--step", "judge_dynamic.temperature=0",
+         "--responses", str(tmp_path / "r.jsonl"), "--criteria", str(tmp_path / "c.jsonl"),
+         "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--splits", str(tmp_path)],
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "--samples 3" in result.stderr and "--step judge_dynamic.temperature=0.3" in result.stderr
