@@ -29,7 +29,14 @@ from typing import Any
 
 from personaemp.errors import InputError
 from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
-from personaemp.review.page import LLM_CHECKS, current_labels, read_items, read_label_events
+from personaemp.review.page import (
+    LLM_CHECKS,
+    UnknownTarget,
+    current_labels,
+    make_event,
+    read_items,
+    read_label_events,
+)
 
 REPORT_FILE, PLOT_FILE = "agreement.json", "agreement.png"
 Z = 1.959964  # the 97.5% normal quantile
@@ -122,7 +129,8 @@ def agreement_figures(clusters: dict[str, list[int]], boot: Bootstrap) -> dict[s
     if not n:
         return {**figures, "kappa": None, "kappa_ci": None, "agreement": None, "constant": None}
     figures["kappa"] = _round(kappa_of(cells))
-    figures["kappa_ci"] = boot.interval(boot.kappa(boot.cells(list(clusters.values()))))
+    # resampled in query order: the figures follow from the seed alone, never from hash order
+    figures["kappa_ci"] = boot.interval(boot.kappa(boot.cells([clusters[q] for q in sorted(clusters)])))
     figures["agreement"] = round((cells[0] + cells[3]) / n, 4)
     # always answering what the second (people) says most often
     figures["constant"] = round(max(passes, n - passes) / n, 4)
@@ -150,6 +158,13 @@ def read_second_judge(path: Path) -> tuple[dict[str, dict[str, Any]], str | None
     return verdicts, model
 
 
+class AgreementReport(dict):
+    """The figures (a JSON-ready dict), with `as_dict()` as every command's result has."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self)
+
+
 def compute_agreement(
     queries: Path,
     labels: Path | None,
@@ -161,18 +176,21 @@ def compute_agreement(
     """Every figure of the module docstring, as a JSON-ready dict."""
     items = {item["query_id"]: item for item in read_items(Path(queries))}
     events = read_label_events(labels) if labels is not None and Path(labels).exists() else []
-    state = current_labels(events)
+    state, not_scored = scored_labels(current_labels(events), items)
     boot = Bootstrap(resamples, seed)
-    report: dict[str, Any] = {
-        "queries": len(items),
-        "labels": {
-            "events": len(events),
-            "reviewers": sorted(state),
-            "queries_labelled": len({q for queries in state.values() for q in queries if q in items}),
-        },
-        "resamples": resamples,
-        "seed": seed,
-    }
+    report = AgreementReport(
+        {
+            "queries": len(items),
+            "labels": {
+                "events": len(events),
+                "reviewers": sorted(state),
+                "queries_labelled": len({q for queries in state.values() for q in queries}),
+                "not_scored": not_scored,
+            },
+            "resamples": resamples,
+            "seed": seed,
+        }
+    )
 
     judge_people: dict[str, Any] = {}
     for check in LLM_CHECKS:
@@ -199,7 +217,8 @@ def compute_agreement(
         corrected, interval = None, None
         if apparent is not None and sensitivity is not None and specificity is not None:
             corrected = rogan_gladen(apparent, sensitivity, specificity)
-            interval = _corrected_interval(boot, list(clusters.values()), apparent, len(verdicts))
+            ordered = [clusters[q] for q in sorted(clusters)]
+            interval = _corrected_interval(boot, ordered, apparent, len(verdicts))
         figures["corrected_pass"], figures["corrected_pass_ci"] = _round(corrected), interval
         judge_people[check] = figures
     report["judge_vs_people"] = judge_people
@@ -254,6 +273,34 @@ def compute_agreement(
     return report
 
 
+NOT_SCORED = {
+    "unknown_query": "about a query this build does not have",
+    "unknown_target": "about a trait or check the query does not have",
+    "invalid": "not a label the page would take (its value, field or reviewer name)",
+}
+
+
+def scored_labels(state, items: dict[str, dict[str, Any]]):
+    """The current labels the figures count, and how many were left out by reason
+    (NOT_SCORED): each is checked as the page checks a click, against this build's queries."""
+    kept: dict[str, dict[str, dict[str, Any]]] = {}
+    left_out = dict.fromkeys(NOT_SCORED, 0)
+    for reviewer, queries_labels in state.items():
+        for query_id, fields in queries_labels.items():
+            for name, event in fields.items():
+                body = {"reviewer": reviewer, "query_id": query_id, "field": name}
+                try:
+                    make_event({**body, "value": event.get("value")}, items, "-")
+                except UnknownTarget:
+                    left_out["unknown_target"] += 1
+                    continue
+                except InputError:
+                    left_out["unknown_query" if query_id not in items else "invalid"] += 1
+                    continue
+                kept.setdefault(reviewer, {}).setdefault(query_id, {})[name] = event
+    return kept, left_out
+
+
 def _corrected_interval(boot: Bootstrap, clusters, apparent: float, judged: int) -> list[float] | None:
     """The Rogan-Gladen share's interval: the judge's error rates resampled from the labelled
     queries, its apparent pass share from all the queries it judged."""
@@ -275,11 +322,11 @@ def _people_vs_people(state, items, boot: Bootstrap) -> dict[str, Any]:
     kinds: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0, 0, 0]))
     pairs = []
     for first, second in itertools.combinations(sorted(state), 2):
-        shared = set(state[first]) & set(state[second]) & set(items)
+        shared = sorted(set(state[first]) & set(state[second]) & set(items))
         if shared:
             pairs.append([first, second])
         for query_id in shared:
-            for name in set(state[first][query_id]) & set(state[second][query_id]):
+            for name in sorted(set(state[first][query_id]) & set(state[second][query_id])):
                 answers = [_answer(state[r][query_id][name]) for r in (first, second)]
                 if None in answers or name == "note":
                     continue
@@ -539,6 +586,8 @@ def quality_section(report: dict[str, Any] | None, table) -> str:
     second = report.get("judge_vs_judge")
     if second:
         lines.append(f"- Second judge: `{second.get('model') or 'unknown'}` on {second['queries']} queries.")
+    if _not_scored(report):
+        lines.append(f"- Not scored: {_not_scored(report)}.")
     lines.append(
         "- The corrected pass share applies the judge's sensitivity and specificity against "
         "people to its pass share over every generated query (Rogan–Gladen)."
@@ -576,6 +625,15 @@ def agreement_table(report: dict[str, Any], console) -> None:
                       f"acceptance κ {_interval(acceptance, 'kappa')}")  # fmt: skip
     if traits["labelled"]:
         console.print(f"traits supported: {_interval(traits, 'share', True)} of {traits['labelled']}")
+    left_out = _not_scored(report)
+    if left_out:
+        console.print(f"[yellow]not scored: {left_out}[/]")
+
+
+def _not_scored(report: dict[str, Any]) -> str:
+    """'3 labels about a trait or check the query does not have, ...', or ''."""
+    counts = (report.get("labels") or {}).get("not_scored") or {}
+    return "; ".join(f"{n} label{'s' if n != 1 else ''} {NOT_SCORED[k]}" for k, n in counts.items() if n)
 
 
 def card_quality(queries: Path | None) -> tuple[dict[str, Any] | None, bytes | None]:
