@@ -35,6 +35,8 @@ from secrets import token_urlsafe
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+import msgspec
+
 from personaemp.build.queries import CHECKS, JUDGED
 from personaemp.errors import InputError
 from personaemp.io import ErrorPolicy, cut_torn_tail, iter_jsonl
@@ -123,6 +125,7 @@ def sample_items(items: Sequence[dict[str, Any]], size: int, seed: int) -> list[
 # --- the labels ------------------------------------------------------------------------------
 
 
+encode, decode = msgspec.json.Encoder().encode, msgspec.json.Decoder().decode
 BATCH_LINES = 10_000  # lines per write and fsync when many labels come at once (an import)
 CLICK_LOST = "the click it held was never reported saved (the page showed it NOT SAVED)"
 
@@ -142,7 +145,7 @@ class LabelFile:
 
     def extend(self, events: Iterable[dict[str, Any]]) -> None:
         """Append events in batches of BATCH_LINES, each written once and synced once."""
-        lines = [json.dumps(event, ensure_ascii=False).encode("utf-8") + b"\n" for event in events]
+        lines = [encode(event) + b"\n" for event in events]
         with self._lock:
             try:
                 if not self._tail_checked:
@@ -181,8 +184,8 @@ def read_label_events(path: Path) -> list[dict[str, Any]]:
         if not raw.strip():
             continue
         try:
-            event = json.loads(raw)
-        except ValueError:
+            event = decode(raw)
+        except msgspec.DecodeError:
             if number == len(lines):  # the line in flight when the writer died
                 continue
             raise InputError(
@@ -487,5 +490,10 @@ def exchange_label_studio(options, export: Path | None, export_file: Path | None
             + escape(", ".join(str(path) for path in paths))
         )
     if export_file is not None:
-        added = import_export(Path(export_file), Path(options.input), labels)
+        added, refused = import_export(Path(export_file), Path(options.input), labels)
         console.print(f"{added} labels from {escape(str(export_file))} appended to {escape(str(labels))}")
+        if refused:
+            console.print(
+                f"[yellow]{refused} label{'s' if refused != 1 else ''} refused: about a trait or check "
+                "their query does not have (an empty slot of the project); not scored[/]"
+            )
