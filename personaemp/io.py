@@ -331,6 +331,37 @@ def notice(message: str) -> None:
     sys.stderr.flush()
 
 
+def cut_torn_tail(path: Path, lost: str) -> int:
+    """Cut a last line torn by a kill or a full disk in the middle of a write (no newline at
+    the end), so the next append starts on a line of its own; one notice says what the cut
+    line held (`lost`). Returns the bytes cut."""
+    if not path.exists() or path.stat().st_size == 0:
+        return 0
+    with path.open("rb+") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        handle.seek(size - 1)
+        if handle.read(1) == b"\n":
+            return 0
+        position = size
+        while position > 0:  # back a block at a time to the last newline
+            position = max(0, position - (1 << 16))
+            handle.seek(position)
+            cut = handle.read(size - position).rfind(b"\n")
+            if cut >= 0:
+                position += cut + 1
+                break
+        cut_back(handle, path, position, size, lost)
+        return size - position
+
+
+def cut_back(handle: IO[bytes], path: Path, size: int, was: int, lost: str) -> None:
+    handle.truncate(size)
+    handle.flush()
+    os.fsync(handle.fileno())
+    notice(f"{path}: its last line was cut off in the middle ({was - size} bytes, a crash or a full disk); "
+           f"dropped, {lost}")  # fmt: skip
+
+
 def set_aside(path: Path, why: str) -> Path:
     """Rename a damaged file to `NAME.corrupt-<time>` (kept for the user, out of the way of
     what replaces it) and say so in one line."""

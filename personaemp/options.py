@@ -968,7 +968,12 @@ class ReviewOptions(Section):
         int, Opt("Seed of the sample (the same seed gives the same queries in the same order).")
     ] = 0
     host: Annotated[
-        str, Opt("Address to serve the page on (keep it local: the labels are not protected).")
+        str,
+        Opt(
+            "Address to serve the page on. Every API call needs the session's token (in the address "
+            "printed at start); beyond loopback (0.0.0.0), whoever reaches it with that address can "
+            "read the sample and label, over plain HTTP."
+        ),
     ] = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535), Opt("Port of the page (0: any free port).")] = 8765
 
@@ -1061,10 +1066,12 @@ class RewardConfig(Section):
             env="PERSONAEMP_REWARD_JOINT"),
     ] = False  # fmt: skip
     fallback: Annotated[
-        Literal["neutral", "floor"],
-        Opt("A judgment that cannot be had: neutral (3 of 5, B = 0.8, the authors' values) or floor "
-            "(1, B = 0); counted and logged either way.", env="PERSONAEMP_REWARD_FALLBACK"),
-    ] = "neutral"  # fmt: skip
+        Literal["lowest", "neutral", "floor"],
+        Opt("A judgment that cannot be had: lowest (the rollout gets at most the step's lowest judged "
+            "reward: a judge failure never pays), floor (1, B = 0) or neutral (3 of 5, B = 0.8, the "
+            "authors' values, above most judged B); counted and logged either way.",
+            env="PERSONAEMP_REWARD_FALLBACK"),
+    ] = "lowest"  # fmt: skip
     criteria: Annotated[
         Path | None, Opt("Fixed criteria (`personaemp criteria`) when dynamic is false.", io="read")
     ] = None

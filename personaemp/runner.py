@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import os
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ import msgspec
 
 from personaemp import locks
 from personaemp.errors import Pending, PersonaempError, UnitError
-from personaemp.io import atomic_output, named, notice, read_jsonl_at
+from personaemp.io import atomic_output, cut_back, cut_torn_tail, named, read_jsonl_at
 from personaemp.secrets import redact
 
 Work = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -68,31 +67,12 @@ def unit_hash(row: dict[str, Any], fingerprint: str) -> str:
     return hashlib.sha256(encoded).hexdigest()[:16]
 
 
+UNIT_AGAIN = "the unit it held is done again"
+
+
 def _repair_tail(path: Path) -> None:
-    """Cut a line torn by a kill or a full disk in the middle of a write, so appends start
-    on a new line (the unit it belonged to is simply done again)."""
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    with path.open("rb+") as handle:
-        handle.seek(-1, os.SEEK_END)
-        if handle.read(1) == b"\n":
-            return
-        size = handle.seek(0, os.SEEK_END)
-        position = max(0, size - (1 << 16))
-        while True:
-            handle.seek(position)
-            chunk = handle.read(size - position)
-            cut = chunk.rfind(b"\n")
-            if cut >= 0 or position == 0:
-                _cut_back(handle, path, position + cut + 1 if cut >= 0 else 0, size)
-                return
-            position = max(0, position - (1 << 16))
-
-
-def _cut_back(handle, path: Path, size: int, was: int) -> None:
-    handle.truncate(size)
-    notice(f"{path}: its last line was cut off in the middle ({was - size} bytes, a crash or a full disk); "
-           "dropped, the unit it held is done again")  # fmt: skip
+    """Cut a line torn by a kill or a full disk, so appends start on a new line."""
+    cut_torn_tail(path, UNIT_AGAIN)
 
 
 def _scan(path: Path, key: str, field: str = "input_hash", repair: bool = True) -> dict[str, tuple[int, str]]:
@@ -116,7 +96,7 @@ def _scan(path: Path, key: str, field: str = "input_hash", repair: bool = True) 
                     ) from None
                 if repair:  # the last line: torn, not damaged
                     with path.open("rb+") as writable:
-                        _cut_back(writable, path, offset, size)
+                        cut_back(writable, path, offset, size, UNIT_AGAIN)
                 break
             found[str(row[key])] = (offset, row.get(field, ""))
             offset += len(line)

@@ -61,3 +61,57 @@ def _spelled(secret: str) -> str:
             forms += [r"\+", "%(?:25)?2b"]  # form-encoded, then percent-encoded
         parts.append(f"(?:{'|'.join(forms)})")
     return "".join(parts)
+
+
+# Query parameters that carry a credential (Azure's api-key, Google's key, signed URLs...).
+URL_SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "sig", "auth", "credential")
+
+
+def _secret_parameter(name: str) -> bool:
+    name = name.lower().replace("-", "_")
+    return any(word in name for word in URL_SECRET_WORDS)
+
+
+def url_secrets(url: str) -> list[str]:
+    """The credentials a URL carries: its userinfo (user:password, or a lone user, which is
+    then the key) and the values of query parameters named like a credential."""
+    from urllib.parse import parse_qsl, unquote, urlsplit
+
+    try:
+        parts = urlsplit(url)
+        password, username = parts.password, parts.username
+    except ValueError:  # a malformed port or address: no credential can be picked out
+        return []
+    found = [unquote(password)] if password else [unquote(username)] if username else []
+    found += [
+        value for name, value in parse_qsl(parts.query, keep_blank_values=True) if _secret_parameter(name)
+    ]
+    return [secret for secret in found if secret]
+
+
+def register_url(url: str) -> None:
+    """Remember the credentials of an endpoint's URL, so `redact` masks them everywhere."""
+    for secret in url_secrets(url):
+        register(secret)
+
+
+def redact_url(url: str) -> str:
+    """`url` as it may be shown or stored: userinfo and credential parameters masked (the
+    structure kept, so the endpoint is still recognisable), then every known secret."""
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:
+        return redact(url) or url
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = f"{MASK}@{netloc.rsplit('@', 1)[1]}"
+    pieces = [piece.partition("=") for piece in parts.query.split("&")] if parts.query else []
+    query = "&".join(
+        f"{name}={MASK}" if equals and _secret_parameter(unquote(name)) else name + equals + value
+        for name, equals, value in pieces
+    )
+    shown = urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment)) if host or netloc else url
+    return redact(shown) or shown

@@ -411,3 +411,17 @@ def print_push(made, console: Console) -> None:
     for warning in result.warnings:  # e.g. a stage report the card could not find
         console.print(f"[yellow]warning:[/] {escape(warning)}")
     console.print(f"wrote {result.target}")
+
+
+# Why a label is not scored by `agreement` (and the card): checked as the page checks a click.
+NOT_SCORED = {
+    "unknown_query": "about a query this build does not have",
+    "unknown_target": "about a trait or check the query does not have",
+    "invalid": "not a label the page would take (its value, field or reviewer name)",
+}
+
+
+def not_scored_text(report: dict[str, Any]) -> str:
+    """'3 labels about a trait or check the query does not have, ...', or ''."""
+    counts = (report.get("labels") or {}).get("not_scored") or {}
+    return "; ".join(f"{n} label{'s' if n != 1 else ''} {NOT_SCORED[k]}" for k, n in counts.items() if n)

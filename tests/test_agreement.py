@@ -249,3 +249,60 @@ def test_a_card_without_labels_says_none_exist(build, tmp_path):
     card = (out / "README.md").read_text(encoding="utf-8")
     assert "## Quality\n\nNo human labels exist for this build" in card
     assert not (out / "figures" / "agreement.png").exists()
+
+
+# --- figures that hold -------------------------------------------------------------------------
+
+
+def test_the_figures_follow_from_the_seed_alone(build):
+    """Two runs with the same --bootstrap-seed give the same intervals whatever the
+    interpreter's hash seed (a set's order once fed the resampling)."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    label_sample(build, reviewers=("ana", "bo", "cy"))
+    code = (
+        "import json, sys; from personaemp.review.agreement import compute_agreement; "
+        "print(json.dumps(compute_agreement(sys.argv[1], sys.argv[2], resamples=300, seed=4)))"
+    )
+    runs = {
+        subprocess.run(
+            [sys.executable, "-c", code, str(build / "queries.jsonl"), str(build / "labels.jsonl")],
+            env={"PYTHONPATH": str(REPO), "PYTHONHASHSEED": hashseed}, capture_output=True, text=True,
+            check=True,
+        ).stdout
+        for hashseed in ("1", "2", "3", "4")
+    }  # fmt: skip
+    assert len(runs) == 1
+    assert json.loads(runs.pop())["people_vs_people"]["fields"]["emotional_support"]["kappa_ci"]
+
+
+def test_agreement_json_prints_the_report(build):
+    label_sample(build)
+    result = CliRunner().invoke(
+        app, ["agreement", "--input", str(build / "queries.jsonl"), "--resamples", "100", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report == json.loads((build / "agreement" / "agreement.json").read_text())
+    assert report["judge_vs_people"]["emotional_support"]["pairs"] == 48
+
+
+def test_labels_about_what_a_query_does_not_have_are_counted_not_scored(tmp_path):
+    path = write_jsonl(tmp_path / "queries.jsonl", [queries_row("u1", [(True, True), (False, False)])])
+    items = {i["query_id"]: i for i in read_items(path)}
+    body = {"reviewer": "ana", "query_id": "u1-q1", "field": "trait:0", "value": "unsupported"}
+    good = make_event(body, items)
+    forged = [
+        {**good, "field": "trait:99", "value": "supported"},  # the user has one trait
+        {**good, "field": "check:length_ok", "value": "agree", "judge": True},  # not an LLM check
+        {**good, "query_id": "u7-q1", "field": "query", "value": "accept"},  # not in this build
+        {**good, "field": "query", "value": "maybe"},  # not a value the page takes
+    ]
+    write_jsonl(tmp_path / "labels.jsonl", [good, *forged])
+    report = compute_agreement(path, tmp_path / "labels.jsonl", resamples=50)
+    assert report["traits"]["labelled"] == 1 and report["traits"]["share"] == 0.0  # not "100% of 1"
+    assert report["labels"]["not_scored"] == {"unknown_query": 1, "unknown_target": 2, "invalid": 1}
+    assert report["acceptance"]["pairs"] == 0 and report["labels"]["queries_labelled"] == 1

@@ -238,3 +238,50 @@ def test_the_failures_file_keeps_an_excerpt_of_a_bad_reply(tmp_path, filtered):
         head, marker, tail = row["raw"].split("\n")
         assert bad.startswith(head) and bad.endswith(tail) and len(head) == len(tail) == 2000
         assert marker == f"[... {len(bad) - 4000} characters cut ...]"
+
+
+# --- a key written into the endpoint's URL ------------------------------------------------------
+
+
+def test_a_key_in_the_url_is_in_no_file_and_not_on_the_terminal(tmp_path, filtered):
+    """`--base-url http://tok:KEY@host/v1`: the key is masked in endpoints.json, the run
+    report, the outputs and stderr, as the environment's key is."""
+    with FakeOpenAI() as server:
+        url = server.base_url.replace("http://", f"http://tok:{KEY}@")
+        result = infer(tmp_path, filtered, url, key="sk-another-key-0000")
+    assert result.returncode == 0, result.stderr
+    decisions = json.loads((tmp_path / "work" / "endpoints.json").read_text())
+    assert [key.split()[0] for key in decisions] == [server.base_url.replace("http://", "http://[redacted]@")]
+    assert "[redacted]@" in (tmp_path / "work" / "run_report.json").read_text()
+    assert_key_nowhere(tmp_path, result.stdout, result.stderr)
+
+
+def test_a_dead_endpoint_with_a_key_in_its_url_names_it_masked(tmp_path, filtered):
+    result = infer(tmp_path, filtered, f"http://{KEY}@127.0.0.1:{closed_port()}/v1", "--max-retries", "0")
+    assert_one_clean_line(result, "[redacted]@127.0.0.1")
+    assert_key_nowhere(tmp_path, result.stdout, result.stderr)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown", "found"),
+    [
+        ("http://tok:s3cr3t-key@h:8000/v1", "http://[redacted]@h:8000/v1", ["s3cr3t-key"]),
+        ("http://s3cr3t-key@h/v1", "http://[redacted]@h/v1", ["s3cr3t-key"]),
+        ("https://h/v1?api-key=AZ-KEY-1&api-version=2024-10", "https://h/v1?api-key=[redacted]&api-version=2024-10",
+         ["AZ-KEY-1"]),
+        ("https://h/v1?key=G-KEY-22&x", "https://h/v1?key=[redacted]&x", ["G-KEY-22"]),
+        ("https://h/v1?access_token=T0K3N&sig=S1G9", "https://h/v1?access_token=[redacted]&sig=[redacted]",
+         ["T0K3N", "S1G9"]),
+        ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1", []),
+    ],
+)  # fmt: skip
+def test_the_credentials_of_a_url_are_found_and_masked(monkeypatch, url, shown, found):
+    monkeypatch.setattr(secrets, "_registered", set())
+    assert secrets.url_secrets(url) == found and secrets.redact_url(url) == shown
+    from personaemp.llm.settings import LLMSettings
+
+    settings = LLMSettings(base_urls=[url], model="m")
+    assert settings.public()["endpoints"] == [shown]
+    for secret in found:  # and anywhere else a message might carry it
+        assert secrets.redact(f"GET {url} failed") == f"GET {secrets.redact(url)} failed"
+        assert secret not in secrets.redact(f"GET {url} failed")

@@ -151,3 +151,86 @@ def test_a_choice_the_page_would_refuse_names_its_task(queries, tmp_path):
     path.write_text(json.dumps(bad))
     result = CliRunner().invoke(app, ["review", "--input", str(queries), "--import-label-studio", str(path)])
     assert result.exit_code == 2 and "task 1: query takes accept or reject, not 'maybe'" in result.stderr
+
+
+# --- hostile exports: one line naming the file and the task; nothing written --------------------
+
+TASK = '[{"id": 17, "data": {"query_id": "Q"}, "annotations": %s}]'
+ONE = TASK % '[{"result": [{"from_name": %s}]}]'
+SHAPES = [
+    ("[5]", "task 1: the task is a number, not an object"),
+    ('[{"id": 17, "data": {"query_id": 5}}]', "task 1 (id 17): query 5 is not in"),
+    (TASK % '{"a": 1}', "task 1 (id 17): annotations is an object"),
+    (TASK % '["x"]', "(id 17): an annotation is text"),
+    (TASK % '[{"result": "x"}]', "an annotation's result is text"),
+    (TASK % '[{"result": [7]}]', "(id 17): a result is a number"),
+    (ONE % "5", "(id 17): from_name is a number"),
+    (ONE % '"query", "value": "accept"', "the value of 'query' is text"),
+    (ONE % '"query", "value": {"choices": [{"x": 1}]}', "an item of the choices of 'query' is an object"),
+    (ONE % '"note", "value": {"text": [1, 2]}', "an item of a note's text is a number"),
+    (TASK % '[{"completed_by": [1], "result": []}]', "(id 17): completed_by is a list"),
+    (TASK % '[{"was_cancelled": "yes", "result": []}]', "(id 17): was_cancelled is text"),
+    (TASK % '[{"updated_at": {"$date": 1}, "result": []}]', "(id 17): updated_at is an object"),
+    (
+        TASK % '[{"updated_at": "yesterday", "result": []}]',
+        "updated_at 'yesterday' is not an ISO date and time",
+    ),
+]
+
+
+@pytest.mark.parametrize(("content", "message"), SHAPES)
+def test_a_wrongly_shaped_export_is_one_line_naming_its_task(queries, tmp_path, content, message):
+    tasks = export(queries, tmp_path / "ls", size=2)
+    path = tmp_path / "export.json"
+    path.write_text(content.replace('"Q"', json.dumps(tasks[0]["data"]["query_id"])))
+    result = CliRunner().invoke(app, ["review", "--input", str(queries), "--import-label-studio", str(path)])
+    assert result.exit_code == 2, result.output
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert f"{path}: task 1" in result.stderr and message in result.stderr, result.stderr
+    assert not queries.with_name("labels.jsonl").exists()
+
+
+def test_an_export_nested_100000_deep_or_with_a_huge_time_is_one_line(queries, tmp_path):
+    tasks = export(queries, tmp_path / "ls", size=2)
+    path = tmp_path / "export.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    result = CliRunner().invoke(app, ["review", "--input", str(queries), "--import-label-studio", str(path)])
+    assert result.exit_code == 2 and "nested deeper than a Label Studio export is" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    huge = [{"id": 3, "data": tasks[0]["data"], "annotations": [{"updated_at": "2" * 20_000_000, "result": [
+        {"from_name": "query", "value": {"choices": ["accept"]}}]}]}]  # fmt: skip
+    path.write_text(json.dumps(huge))
+    result = CliRunner().invoke(app, ["review", "--input", str(queries), "--import-label-studio", str(path)])
+    assert result.exit_code == 2 and "task 1 (id 3): updated_at '2222" in result.stderr
+    assert len(result.stderr) < 400  # the value is named, not printed
+    assert not queries.with_name("labels.jsonl").exists()
+
+
+def test_labels_for_an_empty_trait_slot_are_refused_and_counted(queries, tmp_path):
+    tasks = export(queries, tmp_path / "ls", size=2)
+    chosen = (("query", "accept"), ("trait_40", "supported"), ("trait_41", "unsupported"))
+    results = [{"from_name": name, "value": {"choices": [value]}} for name, value in chosen]
+    when = "2026-11-23T10:02:00.123456+02:00"
+    annotation = {"completed_by": 1, "updated_at": when, "result": results}
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps([{"id": 5, "data": tasks[0]["data"], "annotations": [annotation]}]))
+    result = CliRunner().invoke(app, ["review", "--input", str(queries), "--import-label-studio", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "1 labels from" in result.stderr and "2 labels refused: about a trait or check" in result.stderr
+    events = read_label_events(queries.with_name("labels.jsonl"))
+    assert [(e["field"], e["at"]) for e in events] == [("query", "2026-11-23T08:02:00Z")]
+
+
+def test_an_import_is_written_in_batches(queries, tmp_path, monkeypatch):
+    """One fsync per batch of lines, not one per label (300 labels/s)."""
+    import os
+
+    tasks = export(queries, tmp_path / "ls")
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps(annotated(tasks)))
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real(fd))
+    result = CliRunner().invoke(app, ["review", "--input", str(queries), "--import-label-studio", str(path)])
+    assert result.exit_code == 0 and "37 labels from" in result.stderr, result.output
+    assert len(synced) <= 2  # the batch, and the folder of the new file

@@ -3,6 +3,7 @@ in a real headless Chromium (tests/browser.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -163,23 +164,30 @@ def served(sample_build, tmp_path):
     server = review_server(session)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
+    TOKEN["now"] = session.token
     yield session, f"http://127.0.0.1:{server.server_address[1]}"
+    TOKEN.pop("now", None)
     server.shutdown()
     server.server_close()
     thread.join()
 
 
-def get(url: str) -> tuple[int, bytes, str]:
+TOKEN: dict[str, str] = {}  # the served session's token, set by the fixture
+
+
+def get(url: str, headers: dict | None = None) -> tuple[int, bytes, str]:
+    request = urllib.request.Request(url, headers={"X-Review-Token": TOKEN.get("now", ""), **(headers or {})})
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, response.read(), response.headers["Content-Type"]
     except urllib.error.HTTPError as error:
         return error.code, error.read(), error.headers["Content-Type"]
 
 
-def post(url: str, body) -> tuple[int, dict]:
+def post(url: str, body, headers: dict | None = None) -> tuple[int, dict]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    sent = {"Content-Type": "application/json", "X-Review-Token": TOKEN.get("now", ""), **(headers or {})}
+    request = urllib.request.Request(url, data=data, headers={k: v for k, v in sent.items() if v is not None})
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.loads(response.read())
@@ -228,8 +236,9 @@ def test_cli_review_serves_until_interrupted(sample_build, tmp_path):
     try:
         lines = [process.stderr.readline(), process.stderr.readline()]
         assert lines[0].startswith("review: 5 queries of "), lines
-        url = re.search(r"open (http://127\.0\.0\.1:\d+/)", lines[1]).group(1)
-        assert len(json.loads(get(url + "api/items")[1])["items"]) == 5
+        url, token = re.search(r"open (http://127\.0\.0\.1:\d+/)\?token=([\w-]+) ", lines[1]).groups()
+        assert get(url + "api/items")[0] == 403  # the address without its token reads nothing
+        assert len(json.loads(get(url + "api/items", {"X-Review-Token": token})[1])["items"]) == 5
     finally:
         process.send_signal(signal.SIGINT)
         rest = process.communicate(timeout=20)[1]
@@ -269,7 +278,7 @@ def test_a_reviewer_labels_with_keys_and_mouse_reloads_and_resumes(served, tmp_p
     settled = "document.body.dataset.ready === 'true'"
     with Browser() as browser:
         page = browser.page(1366, 768)
-        page.goto(base + "/")
+        page.goto(f"{base}/?token={session.token}")
         page.wait_for("!document.getElementById('login').hidden")  # no name yet: asked for one
         page.click("#login-name")
         page.type("ana")
@@ -319,7 +328,7 @@ def test_a_reviewer_labels_with_keys_and_mouse_reloads_and_resumes(served, tmp_p
         )
         assert page.evaluate("document.getElementById('note').value") == "reads like a template"
         # the page opened afresh (name remembered) resumes at the first query not decided: the third
-        page.goto(base + "/")
+        page.goto(f"{base}/?token={session.token}")
         page.wait_for(settled)
         assert page.evaluate("document.getElementById('reviewer').value") == "ana"
         assert page.evaluate("document.getElementById('position').textContent") == f"3 of {len(items)}"
@@ -358,7 +367,7 @@ def test_two_reviewers_label_the_same_sample_apart(served, tmp_path):
     with Browser() as browser:
         for name, key in (("ana", "a"), ("bo", "r")):
             page = browser.page(2560, 1440)
-            page.goto(f"{base}/?reviewer={name}")
+            page.goto(f"{base}/?token={session.token}&reviewer={name}")
             page.wait_for("document.body.dataset.ready === 'true'")
             page.key(key)
             page.wait_for("document.body.dataset.pending === '0'")
@@ -371,3 +380,195 @@ def test_two_reviewers_label_the_same_sample_apart(served, tmp_path):
     first = session.items[0]["query_id"]
     assert state["ana"][first]["query"]["value"] == "accept"
     assert state["bo"][first]["query"]["value"] == "reject"
+
+
+# --- attacks: only the page's own requests, bounded bodies, no click lost -------------------------
+
+
+def raw(base: str, head: str, body: bytes = b"") -> tuple[int, dict]:
+    """One request written by hand (headers a browser or urllib would not send), its answer."""
+    import socket
+
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head.replace("\n", "\r\n").encode() + b"\r\n" + body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+            if b"\r\n\r\n" in answer:
+                length = int(re.search(rb"Content-Length: (\d+)", answer).group(1))
+                if len(answer.split(b"\r\n\r\n", 1)[1]) >= length:
+                    break
+    status = int(answer.split()[1])
+    return status, json.loads(answer.split(b"\r\n\r\n", 1)[1])
+
+
+def a_label(session, **changes) -> dict:
+    return {"reviewer": "ana", "query_id": session.items[0]["query_id"], "field": "query", "value": "accept",
+            **changes}  # fmt: skip
+
+
+def test_a_cross_origin_simple_post_is_refused_and_writes_nothing(served, tmp_path):
+    """What a page on another site can send from the reviewer's browser without asking: a
+    text/plain POST with its own Origin, without the session's token."""
+    session, base = served
+    body = json.dumps(a_label(session)).encode()
+    forged = {"Content-Type": "text/plain", "Origin": "http://attacker.example", "X-Review-Token": None}
+    assert post(base + "/api/label", body, forged)[0] == 403
+    # each guard alone refuses: another Origin, text/plain, no token, a wrong token
+    assert post(base + "/api/label", body, {"Origin": "http://attacker.example"})[0] == 403
+    assert post(base + "/api/label", body, {"Sec-Fetch-Site": "cross-site"})[0] == 403
+    assert post(base + "/api/label", body, {"Content-Type": "text/plain"})[0] == 415
+    assert post(base + "/api/label", body, {"X-Review-Token": None})[0] == 403
+    status, answer = post(base + "/api/label", body, {"X-Review-Token": "guess"})
+    assert status == 403 and "token" in answer["error"]
+    assert not (tmp_path / "labels.jsonl").exists()
+    # the page's own request: same origin, JSON, the token
+    assert post(base + "/api/label", body, {"Origin": base})[0] == 200
+    assert len(read_jsonl(tmp_path / "labels.jsonl")) == 1
+
+
+def test_a_foreign_host_reads_nothing_even_with_the_token(served, tmp_path):
+    """DNS rebinding: the attacker's name resolving to 127.0.0.1 brings its own Host header."""
+    session, base = served
+    rebound = {"Host": "rebind.attacker.example:" + base.rsplit(":", 1)[1]}
+    for path in ("/api/items", "/api/labels?reviewer=ana", "/"):
+        status, body, _ = get(base + path, rebound)
+        assert status == 403 and b"memories" not in body, path
+    assert post(base + "/api/label", a_label(session), rebound)[0] == 403
+    assert not (tmp_path / "labels.jsonl").exists()
+    # without the token, the page's own address gives the page but no data
+    assert get(base + "/", {"X-Review-Token": ""})[0] == 200
+    assert get(base + "/api/items", {"X-Review-Token": ""})[0] == 403
+    localhost = {"Host": "localhost:" + base.rsplit(":", 1)[1]}
+    assert get(base + "/api/items", localhost)[0] == 200
+
+
+def test_the_hosts_answered_are_the_address_served():
+    from personaemp.review.page import served_hosts
+
+    assert served_hosts("127.0.0.1", 8765) == {"127.0.0.1:8765", "localhost:8765", "[::1]:8765"}
+    assert served_hosts("10.1.2.3", 80) == {"10.1.2.3:80", "10.1.2.3"}
+    assert served_hosts("0.0.0.0", 8765) is None  # any name reaches it: the token decides
+
+
+@pytest.mark.slow
+def test_cli_review_beyond_loopback_says_so_in_one_line(sample_build, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "personaemp", "review", "--input", str(sample_build / "queries.jsonl"),
+         "--labels", str(tmp_path / "labels.jsonl"), "--port", "0", "--host", "0.0.0.0"],
+        stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        lines = [process.stderr.readline() for _ in range(3)]
+        assert lines[1].startswith("warning: serving on 0.0.0.0, beyond this machine") and "token" in lines[1]
+        url, token = re.search(r"open (http://0\.0\.0\.0:\d+/)\?token=([\w-]+) ", lines[2]).groups()
+        url = url.replace("0.0.0.0", "127.0.0.1")
+        assert get(url + "api/items", {"X-Review-Token": ""})[0] == 403
+        assert get(url + "api/items", {"X-Review-Token": token})[0] == 200
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=20)
+
+
+def test_bodies_are_bounded_in_size_and_nesting(served, tmp_path):
+    session, base = served
+    port = base.rsplit(":", 1)[1]
+    head = (f"POST /api/label HTTP/1.1\nHost: 127.0.0.1:{port}\nContent-Type: application/json\n"
+            f"X-Review-Token: {session.token}\n")  # fmt: skip
+    # announced sizes: refused before a byte of the body is read
+    assert raw(base, head + "Content-Length: 200000000\n")[0] == 413
+    assert raw(base, head + "Content-Length: 1e12\n")[0] == 400
+    assert raw(base, head + "Content-Length: -5\n")[0] == 400
+    assert raw(base, head)[0] == 411
+    deep = b"[" * 100_000 + b"]" * 100_000
+    assert raw(base, head + f"Content-Length: {len(deep)}\n", deep)[0] == 413
+    nested = b"[" * 20_000 + b"]" * 20_000  # within the size limit, deeper than a parser goes
+    status, answer = raw(base, head + f"Content-Length: {len(nested)}\n", nested)
+    assert status == 400 and "nested" in answer["error"]
+    shaped = json.dumps(a_label(session, reviewer={"name": "ana"})).encode()
+    assert raw(base, head + f"Content-Length: {len(shaped)}\n", shaped)[0] == 400
+    assert not (tmp_path / "labels.jsonl").exists()
+    assert get(base + "/api/items")[0] == 200  # and the server goes on
+
+
+@pytest.mark.parametrize("name", ["ana\x1b[2J", "bo\nfake line", "cy\x07", "dee\u202eevil", "\x00"])
+def test_a_reviewer_name_is_printable_text(served, tmp_path, name):
+    session, base = served
+    status, answer = post(base + "/api/label", a_label(session, reviewer=name))
+    assert status == 400 and "printable" in answer["error"]
+    assert not (tmp_path / "labels.jsonl").exists()
+
+
+def test_names_already_in_the_file_are_shown_escaped_at_start(sample_build, tmp_path):
+    from rich.console import Console
+
+    from personaemp.review.page import serve_review
+
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text(json.dumps({"reviewer": "eve\x1b]0;owned\x07", "query_id": "x", "field": "query",
+                                  "value": "accept"}) + "\n")  # fmt: skip
+    console = Console(file=(out := __import__("io").StringIO()), force_terminal=False, width=400)
+
+    class Options:
+        input, size, seed, host, port = sample_build / "queries.jsonl", 3, 0, "127.0.0.1", 0
+
+    Options.labels = labels
+    with pytest.MonkeyPatch.context() as patch:
+        from http.server import ThreadingHTTPServer
+
+        patch.setattr(
+            ThreadingHTTPServer, "serve_forever", lambda self: (_ for _ in ()).throw(KeyboardInterrupt)
+        )
+        serve_review(Options, console)
+    shown = out.getvalue()
+    assert "\x1b" not in shown and "\x07" not in shown
+    assert r"'eve\x1b]0;owned\x07'" in shown
+
+
+def test_a_click_after_a_torn_line_is_a_line_of_its_own(served, tmp_path, capsys):
+    """The last line cut by a crash (power loss, full disk): the next click must not land on
+    its end, or the file is broken for the page, agreement and every later click."""
+    session, base = served
+    path = tmp_path / "labels.jsonl"
+    whole = json.dumps(make_event(a_label(session), session.by_id, "t"))
+    path.write_text(whole + "\n" + whole[:25])
+    status, answer = post(base + "/api/label", a_label(session, value="reject"))
+    assert status == 200
+    assert path.read_text().endswith("\n") and len(path.read_text().splitlines()) == 2
+    assert [e["value"] for e in read_label_events(path)] == ["accept", "reject"]
+    assert json.loads(get(base + "/api/labels?reviewer=ana")[1])["labels"] == {
+        session.items[0]["query_id"]: {"query": "reject"}
+    }
+    assert "its last line was cut off in the middle (25 bytes" in capsys.readouterr().err
+    from personaemp.review.agreement import compute_agreement
+
+    assert compute_agreement(Path(session.source), path, resamples=20)["acceptance"]["pairs"] == 1
+
+
+def test_a_click_on_a_full_disk_is_not_reported_saved(sample_build, tmp_path):
+    from test_hostile import mount
+
+    disk = mount(tmp_path / "small", "size=64k")
+    try:
+        session = open_session(sample_build / "queries.jsonl", disk / "labels.jsonl", 4, 0)
+        server = review_server(session)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        TOKEN["now"] = session.token
+        filler = disk / "filler"
+        with filler.open("wb", buffering=0) as handle, contextlib.suppress(OSError):
+            while True:  # the whole disk
+                handle.write(b"x" * 4096)
+        status, answer = post(base + "/api/label", a_label(session))
+        assert status == 503 and answer["error"].startswith("not saved: No space left")
+        filler.unlink()
+        assert post(base + "/api/label", a_label(session, value="reject"))[0] == 200
+        assert [e["value"] for e in read_label_events(disk / "labels.jsonl")] == ["reject"]
+        server.shutdown()
+        server.server_close()
+    finally:
+        TOKEN.pop("now", None)
+        subprocess.run(["umount", "-l", str(disk)], check=False)

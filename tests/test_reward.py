@@ -233,7 +233,7 @@ def test_an_unreadable_judgment_takes_the_documented_fallback_counted_and_logged
         return judge(body, number)
 
     with FakeOpenAI(responder=broken_resonation) as server:
-        reward = PereGRM(settings(server, tmp_path), log_path=tmp_path / "reward.jsonl")
+        reward = PereGRM(settings(server, tmp_path), fallback="neutral", log_path=tmp_path / "reward.jsonl")
         with caplog.at_level(logging.WARNING, logger="personaemp.training.reward"):
             rewards, _ = trl_call(reward, [row("q1"), row("q2")], ["one", "two"])
     neutral = {
@@ -445,7 +445,7 @@ def test_a_failed_request_takes_the_fallback_and_a_dead_endpoint_stops_the_step(
         judge_settings = LLMSettings(
             base_urls=[server.base_url], model="fake", work_dir=tmp_path / "w", max_retries=0
         )
-        reward = PereGRM(judge_settings)
+        reward = PereGRM(judge_settings, fallback="neutral")
         trl_call(reward, [row("q1")], ["first step"])
         failing["on"] = True
         rewards, _ = trl_call(reward, [row("q1")], ["second step"])
@@ -469,3 +469,40 @@ def test_the_step_log_counts_the_cached_tokens_the_provider_served(tmp_path):
         served = server.cached_tokens
     (line,) = [json.loads(text) for text in (tmp_path / "reward.jsonl").read_text().splitlines()]
     assert served > 0 and line["cached_tokens"] == served
+
+
+# --- a judge failure never pays ------------------------------------------------------------------
+
+
+def failing_for(query: str):
+    """Every judgment of one query's rollouts fails to parse; the others are judged."""
+
+    def responder(body, number):
+        return invalid_json_content() if query_id_in(body) == query else judge(body, number)
+
+    return responder
+
+
+def test_by_default_a_failed_judgment_gets_no_more_than_the_lowest_judged_reward(tmp_path):
+    """The authors' neutral values (3 of 5, B = 0.8) gave q1, whose judge failed, 0.5 against
+    q2's judged 0.3: a policy would learn to make the judge fail."""
+    with FakeOpenAI(responder=failing_for("q1")) as server:
+        reward = PereGRM(settings(server, tmp_path), log_path=tmp_path / "reward.jsonl")
+        rewards, metrics = trl_call(reward, [row("q1"), row("q2"), row("q2")], ["one", "two", "three"])
+    assert rewards[1] == rewards[2] == pytest.approx(expected("q2"))
+    assert rewards[0] <= min(rewards[1:])
+    line = json.loads((tmp_path / "reward.jsonl").read_text())
+    assert line["fallbacks"] == dict.fromkeys([*DIMENSIONS, "bystander"], 1)  # counted, logged
+    assert ("peregrm/fallbacks", 4.0) in metrics
+    with FakeOpenAI(responder=failing_for("q1")) as server:
+        neutral = PereGRM(settings(server, tmp_path / "n"), fallback="neutral")
+        paid, _ = trl_call(neutral, [row("q1"), row("q2")], ["one", "two"])
+    assert paid[0] > paid[1]  # what the option keeps, for reproducing the authors' runs
+
+
+def test_a_lone_failed_rollout_scores_the_floor(tmp_path):
+    """verl's one-rollout call: no judged rollout in the step to compare, the floor."""
+    with FakeOpenAI(responder=failing_for("q1")) as server:
+        reward = PereGRM(settings(server, tmp_path))
+        score = reward.compute_score("personaemp", "one", None, row("q1"))
+    assert score == pytest.approx(harmonic(dict.fromkeys(DIMENSIONS, 1)) + 0.5 * (0.0 - 1))

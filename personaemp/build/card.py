@@ -7,7 +7,7 @@ from typing import Any
 
 from personaemp.build.stats import FIGURE_DIR, STATS_FILE
 from personaemp.records import BIG_FIVE
-from personaemp.summaries import interval_text, judges_text
+from personaemp.summaries import interval_text, judges_text, not_scored_text
 
 QUALITY_PLOT = "agreement.png"  # the agreement plot among the card's figures
 
@@ -391,6 +391,8 @@ def quality_section(report: dict[str, Any] | None, table) -> str:
     second = report.get("judge_vs_judge")
     if second:
         lines.append(f"- Second judge: `{second.get('model') or 'unknown'}` on {second['queries']} queries.")
+    if not_scored_text(report):
+        lines.append(f"- Not scored: {not_scored_text(report)}.")
     lines.append(
         "- The corrected pass share applies the judge's sensitivity and specificity against "
         "people to its pass share over every generated query (Rogan–Gladen)."

@@ -20,7 +20,7 @@ from typing import Any
 import openai
 
 from personaemp.errors import PersonaempError, UnitError
-from personaemp.secrets import redact
+from personaemp.secrets import redact, redact_url
 
 RETRIABLE_STATUS = {408, 409, 429}
 TRANSPORT_KINDS = ("rate_limited", "timeout", "connection", "server_error")
@@ -128,7 +128,7 @@ class Endpoint:
         timeout: float,
         key_source: str = "$OPENAI_API_KEY",
     ):
-        self.base_url = base_url
+        self.base_url = redact_url(base_url)  # as shown and stored; the client alone has it whole
         self.key_source = key_source  # where the key came from, for a 401 (never the key)
         self.timeout = timeout  # seconds for a whole request, connect to last byte
         self.concurrency = concurrency

@@ -15,6 +15,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from personaemp.errors import InputError
 from personaemp.options import LLMOptions, StepSampling, describe, spec
+from personaemp.secrets import redact_url
 
 KEY_ENV = "OPENAI_API_KEY"  # the endpoint's key when none is given
 _DEFAULT = LLMOptions()
@@ -73,6 +74,8 @@ class LLMSettings:
             self.api_key = os.environ.get(self.key_env) or None
             self.key_source = f"${self.key_env}" + ("" if self.api_key else " (not set)")
         secrets.register(self.api_key)
+        for url in self.base_urls:  # a key written into the URL is a key too
+            secrets.register_url(url)
         # Paths as Python callers write them (str, ~): the engine joins them as Paths.
         self.work_dir = Path(self.work_dir).expanduser()
         if self.batch is not None:
@@ -96,7 +99,7 @@ class LLMSettings:
     def public(self) -> dict:
         """The settings as recorded in reports: everything but the key."""
         return {
-            "endpoints": list(self.base_urls) if not self.uses_local else ["local"],
+            "endpoints": [redact_url(url) for url in self.base_urls] if not self.uses_local else ["local"],
             **{name: getattr(self, name) for name in _REPORTED},
             "cache": self.use_cache,
             "refresh": self.refresh,

@@ -29,8 +29,15 @@ from typing import Any
 
 from personaemp.errors import InputError
 from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
-from personaemp.review.page import LLM_CHECKS, current_labels, read_items, read_label_events
-from personaemp.summaries import interval_text, judges_text
+from personaemp.review.page import (
+    LLM_CHECKS,
+    UnknownTarget,
+    current_labels,
+    make_event,
+    read_items,
+    read_label_events,
+)
+from personaemp.summaries import NOT_SCORED, interval_text, judges_text, not_scored_text
 
 REPORT_FILE, PLOT_FILE = "agreement.json", "agreement.png"
 Z = 1.959964  # the 97.5% normal quantile
@@ -123,7 +130,8 @@ def agreement_figures(clusters: dict[str, list[int]], boot: Bootstrap) -> dict[s
     if not n:
         return {**figures, "kappa": None, "kappa_ci": None, "agreement": None, "constant": None}
     figures["kappa"] = _round(kappa_of(cells))
-    figures["kappa_ci"] = boot.interval(boot.kappa(boot.cells(list(clusters.values()))))
+    # resampled in query order: the figures follow from the seed alone, never from hash order
+    figures["kappa_ci"] = boot.interval(boot.kappa(boot.cells([clusters[q] for q in sorted(clusters)])))
     figures["agreement"] = round((cells[0] + cells[3]) / n, 4)
     # always answering what the second (people) says most often
     figures["constant"] = round(max(passes, n - passes) / n, 4)
@@ -151,6 +159,13 @@ def read_second_judge(path: Path) -> tuple[dict[str, dict[str, Any]], str | None
     return verdicts, model
 
 
+class AgreementReport(dict):
+    """The figures (a JSON-ready dict), with `as_dict()` as every command's result has."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self)
+
+
 def compute_agreement(
     queries: Path,
     labels: Path | None,
@@ -162,18 +177,21 @@ def compute_agreement(
     """Every figure of the module docstring, as a JSON-ready dict."""
     items = {item["query_id"]: item for item in read_items(Path(queries))}
     events = read_label_events(labels) if labels is not None and Path(labels).exists() else []
-    state = current_labels(events)
+    state, not_scored = scored_labels(current_labels(events), items)
     boot = Bootstrap(resamples, seed)
-    report: dict[str, Any] = {
-        "queries": len(items),
-        "labels": {
-            "events": len(events),
-            "reviewers": sorted(state),
-            "queries_labelled": len({q for queries in state.values() for q in queries if q in items}),
-        },
-        "resamples": resamples,
-        "seed": seed,
-    }
+    report = AgreementReport(
+        {
+            "queries": len(items),
+            "labels": {
+                "events": len(events),
+                "reviewers": sorted(state),
+                "queries_labelled": len({q for queries in state.values() for q in queries}),
+                "not_scored": not_scored,
+            },
+            "resamples": resamples,
+            "seed": seed,
+        }
+    )
 
     judge_people: dict[str, Any] = {}
     for check in LLM_CHECKS:
@@ -200,7 +218,8 @@ def compute_agreement(
         corrected, interval = None, None
         if apparent is not None and sensitivity is not None and specificity is not None:
             corrected = rogan_gladen(apparent, sensitivity, specificity)
-            interval = _corrected_interval(boot, list(clusters.values()), apparent, len(verdicts))
+            ordered = [clusters[q] for q in sorted(clusters)]
+            interval = _corrected_interval(boot, ordered, apparent, len(verdicts))
         figures["corrected_pass"], figures["corrected_pass_ci"] = _round(corrected), interval
         judge_people[check] = figures
     report["judge_vs_people"] = judge_people
@@ -255,6 +274,27 @@ def compute_agreement(
     return report
 
 
+def scored_labels(state, items: dict[str, dict[str, Any]]):
+    """The current labels the figures count, and how many were left out by reason
+    (NOT_SCORED): each is checked as the page checks a click, against this build's queries."""
+    kept: dict[str, dict[str, dict[str, Any]]] = {}
+    left_out = dict.fromkeys(NOT_SCORED, 0)
+    for reviewer, queries_labels in state.items():
+        for query_id, fields in queries_labels.items():
+            for name, event in fields.items():
+                body = {"reviewer": reviewer, "query_id": query_id, "field": name}
+                try:
+                    make_event({**body, "value": event.get("value")}, items, "-")
+                except UnknownTarget:
+                    left_out["unknown_target"] += 1
+                    continue
+                except InputError:
+                    left_out["unknown_query" if query_id not in items else "invalid"] += 1
+                    continue
+                kept.setdefault(reviewer, {}).setdefault(query_id, {})[name] = event
+    return kept, left_out
+
+
 def _corrected_interval(boot: Bootstrap, clusters, apparent: float, judged: int) -> list[float] | None:
     """The Rogan-Gladen share's interval: the judge's error rates resampled from the labelled
     queries, its apparent pass share from all the queries it judged."""
@@ -276,11 +316,11 @@ def _people_vs_people(state, items, boot: Bootstrap) -> dict[str, Any]:
     kinds: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0, 0, 0]))
     pairs = []
     for first, second in itertools.combinations(sorted(state), 2):
-        shared = set(state[first]) & set(state[second]) & set(items)
+        shared = sorted(set(state[first]) & set(state[second]) & set(items))
         if shared:
             pairs.append([first, second])
         for query_id in shared:
-            for name in set(state[first][query_id]) & set(state[second][query_id]):
+            for name in sorted(set(state[first][query_id]) & set(state[second][query_id])):
                 answers = [_answer(state[r][query_id][name]) for r in (first, second)]
                 if None in answers or name == "note":
                     continue
@@ -488,6 +528,9 @@ def agreement_table(report: dict[str, Any], console) -> None:
                       f"acceptance κ {interval_text(acceptance, 'kappa')}")  # fmt: skip
     if traits["labelled"]:
         console.print(f"traits supported: {interval_text(traits, 'share', True)} of {traits['labelled']}")
+    left_out = not_scored_text(report)
+    if left_out:
+        console.print(f"[yellow]not scored: {left_out}[/]")
 
 
 def card_quality(queries: Path | None) -> tuple[dict[str, Any] | None, bytes | None]:

@@ -26,16 +26,20 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from hmac import compare_digest
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
+from secrets import token_urlsafe
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+import msgspec
+
 from personaemp.errors import InputError
 from personaemp.instruments.query_check import CHECKS, JUDGED
-from personaemp.io import ErrorPolicy, iter_jsonl
+from personaemp.io import ErrorPolicy, cut_torn_tail, iter_jsonl
 
 # The checks whose verdict is the LLM judge's: its three judgments, and the category it
 # reads (category_match compares that reading with the category the query was written for).
@@ -121,24 +125,55 @@ def sample_items(items: Sequence[dict[str, Any]], size: int, seed: int) -> list[
 # --- the labels ------------------------------------------------------------------------------
 
 
+encode, decode = msgspec.json.Encoder().encode, msgspec.json.Decoder().decode
+BATCH_LINES = 10_000  # lines per write and fsync when many labels come at once (an import)
+CLICK_LOST = "the click it held was never reported saved (the page showed it NOT SAVED)"
+
+
 class LabelFile:
-    """The append-only labels file: one event a line, written, flushed and synced at once."""
+    """The append-only labels file: one event a line. An event is reported saved only once
+    it is written and synced; a line torn by a crash is cut back before the next append,
+    so a click never lands on the end of a broken line."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self._lock = threading.Lock()
+        self._tail_checked = False
 
     def append(self, event: dict[str, Any]) -> None:
-        line = json.dumps(event, ensure_ascii=False) + "\n"
+        self.extend([event])
+
+    def extend(self, events: Iterable[dict[str, Any]]) -> None:
+        """Append events in batches of BATCH_LINES, each written once and synced once."""
+        lines = [encode(event) + b"\n" for event in events]
         with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a", encoding="utf-8") as handle:
-                handle.write(line)
-                handle.flush()
-                os.fsync(handle.fileno())
+            try:
+                if not self._tail_checked:
+                    cut_torn_tail(self.path, CLICK_LOST)
+                    self._tail_checked = True
+                created = not self.path.exists()
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with self.path.open("ab") as handle:
+                    for start in range(0, len(lines), BATCH_LINES):
+                        handle.write(b"".join(lines[start : start + BATCH_LINES]))
+                        handle.flush()
+                        os.fsync(handle.fileno())
+                if created:  # the new name itself must survive a power loss
+                    _sync_folder(self.path.parent)
+            except OSError:
+                self._tail_checked = False  # a write cut by a full disk: look at the tail again
+                raise
 
     def events(self) -> list[dict[str, Any]]:
         return read_label_events(self.path) if self.path.exists() else []
+
+
+def _sync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_label_events(path: Path) -> list[dict[str, Any]]:
@@ -149,8 +184,8 @@ def read_label_events(path: Path) -> list[dict[str, Any]]:
         if not raw.strip():
             continue
         try:
-            event = json.loads(raw)
-        except ValueError:
+            event = decode(raw)
+        except msgspec.DecodeError:
             if number == len(lines):  # the line in flight when the writer died
                 continue
             raise InputError(
@@ -174,17 +209,26 @@ def current_labels(events: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict
     return {reviewer: {q: dict(f) for q, f in queries.items() if f} for reviewer, queries in state.items()}
 
 
+class UnknownTarget(InputError):
+    """A label about a trait or check this query does not have: refused and counted."""
+
+
 def make_event(body: Any, items: dict[str, dict[str, Any]], now: str | None = None) -> dict[str, Any]:
-    """A label event from what the page posted, checked against the sample (InputError)."""
+    """A label event from what the page posted, checked against the sample (InputError;
+    UnknownTarget for a trait or check the query does not have)."""
     if not isinstance(body, dict):
         raise InputError("a label is a JSON object")
-    reviewer = str(body.get("reviewer") or "").strip()
-    if not reviewer or len(reviewer) > NAME_CHARS:
-        raise InputError(f"a reviewer name of 1-{NAME_CHARS} characters is needed")
-    item = items.get(str(body.get("query_id")))
+    reviewer = body.get("reviewer")
+    reviewer = reviewer.strip() if isinstance(reviewer, str) else ""
+    # printable only: names are shown on the terminal and in the card
+    if not reviewer or len(reviewer) > NAME_CHARS or not reviewer.isprintable():
+        raise InputError(f"a reviewer name of 1-{NAME_CHARS} printable characters is needed")
+    query_id, name, value = body.get("query_id"), body.get("field"), body.get("value")
+    item = items.get(query_id) if isinstance(query_id, str) else None
     if item is None:
-        raise InputError(f"no query {body.get('query_id')!r} in this sample")
-    name, value = str(body.get("field") or ""), body.get("value")
+        raise InputError(f"no query {shown(query_id)} in this sample")
+    if not isinstance(name, str):
+        raise InputError("a label's field is text")
     kind, _, target = name.partition(":")
     event = {"reviewer": reviewer, "query_id": item["query_id"], "user_id": item["user_id"], "field": name}
     if kind == "note" and not target:
@@ -192,32 +236,47 @@ def make_event(body: Any, items: dict[str, dict[str, Any]], now: str | None = No
             raise InputError(f"a note is text of at most {NOTE_CHARS} characters")
     elif kind in VALUES and (kind == "query") == (not target):
         if value is not None and value not in VALUES[kind]:
-            raise InputError(f"{name} takes {' or '.join(VALUES[kind])}, not {value!r}")
+            raise InputError(f"{name} takes {' or '.join(VALUES[kind])}, not {shown(value)}")
         if kind == "check":
             if target not in LLM_CHECKS or target not in item["checks"]:
-                raise InputError(f"{target!r} is not an LLM check of this query")
+                raise UnknownTarget(f"{shown(target)} is not an LLM check of this query")
             event["judge"] = item["checks"][target]
         if kind == "trait":
             if not target.isdigit() or int(target) >= len(item["traits"]):
-                raise InputError(f"this query's user has no trait {target!r}")
+                raise UnknownTarget(f"this query's user has no trait {shown(target)}")
             event["trait"] = item["traits"][int(target)].get("statement", "")
     else:
-        raise InputError(f"unknown field {name!r}")
+        raise InputError(f"unknown field {shown(name)}")
     event["value"] = value
     event["at"] = now or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return event
 
 
+def shown(value: Any, limit: int = 80) -> str:
+    """A value from outside as one safe, short line: repr (control characters and terminal
+    escapes spelled out), cut at `limit`."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 # --- the server ------------------------------------------------------------------------------
+
+
+MAX_BODY = 64 * 1024  # a label is under 1 KB; a full note, escaped, fits many times over
+TOKEN_HEADER = "X-Review-Token"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+WILDCARDS = ("", "0.0.0.0", "::")
 
 
 @dataclass
 class ReviewSession:
-    """What one `personaemp review` serves: the sample and its labels file."""
+    """What one `personaemp review` serves: the sample, its labels file and the session's
+    token (every API request carries it; only the page opened from the printed address has it)."""
 
     items: list[dict[str, Any]]
     labels: LabelFile
     source: str = ""
+    token: str = field(default_factory=lambda: token_urlsafe(24), repr=False)
     by_id: dict[str, dict[str, Any]] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -228,8 +287,27 @@ def _asset(name: str) -> bytes:
     return resources.files("personaemp").joinpath("assets", "review", name).read_bytes()
 
 
+def served_hosts(host: str, port: int) -> frozenset[str] | None:
+    """The Host headers the page answers: the address it serves (and the loopback names when
+    it serves loopback); None for a wildcard address, where the token alone decides."""
+    if host in WILDCARDS:
+        return None
+    names = set(LOOPBACK) if host in LOOPBACK else {host.lower()}
+    bracketed = {f"[{name}]" if ":" in name else name for name in names}
+    return frozenset(f"{name}:{port}" for name in bracketed) | (
+        frozenset(bracketed) if port == 80 else frozenset()
+    )
+
+
+class Refused(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
 class _Handler(BaseHTTPRequestHandler):
     session: ReviewSession
+    hosts: frozenset[str] | None
     server_version = "personaemp-review"
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
@@ -240,14 +318,45 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", f"{kind}; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Referrer-Policy", "no-referrer")  # the address holds the token
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
 
     def _json(self, value: Any, status: int = HTTPStatus.OK) -> None:
         self._send(status, json.dumps(value, ensure_ascii=False).encode("utf-8"))
 
+    def _check(self, api: bool) -> None:
+        """Only the page's own requests: the served Host, a same-origin Origin (or none), and
+        on the API the session's token (Refused otherwise)."""
+        host = (self.headers.get("Host") or "").strip().lower()
+        if self.hosts is not None and host not in self.hosts:
+            raise Refused(HTTPStatus.FORBIDDEN, "this server answers only at the address it serves")
+        origin = self.headers.get("Origin")
+        if origin is not None and origin.lower() != f"http://{host}":
+            raise Refused(HTTPStatus.FORBIDDEN, "requests from another site are refused")
+        if self.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
+            raise Refused(HTTPStatus.FORBIDDEN, "requests from another site are refused")
+        if api and not compare_digest(
+            (self.headers.get(TOKEN_HEADER) or "").encode(), self.session.token.encode()
+        ):
+            raise Refused(
+                HTTPStatus.FORBIDDEN,
+                "no or wrong session token: open the address `personaemp review` printed "
+                "(a restarted server has a new one)",
+            )
+
+    def _refuse(self, error: Refused) -> None:
+        self._json({"error": error.message}, error.status)
+
     def do_GET(self) -> None:  # noqa: N802 - the base class's name
         url = urlparse(self.path)
+        try:
+            self._check(api=url.path.startswith("/api/"))
+        except Refused as error:
+            return self._refuse(error)
         if url.path in ASSETS:
             name = ASSETS[url.path]
             self._send(HTTPStatus.OK, _asset(name), TYPES[Path(name).suffix])
@@ -255,7 +364,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._json({"source": self.session.source, "items": self.session.items})
         elif url.path == "/api/labels":
             reviewer = (parse_qs(url.query).get("reviewer") or [""])[0]
-            labels = current_labels(self.session.labels.events())
+            try:
+                labels = current_labels(self.session.labels.events())
+            except InputError as error:
+                return self._json({"error": error.message}, HTTPStatus.INTERNAL_SERVER_ERROR)
             mine = labels.get(reviewer, {})
             values = {q: {f: e["value"] for f, e in fields.items()} for q, fields in mine.items()}
             self._json({"reviewer": reviewer, "labels": values, "reviewers": sorted(labels)})
@@ -263,31 +375,63 @@ class _Handler(BaseHTTPRequestHandler):
             self._json({"error": "not found"}, HTTPStatus.NOT_FOUND)
 
     def do_POST(self) -> None:  # noqa: N802
-        if urlparse(self.path).path != "/api/label":
-            self._json({"error": "not found"}, HTTPStatus.NOT_FOUND)
-            return
         try:
-            size = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(size) or b"null")
+            self._check(api=True)
+            if urlparse(self.path).path != "/api/label":
+                raise Refused(HTTPStatus.NOT_FOUND, "not found")
+            body = self._body()
             event = make_event(body, self.session.by_id)
-        except (ValueError, InputError) as error:
-            self._json({"error": str(error)}, HTTPStatus.BAD_REQUEST)
-            return
-        self.session.labels.append(event)
+        except Refused as error:
+            return self._refuse(error)
+        except InputError as error:
+            return self._json({"error": error.message}, HTTPStatus.BAD_REQUEST)
+        try:
+            self.session.labels.append(event)
+        except OSError as error:  # a full disk: not saved, and the page says so and retries
+            return self._json({"error": f"not saved: {error.strerror}"}, HTTPStatus.SERVICE_UNAVAILABLE)
         self._json({"saved": event})
+
+    def _body(self) -> Any:
+        """The request's JSON body, bounded in size and nesting."""
+        kind = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if kind != "application/json":
+            raise Refused(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "a label is sent as application/json")
+        length = self.headers.get("Content-Length")
+        if length is None:
+            raise Refused(HTTPStatus.LENGTH_REQUIRED, "Content-Length is needed")
+        if not length.strip().isdigit():
+            self.close_connection = True  # the body cannot be skipped: end the connection
+            raise Refused(HTTPStatus.BAD_REQUEST, "Content-Length is not a number of bytes")
+        if int(length) > MAX_BODY:
+            self.close_connection = True
+            raise Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"a label is at most {MAX_BODY} bytes")
+        try:
+            return json.loads(self.rfile.read(int(length)) or b"null")
+        except RecursionError:
+            raise Refused(HTTPStatus.BAD_REQUEST, "a label is a flat JSON object, not nested") from None
+        except ValueError as error:
+            raise Refused(HTTPStatus.BAD_REQUEST, f"not valid JSON ({error})") from None
 
 
 def review_server(session: ReviewSession, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
     """The page's server, bound (port 0: a free one) but not yet serving."""
-    handler = type("ReviewHandler", (_Handler,), {"session": session})
+    handler = type("ReviewHandler", (_Handler,), {"session": session, "hosts": None})
     try:
         server = ThreadingHTTPServer((host, port), handler)
     except OSError as error:
         raise InputError(
             f"cannot listen on {host}:{port} ({error.strerror})", "pick another --port"
         ) from None
+    handler.hosts = served_hosts(host, server.server_address[1])
     server.daemon_threads = True
     return server
+
+
+def page_address(server: ThreadingHTTPServer, session: ReviewSession) -> str:
+    """The address to open: the page with the session's token (as Jupyter prints its own)."""
+    host, port = server.server_address[:2]
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{port}/?token={session.token}"
 
 
 def open_session(queries: Path, labels: Path, size: int, seed: int) -> ReviewSession:
@@ -304,15 +448,24 @@ def serve_review(options, console) -> None:
     labels = options.labels or Path(options.input).with_name("labels.jsonl")
     session = open_session(options.input, labels, options.size, options.seed)
     server = review_server(session, options.host, options.port)
-    host, port = server.server_address[:2]
-    reviewers = sorted(current_labels(session.labels.events()))
+    names = [
+        name if name.isprintable() else shown(name)
+        for name in sorted(current_labels(session.labels.events()))
+    ]
     console.print(
         f"review: {len(session.items)} queries of {escape(str(options.input))} (seed {options.seed}); "
         f"labels go to {escape(str(labels))}"
-        + (f" (reviewers so far: {escape(', '.join(reviewers))})" if reviewers else "")
+        + (f" (reviewers so far: {escape(', '.join(names))})" if names else "")
     )
+    if options.host not in LOOPBACK:
+        console.print(
+            f"[yellow]warning: serving on {escape(options.host)}, beyond this machine: whoever can reach it "
+            "and has the address below (its token) can read the sampled users' memories and write labels; "
+            "the token crosses the network in clear (plain HTTP)[/]"
+        )
     console.print(
-        f"open [bold]http://{host}:{port}/[/] — Ctrl-C stops the server (every label is already saved)"
+        f"open [bold]{escape(page_address(server, session))}[/] — Ctrl-C stops the server "
+        "(every label is already saved)"
     )
     try:
         server.serve_forever()

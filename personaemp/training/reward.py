@@ -33,8 +33,11 @@ What happens to a rollout:
   - a judgment that cannot be read after the engine's re-asks, or whose request failed,
     takes the FALLBACK of its dimension (or of B); one unreadable sample of k is dropped
     from the mean. Every fallback is counted per step, logged and written to the step's
-    line of the JSONL log. The fallback (`fallback=`): "neutral" (the default: 3 of 5 on a
-    dimension, B = 0.8, the values the authors' reward puts in) or "floor" (1, B = 0);
+    line of the JSONL log. The fallback (`fallback=`): "lowest" (the default: the floor for
+    what failed, and the rollout's reward at most the lowest reward of the step's rollouts
+    judged whole, so a judge failure never outscores a judged rollout), "floor" (1, B = 0)
+    or "neutral" (3 of 5, B = 0.8, the authors' values: above most judged B, so a rollout
+    that makes the judge fail can outscore judged ones; kept to reproduce their runs);
   - an endpoint that cannot be used at all (EndpointError) stops the step: a training run
     should not go on learning from fallbacks.
 
@@ -99,7 +102,8 @@ log = logging.getLogger("personaemp.reward")
 
 FALLBACKS = {
     # dimension score (1-5) and B (0-1) of a judgment that could not be had
-    "neutral": (3.0, 0.8),  # the authors' reward: 0.6 normalised, and 0.8
+    "lowest": (float(FLOOR), 0.0),  # then capped at the step's lowest judged reward
+    "neutral": (3.0, 0.8),  # the authors' reward: 0.6 normalised, and 0.8 (above most judged B)
     "floor": (float(FLOOR), 0.0),
 }
 
@@ -393,6 +397,8 @@ class Reward:
             self._answered = self._answered or engine.answered
             totals = engine.accounting.totals()
         rows = [{"query_id": unit["query_id"], **judged[unit["key"]]} for unit in units]
+        if self.options.fallback == "lowest":
+            _cap_at_lowest(rows)
         record = self._record(rows, len(shared), totals, time.perf_counter() - started, step)
         return StepResult([row["reward"] for row in rows], rows, record)
 
@@ -589,6 +595,16 @@ class Reward:
             return summarise(list(self.steps))
 
 
+def _cap_at_lowest(rows: list[dict]) -> None:
+    """A rollout whose judgment failed in part gets no more than the lowest reward of the
+    step's rollouts judged whole (the floor values for what failed, if lower): a judge
+    failure never pays, so a policy cannot learn to make the judge fail."""
+    whole = [row["reward"] for row in rows if not row["fallbacks"]]
+    for row in rows:
+        if row["fallbacks"] and whole:
+            row["reward"] = min(row["reward"], min(whole))
+
+
 def _judge_view(options: RewardOptions):
     """check_sampling reads `samples` as evaluate's options carry it."""
     from personaemp.instruments.judges import JudgeOptions
@@ -674,7 +690,7 @@ class PereGRM(Reward):
     """The paper's training reward: dynamic criteria, k samples, bystander penalty (lambda)."""
 
     def __init__(self, settings, *, samples: int = 1, bystander: bool = True, reward_lambda: float = 0.5,
-                 joint: bool = False, fallback: str = "neutral", log_path=None,
+                 joint: bool = False, fallback: str = _DEFAULT.fallback, log_path=None,
                  name: str = "peregrm", layout: str = _DEFAULT.layout):  # fmt: skip
         options = RewardOptions(True, samples, bystander, reward_lambda, joint, fallback, layout=layout)
         super().__init__(settings, options, log_path=log_path, name=name)
@@ -684,7 +700,7 @@ class FixedCriteriaReward(Reward):
     """PERM-style: each query's pre-written criteria (a criteria file, or the rows' `criteria`)."""
 
     def __init__(self, settings, *, criteria_file=None, bystander: bool = True, reward_lambda: float = 0.5,
-                 fallback: str = "neutral", log_path=None, name: str = "perm",
+                 fallback: str = _DEFAULT.fallback, log_path=None, name: str = "perm",
                  layout: str = _DEFAULT.layout):  # fmt: skip
         options = RewardOptions(False, 1, bystander, reward_lambda, False, fallback, criteria_file, layout)
         super().__init__(settings, options, log_path=log_path, name=name)

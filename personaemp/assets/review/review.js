@@ -3,8 +3,17 @@
 
 const LLM_CHECKS = ["emotional_support", "logical_consistency", "role_awareness", "category_match"];
 const BIG_FIVE = ["openness", "conscientiousness", "extraversion", "agreeableness", "neuroticism"];
-const state = { items: [], labels: {}, index: 0, reviewer: "", traitCursor: 0, queue: Promise.resolve(), pending: 0 };
+const state = { items: [], labels: {}, index: 0, reviewer: "", traitCursor: 0, queue: Promise.resolve(), pending: 0, refused: false };
 const $ = (id) => document.getElementById(id);
+
+// The session's token comes in the address `personaemp review` prints and goes with every API
+// call; a page opened without it (or by another site) gets nothing from the server.
+const TOKEN = new URLSearchParams(location.search).get("token") || sessionStorage.getItem("personaemp-token") || "";
+sessionStorage.setItem("personaemp-token", TOKEN);
+
+function api(path, options = {}) {
+  return fetch(path, { ...options, headers: { ...(options.headers || {}), "X-Review-Token": TOKEN } });
+}
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -27,29 +36,32 @@ function setStatus(text, kind) {
 }
 
 function send(event) {
-  // One request at a time, in click order; a failure is retried until the server answers.
+  // One request at a time, in click order; "saved" only once the server says the line is on
+  // disk. Unreachable or not writing: retried until it answers; refused: shown, not retried.
+  if (state.pending === 0) state.refused = false;
   state.pending += 1;
   setStatus("saving…");
   state.queue = state.queue.then(async () => {
     for (let attempt = 0; ; attempt++) {
       try {
-        const response = await fetch("/api/label", {
+        const response = await api("/api/label", {
           method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(event),
         });
-        if (response.status === 400) {
+        if (response.status >= 400 && response.status < 500) {
           const answer = await response.json();
-          setStatus("refused: " + answer.error, "error");
+          state.refused = true;
+          setStatus("NOT SAVED — refused: " + answer.error, "error");
           break;
         }
         if (!response.ok) throw new Error("HTTP " + response.status);
         break;
       } catch (error) {
-        setStatus("NOT SAVED — server unreachable, retrying", "error");
+        setStatus("NOT SAVED — server unreachable or not writing, retrying", "error");
         await new Promise((done) => setTimeout(done, Math.min(5000, 500 * (attempt + 1))));
       }
     }
     state.pending -= 1;
-    if (state.pending === 0 && !$("status").classList.contains("error")) setStatus("saved", "saved");
+    if (state.pending === 0 && !state.refused) setStatus("saved", "saved");
     document.body.dataset.pending = String(state.pending);
   });
   document.body.dataset.pending = String(state.pending);
@@ -246,7 +258,7 @@ function onKey(event) {
 // --- start -------------------------------------------------------------------------------------
 
 async function loadLabels() {
-  const answer = await (await fetch("/api/labels?reviewer=" + encodeURIComponent(state.reviewer))).json();
+  const answer = await (await api("/api/labels?reviewer=" + encodeURIComponent(state.reviewer))).json();
   state.labels = answer.labels || {};
   return answer;
 }
@@ -273,7 +285,12 @@ async function start(name) {
 }
 
 async function main() {
-  const answer = await (await fetch("/api/items")).json();
+  const response = await api("/api/items");
+  const answer = await response.json();
+  if (!response.ok) {
+    setStatus(answer.error, "error");
+    return;
+  }
   state.items = answer.items;
   $("prev").onclick = () => go(state.index - 1);
   $("next").onclick = () => go(state.index + 1);
