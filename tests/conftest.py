@@ -79,6 +79,20 @@ def _plain_console(monkeypatch):
 # --- generic file helpers ---------------------------------------------------------------
 
 
+def personaemp_environment() -> tuple[str, ...]:
+    """The variables a test must not inherit from the shell: every option's (options.py), the
+    endpoint's and the key."""
+    from personaemp.options import SECTIONS, specs
+
+    declared = {option.opt.env for section in SECTIONS for option in specs(section) if option.opt.env}
+    return ("OPENAI_BASE_URL", "OPENAI_API_KEY", "HF_TOKEN", *sorted(declared))
+
+
+def clean_environment(monkeypatch) -> None:
+    for name in personaemp_environment():
+        monkeypatch.delenv(name, raising=False)
+
+
 def write_jsonl(path: Path, rows: list[Any]) -> Path:
     """One JSON value per line; a `str` or `bytes` row is written verbatim (for broken lines)."""
     path.parent.mkdir(parents=True, exist_ok=True)

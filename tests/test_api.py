@@ -18,21 +18,17 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SAMPLE_TASK1, order_free_responder, read_jsonl
+from conftest import REPO, SAMPLE_TASK1, clean_environment, order_free_responder, read_jsonl
 from fake_openai import FakeOpenAI
 
 import personaemp as pe
 from personaemp.aio import run_sync
 from personaemp.options import COMMANDS, SplitOptions, specs
 
-ENV_NAMES = ("OPENAI_BASE_URL", "OPENAI_API_KEY", "PERSONAEMP_MODEL", "PERSONAEMP_CONCURRENCY",
-             "PERSONAEMP_WORK_DIR", "PERSONAEMP_INPUT")  # fmt: skip
-
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
-    for name in ENV_NAMES:
-        monkeypatch.delenv(name, raising=False)
+    clean_environment(monkeypatch)
 
 
 @pytest.fixture

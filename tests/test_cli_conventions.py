@@ -13,7 +13,7 @@ import sys
 
 import pytest
 import typer.main
-from conftest import REPO, SAMPLE_TASK1, order_free_responder, read_jsonl
+from conftest import REPO, SAMPLE_TASK1, clean_environment, order_free_responder, read_jsonl
 from fake_openai import FakeOpenAI
 from rich.progress import Progress
 from typer.testing import CliRunner
@@ -22,14 +22,11 @@ from personaemp.cli import app
 from personaemp.options import COMMANDS, specs
 
 COMMAND_NAMES = sorted(typer.main.get_command(app).commands)
-ENV_NAMES = ("OPENAI_BASE_URL", "OPENAI_API_KEY", "PERSONAEMP_MODEL", "PERSONAEMP_CONCURRENCY",
-             "PERSONAEMP_WORK_DIR", "PERSONAEMP_INPUT")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch, tmp_path):
-    for name in ENV_NAMES:
-        monkeypatch.delenv(name, raising=False)
+    clean_environment(monkeypatch)
     monkeypatch.chdir(tmp_path)
 
 

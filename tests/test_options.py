@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import typer.main
-from conftest import REPO
+from conftest import REPO, clean_environment
 from typer.testing import CliRunner
 
 from personaemp import options as opts
@@ -24,16 +24,6 @@ from personaemp.config import llm_settings, load_config
 from personaemp.llm.settings import LLMSettings
 from personaemp.options import CLI_ONLY, COMMANDS, SECTIONS, LLMOptions, RunOptions, show_default, specs
 
-ENV_NAMES = (
-    "OPENAI_BASE_URL",
-    "OPENAI_API_KEY",
-    "PERSONAEMP_MODEL",
-    "PERSONAEMP_CONCURRENCY",
-    "PERSONAEMP_WORK_DIR",
-    "PERSONAEMP_INPUT",
-    "PERSONAEMP_SECOND_JUDGE_MODEL",
-    "PERSONAEMP_SECOND_JUDGE_BASE_URL",
-)
 STAGE_OF = {
     "filter": "filter",
     "infer-persona": "persona",
@@ -46,8 +36,7 @@ STAGE_OF = {
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch, tmp_path):
-    for name in ENV_NAMES:
-        monkeypatch.delenv(name, raising=False)
+    clean_environment(monkeypatch)
     monkeypatch.chdir(tmp_path)  # relative default paths land here, never in the repo
 
 

@@ -16,7 +16,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SAMPLE_TASK1, order_free_responder, read_jsonl
+from conftest import REPO, SAMPLE_TASK1, clean_environment, order_free_responder, read_jsonl
 from fake_openai import FakeOpenAI
 from rich.console import Console
 from typer.testing import CliRunner
@@ -27,22 +27,12 @@ from personaemp.errors import InputError
 from personaemp.options import LLMOptions, PathsOptions, PersonaOptions, RunOptions
 from personaemp.pipeline import run_pipeline
 
-ENV_NAMES = (
-    "OPENAI_BASE_URL",
-    "OPENAI_API_KEY",
-    "PERSONAEMP_MODEL",
-    "PERSONAEMP_CONCURRENCY",
-    "PERSONAEMP_WORK_DIR",
-    "PERSONAEMP_INPUT",
-    "HF_TOKEN",
-)
 SECRET = "sk-test-SecretKeyThatMustNotLeak-42"
 
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
-    for name in ENV_NAMES:
-        monkeypatch.delenv(name, raising=False)
+    clean_environment(monkeypatch)
 
 
 def write_config(path: Path, text: str) -> Path:

@@ -193,31 +193,17 @@ def read_rows(path: Path) -> StageRows:
     return read_stage_rows(path, User)[0]
 
 
-async def ainfer_personas(
-    input_path: Path,
-    output_path: Path,
-    settings,
-    *,
-    limit: int | None = None,
-    users: Sequence[str] | None = None,
-    retry_failed: bool = False,
-    full: bool | None = None,
-    require_depth: bool = True,
-    shard: str | None = None,
-    console=None,
-):
+async def ainfer_personas(input_path: Path, output_path: Path, settings, *, console=None, **options):
     """Infer a persona for every user of `input_path`; returns (stage report, summary).
 
-    `limit`/`users` compute only some users (the output keeps the other current rows);
-    `full` says whether such a run's report stands for the build (`run` with a limit: yes;
-    a quick look from the command line, the default: no). `shard` ("I/N"): only part I of
-    N of the users, into its own files (see stages/merge.py)."""
+    `options` are persona_stage's: `limit`/`users` compute only some users (the output keeps
+    the other current rows); `full` says whether such a run's report stands for the build
+    (`run` with a limit: yes; a quick look from the command line, the default: no); `shard`
+    ("I/N"): only part I of N of the users, into its own files (see personaemp/shards.py);
+    `retry_failed`, `require_depth`."""
     from personaemp.llm.run import arun_stage
 
-    plan = persona_stage(
-        input_path, output_path, limit=limit, users=users, retry_failed=retry_failed, full=full,
-        require_depth=require_depth, shard=shard,
-    )  # fmt: skip
+    plan = persona_stage(input_path, output_path, **options)
     report = await arun_stage(plan, settings=settings, console=console)
     return report, summarize(plan.output, plan.picked())
 

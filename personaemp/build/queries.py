@@ -171,28 +171,14 @@ def read_personas(path: Path) -> tuple[StageRows, int]:
     )
 
 
-async def agenerate_queries(
-    input_path: Path,
-    output_path: Path,
-    settings,
-    *,
-    options: QueryOptions | None = None,
-    limit: int | None = None,
-    users: Sequence[str] | None = None,
-    retry_failed: bool = False,
-    full: bool | None = None,
-    shard: str | None = None,
-    console=None,
-):
+async def agenerate_queries(input_path: Path, output_path: Path, settings, *, console=None, **options):
     """Queries for every eligible persona; returns (stage report, funnel).
 
-    `limit`, `users`, `full` and `shard` as for `infer_personas`."""
+    `options` are queries_stage's (`options`, `limit`, `users`, `retry_failed`, `full`,
+    `shard`, as for `infer_personas`)."""
     from personaemp.llm.run import arun_stage
 
-    plan = queries_stage(
-        input_path, output_path, options=options, limit=limit, users=users, retry_failed=retry_failed,
-        full=full, shard=shard,
-    )  # fmt: skip
+    plan = queries_stage(input_path, output_path, **options)
     report = await arun_stage(plan, settings=settings, console=console)
     if report.estimate is not None:  # nothing was written: no funnel to update
         return report, QueryFunnel(users_in=len(plan.units), ineligible_skipped=plan.skipped)
