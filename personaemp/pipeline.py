@@ -240,11 +240,32 @@ def run_pipeline(
             "run does not work on shards: split and push need every user",
             "run infer-persona / gen-queries --shard I/N on each machine, then personaemp merge",
         )
+    from personaemp.sources.logs import is_conversation_log
+
+    result = PipelineResult()
+    if is_conversation_log(str(options.filter.input)):  # no memories yet: extract them first
+        options = _from_conversations(options, console, env, result)
+        if options is None:
+            return result  # --estimate, or a batch round still out
     if options.llm.estimate:
         return estimate_pipeline(options, console, env)
-    result = _run_stages(options, console, env, PipelineResult())
+    result = _run_stages(options, console, env, result)
     result.print_timings(console)
     return result
+
+
+def _from_conversations(options: RunOptions, console: Console, env, result: PipelineResult):
+    """extract-memories on the log `filter` would read; then `filter` reads its records (the
+    AlpsBench raw-export shape). None when the run stops there (estimate, batch round)."""
+    log = options.filter.input
+    options = options.model_copy(update={"extract": options.extract.model_copy(update={"input": log})})
+    with result.stage("extract-memories", console):
+        made = STAGES["extract-memories"].run(options, console, env=env, full=True)
+        result.add("extract-memories", made)
+    if options.llm.estimate or waits_for_a_batch(made.report):
+        return None
+    into = {"input": options.extract.output, "format": "raw"}
+    return options.model_copy(update={"filter": options.filter.model_copy(update=into)})
 
 
 def _run_stages(

@@ -327,3 +327,32 @@ def test_run_starts_from_conversations_only_for_a_log(tmp_path):
         assert server.count == sent
     assert read.users == 2 and first.outcome.done == 2 and again.outcome.done_before == 2
     assert filter_users(str(options.output), tmp_path / "p" / "filtered.jsonl", console=QUIET).kept == 2
+
+
+def test_run_builds_a_dataset_from_a_conversation_log(tmp_path):
+    """`personaemp run` with [paths] input a log: extract-memories first, filter reads its
+    records, then the whole pipeline; a second run sends nothing."""
+    from personaemp.config import Resolver
+    from personaemp.pipeline import run_pipeline
+
+    dealt = regroup(range(0, 24), users=8)
+    log = write_shape("messages", dealt, tmp_path / "log")
+    processed = tmp_path / "processed"
+    with FakeOpenAI(responder=order_free_responder()) as server:
+        flags = {
+            "paths": {"input": str(log), "processed": processed},
+            "llm": {"base_url": [server.base_url], "model": "fake", "work_dir": processed / ".w"},
+            "push": {"dry_run": True},
+        }
+        options = Resolver(None, flags=flags, style="python").all()
+        result = run_pipeline(options, QUIET)
+        sent = server.count
+        again = run_pipeline(Resolver(None, flags=flags, style="python").all(), QUIET)
+        assert server.count == sent
+    assert list(result.results)[:2] == ["extract-memories", "filter"]
+    assert result.results["extract-memories"].counts["done"] == 8
+    assert read_jsonl(processed / "memories.jsonl") and (processed / "filtered.jsonl").is_file()
+    assert result.results["filter"].counts["users_in"] == 8  # the extracted records, not the log
+    assert result.results["split"].counts["users_in"] > 0
+    assert (processed / "dataset" / "README.md").is_file()
+    assert again.results["extract-memories"].counts["done_before"] == 8
