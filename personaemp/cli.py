@@ -125,12 +125,19 @@ def _ctrl_c_raised_again(previous):
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
     def hook(unraisable) -> None:
-        if isinstance(unraisable.exc_value, KeyboardInterrupt):
-            timer = threading.Timer(0.01, again)
-            timer.daemon = True
-            timer.start()
-        else:
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
             previous(unraisable)
+            return
+        while True:
+            try:
+                timer = threading.Timer(0.01, again)
+                timer.daemon = True
+                timer.start()
+                return
+            except KeyboardInterrupt:
+                # On a loaded machine the signal can come before start() returns, inside this
+                # hook, and be lost again: send another one.
+                continue
 
     return hook
 

@@ -295,6 +295,27 @@ def test_a_ctrl_c_python_could_not_raise_is_raised_again(monkeypatch):
         threading.Event().wait(60)  # a wait in C, as pool.map's: the signal wakes it
 
 
+def test_a_ctrl_c_sent_again_before_the_hook_returns_is_sent_once_more(monkeypatch):
+    """BUG (seen on a loaded machine, `make test` at load 9): the repeated Ctrl-C arrived while
+    the hook was still starting its timer, inside the hook, and was lost a second time."""
+    from personaemp.cli import _ctrl_c_raised_again
+
+    class SlowToStart(threading.Timer):
+        slow = True
+
+        def start(self):
+            super().start()
+            if SlowToStart.slow:  # the first timer fires before start() returns
+                SlowToStart.slow = False
+                time.sleep(0.5)
+
+    monkeypatch.setattr(threading, "Timer", SlowToStart)
+    monkeypatch.setattr(sys, "unraisablehook", _ctrl_c_raised_again(sys.unraisablehook))
+    with pytest.raises(KeyboardInterrupt):
+        _RaisesInItsFinalizer()
+        threading.Event().wait(60)
+
+
 IMPORT_HOLD = """\
 import os, sys, time
 class Hold:
