@@ -46,7 +46,10 @@ def test_a_query_rewritten_after_criteria_is_refused_by_evaluate_then_remade(tmp
     monkeypatch.chdir(build(tmp_path))
     with FakeOpenAI(responder=judge) as server:
         common = ["--base-url", server.base_url, "--model", "fake", "--work-dir", "work"]
-        assert invoke("criteria", "--input", "queries.jsonl", "--output", "criteria.jsonl", *common).exit_code == 0
+        assert (
+            invoke("criteria", "--input", "queries.jsonl", "--output", "criteria.jsonl", *common).exit_code
+            == 0
+        )
         assert invoke("respond", "--splits", "splits", "--output", "memory.jsonl", *common).exit_code == 0
         rows = read_jsonl(tmp_path / "criteria.jsonl")
         assert all(len(row["query_hash"]) == 16 for row in rows)
@@ -72,7 +75,10 @@ def test_a_query_rewritten_after_criteria_is_refused_by_evaluate_then_remade(tmp
         )
         assert "run `personaemp criteria --input QUERIES" in result.output
         # criteria remakes that query's criteria alone (3 dimensions), then evaluate scores
-        assert invoke("criteria", "--input", "queries.jsonl", "--output", "criteria.jsonl", *common).exit_code == 0
+        assert (
+            invoke("criteria", "--input", "queries.jsonl", "--output", "criteria.jsonl", *common).exit_code
+            == 0
+        )
         assert server.count == before + 1 + 3
         result = invoke(*evaluate)
         assert result.exit_code == 0, result.output
