@@ -47,6 +47,36 @@ class StageResult:
             return []
         return [row for _, _, row in iter_jsonl(path, ErrorPolicy("fail"))]
 
+    def to_polars(self, name: str | None = None):
+        """The rows of the output (or of `files[name]`) as a polars DataFrame, one row per
+        row of the file: nested fields stay structs and lists; a Big Five adds its five
+        levels as columns of their own (`openness`, ..., `neuroticism`)."""
+        from personaemp.tables import with_levels
+
+        return _frame(list(with_levels(self.rows(name))))
+
+    def queries(self, name: str | None = None):
+        """One row per accepted query (of gen-queries' output, a split file, a published
+        dataset), the user's columns beside it (user id, language, profile, Big Five levels)."""
+        from personaemp.tables import query_rows
+
+        return _frame(list(query_rows(self.rows(name))))
+
+    def scores(self, name: str | None = None):
+        """evaluate: one row per system and query (each dimension, H, B, status, the user's
+        Big Five levels), from its scores file (`name`: "scores 2" for a panel's second judge)."""
+        from personaemp.tables import score_rows
+
+        if name is None:
+            name = next((key for key in self.files if key.startswith("scores")), "scores")
+        return _frame(list(score_rows(self.rows(name))))
+
+    def to_dataset(self, name: str | None = None):
+        """The rows of the output (or of `files[name]`) as a `datasets.Dataset`."""
+        import datasets
+
+        return datasets.Dataset.from_polars(self.to_polars(name))
+
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON types only (what `--json` prints)."""
         return {
@@ -72,6 +102,13 @@ class StageResult:
         counts = ", ".join(f"{name} {value}" for name, value in self.counts.items())
         cost = f", ${self.cost:.4f}" if self.cost is not None else ""
         return f"<StageResult {self.stage}: {counts}{cost} -> {self.output}>"
+
+
+def _frame(rows: list[dict[str, Any]]):
+    """A polars DataFrame of JSON rows, every row read for the schema (rows differ)."""
+    import polars as pl
+
+    return pl.DataFrame(rows, infer_schema_length=None)
 
 
 def plain(value: Any) -> Any:

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from personaemp.errors import InputError
+from personaemp.io import pick_units
 
 SHARD = re.compile(r"^(\d+)/(\d+)$")
 
@@ -51,3 +52,15 @@ def sharded(stage: str, output: Path, rows, shard: str | None):
         shard_path(output, part),
         rows.part(lambda uid: shard_of(uid, part[1]) == part[0]),
     )
+
+
+def sharded_pick(stage: str, output: Path, rows, shard: str | None, path: Path, *, limit=None, users=None,
+                 label: str = "user"):  # fmt: skip
+    """(name, output, rows, selected) of a stage's run on one shard. A quick look picks its
+    units from the whole input first (`--users`, then the first `--limit`: N units in all, as
+    one run picks them), and each shard then works on the picked units the hash gives it."""
+    selected = pick_units(rows.ids, path, limit=limit, users=users, label=label)
+    name, output, part = sharded(stage, output, rows, shard)
+    if selected is not None and shard is not None:
+        selected &= set(part.ids)
+    return name, output, part, selected

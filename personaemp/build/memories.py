@@ -34,11 +34,11 @@ from pydantic import BaseModel, Field
 from personaemp.aio import sync_twin
 from personaemp.build.taxonomy import TAXONOMY, UNMAPPED, label_family
 from personaemp.errors import InputError
-from personaemp.io import ErrorPolicy, iter_jsonl, pick_units, read_stage_rows
+from personaemp.io import ErrorPolicy, iter_jsonl, read_stage_rows
 from personaemp.llm.step import RejectedReply, Step, edit_schema
 from personaemp.prompts import Prompt, load_prompt
 from personaemp.records import Record, Source
-from personaemp.shards import failures_path, sharded
+from personaemp.shards import failures_path, sharded_pick
 from personaemp.sources.logs import Bounds, bound_user, read_log
 
 STAGE = "extract-memories"
@@ -454,8 +454,9 @@ def memory_stage(
     from personaemp.llm.run import LLMStage
 
     rows = read_stage_rows(units_path, Conversations, kind="conversations")[0]
-    name, output_path, rows = sharded(STAGE, output_path, rows, shard)
-    selected = pick_units(rows.ids, units_path, limit=limit, users=users)
+    name, output_path, rows, selected = sharded_pick(
+        STAGE, output_path, rows, shard, units_path, limit=limit, users=users
+    )
     prompt = load_prompt(EXTRACT_STEP.prompt)
     hashes = {EXTRACT_STEP.name: prompt.hash}
 

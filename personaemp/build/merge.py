@@ -8,6 +8,9 @@ writers). `merge` checks that every unit of the stage's current input is in exac
 part, finished or failed, and in the part the hash gives it, then writes the stage's
 normal output and failures files (input order), its manifest entry and a run-report
 entry that adds up the parts'. The result is what one run over the whole input writes.
+Shards of a quick look (`--limit N` picks the first N units of the whole input, and each
+shard works on its own of them) merge into what one `--limit N` run writes: the picked
+units, beside the rows the output already held.
 """
 
 from __future__ import annotations
@@ -56,7 +59,9 @@ def merge_shards(stage: str, input_path: Path, output_path: Path, work_dir: Path
     ids = units.ids
     wanted = set(ids)
     manifest = read_manifest(output_path.parent)
-    recorded = [manifest.get(shard_name(stage, (i, count)), {}).get("report") for i in parts]
+    entries = [manifest.get(shard_name(stage, (i, count))) or {} for i in parts]
+    recorded = [entry.get("report") for entry in entries]
+    quick = any(entry.get("full") is False for entry in entries)  # shards of a --limit/--users run
     failures = failures_path(output_path, stage)
     report = MergeReport(stage, count, len(ids), output=str(output_path), failures=str(failures))
     rows: dict[str, tuple[Path, int]] = {}
@@ -87,6 +92,10 @@ def merge_shards(stage: str, input_path: Path, output_path: Path, work_dir: Path
                     kinds[bad_kinds[uid][1]] += 1
         _check_fresh(units, parts, recorded, stage, input_path)
         missing = [uid for uid in ids if uid not in rows and uid not in failed]
+        if quick:  # the units the quick look did not pick keep the rows the output held
+            held_before = _scan(output_path, "user_id", repair=False)
+            rows.update({uid: (output_path, held_before[uid][0]) for uid in missing if uid in held_before})
+            missing = []
         if missing:
             shards = sorted({shard_of(uid, count) for uid in missing})
             raise InputError(
@@ -97,11 +106,13 @@ def merge_shards(stage: str, input_path: Path, output_path: Path, work_dir: Path
         _write(output_path, [rows[uid] for uid in ids if uid in rows])
         _write(failures, [failed[uid] for uid in ids if uid in failed])
     report.done, report.failed, report.failures_by_kind = len(rows), len(failed), kinds
+    if quick:
+        report.units = len(rows) + len(failed)
     # The parts' reports are where their manifest entries say (their --work-dir).
     report_file = Path(next((path for path in recorded if path), Path(work_dir) / REPORT_FILE))
     with locked(report_file):
-        _add_up_reports(report_file, stage, count, report)
-    record_stage(output_path, stage, report=report_file, failures=failures, full=True, input=input_path)
+        _add_up_reports(report_file, stage, count, report, "quick_looks" if quick else "stages")
+    record_stage(output_path, stage, report=report_file, failures=failures, full=not quick, input=input_path)
     return report
 
 
@@ -192,17 +203,19 @@ def _write(path: Path, lines: list[tuple[Path, int]]) -> None:
             handle.close()
 
 
-def _add_up_reports(path: Path, stage: str, count: int, merged: MergeReport) -> None:
-    """The stage's run-report entry: the parts' entries added up (tokens, requests, steps)."""
+def _add_up_reports(path: Path, stage: str, count: int, merged: MergeReport, section: str = "stages") -> None:
+    """The stage's run-report entry: the parts' entries added up (tokens, requests, steps);
+    a quick look's parts and sum are in `quick_looks`."""
     from personaemp.io import read_json_object, write_json_atomic
     from personaemp.llm.accounting import CALLS_KEPT
 
     report = read_json_object(path)  # a damaged one is kept aside, as append_report does
-    stages = report.setdefault("stages", {})
+    stages = report.setdefault(section, {})
     parts = [stages.get(shard_name(stage, (i, count))) for i in range(1, count + 1)]
     parts = [part for part in parts if isinstance(part, dict)]
     entry: dict[str, Any] = dict(parts[0]) if parts else {"stage": stage}
-    entry.update(stage=stage, full=True, units=merged.units, done=merged.done, failed=merged.failed)
+    entry.update(stage=stage, full=section == "stages", units=merged.units)
+    entry.update(done=merged.done, failed=merged.failed)
     entry.update(done_before=0, failed_before=0, failures_by_kind=dict(merged.failures_by_kind))
     entry.update(output=merged.output, failures_file=merged.failures, shards=count)
     if parts:

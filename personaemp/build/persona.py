@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from personaemp.aio import sync_twin
-from personaemp.io import ErrorPolicy, StageRows, iter_jsonl, pick_units, read_stage_rows
+from personaemp.io import ErrorPolicy, StageRows, iter_jsonl, read_stage_rows
 from personaemp.llm.step import RejectedReply, Step, edit_schema
 from personaemp.prompts import Prompt, load_prompt
 from personaemp.records import (
@@ -38,7 +38,7 @@ from personaemp.render import (
     render_memories,
     render_turns,
 )
-from personaemp.shards import failures_path, sharded
+from personaemp.shards import failures_path, sharded_pick
 
 STAGE = "infer-persona"
 
@@ -235,8 +235,9 @@ def persona_stage(
         name, rows, selected = STAGE, stream, None
     else:
         rows = read_rows(input_path)
-        name, output_path, rows = sharded(STAGE, output_path, rows, shard)
-        selected = pick_units(rows.ids, input_path, limit=limit, users=users)
+        name, output_path, rows, selected = sharded_pick(
+            STAGE, output_path, rows, shard, input_path, limit=limit, users=users
+        )
     prompts = {step.name: load_prompt(step.prompt) for step in STEPS}
     hashes = {name: prompt.hash for name, prompt in prompts.items()}
 

@@ -488,9 +488,9 @@ def publish(
     users = read_splits(files)
     found = None
     if criteria is not None and Path(criteria).exists():
-        from personaemp.instruments.criteria import read_criteria
+        from personaemp.instruments.criteria import fresh_criteria
 
-        found = read_criteria(Path(criteria))
+        found = fresh_criteria(Path(criteria), [p for parts in files.values() for p in parts.values()])
     datasets = _datasets(users, include_dialogue, found)
     facts = card_facts(splits_dir, datasets, split_report)
     if found is not None:

@@ -32,7 +32,7 @@ from personaemp.instruments.query_check import (
     numbered,
     reviews_schema,
 )
-from personaemp.io import ErrorPolicy, StageRows, atomic_output, iter_jsonl, pick_units, read_stage_rows
+from personaemp.io import ErrorPolicy, StageRows, atomic_output, iter_jsonl, read_stage_rows
 from personaemp.language import LANGUAGE_NAMES
 from personaemp.llm.step import Step, edit_schema
 from personaemp.prompts import Prompt, load_prompt
@@ -44,7 +44,7 @@ from personaemp.records import (
     category_definitions,
 )
 from personaemp.render import render_memories, render_turns
-from personaemp.shards import failures_path, sharded
+from personaemp.shards import failures_path, sharded_pick
 
 STAGE = "gen-queries"
 
@@ -208,8 +208,16 @@ def queries_stage(
     rows, ineligible, selected, name = [], 0, None, STAGE
     if not chained:
         rows, ineligible = read_personas(input_path)
-        name, output_path, rows = sharded(STAGE, output_path, rows, shard)
-        selected = pick_units(rows.ids, input_path, limit=limit, users=users, label="eligible persona for")
+        name, output_path, rows, selected = sharded_pick(
+            STAGE,
+            output_path,
+            rows,
+            shard,
+            input_path,
+            limit=limit,
+            users=users,
+            label="eligible persona for",
+        )
     prompts = {step.name: load_prompt(step.prompt) for step in STEPS}
     hashes = {name: prompt.hash for name, prompt in prompts.items()}
 

@@ -22,6 +22,7 @@ from personaemp.instruments.criteria import (
     build_messages,
     definitions_hash,
     normalise,
+    query_hash,
     query_units,
     with_room,
 )
@@ -92,6 +93,7 @@ async def awrite_criteria(
             return {
                 "query_id": unit["query_id"],
                 "user_id": unit["user_id"],
+                "query_hash": query_hash(unit),
                 "criteria": criteria,
                 "layout": layout,
                 "provenance": provenance.model_dump(mode="json"),

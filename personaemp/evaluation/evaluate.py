@@ -51,7 +51,16 @@ from pydantic import ValidationError
 
 from personaemp.aio import sync_twin
 from personaemp.errors import InputError, RowError, UnitError, first_problem
-from personaemp.instruments.criteria import definitions_hash, query_units, read_criteria, with_room
+from personaemp.instruments.criteria import (
+    check_made_for,
+    definitions_hash,
+    made_for,
+    query_hash,
+    query_units,
+    read_criteria,
+    remake_criteria,
+    with_room,
+)
 from personaemp.instruments.judges import (
     BYSTANDER,
     DYNAMIC_ASPECTS,
@@ -326,9 +335,14 @@ async def aevaluate(
     systems_names = system_names(responses)
     systems = {name: read_responses(Path(path)) for name, path in zip(systems_names, responses, strict=True)}
     check_systems_answer(systems, {q["query_id"] for q in queries}, splits, split, part)
+    for file in systems.values():
+        check_made_for(
+            file.path, made_for(file.path), queries, "responses",
+            f"personaemp respond --splits {splits} --split {split} --part {part} --output {file.path}",
+        )  # fmt: skip
     criteria = None
     if not options.dynamic:
-        criteria = checked_criteria(criteria_file, queries)
+        criteria = checked_criteria(criteria_file, queries, input_path)
     units = build_units(queries, systems, criteria, options.dynamic, options.missing)
     used = [step, *([BYSTANDER] if options.bystander else [])]
     prompts = {s.name: load_prompt(s.prompt) for s in used}
@@ -360,6 +374,8 @@ async def aevaluate(
         "prompts": {name: prompt.hash for name, prompt in prompts.items()},
         "instruments": {s.name: f"v{s.version}/{prompts[s.name].hash}" for s in used},
         "temperatures": temperatures(panel[0].settings, used),
+        # What each query was when it was scored: `table` refuses a report whose split changed.
+        "query_hashes": {q["query_id"]: query_hash(q) for q in queries},
     }
     per_judge = {}
     for judge in panel:
@@ -395,7 +411,7 @@ def temperatures(settings, steps) -> dict[str, float]:
     return {step.name: step_temperature(settings, step) for step in steps}
 
 
-def checked_criteria(criteria_file: Path | None, queries: list[dict]) -> dict:
+def checked_criteria(criteria_file: Path | None, queries: list[dict], input_path: Path) -> dict:
     if criteria_file is None or not Path(criteria_file).exists():
         raise InputError(
             f"{criteria_file}: no criteria file",
@@ -409,6 +425,10 @@ def checked_criteria(criteria_file: Path | None, queries: list[dict]) -> dict:
             f"(e.g. {lacking[0]})",
             "run `personaemp criteria` on the queries this split was made from",
         )
+    check_made_for(
+        Path(criteria_file), made_for(Path(criteria_file)), queries, "criteria",
+        remake_criteria(input_path, criteria_file),
+    )  # fmt: skip
     return criteria
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from personaemp.aio import sync_twin
 from personaemp.errors import UnitError
 from personaemp.evaluation.criteria import pick_queries
-from personaemp.instruments.criteria import with_room
+from personaemp.instruments.criteria import query_hash, with_room
 from personaemp.instruments.policy import (
     RESPOND,
     ROOM,
@@ -81,7 +81,7 @@ async def awrite_responses(
             return (await summaries[unit["user_id"]]).value
 
         async def work(unit: dict) -> dict:
-            row = {"query_id": unit["query_id"], "user_id": unit["user_id"]}
+            row = {"query_id": unit["query_id"], "user_id": unit["user_id"], "query_hash": query_hash(unit)}
             summary = None
             unit, other = policy_view(unit)
             if other is not None:

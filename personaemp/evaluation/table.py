@@ -42,6 +42,41 @@ def read_report(path: Path) -> dict:
     return report
 
 
+def check_current(reports: Sequence[dict], paths: Sequence[Path]) -> None:
+    """Stop when a report scored queries that have changed since: its split file (`input`)
+    now holds another text under one of its query ids, or another report of the same split
+    scored other versions of them. Reports from before the hashes are not checked."""
+    from personaemp.instruments.criteria import query_hash, query_units
+
+    seen: dict[tuple[str, str], tuple[Path, dict]] = {}
+    for path, report in zip(paths, reports, strict=True):
+        hashes = report.get("query_hashes")
+        if not isinstance(hashes, dict):
+            continue
+        source = Path(str(report.get("input", "")))
+        remake = "run `personaemp evaluate` again for it (after `criteria` and `respond` on the new queries)"
+        if source.is_file():
+            stale = [u["query_id"] for u in query_units(source, "") if hashes.get(u["query_id"]) not in
+                     (None, query_hash(u))]  # fmt: skip
+            if stale:
+                raise InputError(
+                    f"{path}: {len(stale)} of its queries changed in {source} since it was scored "
+                    f"({', '.join(stale[:5])})",
+                    remake,
+                )
+        key = (str(report.get("split")), str(report.get("part", "test")))
+        if key in seen:
+            other, before = seen[key]
+            differ = sorted(q for q in hashes.keys() & before.keys() if hashes[q] != before[q])
+            if differ:
+                raise InputError(
+                    f"{path} and {other} scored different versions of the {key[0]} {key[1]} queries "
+                    f"({', '.join(differ[:5])})",
+                    remake.replace("for it", "for the older one"),
+                )
+        seen[key] = (path, hashes)
+
+
 def groups(reports: Sequence[dict], judge: str | None = None) -> list[tuple[str, str, dict, dict]]:
     """(judge, split, systems, report) per column group: judge-major, splits in the order
     given; only `judge`'s when given."""
@@ -247,8 +282,10 @@ def write_table(
 ) -> str:
     if not reports:
         raise InputError("no report given", "pass --report FILE for each split (random and ood)")
+    read = [read_report(Path(p)) for p in reports]
+    check_current(read, [Path(p) for p in reports])
     text = render(
-        [read_report(Path(p)) for p in reports],
+        read,
         fmt,
         harmonic=harmonic,
         digits=digits,

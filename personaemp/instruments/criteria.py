@@ -115,6 +115,45 @@ def query_units(path: Path, hint: str) -> list[dict[str, Any]]:
     return units
 
 
+# What a query is, for everything made for it (criteria, responses, scores): its text, category
+# and situation, and what a judge or a policy reads about its user. Query ids are
+# `<user_id>-qN`, so a rebuild gives new texts under old ids: whatever joins two files by id
+# also compares this hash.
+QUERY_FIELDS = ("query_id", "user_id", "category", "query", "situation", "profile", "memories", "big_five")
+
+
+def query_hash(unit: dict[str, Any]) -> str:
+    """The hash of a query unit (as `query_units` reads it) that criteria, responses and
+    evaluate reports carry as `query_hash`."""
+    encoded = json.dumps({key: unit.get(key) for key in QUERY_FIELDS}, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(encoded.encode()).hexdigest()[:16]
+
+
+def made_for(path: Path) -> dict[str, str | None]:
+    """query id -> the `query_hash` a file's row carries (None: a row written by hand or by a
+    personaemp from before the hash, which nothing can check)."""
+    found: dict[str, str | None] = {}
+    for _, _, row in iter_jsonl(path, ErrorPolicy("fail")):
+        if isinstance(row, dict) and "query_id" in row:
+            value = row.get("query_hash")
+            found[str(row["query_id"])] = value if isinstance(value, str) else None
+    return found
+
+
+def check_made_for(path: Path, hashes: dict[str, str | None], units: Sequence[dict], what: str, remake: str):
+    """Stop when `path`'s rows were made for another version of a query of `units` (the same
+    id, another text, situation or user): nothing is scored or published on stale rows."""
+    stale = [u["query_id"] for u in units if hashes.get(u["query_id"]) not in (None, query_hash(u))]
+    if stale:
+        shown = ", ".join(stale[:5]) + (f" and {len(stale) - 5} more" if len(stale) > 5 else "")
+        raise InputError(
+            f"{path}: the {what} of {len(stale)} "
+            f"{'query were' if len(stale) == 1 else 'queries were'} made for another version of "
+            f"{'it' if len(stale) == 1 else 'them'} ({shown})",
+            f"run `{remake}` to remake them",
+        )
+
+
 def dimensions_text(aspects: dict[str, Any]) -> str:
     """Every dimension with its definition and what it covers: the shared layout's task (the
     same bytes for every query, where a provider's prefix cache serves them)."""
@@ -203,4 +242,29 @@ def read_criteria(path: Path) -> dict[str, dict[str, list[dict]]]:
             found[str(row.get("query_id"))] = checked
     except RowError as error:
         raise InputError(f"{error.location}: {error.reason}", hint) from None
+    return found
+
+
+def remake_criteria(split_path: Path, criteria: Path) -> str:
+    """The command that remakes a criteria file for the queries behind a split file (the split
+    report names them); on the split file alone it would keep only that part's criteria."""
+    report = Path(split_path).parent.parent / "split_report.json"
+    try:
+        source = json.loads(report.read_text(encoding="utf-8")).get("input")
+    except (OSError, ValueError, AttributeError):
+        source = None
+    source = source or "QUERIES (the file the split was made from)"
+    return f"personaemp criteria --input {source} --output {criteria}"
+
+
+def fresh_criteria(path: Path, split_paths: Sequence[Path]) -> dict[str, dict[str, list[dict]]]:
+    """`read_criteria`, after checking every row made for a query of the split files was made
+    for the query they hold now (what `push` publishes beside them)."""
+    found = read_criteria(path)
+    hashes = made_for(path)
+    for split_path in split_paths:
+        check_made_for(
+            path, hashes, query_units(split_path, "pass the folder written by `personaemp split`"),
+            "criteria", remake_criteria(split_path, path),
+        )  # fmt: skip
     return found

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from personaemp.errors import InputError, RowError
-from personaemp.instruments.criteria import read_criteria
+from personaemp.instruments.criteria import check_made_for, made_for, read_criteria, remake_criteria
 from personaemp.instruments.policy import RESPOND, build_messages, policy_units
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl
 from personaemp.prompts import load_prompt
@@ -68,6 +68,11 @@ def export_rows(
             )
         summary_of = read_summaries(summaries)
     criteria = read_criteria(criteria_file) if criteria_file is not None else None
+    if criteria_file is not None:
+        check_made_for(
+            criteria_file, made_for(criteria_file), units, "criteria",
+            remake_criteria(input_path, criteria_file),
+        )  # fmt: skip
     records = []
     for unit in units:
         qid = unit["query_id"]
