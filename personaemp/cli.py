@@ -459,7 +459,10 @@ def review_command(
 @with_output_options
 def merge_command(
     stage: Annotated[
-        str, typer.Argument(metavar="STAGE", help="The stage run as shards: infer-persona or gen-queries.")
+        str,
+        typer.Argument(
+            metavar="STAGE", help="The stage run as shards: extract-memories, infer-persona or gen-queries."
+        ),
     ],
     config: Annotated[
         Path | None,

@@ -207,14 +207,24 @@ def run_merge(
     output: Path | None = None,
 ):
     """`personaemp merge STAGE`: the stage's shard files into its output (stages/merge.py)."""
+    from personaemp.build.merge import STAGES as STAGES_MERGED
     from personaemp.build.merge import merge_shards
     from personaemp.paths import check_paths
 
-    name = "persona" if stage == "infer-persona" else "queries"
+    name = {"extract-memories": "extract", "infer-persona": "persona", "gen-queries": "queries"}.get(stage)
+    if name is None:
+        from personaemp.errors import InputError
+
+        raise InputError(f"merge takes {', '.join(STAGES_MERGED)}, not {stage!r}")
     given = {"input": input_path, "output": output}
     section = getattr(options, name).model_copy(update={k: v for k, v in given.items() if v is not None})
     check_paths([(name, section), ("llm", options.llm)])
-    report = merge_shards(stage, section.input, section.output, options.llm.work_dir)
+    units = section.input
+    if stage == "extract-memories":  # its units: the users read from the log, beside its output
+        from personaemp.build.memories import conversations_path
+
+        units = conversations_path(section.output)
+    report = merge_shards(stage, units, section.output, options.llm.work_dir)
     result = results.of_merge(report)
     kinds = ", ".join(f"{kind} {n}" for kind, n in report.failures_by_kind.most_common())
     console.print(

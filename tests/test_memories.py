@@ -356,3 +356,31 @@ def test_run_builds_a_dataset_from_a_conversation_log(tmp_path):
     assert result.results["split"].counts["users_in"] > 0
     assert (processed / "dataset" / "README.md").is_file()
     assert again.results["extract-memories"].counts["done_before"] == 8
+
+
+def test_extract_memories_shards_merge_into_what_one_run_writes(tmp_path, monkeypatch):
+    from test_scale import comparable
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    dealt = regroup(range(0, 12), users=6)
+    log = write_shape("messages", dealt, tmp_path / "log")
+    runner = CliRunner()
+    with FakeOpenAI(responder=order_free_responder()) as server:
+
+        def extract(folder: str, *extra: str):
+            here = tmp_path / folder
+            result = runner.invoke(app, [
+                "extract-memories", "-i", str(log), "-o", str(here / "memories.jsonl"),
+                "--work-dir", str(here / "work"), "--base-url", server.base_url, "--model", "fake", *extra,
+            ])  # fmt: skip
+            assert result.exit_code == 0, result.output
+
+        extract("shards", "--shard", "1/2")
+        extract("shards", "--shard", "2/2")
+        extract("alone")
+    merged = runner.invoke(app, ["merge", "extract-memories", "-i", str(log),
+                                 "-o", str(tmp_path / "shards" / "memories.jsonl")])  # fmt: skip
+    assert merged.exit_code == 0, merged.output
+    assert comparable(tmp_path / "shards" / "memories.jsonl") == comparable(
+        tmp_path / "alone" / "memories.jsonl"
+    )

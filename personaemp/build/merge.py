@@ -25,10 +25,10 @@ from typing import Any
 
 from personaemp import locks
 from personaemp.errors import InputError
-from personaemp.io import atomic_output
+from personaemp.io import atomic_output, read_stage_rows
 from personaemp.shards import failures_path, shard_name, shard_of
 
-STAGES = ("infer-persona", "gen-queries")
+STAGES = ("extract-memories", "infer-persona", "gen-queries")
 
 
 @dataclass
@@ -145,6 +145,10 @@ def _find_parts(output: Path) -> dict[int, Path]:
 
 def _input_rows(stage: str, input_path: Path):
     """The stage's units as its run reads them (io.StageRows)."""
+    if stage == "extract-memories":  # its units: the users read from the log, beside the output
+        from personaemp.build.memories import Conversations
+
+        return read_stage_rows(input_path, Conversations, kind="conversations")[0]
     if stage == "infer-persona":
         from personaemp.build.persona import read_rows
 
