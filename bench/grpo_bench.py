@@ -165,9 +165,10 @@ def docs_table(result: dict) -> str:
         lines.append(f"| {mode} | {row['k']} | {row['calls_per_rollout']:g} | "
                      f"{row['tokens_per_rollout']:,.0f} | {row['authors']} |")  # fmt: skip
     lines.append("")
+    versions = result["versions"]
     lines.append(
-        f"(`bench/grpo_bench.py --write-docs`: {result['rollouts']} rollouts; trl {result['versions']['trl']}, "
-        f"transformers {result['versions']['transformers']}, torch {result['versions']['torch']}; tokens "
+        f"(`bench/grpo_bench.py --write-docs`: {result['rollouts']} rollouts; trl {versions['trl']}, "
+        f"transformers {versions['transformers']}, torch {versions['torch']}; tokens "
         f"as the fake server counts them.) A re-scored batch sent {result['rescored_requests']} requests."
     )
     lines.append(END)
