@@ -150,11 +150,61 @@ def tiny_policy(texts: list[str]):
     return tokenizer, LlamaForCausalLM(config)
 
 
+RESULTS = ROOT / "bench" / "results" / "grpo_bench.json"
+DOCS = ROOT / "docs" / "training.md"
+BEGIN, END = "<!-- grpo_bench.py --write-docs: begin -->", "<!-- grpo_bench.py --write-docs: end -->"
+
+
+def docs_table(result: dict) -> str:
+    """The table of docs/training.md from the bench's figures (tests/test_docs_figures.py
+    checks the page holds exactly this)."""
+    lines = [BEGIN, "| mode | k | calls per rollout | tokens per rollout | authors' 3k + 1 |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for row in result["modes"]:
+        mode = "per dimension" if row["mode"] == "per-dimension" else row["mode"]
+        lines.append(f"| {mode} | {row['k']} | {row['calls_per_rollout']:g} | "
+                     f"{row['tokens_per_rollout']:,.0f} | {row['authors']} |")  # fmt: skip
+    lines.append("")
+    versions = result["versions"]
+    lines.append(
+        f"(`bench/grpo_bench.py --write-docs`: {result['rollouts']} rollouts; trl {versions['trl']}, "
+        f"transformers {versions['transformers']}, torch {versions['torch']}; tokens "
+        f"as the fake server counts them.) A re-scored batch sent {result['rescored_requests']} requests."
+    )
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def write_docs(figures: list[dict], rollouts: int, rescored: int) -> None:
+    import torch
+    import transformers
+    import trl
+
+    result = {
+        "rollouts": rollouts,
+        "modes": figures,
+        "rescored_requests": rescored,
+        "versions": {"trl": trl.__version__, "transformers": transformers.__version__,
+                     "torch": torch.__version__},
+    }  # fmt: skip
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    page = DOCS.read_text(encoding="utf-8")
+    start, end = page.index(BEGIN), page.index(END) + len(END)
+    DOCS.write_text(page[:start] + docs_table(result) + page[end:], encoding="utf-8")
+    print(f"wrote {RESULTS} and the table of {DOCS}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--base-url", help="a real judge endpoint instead of the fake server")
     parser.add_argument("--model", default="fake-judge")
+    parser.add_argument(
+        "--write-docs",
+        action="store_true",
+        help="write the figures to bench/results/grpo_bench.json and the table of docs/training.md",
+    )
     args = parser.parse_args(argv)
     reason = missing_extra()
     if reason:
@@ -220,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     rollouts = [rollout for batch in batches for rollout in batch]
     modes = [("per-dimension", 1, False), ("per-dimension", 8, False), ("joint", 1, True), ("joint", 8, True)]
     results = {}
+    figures = []
     print(f"\nthe same {len(rollouts)} rollouts, each instrument on a cold cache:")
     print(
         f"{'mode':<15}{'k':>3}{'calls/rollout':>15}{'requests/rollout':>18}"
@@ -229,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         scorer = PereGRM(settings(f"{name}-{k}"), samples=k, joint=joint)
         results[(name, k)] = scorer.score(rollouts)
         line = results[(name, k)].record
+        figures.append({"mode": name, "k": k, "calls_per_rollout": line["calls_per_rollout"],
+                        "tokens_per_rollout": line["tokens_per_rollout"], "authors": 3 * k + 1})  # fmt: skip
         print(
             f"{name:<15}{k:>3}{line['calls_per_rollout']:>15.2f}"
             f"{line['requests'] / max(1, line['judged']):>18.2f}"
@@ -244,6 +297,11 @@ def main(argv: list[str] | None = None) -> int:
     again = PereGRM(settings("train")).score(batches[0])
     print(f"\nfirst step's batch scored again on its warm cache: {again.record['requests']} requests")
     print(f"reward log: {work / 'reward.jsonl'}")
+    if args.write_docs:
+        if args.base_url:
+            print("--write-docs: the docs' table is the fake judge's; not written for --base-url")
+        else:
+            write_docs(figures, len(rollouts), again.record["requests"])
     if server:
         server.stop()
     return 0

@@ -60,10 +60,11 @@ def main() -> None:
         queries, export = build(folder, args.tasks)
         labels = folder / "labels.jsonl"
         started = time.perf_counter()
-        added, refused = import_export(export, queries, labels)
+        found = import_export(export, queries, labels)
+        added, refused = found["added"], found["refused"]
         seconds = time.perf_counter() - started
         again = time.perf_counter()
-        second, _ = import_export(export, queries, labels)
+        second = import_export(export, queries, labels)["added"]
         repeat = time.perf_counter() - again
         events = len(read_label_events(labels))
         size = export.stat().st_size / 1e6

@@ -1177,7 +1177,8 @@ CLI_ONLY["review"]["--export-label-studio"] = (
     "Write the sample as a Label Studio project (tasks.json, label_config.xml) to this folder and exit."
 )
 CLI_ONLY["review"]["--import-label-studio"] = (
-    "Append the labels of a Label Studio JSON export to the labels file and exit."
+    "Bring the labels file to a Label Studio export's state (JSON or JSON-MIN; edits and deletions "
+    "included) and exit."
 )
 
 

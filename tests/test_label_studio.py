@@ -105,16 +105,18 @@ def test_an_export_read_back_is_labels_the_agreement_figures_use(queries, tmp_pa
     events = read_label_events(labels)
     # 6 tasks: 4 results each (+1 note) from the first, 2 from the second; the cancelled one left out
     assert len(events) == 6 * 4 + 1 + 6 * 2
-    assert f"{len(events)} labels from {path} appended to {labels}" in result.stderr
+    assert (
+        f"{len(events)} labels set and 0 removed from {path} (6 tasks, 2 Label Studio users)" in result.stderr
+    )
     state = current_labels(events)
-    assert sorted(state) == ["label-studio:7", "label-studio:bo@example.org"]
+    assert sorted(state) == ["label-studio:7", "label-studio:9"]  # user ids
     first = tasks[1]["data"]["query_id"]
     assert state["label-studio:7"][first]["note"]["value"] == "too generic"
     assert state["label-studio:7"][first]["query"]["value"] == "reject"
     assert state["label-studio:7"][first]["query"]["at"] == "2026-11-23T10:02:00Z"
 
     again = CliRunner().invoke(app, ["review", "--input", str(queries), "--import-label-studio", str(path)])
-    assert again.exit_code == 0 and "0 labels from" in again.stderr  # nothing new
+    assert again.exit_code == 0 and "0 labels set and 0 removed" in again.stderr  # nothing new
     assert len(read_label_events(labels)) == len(events)
 
     report = compute_agreement(queries, labels, resamples=200)
@@ -129,9 +131,15 @@ def test_an_export_read_back_is_labels_the_agreement_figures_use(queries, tmp_pa
     ("content", "message"),
     [
         ("{not json", "not valid JSON"),
-        ('{"tasks": []}', "not a Label Studio JSON export"),
-        ('[{"data": {"text": "x"}, "annotations": []}]', "task 1 has no data.query_id"),
-        ('[{"data": {"query_id": "nobody-q1"}, "annotations": []}]', "task 1: query 'nobody-q1' is not in"),
+        ('{"tasks": []}', "not a Label Studio JSON or JSON-MIN export"),
+        (
+            '[{"data": {"text": "x"}, "annotations": []}]',
+            "entry 1 of the export (a task without an id) has no query_id",
+        ),
+        (
+            '[{"data": {"query_id": "nobody-q1"}, "annotations": []}]',
+            "entry 1 of the export (a task without an id): query 'nobody-q1' is not in",
+        ),
     ],
 )
 def test_a_bad_export_exits_2_with_one_line(queries, tmp_path, content, message):
@@ -150,7 +158,10 @@ def test_a_choice_the_page_would_refuse_names_its_task(queries, tmp_path):
     path = tmp_path / "export.json"
     path.write_text(json.dumps(bad))
     result = CliRunner().invoke(app, ["review", "--input", str(queries), "--import-label-studio", str(path)])
-    assert result.exit_code == 2 and "task 1: query takes accept or reject, not 'maybe'" in result.stderr
+    assert result.exit_code == 2
+    assert "entry 1 of the export (a task without an id): query takes accept or reject, not 'maybe'" in (
+        result.stderr
+    )
 
 
 # --- hostile exports: one line naming the file and the task; nothing written --------------------
@@ -158,19 +169,28 @@ def test_a_choice_the_page_would_refuse_names_its_task(queries, tmp_path):
 TASK = '[{"id": 17, "data": {"query_id": "Q"}, "annotations": %s}]'
 ONE = TASK % '[{"result": [{"from_name": %s}]}]'
 SHAPES = [
-    ("[5]", "task 1: the task is a number, not an object"),
-    ('[{"id": 17, "data": {"query_id": 5}}]', "task 1 (id 17): query 5 is not in"),
-    (TASK % '{"a": 1}', "task 1 (id 17): annotations is an object"),
-    (TASK % '["x"]', "(id 17): an annotation is text"),
+    ("[5]", "entry 1 of the export (a task without an id): the task is a number, not an object"),
+    ('[{"id": 17, "data": {"query_id": 5}}]', "task 17 (entry 1 of the export): query 5 is not in"),
+    (TASK % '{"a": 1}', "task 17 (entry 1 of the export): annotations is an object"),
+    (TASK % '["x"]', "task 17 (entry 1 of the export): an annotation is text"),
     (TASK % '[{"result": "x"}]', "an annotation's result is text"),
-    (TASK % '[{"result": [7]}]', "(id 17): a result is a number"),
-    (ONE % "5", "(id 17): from_name is a number"),
+    (TASK % '[{"result": [7]}]', "task 17 (entry 1 of the export): a result is a number"),
+    (ONE % "5", "task 17 (entry 1 of the export): from_name is a number"),
     (ONE % '"query", "value": "accept"', "the value of 'query' is text"),
     (ONE % '"query", "value": {"choices": [{"x": 1}]}', "an item of the choices of 'query' is an object"),
     (ONE % '"note", "value": {"text": [1, 2]}', "an item of a note's text is a number"),
-    (TASK % '[{"completed_by": [1], "result": []}]', "(id 17): completed_by is a list"),
-    (TASK % '[{"was_cancelled": "yes", "result": []}]', "(id 17): was_cancelled is text"),
-    (TASK % '[{"updated_at": {"$date": 1}, "result": []}]', "(id 17): updated_at is an object"),
+    (
+        TASK % '[{"completed_by": [1], "result": []}]',
+        "task 17 (entry 1 of the export): completed_by is a list",
+    ),
+    (
+        TASK % '[{"was_cancelled": "yes", "result": []}]',
+        "task 17 (entry 1 of the export): was_cancelled is text",
+    ),
+    (
+        TASK % '[{"updated_at": {"$date": 1}, "result": []}]',
+        "task 17 (entry 1 of the export): updated_at is an object",
+    ),
     (
         TASK % '[{"updated_at": "yesterday", "result": []}]',
         "updated_at 'yesterday' is not an ISO date and time",
@@ -186,7 +206,7 @@ def test_a_wrongly_shaped_export_is_one_line_naming_its_task(queries, tmp_path, 
     result = CliRunner().invoke(app, ["review", "--input", str(queries), "--import-label-studio", str(path)])
     assert result.exit_code == 2, result.output
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert f"{path}: task 1" in result.stderr and message in result.stderr, result.stderr
+    assert f"{path}: " in result.stderr and message in result.stderr, result.stderr
     assert not queries.with_name("labels.jsonl").exists()
 
 
@@ -201,7 +221,7 @@ def test_an_export_nested_100000_deep_or_with_a_huge_time_is_one_line(queries, t
         {"from_name": "query", "value": {"choices": ["accept"]}}]}]}]  # fmt: skip
     path.write_text(json.dumps(huge))
     result = CliRunner().invoke(app, ["review", "--input", str(queries), "--import-label-studio", str(path)])
-    assert result.exit_code == 2 and "task 1 (id 3): updated_at '2222" in result.stderr
+    assert result.exit_code == 2 and "task 3 (entry 1 of the export): updated_at '2222" in result.stderr
     assert len(result.stderr) < 400  # the value is named, not printed
     assert not queries.with_name("labels.jsonl").exists()
 
@@ -216,7 +236,7 @@ def test_labels_for_an_empty_trait_slot_are_refused_and_counted(queries, tmp_pat
     path.write_text(json.dumps([{"id": 5, "data": tasks[0]["data"], "annotations": [annotation]}]))
     result = CliRunner().invoke(app, ["review", "--input", str(queries), "--import-label-studio", str(path)])
     assert result.exit_code == 0, result.output
-    assert "1 labels from" in result.stderr and "2 labels refused: about a trait or check" in result.stderr
+    assert "1 labels set" in result.stderr and "2 labels skipped: about a trait or check" in result.stderr
     events = read_label_events(queries.with_name("labels.jsonl"))
     assert [(e["field"], e["at"]) for e in events] == [("query", "2026-11-23T08:02:00Z")]
 
@@ -232,5 +252,5 @@ def test_an_import_is_written_in_batches(queries, tmp_path, monkeypatch):
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real(fd))
     result = CliRunner().invoke(app, ["review", "--input", str(queries), "--import-label-studio", str(path)])
-    assert result.exit_code == 0 and "37 labels from" in result.stderr, result.output
+    assert result.exit_code == 0 and "37 labels set" in result.stderr, result.output
     assert len(synced) <= 2  # the batch, and the folder of the new file

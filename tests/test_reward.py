@@ -222,8 +222,11 @@ def test_verl_loads_the_function_from_a_file_by_name(tmp_path, monkeypatch):
             ground_truths=[""],
             extra_infos=[row("q2")],
         )
+        loaded.default_reward().close()  # ends the per-rollout calls' step: its line is written
     assert score == pytest.approx(expected("q2")) and scores == pytest.approx([expected("q2")])
-    assert len((tmp_path / "verl.jsonl").read_text().splitlines()) == 3
+    # the batch call's line, and one step for the two per-rollout calls (one engine, one line)
+    lines = [json.loads(line) for line in (tmp_path / "verl.jsonl").read_text().splitlines()]
+    assert sorted(line["rollouts"] for line in lines) == [1, 2]
 
 
 def test_an_unreadable_judgment_takes_the_documented_fallback_counted_and_logged(tmp_path, caplog):

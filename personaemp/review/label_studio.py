@@ -4,12 +4,14 @@ so the agreement figures come out the same from either tool.
 
 In the project a task is one query; its choices are named as the review page's fields:
 `query` (accept/reject), `check_<name>` (agree/disagree with the judge), `trait_<n>`
-(supported/unsupported), and a `note` text area. A reviewer's name is `label-studio:` and the
-annotator's e-mail (or id).
+(supported/unsupported), and a `note` text area; a task shows only the checks and traits its
+query has, with the page's keys. A reviewer's name is `label-studio:` and the Label Studio
+user id. An import brings labels.jsonl to the export's state (`import_export`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from personaemp.errors import InputError
 from personaemp.io import write_json_atomic
 from personaemp.review.page import (
     LLM_CHECKS,
+    VALUES,
     LabelFile,
     UnknownTarget,
     current_labels,
@@ -46,7 +49,7 @@ def task_of(item: dict[str, Any], traits: int) -> dict[str, Any]:
     data = {
         "query_id": item["query_id"],
         "user_id": item["user_id"],
-        "query": item["query"],
+        "query_text": item["query"],
         "situation": f"[{item['category']}] {situation.get('topic', '')}: {situation.get('text', '')}",
         "build": f"{'accepted' if item['accepted'] else 'rejected'} by the build; "
         f"language {item['language']}",
@@ -62,43 +65,62 @@ def task_of(item: dict[str, Any], traits: int) -> dict[str, Any]:
             for name, ok in item["checks"].items()
         ),
     }
+    present = [check for check in LLM_CHECKS if check in item["checks"]]
     for check in LLM_CHECKS:
         ok = item["checks"].get(check)
         data[f"judge_{check}"] = f"{check}: the judge says {'—' if ok is None else 'pass' if ok else 'fail'}"
+        # the page's keys: digit n agrees with the query's n-th check, Shift+n disagrees
+        n = present.index(check) + 1 if check in present else 0
+        data[f"check_{check}_choices"] = (
+            [{"value": "agree", "hotkey": str(n)}, {"value": "disagree", "hotkey": f"shift+{n}"}]
+            if n and n <= 9
+            else [{"value": "agree"}, {"value": "disagree"}]
+            if n
+            else []
+        )
     for n in range(traits):
         trait = item["traits"][n] if n < len(item["traits"]) else None
-        data[f"trait_{n}"] = (
+        data[f"trait_{n}_text"] = (
             f"{trait.get('statement', '')} (memories {', '.join(trait.get('evidence') or [])})"
             if trait
             else ""
         )
+        # a user with fewer traits than the project's slots: no choices to click there
+        data[f"trait_{n}_choices"] = [{"value": "supported"}, {"value": "unsupported"}] if trait else []
     return {"data": data}
 
 
 def label_config(traits: int) -> str:
-    """The labelling interface: the query's context as text, the reviewer's choices."""
+    """The labelling interface: the query's context as text, the reviewer's choices.
 
-    def text(name: str) -> str:
-        return f'  <Text name="{name}_text" value="${name}"/>'
+    The review page's keys: a / r accept or reject the query, 1-4 agree with the query's
+    check 1-4 and Shift+1-4 disagree. A check or trait the task does not have shows no
+    choices (they come from the task's data: Choices' dynamic `value`). The page's s / u act
+    on a marked trait, which Label Studio has no notion of: trait choices have no key."""
 
-    def choices(name: str, values: tuple[str, str], required: bool = False) -> str:
-        options = "".join(f'<Choice value="{v}"/>' for v in values)
+    def text(name: str, value: str | None = None) -> str:
+        return f'  <Text name="{name}_text" value="${value or name}"/>'
+
+    def choices(name: str, values: tuple[tuple[str, str], ...] = (), required: bool = False) -> str:
+        options = "".join(f'<Choice value="{v}" hotkey="{key}"/>' for v, key in values)
         extra = ' required="true"' if required else ""
+        dynamic = "" if values else f' value="${name}_choices"'
         return (
-            f'  <Choices name="{name}" toName="query_text" choice="single" showInline="true"{extra}>'
+            f'  <Choices name="{name}" toName="query_text" choice="single" showInline="true"{extra}{dynamic}>'
             f"{options}</Choices>"
         )
 
     lines = [
-        "<View>", '  <Header value="Query"/>', text("query"), text("build"), '  <Header value="Situation"/>',
-        text("situation"), '  <Header value="Your decision"/>', choices("query", ("accept", "reject"), True),
-        '  <Header value="The LLM judge: agree or disagree"/>', text("checks"),
+        "<View>", '  <Header value="Query"/>', text("query", "query_text"), text("build"),
+        '  <Header value="Situation"/>', text("situation"), '  <Header value="Your decision"/>',
+        choices("query", (("accept", "a"), ("reject", "r")), True),
+        '  <Header value="The LLM judge: agree (1-4) or disagree (Shift+1-4)"/>', text("checks"),
     ]  # fmt: skip
     for check in LLM_CHECKS:
-        lines += [text(f"judge_{check}"), choices(f"check_{check}", ("agree", "disagree"))]
+        lines += [text(f"judge_{check}"), choices(f"check_{check}")]
     lines.append('  <Header value="Persona traits: supported by their memories?"/>')
     for n in range(traits):
-        lines += [text(f"trait_{n}"), choices(f"trait_{n}", ("supported", "unsupported"))]
+        lines += [text(f"trait_{n}", f"trait_{n}_text"), choices(f"trait_{n}")]
     lines += [
         '  <Header value="Big Five"/>', text("big_five"), '  <Header value="Memories"/>', text("memories"),
         '  <Header value="Note"/>', '  <TextArea name="note" toName="query_text" maxSubmissions="1"/>',
@@ -129,9 +151,11 @@ class _Task:
 
     @property
     def name(self) -> str:  # built only for an error: an import reads millions of parts
+        """Label Studio's task id (what its Data Manager shows), and where the file has it."""
         ident = self.ident
-        known = isinstance(ident, int | str) and not isinstance(ident, bool)
-        return f"{self.source}: task {self.number}" + (f" (id {shown(ident)})" if known else "")
+        if isinstance(ident, int | str) and not isinstance(ident, bool):
+            return f"{self.source}: task {shown(ident)} (entry {self.number} of the export)"
+        return f"{self.source}: entry {self.number} of the export (a task without an id)"
 
     def expect(self, value: Any, kinds: type | tuple, what: str, of: str | None = None) -> Any:
         if not isinstance(value, kinds) or isinstance(value, bool) and bool not in _as_tuple(kinds):
@@ -156,13 +180,43 @@ def _as_tuple(kinds) -> tuple:
     return kinds if isinstance(kinds, tuple) else (kinds,)
 
 
-def _annotator(annotation: dict[str, Any], task: _Task) -> str:
-    who = task.expect(annotation.get("completed_by"), (dict, int, str, type(None)), "completed_by")
+LABEL_STUDIO = "label-studio:"  # a reviewer name from Label Studio: this and the user id
+CHOSEN = ("query", "check_", "trait_")  # the Choices controls of the project (and `note`)
+
+
+@dataclasses.dataclass
+class _Annotation:
+    """One annotation of an export: whose, on which task, when, and its labels."""
+
+    task: _Task
+    query_id: str
+    annotation: int | str | None
+    user: int | str | None  # Label Studio's user id, when the export gives it
+    email: str | None
+    when: str | None
+    labels: dict[str, Any]  # control name -> chosen value (text for the note)
+
+    def meta(self) -> dict[str, Any]:
+        meta = {
+            "task": self.task.ident,
+            "annotation": self.annotation,
+            "user": self.user,
+            "email": self.email,
+        }
+        return {key: value for key, value in meta.items() if value not in (None, "")}
+
+
+def _who(annotation: dict[str, Any], task: _Task, key: str = "completed_by") -> tuple[Any, str | None]:
+    """(user id, e-mail) from `completed_by` (JSON: an id, or an object with id and email) or
+    JSON-MIN's `annotator` (the id, or the e-mail when Label Studio exported objects)."""
+    who = task.expect(annotation.get(key), (dict, int, str, type(None)), key)
     if isinstance(who, dict):
-        who = task.expect(
-            who.get("email") or who.get("id"), (str, int, type(None)), "completed_by's email or id"
-        )
-    return f"label-studio:{who if who not in (None, '') else 'unknown'}"
+        ident = task.expect(who.get("id"), (int, str, type(None)), f"{key}'s id")
+        email = task.expect(who.get("email"), (str, type(None)), f"{key}'s email")
+        return ident, email or None
+    if isinstance(who, str):
+        return (None, who) if "@" in who else (who or None, None)
+    return who, None
 
 
 def _when(annotation: dict[str, Any], task: _Task) -> str | None:
@@ -182,61 +236,129 @@ def _when(annotation: dict[str, Any], task: _Task) -> str | None:
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def events_of_export(export: Any, queries: Path, source: str = "export") -> tuple[list[dict[str, Any]], int]:
-    """The label events of a Label Studio JSON export (a list of tasks with annotations), and
-    how many labels were refused for naming a trait or check their query does not have (an
-    empty trait slot of the project). Anything else out of shape stops the import: one line
-    naming the file and the task."""
+def _query_of(query_id: Any, task: _Task, items: dict, queries: Path) -> str:
+    if query_id is None:
+        raise InputError(f"{task.name} has no query_id (not a task exported by personaemp)")
+    if not isinstance(query_id, str) or query_id not in items:
+        raise InputError(f"{task.name}: query {shown(query_id)} is not in {queries}")
+    return query_id
+
+
+def _json_annotations(raw: Any, task: _Task, items: dict, queries: Path) -> tuple[str, list[_Annotation]]:
+    """A task of the JSON export: its query and its annotations (cancelled ones left out)."""
+    data = task.expect(raw, dict, "the task").get("data")
+    query_id = _query_of(data.get("query_id") if isinstance(data, dict) else None, task, items, queries)
+    found = []
+    for annotation in task.expect(raw.get("annotations") or [], list, "annotations"):
+        task.expect(annotation, dict, "an annotation")
+        if task.expect(annotation.get("was_cancelled", False), (bool, type(None)), "was_cancelled"):
+            continue
+        user, email = _who(annotation, task)
+        labels: dict[str, Any] = {}
+        for result in task.expect(annotation.get("result") or [], list, "an annotation's result"):
+            task.expect(result, dict, "a result")
+            name = task.expect(result.get("from_name", ""), str, "from_name")
+            value = task.expect(result.get("value") or {}, dict, "the value", name)
+            if name == "note":
+                texts = value.get("text") or []
+                labels[name] = (
+                    texts if isinstance(texts, str) else "\n".join(task.texts(texts, "a note's text"))
+                )
+            elif name.startswith(CHOSEN):
+                picked = task.texts(value.get("choices") or [], "the choices", name)
+                if picked:
+                    labels[name] = picked[0]
+        ident = task.expect(annotation.get("id"), (int, str, type(None)), "an annotation's id")
+        found.append(_Annotation(task, query_id, ident, user, email, _when(annotation, task), labels))
+    return query_id, found
+
+
+def _min_value(value: Any, task: _Task, name: str) -> str | None:
+    """A control's value in JSON-MIN (label_studio_sdk's prettify_result): the one choice or
+    text itself; a list of {"choices"|"text": [...]} when there were several."""
+    if isinstance(value, str):
+        return value
+    for part in value if isinstance(value, list) else [value]:
+        if isinstance(part, dict):
+            texts = task.texts(part.get("choices") or part.get("text") or [], "the choices", name)
+            if texts:
+                return texts[0] if name != "note" else "\n".join(texts)
+        elif isinstance(part, str):
+            return part
+    return None
+
+
+def _min_annotation(raw: Any, task: _Task, items: dict, queries: Path) -> tuple[str, list[_Annotation]]:
+    """A record of the JSON-MIN export: the task's data at the top level, then the controls'
+    values under their names, and `annotator`, `annotation_id`... (a task without annotations:
+    its data alone). The task data of a personaemp project names no control, so a control's
+    name holds its value; a project exported before that (data `query` and `trait_<n>` beside
+    the controls of the same names) is read by the value: a choice, or the data's text."""
+    task.expect(raw, dict, "the record")
+    query_id = _query_of(raw.get("query_id"), task, items, queries)
+    ident = task.expect(raw.get("annotation_id"), (int, str, type(None)), "annotation_id")
+    user, email = _who(raw, task, "annotator")
+    if ident is None and user is None and email is None:
+        return query_id, []
+    labels: dict[str, Any] = {}
+    for name, value in raw.items():
+        if name != "note" and not name.startswith(CHOSEN) or name.endswith(("_text", "_choices")):
+            continue
+        chosen = _min_value(value, task, name)
+        if chosen is None:
+            continue
+        kind = name.partition("_")[0]
+        if name != "note" and chosen not in VALUES["check" if kind == "check" else kind]:
+            continue  # an old project's data (the query's or a trait's text), not a choice
+        labels[name] = chosen
+    return query_id, [_Annotation(task, query_id, ident, user, email, _when(raw, task), labels)]
+
+
+def read_export(
+    export: Any, queries: Path, source: str = "export"
+) -> tuple[dict[str, Any], list[_Annotation]]:
+    """A Label Studio export, JSON (a list of tasks, each with its annotations) or JSON-MIN
+    (one record per task and annotation): the tasks it holds (query id -> Label Studio's task
+    id) and their annotations. Anything out of shape stops the import: one line naming the
+    file and Label Studio's task id (or the entry, for a task without one)."""
     if not isinstance(export, list):
-        raise InputError(f"{source}: not a Label Studio JSON export (a list of tasks)")
+        raise InputError(f"{source}: not a Label Studio JSON or JSON-MIN export (a list of tasks)")
     items = {item["query_id"]: item for item in read_items(queries)}
-    events, refused = [], 0
+    tasks: dict[str, Any] = {}
+    annotations: list[_Annotation] = []
     for number, raw in enumerate(export, 1):
         task = _Task(source, number, raw)
-        data = task.expect(raw, dict, "the task").get("data")
-        query_id = data.get("query_id") if isinstance(data, dict) else None
-        if query_id is None:
-            raise InputError(f"{task.name} has no data.query_id (not exported by personaemp)")
-        if not isinstance(query_id, str) or query_id not in items:
-            raise InputError(f"{task.name}: query {shown(query_id)} is not in {queries}")
-        for annotation in task.expect(raw.get("annotations") or [], list, "annotations"):
-            task.expect(annotation, dict, "an annotation")
-            if task.expect(annotation.get("was_cancelled", False), (bool, type(None)), "was_cancelled"):
-                continue
-            reviewer, when = _annotator(annotation, task), _when(annotation, task)
-            for result in task.expect(annotation.get("result") or [], list, "an annotation's result"):
-                task.expect(result, dict, "a result")
-                name = task.expect(result.get("from_name", ""), str, "from_name")
-                value = task.expect(result.get("value") or {}, dict, "the value", name)
-                if name == "note":
-                    texts = value.get("text") or []
-                    field = "note"
-                    chosen = (
-                        texts if isinstance(texts, str) else "\n".join(task.texts(texts, "a note's text"))
-                    )
-                elif name == "query" or name.startswith(("check_", "trait_")):
-                    picked = task.texts(value.get("choices") or [], "the choices", name)
-                    if not picked:
-                        continue
-                    field = name if name == "query" else name.replace("_", ":", 1)
-                    chosen = picked[0]
-                else:
-                    continue  # a control this project does not know
-                body = {"reviewer": reviewer, "query_id": query_id, "field": field, "value": chosen}
-                try:
-                    events.append(make_event(body, items, when))
-                except UnknownTarget:
-                    refused += 1
-                except InputError as error:
-                    raise InputError(f"{task.name}: {error.message}") from None
-    return events, refused
+        minimal = isinstance(raw, dict) and "data" not in raw and "annotations" not in raw
+        reader = _min_annotation if minimal else _json_annotations
+        query_id, found = reader(raw, task, items, queries)
+        tasks[query_id] = task.ident
+        annotations += found
+    return tasks, annotations
 
 
-def import_export(path: Path, queries: Path, labels: Path) -> tuple[int, int]:
-    """Append a Label Studio export's labels to the labels file (what it already says is
-    left out, so importing the same export twice adds nothing), in batches of one write and
-    one fsync. Nothing is written unless the whole export reads. Returns the events added
-    and the labels refused for a trait or check their query does not have."""
+def _reviewer(annotation: _Annotation, known: dict[Any, Any]) -> str:
+    """`label-studio:<user id>`: one reviewer per Label Studio user whichever export form.
+    An export that gives only the e-mail (JSON-MIN of a project exported with user objects)
+    takes the id an earlier import saw for that annotation or e-mail."""
+    user = annotation.user
+    if user is None:
+        user = known.get(("annotation", annotation.annotation)) or known.get(("email", annotation.email))
+    return f"{LABEL_STUDIO}{user if user is not None else annotation.email or 'unknown'}"
+
+
+def import_export(path: Path, queries: Path, labels: Path) -> dict[str, Any]:
+    """Make the labels file hold Label Studio's current state for the tasks of an export.
+
+    Per Label Studio user (reviewer `label-studio:<id>`) and task, the user's latest
+    annotation (cancelled ones left out) is what they say: a label that differs from the
+    file's is appended (with Label Studio's task, annotation and user ids), and a label the
+    file holds for a Label Studio reviewer but the export does not (a choice removed by an
+    edit, a deleted annotation, a name an older import used) is removed by a line with
+    `"value": null`. Only the tasks in the export are touched: a partial export (some tasks)
+    leaves the others as they are; an export holds all of a task's annotations. Reviewers of
+    the review page are never touched. Labels about a trait or check the query does not
+    have are skipped and counted. Nothing is written unless the whole export reads; lines
+    go in batches of one write and one fsync."""
     try:
         export = msgspec.json.decode(Path(path).read_bytes())
     except FileNotFoundError:
@@ -245,25 +367,78 @@ def import_export(path: Path, queries: Path, labels: Path) -> tuple[int, int]:
         raise InputError(f"{path}: nested deeper than a Label Studio export is") from None
     except msgspec.DecodeError as error:
         raise InputError(f"{path}: not valid JSON ({error})") from None
-    events, refused = events_of_export(export, queries, str(path))
+    tasks, annotations = read_export(export, queries, str(path))
+    items = {item["query_id"]: item for item in read_items(queries)}
     file = LabelFile(labels)
-    state = current_labels(file.events())
-    new = []
-    for event in events:
-        now = state.get(event["reviewer"], {}).get(event["query_id"], {}).get(event["field"])
-        if now is not None and now.get("value") == event["value"]:
+    before = file.events()
+    known: dict[Any, Any] = {}
+    for event in before:
+        meta = event.get("label_studio")
+        if isinstance(meta, dict) and meta.get("user") is not None:
+            known[("annotation", meta.get("annotation"))] = meta["user"]
+            if meta.get("email"):
+                known[("email", meta["email"])] = meta["user"]
+    latest: dict[tuple[str, str], _Annotation] = {}
+    for annotation in annotations:
+        key = (_reviewer(annotation, known), annotation.query_id)
+        held = latest.get(key)
+        order = (annotation.when or "", str(annotation.annotation or ""))
+        if held is None or order >= (held.when or "", str(held.annotation or "")):
+            latest[key] = annotation
+    state = current_labels(before)
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    new: list[dict[str, Any]] = []
+    refused = removed = 0
+    for (reviewer, query_id), annotation in latest.items():
+        have = state.get(reviewer, {}).get(query_id, {})
+        wanted = {}
+        for name, value in annotation.labels.items():
+            field = name if name in ("query", "note") else name.replace("_", ":", 1)
+            body = {"reviewer": reviewer, "query_id": query_id, "field": field, "value": value}
+            try:
+                event = make_event(body, items, annotation.when)
+            except UnknownTarget:
+                refused += 1
+                continue
+            except InputError as error:
+                raise InputError(f"{annotation.task.name}: {error.message}") from None
+            wanted[field] = event
+            if have.get(field, {}).get("value") != value:
+                new.append({**event, "label_studio": annotation.meta()})
+        for field in have.keys() - wanted.keys():
+            body = {"reviewer": reviewer, "query_id": query_id, "field": field, "value": None}
+            new.append({**make_event(body, items, now), "label_studio": annotation.meta()})
+            removed += 1
+    for reviewer, queries_labelled in state.items():
+        if not reviewer.startswith(LABEL_STUDIO):
             continue
-        new.append(event)
-        state.setdefault(event["reviewer"], {}).setdefault(event["query_id"], {})[event["field"]] = event
+        for query_id, fields in queries_labelled.items():
+            if query_id in tasks and (reviewer, query_id) not in latest:
+                for field in fields:  # the annotation is gone from Label Studio
+                    body = {"reviewer": reviewer, "query_id": query_id, "field": field, "value": None}
+                    meta = {"task": tasks[query_id]} if tasks[query_id] is not None else {}
+                    new.append({**make_event(body, items, now), "label_studio": meta})
+                    removed += 1
     file.extend(new)
-    return len(new), refused
+    return {
+        "export": str(path),
+        "labels": str(labels),
+        "tasks": len(tasks),
+        "annotations": len(latest),
+        "reviewers": len({reviewer for reviewer, _ in latest}),
+        "added": len(new) - removed,
+        "removed": removed,
+        "refused": refused,
+    }
 
 
-def exchange_label_studio(options, export: Path | None, export_file: Path | None, console) -> None:
-    """`personaemp review --export-label-studio DIR` / `--import-label-studio FILE`."""
+def exchange_label_studio(options, export: Path | None, export_file: Path | None, console) -> dict | None:
+    """`personaemp review --export-label-studio DIR` / `--import-label-studio FILE`; the
+    result (printed by --json)."""
     from rich.markup import escape
 
     labels = options.labels or Path(options.input).with_name("labels.jsonl")
+    result: dict[str, Any] = {}
     if export is not None:
         session = open_session(options.input, labels, options.size, options.seed)
         paths = export_project(session.items, Path(export))
@@ -271,11 +446,22 @@ def exchange_label_studio(options, export: Path | None, export_file: Path | None
             f"wrote {len(session.items)} tasks (seed {options.seed}): "
             + escape(", ".join(str(path) for path in paths))
         )
+        result["exported"] = {
+            "tasks": len(session.items),
+            "seed": options.seed,
+            "files": [str(p) for p in paths],
+        }
     if export_file is not None:
-        added, refused = import_export(Path(export_file), Path(options.input), labels)
-        console.print(f"{added} labels from {escape(str(export_file))} appended to {escape(str(labels))}")
+        found = import_export(Path(export_file), Path(options.input), labels)
+        result["imported"] = found
+        console.print(
+            f"{found['added']} labels set and {found['removed']} removed from {escape(str(export_file))} "
+            f"({found['tasks']} tasks, {found['reviewers']} Label Studio users) in {escape(str(labels))}"
+        )
+        refused = found["refused"]
         if refused:
             console.print(
-                f"[yellow]{refused} label{'s' if refused != 1 else ''} refused: about a trait or check "
-                "their query does not have (an empty slot of the project); not scored[/]"
+                f"[yellow]{refused} label{'s' if refused != 1 else ''} skipped: about a trait or check "
+                "their query does not have; the rest imported, not scored[/]"
             )
+    return result or None

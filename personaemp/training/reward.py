@@ -18,9 +18,11 @@ Ways in:
   - TRL: `GRPOTrainer(reward_funcs=[reward])`: `reward(prompts=..., completions=..., **columns)`
     takes the dataset's columns (written by `personaemp export --format trl`) and returns one
     float per completion; completions plain or conversational.
-  - verl: `reward.compute_score(data_source, solution_str, ground_truth, extra_info)` and the
-    batched `reward.compute_score_batch(data_sources=, solution_strs=, ground_truths=,
-    extra_infos=)`; `extra_info` as `personaemp export --format verl` writes it. verl loads a
+  - verl: `reward.compute_score(data_source, solution_str, ground_truth, extra_info)` (and
+    `compute_score_async`, what verl 0.9's reward loop should be given: every rollout of a
+    step concurrent), one rollout a call, and the batched `reward.compute_score_batch(
+    data_sources=, solution_strs=, ground_truths=, extra_infos=)` for older verl's batch
+    manager and other callers; `extra_info` as `personaemp export --format verl` writes it. verl loads a
     function from a file: this module's own `compute_score` / `compute_score_batch` build
     their reward from the personaemp.toml named by $PERSONAEMP_CONFIG (see README "Train
     with PereGRM").
@@ -48,11 +50,16 @@ engine's --concurrency bounds them). Calling from a thread, or from code that al
 an event loop (a notebook, an async trainer), works: the step then runs on a loop of its own
 in a helper thread (`run_sync`).
 
-Each call of the reward opens the engine (endpoints, cache) and closes it again: nothing
-lingers between steps (a forked or Ray worker starts clean), the structured-output mode is
-remembered in the work dir, and --max-cost, --rpm apply per step.
+A batch call (TRL's, `ascore`, `compute_score_batch`) opens the engine (endpoints, cache)
+and closes it again: nothing lingers between steps, and --max-cost, --rpm apply per step.
+verl's per-rollout calls (`compute_score`, `compute_score_async`) share one engine per
+process instead, on a loop in a daemon thread (`_Shared`): one HTTP client, one cache, one
+concurrency cap for every thread and loop calling; an identical rollout in flight is judged
+once; a step is the rollouts scored until none has been in flight for `step_gap` seconds;
+--max-cost counts from the first call. A forked worker starts its own; `close()` ends it.
 
-Accounting per step (`log_path=`, JSONL, one line per call of the reward): rollouts, calls and
+Accounting per step (`log_path=`, JSONL, one line per batch call, or per step of per-rollout
+calls): rollouts, calls and
 HTTP requests, cache hits, tokens (prompt, completion, cached when the engine reports
 them), seconds, failures by kind, fallbacks per dimension, mean reward; `summary()` and
 `summarise_log(path)` add them up, with calls and tokens per rollout score.
@@ -61,7 +68,9 @@ them), seconds, failures by kind, fallbacks per dimension, mean reward; `summary
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import logging
@@ -99,6 +108,8 @@ from personaemp.prompts import LAYOUTS, Prompt, load_prompt
 from personaemp.records import DIMENSIONS
 
 log = logging.getLogger("personaemp.reward")
+
+STEP_GAP = 1.0  # seconds with no per-rollout call in flight that end a step (its log line)
 
 FALLBACKS = {
     # dimension score (1-5) and B (0-1) of a judgment that could not be had
@@ -286,6 +297,7 @@ class Reward:
         *,
         log_path: Path | str | None = None,
         name: str = "peregrm",
+        step_gap: float = STEP_GAP,
     ):
         options = options or RewardOptions()
         if options.samples < 1:
@@ -311,6 +323,8 @@ class Reward:
         self._lock = threading.Lock()
         self._step = 0
         self._answered = False  # the endpoint answered an earlier step: no need to start one at a time
+        self.step_gap = step_gap  # per-rollout calls: idle seconds that end a step
+        self._shared: _Shared | None = None  # the per-rollout calls' engine (see _Shared)
 
     # -- the trainers' call shapes
 
@@ -352,8 +366,39 @@ class Reward:
     def compute_score(
         self, data_source=None, solution_str="", ground_truth=None, extra_info=None, **_
     ) -> float:
-        """verl's custom reward, one rollout a call (its naive reward manager)."""
-        return self.score([rollout_from(solution_str, extra_info or {}, f"{data_source} rollout")]).rewards[0]
+        """verl's custom reward, one rollout a call (its reward loop, from executor threads).
+        Every per-rollout call of this reward, from any thread or loop, runs on one engine
+        (see `_Shared`): one cache, one HTTP client, one concurrency cap."""
+        rollout = rollout_from(solution_str, extra_info or {}, f"{data_source} rollout")
+        return self._service().submit(rollout).result()
+
+    async def compute_score_async(
+        self, data_source=None, solution_str="", ground_truth=None, extra_info=None, **_
+    ) -> float:
+        """verl's reward loop with an async function: the same score, awaited on the caller's loop."""
+        rollout = rollout_from(solution_str, extra_info or {}, f"{data_source} rollout")
+        return await asyncio.wrap_future(self._service().submit(rollout))
+
+    def flush(self) -> None:
+        """End the per-rollout calls' open step now (its line is written when the rollouts in
+        flight are done) instead of after `step_gap` idle seconds."""
+        shared = self._shared
+        if shared is not None and shared.pid == os.getpid():
+            shared.flush()
+
+    def close(self) -> None:
+        """Flush, then close the per-rollout calls' engine (HTTP client, cache) and its thread.
+        A later per-rollout call opens them again."""
+        with self._lock:
+            shared, self._shared = self._shared, None
+        if shared is not None and shared.pid == os.getpid():
+            shared.close()
+
+    def _service(self) -> _Shared:
+        with self._lock:
+            if self._shared is None or self._shared.pid != os.getpid():  # new, or forked: start clean
+                self._shared = _Shared(self)
+            return self._shared
 
     def compute_score_batch(
         self, data_sources=None, solution_strs=(), ground_truths=None, extra_infos=None, **_
@@ -605,6 +650,144 @@ def _cap_at_lowest(rows: list[dict]) -> None:
             row["reward"] = min(row["reward"], min(whole))
 
 
+# --- verl's per-rollout calls: one engine per process ----------------------------------------
+
+
+def _since(now, base):
+    """The engine's totals now, less those at a step's start: what the step cost."""
+    delta = dataclasses.replace(now, failures=Counter(now.failures))
+    for field in dataclasses.fields(now):
+        if field.name not in ("failures", "slowest"):
+            setattr(delta, field.name, getattr(now, field.name) - getattr(base, field.name))
+    delta.failures.subtract(base.failures)
+    delta.failures = +delta.failures
+    return delta
+
+
+class _Shared:
+    """The engine of a reward's per-rollout calls (`compute_score`, `compute_score_async`).
+
+    verl's reward loop scores a step one rollout a call, from executor threads (a sync
+    function) or as tasks on its loop (an async one). Were each call to open its own engine,
+    every call would bring its own HTTP client and concurrency cap (so requests in flight
+    would add up past [llm] concurrency), and identical rollouts would all be judged. Here one
+    event loop, in a daemon thread of this process, holds one engine (endpoints, HTTP client,
+    cache, cap) for every per-rollout call of the reward: a call from any thread or loop hands
+    its rollout over and waits for the score. An identical rollout already in flight is not
+    judged again: its caller waits for the same judgment.
+
+    A step (one line of the log) is the rollouts scored from the first call until no call has
+    been in flight for `step_gap` seconds: verl scores a step's rollouts together, then
+    updates the policy, so the reward is idle between steps. `flush()` ends a step at once.
+    A forked child starts its own (`Reward._service` checks the process id)."""
+
+    def __init__(self, reward: Reward):
+        self.reward = reward
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, name="personaemp-reward", daemon=True)
+        self.engine = None
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._opening: asyncio.Lock | None = None
+        self._judging: dict[str, asyncio.Future] = {}  # rollout key -> its judgment in flight
+        self._step: dict | None = None  # the open step: rows, keys, start, engine totals then
+        self._active = 0  # calls in flight
+        self._closer: asyncio.TimerHandle | None = None
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, rollout: Rollout) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(self._score(rollout), self.loop)
+
+    async def _open(self):
+        if self.engine is None:
+            from personaemp.llm.session import open_engine
+
+            self._opening = self._opening or asyncio.Lock()
+            async with self._opening:
+                if self.engine is None:
+                    stack = contextlib.AsyncExitStack()
+                    engine = await stack.enter_async_context(
+                        open_engine(self.reward.settings, notify=log.warning)
+                    )
+                    engine.answered = engine.answered or self.reward._answered
+                    self._stack, self.engine = stack, engine
+        return self.engine
+
+    async def _score(self, rollout: Rollout) -> float:
+        unit = self.reward._unit(rollout)
+        engine = await self._open()
+        step = self._begin(engine)
+        try:
+            key = unit["key"]
+            task = self._judging.get(key)
+            if task is None:
+                task = asyncio.ensure_future(self.reward._judge(engine, unit))
+                self._judging[key] = task
+                task.add_done_callback(lambda _, key=key: self._judging.pop(key, None))
+            step["keys"].add(key)
+            judged = await asyncio.shield(task)
+            step["rows"].append({"query_id": unit["query_id"], **judged})
+            self.reward._answered = self.reward._answered or engine.answered
+            return judged["reward"]
+        finally:
+            self._end(step)
+
+    def _begin(self, engine) -> dict:
+        if self._closer is not None:
+            self._closer.cancel()
+            self._closer = None
+        if self._step is None:
+            self._step = {"rows": [], "keys": set(), "started": time.perf_counter(),
+                          "ended": None, "base": engine.accounting.totals()}  # fmt: skip
+        self._active += 1
+        return self._step
+
+    def _end(self, step: dict) -> None:
+        self._active -= 1
+        step["ended"] = time.perf_counter()
+        if self._active == 0 and self._step is step:
+            self._closer = self.loop.call_later(self.reward.step_gap, self._close_step)
+
+    def _close_step(self) -> None:
+        step, self._step, self._closer = self._step, None, None
+        if step is None or not step["rows"]:
+            return
+        totals = _since(self.engine.accounting.totals(), step["base"])
+        seconds = (step["ended"] or time.perf_counter()) - step["started"]
+        self.reward._record(step["rows"], len(step["keys"]), totals, seconds, None)
+
+    async def _flush(self) -> None:
+        while self._active:  # the step ends once its rollouts in flight are done
+            await asyncio.sleep(0.01)
+        if self._closer is not None:
+            self._closer.cancel()
+        self._close_step()
+
+    def flush(self) -> None:
+        if self.thread.is_alive():
+            asyncio.run_coroutine_threadsafe(self._flush(), self.loop).result()
+
+    async def _shutdown(self) -> None:
+        await self._flush()
+        if self._stack is not None:
+            await self._stack.aclose()
+        self._stack = self.engine = None
+
+    def close(self) -> None:
+        if not self.thread.is_alive():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result()
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join()
+            self.loop.close()
+
+
 def _judge_view(options: RewardOptions):
     """check_sampling reads `samples` as evaluate's options carry it."""
     from personaemp.instruments.judges import JudgeOptions
@@ -691,9 +874,10 @@ class PereGRM(Reward):
 
     def __init__(self, settings, *, samples: int = 1, bystander: bool = True, reward_lambda: float = 0.5,
                  joint: bool = False, fallback: str = _DEFAULT.fallback, log_path=None,
-                 name: str = "peregrm", layout: str = _DEFAULT.layout):  # fmt: skip
+                 name: str = "peregrm", layout: str = _DEFAULT.layout,
+                 step_gap: float = STEP_GAP):  # fmt: skip
         options = RewardOptions(True, samples, bystander, reward_lambda, joint, fallback, layout=layout)
-        super().__init__(settings, options, log_path=log_path, name=name)
+        super().__init__(settings, options, log_path=log_path, name=name, step_gap=step_gap)
 
 
 class FixedCriteriaReward(Reward):
@@ -701,15 +885,16 @@ class FixedCriteriaReward(Reward):
 
     def __init__(self, settings, *, criteria_file=None, bystander: bool = True, reward_lambda: float = 0.5,
                  fallback: str = _DEFAULT.fallback, log_path=None, name: str = "perm",
-                 layout: str = _DEFAULT.layout):  # fmt: skip
+                 layout: str = _DEFAULT.layout, step_gap: float = STEP_GAP):  # fmt: skip
         options = RewardOptions(False, 1, bystander, reward_lambda, False, fallback, criteria_file, layout)
-        super().__init__(settings, options, log_path=log_path, name=name)
+        super().__init__(settings, options, log_path=log_path, name=name, step_gap=step_gap)
 
 
 # --- verl: a function in a file ------------------------------------------------------------------
 
 CONFIG_VAR = "PERSONAEMP_CONFIG"
 _default: Reward | None = None
+_default_config: str | None = None  # the $PERSONAEMP_CONFIG it was built from
 _default_lock = threading.Lock()
 
 
@@ -738,12 +923,25 @@ def from_config(path: Path | str | None = None, env: Mapping[str, str] | None = 
 
 
 def default_reward() -> Reward:
-    """The reward this module's `compute_score` uses: built once per process from $PERSONAEMP_CONFIG."""
-    global _default
+    """The reward this module's functions use: one per process, built from $PERSONAEMP_CONFIG
+    (again, the old one closed, if that variable names another file)."""
+    global _default, _default_config
+    config = os.environ.get(CONFIG_VAR) or None
     with _default_lock:
-        if _default is None:
-            _default = from_config(os.environ.get(CONFIG_VAR) or None)
+        if _default is None or _default_config != config:
+            old, _default = _default, from_config(config)
+            _default_config = config
+            if old is not None:
+                old.close()
         return _default
+
+
+@atexit.register
+def _close_default() -> None:
+    """At exit: the open step's line written, the engine closed."""
+    if _default is not None:
+        with contextlib.suppress(Exception):
+            _default.close()
 
 
 def compute_score(data_source=None, solution_str="", ground_truth=None, extra_info=None, **kwargs) -> float:
@@ -751,10 +949,14 @@ def compute_score(data_source=None, solution_str="", ground_truth=None, extra_in
     return default_reward().compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
 
 
-async def compute_score_async(data_source=None, solution_str="", ground_truth=None, extra_info=None, **_):
-    """verl's asynchronous reward loop: the same score, awaited on its loop."""
-    rollout = rollout_from(solution_str, extra_info or {}, f"{data_source} rollout")
-    return (await default_reward().ascore([rollout])).rewards[0]
+async def compute_score_async(
+    data_source=None, solution_str="", ground_truth=None, extra_info=None, **kwargs
+):
+    """verl's reward loop, name=compute_score_async: the same score, awaited on its loop
+    (every rollout of a step concurrent, not bounded by the loop's executor threads)."""
+    return await default_reward().compute_score_async(
+        data_source, solution_str, ground_truth, extra_info, **kwargs
+    )
 
 
 def compute_score_batch(data_sources=None, solution_strs=(), ground_truths=None, extra_infos=None, **kwargs):
