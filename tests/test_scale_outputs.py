@@ -53,6 +53,39 @@ def test_split_stats_and_push_write_the_same_bytes_as_before_streaming(tmp_path)
     assert {name for name in found if found[name] != expected[name]} == set()
 
 
+def test_parquet_written_in_row_groups_is_what_datasets_writes_from_the_whole_table(tmp_path, monkeypatch):
+    """push spools rows to Arrow ROW_BATCH at a time and writes row groups of the size
+    `datasets` gives the whole table: with groups of a few KB (many per file) and batches of
+    3 rows, the bytes are still those of Dataset.to_parquet on every row at once."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from datasets import Dataset, DatasetInfo, config
+
+    from personaemp.build import publish as push
+    from personaemp.build.split import split_users
+
+    folder = sample_build_copy(tmp_path / "build")
+    split_users(folder / "queries.jsonl", folder / "splits", ood=True)
+    monkeypatch.setattr(config, "MAX_ROW_GROUP_SIZE", "6KB")
+    monkeypatch.setattr(push, "ROW_BATCH", 3)
+    result = push.publish(folder / "splits", out=folder / "dataset")
+    columns = push.features(False)
+    for setting, parts in result.rows.items():
+        for split, count in parts.items():
+            users = list(push.iter_split_users(folder / "splits" / setting / f"{split}.jsonl"))
+            rows = [row for user in users for row in push.dataset_rows(user, False)]
+            table = pa.Table.from_pylist(rows, schema=columns.arrow_schema)
+            expected = io.BytesIO()
+            Dataset(table, info=DatasetInfo(features=columns)).to_parquet(expected)
+            [written] = (folder / "dataset" / setting).glob(f"{split}-*.parquet")
+            assert len(rows) == count
+            if count > 3:
+                assert pq.ParquetFile(written).num_row_groups > 1
+            assert written.read_bytes() == expected.getvalue(), f"{setting}/{split}"
+
+
 if __name__ == "__main__":  # regenerate the digests
     import tempfile
 
