@@ -95,6 +95,15 @@ def _cut_back(handle, path: Path, size: int, was: int) -> None:
            "dropped, the unit it held is done again")  # fmt: skip
 
 
+def _lines(path: Path) -> int:
+    """Lines of a file (a last one without its newline counted)."""
+    count, last = 0, b"\n"
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            count, last = count + block.count(b"\n"), block[-1:]
+    return count + (last != b"\n")
+
+
 def _scan(path: Path, key: str, field: str = "input_hash", repair: bool = True) -> dict[str, tuple[int, str]]:
     """unit id -> (byte offset, `field`) of the last row for it in a checkpoint file. A last
     line that is not whole JSON (torn by a crash or a full disk) is left out and, with
@@ -458,6 +467,9 @@ def _finish(output: Path, failures: Path, key: str, hashes: dict[str, str]) -> N
 
 
 def _rewrite(path: Path, rows: dict[str, tuple[int, str]], order: list[str]) -> None:
+    offsets = [rows[uid][0] for uid in order]
+    if offsets == sorted(offsets) and _lines(path) == len(offsets):
+        return  # already these rows in this order: left as is, so its time says it is unchanged
     with path.open("rb") as source, atomic_output(path) as target:
         for uid in order:
             source.seek(rows[uid][0])
