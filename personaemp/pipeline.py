@@ -103,7 +103,7 @@ def filter_args(options: FilterOptions) -> dict[str, Any]:
         "source": options.input, "output": options.output, "fmt": options.format,
         "rules_path": options.rules, "split": options.benchmark_split, "hf_config": options.hf_config,
         "on_error": options.on_error, "keep_turns": options.turns,
-        "report_path": options.output.with_name("filter_report.json"),
+        "report_path": options.output.with_name("filter_report.json"), "force": options.force,
     }  # fmt: skip
 
 
@@ -366,6 +366,7 @@ def call_split(options: SplitOptions, console: Console | None = None) -> StageRe
         k_range=(options.k_min, options.k_max),
         holdout=options.holdout,
         seeds=options.seeds,
+        force=options.force,
     )
     return results.of_split(report, options.out_dir)
 
@@ -381,7 +382,7 @@ def run_split(options: SplitOptions, console: Console) -> StageResult:
 def call_stats(options: StatsOptions, console: Console | None = None) -> StageResult:
     from personaemp.build import stats as stage
 
-    return results.of_stats(stage.write_stats(options.processed, options.out_dir))
+    return results.of_stats(stage.write_stats(options.processed, options.out_dir, options.force))
 
 
 def run_stats(options: StatsOptions, console: Console) -> StageResult:
@@ -405,6 +406,7 @@ def call_push(options: PushOptions, console: Console | None = None) -> StageResu
             revision=options.revision,
             include_dialogue=options.include_dialogue,
             criteria=options.criteria,
+            force=options.force,
         )
     )
 
@@ -412,6 +414,9 @@ def call_push(options: PushOptions, console: Console | None = None) -> StageResu
 def run_push(options: PushOptions, console: Console) -> StageResult:
     made = call_push(options)
     result, dry = made.report, options.is_dry_run
+    if getattr(result, "unchanged_since", None):  # a dry run skipped (personaemp.freshness): its one line
+        console.print(result.unchanged_since)
+        return made
     if dry and not options.dry_run:
         console.print("no repo_id: a dry run, the repository that would be pushed goes to a folder")
     for setting, parts in result.rows.items():

@@ -10,6 +10,8 @@ from personaemp.build.filter import FilterReport
 
 
 def print_filter_summary(report: FilterReport, console: Console) -> None:
+    if report.unchanged_since:  # skipped (personaemp.freshness): its one line
+        return console.print(report.unchanged_since)
     funnel = Table(title="filter funnel", title_justify="left")
     funnel.add_column("step")
     funnel.add_column("users", justify="right")
@@ -168,6 +170,8 @@ def print_query_funnel(funnel, console: Console) -> None:
 
 
 def print_split_report(report, out_dir, console: Console) -> None:
+    if report.unchanged_since:
+        return console.print(report.unchanged_since)
     left = ", ".join(f"{reason} {count}" for reason, count in sorted(report.left_out.items())) or "none"
     console.print(f"users read: {report.users_in} · left out: {left}")
     for name, setting in report.settings.items():
@@ -199,6 +203,8 @@ def print_split_report(report, out_dir, console: Console) -> None:
 
 def print_stats(result, console: Console) -> None:
     """`personaemp stats`: the figures stats.json holds, in short, and where they came from."""
+    if result.unchanged_since:
+        return console.print(result.unchanged_since)
     from personaemp.records import BIG_FIVE
 
     stats = result.stats

@@ -43,6 +43,7 @@ from typing import Any
 import msgspec
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from personaemp import freshness
 from personaemp.build.card import render_card
 from personaemp.build.split import REPORT_FILE, SETTINGS_WRITTEN, check_queries_row, profile_of
 from personaemp.build.stats import FIGURE_DIR, STATS_FILE, sources_of_split, stats_and_figures
@@ -136,6 +137,7 @@ class PublishResult:
     card: Path | None = None
     # Facts the card could not include (a report named by a manifest is gone, ...).
     warnings: list[str] = field(default_factory=list)
+    unchanged_since: str | None = None  # a dry run skipped: its one line (freshness.py)
 
 
 # --- reading the splits ------------------------------------------------------------------------
@@ -566,6 +568,7 @@ def publish(
     revision: str | None = None,
     include_dialogue: bool = False,
     criteria: Path | None = None,
+    force: bool = False,
 ) -> PublishResult:
     """Push both configs to `repo_id`, or write the same repository to `out` (dry run).
 
@@ -577,6 +580,17 @@ def publish(
         raise InputError(f"--repo-id must look like OWNER/NAME, not {repo_id!r}")
     files = split_files(splits_dir)
     split_report = read_split_report(splits_dir, list(files))
+    fingerprint = None
+    if out is not None:  # a dry run can be skipped; a push always goes out (the Hub may have changed)
+        options = {"out": out, "include_dialogue": include_dialogue, "criteria": criteria}
+        fingerprint = freshness.fingerprint(_read_by_push(splits_dir, split_report, criteria), options)
+        last = freshness.current("push", out, fingerprint, force)
+        if last is not None:
+            result = last["result"]
+            return PublishResult(
+                target=result["target"], rows=result["rows"], card=Path(result["card"]),
+                warnings=result["warnings"], unchanged_since=freshness.unchanged("push", last),
+            )  # fmt: skip
     found = None
     if criteria is not None and Path(criteria).exists():
         from personaemp.evaluation.criteria import read_criteria
@@ -611,10 +625,35 @@ def publish(
         repository.update({part.name: part.path for written in parts.values() for part in written.values()})
         if out is not None:
             write_repository(out, repository, card)
-            return PublishResult(target=str(out), rows=rows, card=out / CARD_FILE, warnings=facts["warnings"])
+            result = PublishResult(
+                target=str(out), rows=rows, card=out / CARD_FILE, warnings=facts["warnings"]
+            )
+            written = [out / name for name in [*repository, CARD_FILE, EXPORT_MANIFEST]]
+            saved = {
+                "target": result.target,
+                "rows": rows,
+                "card": str(result.card),
+                "warnings": result.warnings,
+            }
+            freshness.record("push", out, fingerprint, written, saved)
+            return result
         _push(repository, card, repo_id, private, revision, configs=list(parts))
     target = f"https://huggingface.co/datasets/{repo_id}"
     return PublishResult(target=target, rows=rows, warnings=facts["warnings"])
+
+
+def _read_by_push(splits_dir: Path, split_report: dict[str, Any], criteria: Path | None) -> list[Path]:
+    """Every file push reads: the splits, the build behind them (the card's reports and
+    statistics, failures files, labels) and the criteria."""
+    sources = sources_of_split(splits_dir, split_report)
+    chain = stage_chain(Path(split_report["input"])) if split_report.get("input") else {}
+    found = [splits_dir, *vars(sources).values(), criteria]
+    # Not the LLM stages' run report: rewritten by every run, even one with nothing to do;
+    # what the card quotes of it follows their output and failures files.
+    found += [entry.get("failures") for entry in chain.values()]
+    if sources.queries is not None:
+        found += [sources.queries.with_name("labels.jsonl"), sources.queries.with_name("second_judge.jsonl")]
+    return [Path(path) for path in found if path]
 
 
 @contextlib.contextmanager

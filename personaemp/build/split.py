@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 from pydantic import ValidationError
 
+from personaemp import freshness
 from personaemp.errors import InputError, RowError, first_problem
 from personaemp.io import ErrorPolicy, atomic_output, file_stamp, iter_jsonl, read_jsonl_at, write_json_atomic
 from personaemp.options import SplitOptions
@@ -100,6 +101,7 @@ class SplitReport:
     left_out: dict[str, int] = field(default_factory=dict)  # reason -> users
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     input: str = ""  # the queries file read (absolute): push follows it to the earlier stages
+    unchanged_since: str | None = None  # set when skipped: its one line (freshness.py), not saved
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -344,9 +346,12 @@ def split_users(
     k_range: tuple[int, int] = (_DEFAULT.k_min, _DEFAULT.k_max),
     holdout: int | None = _DEFAULT.holdout,
     seeds: int = _DEFAULT.seeds,
+    force: bool = _DEFAULT.force,
 ) -> SplitReport:
     """Write splits/random (and with `ood`, splits/ood) train/test files and the report.
-    The defaults are `personaemp split`'s (personaemp.options.SplitOptions)."""
+    The defaults are `personaemp split`'s (personaemp.options.SplitOptions). Skipped, the
+    last report back with its `unchanged_since` line, when the input, options and code are
+    those of the last finished run and its files are as it left them (`force`: never)."""
     if not 0 < test_size < 1:
         raise InputError("--test-size must be between 0 and 1")
     if k is not None and k < 2:
@@ -355,8 +360,15 @@ def split_users(
         raise InputError("--k-min must be at least 2 and at most --k-max")
     if seeds < 1:
         raise InputError("--seeds must be at least 1")
-    input_path = Path(input_path)
-    stamp = file_stamp(input_path)
+    input_path, out_dir = Path(input_path), Path(out_dir)
+    options = {"ood": ood, "seed": seed, "test_size": test_size, "k": k, "k_range": k_range,
+               "holdout": holdout, "seeds": seeds}  # fmt: skip
+    fingerprint = freshness.fingerprint([input_path], options)
+    last = freshness.current(STAGE, out_dir, fingerprint, force)
+    if last is not None:
+        kept = {key: value for key, value in last["result"].items() if key != "left_out_reasons"}
+        return SplitReport(**kept, unchanged_since=freshness.unchanged(STAGE, last))
+    stamp = file_stamp(input_path) if input_path.is_file() else None  # else read_users says why
     users, left_out = read_users(input_path)
     users.sort(key=lambda user: user.user_id)  # the input's order must not matter
     if len(users) < 2:
@@ -406,4 +418,6 @@ def split_users(
             (out_dir / "ood" / f"{name}.jsonl").unlink(missing_ok=True)
     write_json_atomic(out_dir / REPORT_FILE, report.as_dict())
     record_stage(out_dir, STAGE, report=out_dir / REPORT_FILE, failures=None, full=True, input=input_path)
+    written = [out_dir / setting / f"{name}.jsonl" for setting in splits for name in ("train", "test")]
+    freshness.record(STAGE, out_dir, fingerprint, [*written, out_dir / REPORT_FILE], report.as_dict())
     return report

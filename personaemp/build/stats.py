@@ -35,6 +35,7 @@ from typing import Any
 
 import msgspec
 
+from personaemp import freshness
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_atomic
 from personaemp.options import CHECKS
@@ -71,6 +72,7 @@ class StatsResult:
     sources: StatsSources
     out: Path
     files: list[str] = field(default_factory=list)
+    unchanged_since: str | None = None  # set when skipped: its one line (freshness.py)
 
 
 # --- where the files are -------------------------------------------------------------------------
@@ -639,12 +641,20 @@ def stats_and_figures(sources: StatsSources) -> tuple[dict[str, Any], dict[str, 
     return stats, render_figures(stats)
 
 
-def write_stats(processed: Path, out: Path) -> StatsResult:
+def write_stats(processed: Path, out: Path, force: bool = False) -> StatsResult:
     """`personaemp stats`: compute the build's statistics once, write stats.json and the plots
-    (each file atomically) into `out`; nothing is written if a file cannot be read."""
+    (each file atomically) into `out`; nothing is written if a file cannot be read. Skipped
+    when the files read, the code and `out` are those of the last finished run and what it
+    wrote is as it left it (`force`: never)."""
     sources = sources_in(Path(processed))
-    stats, figures = stats_and_figures(sources)
     out = Path(out)
+    fingerprint = freshness.fingerprint(list(vars(sources).values()), {"out": out})
+    last = freshness.current("stats", out, fingerprint, force)
+    if last is not None:
+        stats, files = last["result"]["stats"], last["result"]["files"]
+        line = freshness.unchanged("stats", last)
+        return StatsResult(stats=stats, sources=sources, out=out, files=files, unchanged_since=line)
+    stats, figures = stats_and_figures(sources)
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: not a folder", "pass a folder for --out")
     files = []
@@ -654,4 +664,7 @@ def write_stats(processed: Path, out: Path) -> StatsResult:
         files.append(f"{FIGURE_DIR}/{name}")
     write_json_atomic(out / STATS_FILE, stats)
     files.append(STATS_FILE)
+    freshness.record(
+        "stats", out, fingerprint, [out / name for name in files], {"stats": stats, "files": files}
+    )
     return StatsResult(stats=stats, sources=sources, out=out, files=files)
