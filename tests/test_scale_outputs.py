@@ -55,8 +55,9 @@ def test_split_stats_and_push_write_the_same_bytes_as_before_streaming(tmp_path)
 
 def test_parquet_written_in_row_groups_is_what_datasets_writes_from_the_whole_table(tmp_path, monkeypatch):
     """push spools rows to Arrow ROW_BATCH at a time and writes row groups of the size
-    `datasets` gives the whole table: with groups of a few KB (many per file) and batches of
-    3 rows, the bytes are still those of Dataset.to_parquet on every row at once."""
+    `datasets` gives the whole table: with groups of a few KB (many per file), pages of a
+    few hundred bytes and batches of 3 rows, the bytes are still those of Dataset.to_parquet
+    on every row at once."""
     import io
 
     import pyarrow as pa
@@ -69,6 +70,11 @@ def test_parquet_written_in_row_groups_is_what_datasets_writes_from_the_whole_ta
     folder = sample_build_copy(tmp_path / "build")
     split_users(folder / "queries.jsonl", folder / "splits", ood=True)
     monkeypatch.setattr(config, "MAX_ROW_GROUP_SIZE", "6KB")
+    # Pages cut by content every few hundred bytes, as every 256 KB-1 MB at full size: where
+    # they fall must not depend on the batches the rows were spooled in.
+    monkeypatch.setattr(
+        config, "DEFAULT_CDC_OPTIONS", {"min_chunk_size": 256, "max_chunk_size": 1024, "norm_level": 0}
+    )
     monkeypatch.setattr(push, "ROW_BATCH", 3)
     result = push.publish(folder / "splits", out=folder / "dataset")
     columns = push.features(False)

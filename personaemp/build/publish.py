@@ -368,14 +368,25 @@ def _write_parquet(
                 size += taken.num_rows
                 batch = batch.slice(taken.num_rows)
                 if size == group:
-                    writer.write_table(pa.Table.from_batches(held, schema=schema))
+                    writer.write_table(_one_chunk(held, schema))
                     held, size = [], 0
         if held:  # (no rows: no row group, as datasets writes an empty split)
-            writer.write_table(pa.Table.from_batches(held, schema=schema))
+            writer.write_table(_one_chunk(held, schema))
         writer.add_key_value_metadata({"content_defined_chunking": json.dumps(cdc)})
         writer.close()
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def _one_chunk(batches: list, schema):
+    """The row group as one contiguous chunk, as `datasets` slices it from its table: with
+    content-defined chunking, where the writer cuts pages depends on the Arrow chunks. The
+    copy costs one row group of memory (at most about 100 MB), freed as it is written."""
+    import pyarrow as pa
+
+    table = pa.Table.from_batches(batches, schema=schema).combine_chunks()
+    batches.clear()
+    return table
 
 
 def _sha256(path: Path) -> str:
