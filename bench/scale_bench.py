@@ -3,9 +3,10 @@
 Full run (`--copies C`): the shared AlpsBench sample (../shared/alpsbench, 1,200 users, about
 375 kept per copy) copied C times under new ids (tests/conftest.copy_sample, as
 bench/run_bench.py) goes through `personaemp run` in a child process against
-bench/capable_server.py with a log-normal latency. The child's resident memory (with its
-streamed filter's) is sampled every 0.1 s and split by the stage `run` announces on stderr.
-Prints wall / bound (bound: Sum(latency) / in flight), peak RSS per stage, disk per kept
+bench/capable_server.py with a log-normal latency. The memory of the child and its children
+(the streamed filter, split's and stats' forked workers: Pss, so pages they share count
+once) is sampled every 0.1 s and split by the stage `run` announces on stderr. Prints
+wall / bound (bound: Sum(latency) / in flight), peak memory per stage, disk per kept
 user, then runs the command again and prints that re-run's wall time and requests.
 
 Grown build (`--grow N`, no LLM): the queries a full run of the sample wrote, copied under
@@ -37,18 +38,19 @@ from run_bench import SHARED, start_server, stats  # noqa: E402
 STAGES = ("filter → infer-persona → gen-queries", "split", "stats", "push (dry run)")
 
 
-def tree_rss(pid: int) -> int:
-    """Resident bytes of a process and its descendants (Linux /proc)."""
+def tree_pss(pid: int) -> int:
+    """Proportional resident bytes (Pss) of a process and its descendants (Linux /proc): the
+    forked workers of split and stats share their parent's pages, which RSS counts twice."""
     total, todo = 0, [pid]
     while todo:
         current = todo.pop()
         try:
-            for line in Path(f"/proc/{current}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
+            for line in Path(f"/proc/{current}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
                     total += int(line.split()[1]) * 1024
             for task in Path(f"/proc/{current}/task").iterdir():
                 todo += [int(child) for child in (task / "children").read_text().split()]
-        except (FileNotFoundError, ProcessLookupError, ValueError):
+        except (FileNotFoundError, ProcessLookupError, PermissionError, ValueError):
             continue
     return total
 
@@ -73,7 +75,7 @@ def run_sampled(folder: Path) -> tuple[float, dict[str, int], str]:
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     while child.poll() is None:
-        peaks[stage] = max(peaks.get(stage, 0), tree_rss(child.pid))
+        peaks[stage] = max(peaks.get(stage, 0), tree_pss(child.pid))
         time.sleep(0.1)
     reader.join()
     wall = time.perf_counter() - started
@@ -118,12 +120,12 @@ def full_run(args) -> None:
         f"wall {wall:.1f} s, bound Sum(latency)/{args.in_flight} {bound:.1f} s: wall/bound {wall / bound:.2f}"
     )
     print(f"  {timing}")
-    print("peak RSS per stage (the command and its filter child): " + ", ".join(
+    print("peak memory (Pss, sampled every 0.1 s) per stage, the command and its children: " + ", ".join(
         f"{stage} {rss / 2**20:,.0f} MB" for stage, rss in peaks.items()))  # fmt: skip
     per_user, cached = size / kept / 1024, cache / kept / 1024
     print(f"disk: {per_user:,.1f} KB per kept user ({cached:,.1f} KB of it the reply cache)")
     print(
-        f"re-run: {second['count'] - first['count']} requests, wall {again:.1f} s, peak RSS "
+        f"re-run: {second['count'] - first['count']} requests, wall {again:.1f} s, peak Pss "
         f"{max(again_peaks.values()) / 2**20:,.0f} MB\n  {again_timing}"
     )
 
