@@ -189,9 +189,14 @@ class StageRun:
         return self
 
     def __exit__(self, *exc_info) -> None:
-        for handle in (self._out, self._bad, self._reading):
+        handles = ((self._out, self.output), (self._bad, self.failures), (self._reading, self.output))
+        for handle, path in handles:
             if handle is not None:
-                handle.close()
+                try:
+                    handle.close()  # flushes what a full disk refused: the same error again
+                except OSError as exc:
+                    named(exc, path)
+                    raise
 
     async def do(self, unit: dict[str, Any], work: Work) -> dict[str, Any] | None:
         """Run one unit; return the row written (None if it failed or is pending)."""
