@@ -206,7 +206,7 @@ class StageRows:
 
     def __init__(self, path: Path, ids: list[str], offsets: list[int]):
         self.path, self.ids, self.offsets = path, ids, offsets
-        self._stamp = _stamp(path)
+        self._stamp = file_stamp(path)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -217,14 +217,15 @@ class StageRows:
         return StageRows(self.path, [uid for uid, _ in kept], [offset for _, offset in kept])
 
     def __iter__(self) -> Iterator[dict]:
-        if _stamp(self.path) != self._stamp:
+        if file_stamp(self.path) != self._stamp:
             raise InputError(f"{self.path} changed while the stage was reading it", "run the stage again")
         with self.path.open("rb") as handle:
             for offset in self.offsets:
                 yield read_jsonl_at(handle, offset)
 
 
-def _stamp(path: Path) -> tuple[int, int]:
+def file_stamp(path: Path) -> tuple[int, int]:
+    """Size and modification time: what a re-read by offset checks has not changed."""
     status = path.stat()
     return status.st_size, status.st_mtime_ns
 

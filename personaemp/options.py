@@ -137,6 +137,13 @@ Shard = Annotated[
     ),
 ]
 Categories = Annotated[list[Category], BeforeValidator(_upper)]
+Force = Annotated[
+    bool,
+    Opt(
+        "Redo the stage even when its inputs, options and code are those of its last finished "
+        "run and its outputs are as that run left them (it is skipped then)."
+    ),
+]
 Checks = Annotated[list[Check], BeforeValidator(_split_commas)]
 
 
@@ -232,6 +239,7 @@ class FilterOptions(Section):
         Literal["user", "all"],
         Opt("user: keep the user's own turns (what later stages read); all: keep assistant turns too."),
     ] = "user"
+    force: Force = False
 
 
 class ExtractOptions(Section):
@@ -580,6 +588,7 @@ class SplitOptions(Section):
         int | None, Field(ge=0), Opt("Cluster id to hold out; default: the size closest to test_size.")
     ] = None
     seeds: Annotated[int, Field(ge=1), Opt("KModes runs per k (the lowest cost is kept).")] = 5
+    force: Force = False
 
     @model_validator(mode="after")
     def _k_range(self) -> SplitOptions:
@@ -607,6 +616,7 @@ class StatsOptions(Section):
             renamed_from="out",
         ),
     ] = PROCESSED / "stats"
+    force: Force = False
 
 
 # Options several sections share, declared once.
@@ -636,6 +646,7 @@ class PushOptions(Section):
             io="read",
         ),
     ] = PROCESSED / "criteria.jsonl"
+    force: Force = False
 
     @field_validator("repo_id")
     @classmethod

@@ -82,7 +82,7 @@ def filter_args(options) -> dict[str, Any]:
         "source": options.input, "output": options.output, "fmt": options.format,
         "rules_path": options.rules, "split": options.benchmark_split, "hf_config": options.hf_config,
         "on_error": options.on_error, "keep_turns": options.turns,
-        "report_path": options.output.with_name("filter_report.json"),
+        "report_path": options.output.with_name("filter_report.json"), "force": options.force,
     }  # fmt: skip
 
 
@@ -148,6 +148,7 @@ def _split(options, console):
     report = split_users(
         options.input, options.out_dir, ood=options.ood, seed=options.seed, test_size=options.test_size,
         k=options.k, k_range=(options.k_min, options.k_max), holdout=options.holdout, seeds=options.seeds,
+        force=options.force,
     )  # fmt: skip
     return results.of_split(report, options.out_dir)
 
@@ -155,7 +156,7 @@ def _split(options, console):
 def _stats(options, console):
     from personaemp.build.stats import write_stats
 
-    return results.of_stats(write_stats(options.processed, options.out_dir))
+    return results.of_stats(write_stats(options.processed, options.out_dir, options.force))
 
 
 def _push(options, console):
@@ -163,15 +164,16 @@ def _push(options, console):
     from personaemp.review.agreement import card_quality
 
     dry = options.is_dry_run
-    if dry and not options.dry_run:
-        console.print("no repo_id: a dry run, the repository that would be pushed goes to a folder")
-    return results.of_publish(
+    made = results.of_publish(
         publish(
             options.splits, repo_id=None if dry else options.repo_id, out=options.out_dir if dry else None,
             private=options.private, revision=options.revision, include_dialogue=options.include_dialogue,
-            criteria=options.criteria, quality=card_quality,
+            criteria=options.criteria, quality=card_quality, force=options.force,
         )
     )  # fmt: skip
+    if dry and not options.dry_run and not getattr(made.report, "unchanged_since", None):
+        console.print("no repo_id: a dry run, the repository that would be pushed goes to a folder")
+    return made
 
 
 async def _criteria(options, console, llm, retry=False):

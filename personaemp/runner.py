@@ -75,6 +75,15 @@ def _repair_tail(path: Path) -> None:
     cut_torn_tail(path, UNIT_AGAIN)
 
 
+def _lines(path: Path) -> int:
+    """Lines of a file (a last one without its newline counted)."""
+    count, last = 0, b"\n"
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            count, last = count + block.count(b"\n"), block[-1:]
+    return count + (last != b"\n")
+
+
 def _scan(path: Path, key: str, field: str = "input_hash", repair: bool = True) -> dict[str, tuple[int, str]]:
     """unit id -> (byte offset, `field`) of the last row for it in a checkpoint file. A last
     line that is not whole JSON (torn by a crash or a full disk) is left out and, with
@@ -160,9 +169,14 @@ class StageRun:
         return self
 
     def __exit__(self, *exc_info) -> None:
-        for handle in (self._out, self._bad, self._reading):
+        handles = ((self._out, self.output), (self._bad, self.failures), (self._reading, self.output))
+        for handle, path in handles:
             if handle is not None:
-                handle.close()
+                try:
+                    handle.close()  # flushes what a full disk refused: the same error again
+                except OSError as exc:
+                    named(exc, path)
+                    raise
 
     async def do(self, unit: dict[str, Any], work: Work) -> dict[str, Any] | None:
         """Run one unit; return the row written (None if it failed or is pending)."""
@@ -437,6 +451,9 @@ def _finish(output: Path, failures: Path, key: str, hashes: dict[str, str]) -> N
 
 
 def _rewrite(path: Path, rows: dict[str, tuple[int, str]], order: list[str]) -> None:
+    offsets = [rows[uid][0] for uid in order]
+    if offsets == sorted(offsets) and _lines(path) == len(offsets):
+        return  # already these rows in this order: left as is, so its time says it is unchanged
     with path.open("rb") as source, atomic_output(path) as target:
         for uid in order:
             source.seek(rows[uid][0])

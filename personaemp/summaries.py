@@ -13,6 +13,8 @@ from personaemp.io import ErrorPolicy, iter_jsonl
 
 
 def print_filter_summary(report, console: Console) -> None:
+    if report.unchanged_since:  # skipped (personaemp.freshness): its one line
+        return console.print(report.unchanged_since)
     funnel = Table(title="filter funnel", title_justify="left")
     funnel.add_column("step")
     funnel.add_column("users", justify="right")
@@ -175,6 +177,8 @@ def print_query_funnel(funnel, console: Console) -> None:
 
 
 def print_split_report(report, out_dir, console: Console) -> None:
+    if report.unchanged_since:
+        return console.print(report.unchanged_since)
     left = ", ".join(f"{reason} {count}" for reason, count in sorted(report.left_out.items())) or "none"
     console.print(f"users read: {report.users_in} · left out: {left}")
     for name, setting in report.settings.items():
@@ -206,6 +210,8 @@ def print_split_report(report, out_dir, console: Console) -> None:
 
 def print_stats(result, console: Console) -> None:
     """`personaemp stats`: the figures stats.json holds, in short, and where they came from."""
+    if result.unchanged_since:
+        return console.print(result.unchanged_since)
     from personaemp.records import BIG_FIVE
 
     stats = result.stats
@@ -406,6 +412,8 @@ def judges_text(figures: dict[str, Any]) -> str:
 
 def print_push(made, console: Console) -> None:
     result = made.report
+    if getattr(result, "unchanged_since", None):  # a dry run skipped (freshness.py): its one line
+        return console.print(result.unchanged_since)
     for setting, parts in result.rows.items():
         console.print(f"[bold]{setting}[/]: " + ", ".join(f"{split} {n} rows" for split, n in parts.items()))
     for warning in result.warnings:  # e.g. a stage report the card could not find

@@ -136,6 +136,20 @@ def record_stage(
     return path
 
 
+def note_stage(output: Path, stage: str, key: str, value: Any) -> None:
+    """Set `key` of `stage`'s entry in the manifest beside `output` (made if missing), e.g.
+    the record freshness.py keeps of a finished run."""
+    path = Path(output).parent / MANIFEST_FILE
+    with locked(path):
+        try:
+            manifest = _load(path)
+        except InputError as error:
+            set_aside(path, error.message.removeprefix(f"{path}: "))
+            manifest = {}
+        manifest.setdefault(stage, {})[key] = value
+        write_json_atomic(path, manifest)
+
+
 def _same_file(a: str | Path | None, b: str | Path | None) -> bool:
     if not a or not b:
         return False

@@ -342,7 +342,7 @@ def test_run_with_the_default_toml_calls_the_stages_as_the_commands_do(calls, tm
     # the defaults the two sides used to disagree on
     assert by_commands["split"][1]["ood"] is True
     assert by_commands["push"][1]["out"] == Path("data/processed/dataset")
-    assert by_commands["stats"][0] == (Path("data/processed"), Path("data/processed/stats"))
+    assert by_commands["stats"][0] == (Path("data/processed"), Path("data/processed/stats"), False)
     assert by_commands["push"][1]["repo_id"] is None
     assert by_commands["filter"][1]["keep_turns"] == "user"
     settings = by_commands["persona"][0][2]
@@ -384,6 +384,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "hf_config": "task1",
         "on_error": "skip",
         "turns": "all",
+        "force": True,
     },
     "llm": {
         "base_url": ["http://a.example/v1", "http://b.example/v1"],
@@ -439,8 +440,9 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "k_max": 6,
         "holdout": 1,
         "seeds": 2,
+        "force": True,
     },
-    "stats": {"processed": "x/build", "out_dir": "x/stats"},
+    "stats": {"processed": "x/build", "out_dir": "x/stats", "force": True},
     "push": {
         "splits": "s/out",
         "repo_id": "me/data",
@@ -450,6 +452,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "revision": "dev",
         "include_dialogue": True,
         "criteria": "c/crit.jsonl",
+        "force": True,
     },
     "criteria": {
         "input": "c/in.jsonl",
@@ -573,6 +576,7 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
         "on_error": "skip",
         "keep_turns": "all",
         "report_path": Path("f/filter_report.json"),
+        "force": True,
     }
     args, kwargs = by_run["persona"]
     assert args[:2] == (Path("p/in.jsonl"), Path("p/out.jsonl"))
@@ -595,13 +599,14 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
     assert (kwargs["limit"], kwargs["users"], kwargs["retry_failed"]) == (2, ["u3"], True)
     assert by_run["split"] == (
         (Path("s/in.jsonl"), Path("s/out")),
-        {"ood": False, "seed": 5, "test_size": 0.2, "k": 3, "k_range": (3, 6), "holdout": 1, "seeds": 2},
-    )
-    assert by_run["stats"] == ((Path("x/build"), Path("x/stats")), {})
+        {"ood": False, "seed": 5, "test_size": 0.2, "k": 3, "k_range": (3, 6), "holdout": 1, "seeds": 2,
+         "force": True},
+    )  # fmt: skip
+    assert by_run["stats"] == ((Path("x/build"), Path("x/stats"), True), {})
     assert by_run["push"] == (
         (Path("s/out"),),
         {"repo_id": "me/data", "out": None, "private": True, "revision": "dev", "include_dialogue": True,
-         "criteria": Path("c/crit.jsonl")},
+         "criteria": Path("c/crit.jsonl"), "force": True},
     )  # fmt: skip
 
 
@@ -650,7 +655,7 @@ def test_push_dry_run_without_out_goes_to_the_processed_dataset_folder(calls):
     assert calls["push"] == (
         (Path("data/processed/splits"),),
         {"repo_id": None, "out": Path("data/processed/dataset"), "private": False, "revision": None,
-         "include_dialogue": False, "criteria": Path("data/processed/criteria.jsonl")},
+         "include_dialogue": False, "criteria": Path("data/processed/criteria.jsonl"), "force": False},
     )  # fmt: skip
 
 

@@ -103,6 +103,28 @@ def test_changed_input_or_fingerprint_is_recomputed(tmp_path):
     assert sorted(calls) == [1, 2]
 
 
+def test_a_rerun_with_nothing_to_do_leaves_the_files_untouched(tmp_path):
+    """The stage's files are rewritten only when their rows change: a re-run keeps their
+    modification time, which is what tells split, stats and push their input is unchanged
+    (personaemp.freshness)."""
+
+    async def work(unit):
+        if unit["id"] == 2:
+            raise UnitError("flaky", "try later")
+        return dict(unit)
+
+    units = [{"id": n} for n in range(5)]
+    run(units, work, tmp_path)
+    files = (tmp_path / "out.jsonl", tmp_path / "out.failures.jsonl")
+    before = [(path.read_bytes(), path.stat().st_mtime_ns) for path in files]
+    time.sleep(0.01)
+    run(units, work, tmp_path)
+    assert [(path.read_bytes(), path.stat().st_mtime_ns) for path in files] == before
+    run(units[:4], work, tmp_path)  # one unit fewer: rewritten
+    assert [r["id"] for r in lines(files[0])] == [0, 1, 3]
+    assert files[0].stat().st_mtime_ns != before[0][1]
+
+
 def test_units_no_longer_in_the_input_leave_the_output(tmp_path):
     async def work(unit):
         return dict(unit)

@@ -832,3 +832,38 @@ def test_the_remembered_dissimilarity_fits_exactly_what_kmodes_alone_fits():
         assert model.labels_.tolist() == best.labels_.tolist()
         assert model.cluster_centroids_.tolist() == best.cluster_centroids_.tolist()
         assert model.predict(data).tolist() == best.predict(data).tolist()
+
+
+def test_an_input_rewritten_while_split_decides_is_refused_and_nothing_is_written(tmp_path, monkeypatch):
+    """split reads the rows a second time, by offset, to write them: a file changed in
+    between would put other rows (or half lines) into the splits."""
+    from personaemp.build import split as split_stage
+
+    path = write_users(tmp_path / "in.jsonl", [user(f"u{i:02d}") for i in range(10)])
+    decide = split_stage.random_split
+
+    def rewritten_meanwhile(*args):
+        write_users(path, [user(f"other-{i:02d}") for i in range(10)])  # another size
+        return decide(*args)
+
+    monkeypatch.setattr(split_stage, "random_split", rewritten_meanwhile)
+    with pytest.raises(InputError, match="changed while split was reading it"):
+        split_users(path, tmp_path / "out", ood=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_split_holds_five_levels_per_user_not_the_rows(tmp_path):
+    """What the split decides on is a Splittable per user (id, offset, levels, count)."""
+    from personaemp.build.split import Splittable, read_users
+
+    rows = [user(f"u{i:02d}", queries=1 + i % 3) for i in range(5)]
+    path = write_users(tmp_path / "in.jsonl", rows)
+    users, left_out = read_users(path)
+    offsets = [0]
+    for line in path.read_bytes().splitlines(keepends=True)[:-1]:
+        offsets.append(offsets[-1] + len(line))
+    assert not left_out
+    assert users == [
+        Splittable(r["user_id"], o, MEDIUM, 1 + i % 3)
+        for i, (r, o) in enumerate(zip(rows, offsets, strict=True))
+    ]

@@ -503,3 +503,24 @@ def test_every_plot_is_readable_at_100_and_at_10000_users(users):
             if name == "checks.png":
                 assert all(t.get_text().endswith("%") for t in axis.get_xticklabels() if t.get_text()), where
                 assert {t.get_text() for t in axis.texts} >= {"99.4%", "97.6%"}, where
+
+
+def test_spread_from_counts_is_the_spread_of_the_values():
+    """stats counts values as it reads (memory bounded) and takes mean and median from the
+    counts: the figures are those of statistics.fmean / statistics.median on the values."""
+    import random
+    import statistics
+    from collections import Counter
+
+    from personaemp.build.stats import _spread
+
+    rng = random.Random(5)
+    for size in (1, 2, 3, 10, 11, 200, 201):
+        values = [rng.randint(0, 12) for _ in range(size)]
+        assert _spread(Counter(values)) == {
+            "mean": round(statistics.fmean(values), 2),
+            "median": float(statistics.median(values)),
+            "min": min(values),
+            "max": max(values),
+        }, values
+    assert _spread(Counter()) == {"mean": 0.0, "median": 0.0, "min": 0, "max": 0}

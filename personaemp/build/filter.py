@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from personaemp import locks
+from personaemp import freshness, locks
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, atomic_output, write_json_atomic
 from personaemp.language import LanguageWorker, load_in_background, release_model
@@ -46,6 +46,12 @@ class FilterReport:
     top_labels_all: dict[str, int] = field(default_factory=dict)
     top_labels_kept: dict[str, int] = field(default_factory=dict)
     languages_kept: dict[str, int] = field(default_factory=dict)
+    # Set when the stage was skipped: its one line ("filter: unchanged since ..."), not saved.
+    unchanged_since: str | None = None
+
+    def saved(self) -> dict:
+        """What filter_report.json holds."""
+        return {key: value for key, value in self.__dict__.items() if key != "unchanged_since"}
 
     def balanced(self) -> bool:
         return self.users_in == self.kept + sum(self.dropped.values())
@@ -107,16 +113,28 @@ def filter_users(
     report_path: Path | None = None,
     console: Console | None = None,
     on_kept: Callable[[bytes], None] | None = None,
+    force: bool = False,
 ) -> FilterReport:
     """Read users from `source`, write the kept ones to `output` (atomically), return the funnel.
 
     `keep_turns`: "user" keeps only the user's own turns (all later stages need), "all"
     keeps assistant turns too. Nothing is written if the run stops on a bad row.
     `on_kept(line)`: each kept row's line as it is written (`run` streams them, streaming.py).
+    When the input, rules, options and code are those of the last finished run and its
+    output is as that run left it, nothing is read: the last report comes back, with its
+    `unchanged_since` line (freshness.py); `force` runs it anyway.
     """
     if keep_turns not in ("user", "all"):
         raise InputError(f"--turns must be 'user' or 'all', not {keep_turns!r}")
     source, output = str(source), Path(output)  # a library caller may pass either
+    options = {
+        "source": source, "fmt": fmt, "rules": rules_path, "split": split, "hf_config": hf_config,
+        "on_error": on_error, "keep_turns": keep_turns, "report": report_path,
+    }  # fmt: skip
+    stamp = freshness.fingerprint([source, rules_path], options)
+    last = freshness.current("filter", output, stamp, force)
+    if last is not None:
+        return _unchanged(last, output, on_kept)
     roles = ("user",) if keep_turns == "user" else None
     rules = RuleSet(load_rules(rules_path))
     policy = ErrorPolicy(on_error)
@@ -215,8 +233,21 @@ def filter_users(
     report.matched_rules = rules_hit.top()
     report.languages_kept = languages.top()
     if report_path is not None:
-        write_json_atomic(report_path, report.__dict__)
+        write_json_atomic(report_path, report.saved())
     record_stage(output, "filter", report=report_path, failures=None, full=True)
+    freshness.record("filter", output, stamp, [output, report_path or output], report.saved())
+    return report
+
+
+def _unchanged(last: dict, output: Path, on_kept: Callable[[bytes], None] | None) -> FilterReport:
+    """The last run's report; its kept rows handed to `on_kept` from the output, if asked."""
+    report = FilterReport(**last["result"])
+    report.unchanged_since = freshness.unchanged("filter", last)
+    if on_kept is not None:
+        with output.open("rb") as handle:
+            for line in handle:
+                on_kept(line)
+    emit("filter", report.users_in, report.users_in)
     return report
 
 

@@ -28,13 +28,14 @@ another cache entry, and an unchanged rebuild keeps its entry.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
-import io
 import json
 import os
+import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -42,6 +43,7 @@ from typing import Any
 import msgspec
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from personaemp import freshness
 from personaemp.build.card import QUALITY_PLOT, render_card
 from personaemp.build.stats import FIGURE_DIR, STATS_FILE, sources_of_split, stats_and_figures
 from personaemp.errors import InputError, PersonaempError, RowError, first_problem
@@ -135,14 +137,15 @@ class PublishResult:
     card: Path | None = None
     # Facts the card could not include (a report named by a manifest is gone, ...).
     warnings: list[str] = field(default_factory=list)
+    unchanged_since: str | None = None  # a dry run skipped: its one line (freshness.py)
 
 
 # --- reading the splits ------------------------------------------------------------------------
 
 
-def read_split_users(path: Path) -> list[dict]:
-    """The user rows of one split file, each checked to hold everything a published row needs."""
-    users = []
+def iter_split_users(path: Path) -> Iterator[dict]:
+    """The user rows of one split file, one at a time, each checked to hold everything a
+    published row needs."""
     try:
         for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
             location = f"{path}:{lineno}"
@@ -153,10 +156,9 @@ def read_split_users(path: Path) -> list[dict]:
                     "of the five traits is required)",
                     SPLIT_HINT,
                 )
-            users.append(row)
+            yield row
     except RowError as error:  # unreadable line: push has no --on-error, the split is redone
         raise InputError(f"{error.location}: {error.reason}", SPLIT_HINT) from None
-    return users
 
 
 def split_files(splits_dir: Path) -> dict[str, dict[str, Path]]:
@@ -245,36 +247,154 @@ def read_split_report(splits_dir: Path, present: list[str]) -> dict[str, Any]:
     return report
 
 
-def read_splits(files: dict[str, dict[str, Path]]) -> dict[str, dict[str, list[dict]]]:
-    """setting -> split -> checked user rows, for the files `split_files` found."""
-    return {
-        setting: {split: read_split_users(path) for split, path in paths.items()}
-        for setting, paths in files.items()
-    }
+ROW_BATCH = 1000  # published rows turned into Arrow at a time
 
 
-def _datasets(
-    users: dict[str, dict[str, list[dict]]], include_dialogue: bool, criteria: dict | None = None
-) -> dict[str, Any]:
+@dataclass
+class DataPart:
+    """One split of one config, written to a staged Parquet file, and what the card says of it."""
+
+    name: str  # its path in the repository, <config>/<split>-00000-of-00001-<digest>.parquet
+    path: Path  # the staged file
+    rows: int = 0
+    users: set[str] = field(default_factory=set)
+    categories: Counter = field(default_factory=Counter)
+    big_five: dict[str, Counter] = field(default_factory=lambda: {trait: Counter() for trait in BIG_FIVE})
+    languages: Counter = field(default_factory=Counter)
+    query_ids: set[str] = field(default_factory=set)  # kept only to check the criteria file
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "rows": self.rows,
+            "users": len(self.users),
+            "categories": dict(self.categories),
+            "big_five": {trait: dict(counts) for trait, counts in self.big_five.items()},
+        }
+
+
+def write_parts(
+    files: dict[str, dict[str, Path]],
+    staging: Path,
+    include_dialogue: bool,
+    criteria: dict | None = None,
+) -> dict[str, dict[str, DataPart]]:
+    """setting -> split -> its Parquet file, staged in `staging`, every split file checked.
+
+    Streamed: a part's rows go to Arrow ROW_BATCH at a time and are spooled to an Arrow
+    file, then written out in row groups of the size `datasets` gives the whole table
+    (about 100 MB of Arrow). So memory holds one row group, never the split, and the bytes
+    are those `Dataset.to_parquet` writes (the card lists files by the digest of their bytes).
+    """
+    parts: dict[str, dict[str, DataPart]] = {}
+    for setting, paths in files.items():
+        parts[setting] = {}
+        for split, path in paths.items():
+            part = DataPart(name="", path=staging / f"{setting}-{split}.parquet")
+            spool = staging / f"{setting}-{split}.arrow"
+            nbytes = _spool(path, spool, part, include_dialogue, criteria)
+            _write_parquet(spool, part.path, part.rows, nbytes, include_dialogue, criteria is not None)
+            spool.unlink()
+            digest = _sha256(part.path)[:16]
+            part.name = f"{setting}/{split}-00000-of-00001-{digest}.parquet"
+            parts[setting][split] = part
+    return parts
+
+
+def _spool(path: Path, spool: Path, part: DataPart, include_dialogue: bool, criteria: dict | None) -> int:
+    """The published rows of a split file into an Arrow stream file; their Arrow size."""
     import pyarrow as pa
-    from datasets import Dataset, DatasetDict, DatasetInfo, disable_progress_bars
-    from datasets.fingerprint import generate_random_fingerprint
 
-    disable_progress_bars()
-    columns = features(include_dialogue, criteria is not None)
-    found = {}
-    for setting, parts in users.items():
-        found[setting] = DatasetDict()
-        for split, rows in parts.items():
-            published = [row for user in rows for row in dataset_rows(user, include_dialogue, criteria)]
-            # Not Dataset.from_list: given no fingerprint, a Dataset pickles its whole table to
-            # hash one (a third of a push). The fingerprint only names cached transforms: none here.
-            found[setting][split] = Dataset(
-                pa.Table.from_pylist(published, schema=columns.arrow_schema),
-                info=DatasetInfo(features=columns),
-                fingerprint=generate_random_fingerprint(),
-            )
-    return found
+    schema = features(include_dialogue, criteria is not None).arrow_schema
+    nbytes, pending = 0, []
+    with pa.OSFile(str(spool), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+
+        def flush() -> None:
+            nonlocal nbytes
+            batch = pa.RecordBatch.from_pylist(pending, schema=schema)
+            writer.write_batch(batch)
+            nbytes += batch.nbytes
+            pending.clear()
+
+        for user in iter_split_users(path):
+            for row in dataset_rows(user, include_dialogue, criteria):
+                part.rows += 1
+                part.users.add(row["user_id"])
+                part.categories[row["category"]] += 1
+                part.languages[row["language"]] += 1
+                for trait, level in row["big_five"].items():
+                    part.big_five[trait][level] += 1
+                if criteria is not None:
+                    part.query_ids.add(row["query_id"])
+                pending.append(row)
+            if len(pending) >= ROW_BATCH:
+                flush()
+        if pending:
+            flush()
+    return nbytes
+
+
+def _write_parquet(
+    spool: Path, target: Path, rows: int, nbytes: int, include_dialogue: bool, with_criteria: bool
+) -> None:
+    """The spooled rows as `datasets`' ParquetDatasetWriter writes a Dataset of them: its
+    schema, column options, content-defined chunking and row group size."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from datasets import config
+    from datasets.arrow_writer import (
+        get_parquet_column_options,
+        get_writer_batch_size_from_data_size,
+        get_writer_batch_size_from_features,
+    )
+
+    columns = features(include_dialogue, with_criteria)
+    schema = columns.arrow_schema
+    group = get_writer_batch_size_from_features(columns) or get_writer_batch_size_from_data_size(rows, nbytes)
+    cdc = config.DEFAULT_CDC_OPTIONS
+    with (
+        pa.OSFile(str(spool), "rb") as source,
+        pa.ipc.open_stream(source) as reader,
+        target.open("wb") as handle,
+    ):
+        writer = pq.ParquetWriter(
+            handle, schema=schema, use_content_defined_chunking=cdc, write_page_index=True,
+            **get_parquet_column_options(columns, schema),
+        )  # fmt: skip
+        held, size = [], 0  # batches of the row group being gathered
+        for batch in reader:
+            while batch.num_rows:
+                taken = batch.slice(0, group - size)
+                held.append(taken)
+                size += taken.num_rows
+                batch = batch.slice(taken.num_rows)
+                if size == group:
+                    writer.write_table(_one_chunk(held, schema))
+                    held, size = [], 0
+        if held:  # (no rows: no row group, as datasets writes an empty split)
+            writer.write_table(_one_chunk(held, schema))
+        writer.add_key_value_metadata({"content_defined_chunking": json.dumps(cdc)})
+        writer.close()
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _one_chunk(batches: list, schema):
+    """The row group as one contiguous chunk, as `datasets` slices it from its table: with
+    content-defined chunking, where the writer cuts pages depends on the Arrow chunks. The
+    copy costs one row group of memory (at most about 100 MB), freed as it is written."""
+    import pyarrow as pa
+
+    table = pa.Table.from_batches(batches, schema=schema).combine_chunks()
+    batches.clear()
+    return table
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 # --- what the card reports ---------------------------------------------------------------------
@@ -330,7 +450,7 @@ def stage_reports(split_report: dict[str, Any]) -> tuple[dict[str, Any], list[st
 
 
 def card_facts(
-    splits_dir: Path, datasets: dict[str, Any], split_report: dict[str, Any] | None = None
+    splits_dir: Path, parts: dict[str, dict[str, DataPart]], split_report: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """What the card reports, read from this build's files (missing ones are left out)."""
     facts: dict[str, Any] = {"settings": {}, "provenance": Counter(), "languages": Counter(), "warnings": []}
@@ -338,22 +458,10 @@ def card_facts(
         facts["split"] = split_report
         found, facts["warnings"] = stage_reports(split_report)
         facts.update(found)
-    for setting, parts in datasets.items():
-        summary = {}
-        for split, data in parts.items():
-            # Whole columns from Arrow: data[name] formats the rows one by one (1 s a build).
-            column = lambda name: data.data.column(name).to_pylist()  # noqa: E731, B023
-            big_five = column("big_five")
-            summary[split] = {
-                "rows": len(data),
-                "users": len(set(column("user_id"))),
-                "categories": dict(Counter(column("category"))),
-                "big_five": {
-                    trait: dict(Counter(levels[trait] for levels in big_five)) for trait in BIG_FIVE
-                },
-            }
-            facts["languages"].update(column("language"))
-        facts["settings"][setting] = summary
+    for setting, written in parts.items():
+        facts["settings"][setting] = {split: part.summary() for split, part in written.items()}
+        for part in written.values():
+            facts["languages"].update(part.languages)
     for setting in SETTINGS:
         path = splits_dir / setting / "train.jsonl"
         if path.exists():
@@ -374,30 +482,30 @@ def card_facts(
 # --- the repository ------------------------------------------------------------------------------
 
 
-def parquet_files(datasets: dict[str, Any]) -> dict[str, dict[str, tuple[str, bytes]]]:
-    """setting -> split -> (relative path, Parquet bytes). The name carries a digest of the
-    bytes: the card lists these names, and its `configs` block is what `datasets` keys its
-    cache of a local folder on, so other rows never load from an earlier build's entry."""
-    files: dict[str, dict[str, tuple[str, bytes]]] = {}
-    for setting, parts in datasets.items():
-        files[setting] = {}
-        for split, data in parts.items():
-            buffer = io.BytesIO()
-            data.to_parquet(buffer)
-            digest = hashlib.sha256(buffer.getvalue()).hexdigest()[:16]
-            files[setting][split] = (f"{setting}/{split}-00000-of-00001-{digest}.parquet", buffer.getvalue())
-    return files
-
-
-def write_files(folder: Path, files: dict[str, bytes], card: str) -> list[str]:
-    """Write `files` (relative path -> bytes) and the card under `folder`, each atomically;
-    return the relative paths written."""
+def write_files(folder: Path, files: dict[str, bytes | Path], card: str) -> list[str]:
+    """Write `files` (relative path -> bytes, or a staged file moved into place) and the card
+    under `folder`, each atomically; return the relative paths written."""
     for relative, data in files.items():
+        if isinstance(data, Path):
+            _move(data, folder / relative)
+            continue
         with atomic_output(folder / relative) as handle:
             handle.write(data)
     with atomic_output(folder / CARD_FILE) as handle:
         handle.write(card.encode("utf-8"))
     return [*files, CARD_FILE]
+
+
+def _move(source: Path, target: Path) -> None:
+    """A finished (synced) file renamed into place; copied atomically across file systems."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(source, target)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        with source.open("rb") as data, atomic_output(target) as handle:
+            shutil.copyfileobj(data, handle, 1 << 20)
 
 
 def read_export_manifest(out: Path) -> list[str]:
@@ -419,7 +527,7 @@ def _inside(relative: str) -> bool:
     return bool(relative) and not path.is_absolute() and ".." not in path.parts and "\\" not in relative
 
 
-def write_repository(out: Path, files: dict[str, bytes], card: str) -> None:
+def write_repository(out: Path, files: dict[str, bytes | Path], card: str) -> None:
     """The Hub repository layout under `out`: `files` (<config>/<split>-00000-of-00001-<digest>.parquet,
     the plots, stats.json) and README.md.
 
@@ -471,6 +579,7 @@ def publish(
     revision: str | None = None,
     include_dialogue: bool = False,
     criteria: Path | None = None,
+    force: bool = False,
     quality: Callable[[Path | None], tuple[dict[str, Any] | None, bytes | None]] | None = None,
 ) -> PublishResult:
     """Push both configs to `repo_id`, or write the same repository to `out` (dry run).
@@ -485,42 +594,102 @@ def publish(
         raise InputError(f"--repo-id must look like OWNER/NAME, not {repo_id!r}")
     files = split_files(splits_dir)
     split_report = read_split_report(splits_dir, list(files))
-    users = read_splits(files)
+    fingerprint = None
+    if out is not None:  # a dry run can be skipped; a push always goes out (the Hub may have changed)
+        options = {"out": out, "include_dialogue": include_dialogue, "criteria": criteria}
+        fingerprint = freshness.fingerprint(_read_by_push(splits_dir, split_report, criteria), options)
+        last = freshness.current("push", out, fingerprint, force)
+        if last is not None:
+            result = last["result"]
+            return PublishResult(
+                target=result["target"], rows=result["rows"], card=Path(result["card"]),
+                warnings=result["warnings"], unchanged_since=freshness.unchanged("push", last),
+            )  # fmt: skip
     found = None
     if criteria is not None and Path(criteria).exists():
         from personaemp.instruments.criteria import fresh_criteria
 
         found = fresh_criteria(Path(criteria), [p for parts in files.values() for p in parts.values()])
-    datasets = _datasets(users, include_dialogue, found)
-    facts = card_facts(splits_dir, datasets, split_report)
-    if found is not None:
-        published = {q["query_id"] for parts in users.values() for rows in parts.values()
-                     for user in rows for q in user.get("queries", [])}  # fmt: skip
-        lacking = len(published - found.keys())
-        if lacking:
-            facts["warnings"].append(f"{criteria}: no criteria for {lacking} published queries (empty lists)")
-    data = parquet_files(datasets)
-    facts["data_files"] = {s: {sp: name for sp, (name, _) in parts.items()} for s, parts in data.items()}
-    rows = {s: {split: len(part) for split, part in parts.items()} for s, parts in datasets.items()}
-    # The build's statistics, computed once: the card's tables, its plots and stats.json.
-    stats, figures = stats_and_figures(sources_of_split(splits_dir, split_report))
-    files = {f"{FIGURE_DIR}/{name}": png for name, png in figures.items()}
-    report, plot = quality(sources_of_split(splits_dir, split_report).queries) if quality else (None, None)
-    if plot is not None:
-        files[f"{FIGURE_DIR}/{QUALITY_PLOT}"] = plot
-    card = render_card(facts, include_dialogue, stats, list(files), quality=report)
-    files[STATS_FILE] = msgspec.json.format(msgspec.json.encode(stats), indent=2) + b"\n"
-    files.update(dict(entry for parts in data.values() for entry in parts.values()))
-    if out is not None:
-        write_repository(out, files, card)
-        return PublishResult(target=str(out), rows=rows, card=out / CARD_FILE, warnings=facts["warnings"])
-    _push(files, card, repo_id, private, revision, configs=list(datasets))
+    with _staging(out) as staging:
+        parts = write_parts(files, staging, include_dialogue, found)
+        facts = card_facts(splits_dir, parts, split_report)
+        if found is not None:
+            published = {
+                qid for written in parts.values() for part in written.values() for qid in part.query_ids
+            }
+            lacking = len(published - found.keys())
+            if lacking:
+                facts["warnings"].append(
+                    f"{criteria}: no criteria for {lacking} published queries (empty lists)"
+                )
+        facts["data_files"] = {
+            s: {sp: part.name for sp, part in written.items()} for s, written in parts.items()
+        }
+        rows = {s: {split: part.rows for split, part in written.items()} for s, written in parts.items()}
+        # The build's statistics, computed once: the card's tables, its plots and stats.json.
+        stats, figures = stats_and_figures(sources_of_split(splits_dir, split_report))
+        repository: dict[str, bytes | Path] = {f"{FIGURE_DIR}/{name}": png for name, png in figures.items()}
+        queries = sources_of_split(splits_dir, split_report).queries
+        report, plot = quality(queries) if quality else (None, None)
+        if plot is not None:
+            repository[f"{FIGURE_DIR}/{QUALITY_PLOT}"] = plot
+        card = render_card(facts, include_dialogue, stats, list(repository), quality=report)
+        repository[STATS_FILE] = msgspec.json.format(msgspec.json.encode(stats), indent=2) + b"\n"
+        repository.update({part.name: part.path for written in parts.values() for part in written.values()})
+        if out is not None:
+            write_repository(out, repository, card)
+            result = PublishResult(
+                target=str(out), rows=rows, card=out / CARD_FILE, warnings=facts["warnings"]
+            )
+            written = [out / name for name in [*repository, CARD_FILE, EXPORT_MANIFEST]]
+            saved = {
+                "target": result.target,
+                "rows": rows,
+                "card": str(result.card),
+                "warnings": result.warnings,
+            }
+            freshness.record("push", out, fingerprint, written, saved)
+            return result
+        _push(repository, card, repo_id, private, revision, configs=list(parts))
     target = f"https://huggingface.co/datasets/{repo_id}"
     return PublishResult(target=target, rows=rows, warnings=facts["warnings"])
 
 
+def _read_by_push(splits_dir: Path, split_report: dict[str, Any], criteria: Path | None) -> list[Path]:
+    """Every file push reads: the splits, the build behind them (the card's reports and
+    statistics, failures files, labels) and the criteria."""
+    sources = sources_of_split(splits_dir, split_report)
+    chain = stage_chain(Path(split_report["input"])) if split_report.get("input") else {}
+    found = [splits_dir, *vars(sources).values(), criteria]
+    # Not the LLM stages' run report: rewritten by every run, even one with nothing to do;
+    # what the card quotes of it follows their output and failures files.
+    found += [entry.get("failures") for entry in chain.values()]
+    if sources.queries is not None:
+        found += [sources.queries.with_name("labels.jsonl"), sources.queries.with_name("second_judge.jsonl")]
+    return [Path(path) for path in found if path]
+
+
+@contextlib.contextmanager
+def _staging(out: Path | None) -> Iterator[Path]:
+    """A folder for the Parquet files while they are written: beside the dry run's folder
+    (so they are renamed into it), else a temporary one; removed afterwards."""
+    if out is not None and out.exists() and not out.is_dir():
+        raise InputError(f"{out}: not a folder", "pass a folder for --out-dir")
+    parent = None
+    if out is not None:
+        parent = Path(os.path.abspath(out)).parent
+        parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".personaemp-push-", dir=parent) as name:
+        yield Path(name)
+
+
 def _push(
-    files: dict[str, bytes], card: str, repo_id: str, private: bool, revision: str | None, configs: list[str]
+    files: dict[str, bytes | Path],
+    card: str,
+    repo_id: str,
+    private: bool,
+    revision: str | None,
+    configs: list[str],
 ) -> None:
     """One commit: every data file and the card, and deletions of stale data files."""
     from personaemp.hub import check_hub_reachable

@@ -25,8 +25,9 @@ from typing import Any
 
 import msgspec
 
+from personaemp import freshness
 from personaemp.errors import InputError, RowError
-from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_atomic
+from personaemp.io import ErrorPolicy, atomic_output, file_stamp, iter_jsonl, read_jsonl_at, write_json_atomic
 from personaemp.options import SplitOptions
 from personaemp.parallel import fork_map
 from personaemp.records import BIG_FIVE
@@ -60,6 +61,7 @@ class SplitReport:
     left_out: dict[str, int] = field(default_factory=dict)  # reason -> users
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     input: str = ""  # the queries file read (absolute): push follows it to the earlier stages
+    unchanged_since: str | None = None  # set when skipped: its one line (freshness.py), not saved
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -71,41 +73,55 @@ class SplitReport:
         }
 
 
-def read_users(path: Path) -> tuple[list[dict], Counter]:
+@dataclass(frozen=True)
+class Splittable:
+    """What the split decides on, per user: the file holds the rest of the row, read again
+    only when it is written (a row is tens of KB; these are five levels and two numbers)."""
+
+    user_id: str
+    offset: int  # of the row's line in the input
+    profile: tuple[str, ...]  # the five levels in BIG_FIVE order
+    queries: int  # accepted queries
+
+
+def read_users(path: Path) -> tuple[list[Splittable], Counter]:
     """Users that can be split, and the others counted by reason (see LEFT_OUT_REASONS).
 
     Every row must be a queries row (the output of gen-queries): a persona or filter row,
     which has no `queries`, is refused with its file:line, not split into 0-query users.
+    One row at a time: memory holds a `Splittable` per user, not the rows.
     """
-    rows, left_out, read = [], Counter(), 0
+    users, left_out, read = [], Counter(), 0
     try:
-        for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
+        for lineno, offset, row in iter_jsonl(path, ErrorPolicy("fail")):
             read += 1
             record = check_queries_row(row, f"{path}:{lineno}", "pass the output of gen-queries")
+            profile = profile_of(row)
             if not record.eligible:
                 left_out["ineligible"] += 1
-            elif profile_of(row) is None:
+            elif profile is None:
                 left_out["no_big_five"] += 1
             elif not record.queries:
                 left_out["no_accepted_query"] += 1
             else:
-                rows.append(row)
+                levels = tuple(LEVELS[LEVELS.index(level)] for level in profile)  # shared strings
+                users.append(Splittable(str(row["user_id"]), offset, levels, len(record.queries)))
     except RowError as error:  # split has no --on-error: the row's own hint would mislead
         raise InputError(f"{error.location}: {error.reason}", "fix the line or re-run gen-queries") from None
     if not read:
         raise InputError(f"{path}: the file holds no rows", "pass the output of gen-queries")
-    ids = Counter(str(r["user_id"]) for r in rows)
+    ids = Counter(user.user_id for user in users)
     repeated = [uid for uid, count in ids.items() if count > 1]
     if repeated:
         raise InputError(
             f"{path}: user {repeated[0]!r} appears more than once",
             "re-run gen-queries into a fresh --output, or keep one line per user",
         )
-    return rows, left_out
+    return users, left_out
 
 
-def random_split(rows: Sequence[dict], test_size: float, seed: int) -> tuple[list[dict], list[dict]]:
-    ordered = sorted(rows, key=lambda r: str(r["user_id"]))
+def random_split(users: Sequence[Splittable], test_size: float, seed: int) -> tuple[list, list]:
+    ordered = sorted(users, key=lambda user: user.user_id)
     random.Random(seed).shuffle(ordered)
     test_count = round(len(ordered) * test_size)
     if len(ordered) >= 2:
@@ -239,28 +255,31 @@ def choose_holdout(sizes: Counter, total: int, test_size: float, holdout: int | 
     return min(candidates, key=lambda c: (abs(sizes[c] - target), c))
 
 
-def level_distribution(rows: Sequence[dict]) -> dict[str, dict[str, float]]:
+def level_distribution(users: Sequence[Splittable]) -> dict[str, dict[str, float]]:
     """Per trait, the share of users at each level."""
     result = {}
     for index, trait in enumerate(BIG_FIVE):
-        counts = Counter(profile_of(r)[index] for r in rows)
-        result[trait] = {level: round(counts[level] / len(rows), 3) if rows else 0.0 for level in LEVELS}
+        counts = Counter(user.profile[index] for user in users)
+        result[trait] = {level: round(counts[level] / len(users), 3) if users else 0.0 for level in LEVELS}
     return result
 
 
-def _write(folder: Path, train: Sequence[dict], test: Sequence[dict]) -> None:
-    for name, rows in (("train", train), ("test", test)):
-        with atomic_output(folder / f"{name}.jsonl") as handle:
-            for row in rows:
-                handle.write(msgspec.json.encode(row) + b"\n")
+def _write(source: Path, folder: Path, train: Sequence[Splittable], test: Sequence[Splittable]) -> None:
+    """Each part's rows, read from `source` at their offsets, written as today's decode and
+    re-encode of the whole row did (the same bytes)."""
+    with source.open("rb") as handle:
+        for name, users in (("train", train), ("test", test)):
+            with atomic_output(folder / f"{name}.jsonl") as out:
+                for user in users:
+                    out.write(msgspec.json.encode(read_jsonl_at(handle, user.offset)) + b"\n")
 
 
-def _summary(train: Sequence[dict], test: Sequence[dict]) -> dict[str, Any]:
+def _summary(train: Sequence[Splittable], test: Sequence[Splittable]) -> dict[str, Any]:
     return {
         "train_users": len(train),
         "test_users": len(test),
-        "train_queries": sum(len(r.get("queries", [])) for r in train),
-        "test_queries": sum(len(r.get("queries", [])) for r in test),
+        "train_queries": sum(user.queries for user in train),
+        "test_queries": sum(user.queries for user in test),
         "levels_train": level_distribution(train),
         "levels_test": level_distribution(test),
     }
@@ -277,9 +296,12 @@ def split_users(
     k_range: tuple[int, int] = (_DEFAULT.k_min, _DEFAULT.k_max),
     holdout: int | None = _DEFAULT.holdout,
     seeds: int = _DEFAULT.seeds,
+    force: bool = _DEFAULT.force,
 ) -> SplitReport:
     """Write splits/random (and with `ood`, splits/ood) train/test files and the report.
-    The defaults are `personaemp split`'s (personaemp.options.SplitOptions)."""
+    The defaults are `personaemp split`'s (personaemp.options.SplitOptions). Skipped, the
+    last report back with its `unchanged_since` line, when the input, options and code are
+    those of the last finished run and its files are as it left them (`force`: never)."""
     if not 0 < test_size < 1:
         raise InputError("--test-size must be between 0 and 1")
     if k is not None and k < 2:
@@ -288,33 +310,42 @@ def split_users(
         raise InputError("--k-min must be at least 2 and at most --k-max")
     if seeds < 1:
         raise InputError("--seeds must be at least 1")
-    rows, left_out = read_users(input_path)
-    rows.sort(key=lambda r: str(r["user_id"]))  # the input's order must not matter
-    if len(rows) < 2:
+    input_path, out_dir = Path(input_path), Path(out_dir)
+    options = {"ood": ood, "seed": seed, "test_size": test_size, "k": k, "k_range": k_range,
+               "holdout": holdout, "seeds": seeds}  # fmt: skip
+    fingerprint = freshness.fingerprint([input_path], options)
+    last = freshness.current(STAGE, out_dir, fingerprint, force)
+    if last is not None:
+        kept = {key: value for key, value in last["result"].items() if key != "left_out_reasons"}
+        return SplitReport(**kept, unchanged_since=freshness.unchanged(STAGE, last))
+    stamp = file_stamp(input_path) if input_path.is_file() else None  # else read_users says why
+    users, left_out = read_users(input_path)
+    users.sort(key=lambda user: user.user_id)  # the input's order must not matter
+    if len(users) < 2:
         reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(left_out.items()))
         raise InputError(
-            f"{input_path}: {len(rows)} user(s) can be split; at least 2 are needed"
+            f"{input_path}: {len(users)} user(s) can be split; at least 2 are needed"
             + (f" (left out: {reasons})" if reasons else ""),
             "build more users: raise infer-persona's --limit (or leave it out) and re-run "
             "gen-queries; `personaemp stats` shows where users drop out",
         )
     report = SplitReport(
-        users_in=len(rows) + sum(left_out.values()),
+        users_in=len(users) + sum(left_out.values()),
         left_out=dict(left_out),
         input=os.path.abspath(input_path),
     )
 
     # Everything is computed before anything is written: a run that fails (e.g. on the
     # OOD options) leaves the previous outputs as they were, consistent with each other.
-    splits = {"random": random_split(rows, test_size, seed)}
+    splits = {"random": random_split(users, test_size, seed)}
     report.settings["random"] = {"seed": seed, "test_size": test_size, **_summary(*splits["random"])}
 
     if ood:
-        clustering = cluster_profiles([profile_of(r) for r in rows], k, k_range, seeds, seed)
+        clustering = cluster_profiles([user.profile for user in users], k, k_range, seeds, seed)
         sizes = Counter(clustering.labels)
-        chosen = choose_holdout(sizes, len(rows), test_size, holdout, clustering.k)
-        train = [r for r, c in zip(rows, clustering.labels, strict=True) if c != chosen]
-        test = [r for r, c in zip(rows, clustering.labels, strict=True) if c == chosen]
+        chosen = choose_holdout(sizes, len(users), test_size, holdout, clustering.k)
+        train = [u for u, c in zip(users, clustering.labels, strict=True) if c != chosen]
+        test = [u for u, c in zip(users, clustering.labels, strict=True) if c == chosen]
         splits["ood"] = (train, test)
         report.settings["ood"] = {
             "seed": seed,
@@ -328,11 +359,15 @@ def split_users(
             ],
             **_summary(train, test),
         }
+    if file_stamp(input_path) != stamp:  # the rows are read again by offset
+        raise InputError(f"{input_path} changed while split was reading it", "run split again")
     for setting, (train, test) in splits.items():
-        _write(out_dir / setting, train, test)
+        _write(input_path, out_dir / setting, train, test)
     if not ood:  # an OOD split from an earlier run would no longer match the random one
         for name in ("train", "test"):
             (out_dir / "ood" / f"{name}.jsonl").unlink(missing_ok=True)
     write_json_atomic(out_dir / REPORT_FILE, report.as_dict())
     record_stage(out_dir, STAGE, report=out_dir / REPORT_FILE, failures=None, full=True, input=input_path)
+    written = [out_dir / setting / f"{name}.jsonl" for setting in splits for name in ("train", "test")]
+    freshness.record(STAGE, out_dir, fingerprint, [*written, out_dir / REPORT_FILE], report.as_dict())
     return report
