@@ -278,9 +278,68 @@ def _from_conversations(options: RunOptions, console: Console, env, result: Pipe
     return options.model_copy(update={"filter": options.filter.model_copy(update=into)})
 
 
+# [llm] options that do not change a reply: a re-run that differs only in them is current.
+RUNTIME = ("concurrency", "rpm", "timeout", "max_retries", "work_dir", "price_in", "price_out",
+           "price_cached", "max_cost")  # fmt: skip
+CHAIN = "infer-persona → gen-queries"  # run's record of the two LLM stages (freshness.py)
+
+
+def _chain_fingerprint(options: RunOptions) -> str | None:
+    """What the LLM stages' outputs depend on: the filter's output, their options, the
+    engine's options that shape a reply, and the code. None: never skipped (asked to retry,
+    refresh, estimate, batch, or no cache to fall back on)."""
+    from personaemp import freshness
+
+    llm = options.llm
+    if llm.retry_failed or llm.refresh or llm.no_cache or llm.estimate or llm.batch is not None:
+        return None
+    used = {
+        "persona": options.persona.model_dump(mode="json"),
+        "queries": options.queries.model_dump(mode="json"),
+        "llm": llm.model_dump(mode="json", exclude=set(RUNTIME)),
+    }
+    return freshness.fingerprint([options.filter.output], used)
+
+
+def _skipped_chain(options: RunOptions, console: Console, result: PipelineResult) -> bool:
+    """A re-run whose filter and LLM stages are all current reads none of their files: one
+    line each (the filter's own, then the chain's)."""
+    from personaemp import freshness
+    from personaemp.build.filter import filter_is_current
+
+    if not filter_is_current(filter_args(options.filter)):
+        return False
+    last = freshness.current(CHAIN, options.queries.output, _chain_fingerprint(options))
+    if last is None:
+        return False
+    with result.stage("filter", console):
+        result.add("filter", STAGES["filter"].run(options, console))
+    console.print(freshness.unchanged(CHAIN, last))
+    for name, section in (("infer-persona", options.persona), ("gen-queries", options.queries)):
+        result.add(name, StageResult(name, section.output, counts=last["result"][name]))
+    return True
+
+
+def _record_chain(options: RunOptions, fingerprint: str | None, made) -> None:
+    """The chain finished every unit: a later run with the same inputs may skip it."""
+    from personaemp import freshness
+    from personaemp.shards import failures_path
+
+    if any(stage.counts.get("failed") or stage.counts.get("failed_before") for stage in made):
+        return  # a failure is retried by the next run
+    outputs = [options.persona.output, options.queries.output]
+    outputs += [failures_path(options.persona.output, "infer-persona"),
+                failures_path(options.queries.output, "gen-queries")]  # fmt: skip
+    outputs.append(options.queries.output.with_name("rejected.jsonl"))
+    counts = {"infer-persona": made[0].counts, "gen-queries": made[1].counts}
+    freshness.record(CHAIN, options.queries.output, fingerprint, [p for p in outputs if p.exists()], counts)
+
+
 def _run_stages(
     options: RunOptions, console: Console, env: Mapping[str, str] | None, result: PipelineResult
 ) -> PipelineResult:
+    if chains(options) and _skipped_chain(options, console, result):
+        return _split_stats_push(options, console, result)
     if chains(options) and streams(options):
         from personaemp.build.streaming import FilterFeed
 
@@ -294,6 +353,7 @@ def _run_stages(
             result.add("filter", results.of_filter(stream.report, args["report_path"]))
             result.add("infer-persona", made[0])
             result.add("gen-queries", made[1])
+        _record_chain(options, _chain_fingerprint(options), made)
         return _split_stats_push(options, console, result)
     with result.stage("filter", console):
         result.add("filter", STAGES["filter"].run(options, console))
@@ -302,6 +362,7 @@ def _run_stages(
             made = persona_and_queries(options, console, env, meanwhile=importing.start)
             result.add("infer-persona", made[0])
             result.add("gen-queries", made[1])
+        _record_chain(options, _chain_fingerprint(options), made)
         return _split_stats_push(options, console, result)
     # In `run`, a [persona] limit is the size of the build, not a quick look: the card quotes it.
     with result.stage("infer-persona", console):

@@ -173,3 +173,29 @@ def test_the_one_line_of_a_skipped_stage_is_printed(tmp_path, capsys):
     assert "filter: unchanged since" in second.stderr and "filter funnel" not in second.stderr
     third = runner.invoke(app, [*args, "--force"])
     assert "unchanged" not in third.stderr and "filter funnel" in third.stderr
+
+
+def test_a_rerun_reads_none_of_the_llm_stages_files_and_an_llm_option_redoes_them(tmp_path, monkeypatch):
+    """The LLM stages of `run` are skipped whole (their files not read: a re-run at 15K users
+    spent 26 s re-reading them) when the filter's output, their options, the engine's reply
+    options and the code are those of their last finished run."""
+    from personaemp.build import persona, queries
+
+    processed = tmp_path / "processed"
+    with FakeOpenAI(responder=order_free_responder()) as server:
+        first = run_pipeline(run_options(processed, server.base_url), QUIET)
+        sent = server.count
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("an LLM stage ran")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(persona, "persona_stage", refuse)
+            patched.setattr(queries, "queries_stage", refuse)
+            again = run_pipeline(run_options(processed, server.base_url, llm={"concurrency": 3}), QUIET)
+        assert server.count == sent
+        assert again.results["gen-queries"].counts == first.results["gen-queries"].counts
+        assert unchanged(again)["split"], "the stages after it see the same files"
+        # An option that shapes a reply: the LLM stages run again.
+        hotter = run_pipeline(run_options(processed, server.base_url, llm={"temperature": 0.5}), QUIET)
+        assert hotter.results["infer-persona"].report is not None

@@ -127,11 +127,7 @@ def filter_users(
     if keep_turns not in ("user", "all"):
         raise InputError(f"--turns must be 'user' or 'all', not {keep_turns!r}")
     source, output = str(source), Path(output)  # a library caller may pass either
-    options = {
-        "source": source, "fmt": fmt, "rules": rules_path, "split": split, "hf_config": hf_config,
-        "on_error": on_error, "keep_turns": keep_turns, "report": report_path,
-    }  # fmt: skip
-    stamp = freshness.fingerprint([source, rules_path], options)
+    stamp = filter_fingerprint(source, fmt, rules_path, split, hf_config, on_error, keep_turns, report_path)
     last = freshness.current("filter", output, stamp, force)
     if last is not None:
         return _unchanged(last, output, on_kept)
@@ -237,6 +233,24 @@ def filter_users(
     record_stage(output, "filter", report=report_path, failures=None, full=True)
     freshness.record("filter", output, stamp, [output, report_path or output], report.saved())
     return report
+
+
+def filter_fingerprint(source, fmt, rules_path, split, hf_config, on_error, keep_turns, report_path):
+    """What the filter's output depends on (freshness.py): its input, rules, options, code."""
+    options = {
+        "source": str(source), "fmt": fmt, "rules": rules_path, "split": split, "hf_config": hf_config,
+        "on_error": on_error, "keep_turns": keep_turns, "report": report_path,
+    }  # fmt: skip
+    return freshness.fingerprint([source, rules_path], options)
+
+
+def filter_is_current(args: dict) -> bool:
+    """Whether filter_users(**args) would read nothing (its output current)."""
+    if args.get("force"):
+        return False
+    keys = ("source", "fmt", "rules_path", "split", "hf_config", "on_error", "keep_turns", "report_path")
+    stamp = filter_fingerprint(*(args.get(key) for key in keys))
+    return freshness.current("filter", Path(args["output"]), stamp) is not None
 
 
 def _unchanged(last: dict, output: Path, on_kept: Callable[[bytes], None] | None) -> FilterReport:
