@@ -173,3 +173,16 @@ def test_every_block_of_the_page_runs(page, server, sample_build, tmp_path, monk
             example.evaluate()
         except unittest.SkipTest:  # a block marked as not runnable offline, with its reason
             continue
+
+
+def test_the_files_page_lists_the_columns_the_records_have():
+    """docs/files.md's tables are generated from the records: a field added to one and not
+    regenerated fails here."""
+    from personaemp.filedocs import BEGIN, END, files_markdown
+
+    text = (REPO / "docs" / "files.md").read_text(encoding="utf-8")
+    block = text[text.index(BEGIN) + len(BEGIN) : text.index(END)]
+    assert block == "\n" + files_markdown(), "run: python -m personaemp.filedocs docs/files.md"
+    for column in ("`memories[].label_suggestion`", "`checks.passed`", "`big_five.neuroticism.level`",
+                   "`persona_traits`", "`response`"):  # fmt: skip
+        assert column in block
