@@ -19,6 +19,7 @@ import msgspec
 from personaemp.errors import InputError
 from personaemp.io import write_json_atomic
 from personaemp.review.page import (
+    LABEL_STUDIO_REVIEWER,
     LLM_CHECKS,
     LabelFile,
     UnknownTarget,
@@ -162,7 +163,7 @@ def _annotator(annotation: dict[str, Any], task: _Task) -> str:
         who = task.expect(
             who.get("email") or who.get("id"), (str, int, type(None)), "completed_by's email or id"
         )
-    return f"label-studio:{who if who not in (None, '') else 'unknown'}"
+    return f"{LABEL_STUDIO_REVIEWER}{who if who not in (None, '') else 'unknown'}"
 
 
 def _when(annotation: dict[str, Any], task: _Task) -> str | None:
