@@ -321,7 +321,7 @@ STAGES: dict[str, Stage] = {
         Stage(
             "respond", "write_responses", _respond,
             "Have a policy model answer every query of a split, with the chosen context (LLM).",
-            _llm_summary(lambda result, console: console.print(f"wrote {result.output}")),
+            _llm_summary(),  # its last line says what it wrote
             positional=("splits", "output"),
         ),
         Stage(

@@ -35,6 +35,8 @@ def print_filter_summary(report, console: Console) -> None:
         for label, count in report.top_labels_kept.items():
             labels.add_row(label, str(count))
         console.print(labels)
+    if report.nobody_kept:
+        console.print(f"[yellow]{escape(report.nobody_kept)}[/]")
     console.print(f"wrote {report.output}")
 
 

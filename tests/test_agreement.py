@@ -230,6 +230,8 @@ def test_the_card_has_a_quality_section_from_the_labels(build, tmp_path):
     card = (out / "README.md").read_text(encoding="utf-8")
     quality = card.split("## Quality", 1)[1].split("\n## ", 1)[0]
     assert "2 reviewers labelled 24 of the" in quality
+    assert "queries on the review page (`personaemp review`) (a sample" in quality
+    assert "Label Studio" not in quality
     rows = [line for line in quality.splitlines() if line.startswith("| ") and "LLM check" not in line]
     assert [row.split(" | ")[0].strip("| ") for row in rows] == list(LLM_CHECKS)
     report = compute_agreement(build / "queries.jsonl", build / "labels.jsonl")
@@ -241,6 +243,24 @@ def test_the_card_has_a_quality_section_from_the_labels(build, tmp_path):
     # and the enforced/recorded split of the honest card
     assert "A query was accepted when it passed every one of: `emotional_support`" in card
     assert "| not_copied | decided acceptance |" in card
+
+
+def test_the_card_says_labels_imported_from_label_studio_came_from_there(build, tmp_path):
+    """Labels imported from Label Studio (reviewers named as the import names them) are not
+    said to come from `personaemp review`'s page; a mix names both."""
+    label_sample(build, reviewers=("label-studio:7", "label-studio:bo@example.org"))
+    out = tmp_path / "dataset"
+    publish(build / "splits", out=out, quality=card_quality)
+    quality = (out / "README.md").read_text(encoding="utf-8").split("## Quality", 1)[1].split("\n## ", 1)[0]
+    assert "2 reviewers labelled 24 of the" in quality
+    assert "queries in Label Studio (imported by `personaemp review --import-label-studio`) (a" in quality
+    assert "review page" not in quality
+
+    label_sample(build, reviewers=("ana",))
+    publish(build / "splits", out=out, quality=card_quality)
+    quality = (out / "README.md").read_text(encoding="utf-8").split("## Quality", 1)[1]
+    assert "3 reviewers labelled" in quality
+    assert "on the review page (`personaemp review`) and in Label Studio" in quality
 
 
 def test_a_card_without_labels_says_none_exist(build, tmp_path):

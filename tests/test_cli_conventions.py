@@ -225,7 +225,18 @@ def test_too_few_users_to_split_names_the_next_step(tmp_path):
     assert result.exit_code == 2
     line = result.stderr.strip()
     assert "0 user(s) can be split" in line and "left out: 1 ineligible, 1 no_accepted_query" in line
-    assert "raise infer-persona's --limit" in line
+    # the checks rejected y's queries: the hint points at why, not at building more users
+    assert f"the checks rejected every query of 1 user(s): {tmp_path / 'rejected.jsonl'} has each" in line
+    assert "--limit" not in line
+
+
+def test_too_few_users_with_every_query_accepted_says_build_more_users(tmp_path):
+    from test_split import user
+
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text(json.dumps(user("x")) + "\n", encoding="utf-8")
+    result = invoke("split", "--input", queries, "--out-dir", tmp_path / "s")
+    assert result.exit_code == 2 and "raise infer-persona's --limit" in result.stderr
 
 
 def test_module_help_is_fast_and_light():

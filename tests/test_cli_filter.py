@@ -8,7 +8,16 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, SAMPLE_KEPT, SAMPLE_USERS, files_in, raw_record, read_jsonl, write_jsonl
+from conftest import (
+    REPO,
+    SAMPLE_KEPT,
+    SAMPLE_USERS,
+    files_in,
+    memory_item,
+    raw_record,
+    read_jsonl,
+    write_jsonl,
+)
 from typer.testing import CliRunner
 
 from personaemp.cli import app
@@ -209,3 +218,28 @@ def test_a_long_output_through_a_pipe_is_whole_after_the_quick_exit(runner):
     assert result.returncode == 0, result.stderr
     in_process = runner.invoke(app, ["filter", "--show-rules"])
     assert len(result.stdout) > 2000 and result.stdout == in_process.stdout
+
+
+def test_a_filter_that_keeps_nobody_says_which_rule_dropped_how_many_and_points_to_rules(runner, tmp_path):
+    """Your own labels (not AlpsBench's taxonomy): every user falls at the label gate, and
+    the summary says so, names the prefixes the rules look for and the way to change them."""
+    records = [raw_record(f"u{i}", memory_items=[memory_item(label="work/projects")]) for i in range(3)]
+    records.append(raw_record("u3", memory_items=[]))  # no memory at all: min_memories
+    source = write_jsonl(tmp_path / "mine.jsonl", records)
+    output = tmp_path / "out" / "filtered.jsonl"
+    result = invoke(runner, "filter", "--input", source, "--output", output)
+    assert result.exit_code == 0, result.output
+    assert read_jsonl(output) == []
+    hint = " ".join(result.stderr.split())  # the console wraps long lines
+    assert "nobody kept: of 4 users, 3 by memory_labels ([labels] prefixes" in hint
+    assert "1 by min_memories" in hint
+    assert "Social_Relationships, States_Experiences" in hint and "UNMAPPED" in hint
+    assert "personaemp filter --show-rules > my_rules.toml" in hint and "--rules my_rules.toml" in hint
+    report = json.loads((output.parent / "filter_report.json").read_text())
+    assert report["nobody_kept"].startswith("nobody kept: of 4 users")
+
+
+def test_a_filter_that_keeps_someone_gives_no_such_hint(runner, tmp_path, sample_task1):
+    output = tmp_path / "out" / "filtered.jsonl"
+    result = invoke(runner, "filter", "--input", sample_task1, "--output", output)
+    assert result.exit_code == 0 and "nobody kept" not in result.stderr

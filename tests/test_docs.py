@@ -26,9 +26,12 @@ from sybil import Sybil
 from sybil.parsers.markdown import CodeBlockParser, SkipParser
 from typer.testing import CliRunner
 
-# The pages whose blocks run or are marked so far; the others (README.md, the quickstart, the
-# command pages, the guides) are still to be marked or fixed: issue 39, item 3, not finished.
-PAGES = [REPO / "docs" / "python-api.md", REPO / "docs" / "read-your-dataset.md"]
+# Every page: a new page's blocks run, or are marked, from the day it is written.
+PAGES = [
+    REPO / "README.md",
+    *sorted((REPO / "docs").glob("*.md")),
+    *sorted((REPO / "docs" / "commands").glob("*.md")),
+]
 
 
 def replies():
@@ -54,8 +57,10 @@ def replies():
 
 
 class Shell:
-    """A shell block, line by line: `personaemp ...` in this process, `export`, `cd`, `&&`,
-    `python -c`; anything else is not runnable here and must be marked on the page."""
+    """A shell block, line by line: `personaemp ...` in this process, `export`, `&&`,
+    `python -c`, `pip install` and `source` (done: this process is that install); anything
+    else is not runnable here and must be marked on the page, and so must a command that
+    serves until Ctrl-C."""
 
     def __init__(self, server: FakeOpenAI, env: dict[str, str]):
         self.server, self.env = server, env
@@ -71,12 +76,19 @@ class Shell:
         if not words:
             return
         head = words[0]
+        if head == "pip" and words[1:2] == ["install"] or head in ("source", "."):
+            return  # installing and activating: done, this process is that install
         if head == "export":
             for assignment in words[1:]:
                 name, _, value = assignment.partition("=")
                 self.env[name] = self.server.base_url if name == "OPENAI_BASE_URL" else value
             return
         if head == "personaemp":
+            if _serves(words[1:]):
+                mark = '<!-- skip: next "why" -->'
+                raise AssertionError(
+                    f"{where}: `{shlex.join(words)}` serves until Ctrl-C: mark the block {mark}"
+                )
             args = list(words)
             for i in range(1, len(args) - 1):
                 if args[i] == "--base-url":
@@ -95,6 +107,14 @@ class Shell:
         raise AssertionError(
             f'{where}: `{head}` does not run offline: mark the block <!-- skip: next "why" -->'
         )
+
+
+def _serves(args: list[str]) -> bool:
+    """A command that serves until Ctrl-C (it would hang the test): serve-local, and review
+    unless it only writes or reads Label Studio files."""
+    if args[:1] == ["serve-local"]:
+        return True
+    return args[:1] == ["review"] and not {"--export-label-studio", "--import-label-studio"} & set(args)
 
 
 def _chain(words: list[str]) -> list[list[str]]:
@@ -153,3 +173,16 @@ def test_every_block_of_the_page_runs(page, server, sample_build, tmp_path, monk
             example.evaluate()
         except unittest.SkipTest:  # a block marked as not runnable offline, with its reason
             continue
+
+
+def test_the_files_page_lists_the_columns_the_records_have():
+    """docs/files.md's tables are generated from the records: a field added to one and not
+    regenerated fails here."""
+    from personaemp.filedocs import BEGIN, END, files_markdown
+
+    text = (REPO / "docs" / "files.md").read_text(encoding="utf-8")
+    block = text[text.index(BEGIN) + len(BEGIN) : text.index(END)]
+    assert block == "\n" + files_markdown(), "run: python -m personaemp.filedocs docs/files.md"
+    for column in ("`memories[].label_suggestion`", "`checks.passed`", "`big_five.neuroticism.level`",
+                   "`persona_traits`", "`response`"):  # fmt: skip
+        assert column in block

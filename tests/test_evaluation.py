@@ -1194,3 +1194,20 @@ def test_room_for_reasoning_is_a_floor_under_max_tokens_and_a_step_setting_wins(
             respond_tokens = {b["max_tokens"] for b in sent if "response_format" not in b}
             judge_tokens = {b["max_tokens"] for b in sent if "response_format" in b}
             assert (respond_tokens, judge_tokens) == ({expected[0]}, {expected[1]})
+
+
+def test_respond_says_once_what_it_wrote_and_names_no_structured_mode(workspace, monkeypatch):
+    """respond's requests are free text: no structured mode was used, so none is printed
+    (it printed "structured output: auto -> json_schema"); and its file is named once."""
+    monkeypatch.chdir(workspace)
+    with FakeOpenAI(responder=lambda body, n: "Here for you.") as server:
+        common = ["--base-url", server.base_url, "--model", "fake", "--work-dir", "work"]
+        result = CliRunner().invoke(
+            app, ["respond", "--splits", "splits", "--context", "memory", "--output", "memory.jsonl", *common]
+        )
+        assert result.exit_code == 0, result.output
+        assert all("response_format" not in r.body for r in server.chat_requests)
+    assert "structured output" not in result.stderr
+    assert result.stderr.count("wrote ") == 1 and "wrote memory.jsonl" in result.stderr
+    report = json.loads((workspace / "work" / "run_report.json").read_text())
+    assert report["stages"]["respond"]["structured"] == {}

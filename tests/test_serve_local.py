@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +52,21 @@ def test_a_server_that_exits_on_its_own_passes_its_exit_code_on(tmp_path, monkey
     monkeypatch.setattr(local, "local_model_path", lambda: tmp_path / "model.gguf")
     monkeypatch.setattr(local, "_server_command", lambda *args: [sys.executable, "-c", "raise SystemExit(3)"])
     assert local.serve_local() == 3
+
+
+def test_the_server_s_own_output_goes_to_a_log_and_one_line_is_shown(tmp_path, monkeypatch, capfd):
+    """llama.cpp prints ~1,400 lines while loading: they go to a file the one line names; a
+    server that exits shows the log's last lines."""
+    monkeypatch.setattr(local, "local_model_path", lambda: tmp_path / "model.gguf")
+    loading = "import sys; [print(f'llama_model_loader: line {i}') for i in range(1400)]; sys.exit(3)"
+    monkeypatch.setattr(local, "_server_command", lambda *args: [sys.executable, "-c", loading])
+    assert local.serve_local(port=8999) == 3
+    out, err = capfd.readouterr()
+    assert out == ""
+    log = err.splitlines()[0].split("(its log: ", 1)[1].rstrip(")")
+    assert err.splitlines()[0].startswith(
+        f"serving {local.MODEL_NAME} at http://127.0.0.1:8999/v1 (its log: "
+    )
+    assert len(Path(log).read_text(encoding="utf-8").splitlines()) == 1400
+    assert "llama_model_loader: line 1399" in err and "llama_model_loader: line 0\n" not in err
+    assert len(err.splitlines()) < 30

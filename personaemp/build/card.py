@@ -336,11 +336,16 @@ def quality_section(report: dict[str, Any] | None, table) -> str:
             "measured (`personaemp review`, then `personaemp agreement`)."
         )
         return "\n".join(out)
-    reviewers = labels["reviewers"]
+    reviewers, imported = labels["reviewers"], labels.get("label_studio_reviewers", 0)
+    tools = [
+        ("on the review page (`personaemp review`)", len(reviewers) > imported),
+        ("in Label Studio (imported by `personaemp review --import-label-studio`)", imported),
+    ]
     out.append(
         f"{len(reviewers)} reviewer{'s' if len(reviewers) != 1 else ''} labelled "
-        f"{labels['queries_labelled']} of the {report['queries']} generated queries with `personaemp "
-        "review` (a sample balanced over category, language and check outcomes). Kappa is "
+        f"{labels['queries_labelled']} of the {report['queries']} generated queries "
+        f"{' and '.join(tool for tool, used in tools if used)} (a sample balanced over category, "
+        "language and check outcomes). Kappa is "
         "Cohen's, with a bootstrap 95% interval over queries; raw agreement is shown beside what "
         "always giving the most common answer would score."
     )

@@ -17,7 +17,7 @@ from personaemp.io import ErrorPolicy, atomic_output, write_json_atomic
 from personaemp.language import LanguageWorker, load_in_background, release_model
 from personaemp.progress import emit
 from personaemp.records import FilterMatch, Memory
-from personaemp.rules import RuleSet, load_rules
+from personaemp.rules import Rules, RuleSet, load_rules
 from personaemp.sources import read_users
 from personaemp.sources.normalize import SourceUser, decide_languages, settle_languages, unseen_languages
 from personaemp.workspace import record_stage
@@ -46,6 +46,7 @@ class FilterReport:
     top_labels_all: dict[str, int] = field(default_factory=dict)
     top_labels_kept: dict[str, int] = field(default_factory=dict)
     languages_kept: dict[str, int] = field(default_factory=dict)
+    nobody_kept: str | None = None  # why, when users were read and none was kept
     # Set when the stage was skipped: its one line ("filter: unchanged since ..."), not saved.
     unchanged_since: str | None = None
 
@@ -228,6 +229,8 @@ def filter_users(
     report.top_labels_kept = kept_labels.top(TOP_LABELS)
     report.matched_rules = rules_hit.top()
     report.languages_kept = languages.top()
+    if report.kept == 0:
+        report.nobody_kept = why_nobody_kept(report, rules.rules, rules_path)
     if report_path is not None:
         write_json_atomic(report_path, report.saved())
     record_stage(output, "filter", report=report_path, failures=None, full=True)
@@ -263,6 +266,31 @@ def _unchanged(last: dict, output: Path, on_kept: Callable[[bytes], None] | None
                 on_kept(line)
     emit("filter", report.users_in, report.users_in)
     return report
+
+
+GATE_RULES = {
+    "intents": "[intents] keywords (an intent's category or subtype must contain one)",
+    "min_memories": "[memories] min_memories (unflagged memories a user needs)",
+    "memory_labels": "[labels] prefixes and [unmapped] keywords (memories that must match: "
+    "[memories] min_matched_memories)",
+    "language": "[language] allow",
+}
+
+
+def why_nobody_kept(report: FilterReport, rules: Rules, rules_path: Path | None) -> str:
+    """Which gates dropped the users, the rules behind them, and what to do."""
+    dropped = ", ".join(
+        f"{count} by {gate} ({GATE_RULES[gate]})"
+        for gate, count in sorted(report.dropped.items(), key=lambda item: -item[1])
+        if count
+    )
+    source = f"the rules in {rules_path}" if rules_path else "the shipped rules"
+    return (
+        f"nobody kept: of {report.users_in} users, {dropped}. A memory matches when its label "
+        f"starts with one of {', '.join(rules.labels.prefixes) or '(none)'}, or is UNMAPPED with "
+        f"one of the [unmapped] keywords in its label_suggestion ({source}). If your labels "
+        "differ: personaemp filter --show-rules > my_rules.toml, edit it, and pass --rules my_rules.toml"
+    )
 
 
 class Tally(Counter):

@@ -285,6 +285,21 @@ def _summary(train: Sequence[Splittable], test: Sequence[Splittable]) -> dict[st
     }
 
 
+def _too_few_hint(input_path: Path, left_out) -> str:
+    """What to do: see why the checks rejected the queries, when they did; else build more users."""
+    if left_out.get("no_accepted_query"):
+        return (
+            f"the checks rejected every query of {left_out['no_accepted_query']} user(s): "
+            f"{input_path.with_name('rejected.jsonl')} has each rejected query with the checks it "
+            "failed (checks.reasons); use a stronger model or other [queries] enforce checks and "
+            "re-run gen-queries; `personaemp stats` shows where users drop out"
+        )
+    return (
+        "build more users: raise infer-persona's --limit (or leave it out) and re-run "
+        "gen-queries; `personaemp stats` shows where users drop out"
+    )
+
+
 def split_users(
     input_path: Path,
     out_dir: Path,
@@ -326,8 +341,7 @@ def split_users(
         raise InputError(
             f"{input_path}: {len(users)} user(s) can be split; at least 2 are needed"
             + (f" (left out: {reasons})" if reasons else ""),
-            "build more users: raise infer-persona's --limit (or leave it out) and re-run "
-            "gen-queries; `personaemp stats` shows where users drop out",
+            _too_few_hint(Path(input_path), left_out),
         )
     report = SplitReport(
         users_in=len(users) + sum(left_out.values()),

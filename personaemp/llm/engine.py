@@ -147,6 +147,7 @@ class Engine:
         self.notify = notify or (lambda message: None)
         self.decisions = decisions
         self.refusals: list[str] = []
+        self.asked_for_structure = False  # a request with a schema was made (not all free text)
         self.mode, self.confirmed, self.mode_source = structured, structured != "auto", "set"
         if structured == "auto":
             self.mode, self.mode_source = self._remembered_mode() or (LADDER[0], "first try")
@@ -332,6 +333,10 @@ class Engine:
         )
 
     def structured_report(self) -> dict[str, Any]:
+        """The structured mode negotiated and used; nothing for a stage whose every request
+        is free text (respond): no mode was used, and none was decided."""
+        if not self.asked_for_structure:
+            return {}
         return {
             "configured": self.configured,
             "used": self.mode,
@@ -346,6 +351,7 @@ class Engine:
         stats = self.accounting.step(step_name)
         while True:
             mode = TEXT if schema is None else self.mode
+            self.asked_for_structure |= schema is not None
             request = self.build_request(messages, schema, sampling, budget, mode)
             key = request_key(request, sample) if self.cache is not None else None
             stored = self.cache.get(key) if self.cache is not None else None

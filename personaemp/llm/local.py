@@ -382,8 +382,18 @@ def serve_local(host: str = "127.0.0.1", port: int = 8011, n_ctx: int = 8192) ->
     Returns the exit code: 0 when stopped on request, else the server's own.
     """
     command = _server_command(local_model_path(), host, port, n_ctx, local_threads())
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent())
-    print(f"serving {MODEL_NAME} at http://{host}:{port}/v1", file=sys.stderr, flush=True)
+    log_path = Path(tempfile.gettempdir()) / f"personaemp-serve-local-{port}.log"  # llama.cpp's ~1,400 lines
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent(),
+        )
+    print(
+        f"serving {MODEL_NAME} at http://{host}:{port}/v1 (its log: {log_path})", file=sys.stderr, flush=True
+    )
     stop_requested: list[int] = []
 
     def stop(signum, frame) -> None:
@@ -397,6 +407,8 @@ def serve_local(host: str = "127.0.0.1", port: int = 8011, n_ctx: int = 8192) ->
         if stop_requested:
             _terminate(process)
             return 0
+        print(f"the server exited ({process.returncode}); last lines of {log_path}:\n{_tail(log_path)}",
+              file=sys.stderr)  # fmt: skip
         return process.returncode
     finally:
         for sig, handler in previous.items():

@@ -203,7 +203,7 @@ async def arun_llm_stage(
             elif estimate is not None:
                 console.print(f"[bold]{stage}[/]: model {engine.model} · estimate (nothing is sent)")
             else:
-                console.print(_header(stage, engine))
+                console.print(_header(stage, engine, plan.steps))
             if queue is not None:
                 settings.batch.mkdir(parents=True, exist_ok=True)
                 counts, waiting = import_answers(settings.batch, engine.cache)
@@ -425,8 +425,10 @@ def _notifier(console: Console) -> Callable[[str], None]:
     return notify
 
 
-def _header(stage: str, engine: Engine) -> str:
+def _header(stage: str, engine: Engine, steps: Sequence[Step] = ()) -> str:
     endpoints = ", ".join(endpoint.base_url for endpoint in engine.pool.endpoints)
+    if steps and all(step.reply is None for step in steps):  # respond: free text, no mode is used
+        return f"[bold]{stage}[/]: model {engine.model} at {endpoints} · free text"
     mode = engine.mode
     if engine.configured == "auto":
         mode = f"auto: {mode}" + (" (remembered)" if engine.mode_source == "remembered" else " (first try)")

@@ -30,6 +30,7 @@ from typing import Any
 from personaemp.errors import InputError
 from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
 from personaemp.review.page import (
+    LABEL_STUDIO_REVIEWER,
     LLM_CHECKS,
     UnknownTarget,
     current_labels,
@@ -186,6 +187,7 @@ def compute_agreement(
                 "events": len(events),
                 "reviewers": sorted(state),
                 "queries_labelled": len({q for queries in state.values() for q in queries}),
+                "label_studio_reviewers": sum(name.startswith(LABEL_STUDIO_REVIEWER) for name in state),
                 "not_scored": not_scored,
             },
             "resamples": resamples,

@@ -21,6 +21,7 @@ import msgspec
 from personaemp.errors import InputError
 from personaemp.io import write_json_atomic
 from personaemp.review.page import (
+    LABEL_STUDIO_REVIEWER,
     LLM_CHECKS,
     VALUES,
     LabelFile,
@@ -180,7 +181,6 @@ def _as_tuple(kinds) -> tuple:
     return kinds if isinstance(kinds, tuple) else (kinds,)
 
 
-LABEL_STUDIO = "label-studio:"  # a reviewer name from Label Studio: this and the user id
 CHOSEN = ("query", "check_", "trait_")  # the Choices controls of the project (and `note`)
 
 
@@ -343,7 +343,7 @@ def _reviewer(annotation: _Annotation, known: dict[Any, Any]) -> str:
     user = annotation.user
     if user is None:
         user = known.get(("annotation", annotation.annotation)) or known.get(("email", annotation.email))
-    return f"{LABEL_STUDIO}{user if user is not None else annotation.email or 'unknown'}"
+    return f"{LABEL_STUDIO_REVIEWER}{user if user is not None else annotation.email or 'unknown'}"
 
 
 def import_export(path: Path, queries: Path, labels: Path) -> dict[str, Any]:
@@ -410,7 +410,7 @@ def import_export(path: Path, queries: Path, labels: Path) -> dict[str, Any]:
             new.append({**make_event(body, items, now), "label_studio": annotation.meta()})
             removed += 1
     for reviewer, queries_labelled in state.items():
-        if not reviewer.startswith(LABEL_STUDIO):
+        if not reviewer.startswith(LABEL_STUDIO_REVIEWER):
             continue
         for query_id, fields in queries_labelled.items():
             if query_id in tasks and (reviewer, query_id) not in latest:

@@ -127,6 +127,7 @@ def sample_items(items: Sequence[dict[str, Any]], size: int, seed: int) -> list[
 
 encode, decode = msgspec.json.Encoder().encode, msgspec.json.Decoder().decode
 BATCH_LINES = 10_000  # lines per write and fsync when many labels come at once (an import)
+LABEL_STUDIO_REVIEWER = "label-studio:"  # a reviewer name's prefix when the labels came from Label Studio
 CLICK_LOST = "the click it held was never reported saved (the page showed it NOT SAVED)"
 
 
