@@ -18,7 +18,18 @@ PRODUCTS = ("build", "evaluation", "review", "training")
 # Above the products: what derives the commands, pe.* and run from the registry, the docs
 # generated from the products' records (filedocs), and the
 # public aliases of moved modules.
-TOP = {"cli", "api", "filedocs", "pipeline", "registry", "reward", "stages", "__main__", "__init__"}
+TOP = {
+    "cli",
+    "api",
+    "apidocs",
+    "filedocs",
+    "pipeline",
+    "registry",
+    "reward",
+    "stages",
+    "__main__",
+    "__init__",
+}
 
 
 def module_name(path: Path) -> str:

@@ -7,7 +7,7 @@ import inspect
 from conftest import REPO
 
 import personaemp as pe
-from personaemp import api
+from personaemp import apidocs as api
 from personaemp.results import StageResult
 
 
@@ -15,7 +15,7 @@ def test_the_reference_page_is_generated_from_the_functions_it_documents():
     text = (REPO / "docs" / "python-api.md").read_text(encoding="utf-8")
     start, end = text.index(api.BEGIN) + len(api.BEGIN), text.index(api.END)
     assert text[start:end].removeprefix("\n") == api.reference_markdown(), (
-        "run: python -m personaemp.api docs/python-api.md"
+        "run: python -m personaemp.apidocs docs/python-api.md"
     )
     assert "personaemp.build." not in text and "personaemp.stages" not in text, "internals are not the API"
     for name in ("merge_shards", "run_pipeline", "StageResult", "infer_personas", "split_users"):

@@ -190,18 +190,23 @@ def test_verl_compute_score_and_its_batched_form(tmp_path):
     assert batch == pytest.approx([expected("q1"), expected("q2")])
 
 
+def verl_config(server, tmp_path, monkeypatch) -> None:
+    """$PERSONAEMP_CONFIG naming a personaemp.toml whose [llm] is the fake judge (as verl is run)."""
+    config = tmp_path / "personaemp.toml"
+    config.write_text(
+        f'[llm]\nbase_url = ["{server.base_url}"]\nmodel = "fake"\nwork_dir = "{tmp_path / "work"}"\n'
+        "[reward]\nsamples = 1\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("PERSONAEMP_CONFIG", str(config))
+
+
 def test_verl_loads_the_function_from_a_file_by_name(tmp_path, monkeypatch):
     """verl imports custom_reward_function.path with importlib and takes .name from it."""
     import personaemp.training.reward as module
 
     with FakeOpenAI(responder=judge) as server:
-        config = tmp_path / "personaemp.toml"
-        config.write_text(
-            f'[llm]\nbase_url = ["{server.base_url}"]\nmodel = "fake"\nwork_dir = "{tmp_path / "work"}"\n'
-            "[reward]\nsamples = 1\n",
-            encoding="utf-8",
-        )
-        monkeypatch.setenv("PERSONAEMP_CONFIG", str(config))
+        verl_config(server, tmp_path, monkeypatch)
         monkeypatch.setenv("PERSONAEMP_REWARD_LOG", str(tmp_path / "verl.jsonl"))
         spec = importlib.util.spec_from_file_location("custom_module", module.__file__)
         loaded = importlib.util.module_from_spec(spec)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from fake_openai import FakeOpenAI
-from test_reward import expected, judge, row
+from test_reward import expected, judge, row, verl_config
 
 import personaemp.reward as public
 from personaemp.errors import InputError
@@ -27,21 +27,11 @@ def load_as_verl_09(path: str, name: str = "custom_module"):
     return module
 
 
-def config_for(server, tmp_path, monkeypatch) -> None:
-    config = tmp_path / "personaemp.toml"
-    config.write_text(
-        f'[llm]\nbase_url = ["{server.base_url}"]\nmodel = "fake"\nwork_dir = "{tmp_path / "work"}"\n'
-        "[reward]\nsamples = 1\n",
-        encoding="utf-8",
-    )
-    monkeypatch.setenv("PERSONAEMP_CONFIG", str(config))
-
-
 def test_the_documented_reward_file_loads_under_verl_09s_loader(tmp_path, monkeypatch):
     """The docs' `custom_reward_function.path`: personaemp.reward's file. Loaded as verl 0.9
     loads it (no sys.modules entry), its dataclasses did not import before (AttributeError)."""
     with FakeOpenAI(responder=judge) as server:
-        config_for(server, tmp_path, monkeypatch)
+        verl_config(server, tmp_path, monkeypatch)
         loaded = load_as_verl_09(public.__file__)
         score = loaded.compute_score(
             data_source="personaemp", solution_str="an answer", ground_truth="", extra_info=row("q2")
