@@ -16,6 +16,7 @@ a criteria file is given.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -109,22 +110,17 @@ def write_export(
     output: Path,
     *,
     format: str = "trl",  # noqa: A002 - the option's name
-    split: str = "random",
-    part: str = "train",
-    context: str = "memory",
-    rag_k: int = 3,
-    mismatch_seed: int = 0,
-    summaries: Path | None = None,
-    criteria_file: Path | None = None,
     data_source: str = "personaemp",
+    **view: Any,
 ) -> dict[str, Any]:
-    """Write the export; returns what was written (rows, format, path, input)."""
+    """Write the export; returns what was written (rows, format, path, input). `view`:
+    export_rows' options (split, part, context, rag_k, mismatch_seed, summaries, criteria_file)."""
     if format not in FORMATS:
         raise InputError(f"--format takes {', '.join(FORMATS)}, not {format!r}")
-    input_path, records = export_rows(
-        splits, split=split, part=part, context=context, rag_k=rag_k, mismatch_seed=mismatch_seed,
-        summaries=summaries, criteria_file=criteria_file,
-    )  # fmt: skip
+    input_path, records = export_rows(splits, **view)
+    chosen = inspect.signature(export_rows).bind(splits, **view)
+    chosen.apply_defaults()  # the part and context the rows were made for, defaults included
+    part, context = chosen.arguments["part"], chosen.arguments["context"]
     if format == "trl":
         import msgspec
 
