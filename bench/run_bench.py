@@ -100,6 +100,17 @@ def simulate(
     return now, total
 
 
+def prepare(folder: Path, copies: int, base_url: str, in_flight: int) -> None:
+    """The shared sample copied `copies` times into folder/input, and a personaemp.toml that
+    runs it against the test server at `base_url`."""
+    copy_sample(SHARED, folder / "input", copies, mark=True)
+    (folder / "personaemp.toml").write_text(
+        f'[paths]\ninput = "{folder / "input"}"\nprocessed = "{folder / "processed"}"\n'
+        f'[llm]\nbase_url = ["{base_url}"]\nmodel = "fake"\nconcurrency = {in_flight}\n',
+        encoding="utf-8",
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--copies", type=int, default=3)
@@ -115,12 +126,7 @@ def main() -> None:
     try:
         with contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory() as name:
             folder = Path(name)
-            copy_sample(SHARED, folder / "input", args.copies, mark=True)
-            (folder / "personaemp.toml").write_text(
-                f'[paths]\ninput = "{folder / "input"}"\nprocessed = "{folder / "processed"}"\n'
-                f'[llm]\nbase_url = ["{base_url}"]\nmodel = "fake"\nconcurrency = {args.in_flight}\n',
-                encoding="utf-8",
-            )
+            prepare(folder, args.copies, base_url, args.in_flight)
             wall, timings = run(folder)
             first_cpu = float((folder / "cpu").read_text())
             launched = float((folder / "launched").read_text())

@@ -31,9 +31,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
-from conftest import SAMPLE_TASK1, copy_sample  # noqa: E402
+from conftest import SAMPLE_TASK1  # noqa: E402
 from demo_bench import machine  # noqa: E402
-from run_bench import SHARED, start_server, stats  # noqa: E402
+from run_bench import prepare, start_server, stats  # noqa: E402
 
 STAGES = ("filter → infer-persona → gen-queries", "split", "stats", "push (dry run)")
 
@@ -98,12 +98,7 @@ def full_run(args) -> None:
     try:
         with tempfile.TemporaryDirectory(prefix="personaemp-scale-") as name:
             folder = Path(name)
-            copy_sample(SHARED, folder / "input", args.copies, mark=True)
-            (folder / "personaemp.toml").write_text(
-                f'[paths]\ninput = "{folder / "input"}"\nprocessed = "{folder / "processed"}"\n'
-                f'[llm]\nbase_url = ["{base_url}"]\nmodel = "fake"\nconcurrency = {args.in_flight}\n',
-                encoding="utf-8",
-            )
+            prepare(folder, args.copies, base_url, args.in_flight)
             wall, peaks, timing = run_sampled(folder)
             first = stats(base_url)
             processed = folder / "processed"

@@ -395,3 +395,14 @@ def read_json_object(path: Path) -> dict[str, Any]:
         set_aside(path, "not a JSON object")
         return {}
     return value
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read a MiB at a time."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

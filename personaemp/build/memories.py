@@ -34,7 +34,7 @@ from pydantic import BaseModel, Field
 from personaemp.aio import sync_twin
 from personaemp.build.taxonomy import TAXONOMY, UNMAPPED, label_family
 from personaemp.errors import InputError
-from personaemp.io import ErrorPolicy, iter_jsonl, read_stage_rows
+from personaemp.io import ErrorPolicy, file_sha256, iter_jsonl, read_stage_rows
 from personaemp.llm.step import RejectedReply, Step, edit_schema
 from personaemp.prompts import Prompt, load_prompt
 from personaemp.records import Record, Source
@@ -334,21 +334,13 @@ def write_conversations(
             raise InputError(f"{source}: no conversation with a user message", "check --input and --format")
         report.bad_rows_skipped = len(policy.skipped)
         report.skipped_rows = policy.skipped[:20]
-        if target.is_file() and _digest(target) == digest.hexdigest():
+        if target.is_file() and file_sha256(target) == digest.hexdigest():
             temporary.unlink()
         else:
             os.replace(temporary, target)
     finally:
         temporary.unlink(missing_ok=True)
     return report
-
-
-def _digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def conversations_path(output: Path) -> Path:

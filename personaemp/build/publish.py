@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -47,7 +46,7 @@ from personaemp import freshness
 from personaemp.build.card import QUALITY_PLOT, render_card
 from personaemp.build.stats import FIGURE_DIR, STATS_FILE, sources_of_split, stats_and_figures
 from personaemp.errors import InputError, PersonaempError, RowError, first_problem
-from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_atomic
+from personaemp.io import ErrorPolicy, atomic_output, file_sha256, iter_jsonl, write_json_atomic
 from personaemp.records import BIG_FIVE, DIMENSIONS
 from personaemp.splits import REPORT_FILE, SETTINGS_WRITTEN, check_queries_row, profile_of
 from personaemp.workspace import stage_chain
@@ -294,7 +293,7 @@ def write_parts(
             nbytes = _spool(path, spool, part, include_dialogue, criteria)
             _write_parquet(spool, part.path, part.rows, nbytes, include_dialogue, criteria is not None)
             spool.unlink()
-            digest = _sha256(part.path)[:16]
+            digest = file_sha256(part.path)[:16]
             part.name = f"{setting}/{split}-00000-of-00001-{digest}.parquet"
             parts[setting][split] = part
     return parts
@@ -387,14 +386,6 @@ def _one_chunk(batches: list, schema):
     table = pa.Table.from_batches(batches, schema=schema).combine_chunks()
     batches.clear()
     return table
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # --- what the card reports ---------------------------------------------------------------------
