@@ -73,18 +73,10 @@ def reference_markdown() -> str:
     return "\n".join(out) + "\n"
 
 
-def update_reference(path: Path) -> bool:
-    """Rewrite the generated block of the API page; True if the file changed."""
-    text = path.read_text(encoding="utf-8")
-    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    new = text[:start] + "\n" + reference_markdown() + text[end:]
-    if new != text:
-        path.write_text(new, encoding="utf-8")
-    return new != text
-
-
 if __name__ == "__main__":  # python -m personaemp.apidocs docs/python-api.md
     import sys
 
-    changed = update_reference(Path(sys.argv[1]))
+    from personaemp.io import rewrite_generated
+
+    changed = rewrite_generated(Path(sys.argv[1]), BEGIN, END, reference_markdown())
     print(f"{sys.argv[1]}: {'updated' if changed else 'up to date'}")

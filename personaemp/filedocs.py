@@ -117,18 +117,10 @@ def files_markdown() -> str:
     return "\n".join(out)
 
 
-def update_page(path: Path) -> bool:
-    """Rewrite the generated block of the page; True if the file changed."""
-    text = path.read_text(encoding="utf-8")
-    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    new = text[:start] + "\n" + files_markdown() + text[end:]
-    if new != text:
-        path.write_text(new, encoding="utf-8")
-    return new != text
-
-
 if __name__ == "__main__":  # python -m personaemp.filedocs docs/files.md
     import sys
 
-    changed = update_page(Path(sys.argv[1]))
+    from personaemp.io import rewrite_generated
+
+    changed = rewrite_generated(Path(sys.argv[1]), BEGIN, END, files_markdown())
     print(f"{sys.argv[1]}: {'updated' if changed else 'up to date'}")

@@ -406,3 +406,14 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def rewrite_generated(path: Path, begin: str, end: str, generated: str) -> bool:
+    """Put `generated` between the `begin` and `end` markers of a docs page; True if the
+    file changed (python -m personaemp.apidocs / personaemp.filedocs)."""
+    text = Path(path).read_text(encoding="utf-8")
+    start, stop = text.index(begin) + len(begin), text.index(end)
+    new = text[:start] + "\n" + generated + text[stop:]
+    if new != text:
+        Path(path).write_text(new, encoding="utf-8")
+    return new != text
