@@ -228,27 +228,27 @@ def _wildchat(row: dict, location: str, options: dict) -> _Conversation:
     user = row.get(options.get("user_field") or "hashed_ip")
     if user in (None, ""):
         raise RowError(location, "no 'hashed_ip' (the WildChat user)")
-    conversation = row.get("conversation")
-    if not isinstance(conversation, list):
-        raise RowError(location, "'conversation' must be a list of turns")
-    turns = [(t.get("role"), t.get("content")) if isinstance(t, dict) else (None, None) for t in conversation]
+    turns = _turns(row, location, "conversation", "role", "content", "turns")
     session = row.get("conversation_hash") or row.get("conversation_id") or location
     return _Conversation(str(user), str(session), _stamp(row.get("timestamp")), turns)
 
 
+def _turns(row: dict, location: str, field: str, role: str, text: str, shape: str) -> list[tuple[Any, Any]]:
+    """(role, text) of each turn of the list `row[field]` (a turn that is not an object:
+    (None, None)); `shape` names a turn's keys in the error."""
+    items = row.get(field)
+    if not isinstance(items, list):
+        raise RowError(location, f"'{field}' must be a list of {shape}")
+    return [(t.get(role), t.get(text)) if isinstance(t, dict) else (None, None) for t in items]
+
+
 def _messages(row: dict, location: str, options: dict) -> _Conversation:
-    messages = row.get("messages")
-    if not isinstance(messages, list):
-        raise RowError(location, "'messages' must be a list of {role, content}")
-    turns = [(m.get("role"), m.get("content")) if isinstance(m, dict) else (None, None) for m in messages]
+    turns = _turns(row, location, "messages", "role", "content", "{role, content}")
     return _with_ids(row, location, options, turns)
 
 
 def _sharegpt(row: dict, location: str, options: dict) -> _Conversation:
-    conversations = row.get("conversations")
-    if not isinstance(conversations, list):
-        raise RowError(location, "'conversations' must be a list of {from, value}")
-    turns = [(t.get("from"), t.get("value")) if isinstance(t, dict) else (None, None) for t in conversations]
+    turns = _turns(row, location, "conversations", "from", "value", "{from, value}")
     return _with_ids(row, location, options, turns)
 
 
