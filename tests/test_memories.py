@@ -307,9 +307,9 @@ def test_the_options_repeat_the_readers_defaults():
 
 
 def test_run_starts_from_conversations_only_for_a_log(tmp_path):
-    from personaemp.build.memories import extract_plan
-    from personaemp.llm.run import run_stage
-    from personaemp.options import ExtractOptions
+    """`run` extracts first for a log in any of the four shapes, never for AlpsBench (a task1
+    folder, a raw export with memory_items, an hf: dataset); the run itself:
+    test_run_builds_a_dataset_from_a_conversation_log."""
     from personaemp.sources.logs import is_conversation_log
 
     dealt = regroup(range(0, 4), users=2)
@@ -317,16 +317,6 @@ def test_run_starts_from_conversations_only_for_a_log(tmp_path):
     assert all(is_conversation_log(str(log)) for log in logs)
     raw = write_jsonl(tmp_path / "raw.jsonl", [{"user_id": "u", "sessions": [], "memory_items": []}])
     assert not any(is_conversation_log(str(p)) for p in (SAMPLE_TASK1, raw, "hf:Cosineyx/Alpsbench"))
-    options = ExtractOptions(input=str(logs[1]), output=tmp_path / "p" / "memories.jsonl")
-    with FakeOpenAI(responder=order_free_responder()) as server:
-        read, plan = extract_plan(options)
-        first = run_stage(plan, settings=settings(server, tmp_path / "w"))
-        sent = server.count
-        read, plan = extract_plan(options)  # `run` again: resumed, nothing sent
-        again = run_stage(plan, settings=settings(server, tmp_path / "w"))
-        assert server.count == sent
-    assert read.users == 2 and first.outcome.done == 2 and again.outcome.done_before == 2
-    assert filter_users(str(options.output), tmp_path / "p" / "filtered.jsonl", console=QUIET).kept == 2
 
 
 def test_run_builds_a_dataset_from_a_conversation_log(tmp_path):

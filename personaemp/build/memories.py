@@ -517,22 +517,6 @@ def extract_args(options) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def extract_plan(options, retry_failed: bool = False):
-    """For `run`: read the log of [extract] into conversations.jsonl and return (ReadReport,
-    LLMStage) — the stage before `filter`, resumed like the others (llm.run.arun_stage runs
-    it). `filter` then reads `options.output` (format raw)."""
-    args = extract_args(options)
-    read = write_conversations(
-        Path(options.input), conversations_path(options.output), fmt=args["fmt"], bounds=args["bounds"],
-        on_error=args["on_error"], user_field=args["user_field"], columns=args["columns"],
-    )  # fmt: skip
-    plan = memory_stage(
-        conversations_path(options.output), options.output, limit=args["limit"], users=args["users"],
-        retry_failed=retry_failed, full=True,
-    )  # fmt: skip
-    return read, plan
-
-
 def extract_result(options, report, summary):
     """The StageResult of extract-memories: its counts and the files it wrote beside the output."""
     from personaemp import results, summaries
