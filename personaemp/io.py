@@ -301,8 +301,12 @@ def atomic_output(path: Path) -> Iterator[IO[bytes]]:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
-        with contextlib.suppress(FileNotFoundError):
+        # No call before the unlink: a signal handler raising (a stopped child's SIGTERM)
+        # runs at a call, and one there would leave the temporary file behind.
+        try:
             os.unlink(tmp)
+        except FileNotFoundError:  # noqa: SIM105 - suppress() is a call: the window above
+            pass
         named(exc, path)
         raise
 

@@ -388,3 +388,40 @@ def test_the_streamed_filter_stops_cleanly_when_run_was_started_with_sigint_igno
         signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - started < 5, "stopped by SIGINT, not killed after the 10 s wait"
     assert leftovers(tmp_path / "processed") == [] and filter_children() == []
+
+
+STOP_REPORTER = """\
+import os, select, signal, struct, sys
+def stop(signum, frame):  # is the pipe to the parent still open when the stop comes?
+    poller = select.poll()
+    poller.register(1, select.POLLOUT)
+    events = dict(poller.poll(0)).get(1, 0)
+    with open(os.environ["STOP_REPORT"], "w") as report:
+        report.write("broken" if events & (select.POLLERR | select.POLLHUP) else "open")
+    os._exit(0)
+signal.signal(signal.SIGTERM, stop)
+sys.stdin.buffer.read()
+row = b'{"user_id": "u1"}'
+while True:
+    sys.stdout.buffer.write(struct.pack(">cQ", b"r", len(row)) + row)
+    sys.stdout.buffer.flush()
+"""
+
+
+def test_a_stopped_stream_stops_the_filter_before_closing_its_pipe(tmp_path, monkeypatch):
+    """The pipe closed first broke the child's write, and the SIGTERM that followed could land
+    while it removed its partial output: a `.filtered.jsonl.*.tmp` was left (a loaded CI run)."""
+    import asyncio
+
+    from personaemp.build import streaming
+
+    monkeypatch.setattr(streaming, "_CHILD", STOP_REPORTER)
+    monkeypatch.setenv("STOP_REPORT", str(tmp_path / "stop.txt"))
+
+    async def take_one(feed):
+        async with feed:
+            assert (await feed.__anext__())["user_id"] == "u1"  # then the run stops
+
+    with streaming.FilterFeed({}) as feed:
+        asyncio.run(take_one(feed))
+    assert (tmp_path / "stop.txt").read_text() == "open"

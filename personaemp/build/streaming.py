@@ -93,17 +93,21 @@ class FilterFeed:
             if self.report is not None:  # it has finished: let it end by itself
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(5)
-            if process.poll() is None:
-                # A stopped run: the child stops at once (its partial output is removed).
-                process.terminate()
-                try:
-                    process.wait(10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+            self._stop()
         finally:
             if process.poll() is None:  # a second Ctrl-C cut the above short: no child outlives run
                 process.kill()
             process.wait()
+
+    def _stop(self) -> None:
+        """A stopped run: the child stops at once (its partial output is removed)."""
+        process = self._process
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
 
     @property
     def growing(self) -> bool:
@@ -119,6 +123,11 @@ class FilterFeed:
         return self
 
     async def __aexit__(self, *exc_info) -> None:
+        # Stopped before the end: the child first, its pipe after. A pipe closed first broke
+        # the child's write, and SIGTERM then landed while it removed its partial output
+        # (a `.filtered.jsonl.*.tmp` was left, once in a loaded CI run).
+        if self.report is None:
+            self._stop()
         self._transport.close()
 
     def __aiter__(self) -> FilterFeed:
