@@ -303,9 +303,9 @@ def atomic_output(path: Path) -> Iterator[IO[bytes]]:
     except BaseException as exc:
         # No call before the unlink: a signal handler raising (a stopped child's SIGTERM)
         # runs at a call, and one there would leave the temporary file behind.
-        try:
+        try:  # noqa: SIM105 - suppress() is a call: the window above
             os.unlink(tmp)
-        except FileNotFoundError:  # noqa: SIM105 - suppress() is a call: the window above
+        except FileNotFoundError:
             pass
         named(exc, path)
         raise
