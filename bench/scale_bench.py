@@ -7,7 +7,8 @@ bench/capable_server.py with a log-normal latency. The memory of the child and i
 (the streamed filter, split's and stats' forked workers: Pss, so pages they share count
 once) is sampled every 0.1 s and split by the stage `run` announces on stderr. Prints
 wall / bound (bound: Sum(latency) / in flight), peak memory per stage, disk per kept
-user, then runs the command again and prints that re-run's wall time and requests.
+user, then runs the command again and prints that re-run's wall time and requests, and each LLM
+command's alone.
 
 Grown build (`--grow N`, no LLM): the queries a full run of the sample wrote, copied under
 new ids up to N users (as bench/memory_bench.py grows its input), then `split`, `stats` and
@@ -106,6 +107,11 @@ def full_run(args) -> None:
             size, cache = disk(processed)
             again, again_peaks, again_timing = run_sampled(folder)
             second = stats(base_url)
+            config = str(folder / "personaemp.toml")
+            alone = {
+                name: timed(name, "--config", config, cwd=folder) for name in ("infer-persona", "gen-queries")
+            }
+            third = stats(base_url)
     finally:
         server.kill()
         server.wait()
@@ -122,6 +128,11 @@ def full_run(args) -> None:
     print(
         f"re-run: {second['count'] - first['count']} requests, wall {again:.1f} s, peak Pss "
         f"{max(again_peaks.values()) / 2**20:,.0f} MB\n  {again_timing}"
+    )
+    print(
+        "each LLM command alone, again: "
+        + ", ".join(f"{name} {wall:.1f} s ({peak:,.0f} MB)" for name, (peak, wall) in alone.items())
+        + f"; {third['count'] - second['count']} requests"
     )
 
 

@@ -513,6 +513,7 @@ class PersonaOptions(Section):
         bool, Opt("Drop users the depth check turns away (--no-require-depth keeps grounded ones).")
     ] = True
     shard: Shard = None
+    force: Force = False
 
 
 class QueriesOptions(Section):
@@ -547,6 +548,7 @@ class QueriesOptions(Section):
         Opt("Only these user ids (repeat or comma-separate).", metavar="ID"),
     ] = None
     shard: Shard = None
+    force: Force = False
 
     @field_validator("enforce")
     @classmethod

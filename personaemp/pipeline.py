@@ -22,7 +22,7 @@ from personaemp.config import llm_settings
 from personaemp.options import (
     RunOptions,
 )
-from personaemp.registry import RUN_COMMANDS, STAGES, filter_args, persona_args, queries_args
+from personaemp.registry import RUN_COMMANDS, STAGES, filter_args, persona_args, queries_args, reply_shape
 from personaemp.results import StageResult
 from personaemp.summaries import waits_for_a_batch
 
@@ -279,8 +279,6 @@ def _from_conversations(options: RunOptions, console: Console, env, result: Pipe
 
 
 # [llm] options that do not change a reply: a re-run that differs only in them is current.
-RUNTIME = ("concurrency", "rpm", "timeout", "max_retries", "work_dir", "price_in", "price_out",
-           "price_cached", "max_cost")  # fmt: skip
 CHAIN = "infer-persona → gen-queries"  # run's record of the two LLM stages (freshness.py)
 
 
@@ -290,13 +288,13 @@ def _chain_fingerprint(options: RunOptions) -> str | None:
     refresh, estimate, batch, or no cache to fall back on)."""
     from personaemp import freshness
 
-    llm = options.llm
-    if llm.retry_failed or llm.refresh or llm.no_cache or llm.estimate or llm.batch is not None:
+    shape = reply_shape(options.llm)
+    if shape is None:
         return None
     used = {
-        "persona": options.persona.model_dump(mode="json"),
-        "queries": options.queries.model_dump(mode="json"),
-        "llm": llm.model_dump(mode="json", exclude=set(RUNTIME)),
+        "persona": options.persona.model_dump(mode="json", exclude={"force"}),
+        "queries": options.queries.model_dump(mode="json", exclude={"force"}),
+        "llm": shape,
     }
     return freshness.fingerprint([options.filter.output], used)
 
@@ -309,7 +307,8 @@ def _skipped_chain(options: RunOptions, console: Console, result: PipelineResult
 
     if not filter_is_current(filter_args(options.filter)):
         return False
-    last = freshness.current(CHAIN, options.queries.output, _chain_fingerprint(options))
+    force = options.persona.force or options.queries.force
+    last = freshness.current(CHAIN, options.queries.output, _chain_fingerprint(options), force)
     if last is None:
         return False
     with result.stage("filter", console):

@@ -21,7 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
-from personaemp import results, summaries
+from personaemp import freshness, results, summaries
 from personaemp.aio import run_sync
 from personaemp.options import COMMANDS
 
@@ -35,6 +35,8 @@ class Stage:
     summary: Callable[[Any, Console], None] | None = None  # (result, console): after the stage
     positional: tuple[str, ...] = ("input", "output")  # the Python function's positional arguments
     progress: bool = False  # the Python function's default: print progress and the summary
+    # An LLM stage skipped when current (freshness.py): its section has `force` and `shard`.
+    fresh: bool = False
 
     @property
     def sections(self) -> tuple[str, ...]:
@@ -63,14 +65,55 @@ class Stage:
 
             llm = llm_settings(options.llm, env)
         retry = options.llm.retry_failed
-        return self._shown(
-            await self.call(self.options(options), console, llm, retry=retry, **extra), console
-        )
+        section = self.options(options)
+        stamp = self._fingerprint(section, options.llm) if self.fresh else None
+        last = freshness.current(self.command, section.output, stamp, section.force) if stamp else None
+        if last is not None:
+            console.print(freshness.unchanged(self.command, last))
+            return results.StageResult(self.command, section.output, counts=last["result"])
+        result = self._shown(await self.call(section, console, llm, retry=retry, **extra), console)
+        if stamp is not None:
+            self._record(section, stamp, result)
+        return result
+
+    def _record(self, section, stamp: str, result) -> None:
+        """A run that failed no unit and wrote its output: the next one may skip it."""
+        if result.counts.get("failed") or result.counts.get("failed_before") or not section.output.exists():
+            return
+        outputs = [touch.path for touch in self._touched(section)[1] if touch.path.exists()]
+        freshness.record(self.command, section.output, stamp, outputs, result.counts)
+
+    def _touched(self, section):
+        from personaemp.paths import touched
+
+        return touched([(self.sections[0], section)])
+
+    def _fingerprint(self, section, llm) -> str | None:
+        """What an LLM stage's output depends on: its input files, its options, the [llm]
+        options that shape a reply, the code. None: not skipped (a shard, or no reply shape)."""
+        shape = reply_shape(llm)
+        if section.shard or shape is None:
+            return None
+        used = {"options": section.model_dump(mode="json", exclude={"force"}), "llm": shape}
+        return freshness.fingerprint([touch.path for touch in self._touched(section)[0]], used)
 
     def _shown(self, result, console: Console):
         if self.summary is not None:
             self.summary(result, console)
         return result
+
+
+# [llm] options that change no reply: a stage run with other values is still current.
+RUNTIME = ("concurrency", "rpm", "timeout", "max_retries", "work_dir", "price_in", "price_out",
+           "price_cached", "max_cost")  # fmt: skip
+
+
+def reply_shape(llm) -> dict[str, Any] | None:
+    """The [llm] options an LLM stage's fingerprint covers (freshness.py); None when the
+    run must not be skipped (asked to retry, refresh, estimate, batch, or no cache)."""
+    if llm.retry_failed or llm.refresh or llm.no_cache or llm.estimate or llm.batch is not None:
+        return None
+    return llm.model_dump(mode="json", exclude=set(RUNTIME))
 
 
 # --- how each stage's options reach its function -------------------------------------------------
@@ -289,11 +332,13 @@ STAGES: dict[str, Stage] = {
             "infer-persona", "infer_personas", _persona,
             "Infer an evidence-grounded persona and Big Five levels for each filtered user (LLM).",
             _llm_summary(lambda result, console: summaries.print_persona_summary(result.summary, console)),
+            fresh=True,
         ),
         Stage(
             "gen-queries", "generate_queries", _queries,
             "Write empathy-seeking queries (ES, HEQ, SS) for each eligible persona and check them (LLM).",
             _llm_summary(lambda result, console: summaries.print_query_funnel(result.summary, console)),
+            fresh=True,
         ),
         Stage(
             "split", "split_users", _split,

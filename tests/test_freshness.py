@@ -199,3 +199,53 @@ def test_a_rerun_reads_none_of_the_llm_stages_files_and_an_llm_option_redoes_the
         # An option that shapes a reply: the LLM stages run again.
         hotter = run_pipeline(run_options(processed, server.base_url, llm={"temperature": 0.5}), QUIET)
         assert hotter.results["infer-persona"].report is not None
+
+
+def test_infer_persona_and_gen_queries_alone_skip_when_current(tmp_path, monkeypatch):
+    """Each LLM command, run again on the same input, options and code, reads nothing and
+    prints one line; an edited input, --force or an option that shapes a reply runs it."""
+    from typer.testing import CliRunner
+
+    from personaemp.build import persona, queries
+    from personaemp.cli import app
+
+    filtered = tmp_path / "filtered.jsonl"
+    filter_users(SAMPLE_TASK1, filtered)
+    personas, made = tmp_path / "personas.jsonl", tmp_path / "queries.jsonl"
+    runner = CliRunner()
+    with FakeOpenAI(responder=order_free_responder()) as server:
+        llm = ["--base-url", server.base_url, "--model", "fake", "--work-dir", str(tmp_path / "work")]
+        commands = {
+            "infer-persona": ["infer-persona", "-i", str(filtered), "-o", str(personas), *llm],
+            "gen-queries": ["gen-queries", "-i", str(personas), "-o", str(made), *llm],
+        }
+        for args in commands.values():
+            first = runner.invoke(app, args)
+            assert first.exit_code == 0, first.stderr
+            assert "unchanged since" not in first.stderr
+        sent, built = server.count, digests(tmp_path)
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("the stage ran")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(persona, "persona_stage", refuse)
+            patched.setattr(queries, "queries_stage", refuse)
+            for name, args in commands.items():
+                again = runner.invoke(app, [*args, "--concurrency", "3"])  # runtime only: still current
+                assert again.exit_code == 0, again.output
+                assert again.stderr.strip().endswith("--force redoes it")
+                assert f"{name}: unchanged since" in again.stderr
+        assert server.count == sent and digests(tmp_path) == built
+
+        forced = runner.invoke(app, [*commands["gen-queries"], "--force"])
+        assert forced.exit_code == 0 and "unchanged since" not in forced.stderr
+        assert server.count == sent, "forced, it resumes: every unit is done, nothing is sent"
+
+        hotter = runner.invoke(app, [*commands["infer-persona"], "--temperature", "0.5"])
+        assert hotter.exit_code == 0 and "unchanged since" not in hotter.stderr
+        assert server.count > sent
+
+        # infer-persona wrote personas.jsonl anew: gen-queries' input changed, so it runs.
+        after = runner.invoke(app, commands["gen-queries"])
+        assert after.exit_code == 0 and "unchanged since" not in after.stderr

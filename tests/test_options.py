@@ -418,6 +418,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "users": ["u1", "u2"],
         "require_depth": False,
         "shard": None,  # `run` refuses a shard: see test_a_shard_reaches_the_stage_and_run_refuses_it
+        "force": True,
     },
     "queries": {
         "input": "q/in.jsonl",
@@ -428,6 +429,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "limit": 2,
         "users": ["u3"],
         "shard": None,
+        "force": True,
     },
     "split": {
         "input": "s/in.jsonl",
