@@ -6,6 +6,8 @@ Runs the demo config from a clean work folder (nothing cached), then prints:
   completion tokens per second (from the run report's per-call timings);
 - the dataset folder loaded back with `datasets.load_dataset` in both configs, and every
   query written, flagged when it looks like a token loop;
+- the issue's quality bars: categories accepted, accepted queries per user with a persona,
+  one- or two-word Big Five rationales, units valid, checks passed;
 - with --sampler: one grammar-constrained reply timed with llama-cpp-python's own sampler
   (grammar over the whole vocabulary) and with ours (grammar checked after the pick), and
   the same prompt without a grammar.
@@ -101,6 +103,9 @@ def print_dataset(folder: Path) -> None:
     from datasets import load_dataset
 
     for config in ("random", "ood"):
+        if not (folder / "dataset" / config).is_dir():
+            print(f"dataset config {config}: not written (personaemp.toml: [split] ood = false)")
+            continue
         loaded = load_dataset(str(folder / "dataset"), config, cache_dir=str(folder / "hf-cache"))
         print(
             f"dataset config {config}: "
@@ -119,6 +124,7 @@ def sampler_bench() -> None:
     from llama_cpp import Llama
 
     from personaemp.llm.local import _patch_llama_cpp, local_model_path
+    from personaemp.llm.models import EMBEDDED
 
     upstream = Llama._init_sampler
     _patch_llama_cpp()
@@ -127,7 +133,7 @@ def sampler_bench() -> None:
         n_ctx=2048,
         n_threads=os.cpu_count(),
         verbose=False,
-        chat_format="gemma",
+        chat_format=EMBEDDED.chat_format,
     )
     schema = {
         "type": "object",
@@ -160,6 +166,36 @@ def sampler_bench() -> None:
     Llama._init_sampler = patched
 
 
+def print_quality(folder: Path) -> None:
+    """The issue's bars: categories accepted, accepted queries per user with a persona,
+    short Big Five rationales, and the share of units that passed the schema and checks."""
+    personas = [json.loads(line) for line in (folder / "personas.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (folder / "queries.jsonl").read_text().splitlines()]
+    failed = {
+        stage: len((folder / f"{stage}.failures.jsonl").read_text().splitlines())
+        for stage in ("infer-persona", "gen-queries")
+    }
+    accepted = [query for row in rows for query in row["queries"]]
+    generated = accepted + [query for row in rows for query in row["rejected_queries"]]
+    rationales = [
+        level["rationale"] for p in personas if p.get("big_five") for level in p["big_five"].values()
+    ]
+    short = sum(len(re.findall(r"\w+", text)) <= 2 for text in rationales)
+    with_persona = sum(bool(p.get("eligible")) for p in personas)
+    print(
+        f"valid units: infer-persona {len(personas)}/{len(personas) + failed['infer-persona']}, "
+        f"gen-queries {len(rows)}/{len(rows) + failed['gen-queries']}"
+    )
+    print(f"accepted per category: {dict(sorted(Counter(q['category'] for q in accepted).items()))}")
+    print(f"accepted queries per user with a persona: {len(accepted) / max(with_persona, 1):.2f} (bar: 1.5)")
+    print(f"Big Five rationales of one or two words: {short} of {len(rationales)} (bar: 10%)")
+    checks = Counter(
+        name for query in generated for name, passed in query["checks"].items()
+        if isinstance(passed, bool) and name != "passed" and passed
+    )  # fmt: skip
+    print("checks passed: " + ", ".join(f"{name} {n}/{len(generated)}" for name, n in checks.items()))
+
+
 def main() -> None:
     print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory(prefix="personaemp-demo-") as name:
@@ -172,6 +208,7 @@ def main() -> None:
         over = sum(call["seconds"] > CALL_BUDGET for call in calls)
         print(f"calls over {CALL_BUDGET:g} s: {over} of {len(calls)}")
         print_dataset(folder)
+        print_quality(folder)
         print(f"demo wall time: {wall:.1f} s (bar: {DEMO_BUDGET:g} s after install)")
     if "--sampler" in sys.argv:
         print("one structured reply, 200 tokens at most:")

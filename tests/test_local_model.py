@@ -1,4 +1,4 @@
-"""End to end: the embedded gemma-3-270m server answers a schema-constrained chat completion."""
+"""End to end: the embedded model's server answers a schema-constrained chat completion."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from personaemp.llm.local import (
     _patch_llama_cpp,
     local_model_path,
 )
+from personaemp.llm.models import EMBEDDED
 
 pytestmark = pytest.mark.embedded
 REPO = Path(__file__).resolve().parent.parent
@@ -56,8 +57,7 @@ def test_local_server_answers_a_schema_constrained_chat_completion(monkeypatch):
         message = "My sister and I argued again and I feel awful about it."
         reply = client.chat.completions.create(
             model=server.model,
-            # chat_format gemma drops system messages, so the instructions ride in the user turn
-            messages=[{"role": "user", "content": f"{instructions}\n\n{message}"}],
+            messages=[{"role": "system", "content": instructions}, {"role": "user", "content": message}],
             max_tokens=64,
             temperature=0,
             response_format={"type": "json_object", "schema": Mood.model_json_schema()},
@@ -105,7 +105,11 @@ def test_grammar_checked_last_writes_what_upstream_writes(monkeypatch):
     upstream = Llama._init_sampler
     _patch_llama_cpp()
     llm = Llama(
-        model_path=str(local_model_path()), n_ctx=1024, n_threads=1, verbose=False, chat_format="gemma"
+        model_path=str(local_model_path()),
+        n_ctx=1024,
+        n_threads=1,
+        verbose=False,
+        chat_format=EMBEDDED.chat_format,
     )
     schema = {
         "type": "object",
@@ -135,6 +139,7 @@ def test_grammar_checked_last_writes_what_upstream_writes(monkeypatch):
     assert sampler.full_scans < tokens / 8, (sampler.full_scans, tokens)
 
     monkeypatch.setattr(Llama, "_init_sampler", upstream)
+    llm.reset()  # evaluate the prompt afresh, as for the first reply (a cached prefix shifts the logits a little)
     reference = llm.create_chat_completion(**request)
     assert patched["choices"][0]["message"]["content"] == reference["choices"][0]["message"]["content"]
     json.loads(patched["choices"][0]["message"]["content"])

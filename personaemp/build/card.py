@@ -92,6 +92,7 @@ def _funnel(facts: dict[str, Any]) -> str:
             parts.append(
                 f"- **{name}**: {_count(stage.get('units'))} users, {done} done, {failed} failed ({kinds}); "
                 f"model `{stage.get('model', 'unknown')}` ({stage.get('endpoint_kind', 'unknown')})."
+                + _embedded(stage.get("model"))
             )
     if split:
         left = ", ".join(f"{reason} {count}" for reason, count in sorted(split["left_out"].items()))
@@ -404,3 +405,12 @@ def quality_section(report: dict[str, Any] | None, table) -> str:
     )
     out += lines
     return "\n".join(out)
+
+
+def _embedded(model) -> str:
+    """What the card says of the embedded model: which weights, their licence and origin."""
+    from personaemp.llm.models import EMBEDDED
+
+    if model != EMBEDDED.name:
+        return ""
+    return f" That is the embedded model, {EMBEDDED.title} ({EMBEDDED.licence}): {EMBEDDED.origin}."

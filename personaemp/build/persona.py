@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from personaemp.aio import sync_twin
 from personaemp.io import ErrorPolicy, StageRows, iter_jsonl, read_stage_rows
 from personaemp.llm.step import RejectedReply, Step, edit_schema
-from personaemp.prompts import Prompt, load_prompt
+from personaemp.prompts import Prompt, step_prompts
 from personaemp.records import (
     BIG_FIVE,
     Aspect,
@@ -238,10 +238,14 @@ def persona_stage(
         name, output_path, rows, selected = sharded_pick(
             STAGE, output_path, rows, shard, input_path, limit=limit, users=users
         )
-    prompts = {step.name: load_prompt(step.prompt) for step in STEPS}
-    hashes = {name: prompt.hash for name, prompt in prompts.items()}
+
+    def hashes(engine) -> dict[str, str]:
+        return {name: prompt.hash for name, prompt in step_prompts(STEPS, engine.prompt_variant).items()}
 
     def make_work(engine):
+        prompts = step_prompts(STEPS, engine.prompt_variant)
+        made_with = hashes(engine)
+
         async def work(row: dict) -> dict:
             user = User.model_validate(row)
             result = await engine.call(
@@ -270,7 +274,7 @@ def persona_stage(
                 profile=profile_text(parsed.traits),
                 big_five=big_five,
                 grounding=parsed.grounding,
-                provenance=engine.provenance(hashes),
+                provenance=engine.provenance(made_with),
             )
             return {**row, **persona.model_dump(mode="json")}
 
@@ -279,7 +283,8 @@ def persona_stage(
     return LLMStage(
         name, rows, make_work, "user_id", output_path,
         fingerprint=lambda engine: "|".join(
-            [*(engine.fingerprint(step, hashes[step.name]) for step in STEPS), f"depth={require_depth}"]
+            [*(engine.fingerprint(step, hashes(engine)[step.name]) for step in STEPS),
+             f"depth={require_depth}"]
         ),
         steps=STEPS, selected=selected, full=full, input_path=input_path, retry_failed=retry_failed,
         failures=failures_path(output_path, STAGE),

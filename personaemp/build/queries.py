@@ -35,7 +35,7 @@ from personaemp.instruments.query_check import (
 from personaemp.io import ErrorPolicy, StageRows, atomic_output, iter_jsonl, read_stage_rows
 from personaemp.language import LANGUAGE_NAMES
 from personaemp.llm.step import Step, edit_schema
-from personaemp.prompts import Prompt, load_prompt
+from personaemp.prompts import COMPACT, Prompt, step_prompts
 from personaemp.records import (
     CATEGORIES,
     Persona,
@@ -100,14 +100,26 @@ def build_situation_messages(persona: Persona, options: QueryOptions, prompt: Pr
     )
 
 
-def situations_schema(persona: Persona, options: QueryOptions) -> dict[str, Any]:
+def situations_schema(persona: Persona, options: QueryOptions, one_each: bool = False) -> dict[str, Any]:
+    """The reply's schema, memory ids and categories narrowed to this user and these options.
+    `one_each` (the compact prompt, for the embedded model, which otherwise writes one moment
+    and stops): exactly per_category moments of each category, in order."""
     item = ("$defs", "SituationReply", "properties")
     ids = {"type": "string", "enum": [m.memory_id for m in persona.memories]}
     schema = edit_schema(SITUATIONS.schema, (*item, "memory_ids", "items"), ids)
     schema = edit_schema(schema, (*item, "category"), {"type": "string", "enum": list(options.categories)})
-    return edit_schema(
-        schema, ("properties", "situations"), maxItems=options.per_category * len(options.categories)
-    )
+    count = options.per_category * len(options.categories)
+    if not one_each:
+        return edit_schema(schema, ("properties", "situations"), maxItems=count)
+    moment = schema["$defs"]["SituationReply"]
+    fixed = [
+        {**moment, "properties": {**moment["properties"], "category": {"type": "string", "enum": [category]}}}
+        for category in options.categories
+        for _ in range(options.per_category)
+    ]
+    listed = {key: value for key, value in schema["properties"]["situations"].items() if key != "items"}
+    listed.update(prefixItems=fixed, minItems=count, maxItems=count)  # llama.cpp reads `items` first
+    return edit_schema(schema, ("properties", "situations"), listed)
 
 
 def parse_situations(
@@ -218,13 +230,16 @@ def queries_stage(
             users=users,
             label="eligible persona for",
         )
-    prompts = {step.name: load_prompt(step.prompt) for step in STEPS}
-    hashes = {name: prompt.hash for name, prompt in prompts.items()}
+
+    def hashes(engine) -> dict[str, str]:
+        return {name: prompt.hash for name, prompt in step_prompts(STEPS, engine.prompt_variant).items()}
 
     def make_work(engine):
+        prompts, made_with = step_prompts(STEPS, engine.prompt_variant), hashes(engine)
+
         async def work(row: dict) -> dict:
             persona = Persona.model_validate(row)
-            accepted, rejected, dropped = await queries_for(engine, persona, options, prompts, hashes)
+            accepted, rejected, dropped = await queries_for(engine, persona, options, prompts, made_with)
             return {
                 **row,
                 "queries": [q.model_dump(mode="json") for q in accepted],
@@ -238,7 +253,7 @@ def queries_stage(
     return LLMStage(
         name, rows, make_work, "user_id", output_path,
         fingerprint=lambda engine: "|".join(
-            [*(engine.fingerprint(step, hashes[step.name]) for step in STEPS), stage_options]
+            [*(engine.fingerprint(step, hashes(engine)[step.name]) for step in STEPS), stage_options]
         ),
         steps=STEPS, selected=selected, full=full, input_path=input_path, retry_failed=retry_failed,
         skipped=ineligible, failures=failures_path(output_path, STAGE),
@@ -267,7 +282,7 @@ async def queries_for(engine, persona: Persona, options: QueryOptions, prompts, 
     reply = await engine.call(
         SITUATIONS,
         build_situation_messages(persona, options, prompts["situations"]),
-        schema=situations_schema(persona, options),
+        schema=situations_schema(persona, options, one_each=engine.prompt_variant == COMPACT),
         parse=lambda value: parse_situations(persona, value, options),
     )
     situations, dropped = reply.parsed

@@ -132,8 +132,10 @@ class Engine:
         request_extras: dict[str, Any] | None = None,
         budget: Budget | None = None,
         offline=None,
+        prompt_variant: str | None = None,
     ):
         self.pool, self.model, self.configured = pool, model, structured
+        self.prompt_variant = prompt_variant  # prompts.COMPACT on the embedded model
         self.request_extras = request_extras or {}  # sent with every request (the local model's sampler)
         self.budget = budget
         # --estimate (llm.estimate.Estimate) or --batch (llm.batch.BatchQueue): a request the
@@ -674,7 +676,7 @@ def _join_turns(messages: list[Message]) -> list[Message]:
 
 
 def _fold_system(messages: list[Message]) -> list[Message]:
-    """Chat formats that drop system messages (gemma on llama.cpp): prepend them to the first
+    """Chat formats that drop system messages (gemma-3 on llama.cpp): prepend them to the first
     user turn instead."""
     system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
     rest = [m for m in messages if m["role"] != "system"]

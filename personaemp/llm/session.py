@@ -10,7 +10,9 @@ from personaemp.llm.cache import ReplyCache
 from personaemp.llm.endpoints import Endpoint, EndpointPool
 from personaemp.llm.engine import DECISIONS_FILE, Budget, Engine
 from personaemp.llm.local import REQUEST_EXTRAS as LOCAL_REQUEST_EXTRAS
+from personaemp.llm.models import EMBEDDED
 from personaemp.llm.settings import LLMSettings
+from personaemp.prompts import COMPACT
 
 
 @contextlib.asynccontextmanager
@@ -66,7 +68,7 @@ async def open_engine(
             EndpointPool(endpoints, settings.max_retries),
             model=model,
             structured=structured,
-            fold_system=kind == "local",
+            fold_system=kind == "local" and not EMBEDDED.system_role,
             max_tokens=settings.max_tokens,
             temperature=settings.temperature,
             max_reasks=settings.max_reasks,
@@ -78,6 +80,7 @@ async def open_engine(
             notify=notify,
             request_extras=LOCAL_REQUEST_EXTRAS if kind == "local" else None,
             offline=offline,
+            prompt_variant=COMPACT if kind == "local" else None,
             budget=Budget(settings.max_cost, settings.price_in, settings.price_out, settings.price_cached)
             if settings.max_cost is not None
             else None,

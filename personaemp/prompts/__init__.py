@@ -23,7 +23,8 @@ A step asked about one PERM dimension at a time (criteria, the judges) also decl
 The templates live in prompts/ at the root of a checkout, where they are read from; a
 wheel carries them inside this package (setup.py copies them in at build time) and they
 are read there with importlib.resources. The environment variable PERSONAEMP_PROMPTS
-names a folder of templates to use instead.
+names a folder of templates to use instead. Its `compact/` subfolder holds the variants the
+embedded model reads (COMPACT below).
 
 A prompt's hash (of its file text) is recorded with every output made from it, and is
 part of the stage fingerprint: editing a prompt re-runs the units it touches.
@@ -63,6 +64,9 @@ SHARED = "shared"  # shared.md: `## preamble` and the context blocks steps name
 PREAMBLE = "preamble"
 FENCE_CHARS = 16  # hex digits of a block's key
 LAYOUTS = ("paper", "shared")  # where a dimension's standard goes (see above)
+# prompts/compact/: shorter versions of some build prompts for the embedded 0.5B model (same
+# fields, same checks), used only on it (llm/session.py sets the engine's prompt_variant).
+COMPACT = "compact"
 
 
 def default_dir() -> Traversable:
@@ -140,6 +144,11 @@ class Prompt:
         return messages
 
 
+def step_prompts(steps, variant: str | None = None) -> dict[str, Prompt]:
+    """The prompts of a stage's steps, by step name (`engine.prompt_variant` picks the variant)."""
+    return {step.name: load_prompt(step.prompt, variant=variant) for step in steps}
+
+
 def _read(path: Path | Traversable) -> str:
     try:
         return path.read_text(encoding="utf-8")
@@ -148,9 +157,13 @@ def _read(path: Path | Traversable) -> str:
         raise InputError(f"{path}: cannot read the prompt ({reason})", f"set {ENV_VAR}") from None
 
 
-def load_prompt(name: str, folder: Path | Traversable | None = None) -> Prompt:
+def load_prompt(name: str, folder: Path | Traversable | None = None, variant: str | None = None) -> Prompt:
+    """The template `name`; with a `variant` (COMPACT), its version in that subfolder when
+    there is one (the shared blocks stay the main ones)."""
     folder = folder if folder is not None else prompts_dir()
     path = folder / f"{name}.md"
+    if variant is not None and (folder / variant / f"{name}.md").is_file():
+        path = folder / variant / f"{name}.md"
     text = _read(path)
     parts = _SECTION.split(text)
     sections = {parts[i]: parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
