@@ -5,6 +5,7 @@ language worker)."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing
 import os
 import signal
@@ -25,9 +26,13 @@ def fork_map(function: Callable[[Any], Any], items: list, *, worth_it: bool = Tr
     # Ctrl-C held while the workers are forked: raised in Pool() it left them to multiprocessing's
     # exit handler (a second's wait), raised in an after-fork hook it was lost (cli.py).
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    # The parent's objects frozen while forking: a worker's garbage collections then leave them
+    # alone, so their pages stay shared instead of copied into every worker (CPython's advice).
+    gc.freeze()
     try:
         pool = multiprocessing.get_context("fork").Pool(workers, initializer=_leave_sigint_to_the_parent)
     finally:
+        gc.unfreeze()
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
     with pool:
         return pool.map(function, items, chunksize=1)

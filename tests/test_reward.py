@@ -201,6 +201,28 @@ def verl_config(server, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("PERSONAEMP_CONFIG", str(config))
 
 
+def test_the_reward_sends_the_environments_key_built_in_python_and_as_verl_loads_it(tmp_path, monkeypatch):
+    """With $OPENAI_API_KEY set and no api_key=, the judge's requests carry that key: a
+    PereGRM built from LLMSettings (TRL) and compute_score from $PERSONAEMP_CONFIG (verl)."""
+    import personaemp.training.reward as module
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-reward-from-the-environment")
+    with FakeOpenAI(responder=judge, require_key="sk-reward-from-the-environment") as server:
+        reward = PereGRM(settings(server, tmp_path), log_path=tmp_path / "reward.jsonl")
+        rewards, _ = trl_call(reward, [row("q1")], [[{"role": "assistant", "content": "an answer"}]])
+        verl_config(server, tmp_path, monkeypatch)
+        try:
+            score = module.compute_score(
+                data_source="personaemp", solution_str="another answer", ground_truth="", extra_info=row("q2")
+            )
+        finally:
+            module.default_reward().close()
+        keys = {sent.headers.get("authorization") for sent in server.requests if sent.method == "POST"}
+    assert keys == {"Bearer sk-reward-from-the-environment"}
+    assert rewards == pytest.approx([expected("q1")]) and score == pytest.approx(expected("q2"))
+    assert server.count == 8  # 2 rollouts x (3 dimensions + bystander), every one answered
+
+
 def test_verl_loads_the_function_from_a_file_by_name(tmp_path, monkeypatch):
     """verl imports custom_reward_function.path with importlib and takes .name from it."""
     import personaemp.training.reward as module
