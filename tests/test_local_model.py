@@ -139,7 +139,7 @@ def test_grammar_checked_last_writes_what_upstream_writes(monkeypatch):
     assert sampler.full_scans < tokens / 8, (sampler.full_scans, tokens)
 
     monkeypatch.setattr(Llama, "_init_sampler", upstream)
-    llm.reset()  # evaluate the prompt afresh, as for the first reply (a cached prefix shifts the logits a little)
+    llm.reset()  # the prompt evaluated afresh, as for the first reply: a cached prefix shifts the logits
     reference = llm.create_chat_completion(**request)
     assert patched["choices"][0]["message"]["content"] == reference["choices"][0]["message"]["content"]
     json.loads(patched["choices"][0]["message"]["content"])
