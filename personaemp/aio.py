@@ -61,18 +61,25 @@ def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
     # the thread as ended, and the second join would not wait for the unwinding.
     try:
         thread.start()
-        finished.wait()
+        _wait(finished)
     except KeyboardInterrupt:
         started.wait()
         if "task" in state:
             with contextlib.suppress(RuntimeError):  # the loop has just closed: nothing to cancel
                 state["loop"].call_soon_threadsafe(state["task"].cancel)
-        finished.wait()
+        _wait(finished)
         raise
     thread.join()
     if "error" in state:
         raise state["error"]
     return state["value"]
+
+
+def _wait(event: threading.Event) -> None:
+    """event.wait(), waking every 0.1 s: a SIGINT the kernel handed to another thread runs its
+    Python handler only when this (main) thread runs bytecode, which an untimed wait never does."""
+    while not event.wait(0.1):
+        pass
 
 
 def run_interruptibly(work: Coroutine[Any, Any, T]) -> T:

@@ -105,6 +105,37 @@ def test_ctrl_c_in_a_running_loop_cancels_the_coroutine():
     assert unwound.is_set()
 
 
+def test_ctrl_c_delivered_to_another_thread_still_stops_the_wait():
+    """The kernel may hand a process's SIGINT to any thread that does not block it (when the
+    main thread has a signal pending): Python then runs the handler only when the main thread
+    next runs bytecode. A main thread blocked in an untimed wait never did (a test run hung
+    here). Forced here by sending the signal to a helper thread; a subprocess, so a hang fails."""
+    script = """
+import asyncio, signal, sys, threading
+from personaemp.aio import run_sync
+started, unwound = threading.Event(), threading.Event()
+async def forever():
+    started.set()
+    try:
+        await asyncio.Event().wait()
+    finally:
+        unwound.set()
+def interrupt():
+    started.wait()
+    signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # to this thread, not the main one
+async def cell():
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    threading.Thread(target=interrupt, daemon=True).start()
+    run_sync(forever())
+try:
+    asyncio.run(cell())
+except KeyboardInterrupt:
+    print("interrupted", unwound.is_set())
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20)
+    assert done.stdout.strip() == "interrupted True", done.stderr[-2000:]
+
+
 # --- the import surface --------------------------------------------------------------------------
 
 
