@@ -10,11 +10,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import os
-import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -79,39 +76,8 @@ def test_run_sync_raises_the_coroutines_error_in_a_running_loop():
         asyncio.run(cell())
 
 
-def test_ctrl_c_in_a_running_loop_cancels_the_coroutine():
-    """Ctrl-C (a real SIGINT, raised as KeyboardInterrupt as Jupyter's kernel does) while the
-    caller waits cancels the coroutine in the worker thread, which unwinds first."""
-    started, unwound = threading.Event(), threading.Event()
-
-    async def forever():
-        started.set()
-        try:
-            await asyncio.Event().wait()
-        finally:
-            unwound.set()
-
-    def interrupt():
-        started.wait()
-        os.kill(os.getpid(), signal.SIGINT)
-
-    async def cell():
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a kernel's handler, not asyncio.run's
-        threading.Thread(target=interrupt, daemon=True).start()
-        run_sync(forever())
-
-    with pytest.raises(KeyboardInterrupt):
-        asyncio.run(cell())
-    assert unwound.is_set()
-
-
-def test_ctrl_c_delivered_to_another_thread_still_stops_the_wait():
-    """The kernel may hand a process's SIGINT to any thread that does not block it (when the
-    main thread has a signal pending): Python then runs the handler only when the main thread
-    next runs bytecode. A main thread blocked in an untimed wait never did (a test run hung
-    here). Forced here by sending the signal to a helper thread; a subprocess, so a hang fails."""
-    script = """
-import asyncio, signal, sys, threading
+CTRL_C_IN_A_CELL = """
+import asyncio, os, signal, sys, threading
 from personaemp.aio import run_sync
 started, unwound = threading.Event(), threading.Event()
 async def forever():
@@ -122,9 +88,12 @@ async def forever():
         unwound.set()
 def interrupt():
     started.wait()
-    signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # to this thread, not the main one
+    if sys.argv[1] == "process":
+        os.kill(os.getpid(), signal.SIGINT)
+    else:  # to this helper thread, not the main one
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
 async def cell():
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a kernel's handler, not asyncio.run's
     threading.Thread(target=interrupt, daemon=True).start()
     run_sync(forever())
 try:
@@ -132,7 +101,18 @@ try:
 except KeyboardInterrupt:
     print("interrupted", unwound.is_set())
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20)
+
+
+@pytest.mark.parametrize("target", ["process", "thread"])
+def test_ctrl_c_in_a_running_loop_cancels_the_coroutine(target):
+    """Ctrl-C (a real SIGINT, raised as KeyboardInterrupt as Jupyter's kernel does) while the
+    caller waits cancels the coroutine in the worker thread, which unwinds first. The kernel
+    may hand a process's SIGINT to any thread that does not block it; Python then runs the
+    handler only when the main thread next runs bytecode, which an untimed wait never did (a
+    test run hung here): "thread" forces that case. A subprocess, so a hang fails."""
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_IN_A_CELL, target], capture_output=True, text=True, timeout=20
+    )
     assert done.stdout.strip() == "interrupted True", done.stderr[-2000:]
 
 
