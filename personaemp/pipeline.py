@@ -278,7 +278,6 @@ def _from_conversations(options: RunOptions, console: Console, env, result: Pipe
     return options.model_copy(update={"filter": options.filter.model_copy(update=into)})
 
 
-# [llm] options that do not change a reply: a re-run that differs only in them is current.
 CHAIN = "infer-persona → gen-queries"  # run's record of the two LLM stages (freshness.py)
 
 

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import jsonlines
 
+from personaemp.build.card import cell
 from personaemp.io import rewrite_generated
+from personaemp.records import CATEGORIES
 
 ROOT = Path(__file__).resolve().parent.parent
 QUERIES = ROOT / "data" / "processed" / "queries.jsonl"
@@ -31,7 +33,7 @@ def picked(path: Path, wanted: int = 3) -> list[tuple[dict, dict]]:
             seen.add(query["category"])
             chosen.append((row, query))
     chosen += [pair for pair in pairs if pair not in chosen]
-    return sorted(chosen[:wanted], key=lambda pair: ("ES", "HEQ", "SS").index(pair[1]["category"]))
+    return sorted(chosen[:wanted], key=lambda pair: CATEGORIES.index(pair[1]["category"]))
 
 
 def block(pairs: list[tuple[dict, dict]]) -> str:
@@ -40,7 +42,7 @@ def block(pairs: list[tuple[dict, dict]]) -> str:
         values = {m["memory_id"]: m["value"] for m in row["memories"]}
         rests = "; ".join(values.get(i, i) for i in query["memory_ids"])
         cells = [query["category"], row.get("language") or "?", query["query"], rests]
-        lines.append("| " + " | ".join(cell.replace("|", "\\|").replace("\n", " ") for cell in cells) + " |")
+        lines.append("| " + " | ".join(cell(value) for value in cells) + " |")
     return "\n".join(lines) + "\n"
 
 

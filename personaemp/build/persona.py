@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from personaemp.aio import sync_twin
 from personaemp.io import ErrorPolicy, StageRows, iter_jsonl, read_stage_rows
 from personaemp.llm.step import RejectedReply, Step, edit_schema
-from personaemp.prompts import Prompt, step_prompts
+from personaemp.prompts import Prompt, prompt_hashes, step_prompts
 from personaemp.records import (
     BIG_FIVE,
     Aspect,
@@ -239,12 +239,14 @@ def persona_stage(
             STAGE, output_path, rows, shard, input_path, limit=limit, users=users
         )
 
-    def hashes(engine) -> dict[str, str]:
-        return {name: prompt.hash for name, prompt in step_prompts(STEPS, engine.prompt_variant).items()}
+    def fingerprint(engine) -> str:
+        made_with = prompt_hashes(step_prompts(STEPS, engine.prompt_variant))
+        steps = [engine.fingerprint(step, made_with[step.name]) for step in STEPS]
+        return "|".join([*steps, f"depth={require_depth}"])
 
     def make_work(engine):
         prompts = step_prompts(STEPS, engine.prompt_variant)
-        made_with = hashes(engine)
+        made_with = prompt_hashes(prompts)
 
         async def work(row: dict) -> dict:
             user = User.model_validate(row)
@@ -282,10 +284,7 @@ def persona_stage(
 
     return LLMStage(
         name, rows, make_work, "user_id", output_path,
-        fingerprint=lambda engine: "|".join(
-            [*(engine.fingerprint(step, hashes(engine)[step.name]) for step in STEPS),
-             f"depth={require_depth}"]
-        ),
+        fingerprint=fingerprint,
         steps=STEPS, selected=selected, full=full, input_path=input_path, retry_failed=retry_failed,
         failures=failures_path(output_path, STAGE),
     )  # fmt: skip

@@ -35,7 +35,7 @@ from personaemp.instruments.query_check import (
 from personaemp.io import ErrorPolicy, StageRows, atomic_output, iter_jsonl, read_stage_rows
 from personaemp.language import LANGUAGE_NAMES
 from personaemp.llm.step import Step, edit_schema
-from personaemp.prompts import COMPACT, Prompt, step_prompts
+from personaemp.prompts import COMPACT, Prompt, prompt_hashes, step_prompts
 from personaemp.records import (
     CATEGORIES,
     Persona,
@@ -231,11 +231,15 @@ def queries_stage(
             label="eligible persona for",
         )
 
-    def hashes(engine) -> dict[str, str]:
-        return {name: prompt.hash for name, prompt in step_prompts(STEPS, engine.prompt_variant).items()}
+    stage_options = f"{','.join(options.categories)}|{options.per_category}|{','.join(options.enforce)}"
+
+    def fingerprint(engine) -> str:
+        made_with = prompt_hashes(step_prompts(STEPS, engine.prompt_variant))
+        return "|".join([*(engine.fingerprint(step, made_with[step.name]) for step in STEPS), stage_options])
 
     def make_work(engine):
-        prompts, made_with = step_prompts(STEPS, engine.prompt_variant), hashes(engine)
+        prompts = step_prompts(STEPS, engine.prompt_variant)
+        made_with = prompt_hashes(prompts)
 
         async def work(row: dict) -> dict:
             persona = Persona.model_validate(row)
@@ -249,12 +253,9 @@ def queries_stage(
 
         return work
 
-    stage_options = f"{','.join(options.categories)}|{options.per_category}|{','.join(options.enforce)}"
     return LLMStage(
         name, rows, make_work, "user_id", output_path,
-        fingerprint=lambda engine: "|".join(
-            [*(engine.fingerprint(step, hashes(engine)[step.name]) for step in STEPS), stage_options]
-        ),
+        fingerprint=fingerprint,
         steps=STEPS, selected=selected, full=full, input_path=input_path, retry_failed=retry_failed,
         skipped=ineligible, failures=failures_path(output_path, STAGE),
     )  # fmt: skip

@@ -29,7 +29,7 @@ from personaemp.llm.models import EMBEDDED, assemble
 MODEL_NAME = EMBEDDED.name
 # Sent with every request to the embedded model: a 0.5B model loops (one Japanese sentence
 # written five times until the grammar's length bound); a mild penalty on tokens repeated
-# within the last 64 stops most loops without bending the JSON.
+# within the last REPEAT_WINDOW (the server's setting) stops most loops without bending the JSON.
 REQUEST_EXTRAS = {"repeat_penalty": 1.15}
 REPEAT_WINDOW = 256
 STOP_GRACE = 1.0  # seconds a stopped server gets to exit before it is killed (it would finish its reply)

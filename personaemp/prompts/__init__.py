@@ -149,6 +149,11 @@ def step_prompts(steps, variant: str | None = None) -> dict[str, Prompt]:
     return {step.name: load_prompt(step.prompt, variant=variant) for step in steps}
 
 
+def prompt_hashes(prompts: dict[str, Prompt]) -> dict[str, str]:
+    """Each prompt's hash by step name: what provenance and the stage fingerprints record."""
+    return {name: prompt.hash for name, prompt in prompts.items()}
+
+
 def _read(path: Path | Traversable) -> str:
     try:
         return path.read_text(encoding="utf-8")
