@@ -1,4 +1,4 @@
-"""The one build step pyproject.toml cannot declare: ship prompts/*.md inside the wheel.
+"""The one build step pyproject.toml cannot declare: ship prompts/**/*.md inside the wheel.
 
 The prompt templates live at the top of the checkout (prompts/, beside personaemp/), where
 a checkout reads them; an installed package reads them from personaemp/prompts/, so the
@@ -17,10 +17,12 @@ class BuildPyWithPrompts(build_py):
         super().run()
         if self.editable_mode:  # an editable install reads prompts/ from the checkout
             return
+        source = Path(__file__).parent / "prompts"
         target = Path(self.build_lib, "personaemp", "prompts")
-        target.mkdir(parents=True, exist_ok=True)
-        for template in sorted(Path(__file__).parent.joinpath("prompts").glob("*.md")):
-            shutil.copy2(template, target / template.name)
+        for template in sorted(source.rglob("*.md")):  # with prompts/compact/, the embedded model's
+            copy = target / template.relative_to(source)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(template, copy)
 
 
 setup(cmdclass={"build_py": BuildPyWithPrompts})

@@ -30,11 +30,9 @@ from fake_openai import FakeOpenAI
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = (
-    "persona", "big_five", "situations", "query", "check",
-    "criteria", "respond", "judge", "judge_dynamic", "bystander", "judge_joint",
-)  # fmt: skip
-DATA_FILES = [f"personaemp/prompts/{name}.md" for name in PROMPTS] + ["personaemp/default_rules.toml"]
+# Every template of the checkout, subfolders (prompts/compact/) included.
+PROMPTS = sorted(path.relative_to(REPO / "prompts").as_posix() for path in (REPO / "prompts").rglob("*.md"))
+DATA_FILES = [f"personaemp/prompts/{name}" for name in PROMPTS] + ["personaemp/default_rules.toml"]
 DATA_FILES += [f"personaemp/assets/review/{name}" for name in ("index.html", "review.js", "review.css")]
 # What a wheel is built from; the build runs on a copy so the checkout gets no build/ or *.egg-info.
 SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE", "personaemp", "prompts")
