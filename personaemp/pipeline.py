@@ -18,11 +18,14 @@ from typing import Any
 from rich.console import Console
 
 from personaemp import results
+from personaemp.build.filter import filter_args
+from personaemp.build.persona import persona_args
+from personaemp.build.queries import queries_args
 from personaemp.config import llm_settings
 from personaemp.options import (
     RunOptions,
 )
-from personaemp.registry import RUN_COMMANDS, STAGES, filter_args, persona_args, queries_args, reply_shape
+from personaemp.registry import RUN_COMMANDS, STAGES, reply_shape
 from personaemp.results import StageResult
 from personaemp.summaries import waits_for_a_batch
 

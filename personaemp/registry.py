@@ -16,7 +16,6 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -30,13 +29,21 @@ from personaemp.options import COMMANDS
 class Stage:
     command: str  # the CLI command; its options: the sections of options.COMMANDS[command]
     function: str  # its name in `import personaemp as pe` (an LLM stage also has "a" + function)
-    call: Callable[..., Any]  # (section, console, llm=None, **extra) -> result (a coroutine: LLM)
+    module: str  # under personaemp/: its `from_options(section, console[, llm, retry, full])`
     help: str  # the command's --help; the Python function's docstring begins with it
     summary: Callable[[Any, Console], None] | None = None  # (result, console): after the stage
     positional: tuple[str, ...] = ("input", "output")  # the Python function's positional arguments
     progress: bool = False  # the Python function's default: print progress and the summary
     # An LLM stage skipped when current (freshness.py): its section has `force` and `shard`.
     fresh: bool = False
+    wiring: Callable[[], dict[str, Any]] | None = None  # arguments that come from another product
+
+    def call(self, *args, **extra):
+        """The module's `from_options`, imported now (a command imports only its own stage)."""
+        import importlib
+
+        made = importlib.import_module(f"personaemp.{self.module}")
+        return made.from_options(*args, **extra, **(self.wiring() if self.wiring else {}))
 
     @property
     def sections(self) -> tuple[str, ...]:
@@ -116,177 +123,11 @@ def reply_shape(llm) -> dict[str, Any] | None:
     return llm.model_dump(mode="json", exclude=set(RUNTIME))
 
 
-# --- how each stage's options reach its function -------------------------------------------------
-
-
-def filter_args(options) -> dict[str, Any]:
-    """filter_users' arguments from its options, for the command and for `run`'s streamed filter."""
-    return {
-        "source": options.input, "output": options.output, "fmt": options.format,
-        "rules_path": options.rules, "split": options.benchmark_split, "hf_config": options.hf_config,
-        "on_error": options.on_error, "keep_turns": options.turns,
-        "report_path": options.output.with_name("filter_report.json"), "force": options.force,
-    }  # fmt: skip
-
-
-async def _extract(options, console, llm, retry=False, full=None):
-    from personaemp.build import memories
-
-    made = await memories.aextract_memories(
-        Path(options.input), options.output, llm, **memories.extract_args(options), retry_failed=retry,
-        full=full, console=console,
-    )  # fmt: skip
-    return memories.extract_result(options, *made)
-
-
-def _filter(options, console):
-    from personaemp.build.filter import filter_users
-
-    args = filter_args(options)
-    return results.of_filter(filter_users(**args, console=console), args["report_path"])
-
-
-def persona_args(options, retry: bool) -> dict[str, Any]:
-    """infer-persona's arguments from its options, for the command and for `run`'s chain."""
-    return {
-        "limit": options.limit, "users": options.users, "retry_failed": retry,
-        "require_depth": options.require_depth, "shard": options.shard,
-    }  # fmt: skip
-
-
-def queries_args(options, retry: bool) -> dict[str, Any]:
-    """gen-queries' arguments from its options, for the command and for `run`'s chain."""
-    from personaemp.build.queries import QueryOptions
-
-    enforce = {"enforce": tuple(options.enforce)} if options.enforce is not None else {}
-    return {
-        "options": QueryOptions(
-            categories=tuple(options.categories), per_category=options.per_category, **enforce
-        ),
-        "limit": options.limit, "users": options.users, "retry_failed": retry, "shard": options.shard,
-    }  # fmt: skip
-
-
-async def _persona(options, console, llm, retry=False, full=None):
-    from personaemp.build.persona import ainfer_personas
-
-    made = await ainfer_personas(
-        options.input, options.output, llm, **persona_args(options, retry), full=full, console=console
-    )
-    return results.of_llm_stage(*made)
-
-
-async def _queries(options, console, llm, retry=False, full=None):
-    from personaemp.build.queries import agenerate_queries
-
-    made = await agenerate_queries(
-        options.input, options.output, llm, **queries_args(options, retry), full=full, console=console
-    )
-    return results.of_llm_stage(*made)
-
-
-def _split(options, console):
-    from personaemp.build.split import split_users
-
-    report = split_users(
-        options.input, options.out_dir, ood=options.ood, seed=options.seed, test_size=options.test_size,
-        k=options.k, k_range=(options.k_min, options.k_max), holdout=options.holdout, seeds=options.seeds,
-        force=options.force,
-    )  # fmt: skip
-    return results.of_split(report, options.out_dir)
-
-
-def _stats(options, console):
-    from personaemp.build.stats import write_stats
-
-    return results.of_stats(write_stats(options.processed, options.out_dir, options.force))
-
-
-def _push(options, console):
-    from personaemp.build.publish import publish
+def _push_wiring() -> dict[str, Any]:
+    """push's card shows the agreement measured in review: wired here, above both products."""
     from personaemp.review.agreement import card_quality
 
-    dry = options.is_dry_run
-    made = results.of_publish(
-        publish(
-            options.splits, repo_id=None if dry else options.repo_id, out=options.out_dir if dry else None,
-            private=options.private, revision=options.revision, include_dialogue=options.include_dialogue,
-            criteria=options.criteria, quality=card_quality, force=options.force,
-        )
-    )  # fmt: skip
-    if dry and not options.dry_run and not getattr(made.report, "unchanged_since", None):
-        console.print("no repo_id: a dry run, the repository that would be pushed goes to a folder")
-    return made
-
-
-async def _criteria(options, console, llm, retry=False):
-    from personaemp.evaluation.criteria import awrite_criteria
-
-    report = await awrite_criteria(
-        options.input, options.output, llm, limit=options.limit, users=options.users,
-        retry_failed=retry, layout=options.layout, console=console,
-    )  # fmt: skip
-    return results.of_llm_stage(report)
-
-
-async def _respond(options, console, llm, retry=False):
-    from personaemp.evaluation.respond import awrite_responses
-
-    report = await awrite_responses(
-        options.splits, options.output_path, llm, split=options.split, part=options.part,
-        context=options.context, rag_k=options.rag_k, mismatch_seed=options.mismatch_seed,
-        limit=options.limit, retry_failed=retry, console=console,
-    )  # fmt: skip
-    return results.of_llm_stage(report)
-
-
-def _export(options, console) -> dict:
-    from personaemp.training.export import write_export
-
-    return write_export(
-        options.splits, options.output_path, format=options.format, split=options.split,
-        part=options.part, context=options.context, rag_k=options.rag_k,
-        mismatch_seed=options.mismatch_seed, summaries=options.summaries,
-        criteria_file=options.criteria, data_source=options.data_source,
-    )  # fmt: skip
-
-
-async def _evaluate(options, console, llm, retry=False, env=None):
-    from personaemp.evaluation import evaluate as stage
-
-    report, evaluation = await stage.aevaluate(
-        options.splits, [Path(path) for path in options.responses], options.output, llm,
-        split=options.split, part=options.part, criteria_file=options.criteria,
-        judge_model=options.judge_model, judges=stage.judge_panel(options, llm, env),
-        options=stage.JudgeOptions(
-            dynamic=options.dynamic, samples=options.samples, bystander=options.bystander,
-            reward_lambda=options.reward_lambda, missing=options.missing,
-            unreadable=options.unreadable, layout=options.layout,
-        ),
-        retry_failed=retry, console=console,
-    )  # fmt: skip
-    return results.of_evaluate(report, evaluation, options.output)
-
-
-def _table(options, console) -> str:
-    from personaemp.evaluation.table import write_table
-
-    return write_table(
-        [Path(p) for p in options.reports], options.output, options.format,
-        harmonic=options.harmonic, digits=options.digits, judge=options.judge, systems=options.systems,
-    )  # fmt: skip
-
-
-async def _agreement(options, console, llm, retry=False):
-    from personaemp.review.agreement import run_agreement
-
-    return run_agreement(options, llm, console)
-
-
-def _review(options, console):
-    from personaemp.review.page import serve_review
-
-    serve_review(options, console)
+    return {"quality": card_quality}
 
 
 # --- the summaries a command and `run` print ------------------------------------------------------
@@ -318,59 +159,59 @@ STAGES: dict[str, Stage] = {
     stage.command: stage
     for stage in (
         Stage(
-            "extract-memories", "extract_memories", _extract,
+            "extract-memories", "extract_memories", "build.memories",
             "Extract AlpsBench-style memories and intents from your own conversation logs (LLM), for "
             "`filter`.",
             _llm_summary(lambda result, console: print_memory_summary(result.summary, console)),
         ),
         Stage(
-            "filter", "filter_users", _filter,
+            "filter", "filter_users", "build.filter",
             "Keep the users whose memories show personality and emotionally relevant experience.",
             lambda result, console: summaries.print_filter_summary(result.report, console),
         ),
         Stage(
-            "infer-persona", "infer_personas", _persona,
+            "infer-persona", "infer_personas", "build.persona",
             "Infer an evidence-grounded persona and Big Five levels for each filtered user (LLM).",
             _llm_summary(lambda result, console: summaries.print_persona_summary(result.summary, console)),
             fresh=True,
         ),
         Stage(
-            "gen-queries", "generate_queries", _queries,
+            "gen-queries", "generate_queries", "build.queries",
             "Write empathy-seeking queries (ES, HEQ, SS) for each eligible persona and check them (LLM).",
             _llm_summary(lambda result, console: summaries.print_query_funnel(result.summary, console)),
             fresh=True,
         ),
         Stage(
-            "split", "split_users", _split,
+            "split", "split_users", "build.split",
             "Split users into train/test: random 9:1, and (unless --no-ood) a held-out Big Five cluster.",
             lambda result, console: summaries.print_split_report(result.report, result.output, console),
             positional=("input", "out_dir"),
         ),
         Stage(
-            "stats", "write_stats", _stats,
+            "stats", "write_stats", "build.stats",
             "Describe a build: funnel, Big Five levels, queries, checks, as stats.json, plots and a summary.",
             lambda result, console: summaries.print_stats(result.report, console),
             positional=("processed", "out_dir"),
         ),
         Stage(
-            "push", "publish", _push,
+            "push", "publish", "build.publish",
             "Publish the splits as a Hub dataset (configs random and ood) with a dataset card;\n"
             "    without --repo-id, or with --dry-run, write the same repository to --out-dir.",
-            summaries.print_push, positional=("splits",),
+            summaries.print_push, positional=("splits",), wiring=_push_wiring,
         ),
         Stage(
-            "criteria", "write_criteria", _criteria,
+            "criteria", "write_criteria", "evaluation.criteria",
             "Write 4-6 weighted evaluation criteria per query and PERM dimension, seeing no response (LLM).",
             _llm_summary(),
         ),
         Stage(
-            "respond", "write_responses", _respond,
+            "respond", "write_responses", "evaluation.respond",
             "Have a policy model answer every query of a split, with the chosen context (LLM).",
             _llm_summary(),  # its last line says what it wrote
             positional=("splits", "output"),
         ),
         Stage(
-            "export", "export_split", _export,
+            "export", "export_split", "training.export",
             "Write a split as training files: TRL's conversational prompts (JSON lines) or verl's parquet,\n"
             "    with the prompts `respond` sends and what the PereGRM reward reads.",
             lambda made, console: console.print(
@@ -379,24 +220,24 @@ STAGES: dict[str, Stage] = {
             positional=("splits", "output"),
         ),
         Stage(
-            "evaluate", "evaluate", _evaluate,
+            "evaluate", "evaluate", "evaluation.evaluate",
             "Score systems' responses per PERM dimension (fixed criteria, or dynamic @k), side by side "
             "(LLM).",
             _evaluate_summary, positional=("splits",),
         ),
         Stage(
-            "table", "write_table", _table,
+            "table", "write_table", "evaluation.table",
             "Render the paper's Table 1 (systems x judge x split: Res, Exp, Rec, Avg) from evaluate reports.",
             positional=(),
         ),
         Stage(
-            "review", "serve_review", _review,
+            "review", "serve_review", "review.page",
             "Serve a local page to label a stratified sample of queries: accept/reject, agree with the\n"
             "    judge or not, traits supported or not, a note; every click goes to the labels file.",
             positional=("input",), progress=True,
         ),
         Stage(
-            "agreement", "measure_agreement", _agreement,
+            "agreement", "measure_agreement", "review.agreement",
             "How far the LLM judge agrees with people (kappa, intervals, precision, corrected pass\n"
             "    shares) and, with --judge-model, with a second judge re-running the check step.",
             positional=("input",),

@@ -374,8 +374,8 @@ def test_the_streamed_filter_stops_cleanly_when_run_was_started_with_sigint_igno
     import signal
     import time
 
+    from personaemp.build.filter import filter_args
     from personaemp.build.streaming import FilterFeed
-    from personaemp.registry import filter_args
 
     source = copied_sample(tmp_path / "input", 3)
     options = streamed_options(source, tmp_path / "processed", "http://127.0.0.1:9/v1")

@@ -316,3 +316,24 @@ def _progress(console: Console | None) -> Progress:
         console=console or Console(quiet=True),  # a library call prints only when given a console
         transient=True,
     )
+
+
+# --- from options (the command and `run`) ------------------------------------------------------
+
+
+def filter_args(options) -> dict:
+    """filter_users' arguments from its options, for the command and `run`'s streamed filter."""
+    return {
+        "source": options.input, "output": options.output, "fmt": options.format,
+        "rules_path": options.rules, "split": options.benchmark_split, "hf_config": options.hf_config,
+        "on_error": options.on_error, "keep_turns": options.turns,
+        "report_path": options.output.with_name("filter_report.json"), "force": options.force,
+    }  # fmt: skip
+
+
+def from_options(options, console):
+    """`personaemp filter` on its options."""
+    from personaemp.results import of_filter
+
+    args = filter_args(options)
+    return of_filter(filter_users(**args, console=console), args["report_path"])

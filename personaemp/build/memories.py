@@ -558,3 +558,12 @@ def print_summary(summary: MemorySummary, console) -> None:
             f"against the gold ({users} users): precision {overall['precision']:.3f}, "
             f"recall {overall['recall']:.3f}, F1 {overall['f1']:.3f} (gold_comparison.json)"
         )
+
+
+async def from_options(options, console, settings, retry=False, full=None):
+    """`personaemp extract-memories` on its [extract] options (ExtractOptions)."""
+    made = await aextract_memories(
+        Path(options.input), options.output, settings, **extract_args(options), retry_failed=retry,
+        full=full, console=console,
+    )  # fmt: skip
+    return extract_result(options, *made)

@@ -309,3 +309,24 @@ def summarize(output_path: Path, wanted: set[str]) -> PersonaSummary:
         if persona.big_five:
             summary.thin_levels += sum(getattr(persona.big_five, t).thin_evidence for t in BIG_FIVE)
     return summary
+
+
+# --- from options (the command and `run`) ------------------------------------------------------
+
+
+def persona_args(options, retry: bool) -> dict[str, Any]:
+    """infer-persona's arguments from its options (PersonaOptions), for the command and `run`'s chain."""
+    return {
+        "limit": options.limit, "users": options.users, "retry_failed": retry,
+        "require_depth": options.require_depth, "shard": options.shard,
+    }  # fmt: skip
+
+
+async def from_options(options, console, settings, retry=False, full=None):
+    """`personaemp infer-persona` on its options."""
+    from personaemp.results import of_llm_stage
+
+    made = await ainfer_personas(
+        options.input, options.output, settings, **persona_args(options, retry), full=full, console=console
+    )
+    return of_llm_stage(*made)

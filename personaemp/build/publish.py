@@ -717,3 +717,23 @@ def _push(
             raise PersonaempError(
                 f"{repo_id}: the push failed ({text})", "check HF_TOKEN and the repo id"
             ) from None
+
+
+# --- from options (the command and `run`) ------------------------------------------------------
+
+
+def from_options(options, console, quality=None):
+    """`personaemp push` on its options; `quality` as publish's (wired by the registry)."""
+    from personaemp.results import of_publish
+
+    dry = options.is_dry_run
+    made = of_publish(
+        publish(
+            options.splits, repo_id=None if dry else options.repo_id, out=options.out_dir if dry else None,
+            private=options.private, revision=options.revision, include_dialogue=options.include_dialogue,
+            criteria=options.criteria, quality=quality, force=options.force,
+        )
+    )  # fmt: skip
+    if dry and not options.dry_run and not getattr(made.report, "unchanged_since", None):
+        console.print("no repo_id: a dry run, the repository that would be pushed goes to a folder")
+    return made

@@ -383,3 +383,26 @@ def write_rejected_and_count(output: Path, rejected_path: Path, wanted: set[str]
 
 def checks_line(user_id: str, query: dict) -> bytes:
     return msgspec.json.encode({"user_id": user_id, **query}) + b"\n"
+
+
+# --- from options (the command and `run`) ------------------------------------------------------
+
+
+def queries_args(options, retry: bool) -> dict[str, Any]:
+    """gen-queries' arguments from its options (QueriesOptions), for the command and `run`'s chain."""
+    enforce = {"enforce": tuple(options.enforce)} if options.enforce is not None else {}
+    picked = QueryOptions(categories=tuple(options.categories), per_category=options.per_category, **enforce)
+    return {
+        "options": picked, "limit": options.limit, "users": options.users, "retry_failed": retry,
+        "shard": options.shard,
+    }  # fmt: skip
+
+
+async def from_options(options, console, settings, retry=False, full=None):
+    """`personaemp gen-queries` on its options."""
+    from personaemp.results import of_llm_stage
+
+    made = await agenerate_queries(
+        options.input, options.output, settings, **queries_args(options, retry), full=full, console=console
+    )
+    return of_llm_stage(*made)

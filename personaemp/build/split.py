@@ -385,3 +385,18 @@ def split_users(
     written = [out_dir / setting / f"{name}.jsonl" for setting in splits for name in ("train", "test")]
     freshness.record(STAGE, out_dir, fingerprint, [*written, out_dir / REPORT_FILE], report.as_dict())
     return report
+
+
+# --- from options (the command and `run`) ------------------------------------------------------
+
+
+def from_options(options: SplitOptions, console):
+    """`personaemp split` on its options."""
+    from personaemp.results import of_split
+
+    report = split_users(
+        options.input, options.out_dir, ood=options.ood, seed=options.seed, test_size=options.test_size,
+        k=options.k, k_range=(options.k_min, options.k_max), holdout=options.holdout, seeds=options.seeds,
+        force=options.force,
+    )  # fmt: skip
+    return of_split(report, options.out_dir)

@@ -668,3 +668,13 @@ def write_stats(processed: Path, out: Path, force: bool = False) -> StatsResult:
         "stats", out, fingerprint, [out / name for name in files], {"stats": stats, "files": files}
     )
     return StatsResult(stats=stats, sources=sources, out=out, files=files)
+
+
+# --- from options (the command and `run`) ------------------------------------------------------
+
+
+def from_options(options, console):
+    """`personaemp stats` on its options."""
+    from personaemp.results import of_stats
+
+    return of_stats(write_stats(options.processed, options.out_dir, options.force))

@@ -121,3 +121,17 @@ async def awrite_criteria(
 
 
 write_criteria = sync_twin(awrite_criteria)
+
+
+# --- from options (the command and `run`) ------------------------------------------------------
+
+
+async def from_options(options, console, settings, retry=False):
+    """`personaemp criteria` on its options."""
+    from personaemp.results import of_llm_stage
+
+    report = await awrite_criteria(
+        options.input, options.output, settings, limit=options.limit, users=options.users,
+        retry_failed=retry, layout=options.layout, console=console,
+    )  # fmt: skip
+    return of_llm_stage(report)

@@ -650,3 +650,24 @@ def judge_panel(options, settings, env: Mapping[str, str] | None = None) -> list
             changes["base_urls"] = [spec.base_url]
         panel.append(Judge(spec.name, dataclasses.replace(settings, **changes)))
     return panel
+
+
+# --- from options (the command and `run`) ------------------------------------------------------
+
+
+async def from_options(options, console, settings, retry=False, env=None):
+    """`personaemp evaluate` on its options."""
+    from personaemp.results import of_evaluate
+
+    report, evaluation = await aevaluate(
+        options.splits, [Path(path) for path in options.responses], options.output, settings,
+        split=options.split, part=options.part, criteria_file=options.criteria,
+        judge_model=options.judge_model, judges=judge_panel(options, settings, env),
+        options=JudgeOptions(
+            dynamic=options.dynamic, samples=options.samples, bystander=options.bystander,
+            reward_lambda=options.reward_lambda, missing=options.missing,
+            unreadable=options.unreadable, layout=options.layout,
+        ),
+        retry_failed=retry, console=console,
+    )  # fmt: skip
+    return of_evaluate(report, evaluation, options.output)

@@ -145,3 +145,18 @@ write_responses = sync_twin(awrite_responses)
 def failures_file(output: Path) -> Path:
     """`<output name>.failures.jsonl`: each system's responses keep their own failures."""
     return output.with_name(f"{output.stem}.failures.jsonl")
+
+
+# --- from options (the command and `run`) ------------------------------------------------------
+
+
+async def from_options(options, console, settings, retry=False):
+    """`personaemp respond` on its options."""
+    from personaemp.results import of_llm_stage
+
+    report = await awrite_responses(
+        options.splits, options.output_path, settings, split=options.split, part=options.part,
+        context=options.context, rag_k=options.rag_k, mismatch_seed=options.mismatch_seed,
+        limit=options.limit, retry_failed=retry, console=console,
+    )  # fmt: skip
+    return of_llm_stage(report)

@@ -298,3 +298,14 @@ def write_table(
         with atomic_output(Path(output)) as handle:
             handle.write(text.encode("utf-8"))
     return text
+
+
+# --- from options (the command and `run`) ------------------------------------------------------
+
+
+def from_options(options, console) -> str:
+    """`personaemp table` on its options: the table's text."""
+    return write_table(
+        [Path(p) for p in options.reports], options.output, options.format,
+        harmonic=options.harmonic, digits=options.digits, judge=options.judge, systems=options.systems,
+    )  # fmt: skip

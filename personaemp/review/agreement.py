@@ -577,3 +577,11 @@ def run_agreement(options, settings, console) -> dict[str, Any]:
     agreement_table(report, console)
     console.print(f"wrote {escape(', '.join(str(p) for p in paths))}")
     return report
+
+
+# --- from options (the command and `run`) ------------------------------------------------------
+
+
+async def from_options(options, console, settings, retry=False):
+    """`personaemp agreement` on its options."""
+    return run_agreement(options, settings, console)

@@ -474,3 +474,11 @@ def serve_review(options, console) -> None:
         console.print(f"stopped; labels are in {escape(str(labels))}")
     finally:
         server.server_close()
+
+
+# --- from options (the command and `run`) ------------------------------------------------------
+
+
+def from_options(options, console) -> None:
+    """`personaemp review` on its options."""
+    serve_review(options, console)

@@ -145,3 +145,16 @@ def write_export(
         with atomic_output(output) as handle:
             pq.write_table(table, handle)
     return {"rows": len(records), "format": format, "output": str(output), "input": str(input_path)}
+
+
+# --- from options (the command and `run`) ------------------------------------------------------
+
+
+def from_options(options, console) -> dict:
+    """`personaemp export` on its options."""
+    return write_export(
+        options.splits, options.output_path, format=options.format, split=options.split,
+        part=options.part, context=options.context, rag_k=options.rag_k,
+        mismatch_seed=options.mismatch_seed, summaries=options.summaries,
+        criteria_file=options.criteria, data_source=options.data_source,
+    )  # fmt: skip
