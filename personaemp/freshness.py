@@ -131,3 +131,50 @@ def record(
 def unchanged(stage: str, entry: Mapping[str, Any]) -> str:
     """The one line a skipped stage shows."""
     return f"{stage}: unchanged since {entry['finished_at']} (inputs, options and code); --force redoes it"
+
+
+# --- LLM stages: skipped when current --------------------------------------------------------------
+
+# [llm] options that change no reply: a stage run with other values is still current.
+RUNTIME = ("concurrency", "rpm", "timeout", "max_retries", "work_dir", "price_in", "price_out",
+           "price_cached", "max_cost")  # fmt: skip
+
+
+def reply_shape(llm) -> dict[str, Any] | None:
+    """The [llm] options an LLM stage's fingerprint covers; None when the run must not be
+    skipped (asked to retry, refresh, estimate, batch, or no cache)."""
+    if llm.retry_failed or llm.refresh or llm.no_cache or llm.estimate or llm.batch is not None:
+        return None
+    return llm.model_dump(mode="json", exclude=set(RUNTIME))
+
+
+def llm_stamp(sections: list[tuple[str, Any]], llm) -> str | None:
+    """What LLM stages' outputs depend on, given their (section name, options): the files
+    they read (not those one of them writes), their options, the [llm] options that shape
+    a reply, the code. None: never skipped (a shard, or no reply shape)."""
+    from personaemp.paths import touched
+
+    shape = reply_shape(llm)
+    if shape is None or any(section.shard for _, section in sections):
+        return None
+    reads, writes = touched(sections)
+    written = {touch.path for touch in writes}
+    used = {name: section.model_dump(mode="json", exclude={"force"}) for name, section in sections}
+    return fingerprint([touch.path for touch in reads if touch.path not in written], {**used, "llm": shape})
+
+
+def llm_finished(stage: str, sections: list[tuple[str, Any]], stamp: str | None, made, result) -> None:
+    """LLM stages (`made`: their StageResults) that failed no unit and wrote their output:
+    recorded, so that the next run may skip them; `result` is what it hands back then."""
+    from personaemp.paths import touched
+
+    output = sections[-1][1].output
+    if (
+        stamp is None
+        or not output.exists()
+        or any(r.counts.get("failed") or r.counts.get("failed_before") for r in made)
+    ):
+        return
+    record(
+        stage, output, stamp, [touch.path for touch in touched(sections)[1] if touch.path.exists()], result
+    )

@@ -25,7 +25,7 @@ from personaemp.config import llm_settings
 from personaemp.options import (
     RunOptions,
 )
-from personaemp.registry import RUN_COMMANDS, STAGES, reply_shape
+from personaemp.registry import RUN_COMMANDS, STAGES
 from personaemp.results import StageResult
 from personaemp.summaries import waits_for_a_batch
 
@@ -284,21 +284,8 @@ def _from_conversations(options: RunOptions, console: Console, env, result: Pipe
 CHAIN = "infer-persona → gen-queries"  # run's record of the two LLM stages (freshness.py)
 
 
-def _chain_fingerprint(options: RunOptions) -> str | None:
-    """What the LLM stages' outputs depend on: the filter's output, their options, the
-    engine's options that shape a reply, and the code. None: never skipped (asked to retry,
-    refresh, estimate, batch, or no cache to fall back on)."""
-    from personaemp import freshness
-
-    shape = reply_shape(options.llm)
-    if shape is None:
-        return None
-    used = {
-        "persona": options.persona.model_dump(mode="json", exclude={"force"}),
-        "queries": options.queries.model_dump(mode="json", exclude={"force"}),
-        "llm": shape,
-    }
-    return freshness.fingerprint([options.filter.output], used)
+def _chain(options: RunOptions) -> list[tuple[str, Any]]:
+    return [("persona", options.persona), ("queries", options.queries)]
 
 
 def _skipped_chain(options: RunOptions, console: Console, result: PipelineResult) -> bool:
@@ -310,7 +297,9 @@ def _skipped_chain(options: RunOptions, console: Console, result: PipelineResult
     if not filter_is_current(filter_args(options.filter)):
         return False
     force = options.persona.force or options.queries.force
-    last = freshness.current(CHAIN, options.queries.output, _chain_fingerprint(options), force)
+    last = freshness.current(
+        CHAIN, options.queries.output, freshness.llm_stamp(_chain(options), options.llm), force
+    )
     if last is None:
         return False
     with result.stage("filter", console):
@@ -321,19 +310,13 @@ def _skipped_chain(options: RunOptions, console: Console, result: PipelineResult
     return True
 
 
-def _record_chain(options: RunOptions, fingerprint: str | None, made) -> None:
+def _record_chain(options: RunOptions, made) -> None:
     """The chain finished every unit: a later run with the same inputs may skip it."""
     from personaemp import freshness
-    from personaemp.shards import failures_path
 
-    if any(stage.counts.get("failed") or stage.counts.get("failed_before") for stage in made):
-        return  # a failure is retried by the next run
-    outputs = [options.persona.output, options.queries.output]
-    outputs += [failures_path(options.persona.output, "infer-persona"),
-                failures_path(options.queries.output, "gen-queries")]  # fmt: skip
-    outputs.append(options.queries.output.with_name("rejected.jsonl"))
+    stamp = freshness.llm_stamp(_chain(options), options.llm)
     counts = {"infer-persona": made[0].counts, "gen-queries": made[1].counts}
-    freshness.record(CHAIN, options.queries.output, fingerprint, [p for p in outputs if p.exists()], counts)
+    freshness.llm_finished(CHAIN, _chain(options), stamp, made, counts)
 
 
 def _run_stages(
@@ -354,7 +337,7 @@ def _run_stages(
             result.add("filter", results.of_filter(stream.report, args["report_path"]))
             result.add("infer-persona", made[0])
             result.add("gen-queries", made[1])
-        _record_chain(options, _chain_fingerprint(options), made)
+        _record_chain(options, made)
         return _split_stats_push(options, console, result)
     with result.stage("filter", console):
         result.add("filter", STAGES["filter"].run(options, console))
@@ -363,7 +346,7 @@ def _run_stages(
             made = persona_and_queries(options, console, env, meanwhile=importing.start)
             result.add("infer-persona", made[0])
             result.add("gen-queries", made[1])
-        _record_chain(options, _chain_fingerprint(options), made)
+        _record_chain(options, made)
         return _split_stats_push(options, console, result)
     # In `run`, a [persona] limit is the size of the build, not a quick look: the card quotes it.
     with result.stage("infer-persona", console):

@@ -71,56 +71,22 @@ class Stage:
             from personaemp.config import llm_settings
 
             llm = llm_settings(options.llm, env)
-        retry = options.llm.retry_failed
         section = self.options(options)
-        stamp = self._fingerprint(section, options.llm) if self.fresh else None
+        sections = [(self.sections[0], section)]
+        stamp = freshness.llm_stamp(sections, options.llm) if self.fresh else None
         last = freshness.current(self.command, section.output, stamp, section.force) if stamp else None
         if last is not None:
             console.print(freshness.unchanged(self.command, last))
             return results.StageResult(self.command, section.output, counts=last["result"])
-        result = self._shown(await self.call(section, console, llm, retry=retry, **extra), console)
+        made = await self.call(section, console, llm, retry=options.llm.retry_failed, **extra)
         if stamp is not None:
-            self._record(section, stamp, result)
-        return result
-
-    def _record(self, section, stamp: str, result) -> None:
-        """A run that failed no unit and wrote its output: the next one may skip it."""
-        if result.counts.get("failed") or result.counts.get("failed_before") or not section.output.exists():
-            return
-        outputs = [touch.path for touch in self._touched(section)[1] if touch.path.exists()]
-        freshness.record(self.command, section.output, stamp, outputs, result.counts)
-
-    def _touched(self, section):
-        from personaemp.paths import touched
-
-        return touched([(self.sections[0], section)])
-
-    def _fingerprint(self, section, llm) -> str | None:
-        """What an LLM stage's output depends on: its input files, its options, the [llm]
-        options that shape a reply, the code. None: not skipped (a shard, or no reply shape)."""
-        shape = reply_shape(llm)
-        if section.shard or shape is None:
-            return None
-        used = {"options": section.model_dump(mode="json", exclude={"force"}), "llm": shape}
-        return freshness.fingerprint([touch.path for touch in self._touched(section)[0]], used)
+            freshness.llm_finished(self.command, sections, stamp, [made], made.counts)
+        return self._shown(made, console)
 
     def _shown(self, result, console: Console):
         if self.summary is not None:
             self.summary(result, console)
         return result
-
-
-# [llm] options that change no reply: a stage run with other values is still current.
-RUNTIME = ("concurrency", "rpm", "timeout", "max_retries", "work_dir", "price_in", "price_out",
-           "price_cached", "max_cost")  # fmt: skip
-
-
-def reply_shape(llm) -> dict[str, Any] | None:
-    """The [llm] options an LLM stage's fingerprint covers (freshness.py); None when the
-    run must not be skipped (asked to retry, refresh, estimate, batch, or no cache)."""
-    if llm.retry_failed or llm.refresh or llm.no_cache or llm.estimate or llm.batch is not None:
-        return None
-    return llm.model_dump(mode="json", exclude=set(RUNTIME))
 
 
 def _push_wiring() -> dict[str, Any]:
