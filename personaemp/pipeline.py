@@ -1,7 +1,7 @@
 """`personaemp run`: filter -> infer-persona -> gen-queries -> split -> stats -> push from one
 config, each stage as registry.STAGES declares it (the same call as its command). Finished
 LLM work is skipped through the stages' own resume (and the cache), so re-running the
-pipeline after a crash or an edit redoes only what changed. Also `personaemp merge`.
+pipeline after a crash or an edit redoes only what changed.
 """
 
 from __future__ import annotations
@@ -200,42 +200,6 @@ def _background_imports() -> _BackgroundImports:
     return _BackgroundImports(
         "kmodes.kmodes", "datasets", "matplotlib.figure", "matplotlib.backends.backend_agg"
     )
-
-
-def run_merge(
-    stage: str,
-    options: RunOptions,
-    console: Console,
-    input_path: Path | None = None,
-    output: Path | None = None,
-):
-    """`personaemp merge STAGE`: the stage's shard files into its output (stages/merge.py)."""
-    from personaemp.build.merge import STAGES as STAGES_MERGED
-    from personaemp.build.merge import merge_shards
-    from personaemp.paths import check_paths
-
-    name = {"extract-memories": "extract", "infer-persona": "persona", "gen-queries": "queries"}.get(stage)
-    if name is None:
-        from personaemp.errors import InputError
-
-        raise InputError(f"merge takes {', '.join(STAGES_MERGED)}, not {stage!r}")
-    given = {"input": input_path, "output": output}
-    section = getattr(options, name).model_copy(update={k: v for k, v in given.items() if v is not None})
-    check_paths([(name, section), ("llm", options.llm)])
-    units = section.input
-    if stage == "extract-memories":  # its units: the users read from the log, beside its output
-        from personaemp.build.memories import conversations_path
-
-        units = conversations_path(section.output)
-    report = merge_shards(stage, units, section.output, options.llm.work_dir)
-    result = results.of_merge(report)
-    kinds = ", ".join(f"{kind} {n}" for kind, n in report.failures_by_kind.most_common())
-    console.print(
-        f"[bold]{stage}[/]: {report.shards} shards merged: {report.units} units, {report.done} done, "
-        f"{report.failed} failed{f' ({kinds})' if kinds else ''}"
-    )
-    console.print(f"wrote {report.output}" + (f" and {report.failures}" if report.failed else ""))
-    return result
 
 
 def run_pipeline(

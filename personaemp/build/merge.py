@@ -250,3 +250,33 @@ def _add(dicts) -> dict[str, Any]:
             elif isinstance(value, int | float) and not isinstance(value, bool):
                 total[key] = total.get(key, 0) + value
     return total
+
+
+# --- from options (the command and `run`) ------------------------------------------------------
+
+
+def from_options(stage: str, options, console, input_path: Path | None = None, output: Path | None = None):
+    """`personaemp merge STAGE` on `run`'s options (RunOptions): the stage's shard files into its output."""
+    from personaemp.paths import check_paths
+    from personaemp.results import of_merge
+
+    name = {"extract-memories": "extract", "infer-persona": "persona", "gen-queries": "queries"}.get(stage)
+    if name is None:
+        raise InputError(f"merge takes {', '.join(STAGES)}, not {stage!r}")
+    given = {"input": input_path, "output": output}
+    section = getattr(options, name).model_copy(update={k: v for k, v in given.items() if v is not None})
+    check_paths([(name, section), ("llm", options.llm)])
+    units = section.input
+    if stage == "extract-memories":  # its units: the users read from the log, beside its output
+        from personaemp.build.memories import conversations_path
+
+        units = conversations_path(section.output)
+    report = merge_shards(stage, units, section.output, options.llm.work_dir)
+    result = of_merge(report)
+    kinds = ", ".join(f"{kind} {n}" for kind, n in report.failures_by_kind.most_common())
+    console.print(
+        f"[bold]{stage}[/]: {report.shards} shards merged: {report.units} units, {report.done} done, "
+        f"{report.failed} failed{f' ({kinds})' if kinds else ''}"
+    )
+    console.print(f"wrote {report.output}" + (f" and {report.failures}" if report.failed else ""))
+    return result
