@@ -158,20 +158,16 @@ def stderr_console(quiet: bool = False) -> Console:
 
 def output_options() -> list[inspect.Parameter]:
     """-q/--quiet and --json, declared once for every stage command, `run` and `merge`."""
-    return [
-        inspect.Parameter(
-            "quiet",
-            inspect.Parameter.KEYWORD_ONLY,
-            default=False,
-            annotation=Annotated[bool, typer.Option("--quiet", "-q", help=OUTPUT_OPTIONS["--quiet"])],
-        ),
-        inspect.Parameter(
-            "json_output",
-            inspect.Parameter.KEYWORD_ONLY,
-            default=False,
-            annotation=Annotated[bool, typer.Option("--json", help=OUTPUT_OPTIONS["--json"])],
-        ),
-    ]
+    flags = {"quiet": ("--quiet", "-q"), "json_output": ("--json",)}
+    return [_keyword(name, Annotated[bool, typer.Option(*given, help=OUTPUT_OPTIONS[given[0]])], False)
+            for name, given in flags.items()]  # fmt: skip
+
+
+def only(command: str, flag: str, kind: Any = bool, metavar: str | None = None) -> Any:
+    """A command-only flag (options.CLI_ONLY, where its help is): the parameter's annotation."""
+    if kind is bool:
+        return Annotated[bool, typer.Option(flag, help=CLI_ONLY[command][flag])]
+    return Annotated[kind | None, typer.Option(flag, metavar=metavar, help=CLI_ONLY[command][flag])]
 
 
 def print_json(result: Any) -> None:
@@ -256,13 +252,13 @@ def _report_bug() -> None:
 # --- stage commands: their options are generated from personaemp.options ----------------------
 
 
-def _typer_parameter(option: OptionSpec, panel: str | None) -> inspect.Parameter:
+def _typer_parameter(option: OptionSpec, section: str) -> inspect.Parameter:
     """One option of a model as a Typer parameter. Values reach the model unparsed (as
     text), so a bad flag, env var or TOML value gets the same one-line error."""
     default = option.default
     common = {
         "help": escape(option.help),
-        "rich_help_panel": panel,
+        "rich_help_panel": LLM_PANEL if section == "llm" else None,
         "envvar": option.opt.env,  # shown in --help; the value itself is read by the resolver
         "show_envvar": bool(option.opt.env),
     }
@@ -279,20 +275,17 @@ def _typer_parameter(option: OptionSpec, panel: str | None) -> inspect.Parameter
             value = ([str(item) for item in default] or None) if isinstance(default, list) else None
         else:
             value = show_default(default) or None
-    return inspect.Parameter(
-        option.name, inspect.Parameter.KEYWORD_ONLY, default=value, annotation=annotation
-    )
+    return _keyword(option.name, annotation, value)
+
+
+def _keyword(name: str, annotation: Any, default: Any = None) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
 def _old_parameter(option: OptionSpec) -> inspect.Parameter:
     """The option's earlier flag (Opt.renamed_from), hidden: it works, with a notice."""
     assert option.kind == "value", "only value options were renamed"
-    return inspect.Parameter(
-        f"old_{option.name}",
-        inspect.Parameter.KEYWORD_ONLY,
-        default=None,
-        annotation=Annotated[str | None, typer.Option(option.old_flag, hidden=True)],
-    )
+    return _keyword(f"old_{option.name}", Annotated[str | None, typer.Option(option.old_flag, hidden=True)])
 
 
 _COMMANDS: dict[str, Callable] = {}  # name -> command, registered on `app` in ORDER at the end
@@ -307,58 +300,32 @@ def stage_command(name: str):
     options given on the command line are passed on: env vars, the config file and the
     defaults are layered under them by the resolver, exactly as `personaemp run` does."""
     sections = COMMANDS[name]
+    options = [(section, option) for section in sections for option in specs(section)]
 
     def register(func):
         declared = list(inspect.signature(func, eval_str=True).parameters.values())[2:]
         wants_json = any(parameter.name == "json_output" for parameter in declared)  # told of --json
-        own = [
-            parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY)
-            for parameter in declared
-            if parameter.name != "json_output"
-        ]
-        generated = [
-            _typer_parameter(option, LLM_PANEL if section == "llm" else None)
-            for section in sections
-            for option in specs(section)
-        ]
-        old = [_old_parameter(option) for section in sections for option in specs(section) if option.old_flag]
-        config = inspect.Parameter(
-            "config",
-            inspect.Parameter.KEYWORD_ONLY,
-            default=None,
-            annotation=Annotated[
-                Path | None,
-                typer.Option("--config", "-c", metavar="FILE", help=CLI_ONLY[name]["--config"]),
-            ],
-        )
-        context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in declared if p.name != "json_output"]
+        generated = [_typer_parameter(option, section) for section, option in options]
+        old = [_old_parameter(option) for _, option in options if option.old_flag]
+        config_flag = typer.Option("--config", "-c", metavar="FILE", help=CLI_ONLY[name]["--config"])
+        config = _keyword("config", Annotated[Path | None, config_flag])
 
-        def command(
-            ctx: typer.Context,
-            config: Path | None = None,
-            quiet: bool = False,
-            json_output: bool = False,
-            **values,
-        ):
+        def command(ctx: typer.Context, config: Path | None = None, quiet=False, json_output=False, **values):
             from personaemp.config import cli_flags
             from personaemp.paths import check_command
 
-            def given_here(parameter: str) -> bool:
-                source = ctx.get_parameter_source(parameter)  # (by name: typer may bundle its own click)
-                return source is not None and source.name == "COMMANDLINE"
-
-            flags: dict[str, dict[str, Any]] = {}
-            for section in sections:
-                given = {}
-                for option in specs(section):
-                    value = values.pop(option.name)
-                    earlier = values.pop(f"old_{option.name}", None) if option.old_flag else None
-                    if given_here(option.name):
-                        given[option.name] = value
-                    elif earlier is not None:
-                        notice_renamed(option.old_flag, option.flag)
-                        given[option.name] = earlier
-                flags[section] = cli_flags(section, given)
+            flags: dict[str, dict[str, Any]] = {section: {} for section in sections}
+            for section, option in options:
+                value = values.pop(option.name)
+                earlier = values.pop(f"old_{option.name}", None) if option.old_flag else None
+                source = ctx.get_parameter_source(option.name)  # (by name: typer may bundle its own click)
+                if source is not None and source.name == "COMMANDLINE":
+                    flags[section][option.name] = value
+                elif earlier is not None:
+                    notice_renamed(option.old_flag, option.flag)
+                    flags[section][option.name] = earlier
+            flags = {section: cli_flags(section, given) for section, given in flags.items()}
             resolver = Resolver(config, flags=flags, style="cli")
             check_command(name, resolver.section)
             if wants_json:
@@ -367,6 +334,7 @@ def stage_command(name: str):
             if json_output:
                 print_json(result)
 
+        context = _keyword("ctx", typer.Context, inspect.Parameter.empty)
         parameters = [context, config, *generated, *own, *output_options(), *old]
         command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
         command.__name__, command.__doc__ = func.__name__, func.__doc__ or STAGES[name].help
@@ -381,9 +349,7 @@ def stage_command(name: str):
 def filter_command(
     options: Resolver,
     console: Console,
-    show_rules: Annotated[
-        bool, typer.Option("--show-rules", help=CLI_ONLY["filter"]["--show-rules"])
-    ] = False,
+    show_rules: only("filter", "--show-rules") = False,
 ):
     if show_rules:
         from personaemp.rules import default_rules_text
@@ -397,9 +363,7 @@ def filter_command(
 def infer_persona_command(
     options: Resolver,
     console: Console,
-    show: Annotated[
-        str | None, typer.Option("--show", metavar="USER", help=CLI_ONLY["infer-persona"]["--show"])
-    ] = None,
+    show: only("infer-persona", "--show", str, "USER") = None,
 ):
     if show is not None:
         from personaemp.summaries import print_persona
@@ -434,18 +398,8 @@ def table_command(options: Resolver, console: Console):
 def review_command(
     options: Resolver,
     console: Console,
-    export_label_studio: Annotated[
-        Path | None,
-        typer.Option(
-            "--export-label-studio", metavar="DIR", help=CLI_ONLY["review"]["--export-label-studio"]
-        ),
-    ] = None,
-    import_label_studio: Annotated[
-        Path | None,
-        typer.Option(
-            "--import-label-studio", metavar="FILE", help=CLI_ONLY["review"]["--import-label-studio"]
-        ),
-    ] = None,
+    export_label_studio: only("review", "--export-label-studio", Path, "DIR") = None,
+    import_label_studio: only("review", "--import-label-studio", Path, "FILE") = None,
 ):
     if export_label_studio or import_label_studio:
         from personaemp.review.label_studio import exchange_label_studio
@@ -456,33 +410,18 @@ def review_command(
     return STAGES["review"].run(options, console)
 
 
+# fmt: off
 @with_output_options
 def merge_command(
-    stage: Annotated[
-        str,
-        typer.Argument(
-            metavar="STAGE", help="The stage run as shards: extract-memories, infer-persona or gen-queries."
-        ),
-    ],
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config", "-c", metavar="FILE", help="personaemp.toml to read the stage's paths from."
-        ),
-    ] = None,
-    input: Annotated[  # noqa: A002 - the flag's name
-        Path | None,
-        typer.Option("--input", "-i", metavar="PATH", help="The stage's input (default: from the config)."),
-    ] = None,
-    output: Annotated[
-        Path | None,
-        typer.Option(
-            "--output",
-            "-o",
-            metavar="PATH",
-            help="The stage's output; the shards are beside it (default: config).",
-        ),
-    ] = None,
+    stage: Annotated[str, typer.Argument(
+        metavar="STAGE", help="The stage run as shards: extract-memories, infer-persona or gen-queries.")],
+    config: Annotated[Path | None, typer.Option(
+        "--config", "-c", metavar="FILE", help="personaemp.toml to read the stage's paths from.")] = None,
+    input: Annotated[Path | None, typer.Option(  # noqa: A002 - the flag's name
+        "--input", "-i", metavar="PATH", help="The stage's input (default: from the config).")] = None,
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", metavar="PATH",
+        help="The stage's output; the shards are beside it (default: config).")] = None,
     *,
     console: Console,
 ):
@@ -509,10 +448,8 @@ def serve_local_command(
 
 @with_output_options
 def run_command(
-    config: Annotated[
-        Path | None,
-        typer.Option("--config", "-c", metavar="FILE", help="personaemp.toml (default: built-in settings)."),
-    ] = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", "-c", metavar="FILE", help="personaemp.toml (default: built-in settings).")] = None,
     *,
     console: Console,
 ):
@@ -522,6 +459,7 @@ def run_command(
 
     options = load_config(config)  # every section now: a bad value stops before any stage
     return run_pipeline(options, console)
+# fmt: on
 
 
 def _runs(name: str):
