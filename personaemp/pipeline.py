@@ -6,6 +6,7 @@ pipeline after a crash or an edit redoes only what changed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable, Mapping
@@ -68,18 +69,6 @@ def rule(console: Console, title: str) -> None:
     from rich.rule import Rule
 
     console.print(Rule(title), width=None if console.is_terminal else 80)
-
-
-def run_persona_and_queries(
-    options: RunOptions,
-    console: Console,
-    env: Mapping[str, str] | None = None,
-    meanwhile: Callable[[], object] | None = None,
-    stream=None,
-):
-    """The two stages' reports (see `persona_and_queries`)."""
-    made = persona_and_queries(options, console, env, meanwhile, stream)
-    return made[0].report, made[1].report
 
 
 def persona_and_queries(
@@ -286,42 +275,38 @@ def _record_chain(options: RunOptions, made) -> None:
 def _run_stages(
     options: RunOptions, console: Console, env: Mapping[str, str] | None, result: PipelineResult
 ) -> PipelineResult:
-    if chains(options) and _skipped_chain(options, console, result):
+    chained = chains(options)
+    if chained and _skipped_chain(options, console, result):
         return _split_stats_push(options, console, result)
-    if chains(options) and streams(options):
-        from personaemp.build.streaming import FilterFeed
-
-        with (
-            result.stage("filter → infer-persona → gen-queries", console),
-            _background_imports() as importing,
-        ):
-            args = filter_args(options.filter)
-            with FilterFeed(args) as stream:
+    streamed = chained and streams(options)
+    if not streamed:
+        with result.stage("filter", console):
+            result.add("filter", STAGES["filter"].run(options, console))
+    if chained:
+        args = filter_args(options.filter)
+        title = ("filter → " if streamed else "") + CHAIN
+        with result.stage(title, console), _background_imports() as importing:
+            with _filter_feed(args) if streamed else contextlib.nullcontext() as stream:
                 made = persona_and_queries(options, console, env, importing.start, stream)
-            result.add("filter", results.of_filter(stream.report, args["report_path"]))
-            result.add("infer-persona", made[0])
-            result.add("gen-queries", made[1])
-        _record_chain(options, made)
-        return _split_stats_push(options, console, result)
-    with result.stage("filter", console):
-        result.add("filter", STAGES["filter"].run(options, console))
-    if chains(options):
-        with result.stage("infer-persona → gen-queries", console), _background_imports() as importing:
-            made = persona_and_queries(options, console, env, meanwhile=importing.start)
+            if streamed:
+                result.add("filter", results.of_filter(stream.report, args["report_path"]))
             result.add("infer-persona", made[0])
             result.add("gen-queries", made[1])
         _record_chain(options, made)
         return _split_stats_push(options, console, result)
     # In `run`, a [persona] limit is the size of the build, not a quick look: the card quotes it.
-    with result.stage("infer-persona", console):
-        result.add("infer-persona", STAGES["infer-persona"].run(options, console, env=env, full=True))
-    if waits_for_a_batch(result.reports["infer-persona"]):
-        return result  # --batch: the next stage starts when this one's rounds are done
-    with result.stage("gen-queries", console):
-        result.add("gen-queries", STAGES["gen-queries"].run(options, console, env=env, full=True))
-    if waits_for_a_batch(result.reports["gen-queries"]):
-        return result
+    for name in ("infer-persona", "gen-queries"):
+        with result.stage(name, console):
+            made = result.add(name, STAGES[name].run(options, console, env=env, full=True))
+        if waits_for_a_batch(made.report):
+            return result  # --batch: the next stage starts when this one's rounds are done
     return _split_stats_push(options, console, result)
+
+
+def _filter_feed(args: dict[str, Any]):
+    from personaemp.build.streaming import FilterFeed
+
+    return FilterFeed(args)
 
 
 def _split_stats_push(options: RunOptions, console: Console, result: PipelineResult) -> PipelineResult:

@@ -24,7 +24,7 @@ from personaemp.errors import InputError, PersonaempError
 from personaemp.io import read_stage_rows
 from personaemp.llm.settings import LLMSettings
 from personaemp.options import LLMOptions, PathsOptions, RunOptions, SplitOptions
-from personaemp.pipeline import run_persona_and_queries, run_pipeline
+from personaemp.pipeline import persona_and_queries, run_pipeline
 from personaemp.records import User
 from personaemp.registry import STAGES
 from personaemp.shards import shard_of
@@ -70,13 +70,13 @@ def test_run_starts_gen_queries_before_the_last_persona_and_writes_what_the_stag
             split=SplitOptions(ood=False),
         )
         STAGES["filter"].run(options, QUIET)
-        reports = run_persona_and_queries(options, QUIET)  # what `run` calls: see test_pipeline
-        result = SimpleNamespace(reports=dict(zip(("infer-persona", "gen-queries"), reports, strict=True)))
+        made = persona_and_queries(options, QUIET)  # what `run` calls: see test_pipeline
+        result = SimpleNamespace(reports={"infer-persona": made[0].report, "gen-queries": made[1].report})
         steps = [step_of(request.body) for request in server.chat_requests]
         assert steps.index("gen-queries") < len(steps) - 1 - steps[::-1].index("persona")
 
         sent = server.count
-        again = run_persona_and_queries(options, QUIET)
+        again = [made.report for made in persona_and_queries(options, QUIET)]
         assert server.count == sent, "a re-run sends nothing"
         assert again[0].outcome.done == 0
         assert again[1].outcome.done_before == result.reports["gen-queries"].outcome.units
@@ -113,11 +113,11 @@ def test_a_stopped_chain_keeps_what_both_stages_finished(tmp_path):
         server.responder = lambda body, n: healthy(body, n) if n <= budget else server_error(500)
         STAGES["filter"].run(options, QUIET)
         with pytest.raises(Exception, match="failed 8 requests in a row"):
-            run_persona_and_queries(options, QUIET)
+            persona_and_queries(options, QUIET)
         finished = len(read_jsonl(processed / "personas.jsonl")), len(read_jsonl(processed / "queries.jsonl"))
         assert finished[0] > 0 and finished[1] > 0
         server.responder = healthy
-        run_persona_and_queries(options, QUIET)
+        persona_and_queries(options, QUIET)
         one_stage_at_a_time(tmp_path / "alone", server.base_url)
     for name in ("personas.jsonl", "queries.jsonl"):
         assert comparable(processed / name) == comparable(tmp_path / "alone" / name), name
