@@ -37,31 +37,23 @@ PATH = "str | Path | None"
 
 def _resolve(command: str, given: dict[str, Any], config: str | Path | None) -> Resolver:
     """The command's sections from keyword arguments (routed by name), env vars and config."""
+    from personaemp.paths import check_command
+
     sections = COMMANDS[command]
+    owner = {key: (name, renamed(SECTIONS[name]).get(key, key)) for name in reversed(sections)
+             for key in [*SECTIONS[name].model_fields, *renamed(SECTIONS[name])]}  # fmt: skip
     flags: dict[str, dict[str, Any]] = {name: {} for name in sections}
     for key, value in given.items():
         if value is None:
             continue  # "not given": the default (or the config's value) applies
-        section = next(
-            (
-                name
-                for name in sections
-                if key in SECTIONS[name].model_fields or key in renamed(SECTIONS[name])
-            ),
-            None,
-        )
-        if section is None:
+        if key not in owner:
             known = sorted({field for name in sections for field in SECTIONS[name].model_fields})
             raise TypeError(f"{command}: unknown option {key!r}; the options are {', '.join(known)}")
-        if (
-            isinstance(value, os.PathLike)
-            and spec(section, renamed(SECTIONS[section]).get(key, key)).base is str
-        ):
+        section, field = owner[key]
+        if isinstance(value, os.PathLike) and spec(section, field).base is str:
             value = os.fspath(value)
         flags[section][key] = value
     resolver = Resolver(Path(config) if config is not None else None, flags=flags, style="python")
-    from personaemp.paths import check_command
-
     check_command(command, resolver.section, toml=True)
     return resolver
 
