@@ -1,6 +1,6 @@
 """Work beside the main process: map() over the cores for CPU-bound work that is cheap to
-hand to a forked worker, and `python -c` children (run's streamed filter, the filter's
-language worker)."""
+hand to a forked worker, `python -c` children (run's streamed filter, the filter's
+language worker), and imports on a thread while an endpoint works."""
 
 from __future__ import annotations
 
@@ -64,3 +64,39 @@ def die_with_parent() -> None:
 
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+
+
+class BackgroundImports:
+    """Load what later work needs (callables, or module names to import) on a thread, from
+    `start()` to the end of the `with` block. Start it once the process waits (requests
+    out): begun before, the thread slowed the work's own imports and setup, as they share
+    the GIL and module locks (by about 2 s in `run`)."""
+
+    def __init__(self, *loads: Callable[[], object] | str) -> None:
+        self.loads, self.thread = loads, None
+
+    def start(self) -> None:
+        import threading
+
+        self.thread = threading.Thread(target=self._load, name="personaemp-imports", daemon=True)
+        self.thread.start()
+
+    def _load(self) -> None:
+        import importlib
+
+        for load in self.loads:
+            try:
+                load() if callable(load) else importlib.import_module(load)
+            except Exception:  # noqa: BLE001 - the work that needs it reports it properly
+                return
+
+    def __enter__(self) -> BackgroundImports:
+        return self
+
+    def __exit__(self, exc_type, *exc_info) -> None:
+        # Joined even when the work stops: a thread still importing holds module locks, and a
+        # process forked then (split's or the plots' workers, later in the same process)
+        # waits on them for ever (a test after a failed `run` hung so). Not after Ctrl-C:
+        # nothing is forked after it, and the join held the exit up to 6 s (datasets' import).
+        if self.thread is not None and not (exc_type and issubclass(exc_type, KeyboardInterrupt)):
+            self.thread.join()

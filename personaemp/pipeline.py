@@ -116,50 +116,6 @@ def persona_and_queries(
     return made
 
 
-class _BackgroundImports:
-    """Load what later work needs while the LLM stages wait on the endpoint: the language
-    model (gen-queries' checks), then kmodes (scikit-learn), datasets and matplotlib, which
-    took 3.5 of the 9 s of a `run` with nothing left to ask. Started once requests are out:
-    begun before, the thread slowed the LLM stages' own imports and setup (they share the
-    GIL and module locks) by about 2 s."""
-
-    def __init__(self, *modules: str) -> None:
-        self.modules, self.thread = modules, None
-
-    def start(self) -> None:
-        import threading
-
-        self.thread = threading.Thread(target=self._load, name="personaemp-imports", daemon=True)
-        self.thread.start()
-
-    def _load(self) -> None:
-        import importlib
-
-        from personaemp.language import _identifier
-
-        # First the language model: gen-queries' checks need it within seconds, and loading
-        # it there would stop the event loop (and 32 requests' replies) for half a second.
-        for load in (
-            _identifier,
-            *(functools.partial(importlib.import_module, module) for module in self.modules),
-        ):
-            try:
-                load()
-            except Exception:  # noqa: BLE001 - the stage that needs it reports it properly
-                return
-
-    def __enter__(self) -> _BackgroundImports:
-        return self
-
-    def __exit__(self, exc_type, *exc_info) -> None:
-        # Joined even when the run stops: a thread still importing holds module locks, and a
-        # process forked then (split's or the plots' workers, later in the same process)
-        # waits on them for ever (a test after a failed `run` hung so). Not after Ctrl-C:
-        # nothing is forked after it, and the join held the exit up to 6 s (datasets' import).
-        if self.thread is not None and not (exc_type and issubclass(exc_type, KeyboardInterrupt)):
-            self.thread.join()
-
-
 def chains(options: RunOptions) -> bool:
     """Whether `run` can feed gen-queries while infer-persona runs: not for a batch (rounds
     of files), nor when gen-queries picks its users (--limit / --users need its whole input)."""
@@ -184,10 +140,16 @@ def streams(options: RunOptions) -> bool:
     )
 
 
-def _background_imports() -> _BackgroundImports:
-    """What split, stats and push import, loaded while the endpoint works."""
-    return _BackgroundImports(
-        "kmodes.kmodes", "datasets", "matplotlib.figure", "matplotlib.backends.backend_agg"
+def _background_imports():
+    """Loaded while the LLM stages wait on the endpoint (they took 3.5 of the 9 s of a `run`
+    with nothing left to ask): first the language model, which gen-queries' checks need
+    within seconds (loaded there, it stopped the event loop and 32 requests' replies for
+    half a second), then what split, stats and push import."""
+    from personaemp.language import _identifier
+    from personaemp.parallel import BackgroundImports
+
+    return BackgroundImports(
+        _identifier, "kmodes.kmodes", "datasets", "matplotlib.figure", "matplotlib.backends.backend_agg"
     )
 
 
