@@ -289,8 +289,7 @@ def estimate_pipeline(options: RunOptions, console: Console, env: Mapping[str, s
 
     from personaemp import summaries
     from personaemp.build import queries as queries_stage
-    from personaemp.llm.cache import ReplyCache
-    from personaemp.llm.estimate import cache_history, project
+    from personaemp.llm.estimate import project_from_cache
     from personaemp.records import Persona
     from personaemp.runner import StageOutcome
 
@@ -303,38 +302,18 @@ def estimate_pipeline(options: RunOptions, console: Console, env: Mapping[str, s
         STAGES["filter"].run(estimated, Console(quiet=True))
         rule(console, "infer-persona --estimate")
         persona = result.add("infer-persona", STAGES["infer-persona"].run(estimated, console, env=env)).report
-    written = options.queries.input
+    written, rows = options.queries.input, []
     if written.exists():
         rule(console, "gen-queries --estimate (personas written)")
         result.add("gen-queries", STAGES["gen-queries"].run(options, console, env=env))
-    rows = (
-        [Persona.model_validate_json(line) for line in written.read_text().splitlines()]
-        if written.exists()
-        else []
-    )
+        rows = [Persona.model_validate_json(line) for line in written.read_text().splitlines()]
     share = sum(row.eligible for row in rows) / len(rows) if rows else 1.0
     # Personas still to write: those needing requests, and those the cache alone would write.
     coming = persona.estimate["units_pending"] + persona.outcome.done
     units = round(coming * share)
-    cache_path = options.llm.work_dir / "cache.sqlite"
-    cache = ReplyCache(cache_path, write=False) if cache_path.exists() and not options.llm.no_cache else None
-    try:
-        history = cache_history(cache)
-        mean_prompt = (
-            persona.estimate["steps"]["persona"]["prompt_tokens"]
-            * 4
-            / max(persona.estimate["steps"]["persona"]["calls"], 1)
-        )
-        seen = history("situations")
-        prompt, source = (seen[0], f"cache mean of {seen[2]}") if seen[2] else (mean_prompt, "as persona")
-        projected = project(
-            [(step, 1) for step in (s.name for s in queries_stage.STEPS)],
-            units, prompt, source, options.llm.max_tokens, history,
-            (options.llm.price_in, options.llm.price_out, options.llm.price_cached),
-        )  # fmt: skip
-    finally:
-        if cache is not None:
-            cache.close()
+    asked = persona.estimate["steps"]["persona"]
+    first = (asked["prompt_tokens"] * 4 / max(asked["calls"], 1), "as persona")
+    projected = project_from_cache([step.name for step in queries_stage.STEPS], units, first, options.llm)
     rule(console, "gen-queries --estimate (personas still to write)")
     later = SimpleNamespace(
         stage="gen-queries", model=persona.model, estimate=projected,

@@ -164,3 +164,21 @@ def project(chain, units: int, prompt_chars: float, source: str, max_tokens: int
         estimate.prompt_chars[first] = [round(prompt_chars)] * units
         estimate.max_tokens[first] = max_tokens
     return estimate.report(history, *prices)
+
+
+def project_from_cache(steps: Sequence[str], units: int, fallback: tuple[float, str], llm) -> dict[str, Any]:
+    """`project` of `units` units through `steps`, on the [llm] options `llm`: the first
+    prompt's size is the mean of that step's prompts in the reply cache, else `fallback`
+    (characters, where they come from)."""
+    import contextlib
+
+    from personaemp.llm.cache import ReplyCache
+
+    path = llm.work_dir / "cache.sqlite"
+    readable = path.exists() and not llm.no_cache
+    with contextlib.closing(ReplyCache(path, write=False)) if readable else contextlib.nullcontext() as cache:
+        history = cache_history(cache)
+        seen = history(steps[0])
+        first = (seen[0], f"cache mean of {seen[2]}") if seen[2] else fallback
+        prices = (llm.price_in, llm.price_out, llm.price_cached)
+        return project([(step, 1) for step in steps], units, *first, llm.max_tokens, history, prices)
