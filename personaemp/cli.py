@@ -80,9 +80,7 @@ def entry() -> None:
     matplotlib...) took 0.6 s after the work was done; everything is written and closed
     by then, so after the atexit handlers and a flush the process just ends."""
     import atexit
-    import os
     import signal
-    import sys
 
     # Started with SIGINT ignored (`personaemp run &` in a script), a run went on after
     # `kill -INT` while its filter child, which resets it, died: Ctrl-C always stops it.
@@ -202,8 +200,6 @@ INTERRUPTED = "Interrupted — run it again to resume"
 
 def interrupted() -> int:
     """Ctrl-C: one line (finished outputs are kept; a re-run resumes), and exit code 130."""
-    import sys
-
     sys.stderr.write(INTERRUPTED + "\n")
     sys.stderr.flush()
     return 130

@@ -10,7 +10,6 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,9 +22,7 @@ from personaemp.build.filter import filter_args
 from personaemp.build.persona import persona_args
 from personaemp.build.queries import queries_args
 from personaemp.config import llm_settings
-from personaemp.options import (
-    RunOptions,
-)
+from personaemp.options import RunOptions
 from personaemp.registry import RUN_COMMANDS, STAGES
 from personaemp.results import StageResult
 from personaemp.summaries import waits_for_a_batch
@@ -49,7 +46,7 @@ class PipelineResult:
             "seconds": {name: round(seconds, 3) for name, seconds in self.seconds.items()},
         }
 
-    @contextmanager
+    @contextlib.contextmanager
     def stage(self, name: str, console: Console):
         """A stage of `run`: its rule before, its wall time kept for the closing line."""
         rule(console, name)
@@ -109,10 +106,8 @@ def persona_and_queries(
     )
     if stream is not None:
         summaries.print_filter_summary(stream.report, console)
-    summaries.print_stage_report(reports[0], console)
-    summaries.print_persona_summary(made[0].summary, console)
-    summaries.print_stage_report(reports[1], console)
-    summaries.print_query_funnel(made[1].summary, console)
+    STAGES["infer-persona"].summary(made[0], console)
+    STAGES["gen-queries"].summary(made[1], console)
     return made
 
 

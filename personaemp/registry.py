@@ -100,16 +100,18 @@ def _push_wiring() -> dict[str, Any]:
 
 
 def print_memory_summary(summary, console: Console) -> None:
-    from personaemp.build.memories import print_summary
+    from personaemp.build.memories import print_summary  # (imported when shown)
 
     print_summary(summary, console)
 
 
 def _llm_summary(then: Callable[[Any, Console], None] | None = None):
+    """An LLM stage's report, then `then(summary, console)` if it wrote rows."""
+
     def show(result, console: Console) -> None:
         summaries.print_stage_report(result.report, console)
         if then is not None and summaries.wrote_rows(result.report):
-            then(result, console)
+            then(result.summary, console)
 
     return show
 
@@ -128,7 +130,7 @@ STAGES: dict[str, Stage] = {
             "extract-memories", "extract_memories", "build.memories",
             "Extract AlpsBench-style memories and intents from your own conversation logs (LLM), for "
             "`filter`.",
-            _llm_summary(lambda result, console: print_memory_summary(result.summary, console)),
+            _llm_summary(print_memory_summary),
         ),
         Stage(
             "filter", "filter_users", "build.filter",
@@ -138,13 +140,13 @@ STAGES: dict[str, Stage] = {
         Stage(
             "infer-persona", "infer_personas", "build.persona",
             "Infer an evidence-grounded persona and Big Five levels for each filtered user (LLM).",
-            _llm_summary(lambda result, console: summaries.print_persona_summary(result.summary, console)),
+            _llm_summary(summaries.print_persona_summary),
             fresh=True,
         ),
         Stage(
             "gen-queries", "generate_queries", "build.queries",
             "Write empathy-seeking queries (ES, HEQ, SS) for each eligible persona and check them (LLM).",
-            _llm_summary(lambda result, console: summaries.print_query_funnel(result.summary, console)),
+            _llm_summary(summaries.print_query_funnel),
             fresh=True,
         ),
         Stage(
@@ -218,15 +220,10 @@ def signature_parameters(stage: Stage) -> list[inspect.Parameter]:
     """The stage's options as keyword arguments with the command's defaults (api.py)."""
     from personaemp.options import specs
 
-    taken, out = set(stage.positional), []
+    first: dict[str, Any] = {}  # an option in two sections: the first one's
     for section in stage.sections:
         for option in specs(section):
-            if option.name not in taken:
-                taken.add(option.name)
-                out.append(
-                    inspect.Parameter(
-                        option.name, inspect.Parameter.KEYWORD_ONLY, default=option.default,
-                        annotation=option.info.annotation,
-                    )
-                )  # fmt: skip
-    return out
+            first.setdefault(option.name, option)
+    return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option.default,
+                              annotation=option.info.annotation)
+            for name, option in first.items() if name not in stage.positional]  # fmt: skip
