@@ -106,12 +106,12 @@ def print_memory_summary(summary, console: Console) -> None:
 
 
 def _llm_summary(then: Callable[[Any, Console], None] | None = None):
-    """An LLM stage's report, then `then(summary, console)` if it wrote rows."""
+    """An LLM stage's report, then `then(result, console)` if it wrote rows."""
 
     def show(result, console: Console) -> None:
         summaries.print_stage_report(result.report, console)
         if then is not None and summaries.wrote_rows(result.report):
-            then(result.summary, console)
+            then(result, console)
 
     return show
 
@@ -130,7 +130,7 @@ STAGES: dict[str, Stage] = {
             "extract-memories", "extract_memories", "build.memories",
             "Extract AlpsBench-style memories and intents from your own conversation logs (LLM), for "
             "`filter`.",
-            _llm_summary(print_memory_summary),
+            _llm_summary(lambda result, console: print_memory_summary(result.summary, console)),
         ),
         Stage(
             "filter", "filter_users", "build.filter",
@@ -140,13 +140,13 @@ STAGES: dict[str, Stage] = {
         Stage(
             "infer-persona", "infer_personas", "build.persona",
             "Infer an evidence-grounded persona and Big Five levels for each filtered user (LLM).",
-            _llm_summary(summaries.print_persona_summary),
+            _llm_summary(lambda result, console: summaries.print_persona_summary(result.summary, console)),
             fresh=True,
         ),
         Stage(
             "gen-queries", "generate_queries", "build.queries",
             "Write empathy-seeking queries (ES, HEQ, SS) for each eligible persona and check them (LLM).",
-            _llm_summary(summaries.print_query_funnel),
+            _llm_summary(lambda result, console: summaries.print_query_funnel(result.summary, console)),
             fresh=True,
         ),
         Stage(
