@@ -1,14 +1,14 @@
-"""Every stage declared once: its command, its Python name, how its options reach its
-function, and its summary. The Typer commands (cli.py), `import personaemp as pe` (api.py)
-and `personaemp run` (pipeline.py) are all derived from `STAGES`.
+"""Every stage declared once: its command, its Python name, its module, its help and its
+summary. The Typer commands (cli.py), `import personaemp as pe` (api.py) and `personaemp
+run` (pipeline.py) are all derived from `STAGES`.
 
-A stage's `call(section, console, llm)` turns its resolved options into its function's
-arguments and its return value into a StageResult; `llm` is the engine's settings
-(LLMSettings) for an LLM stage, whose `call` is a coroutine. What differs between stages
-stays in the stage's own module (personaemp/build, evaluation, review, training).
+A stage's module has `from_options(section, console[, settings, retry, full])`: its resolved
+options to its function's arguments, its return value to a StageResult (a coroutine for an
+LLM stage, `settings` the engine's LLMSettings). What differs between stages stays there
+(personaemp/build, evaluation, review, training).
 
-To add a stage: its module (a function with plain arguments), its options section
-(options.py: SECTIONS and COMMANDS), and one `Stage(...)` below.
+To add a stage: its module (a function with plain arguments, and `from_options`), its
+options section (options.py: SECTIONS and COMMANDS), and one `Stage(...)` below.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from personaemp.options import COMMANDS
 class Stage:
     command: str  # the CLI command; its options: the sections of options.COMMANDS[command]
     function: str  # its name in `import personaemp as pe` (an LLM stage also has "a" + function)
-    module: str  # under personaemp/: its `from_options(section, console[, llm, retry, full])`
+    module: str  # under personaemp/, with `from_options` (see above)
     help: str  # the command's --help; the Python function's docstring begins with it
     summary: Callable[[Any, Console], None] | None = None  # (result, console): after the stage
     positional: tuple[str, ...] = ("input", "output")  # the Python function's positional arguments
