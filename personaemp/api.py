@@ -40,7 +40,7 @@ def _resolve(command: str, given: dict[str, Any], config: str | Path | None) -> 
     from personaemp.paths import check_command
 
     sections = COMMANDS[command]
-    owner = {key: (name, renamed(SECTIONS[name]).get(key, key)) for name in reversed(sections)
+    owner = {key: (name, renamed(SECTIONS[name]).get(key, key)) for name in reversed(sections)  # first wins
              for key in [*SECTIONS[name].model_fields, *renamed(SECTIONS[name])]}  # fmt: skip
     flags: dict[str, dict[str, Any]] = {name: {} for name in sections}
     for key, value in given.items():

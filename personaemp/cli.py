@@ -162,7 +162,7 @@ def output_options() -> list[inspect.Parameter]:
 
 
 def only(command: str, flag: str, kind: Any = bool, metavar: str | None = None) -> Any:
-    """A command-only flag (options.CLI_ONLY, where its help is): the parameter's annotation."""
+    """A command-only flag (options.CLI_ONLY): its annotation, evaluated by stage_command (eval_str)."""
     if kind is bool:
         return Annotated[bool, typer.Option(flag, help=CLI_ONLY[command][flag])]
     return Annotated[kind | None, typer.Option(flag, metavar=metavar, help=CLI_ONLY[command][flag])]

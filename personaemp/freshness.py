@@ -163,18 +163,14 @@ def llm_stamp(sections: list[tuple[str, Any]], llm) -> str | None:
     return fingerprint([touch.path for touch in reads if touch.path not in written], {**used, "llm": shape})
 
 
-def llm_finished(stage: str, sections: list[tuple[str, Any]], stamp: str | None, made, result) -> None:
-    """LLM stages (`made`: their StageResults) that failed no unit and wrote their output:
-    recorded, so that the next run may skip them; `result` is what it hands back then."""
+def llm_finished(stage: str, sections: list[tuple[str, Any]], stamp: str | None, outcomes, counts) -> None:
+    """LLM stages (`outcomes`: their StageResults) that failed no unit and wrote their
+    output: recorded, so that the next run may skip them; `counts` is what it hands back then."""
     from personaemp.paths import touched
 
     output = sections[-1][1].output
-    if (
-        stamp is None
-        or not output.exists()
-        or any(r.counts.get("failed") or r.counts.get("failed_before") for r in made)
-    ):
+    failed = any(done.counts.get("failed") or done.counts.get("failed_before") for done in outcomes)
+    if stamp is None or failed or not output.exists():
         return
-    record(
-        stage, output, stamp, [touch.path for touch in touched(sections)[1] if touch.path.exists()], result
-    )
+    written = [touch.path for touch in touched(sections)[1] if touch.path.exists()]
+    record(stage, output, stamp, written, counts)

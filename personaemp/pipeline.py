@@ -18,9 +18,6 @@ from typing import Any
 from rich.console import Console
 
 from personaemp import results
-from personaemp.build.filter import filter_args
-from personaemp.build.persona import persona_args
-from personaemp.build.queries import queries_args
 from personaemp.config import llm_settings
 from personaemp.options import RunOptions
 from personaemp.registry import RUN_COMMANDS, STAGES
@@ -86,11 +83,11 @@ def persona_and_queries(
     # In `run`, a [persona] limit is the size of the build, not a quick look: the card quotes it.
     retry = options.llm.retry_failed
     first = persona.persona_stage(
-        options.persona.input, options.persona.output, **persona_args(options.persona, retry),
+        options.persona.input, options.persona.output, **persona.persona_args(options.persona, retry),
         full=True, stream=stream,
     )  # fmt: skip
     second = queries.queries_stage(
-        options.queries.input, options.queries.output, **queries_args(options.queries, retry),
+        options.queries.input, options.queries.output, **queries.queries_args(options.queries, retry),
         full=True, chained=True,
     )  # fmt: skip
     written = functools.cache(lambda: queries.read_personas(options.queries.input))  # read once, at the end
@@ -202,7 +199,7 @@ def _skipped_chain(options: RunOptions, console: Console, result: PipelineResult
     """A re-run whose filter and LLM stages are all current reads none of their files: one
     line each (the filter's own, then the chain's)."""
     from personaemp import freshness
-    from personaemp.build.filter import filter_is_current
+    from personaemp.build.filter import filter_args, filter_is_current
 
     if not filter_is_current(filter_args(options.filter)):
         return False
@@ -224,6 +221,7 @@ def _record_chain(options: RunOptions, made) -> None:
     """The chain finished every unit: a later run with the same inputs may skip it."""
     from personaemp import freshness
 
+    # Stamped after the chain, not before as a stage alone: a streamed filter writes its input meanwhile.
     stamp = freshness.llm_stamp(_chain(options), options.llm)
     counts = {"infer-persona": made[0].counts, "gen-queries": made[1].counts}
     freshness.llm_finished(CHAIN, _chain(options), stamp, made, counts)
@@ -240,6 +238,8 @@ def _run_stages(
         with result.stage("filter", console):
             result.add("filter", STAGES["filter"].run(options, console))
     if chained:
+        from personaemp.build.filter import filter_args
+
         args = filter_args(options.filter)
         title = ("filter → " if streamed else "") + CHAIN
         with result.stage(title, console), _background_imports() as importing:

@@ -2,10 +2,9 @@
 summary. The Typer commands (cli.py), `import personaemp as pe` (api.py) and `personaemp
 run` (pipeline.py) are all derived from `STAGES`.
 
-A stage's module has `from_options(section, console[, settings, retry, full])`: its resolved
-options to its function's arguments, its return value to a StageResult (a coroutine for an
-LLM stage, `settings` the engine's LLMSettings). What differs between stages stays there
-(personaemp/build, evaluation, review, training).
+A stage's module has `from_options(section, console, ...)`: its resolved options to its
+function's arguments, its return value to a StageResult (a coroutine for an LLM stage, given
+`settings`, the engine's LLMSettings, and `retry`). What differs between stages stays there.
 
 To add a stage: its module (a function with plain arguments, and `from_options`), its
 options section (options.py: SECTIONS and COMMANDS), and one `Stage(...)` below.
@@ -42,8 +41,8 @@ class Stage:
         """The module's `from_options`, imported now (a command imports only its own stage)."""
         import importlib
 
-        made = importlib.import_module(f"personaemp.{self.module}")
-        return made.from_options(*args, **extra, **(self.wiring() if self.wiring else {}))
+        module = importlib.import_module(f"personaemp.{self.module}")
+        return module.from_options(*args, **extra, **(self.wiring() if self.wiring else {}))
 
     @property
     def sections(self) -> tuple[str, ...]:
@@ -79,9 +78,10 @@ class Stage:
             console.print(freshness.unchanged(self.command, last))
             return results.StageResult(self.command, section.output, counts=last["result"])
         made = await self.call(section, console, llm, retry=options.llm.retry_failed, **extra)
+        self._shown(made, console)  # the summary first: a failed print records nothing
         if stamp is not None:
             freshness.llm_finished(self.command, sections, stamp, [made], made.counts)
-        return self._shown(made, console)
+        return made
 
     def _shown(self, result, console: Console):
         if self.summary is not None:

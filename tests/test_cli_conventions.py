@@ -251,6 +251,18 @@ def test_module_help_is_fast_and_light():
     assert done.returncode == 0, done.stderr
 
 
+def test_run_loads_the_llm_engine_only_when_it_asks_an_llm():
+    """Importing `run`'s module loads no openai or engine: a re-run with every stage current
+    asks nothing and paid 0.4 s for them (the stages' argument helpers imported at the top)."""
+    code = (
+        "import sys; import personaemp.pipeline\n"
+        "heavy = [m for m in ('openai', 'personaemp.llm.engine') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
 def test_readme_and_docs_use_the_new_spellings():
     pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
     for page in pages:

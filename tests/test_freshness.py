@@ -201,6 +201,26 @@ def test_a_rerun_reads_none_of_the_llm_stages_files_and_an_llm_option_redoes_the
         assert hotter.results["infer-persona"].report is not None
 
 
+def test_runs_chain_is_stamped_with_the_file_infer_persona_reads(tmp_path):
+    """With [persona] input not the filter's output, the chain's record stamped the filter's
+    output: an edited persona input was skipped as current."""
+    processed = tmp_path / "processed"
+    with FakeOpenAI(responder=order_free_responder()) as server:
+        run_pipeline(run_options(processed, server.base_url), QUIET)
+        mine = tmp_path / "mine.jsonl"
+        mine.write_bytes((processed / "filtered.jsonl").read_bytes())
+        options = run_options(processed, server.base_url, persona={"input": mine})
+        run_pipeline(options, QUIET)
+        assert run_pipeline(options, QUIET).reports["infer-persona"] is None, "current: skipped"
+        mine.write_text("".join(mine.read_text().splitlines(keepends=True)[:-1]))  # one user fewer
+        again = run_pipeline(options, QUIET)
+    assert again.reports["infer-persona"] is not None, "the edited input is read again"
+    users = {json.loads(line)["user_id"] for line in mine.read_text().splitlines()}
+    assert {
+        json.loads(line)["user_id"] for line in (processed / "personas.jsonl").read_text().splitlines()
+    } == users
+
+
 def test_infer_persona_and_gen_queries_alone_skip_when_current(tmp_path, monkeypatch):
     """Each LLM command, run again on the same input, options and code, reads nothing and
     prints one line; an edited input, --force or an option that shapes a reply runs it."""

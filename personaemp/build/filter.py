@@ -318,7 +318,7 @@ def _progress(console: Console | None) -> Progress:
     )
 
 
-# --- from options (the command and `run`) ------------------------------------------------------
+# --- from options (the command, pe.* and `run`) ---------------------------------------------------
 
 
 def filter_args(options) -> dict:

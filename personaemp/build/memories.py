@@ -495,7 +495,7 @@ def summarize(output_path: Path, wanted: set[str], read: ReadReport | None = Non
     return summary
 
 
-# --- from options (the command and `run`) ------------------------------------------------------
+# --- from options (the command, pe.* and `run`) ---------------------------------------------------
 
 
 def extract_args(options) -> dict[str, Any]:

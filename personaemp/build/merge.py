@@ -252,7 +252,7 @@ def _add(dicts) -> dict[str, Any]:
     return total
 
 
-# --- from options (the command and `run`) ------------------------------------------------------
+# --- from options (personaemp merge and pe.merge_shards) ------------------------------------------
 
 
 def from_options(stage: str, options, console, input_path: Path | None = None, output: Path | None = None):

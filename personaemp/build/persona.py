@@ -311,7 +311,7 @@ def summarize(output_path: Path, wanted: set[str]) -> PersonaSummary:
     return summary
 
 
-# --- from options (the command and `run`) ------------------------------------------------------
+# --- from options (the command, pe.* and `run`) ---------------------------------------------------
 
 
 def persona_args(options, retry: bool) -> dict[str, Any]:

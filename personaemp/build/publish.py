@@ -719,7 +719,7 @@ def _push(
             ) from None
 
 
-# --- from options (the command and `run`) ------------------------------------------------------
+# --- from options (the command, pe.* and `run`) ---------------------------------------------------
 
 
 def from_options(options, console, quality=None):

@@ -385,7 +385,7 @@ def checks_line(user_id: str, query: dict) -> bytes:
     return msgspec.json.encode({"user_id": user_id, **query}) + b"\n"
 
 
-# --- from options (the command and `run`) ------------------------------------------------------
+# --- from options (the command, pe.* and `run`) ---------------------------------------------------
 
 
 def queries_args(options, retry: bool) -> dict[str, Any]:

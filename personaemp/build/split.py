@@ -387,7 +387,7 @@ def split_users(
     return report
 
 
-# --- from options (the command and `run`) ------------------------------------------------------
+# --- from options (the command, pe.* and `run`) ---------------------------------------------------
 
 
 def from_options(options: SplitOptions, console):

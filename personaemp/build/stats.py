@@ -670,7 +670,7 @@ def write_stats(processed: Path, out: Path, force: bool = False) -> StatsResult:
     return StatsResult(stats=stats, sources=sources, out=out, files=files)
 
 
-# --- from options (the command and `run`) ------------------------------------------------------
+# --- from options (the command, pe.* and `run`) ---------------------------------------------------
 
 
 def from_options(options, console):

@@ -123,7 +123,7 @@ async def awrite_criteria(
 write_criteria = sync_twin(awrite_criteria)
 
 
-# --- from options (the command and `run`) ------------------------------------------------------
+# --- from options (the command and pe.*) ----------------------------------------------------------
 
 
 async def from_options(options, console, settings, retry=False):

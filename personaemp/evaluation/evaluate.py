@@ -652,7 +652,7 @@ def judge_panel(options, settings, env: Mapping[str, str] | None = None) -> list
     return panel
 
 
-# --- from options (the command and `run`) ------------------------------------------------------
+# --- from options (the command and pe.*) ----------------------------------------------------------
 
 
 async def from_options(options, console, settings, retry=False, env=None):

@@ -147,7 +147,7 @@ def failures_file(output: Path) -> Path:
     return output.with_name(f"{output.stem}.failures.jsonl")
 
 
-# --- from options (the command and `run`) ------------------------------------------------------
+# --- from options (the command and pe.*) ----------------------------------------------------------
 
 
 async def from_options(options, console, settings, retry=False):

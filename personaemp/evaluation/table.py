@@ -300,7 +300,7 @@ def write_table(
     return text
 
 
-# --- from options (the command and `run`) ------------------------------------------------------
+# --- from options (the command and pe.*) ----------------------------------------------------------
 
 
 def from_options(options, console) -> str:

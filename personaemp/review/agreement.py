@@ -579,7 +579,7 @@ def run_agreement(options, settings, console) -> dict[str, Any]:
     return report
 
 
-# --- from options (the command and `run`) ------------------------------------------------------
+# --- from options (the command and pe.*) ----------------------------------------------------------
 
 
 async def from_options(options, console, settings, retry=False):

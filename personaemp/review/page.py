@@ -476,7 +476,7 @@ def serve_review(options, console) -> None:
         server.server_close()
 
 
-# --- from options (the command and `run`) ------------------------------------------------------
+# --- from options (the command and pe.*) ----------------------------------------------------------
 
 
 def from_options(options, console) -> None:

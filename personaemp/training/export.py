@@ -147,7 +147,7 @@ def write_export(
     return {"rows": len(records), "format": format, "output": str(output), "input": str(input_path)}
 
 
-# --- from options (the command and `run`) ------------------------------------------------------
+# --- from options (the command and pe.*) ----------------------------------------------------------
 
 
 def from_options(options, console) -> dict:
