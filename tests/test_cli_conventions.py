@@ -239,26 +239,19 @@ def test_too_few_users_with_every_query_accepted_says_build_more_users(tmp_path)
     assert result.exit_code == 2 and "raise infer-persona's --limit" in result.stderr
 
 
-def test_module_help_is_fast_and_light():
-    """`personaemp -h` imports no stage, engine or API module."""
-    code = (
-        "import sys; from personaemp.cli import app\n"
-        "names = ('personaemp.api', 'personaemp.pipeline', 'openai', 'polars')\n"
-        "heavy = [m for m in names if m in sys.modules]\n"
-        "assert not heavy, heavy\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-
-
-def test_run_loads_the_llm_engine_only_when_it_asks_an_llm():
-    """Importing `run`'s module loads no openai or engine: a re-run with every stage current
-    asks nothing and paid 0.4 s for them (the stages' argument helpers imported at the top)."""
-    code = (
-        "import sys; import personaemp.pipeline\n"
-        "heavy = [m for m in ('openai', 'personaemp.llm.engine') if m in sys.modules]\n"
-        "assert not heavy, heavy\n"
-    )
+@pytest.mark.parametrize(
+    ("imported", "heavy"),
+    [
+        ("from personaemp.cli import app", ("personaemp.api", "personaemp.pipeline", "openai", "polars")),
+        ("import personaemp.pipeline", ("openai", "personaemp.llm.engine")),
+    ],
+    ids=["help", "run"],
+)
+def test_imports_stay_light(imported, heavy):
+    """`personaemp -h` imports no stage, engine or API module; `run`'s module loads the LLM
+    engine only when it asks an LLM (it loaded openai on import: +0.4 s on a re-run with
+    nothing left to ask, when the stages' argument helpers were imported at its top)."""
+    code = f"import sys; {imported}\non = [m for m in {heavy!r} if m in sys.modules]\nassert not on, on"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
