@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from personaemp.aio import sync_twin
 from personaemp.io import ErrorPolicy, StageRows, iter_jsonl, read_stage_rows
 from personaemp.llm.step import RejectedReply, Step, edit_schema
-from personaemp.prompts import Prompt, prompt_hashes, step_prompts
+from personaemp.prompts import Prompt, prompts_per_variant
 from personaemp.records import (
     BIG_FIVE,
     Aspect,
@@ -239,14 +239,15 @@ def persona_stage(
             STAGE, output_path, rows, shard, input_path, limit=limit, users=users
         )
 
+    loaded = prompts_per_variant(STEPS)
+
     def fingerprint(engine) -> str:
-        made_with = prompt_hashes(step_prompts(STEPS, engine.prompt_variant))
+        made_with = loaded(engine.prompt_variant)[1]
         steps = [engine.fingerprint(step, made_with[step.name]) for step in STEPS]
         return "|".join([*steps, f"depth={require_depth}"])
 
     def make_work(engine):
-        prompts = step_prompts(STEPS, engine.prompt_variant)
-        made_with = prompt_hashes(prompts)
+        prompts, made_with = loaded(engine.prompt_variant)
 
         async def work(row: dict) -> dict:
             user = User.model_validate(row)

@@ -35,7 +35,7 @@ from personaemp.instruments.query_check import (
 from personaemp.io import ErrorPolicy, StageRows, atomic_output, iter_jsonl, read_stage_rows
 from personaemp.language import LANGUAGE_NAMES
 from personaemp.llm.step import Step, edit_schema
-from personaemp.prompts import COMPACT, Prompt, prompt_hashes, step_prompts
+from personaemp.prompts import COMPACT, Prompt, prompts_per_variant
 from personaemp.records import (
     CATEGORIES,
     Persona,
@@ -233,13 +233,14 @@ def queries_stage(
 
     stage_options = f"{','.join(options.categories)}|{options.per_category}|{','.join(options.enforce)}"
 
+    loaded = prompts_per_variant(STEPS)
+
     def fingerprint(engine) -> str:
-        made_with = prompt_hashes(step_prompts(STEPS, engine.prompt_variant))
+        made_with = loaded(engine.prompt_variant)[1]
         return "|".join([*(engine.fingerprint(step, made_with[step.name]) for step in STEPS), stage_options])
 
     def make_work(engine):
-        prompts = step_prompts(STEPS, engine.prompt_variant)
-        made_with = prompt_hashes(prompts)
+        prompts, made_with = loaded(engine.prompt_variant)
 
         async def work(row: dict) -> dict:
             persona = Persona.model_validate(row)

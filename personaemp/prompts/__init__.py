@@ -42,10 +42,12 @@ instructions to say which blocks are data.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -149,9 +151,17 @@ def step_prompts(steps, variant: str | None = None) -> dict[str, Prompt]:
     return {step.name: load_prompt(step.prompt, variant=variant) for step in steps}
 
 
-def prompt_hashes(prompts: dict[str, Prompt]) -> dict[str, str]:
-    """Each prompt's hash by step name: what provenance and the stage fingerprints record."""
-    return {name: prompt.hash for name, prompt in prompts.items()}
+def prompts_per_variant(steps) -> Callable[[str | None], tuple[dict[str, Prompt], dict[str, str]]]:
+    """For one run of a stage: variant -> its steps' prompts and their hashes (what provenance
+    and the fingerprint record), by step name, read once, so that the stage's fingerprint
+    and its work see the same text."""
+
+    @functools.cache
+    def load(variant: str | None) -> tuple[dict[str, Prompt], dict[str, str]]:
+        prompts = step_prompts(steps, variant)
+        return prompts, {name: prompt.hash for name, prompt in prompts.items()}
+
+    return load
 
 
 def _read(path: Path | Traversable) -> str:
