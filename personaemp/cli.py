@@ -154,6 +154,10 @@ def stderr_console(quiet: bool = False) -> Console:
     return console_for(stderr=True, quiet=quiet)
 
 
+def _keyword(name: str, annotation: Any, default: Any = None) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
 def output_options() -> list[inspect.Parameter]:
     """-q/--quiet and --json, declared once for every stage command, `run` and `merge`."""
     flags = {"quiet": ("--quiet", "-q"), "json_output": ("--json",)}
@@ -272,10 +276,6 @@ def _typer_parameter(option: OptionSpec, section: str) -> inspect.Parameter:
         else:
             value = show_default(default) or None
     return _keyword(option.name, annotation, value)
-
-
-def _keyword(name: str, annotation: Any, default: Any = None) -> inspect.Parameter:
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
 def _old_parameter(option: OptionSpec) -> inspect.Parameter:
