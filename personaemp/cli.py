@@ -28,6 +28,7 @@ from personaemp.options import (
     specs,
 )
 from personaemp.registry import STAGES
+from personaemp.results import stop_if_failed
 
 
 def _clean_help(params: list) -> list:
@@ -48,6 +49,28 @@ class _Group(TyperGroup):
 class _Command(TyperCommand):
     def get_params(self, ctx):
         return _clean_help(super().get_params(ctx))
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except Exception as error:  # (by name: typer may bundle its own click)
+            if type(error).__name__ == "NoSuchOption" and self.name == "run":  # a stage's flag: which key
+                error.message += run_takes(error.option_name)
+            raise
+
+
+def run_takes(flag: str) -> str:
+    """What `run --limit` means: the keys of the sections run reads that have that flag."""
+    from personaemp.registry import RUN_COMMANDS
+
+    sections = dict.fromkeys(s for c in ("extract-memories", *RUN_COMMANDS) for s in COMMANDS[c])
+    keys = [
+        f"{section}.{option.name}" for section in sections for option in specs(section)
+        if flag in "/".join(option.flags).split("/")
+    ]  # fmt: skip
+    if not keys:
+        return ""
+    return f" ({flag} is {', '.join(keys)} for run: --set {keys[0]}=... or a key of the --config file)"
 
 
 app = typer.Typer(
@@ -182,6 +205,15 @@ def print_json(result: Any) -> None:
     sys.stdout.write(json.dumps(plain, ensure_ascii=False, indent=2, default=str) + "\n")
 
 
+def note_unread_config(config: Path | None, console: Console) -> None:
+    """A config is read only when named: say so when one lies in the folder unread (the demo's
+    personaemp.toml holds 3 users at temperature 0; a bare command builds every user at 0.7)."""
+    if config is None and Path(CONFIG_FILE).is_file():
+        console.print(
+            f"note: ./{CONFIG_FILE} is not read without --config {CONFIG_FILE} (built-in defaults used)"
+        )
+
+
 def with_output_options(command):
     """`command(console, ...)` -> the Typer command with --quiet/--json: it gets the
     console the flags ask for and returns a result, printed as JSON with --json."""
@@ -193,12 +225,14 @@ def with_output_options(command):
         result = command(*args, console=stderr_console(quiet), **kwargs)
         if json_output:
             print_json(result)
+        stop_if_failed(result)
 
     wrapper.__signature__ = signature.replace(parameters=[*parameters, *output_options()])  # type: ignore[attr-defined]
     wrapper.__annotations__ = {}
     return wrapper
 
 
+CONFIG_FILE = "personaemp.toml"
 INTERRUPTED = "Interrupted — run it again to resume"
 
 
@@ -326,9 +360,12 @@ def stage_command(name: str):
             check_command(name, resolver.section)
             if wants_json:
                 values["json_output"] = json_output
-            result = func(resolver, stderr_console(quiet), **values)
+            console = stderr_console(quiet)
+            note_unread_config(config, console)
+            result = func(resolver, console, **values)
             if json_output:
                 print_json(result)
+            stop_if_failed(result)
 
         context = _keyword("ctx", typer.Context, inspect.Parameter.empty)
         parameters = [context, config, *generated, *own, *output_options(), *old]
@@ -446,14 +483,20 @@ def serve_local_command(
 def run_command(
     config: Annotated[Path | None, typer.Option(
         "--config", "-c", metavar="FILE", help="personaemp.toml (default: built-in settings).")] = None,
+    settings: Annotated[list[str] | None, typer.Option(
+        "--set", metavar="SECTION.KEY=VALUE",
+        help="Any key of the config for this run (repeatable): --set persona.limit=8 "
+        "--set llm.model=gpt-4o-mini. Wins over the file and env vars.")] = None,
     *,
     console: Console,
 ):
-    """Run filter -> infer-persona -> gen-queries -> split -> stats -> push from one config, resuming."""
+    """Run (extract-memories ->) filter -> infer-persona -> gen-queries -> split -> stats -> push from
+    one config, resuming. A stage's options are keys of its section (--set or the file)."""
     from personaemp.config import load_config
     from personaemp.pipeline import run_pipeline
 
-    options = load_config(config)  # every section now: a bad value stops before any stage
+    note_unread_config(config, console)
+    options = load_config(config, settings=settings)  # every section now: a bad value stops before any stage
     return run_pipeline(options, console)
 # fmt: on
 

@@ -43,7 +43,7 @@ def read_config(path: Path) -> dict[str, Any]:
     """The TOML file's tables, checked for secrets and unknown sections (keys are checked
     when a section is resolved, against its model)."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a BOM (Windows editors) is not TOML
     except FileNotFoundError:
         raise InputError(
             f"{path}: no such config file", "copy personaemp.toml from the repository and edit it"
@@ -148,8 +148,9 @@ class Resolver:
                 warnings.warn(f"{key}= is deprecated, use {renames[key]}=", FutureWarning, stacklevel=2)
                 key = renames[key]
             values[key] = _merge(values.get(key), value)
-            # how the caller wrote it: a flag, or (the Python API) the argument's name
-            sources[key] = (key if self.style == "python" else spec(name, key).flag,) * 2
+            # how the caller wrote it: a flag, `run --set`, or (the Python API) the argument's name
+            given = {"python": key, "set": f"--set {name}.{key}"}.get(self.style) or spec(name, key).flag
+            sources[key] = (given, given)
         for option in specs(name):
             if option.name not in values and option.opt.derive:
                 values[option.name] = derive(option.opt.derive, self.section)
@@ -165,7 +166,7 @@ class Resolver:
             return f"{self.path}: {name}.{field}" if lead and self.path else f"{name}.{field}"
 
         try:
-            return model.model_validate(values)
+            return model.model_validate(values).with_derived(values.keys() - sources.keys())
         except ValidationError as exc:
             raise InputError(describe(exc, display)) from None
 
@@ -180,9 +181,41 @@ def _merge(old: Any, new: Any) -> Any:
     return new
 
 
-def load_config(path: Path | None, env: Mapping[str, str] | None = None) -> RunOptions:
-    """Every option of `personaemp run`: env vars over the file over the defaults."""
-    return Resolver(path, env=env).all()
+def load_config(
+    path: Path | None, env: Mapping[str, str] | None = None, settings: list[str] | None = None
+) -> RunOptions:
+    """Every option of `personaemp run`: `settings` (`run --set SECTION.KEY=VALUE`) over env
+    vars over the file over the defaults."""
+    return Resolver(path, env=env, flags=set_flags(settings or []), style="set").all()
+
+
+def set_flags(items: list[str]) -> dict[str, dict[str, Any]]:
+    """`--set persona.limit=8` (repeatable) -> {"persona": {"limit": "8"}}: any key of any
+    section, a list key once per value; checked against the options' declarations."""
+    found: dict[str, dict[str, Any]] = {}
+    for item in items:
+        section, dot, rest = item.partition(".")
+        key, equals, value = rest.partition("=")
+        section, key = section.strip(), key.strip().replace("-", "_")
+        if not (dot and equals and section and key):
+            raise InputError(f"--set takes SECTION.KEY=VALUE (e.g. persona.limit=8), not {item!r}")
+        if section not in SECTIONS:
+            raise InputError(
+                f"--set {item}: [{section}] is not a known section", f"use {', '.join(SECTIONS)}"
+            )
+        options = {option.name: option for option in specs(section)}
+        if key not in options:
+            raise InputError(
+                f"--set {item}: [{section}] has no key {key!r}", f"its keys: {', '.join(options)}"
+            )
+        if options[key].kind == "dict":
+            raise InputError(f"--set {item}: {section}.{key} is a table", "set it in the config file")
+        given = found.setdefault(section, {})
+        if options[key].kind == "list":
+            given.setdefault(key, []).append(value.strip())
+        else:
+            given[key] = value.strip()
+    return found
 
 
 def cli_flags(section: str, given: Mapping[str, Any]) -> dict[str, Any]:

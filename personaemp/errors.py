@@ -46,6 +46,10 @@ class RowError(InputError):
         self.reason = message
 
 
+class StageFailedError(PersonaempError):
+    """A stage had units and finished none of them (each one failed): exit code 1, as a failed run."""
+
+
 class UnitError(PersonaempError):
     """One unit (a user, a query) failed for good: it is written to the stage's failures file
     with `kind` and the last raw reply, and the run goes on."""

@@ -21,7 +21,7 @@ from personaemp import results
 from personaemp.config import llm_settings
 from personaemp.options import RunOptions
 from personaemp.registry import RUN_COMMANDS, STAGES
-from personaemp.results import StageResult
+from personaemp.results import StageResult, stop_if_failed
 from personaemp.summaries import waits_for_a_batch
 
 
@@ -90,22 +90,31 @@ def persona_and_queries(
         options.queries.input, options.queries.output, **queries.queries_args(options.queries, retry),
         full=True, chained=True,
     )  # fmt: skip
-    written = functools.cache(lambda: queries.read_personas(options.queries.input))  # read once, at the end
+    written = functools.cache(lambda: _personas_written(options.queries.input))  # read once, at the end
     reports = run_llm_chain(
         first, second, queries.handoff, lambda: written()[0],
         settings=llm_settings(options.llm, env), console=console, meanwhile=meanwhile,
     )  # fmt: skip
     if written.cache_info().currsize:  # read as the chain ended: the funnel counts over it
         second.units, second.skipped = written()
-    made = (
-        results.of_llm_stage(reports[0], persona.summarize(first.output, first.picked())),
-        results.of_llm_stage(reports[1], queries.funnel(second)),
-    )
     if stream is not None:
         summaries.print_filter_summary(stream.report, console)
-    STAGES["infer-persona"].summary(made[0], console)
+    personas = results.of_llm_stage(reports[0], persona.summarize(first.output, first.picked()))
+    STAGES["infer-persona"].summary(personas, console)
+    stop_if_failed(personas)  # gen-queries had no persona to work on
+    made = (personas, results.of_llm_stage(reports[1], queries.funnel(second)))
     STAGES["gen-queries"].summary(made[1], console)
     return made
+
+
+def _personas_written(path: Path):
+    """The chain's personas; none when every one failed (`run` then stops with that line)."""
+    from personaemp.build import queries
+    from personaemp.io import StageRows
+
+    if path.exists() and path.stat().st_size == 0:
+        return StageRows(path, [], []), 0
+    return queries.read_personas(path)
 
 
 def chains(options: RunOptions) -> bool:
@@ -182,6 +191,7 @@ def _from_conversations(options: RunOptions, console: Console, env, result: Pipe
     with result.stage("extract-memories", console):
         made = STAGES["extract-memories"].run(options, console, env=env, full=True)
         result.add("extract-memories", made)
+    stop_if_failed(made)
     if options.llm.estimate or waits_for_a_batch(made.report):
         return None
     into = {"input": options.extract.output, "format": "raw"}
@@ -249,12 +259,14 @@ def _run_stages(
                 result.add("filter", results.of_filter(stream.report, args["report_path"]))
             result.add("infer-persona", made[0])
             result.add("gen-queries", made[1])
+        stop_if_failed(result)  # the later stages would only say their input is empty
         _record_chain(options, made)
         return _split_stats_push(options, console, result)
     # In `run`, a [persona] limit is the size of the build, not a quick look: the card quotes it.
     for name in ("infer-persona", "gen-queries"):
         with result.stage(name, console):
             made = result.add(name, STAGES[name].run(options, console, env=env, full=True))
+        stop_if_failed(made)
         if waits_for_a_batch(made.report):
             return result  # --batch: the next stage starts when this one's rounds are done
     return _split_stats_push(options, console, result)

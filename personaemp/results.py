@@ -43,33 +43,36 @@ class StageResult:
                     f"{self.stage}'s output {path} is not a JSONL file"
                     + (f"; name one of {', '.join(jsonl)}" if jsonl else "")
                 )
-        if not path.exists():
-            return []
+        if not path.exists():  # gone since (a stage that made nothing still writes an empty file)
+            raise FileNotFoundError(
+                f"{path}: {self.stage}'s output is not there (moved or deleted since it ran)"
+            )
         return [row for _, _, row in iter_jsonl(path, ErrorPolicy("fail"))]
 
     def to_polars(self, name: str | None = None):
         """The rows of the output (or of `files[name]`) as a polars DataFrame, one row per
         row of the file: nested fields stay structs and lists; a Big Five adds its five
         levels as columns of their own (`openness`, ..., `neuroticism`)."""
-        from personaemp.tables import with_levels
+        from personaemp.tables import RECORD_COLUMNS, with_levels
 
-        return _frame(list(with_levels(self.rows(name))))
+        stage = "split" if name and "/" in name else self.stage
+        return _frame(list(with_levels(self.rows(name))), RECORD_COLUMNS.get(stage))
 
     def queries(self, name: str | None = None):
         """One row per accepted query (of gen-queries' output, a split file, a published
         dataset), the user's columns beside it (user id, language, profile, Big Five levels)."""
-        from personaemp.tables import query_rows
+        from personaemp.tables import QUERY_COLUMNS, query_rows
 
-        return _frame(list(query_rows(self.rows(name))))
+        return _frame(list(query_rows(self.rows(name))), QUERY_COLUMNS)
 
     def scores(self, name: str | None = None):
         """evaluate: one row per system and query (each dimension, H, B, status, the user's
         Big Five levels), from its scores file (`name`: "scores 2" for a panel's second judge)."""
-        from personaemp.tables import score_rows
+        from personaemp.tables import SCORE_COLUMNS, score_rows
 
         if name is None:
             name = next((key for key in self.files if key.startswith("scores")), "scores")
-        return _frame(list(score_rows(self.rows(name))))
+        return _frame(list(score_rows(self.rows(name))), SCORE_COLUMNS)
 
     def to_dataset(self, name: str | None = None):
         """The rows of the output (or of `files[name]`) as a `datasets.Dataset`."""
@@ -98,16 +101,43 @@ class StageResult:
             },
         }
 
+    def failed_entirely(self) -> str | None:
+        """One line when the stage had units and finished none (every one failed, now or in an
+        earlier run): a failed run, whatever the process did besides. None otherwise."""
+        counts = self.counts
+        finished = counts.get("done", 0) + counts.get("done_before", 0)
+        failed = counts.get("failed", 0) + counts.get("failed_before", 0)
+        if "units" not in counts or finished or not failed:
+            return None
+        where = f" ({self.failures} says why)" if self.failures else ""
+        return f"{self.stage}: all {failed} of its units failed{where}"
+
     def __repr__(self) -> str:
         counts = ", ".join(f"{name} {value}" for name, value in self.counts.items())
         cost = f", ${self.cost:.4f}" if self.cost is not None else ""
         return f"<StageResult {self.stage}: {counts}{cost} -> {self.output}>"
 
 
-def _frame(rows: list[dict[str, Any]]):
-    """A polars DataFrame of JSON rows, every row read for the schema (rows differ)."""
+def stop_if_failed(result) -> None:
+    """Raise StageFailedError (exit 1) when a stage's result, or one of `run`'s, had units and
+    finished none; its files and report are written by then."""
+    from personaemp.errors import StageFailedError
+
+    for one in [result] if isinstance(result, StageResult) else list(getattr(result, "results", {}).values()):
+        line = one.failed_entirely() if isinstance(one, StageResult) else None
+        if line:
+            raise StageFailedError(line, "fix the cause, then run it again with --retry-failed")
+
+
+def _frame(rows: list[dict[str, Any]], columns: dict[str, Any] | None = None):
+    """A polars DataFrame of JSON rows, every row read for the schema (rows differ); with no
+    rows, the `columns` the rows would have had (0 rows, not 0 columns)."""
     import polars as pl
 
+    if not rows and columns:
+        from personaemp.tables import polars_schema
+
+        return pl.DataFrame(schema=polars_schema(columns))
     return pl.DataFrame(rows, infer_schema_length=None)
 
 

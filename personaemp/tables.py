@@ -8,10 +8,56 @@ the five Big Five levels, so a DataFrame needs no hand flattening.
 
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from personaemp.records import BIG_FIVE, DIMENSIONS
+from pydantic import BaseModel
+
+from personaemp.records import BIG_FIVE, DIMENSIONS, Persona, Query, User
+
+# The columns of the flat views, declared once: an empty view has them too (0 rows).
+LEVEL_COLUMNS = {trait: str for trait in BIG_FIVE}
+USER_COLUMNS = {"user_id": str, "language": str, "profile": str, **LEVEL_COLUMNS}
+QUERY_COLUMNS = {
+    **USER_COLUMNS, "query_id": str, "category": str, "query": str, "situation": str, "topic": str,
+    "memory_ids": list[str], "passed": bool,
+}  # fmt: skip
+SCORE_COLUMNS = {
+    "system": str, "query_id": str, "user_id": str, "category": str, "status": str,
+    **{d: float for d in DIMENSIONS}, "harmonic": float, "bystander": float, **LEVEL_COLUMNS,
+}  # fmt: skip
+# What a row of each stage's output holds (a gen-queries or split row: the persona and its queries).
+RECORD_COLUMNS: dict[str, dict[str, Any]] = {
+    "filter": dict(User.model_fields),
+    "infer-persona": {**Persona.model_fields, **LEVEL_COLUMNS},
+    "gen-queries": {**Persona.model_fields, "queries": list[Query], **LEVEL_COLUMNS},
+}
+RECORD_COLUMNS["split"] = RECORD_COLUMNS["gen-queries"]
+
+
+def polars_schema(columns: dict[str, Any]) -> dict[str, Any]:
+    """{name: polars dtype} of Python types, pydantic fields or records (structs)."""
+    return {name: _dtype(getattr(kind, "annotation", kind)) for name, kind in columns.items()}
+
+
+def _dtype(annotation: Any):
+    import polars as pl
+
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        present = [arg for arg in args if arg is not type(None)]
+        return _dtype(present[0]) if len(present) == 1 else pl.String
+    if origin is typing.Literal:
+        return pl.String
+    if origin is list:
+        return pl.List(_dtype(args[0]))
+    if origin is dict:
+        return pl.Struct({})  # its keys vary by row
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return pl.Struct(polars_schema(dict(annotation.model_fields)))
+    return {str: pl.String, int: pl.Int64, float: pl.Float64, bool: pl.Boolean}.get(annotation, pl.String)
 
 
 def levels(big_five: Any) -> dict[str, str | None]:

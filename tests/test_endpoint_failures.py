@@ -219,7 +219,7 @@ def test_after_replies_an_oversized_one_fails_its_unit_as_an_endpoint_fault(tmp_
     with FakeOpenAI(responder=lambda body, n: None if n == 1 else huge(1_000_000)) as server:
         result = infer(tmp_path, filtered, server.base_url, "--max-retries", "0", "--concurrency", "1")
     assert server.count == USERS + 1  # the first answer, then one oversized reply per user
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr  # every unit failed: a failed run
     failed = rows(tmp_path / "infer-persona.failures.jsonl")
     assert [row["kind"] for row in failed] == ["server_error"] * USERS  # the next run tries them again
     assert all(len(row["raw"] or "") < 10_000 for row in failed)
@@ -231,7 +231,8 @@ def test_the_failures_file_keeps_an_excerpt_of_a_bad_reply(tmp_path, filtered):
     bad = "<" + "blah " * 12_000 + ">"
     with FakeOpenAI(responder=lambda body, n: reply(bad)) as server:
         result = infer(tmp_path, filtered, server.base_url, "--max-reasks", "0")
-    assert result.returncode == 0, result.stderr  # content failures are kept, the run goes on
+    # content failures are kept and the run goes on; as every unit failed, it exits 1
+    assert result.returncode == 1, result.stderr
     failed = rows(tmp_path / "infer-persona.failures.jsonl")
     assert [row["kind"] for row in failed] == ["invalid"] * USERS
     for row in failed:
