@@ -30,7 +30,7 @@ def _signature(function, stage: Stage) -> str:
             parts.append("*")
             star = True
         default = parameter.default
-        shown = str(default) if isinstance(default, Path) else repr(default)
+        shown = repr(str(default) if isinstance(default, Path) else default)  # as Python writes it
         parts.append(f"{parameter.name}={shown}")
     lines = "".join(f"    {part}\n" if part.startswith("#") else f"    {part},\n" for part in parts)
     return f"pe.{function.__name__}(\n{lines}) -> StageResult"

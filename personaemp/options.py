@@ -150,6 +150,17 @@ Checks = Annotated[list[Check], BeforeValidator(_split_commas)]
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    def with_derived(self, names) -> Section:
+        """Note which options hold the value of their `Opt.derive` rule, not the user's: push
+        tells a leftover file at the default place from one it was asked to publish. Kept
+        beside the fields (copies keep it), not among them: equal options stay equal."""
+        self._derived = frozenset(names)
+        return self
+
+    def derived(self, name: str) -> bool:
+        """Whether `name` holds its derived default (no flag, env var, TOML key or argument gave it)."""
+        return name in getattr(self, "_derived", ())
+
     @model_validator(mode="before")
     @classmethod
     def _known_keys(cls, data: Any) -> Any:
@@ -1137,7 +1148,8 @@ class RunOptions(Section):
                 if option.opt.derive and option.name not in current.model_fields_set
             }
             if update:
-                setattr(self, name, current.model_copy(update=update))
+                derived = {field for field in current.model_fields if current.derived(field)} | update.keys()
+                setattr(self, name, current.model_copy(update=update).with_derived(derived))
         return self
 
 

@@ -11,15 +11,35 @@ from personaemp.summaries import interval_text, judges_text, not_scored_text
 
 QUALITY_PLOT = "agreement.png"  # the agreement plot among the card's figures
 
-CITATIONS = """\
+PERSONAEMP_CITATION = """\
 - **PersonaEmp** — Zheng et al., *From Empathy to Personalized Empathy: Adapting Empathetic
   Strategies to Individual Users* (2026), arXiv:2606.00728: the dataset design this build
   follows.
+"""
+ALPSBENCH_CITATIONS = """\
 - **AlpsBench** — long-term user–LLM dialogues with human-verified memory annotations;
   GitHub `ThisIsCosine/AlpsBench`, Hugging Face `Cosineyx/Alpsbench` (ODC-BY).
 - **WildChat** — Zhao et al., *WildChat: 1M ChatGPT Interaction Logs in the Wild*,
   ICLR 2024 (ODC-BY): the source of AlpsBench's dialogues.
 """
+
+
+# What each split setting is, for the configs the build has.
+SETTING_TEXT = {
+    "random": "users shuffled with a seed, then split train/test",
+    "ood": "users clustered on their five Big Five levels with KModes; one whole cluster is the "
+    "test set, so its personality profiles never occur in train",
+}
+
+
+def from_log(facts: dict[str, Any]) -> bool:
+    """Whether the memories came from a conversation log through extract-memories (else AlpsBench)."""
+    return (facts.get("source") or {}).get("kind") == "log"
+
+
+def default_config(facts: dict[str, Any]) -> str:
+    """The config `load_dataset(repo)` loads: random when the build has it."""
+    return next(iter(sorted(facts["data_files"], key=lambda s: s != "random")))
 
 
 def _front_matter(facts: dict[str, Any]) -> str:
@@ -28,11 +48,13 @@ def _front_matter(facts: dict[str, Any]) -> str:
     for setting, paths in facts["data_files"].items():
         # Exact names, not `<split>-*`: they carry the digest that keys the `datasets` cache.
         files = "\n".join(f"  - split: {split}\n    path: {paths[split]}" for split in ("train", "test"))
-        configs.append(f"- config_name: {setting}\n  data_files:\n{files}")
+        default = "\n  default: true" if setting == default_config(facts) else ""
+        configs.append(f"- config_name: {setting}{default}\n  data_files:\n{files}")
     return "\n".join(
         [
             "---",
-            "license: odc-by",
+            # A user's log comes with its own terms, which the builder states (see the card).
+            f"license: {'other' if from_log(facts) else 'odc-by'}",
             f"language: {json.dumps(languages)}",
             "task_categories:\n- text-generation",
             "tags:\n- empathy\n- personalization\n- persona\n- big-five\n- synthetic",
@@ -72,14 +94,31 @@ def _funnel(facts: dict[str, Any]) -> str:
     report never stops a push.
     """
     parts = []
+    source = facts.get("source") or {}
+    extract = source.get("run")
+    if extract:
+        done = _count(extract.get("done")) + _count(extract.get("done_before"))
+        failed = _count(extract.get("failed")) + _count(extract.get("failed_before"))
+        parts.append(
+            f"- **extract-memories**: {_count(extract.get('units'))} of the "
+            f"{source.get('users_in_log', 0)} users read from the log, {done} done, {failed} failed "
+            f"({_counts(extract.get('failures_by_kind')) or 'none'}); "
+            f"model `{extract.get('model', 'unknown')}` ({extract.get('endpoint_kind', 'unknown')})."
+            + _embedded(extract.get("model"))
+        )
     report = facts.get("filter")
     if report:
         dropped = _counts(report.get("dropped")) or "none"
+        flagged = _count(report.get("flagged_memories_dropped"))
         parts.append(
             f"- **filter**: {_count(report.get('users_in'))} users read, {_count(report.get('kept'))} kept "
-            f"(dropped: {dropped}); {_count(report.get('flagged_memories_dropped'))} of "
-            f"{_count(report.get('memories_in'))} memories were annotator-flagged false memories and "
-            "were never used."
+            f"(dropped: {dropped})"
+            + (
+                f"; {flagged} of {_count(report.get('memories_in'))} memories were annotator-flagged "
+                "false memories and were never used."
+                if flagged or not from_log(facts)
+                else "."
+            )
         )
     stages = (facts.get("run") or {}).get("stages", {})
     split = facts.get("split")
@@ -160,12 +199,20 @@ def stats_section(stats: dict[str, Any], figures: list[str]) -> str:
     if checks:
         out += ["### Checks (every generated query, accepted or rejected)", ""]
         out += _image("checks.png", "Pass rate of each check", figures)
-        rows = [
-            [name, DECIDED[c.get("enforced")], c["passed"], c["of"], f"{c['rate']:.1%}"]
-            for name, c in checks.items()
-        ]
-        out += [_table(["check", "in this build", "passed", "of", "rate"], rows), ""]
+        out += [_checks_table(checks), ""]
+    persona_checks = stats.get("persona_checks")
+    if persona_checks:
+        out += ["### Persona checks (every persona written)", "", _checks_table(persona_checks), ""]
     return "\n".join(out).rstrip("\n")
+
+
+def _checks_table(checks: dict[str, Any]) -> str:
+    """{name: {passed, of, rate, enforced}} as a table, saying which decided in this build."""
+    rows = [
+        [name, DECIDED[c.get("enforced")], c["passed"], c["of"], f"{c['rate']:.1%}"]
+        for name, c in checks.items()
+    ]
+    return _table(["check", "in this build", "passed", "of", "rate"], rows)
 
 
 DECIDED = {True: "decided acceptance", False: "recorded only", None: "not recorded"}
@@ -228,6 +275,126 @@ def _bins(counts: dict[str, int]) -> str:
     return ", ".join(f"{name}: {n}" for name, n in counts.items()) or "none"
 
 
+def source_sentence(facts: dict[str, Any]) -> str:
+    """Where the memories came from, as this build's files record it."""
+    source = facts.get("source") or {}
+    if not from_log(facts):
+        return (
+            "Built with the `personaemp` toolkit from AlpsBench (long-term user–LLM dialogues from "
+            "WildChat with human-verified memory annotations), following the PersonaEmp design."
+        )
+    log = f"`{source['log']}`" if source.get("log") else "a log its files no longer name"
+    shape = f" ({source['format']} format)" if source.get("format") else ""
+    model = f"`{source['model']}`" if source.get("model") else "an LLM"
+    return (
+        f"Built with the `personaemp` toolkit, following the PersonaEmp design, from a conversation "
+        f"log: {log}{shape}. Its memories were extracted from the users' own messages by "
+        f"{model} (`personaemp extract-memories`), not annotated by people."
+    )
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _picked_line(facts: dict[str, Any]) -> str | None:
+    """Which of the filter's users the build went on with, when not all of them."""
+    units = ((facts.get("run") or {}).get("stages", {}).get("infer-persona") or {}).get("units")
+    kept = _count((facts.get("filter") or {}).get("kept"))
+    if not isinstance(units, int) or units >= kept:
+        return None
+    how = {
+        "named": f"{_plural(units, 'user')} chosen by hand (`[persona] users`) out of the {kept} kept by "
+        "the filter",
+        "first": f"a limit: only the first {units} of the {kept} users kept by the filter "
+        "(`[persona] limit`)",
+    }.get(
+        facts.get("picked"),
+        f"only {units} of the {kept} users kept by the filter (`[persona] users` or `limit`)",
+    )
+    return how[0].upper() + how[1:] + "."
+
+
+def departures(facts: dict[str, Any], stats: dict[str, Any] | None) -> list[str]:
+    """Every way this build is smaller or laxer than a full one, each from its own files."""
+    lines = []
+    source = facts.get("source") or {}
+    extract = source.get("run") or {}
+    if extract and _count(extract.get("units")) < source.get("users_in_log", 0):
+        lines.append(
+            f"Only {_count(extract.get('units'))} of the {source['users_in_log']} users in the log went "
+            "through extract-memories (`[extract] limit` or `users`)."
+        )
+    picked = _picked_line(facts)
+    if picked:
+        lines.append(picked)
+    personas = facts.get("personas") or {}
+    persona_run = (facts.get("run") or {}).get("stages", {}).get("infer-persona") or {}
+    depth_off = "depth=False" in str(persona_run.get("fingerprint", "")).split("|")  # persona_stage's
+    if depth_off or personas.get("depth_not_enforced"):
+        lines.append(
+            "The depth gate was off (`[persona] require_depth = false`): "
+            f"{personas.get('depth_not_enforced', 0)} of the {personas.get('users', 0)} users in the dataset "
+            "were kept although the depth check found no persona-deep memories."
+        )
+    warning, _ = acceptance_lines(stats)
+    if warning:
+        lines.append(warning)
+    if personas.get("uncited_levels"):
+        lines.append(
+            f"{personas['uncited_levels']} of {personas['levels']} Big Five levels rest on no cited memory."
+        )
+    return lines
+
+
+def profiles_sentence(facts: dict[str, Any]) -> str:
+    """How many distinct Big Five profiles the users hold (per split when an OOD split exists)."""
+    personas = facts.get("personas") or {}
+    if not personas.get("users"):
+        return ""
+    profiles = _plural(personas["profiles"], "distinct Big Five profile")
+    text = f"The {_plural(personas['users'], 'user')} hold {profiles}"
+    ood = personas.get("per_split", {}).get("ood")
+    if ood:
+        text += " (ood: " + ", ".join(f"{split} {n}" for split, n in ood.items()) + ")"
+    return text + "."
+
+
+def configs_section(facts: dict[str, Any]) -> list[str]:
+    """The configs this build has, each described, with their sizes and parameters."""
+    default = default_config(facts)
+    described = "\n".join(
+        f"- `{setting}`: {SETTING_TEXT.get(setting, setting)}"
+        + (" (the default config: `load_dataset(repo)` loads it)." if setting == default else ".")
+        for setting in facts["settings"]
+    )
+    out = [
+        "## Configs and splits",
+        "",
+        f"Splits are by user: no user appears in two splits of a config.\n\n{described}",
+    ]
+    profiles = profiles_sentence(facts)
+    if profiles:
+        out += ["", profiles]
+    rows = []
+    for setting, parts in facts["settings"].items():
+        for name, part in parts.items():
+            categories = ", ".join(f"{c} {n}" for c, n in sorted(part["categories"].items()))
+            rows.append([setting, name, part["users"], part["rows"], categories])
+    out += ["", _table(["config", "split", "users", "queries", "categories"], rows)]
+    for setting, details in ((facts.get("split") or {}).get("settings") or {}).items():
+        params = {k: details[k] for k in ("seed", "test_size", "k", "holdout_cluster") if k in details}
+        out += ["", f"`{setting}` parameters: `{json.dumps(params)}`"]
+        if "clusters" in details:
+            cluster_rows = [
+                [c["id"], c["users"], *(c["mode"][t] for t in BIG_FIVE)] for c in details["clusters"]
+            ]
+            out += ["", _table(["cluster", "users", *BIG_FIVE], cluster_rows)]
+            curve = ", ".join(f"k={k}: {v:g}" for k, v in details["cost_curve"].items())
+            out += ["", f"KModes cost by k: {curve}."]
+    return out
+
+
 def render_card(
     facts: dict[str, Any],
     include_dialogue: bool,
@@ -241,55 +408,43 @@ def render_card(
     sections.append(
         "Empathy-seeking user queries, each grounded in one real user's long-term memories "
         "and an evidence-grounded persona with Big Five levels, for training and evaluating "
-        "*personalized* empathetic responses. Built with the `personaemp` toolkit from "
-        "AlpsBench (long-term user–LLM dialogues from WildChat with human-verified memory "
-        "annotations), following the PersonaEmp design."
+        "*personalized* empathetic responses. " + source_sentence(facts)
     )
-    warning, decided = acceptance_lines(stats)
-    if warning:
-        sections[-1] += " " + warning
+    lines = departures(facts, stats)
+    if lines:
+        sections += ["", "**How this build departs from a full one:**", ""]
+        sections += [f"- {line}" for line in lines]
+    _, decided = acceptance_lines(stats)
     sections += ["", "## How it was built", "", _funnel(facts), ""]
+    personas = facts.get("personas") or {}
+    uncited = (
+        f" {personas['uncited_levels']} of the {personas['levels']} Big Five levels cite no memory."
+        if personas.get("uncited_levels")
+        else ""
+    )
     sections.append(
         "Persona traits and Big Five levels cite the memory ids that support them; the "
-        "citations were checked in code and traits without valid evidence were dropped. " + decided
+        f"citations were checked in code and traits without valid evidence were dropped.{uncited} " + decided
     )
     provenance = facts.get("provenance") or {}
     if provenance:
         sections += ["", "Models and prompt versions (prompt file hashes):", ""]
         for entry in provenance:
             sections.append(f"- `{entry}`")
-    split = facts.get("split") or {}
-    sections += ["", "## Configs and splits", ""]
-    sections.append(
-        "Splits are by user: no user appears in two splits of a config.\n\n"
-        "- `random`: users shuffled with a seed, 9:1 train/test.\n"
-        "- `ood`: users clustered on their five Big Five levels with KModes; one whole "
-        "cluster is the test set, so its personality profiles never occur in train."
-    )
-    rows = []
-    for setting, parts in facts["settings"].items():
-        for name, part in parts.items():
-            categories = ", ".join(f"{c} {n}" for c, n in sorted(part["categories"].items()))
-            rows.append([setting, name, part["users"], part["rows"], categories])
-    sections += ["", _table(["config", "split", "users", "queries", "categories"], rows)]
-    for setting, details in (split.get("settings") or {}).items():
-        params = {k: details[k] for k in ("seed", "test_size", "k", "holdout_cluster") if k in details}
-        sections += ["", f"`{setting}` parameters: `{json.dumps(params)}`"]
-        if "clusters" in details:
-            cluster_rows = [
-                [c["id"], c["users"], *(c["mode"][t] for t in BIG_FIVE)] for c in details["clusters"]
-            ]
-            sections += ["", _table(["cluster", "users", *BIG_FIVE], cluster_rows)]
-            curve = ", ".join(f"k={k}: {v:g}" for k, v in details["cost_curve"].items())
-            sections += ["", f"KModes cost by k: {curve}."]
+    sections += ["", *configs_section(facts)]
     if stats is not None:
         sections += ["", stats_section(stats, figures or [])]
     sections += ["", quality_section(quality, _table)]
     if quality:
         sections += [""] + _image(QUALITY_PLOT, "Judge agreement per LLM check", figures or [])[:1]
     sections += ["", "## Schema (one row per query)", ""]
+    user = (
+        "the user's id in the source log"
+        if from_log(facts)
+        else "AlpsBench user (the task1 benchmark id when the user id is empty)"
+    )
     schema = [
-        ["user_id", "string", "AlpsBench user (the task1 benchmark id when the user id is empty)"],
+        ["user_id", "string", user],
         ["query_id", "string", "`<user_id>-q<n>`"],
         ["query", "string", "the user's message"],
         ["category", "string", "ES (emotional support), HEQ (high-EQ interaction), SS (social strategy)"],
@@ -305,26 +460,42 @@ def render_card(
     if include_dialogue:
         schema.append(["user_turns", "list[string]", "the user's own messages from the source dialogue"])
     sections += [_table(["field", "type", "meaning"], schema)]
-    sections += ["", "## License and citation", ""]
-    sections.append(
-        "ODC-BY 1.0 (Open Data Commons Attribution License), inherited from AlpsBench and "
-        "WildChat. Keep the attribution when you redistribute. Please cite:\n"
-    )
-    sections.append(CITATIONS)
+    sections += ["", "## License and citation", "", *license_lines(facts)]
     sections += ["## Ethical notes", ""]
     dialogue = (
         "This build includes the users' own messages (`user_turns`), at the builder's request."
         if include_dialogue
         else "No dialogue text is published: only memories, personas and generated queries."
     )
+    memories = (
+        "- Memories were extracted by an LLM and checked in code against the messages they cite, "
+        "not by people: they can be wrong."
+        if from_log(facts)
+        else "- Memories that AlpsBench annotators flagged as false were excluded."
+    )
     sections.append(
         f"- {dialogue}\n"
         "- The users are real people; memories describe their lives. Do not try to identify them.\n"
         "- Personas, Big Five levels, situations and queries are LLM-generated: they are "
-        "inferences, not facts about the users, and they can be wrong.\n"
-        "- Memories that AlpsBench annotators flagged as false were excluded."
+        "inferences, not facts about the users, and they can be wrong.\n" + memories
     )
     return "\n".join(sections) + "\n"
+
+
+def license_lines(facts: dict[str, Any]) -> list[str]:
+    """The license and what to cite: AlpsBench's terms, or the log's, which only its owner knows."""
+    if from_log(facts):
+        log = (facts.get("source") or {}).get("log") or "the source log"
+        return [
+            f"The terms are those of the source log, {log}, which personaemp cannot know: the card "
+            "says `license: other` until the builder states them. Please cite:\n",
+            PERSONAEMP_CITATION,
+        ]
+    return [
+        "ODC-BY 1.0 (Open Data Commons Attribution License), inherited from AlpsBench and "
+        "WildChat. Keep the attribution when you redistribute. Please cite:\n",
+        PERSONAEMP_CITATION + ALPSBENCH_CITATIONS,
+    ]
 
 
 def quality_section(report: dict[str, Any] | None, table) -> str:

@@ -261,6 +261,11 @@ class DataPart:
     big_five: dict[str, Counter] = field(default_factory=lambda: {trait: Counter() for trait in BIG_FIVE})
     languages: Counter = field(default_factory=Counter)
     query_ids: set[str] = field(default_factory=set)  # kept only to check the criteria file
+    # per user: the Big Five profile, how many of its levels cite no memory, whether the
+    # depth check said no and the user was kept anyway ([persona] require_depth = false)
+    profiles: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    uncited_levels: dict[str, int] = field(default_factory=dict)
+    depth_not_enforced: set[str] = field(default_factory=set)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -315,6 +320,7 @@ def _spool(path: Path, spool: Path, part: DataPart, include_dialogue: bool, crit
             pending.clear()
 
         for user in iter_split_users(path):
+            note_persona(part, user)
             for row in dataset_rows(user, include_dialogue, criteria):
                 part.rows += 1
                 part.users.add(row["user_id"])
@@ -330,6 +336,20 @@ def _spool(path: Path, spool: Path, part: DataPart, include_dialogue: bool, crit
         if pending:
             flush()
     return nbytes
+
+
+# persona.parse_persona's gate_reason for a user the depth check turned down, kept because
+# the gate was off; and the part persona_stage's fingerprint gives that setting.
+DEPTH_NOT_ENFORCED, DEPTH_OFF = "depth check not enforced", "depth=False"
+
+
+def note_persona(part: DataPart, user: dict) -> None:
+    """What the card says of a user's persona: its profile, its levels citing no memory."""
+    uid = str(user["user_id"])
+    part.profiles[uid] = profile_of(user)
+    part.uncited_levels[uid] = sum(not user["big_five"][trait].get("evidence") for trait in BIG_FIVE)
+    if str(user.get("gate_reason") or "").startswith(DEPTH_NOT_ENFORCED):
+        part.depth_not_enforced.add(uid)
 
 
 def _write_parquet(
@@ -437,7 +457,90 @@ def stage_reports(split_report: dict[str, Any]) -> tuple[dict[str, Any], list[st
             )
             continue
         facts.setdefault("run", {"stages": {}})["stages"][stage] = run
+    persona = chain.get("infer-persona") or {}
+    units = ((facts.get("run") or {}).get("stages", {}).get("infer-persona") or {}).get("units")
+    if isinstance(units, int) and units < _count((facts.get("filter") or {}).get("kept")):
+        facts["picked"] = picked_users(persona.get("input"), persona.get("output"), units)
     return facts, warnings
+
+
+class _UserId(msgspec.Struct):
+    user_id: str
+
+
+def _user_ids(path: Any) -> list[str]:
+    """The user ids of a stage's output in file order (only that field is decoded)."""
+    decoder = msgspec.json.Decoder(_UserId)
+    try:
+        with open(path, "rb") as handle:
+            return [decoder.decode(line).user_id for line in handle if line.strip()]
+    except (OSError, TypeError, msgspec.DecodeError):
+        return []
+
+
+def picked_users(filtered: Any, personas: Any, units: int) -> str | None:
+    """How infer-persona's users were picked from the filter's: "first" (the first `units`
+    in the filter's order, as a `limit` picks them), "named" (others: `users` named them),
+    None when the files do not tell."""
+    written, kept = set(_user_ids(personas)), _user_ids(filtered)
+    if len(written) != units or not kept:
+        return None
+    return "first" if written == set(kept[:units]) else "named"
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) else 0
+
+
+def memory_source(user_source: Any, warnings: list[str]) -> dict[str, Any]:
+    """Where the memories came from: AlpsBench as read, or a conversation log through
+    extract-memories, whose manifest entry names the file the filter read. Its rows tell
+    the log and its format, their provenance (and its run report) the model."""
+    path = user_source.get("path") if isinstance(user_source, dict) else None
+    entry = stage_chain(Path(path)).get("extract-memories") if isinstance(path, str) and path else None
+    if entry is None:
+        return {"kind": "alpsbench", "format": (user_source or {}).get("format")}
+    found: dict[str, Any] = {"kind": "log"}
+    first = next(iter(_rows(entry["output"])), None)
+    if first is None:
+        warnings.append(
+            f"{entry['output']}: the memories extract-memories wrote are gone: the card cannot name the log"
+        )
+    else:
+        source, provenance = first.get("source") or {}, first.get("provenance") or {}
+        log = source.get("path")
+        found.update(
+            log=Path(log).name if isinstance(log, str) else None, format=source.get("format"),
+            model=provenance.get("model"), endpoint_kind=provenance.get("endpoint_kind"),
+        )  # fmt: skip
+    run = _full_run(entry, "extract-memories")
+    if run:
+        found["run"] = run
+        found["model"] = found.get("model") or run.get("model")
+        found["users_in_log"] = len(_user_ids(entry.get("input")))  # conversations.jsonl: the log's users
+    return found
+
+
+def _full_run(entry: dict[str, Any], stage: str) -> dict[str, Any]:
+    """The run report's entry of `stage` when it is a full run that wrote the manifest's output."""
+    path = Path(entry["report"]) if entry.get("report") else None
+    if path is None or not path.is_file():
+        return {}
+    report = _read_json(path, f"the report of {stage}", "re-run that stage")
+    run = ((report if isinstance(report, dict) else {}).get("stages") or {}).get(stage)
+    if not isinstance(run, dict) or run.get("full") is False:
+        return {}
+    if run.get("output") and os.path.abspath(run["output"]) != os.path.abspath(entry["output"]):
+        return {}
+    return run
+
+
+def _rows(path: Any) -> Iterator[dict]:
+    try:
+        for _, _, row in iter_jsonl(Path(path), ErrorPolicy("fail")):
+            yield row
+    except (OSError, TypeError, RowError, InputError):
+        return
 
 
 def card_facts(
@@ -453,10 +556,12 @@ def card_facts(
         facts["settings"][setting] = {split: part.summary() for split, part in written.items()}
         for part in written.values():
             facts["languages"].update(part.languages)
+    facts["personas"] = persona_facts(parts)
     for setting in SETTINGS:
         path = splits_dir / setting / "train.jsonl"
         if path.exists():
             for _, _, user in iter_jsonl(path, ErrorPolicy("fail")):
+                facts["source"] = memory_source(user.get("source"), facts["warnings"])
                 # The persona's provenance (persona, big_five prompts), then the queries'.
                 sources = [("infer-persona", user.get("provenance"))]
                 sources += [("gen-queries", q.get("provenance")) for q in user.get("queries", [])[:1]]
@@ -468,6 +573,26 @@ def card_facts(
                 break
             break
     return facts
+
+
+def persona_facts(parts: dict[str, dict[str, DataPart]]) -> dict[str, Any]:
+    """Over the published users: their distinct Big Five profiles (all, and per split of each
+    config), the levels citing no memory, the users kept although the depth check said no."""
+    profiles: dict[str, tuple[str, ...]] = {}
+    uncited: dict[str, int] = {}
+    depth: set[str] = set()
+    per_split: dict[str, dict[str, int]] = {}
+    for setting, written in parts.items():
+        for split, part in written.items():
+            profiles.update(part.profiles)
+            uncited.update(part.uncited_levels)
+            depth |= part.depth_not_enforced
+            per_split.setdefault(setting, {})[split] = len(set(part.profiles.values()))
+    return {
+        "users": len(profiles), "profiles": len(set(profiles.values())), "per_split": per_split,
+        "uncited_levels": sum(uncited.values()), "levels": len(BIG_FIVE) * len(profiles),
+        "depth_not_enforced": len(depth),
+    }  # fmt: skip
 
 
 # --- the repository ------------------------------------------------------------------------------
@@ -570,6 +695,7 @@ def publish(
     revision: str | None = None,
     include_dialogue: bool = False,
     criteria: Path | None = None,
+    criteria_asked: bool = True,
     force: bool = False,
     quality: Callable[[Path | None], tuple[dict[str, Any] | None, bytes | None]] | None = None,
 ) -> PublishResult:
@@ -577,6 +703,9 @@ def publish(
 
     `criteria`: a `personaemp criteria` file; when it exists, each row gets its query's
     criteria as a `criteria` column (queries it lacks get empty lists, and a warning).
+    `criteria_asked`: False when `criteria` is only the default place: a file there that
+    cannot serve these queries (a leftover, made for other queries) is left out with one
+    warning instead of stopping the push.
     `quality`: queries file -> (agreement report, plot) of the people's labels beside it
     (the review product's `card_quality`); without it the card says nobody measured the judge."""
     if (repo_id is None) == (out is None):
@@ -587,7 +716,9 @@ def publish(
     split_report = read_split_report(splits_dir, list(files))
     fingerprint = None
     if out is not None:  # a dry run can be skipped; a push always goes out (the Hub may have changed)
-        options = {"out": out, "include_dialogue": include_dialogue, "criteria": criteria}
+        options = {
+            "out": out, "include_dialogue": include_dialogue, "criteria": criteria, "asked": criteria_asked,
+        }  # fmt: skip
         fingerprint = freshness.fingerprint(_read_by_push(splits_dir, split_report, criteria), options)
         last = freshness.current("push", out, fingerprint, force)
         if last is not None:
@@ -596,14 +727,14 @@ def publish(
                 target=result["target"], rows=result["rows"], card=Path(result["card"]),
                 warnings=result["warnings"], unchanged_since=freshness.unchanged("push", last),
             )  # fmt: skip
+    left_out: list[str] = []
     found = None
     if criteria is not None and Path(criteria).exists():
-        from personaemp.instruments.criteria import fresh_criteria
-
-        found = fresh_criteria(Path(criteria), [p for parts in files.values() for p in parts.values()])
+        found = _criteria(Path(criteria), files, criteria_asked, left_out)
     with _staging(out) as staging:
         parts = write_parts(files, staging, include_dialogue, found)
         facts = card_facts(splits_dir, parts, split_report)
+        facts["warnings"] += left_out
         if found is not None:
             published = {
                 qid for written in parts.values() for part in written.values() for qid in part.query_ids
@@ -644,6 +775,21 @@ def publish(
         _push(repository, card, repo_id, private, revision, configs=list(parts))
     target = f"https://huggingface.co/datasets/{repo_id}"
     return PublishResult(target=target, rows=rows, warnings=facts["warnings"])
+
+
+def _criteria(path: Path, files: dict[str, dict[str, Path]], asked: bool, warnings: list[str]):
+    """The criteria file's rows, checked to be made for the split's queries; a file nobody
+    asked for that cannot serve them (a leftover at the default place, made for other
+    queries) is left out, with one warning that says why."""
+    from personaemp.instruments.criteria import fresh_criteria
+
+    try:
+        return fresh_criteria(path, [p for parts in files.values() for p in parts.values()])
+    except InputError as error:
+        if asked:
+            raise
+        warnings.append(f"{error.message}: left out of the dataset (pass --criteria to require it)")
+        return None
 
 
 def _read_by_push(splits_dir: Path, split_report: dict[str, Any], criteria: Path | None) -> list[Path]:
@@ -731,7 +877,8 @@ def from_options(options, console, quality=None):
         publish(
             options.splits, repo_id=None if dry else options.repo_id, out=options.out_dir if dry else None,
             private=options.private, revision=options.revision, include_dialogue=options.include_dialogue,
-            criteria=options.criteria, quality=quality, force=options.force,
+            criteria=options.criteria, criteria_asked=not options.derived("criteria"), quality=quality,
+            force=options.force,
         )
     )  # fmt: skip
     if dry and not options.dry_run and not getattr(made.report, "unchanged_since", None):
