@@ -12,6 +12,8 @@ user id. An import brings labels.jsonl to the export's state (`import_export`).
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,8 @@ from personaemp.review.page import (
 )
 
 TASKS_FILE, CONFIG_FILE = "tasks.json", "label_config.xml"
+DOCS = "docs/commands/review.md, A deleted annotation"  # where a full export is explained
+NAME_CHARS = 40  # a control's name as the import's summary shows it
 
 
 def _memories(item: dict[str, Any]) -> str:
@@ -97,7 +101,8 @@ def label_config(traits: int) -> str:
     The review page's keys: a / r accept or reject the query, 1-4 agree with the query's
     check 1-4 and Shift+1-4 disagree. A check or trait the task does not have shows no
     choices (they come from the task's data: Choices' dynamic `value`). The page's s / u act
-    on a marked trait, which Label Studio has no notion of: trait choices have no key."""
+    on a marked trait, which Label Studio has no notion of: trait choices declare no key, and
+    Label Studio gives them the next free of 1-9, 0, q, w... (5/6, 7/8, 9/0 after four checks)."""
 
     def text(name: str, value: str | None = None) -> str:
         return f'  <Text name="{name}_text" value="${value or name}"/>'
@@ -182,6 +187,7 @@ def _as_tuple(kinds) -> tuple:
 
 
 CHOSEN = ("query", "check_", "trait_")  # the Choices controls of the project (and `note`)
+CONTROLS = re.compile(rf"(query|note|check_({'|'.join(LLM_CHECKS)})|trait_\d+)")  # every control's name
 
 
 @dataclasses.dataclass
@@ -195,6 +201,7 @@ class _Annotation:
     email: str | None
     when: str | None
     labels: dict[str, Any]  # control name -> chosen value (text for the note)
+    unknown: tuple[str, ...] = ()  # the controls of its results this project does not have
 
     def meta(self) -> dict[str, Any]:
         meta = {
@@ -255,9 +262,13 @@ def _json_annotations(raw: Any, task: _Task, items: dict, queries: Path) -> tupl
             continue
         user, email = _who(annotation, task)
         labels: dict[str, Any] = {}
+        unknown = []
         for result in task.expect(annotation.get("result") or [], list, "an annotation's result"):
             task.expect(result, dict, "a result")
             name = task.expect(result.get("from_name", ""), str, "from_name")
+            if not CONTROLS.fullmatch(name):  # another project's control (or a relation): not read
+                unknown.append(name)
+                continue
             value = task.expect(result.get("value") or {}, dict, "the value", name)
             if name == "note":
                 texts = value.get("text") or []
@@ -269,7 +280,8 @@ def _json_annotations(raw: Any, task: _Task, items: dict, queries: Path) -> tupl
                 if picked:
                     labels[name] = picked[0]
         ident = task.expect(annotation.get("id"), (int, str, type(None)), "an annotation's id")
-        found.append(_Annotation(task, query_id, ident, user, email, _when(annotation, task), labels))
+        when = _when(annotation, task)
+        found.append(_Annotation(task, query_id, ident, user, email, when, labels, tuple(unknown)))
     return query_id, found
 
 
@@ -302,7 +314,8 @@ def _min_annotation(raw: Any, task: _Task, items: dict, queries: Path) -> tuple[
         return query_id, []
     labels: dict[str, Any] = {}
     for name, value in raw.items():
-        if name != "note" and not name.startswith(CHOSEN) or name.endswith(("_text", "_choices")):
+        # the task's data is beside the controls; the converter leaves other projects' controls out
+        if not CONTROLS.fullmatch(name):
             continue
         chosen = _min_value(value, task, name)
         if chosen is None:
@@ -355,10 +368,13 @@ def import_export(path: Path, queries: Path, labels: Path) -> dict[str, Any]:
     file holds for a Label Studio reviewer but the export does not (a choice removed by an
     edit, a deleted annotation, a name an older import used) is removed by a line with
     `"value": null`. Only the tasks in the export are touched: a partial export (some tasks)
-    leaves the others as they are; an export holds all of a task's annotations. Reviewers of
+    leaves the others as they are, and counts those holding Label Studio labels
+    (`absent_tasks`); an export holds all of a task's annotations, so a task in it with none
+    (a full export: `download_all_tasks=true`, or a snapshot) loses its labels. Reviewers of
     the review page are never touched. Labels about a trait or check the query does not
-    have are skipped and counted. Nothing is written unless the whole export reads; lines
-    go in batches of one write and one fsync."""
+    have are skipped and counted (`refused`), results of controls the project does not have
+    are left out and counted by name (`unknown_controls`). Nothing is written unless the
+    whole export reads; lines go in batches of one write and one fsync."""
     try:
         export = msgspec.json.decode(Path(path).read_bytes())
     except FileNotFoundError:
@@ -386,6 +402,7 @@ def import_export(path: Path, queries: Path, labels: Path) -> dict[str, Any]:
         if held is None or order >= (held.when or "", str(held.annotation or "")):
             latest[key] = annotation
     state = current_labels(before)
+    unknown = Counter(name for annotation in latest.values() for name in annotation.unknown)
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     new: list[dict[str, Any]] = []
     refused = removed = 0
@@ -409,11 +426,14 @@ def import_export(path: Path, queries: Path, labels: Path) -> dict[str, Any]:
             body = {"reviewer": reviewer, "query_id": query_id, "field": field, "value": None}
             new.append({**make_event(body, items, now), "label_studio": annotation.meta()})
             removed += 1
+    absent = set()  # tasks holding Label Studio's labels that the export does not have
     for reviewer, queries_labelled in state.items():
         if not reviewer.startswith(LABEL_STUDIO_REVIEWER):
             continue
         for query_id, fields in queries_labelled.items():
-            if query_id in tasks and (reviewer, query_id) not in latest:
+            if query_id not in tasks:
+                absent.add(query_id)
+            elif (reviewer, query_id) not in latest:
                 for field in fields:  # the annotation is gone from Label Studio
                     body = {"reviewer": reviewer, "query_id": query_id, "field": field, "value": None}
                     meta = {"task": tasks[query_id]} if tasks[query_id] is not None else {}
@@ -429,6 +449,8 @@ def import_export(path: Path, queries: Path, labels: Path) -> dict[str, Any]:
         "added": len(new) - removed,
         "removed": removed,
         "refused": refused,
+        "unknown_controls": dict(sorted(unknown.items())),
+        "absent_tasks": len(absent),
     }
 
 
@@ -464,4 +486,27 @@ def exchange_label_studio(options, export: Path | None, export_file: Path | None
                 f"[yellow]{refused} label{'s' if refused != 1 else ''} skipped: about a trait or check "
                 "their query does not have; the rest imported, not scored[/]"
             )
+        unknown = found["unknown_controls"]
+        if unknown:
+            named = ", ".join(_control(name) + (f" ({n})" if n > 1 else "") for name, n in unknown.items())
+            total = sum(unknown.values())
+            console.print(
+                f"[yellow]{total} result{'s' if total != 1 else ''} from controls this project does "
+                f"not have: {escape(named)} — left out[/]"
+            )
+        absent = found["absent_tasks"]
+        if absent:
+            one = absent == 1
+            console.print(
+                f"[yellow]{absent} task{'' if one else 's'} holding labels {'is' if one else 'are'} not in "
+                f"this export: {'its' if one else 'their'} labels are kept; if {'its' if one else 'their'} "
+                f"annotations were deleted, export with download_all_tasks=true ({DOCS})[/]"
+            )
     return result or None
+
+
+def _control(name: str) -> str:
+    """A control's name from an export, for one terminal line."""
+    if not name:
+        return "(no from_name)"
+    return name if name.isprintable() and len(name) <= NAME_CHARS else shown(name, NAME_CHARS)
