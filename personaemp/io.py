@@ -51,6 +51,7 @@ def _json_error(exc: Exception, raw: bytes | None = None) -> str:
 
 
 _GENERIC = msgspec.json.Decoder()
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark
 
 
 def iter_jsonl(
@@ -70,7 +71,9 @@ def iter_jsonl(
     with path.open("rb") as handle:
         for lineno, raw in enumerate(handle, 1):
             start, offset = offset, offset + len(raw)
-            if raw.isspace():  # blank line (strip() would copy every long line)
+            if lineno == 1 and raw.startswith(BOM):  # Windows tools write one: not part of the row
+                raw, start = raw[len(BOM) :], start + len(BOM)
+            if not raw or raw.isspace():  # blank line (strip() would copy every long line)
                 continue
             try:
                 value = decoder.decode(raw)
@@ -103,7 +106,7 @@ def iter_json_array(path: Path, policy: ErrorPolicy, key: str = "data") -> Itera
     """
     _check_readable(path)
     decoder = json.JSONDecoder()
-    with path.open("r", encoding="utf-8") as handle:
+    with path.open("r", encoding="utf-8-sig") as handle:  # -sig: a leading BOM is skipped
         reader = _Buffer(handle, path)
         first = reader.next_char()
         if first == "{":
