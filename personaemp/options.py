@@ -305,6 +305,14 @@ class ExtractOptions(Section):
     time_column: Annotated[str | None, Opt("Table: a column of timestamps (optional).", metavar="NAME")] = (
         None
     )
+    time_format: Annotated[
+        str | None,
+        Opt(
+            "strptime format of text timestamps (e.g. %m/%d/%Y %H:%M); without it, ISO 8601 or seconds "
+            "(milliseconds from 1e11 up) since 1970. A time without a zone is UTC.",
+            metavar="FORMAT",
+        ),
+    ] = None
     max_sessions: Annotated[int, Field(ge=1), Opt("Latest sessions kept per user.")] = 50
     max_turns: Annotated[
         int, Field(ge=1), Opt("Latest turns kept per user, all roles (AlpsBench's longest: 249).")

@@ -363,6 +363,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "role_column": "author",
         "text_column": "body",
         "time_column": "sent_at",
+        "time_format": "%d.%m.%Y %H:%M",
         "max_sessions": 9,
         "max_turns": 99,
         "max_turn_chars": 999,

@@ -288,8 +288,19 @@ class ReadReport:
     user_ids_given: bool = True  # False: no user id in the data, each conversation is a user
     bad_rows_skipped: int = 0
     skipped_rows: list[str] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=dict)  # empty conversations, turns cut, ...
+    counts: dict[str, int] = field(default_factory=dict)  # duplicates, empty conversations, turns cut, ...
     bounds: dict[str, int] = field(default_factory=dict)
+
+
+# The counts of reading (sources.logs) shown on the summary's read line, in words; the others
+# are what the bounds cut.
+READ_COUNTS = {
+    "duplicate_conversations": "duplicate conversations kept once",
+    "duplicate_rows": "repeated rows left out",
+    "session_ids_repeated": "conversation ids repeated with other turns (renamed <id>#2, ...)",
+    "user_ids_merged": 'user ids given as a number and as text (1 and "1": one user)',
+    "sessions_without_time": "conversations without a time (first in their user's order)",
+}
 
 
 def write_conversations(
@@ -301,6 +312,7 @@ def write_conversations(
     on_error: str = "fail",
     user_field: str | None = None,
     columns: dict[str, str | None] | None = None,
+    time_format: str | None = None,
 ) -> ReadReport:
     """Read a log, bound every user's history and write the users to `target` (one per line).
 
@@ -314,7 +326,9 @@ def write_conversations(
     bounds = bounds or Bounds()
     fmt = detect_log_format(source) if fmt == "auto" else fmt
     report = ReadReport(input=str(source), format=fmt, bounds=bounds.as_dict())
-    users = read_log(source, policy, fmt, user_field=user_field, columns=columns or {})
+    users = read_log(
+        source, policy, fmt, user_field=user_field, columns=columns or {}, time_format=time_format
+    )
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     digest = hashlib.sha256()
@@ -372,6 +386,7 @@ async def aextract_memories(
     on_error: str = "fail",
     user_field: str | None = None,
     columns: dict[str, str | None] | None = None,
+    time_format: str | None = None,
     limit: int | None = None,
     users: Sequence[str] | None = None,
     retry_failed: bool = False,
@@ -385,8 +400,10 @@ async def aextract_memories(
     """Extract memories for every user of the log `input_path`; returns (stage report, summary).
 
     The users are first written to conversations.jsonl beside `output_path` (under a temporary
-    folder with --estimate, which writes nothing). `compare_gold`: an AlpsBench
-    reference_output.jsonl; the figures go to gold_comparison.json beside the output.
+    folder with --estimate, which writes nothing); the cache and run report go to the work
+    folder (`settings.work_dir`), named on the console when it is not beside the output.
+    `compare_gold`: an AlpsBench reference_output.jsonl; the figures go to gold_comparison.json
+    beside the output.
     `alpsbench_predictions`: also write alpsbench_predictions.jsonl beside the output, the
     memories in the shape AlpsBench's task1 scorer reads."""
     import tempfile
@@ -400,13 +417,13 @@ async def aextract_memories(
         )
         read = write_conversations(
             input_path, units_path, fmt=fmt, bounds=bounds, on_error=on_error, user_field=user_field,
-            columns=columns,
+            columns=columns, time_format=time_format,
         )  # fmt: skip
-        if console is not None and not read.user_ids_given:
-            console.print(
-                f"[yellow]{input_path}: no user id in the data: each conversation is its own user "
-                "(name the field with --user-field)[/]"
-            )
+        if console is not None:
+            warn_about_reading(read, console)
+            work = Path(os.path.abspath(settings.work_dir))
+            if not settings.estimate and not work.is_relative_to(os.path.abspath(output_path.parent)):
+                console.print(f"cache and run report: {settings.work_dir} (--work-dir moves them)")
         plan = memory_stage(
             units_path, output_path, limit=limit, users=users, retry_failed=retry_failed, full=full,
             shard=shard,
@@ -510,7 +527,8 @@ def extract_args(options) -> dict[str, Any]:
     )  # fmt: skip
     return {
         "fmt": options.format, "bounds": bounds, "on_error": options.on_error,
-        "user_field": options.user_field, "columns": columns, "limit": options.limit,
+        "user_field": options.user_field, "columns": columns, "time_format": options.time_format,
+        "limit": options.limit,
         "users": options.users, "shard": options.shard,
         "compare_gold": options.compare_gold, "match_threshold": options.match_threshold,
         "alpsbench_predictions": options.alpsbench_predictions,
@@ -533,13 +551,34 @@ def extract_result(options, report, summary):
     return result
 
 
+def warn_about_reading(read: ReadReport, console) -> None:
+    """A line for each way the log's users may not be what it meant (before the LLM work)."""
+    if not read.user_ids_given:
+        console.print(
+            f"[yellow]{read.input}: no user id in the data: each conversation is its own user "
+            "(name the field with --user-field)[/]"
+        )
+    merged = read.counts.get("user_ids_merged", 0)
+    if merged:
+        console.print(
+            f'[yellow]{read.input}: {merged} user ids came both as a number and as text (1 and "1"): '
+            "each read as one user (1.0 stays apart from 1)[/]"
+        )
+
+
 def print_summary(summary: MemorySummary, console) -> None:
     read = summary.read
     if read is not None:
-        cut = ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in sorted(read.counts.items()))
+        cut = ", ".join(
+            f"{name.replace('_', ' ')} {value}"
+            for name, value in sorted(read.counts.items())
+            if name not in READ_COUNTS
+        )
         caps = ", ".join(f"{name} {value}" for name, value in read.bounds.items())
+        noted = [f"{read.counts[n]} {words}" for n, words in READ_COUNTS.items() if read.counts.get(n)]
         console.print(
             f"read: {read.users} users, {read.conversations} conversations ({read.format})"
+            + "".join(f"; {line}" for line in noted)
             + (f"; {read.bad_rows_skipped} bad rows skipped" if read.bad_rows_skipped else "")
         )
         console.print(f"bounds: {caps}" + (f"; cut: {cut}" if cut else ""))

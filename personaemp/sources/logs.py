@@ -7,6 +7,15 @@ column). JSON lines are indexed first (user -> line offsets) and read back user 
 memory holds the index, not the dialogues; tables are read with polars, lazily, sorted into
 a temporary parquet file and streamed back in batches.
 
+Sessions are ordered by the instant of their timestamp (`read_instant`): ISO 8601 (a time
+without a zone is UTC), a number of seconds since 1970 (milliseconds from MILLISECONDS_FROM
+up), or text in the strptime format `time_format` names; a value none of these reads is a
+bad row.
+Sessions without a timestamp come first, in file order (they cannot be shown to be recent);
+the timestamps are written out as ISO 8601 in UTC. A conversation that comes again for the
+same user with the same id and the same turns is kept once (`duplicate_conversations`); with
+other turns it is kept under the id `<id>#2`, `#3`, ... (`session_ids_repeated`).
+
 `bound_user` then bounds a history as AlpsBench's own sequences are bounded (6 to 249 turns):
 the latest sessions and turns are kept, pasted code and essays trimmed. What it cut is
 counted per user (`Bounds.counts`).
@@ -14,12 +23,17 @@ counted per user (`Bounds.counts`).
 
 from __future__ import annotations
 
+import hashlib
+import math
 import re
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, iter_json_array, iter_jsonl, read_jsonl_at
@@ -45,7 +59,7 @@ class LogTurn:
 @dataclass
 class LogSession:
     session_id: str
-    timestamp: str | None
+    timestamp: str | None  # ISO 8601, UTC
     turns: list[LogTurn]
 
 
@@ -197,10 +211,75 @@ def _session(session_id: str, timestamp: str | None, turns: list[tuple[Any, Any]
     return LogSession(session_id, timestamp, kept)
 
 
-def _stamp(value: Any) -> str | None:
-    if value is None:
+# --- time ------------------------------------------------------------------------------------------
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# An epoch number this large is milliseconds: as seconds it would be the year 5138, as
+# milliseconds it is March 1973 (no chat log is older).
+MILLISECONDS_FROM = 100_000_000_000
+_NUMBER = re.compile(r"[+-]?\d+(\.\d*)?")
+_TIME_HINT = "name its format with --time-format (e.g. %m/%d/%Y)"
+
+
+def read_instant(value: Any, time_format: str | None = None) -> int | None:
+    """Microseconds since 1970 UTC of a timestamp; None when there is none (null, blank).
+
+    A number is seconds since 1970, or milliseconds from MILLISECONDS_FROM up; text is read
+    with `time_format` (strptime) when given, else as ISO 8601 or as such a number; a time
+    without a zone is UTC. ValueError, saying why, for anything else."""
+    if value is None or (isinstance(value, str) and not value.strip()):
         return None
-    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+    if isinstance(value, bool):
+        raise ValueError(f"time {value!r} is not a time")
+    if isinstance(value, int | float):
+        return _epoch(value)
+    if isinstance(value, date) and not isinstance(value, datetime):
+        value = datetime(value.year, value.month, value.day)
+    if isinstance(value, str):
+        text = value.strip()
+        if time_format:
+            try:
+                value = datetime.strptime(text, time_format)
+            except ValueError:
+                raise ValueError(f"time {text!r} does not match --time-format {time_format!r}") from None
+        else:
+            try:
+                value = datetime.fromisoformat(text)
+            except ValueError:
+                if not _NUMBER.fullmatch(text):
+                    raise ValueError(
+                        f"time {text!r} is neither ISO 8601 nor seconds since 1970: {_TIME_HINT}"
+                    ) from None
+                return _epoch(float(text) if "." in text else int(text))
+    if not isinstance(value, datetime):
+        raise ValueError(f"time {value!r} is not a time (a {type(value).__name__})")
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return (value - EPOCH) // timedelta(microseconds=1)
+
+
+def _epoch(number: int | float) -> int:
+    if not math.isfinite(number):
+        raise ValueError(f"time {number!r} is not a time")
+    scale = 1_000 if abs(number) >= MILLISECONDS_FROM else 1_000_000
+    micros = number * scale if isinstance(number, int) else round(number * scale)
+    try:
+        EPOCH + timedelta(microseconds=micros)
+    except OverflowError:
+        raise ValueError(f"time {number!r} is out of range for seconds or milliseconds since 1970") from None
+    return micros
+
+
+def iso_instant(micros: int | None) -> str | None:
+    """What `read_instant` gives, as ISO 8601 in UTC (what conversations.jsonl holds)."""
+    return None if micros is None else (EPOCH + timedelta(microseconds=micros)).isoformat()
+
+
+def _instant_at(value: Any, time_format: str | None, location: str) -> int | None:
+    try:
+        return read_instant(value, time_format)
+    except ValueError as exc:
+        raise RowError(location, str(exc)) from None
 
 
 def _field(row: dict, names: tuple[str, ...]) -> Any:
@@ -218,9 +297,9 @@ def _field(row: dict, names: tuple[str, ...]) -> Any:
 class _Conversation:
     """What a reader takes from one line: its user, its session and its turns."""
 
-    user: str | None
+    user: Any  # as the data has it (a number, a string); None: no user id
     session_id: str
-    timestamp: str | None
+    timestamp: Any  # as the data has it (`read_instant` reads it)
     turns: list[tuple[Any, Any]]
 
 
@@ -230,7 +309,7 @@ def _wildchat(row: dict, location: str, options: dict) -> _Conversation:
         raise RowError(location, "no 'hashed_ip' (the WildChat user)")
     turns = _turns(row, location, "conversation", "role", "content", "turns")
     session = row.get("conversation_hash") or row.get("conversation_id") or location
-    return _Conversation(str(user), str(session), _stamp(row.get("timestamp")), turns)
+    return _Conversation(user, str(session), row.get("timestamp"), turns)
 
 
 def _turns(row: dict, location: str, field: str, role: str, text: str, shape: str) -> list[tuple[Any, Any]]:
@@ -258,8 +337,8 @@ def _with_ids(row: dict, location: str, options: dict, turns) -> _Conversation:
     if named and user in (None, ""):
         raise RowError(location, f"no {named!r} (the user id --user-field names)")
     session = _field(row, CONVERSATION_FIELDS) or location
-    timestamp = _stamp(_field(row, ("timestamp", "created_at", "time")))
-    return _Conversation(None if user in (None, "") else str(user), str(session), timestamp, turns)
+    timestamp = _field(row, ("timestamp", "created_at", "time"))
+    return _Conversation(None if user in (None, "") else user, str(session), timestamp, turns)
 
 
 _PARSERS = {"wildchat": _wildchat, "messages": _messages, "sharegpt": _sharegpt}
@@ -272,8 +351,6 @@ def _lines(path: Path, policy: ErrorPolicy, spool: Path) -> Iterator[tuple[str, 
         for lineno, offset, row in iter_jsonl(path, policy):
             yield f"{path}:{lineno}", offset, path, row
         return
-    import msgspec
-
     offset = 0
     with spool.open("wb") as out:
         for number, (_, row) in enumerate(iter_json_array(path, policy), 1):
@@ -286,9 +363,12 @@ def _lines(path: Path, policy: ErrorPolicy, spool: Path) -> Iterator[tuple[str, 
 def read_jsonl_log(path: Path, fmt: str, policy: ErrorPolicy, options: dict) -> Iterator[LogUser]:
     """Users of a JSON-lines (or JSON array) log, in order of first appearance."""
     parse = _PARSERS[fmt]
-    index: dict[str, list[tuple[str, int, str]]] = {}  # user -> [(sort key, offset, location)]
+    time_format = options.get("time_format")
+    # user -> [(when, offset, location)]; when: (0, 0) without a time (first), else (1, instant)
+    index: dict[str, list[tuple[tuple[int, int], int, str]]] = {}
+    kinds: dict[str, str] = {}  # user -> the JSON type its id first came as
+    merged: set[str] = set()  # users whose id came as a number and as a string (1 and "1")
     given = True
-    counts: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="personaemp-log-") as folder:
         spool = Path(folder) / "spool.jsonl"
         source = path
@@ -298,34 +378,63 @@ def read_jsonl_log(path: Path, fmt: str, policy: ErrorPolicy, options: dict) -> 
                 if not isinstance(row, dict):
                     raise RowError(location, f"expected a JSON object, got {type(row).__name__}")
                 conversation = parse(row, location, options)
+                when = _instant_at(conversation.timestamp, time_format, location)
             except RowError as error:
                 policy.handle(error)
                 continue
-            user = conversation.user
-            if user is None:
+            if conversation.user is None:
                 given, user = False, f"{Path(path).stem}:{location.rsplit(':', 1)[-1]}"
-            index.setdefault(user, []).append((conversation.timestamp or "", offset, location))
+            else:
+                user, kind = str(conversation.user), type(conversation.user).__name__
+                if kinds.setdefault(user, kind) != kind:
+                    merged.add(user)
+            key = (0, 0) if when is None else (1, when)
+            index.setdefault(user, []).append((key, offset, location))
         with source.open("rb") as handle:
             for user, entries in index.items():
-                sessions = []
-                per_user: dict[str, int] = {}
-                for _, offset, location in sorted(entries, key=lambda entry: entry[0]):
+                per_user: dict[str, int] = {"user_ids_merged": 1} if user in merged else {}
+                read = []
+                for (timed, when), offset, location in sorted(entries, key=lambda entry: entry[0]):
                     conversation = parse(read_jsonl_at(handle, offset), location, options)
-                    session = _session(
-                        conversation.session_id,
-                        conversation.timestamp,
-                        conversation.turns,
-                        location,
-                        per_user,
-                    )
-                    if session is not None:
-                        sessions.append(session)
-                for name, value in per_user.items():
-                    counts[name] = counts.get(name, 0) + value
+                    stamp = iso_instant(when) if timed else None
+                    read.append((conversation.session_id, conversation.turns, stamp, location))
+                sessions = _distinct(read, per_user, policy)
                 if sessions:
                     yield LogUser(user, entries[0][2], fmt, str(path), sessions, given, per_user)
-                else:
-                    counts["users_without_turns"] = counts.get("users_without_turns", 0) + 1
+
+
+def _distinct(conversations: list[tuple], counts: dict[str, int], policy: ErrorPolicy) -> list[LogSession]:
+    """One user's sessions from (session id, turns, timestamp, location) in time order: a
+    conversation whose id and turns came before is left out; one whose id came before with
+    other turns gets the id `<id>#2` (#3, ...); each counted."""
+    seen: dict[str, set[bytes]] = {}  # session id -> digests of its turns
+    taken = {conversation[0] for conversation in conversations}
+    sessions = []
+    for session_id, turns, stamp, location in conversations:
+        digest = hashlib.sha256(msgspec.json.encode(turns)).digest()
+        if session_id in seen:
+            if digest in seen[session_id]:
+                counts["duplicate_conversations"] = counts.get("duplicate_conversations", 0) + 1
+                continue
+            seen[session_id].add(digest)
+            counts["session_ids_repeated"] = counts.get("session_ids_repeated", 0) + 1
+            number = 2
+            while f"{session_id}#{number}" in taken:
+                number += 1
+            session_id = f"{session_id}#{number}"
+            taken.add(session_id)
+        else:
+            seen[session_id] = {digest}
+        try:
+            session = _session(session_id, stamp, turns, location, counts)
+        except RowError as error:
+            policy.handle(error)
+            continue
+        if session is not None:
+            sessions.append(session)
+            if stamp is None:
+                counts["sessions_without_time"] = counts.get("sessions_without_time", 0) + 1
+    return sessions
 
 
 # --- tables and WildChat parquet: polars ---------------------------------------------------------
@@ -379,9 +488,42 @@ def table_columns(path: Path) -> list[str]:
         raise _polars_error(path, exc) from None
 
 
-def read_table(path: Path, policy: ErrorPolicy, columns: dict[str, str | None]) -> Iterator[LogUser]:
+def _instants(column, time_format: str | None):
+    """The polars expression of `read_instant` over a column (null where it cannot be read: the
+    reader names those rows)."""
+    import polars as pl
+
+    def read(values):
+        found: dict[Any, int | None] = {}  # the rows of a session mostly share their time
+        for value in values.to_list():
+            if value not in found:
+                try:
+                    found[value] = read_instant(value, time_format)
+                except ValueError:
+                    found[value] = None
+        return pl.Series([found[value] for value in values.to_list()], dtype=pl.Int64)
+
+    return column.map_batches(read, return_dtype=pl.Int64, is_elementwise=True)
+
+
+def _time_problem(row: dict, time_format: str | None) -> str | None:
+    """Why a row's time cannot be read; None when it has none or it was read."""
+    if row["instant"] is not None or row["time"] is None or not row["time"].strip():
+        return None
+    try:
+        read_instant(row["time"], time_format)
+    except ValueError as exc:
+        return str(exc)
+    return f"time {row['time']!r} cannot be read: {_TIME_HINT}"
+
+
+def read_table(
+    path: Path, policy: ErrorPolicy, columns: dict[str, str | None], time_format: str | None = None
+) -> Iterator[LogUser]:
     """A table of turns: `columns` maps user, session, order, role, text (and time, optional)
-    to the file's column names. One row per turn; users and sessions in order of first row."""
+    to the file's column names. One row per turn; users in order of first row, sessions in
+    time order (`read_instant` of their earliest row; those without a time first, in file order).
+    A row that repeats an earlier one of its session (order, role and text) is left out."""
     import polars as pl
 
     present = table_columns(path)
@@ -397,6 +539,7 @@ def read_table(path: Path, policy: ErrorPolicy, columns: dict[str, str | None]) 
     line_offset = 2 if path.suffix != ".parquet" else 1  # CSV: the header is line 1
     lf = _scan(path).with_row_index("_row")
     session = pl.col(wanted["session"]).cast(pl.String) if wanted["session"] else pl.lit("s1")
+    time = pl.col(wanted["time"]) if wanted["time"] else pl.lit(None, pl.String)
     lf = lf.select(
         pl.col(wanted["user"]).cast(pl.String).alias("user"),
         session.alias("session"),
@@ -404,14 +547,15 @@ def read_table(path: Path, policy: ErrorPolicy, columns: dict[str, str | None]) 
         pl.col(wanted["order"]).cast(pl.String).alias("order_text"),
         pl.col(wanted["role"]).cast(pl.String).alias("role"),
         pl.col(wanted["text"]).cast(pl.String).alias("text"),
-        (pl.col(wanted["time"]).cast(pl.String) if wanted["time"] else pl.lit(None, pl.String)).alias("time"),
+        time.cast(pl.String).alias("time"),
+        _instants(time, time_format).alias("instant"),
         pl.col("_row"),
     )
     lf = lf.with_columns(
         pl.col("_row").min().over("user").alias("_u"),
-        pl.col("time").min().over("user", "session").alias("_t"),  # sessions in time order
+        pl.col("instant").min().over("user", "session").alias("_t"),  # sessions in time order
         pl.col("_row").min().over("user", "session").alias("_s"),  # ... or in file order
-    ).sort(["_u", "_t", "_s", "order", "_row"], nulls_last=True)
+    ).sort(["_u", "_t", "_s", "order", "_row"], nulls_last=[False, False, False, True, False])
 
     def turns(batch) -> Iterator[tuple]:
         for row in batch:
@@ -426,7 +570,14 @@ def read_table(path: Path, policy: ErrorPolicy, columns: dict[str, str | None]) 
                     )
                 )
                 continue
-            yield row["user"], row["session"], row["time"], row["role"], row["text"], location
+            problem = _time_problem(row, time_format)
+            if problem:
+                policy.handle(RowError(location, problem))
+                continue
+            yield (
+                row["user"], row["session"], iso_instant(row["_t"]), row["role"], row["text"], location,
+                None, (row["order"], row["role"], row["text"]),
+            )  # fmt: skip
 
     yield from _grouped(path, "table", lf, turns, policy)
 
@@ -437,24 +588,26 @@ def read_wildchat_parquet(path: Path, policy: ErrorPolicy, options: dict) -> Ite
 
     present = table_columns(path)
     user = options.get("user_field") or "hashed_ip"
+    time_format = options.get("time_format")
     missing = [c for c in (user, "conversation", "conversation_hash") if c not in present]
     if missing:
         raise InputError(f"{path}: no column {missing[0]!r}", "pass --format table for a table of turns")
-    time = pl.col("timestamp").cast(pl.String) if "timestamp" in present else pl.lit(None, pl.String)
+    time = pl.col("timestamp") if "timestamp" in present else pl.lit(None, pl.String)
     lf = (
         _scan(path)
         .with_row_index("_row")
         .select(
             pl.col(user).cast(pl.String).alias("user"),
             pl.col("conversation_hash").cast(pl.String).alias("session"),
-            time.alias("time"),
+            time.cast(pl.String).alias("time"),
+            _instants(time, time_format).alias("instant"),
             pl.col("conversation")
             .list.eval(pl.struct(pl.element().struct.field("role"), pl.element().struct.field("content")))
             .alias("conversation"),
             pl.col("_row"),
         )
         .with_columns(pl.col("_row").min().over("user").alias("_u"))
-        .sort(["_u", "time", "_row"], nulls_last=True)
+        .sort(["_u", "instant", "_row"], nulls_last=[False, False, False])
     )
 
     def turns(batch) -> Iterator[tuple]:
@@ -463,10 +616,13 @@ def read_wildchat_parquet(path: Path, policy: ErrorPolicy, options: dict) -> Ite
             if row["user"] in (None, ""):
                 policy.handle(RowError(location, f"no {user!r} (the WildChat user)"))
                 continue
-            for turn in row["conversation"] or []:
-                yield row["user"], row["session"], row["time"], turn["role"], turn["content"], location
-            if not row["conversation"]:
-                yield row["user"], row["session"], row["time"], None, None, location
+            problem = _time_problem(row, time_format)
+            if problem:
+                policy.handle(RowError(location, problem))
+                continue
+            head = (row["user"], row["session"], iso_instant(row["instant"]))
+            for turn in row["conversation"] or [{"role": None, "content": None}]:
+                yield *head, turn["role"], turn["content"], location, row["_row"], None
 
     yield from _grouped(path, "wildchat", lf, turns, policy)
 
@@ -482,16 +638,16 @@ def _grouped(path: Path, fmt: str, lf, turns, policy: ErrorPolicy) -> Iterator[L
             lf.sink_parquet(sorted_path)
         except (pl.exceptions.PolarsError, OSError) as exc:
             raise _polars_error(path, exc) from None
-        current: tuple[str, str] | None = None
+        current: str | None = None
         user_rows: list[tuple] = []
         for batch in pl.scan_parquet(sorted_path).collect_batches(chunk_size=BATCH_ROWS):
             for item in turns(batch.iter_rows(named=True)):
-                if current is not None and item[0] != current[0]:
+                if current is not None and item[0] != current:
                     found = _table_user(fmt, path, user_rows, policy)
                     if found is not None:
                         yield found
                     user_rows = []
-                current = (item[0], item[1])
+                current = item[0]
                 user_rows.append(item)
         if user_rows:
             found = _table_user(fmt, path, user_rows, policy)
@@ -500,24 +656,25 @@ def _grouped(path: Path, fmt: str, lf, turns, policy: ErrorPolicy) -> Iterator[L
 
 
 def _table_user(fmt: str, path: Path, rows: list[tuple], policy: ErrorPolicy) -> LogUser | None:
+    """One user from its rows (user, session, timestamp, role, text, location, conversation,
+    turn key), in order: a conversation is a session's rows (a table), or one source row
+    (WildChat: `conversation` is its row number); a turn key seen before in its session is a
+    repeated row, left out."""
     counts: dict[str, int] = {}
-    sessions, order = {}, []
-    for _, session, time, role, text, location in rows:
-        if session not in sessions:
-            sessions[session] = (time, location, [])
-            order.append(session)
+    conversations: dict[tuple, tuple[str, str | None, str, list]] = {}
+    seen: set[tuple] = set()
+    for _, session, stamp, role, text, location, part, turn_key in rows:
+        if turn_key is not None:
+            if (session, turn_key) in seen:
+                counts["duplicate_rows"] = counts.get("duplicate_rows", 0) + 1
+                continue
+            seen.add((session, turn_key))
+        if (session, part) not in conversations:
+            conversations[(session, part)] = (session, stamp, location, [])
         if role is not None or text is not None:
-            sessions[session][2].append((role, text))
-    built = []
-    for session in order:
-        time, location, pairs = sessions[session]
-        try:
-            made = _session(session, time, pairs, location, counts)
-        except RowError as error:
-            policy.handle(error)
-            continue
-        if made is not None:
-            built.append(made)
+            conversations[(session, part)][3].append((role, text))
+    read = [(session, pairs, stamp, location) for session, stamp, location, pairs in conversations.values()]
+    built = _distinct(read, counts, policy)
     if not built:
         return None
     return LogUser(rows[0][0], rows[0][5], fmt, str(path), built, True, counts)
@@ -621,7 +778,7 @@ def read_log(path: Path, policy: ErrorPolicy, fmt: str = "auto", **options: Any)
     if fmt == "table":
         if path.suffix not in TABLE_SUFFIXES:
             raise InputError(f"{path}: a table is a .csv, .tsv or .parquet file")
-        return read_table(path, policy, options.get("columns") or {})
+        return read_table(path, policy, options.get("columns") or {}, options.get("time_format"))
     if fmt == "wildchat" and path.suffix == ".parquet":
         return read_wildchat_parquet(path, policy, options)
     if fmt not in _PARSERS:
