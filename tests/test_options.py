@@ -330,6 +330,7 @@ def cli_args(section: str, values: dict[str, Any]) -> list[str]:
 
 def test_run_with_the_default_toml_calls_the_stages_as_the_commands_do(calls, tmp_path):
     defaults = RunOptions().model_dump()
+    del defaults["push"]["criteria"]  # a file named is one push must publish (criteria_asked)
     config = tmp_path / "defaults.toml"
     config.write_text(toml_text(defaults), encoding="utf-8")
     assert load_config(config) == RunOptions()
@@ -609,7 +610,7 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
     assert by_run["push"] == (
         (Path("s/out"),),
         {"repo_id": "me/data", "out": None, "private": True, "revision": "dev", "include_dialogue": True,
-         "criteria": Path("c/crit.jsonl"), "force": True},
+         "criteria": Path("c/crit.jsonl"), "criteria_asked": True, "force": True},
     )  # fmt: skip
 
 
@@ -658,7 +659,8 @@ def test_push_dry_run_without_out_goes_to_the_processed_dataset_folder(calls):
     assert calls["push"] == (
         (Path("data/processed/splits"),),
         {"repo_id": None, "out": Path("data/processed/dataset"), "private": False, "revision": None,
-         "include_dialogue": False, "criteria": Path("data/processed/criteria.jsonl"), "force": False},
+         "include_dialogue": False, "criteria": Path("data/processed/criteria.jsonl"), "criteria_asked": False,
+         "force": False},
     )  # fmt: skip
 
 
