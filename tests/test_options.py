@@ -659,8 +659,8 @@ def test_push_dry_run_without_out_goes_to_the_processed_dataset_folder(calls):
     assert calls["push"] == (
         (Path("data/processed/splits"),),
         {"repo_id": None, "out": Path("data/processed/dataset"), "private": False, "revision": None,
-         "include_dialogue": False, "criteria": Path("data/processed/criteria.jsonl"), "criteria_asked": False,
-         "force": False},
+         "include_dialogue": False, "criteria": Path("data/processed/criteria.jsonl"),
+         "criteria_asked": False, "force": False},
     )  # fmt: skip
 
 
