@@ -269,3 +269,14 @@ def test_the_command_counts_what_reading_found_and_says_where_its_work_went(tmp_
     recorded = json.loads((tmp_path / "out" / "manifest.json").read_text())["extract-memories"]["report"]
     where = tmp_path / "data" / "processed" / ".personaemp"
     assert Path(recorded).resolve() == (where / "run_report.json").resolve()  # the manifest says so too
+
+
+def test_a_turn_without_a_string_role_is_a_bad_row_that_skip_skips(tmp_path):
+    """Found reading this code: the check ran on the second read, past --on-error skip."""
+    broken = {**chat("a", "y", "2024-01-02"), "messages": [{"role": 5, "content": "I feel alone."}]}
+    path = write_jsonl(tmp_path / "m.jsonl", [chat("a", "x", "2024-01-01"), broken])
+    with pytest.raises(RowError, match=r"m.jsonl:2: turn 0: a turn needs a string role"):
+        read(path)
+    policy = ErrorPolicy("skip")
+    (user,) = read(path, policy)
+    assert sessions(user) == ["x"] and len(policy.skipped) == 1
