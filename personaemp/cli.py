@@ -205,15 +205,6 @@ def print_json(result: Any) -> None:
     sys.stdout.write(json.dumps(plain, ensure_ascii=False, indent=2, default=str) + "\n")
 
 
-def note_unread_config(config: Path | None, console: Console) -> None:
-    """A config is read only when named: say so when one lies in the folder unread (the demo's
-    personaemp.toml holds 3 users at temperature 0; a bare command builds every user at 0.7)."""
-    if config is None and Path(CONFIG_FILE).is_file():
-        console.print(
-            f"note: ./{CONFIG_FILE} is not read without --config {CONFIG_FILE} (built-in defaults used)"
-        )
-
-
 def with_output_options(command):
     """`command(console, ...)` -> the Typer command with --quiet/--json: it gets the
     console the flags ask for and returns a result, printed as JSON with --json."""
@@ -232,7 +223,6 @@ def with_output_options(command):
     return wrapper
 
 
-CONFIG_FILE = "personaemp.toml"
 INTERRUPTED = "Interrupted — run it again to resume"
 
 
@@ -360,9 +350,7 @@ def stage_command(name: str):
             check_command(name, resolver.section)
             if wants_json:
                 values["json_output"] = json_output
-            console = stderr_console(quiet)
-            note_unread_config(config, console)
-            result = func(resolver, console, **values)
+            result = func(resolver, stderr_console(quiet), **values)
             if json_output:
                 print_json(result)
             stop_if_failed(result)
@@ -495,7 +483,6 @@ def run_command(
     from personaemp.config import load_config
     from personaemp.pipeline import run_pipeline
 
-    note_unread_config(config, console)
     options = load_config(config, settings=settings)  # every section now: a bad value stops before any stage
     return run_pipeline(options, console)
 # fmt: on

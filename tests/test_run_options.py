@@ -1,5 +1,5 @@
-"""`run` takes any stage option with --set, says which key a stage flag is, and a config in
-the folder that is not read is named (issue 44: "a newcomer's second run")."""
+"""`run` takes any stage option with --set and says which key a stage flag is; a config
+saved with a byte order mark is read (issue 44: "a newcomer's second run")."""
 
 from __future__ import annotations
 
@@ -68,17 +68,6 @@ def test_run_given_a_stage_flag_says_which_key_it_is(tmp_path):
     assert "--limit is extract.limit, persona.limit, queries.limit for run: --set extract.limit=..." in text
     help_text = personaemp(tmp_path, "run", "--help").stdout
     assert "--set" in help_text and "extract-memories" in help_text
-
-
-def test_a_config_in_the_folder_that_is_not_read_is_named(tmp_path):
-    """Before: the tour after `make demo` ran with the built-in defaults, not the demo's file, silently."""
-    (tmp_path / "personaemp.toml").write_text("[persona]\nlimit = 1\n")
-    (tmp_path / "in.jsonl").write_text("")
-    note = "note: ./personaemp.toml is not read without --config personaemp.toml (built-in defaults used)"
-    assert note in personaemp(tmp_path, "split", "--input", "in.jsonl").stderr
-    given = personaemp(tmp_path, "split", "--input", "in.jsonl", "--config", "personaemp.toml")
-    assert "note:" not in given.stderr
-    assert "note:" not in personaemp(tmp_path / "..", "split", "--input", "in.jsonl").stderr
 
 
 def test_a_config_with_a_byte_order_mark_is_read(tmp_path):
