@@ -136,3 +136,18 @@ def test_a_stage_that_finished_nothing_still_reads_as_empty(tmp_path, filtered):
         )  # fmt: skip
     assert personas.counts["failed"] == USERS and personas.failed_entirely()
     assert personas.rows() == [] and {"user_id", "big_five", "openness"} <= set(personas.to_polars().columns)
+
+
+def test_an_llm_stage_writing_elsewhere_says_where_its_cache_went(tmp_path, filtered):
+    """Before: only extract-memories said it; infer-persona -o elsewhere left its cache and run
+    report in ./data/processed/.personaemp without a word."""
+    with FakeOpenAI() as server:
+        elsewhere = personaemp(
+            tmp_path, "infer-persona", "--input", str(filtered), "--output", "out/personas.jsonl",
+            "--base-url", server.base_url, "--model", "fake",
+        )  # fmt: skip
+        beside = infer(tmp_path, filtered, server.base_url)  # --work-dir tmp_path/work, beside the output
+    assert elsewhere.returncode == 0, elsewhere.stderr
+    assert "cache and run report: data/processed/.personaemp (--work-dir moves them)" in elsewhere.stderr
+    assert (tmp_path / "data" / "processed" / ".personaemp").is_dir()
+    assert "cache and run report" not in beside.stderr

@@ -421,9 +421,6 @@ async def aextract_memories(
         )  # fmt: skip
         if console is not None:
             warn_about_reading(read, console)
-            work = Path(os.path.abspath(settings.work_dir))
-            if not settings.estimate and not work.is_relative_to(os.path.abspath(output_path.parent)):
-                console.print(f"cache and run report: {settings.work_dir} (--work-dir moves them)")
         plan = memory_stage(
             units_path, output_path, limit=limit, users=users, retry_failed=retry_failed, full=full,
             shard=shard,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass, field
@@ -204,6 +205,9 @@ async def arun_llm_stage(
                 console.print(f"[bold]{stage}[/]: model {engine.model} · estimate (nothing is sent)")
             else:
                 console.print(_header(stage, engine, plan.steps))
+                work = Path(os.path.abspath(settings.work_dir))
+                if not work.is_relative_to(os.path.abspath(Path(plan.output).parent)):  # not beside it
+                    console.print(f"cache and run report: {settings.work_dir} (--work-dir moves them)")
             if queue is not None:
                 settings.batch.mkdir(parents=True, exist_ok=True)
                 counts, waiting = import_answers(settings.batch, engine.cache)
