@@ -54,7 +54,9 @@ LOG_FORMATS = ("auto", "wildchat", "messages", "sharegpt", "table", "task1")  # 
 CHECKS = (
     "emotional_support", "logical_consistency", "role_awareness", "memory_ids_valid",
     "category_match", "length_ok", "language_match", "not_duplicate", "not_copied",
+    "no_scaffolding", "no_internal_ids",
 )  # fmt: skip  # personaemp.instruments.query_check.CHECKS
+PERSONA_CHECKS = ("no_internal_ids", "level_matches_rationale")  # personaemp.build.persona.PERSONA_CHECKS
 STEPS = (
     "persona", "big_five", "situations", "query", "check",
     "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander", "judge_joint",
@@ -67,7 +69,9 @@ LogFormat = Literal["auto", "wildchat", "messages", "sharegpt", "table", "task1"
 Check = Literal[
     "emotional_support", "logical_consistency", "role_awareness", "memory_ids_valid",
     "category_match", "length_ok", "language_match", "not_duplicate", "not_copied",
+    "no_scaffolding", "no_internal_ids",
 ]  # fmt: skip
+PersonaCheck = Literal["no_internal_ids", "level_matches_rationale"]
 StepName = Literal[
     "persona", "big_five", "situations", "query", "check",
     "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander", "judge_joint",
@@ -145,6 +149,16 @@ Force = Annotated[
     ),
 ]
 Checks = Annotated[list[Check], BeforeValidator(_split_commas)]
+PersonaChecks = Annotated[list[PersonaCheck], BeforeValidator(_split_commas)]
+
+
+def _some_checks(value: list[str] | None) -> list[str] | None:
+    """An `enforce` option names at least one check, or is left out (all of them)."""
+    if value is not None and not value:
+        raise OptionProblem(
+            "enforce", "is empty", "name the checks to enforce, or leave it out for all of them"
+        )
+    return value
 
 
 class Section(BaseModel):
@@ -531,8 +545,18 @@ class PersonaOptions(Section):
     require_depth: Annotated[
         bool, Opt("Drop users the depth check turns away (--no-require-depth keeps grounded ones).")
     ] = True
+    enforce: Annotated[
+        PersonaChecks | None,
+        Opt(
+            "Checks a trait statement or Big Five rationale must pass, else the reply is asked "
+            f"again (default: every check; all are recorded): {', '.join(PERSONA_CHECKS)}.",
+            metavar="CHECKS",
+        ),
+    ] = None
     shard: Shard = None
     force: Force = False
+
+    _enforce_names_a_check = field_validator("enforce")(_some_checks)
 
 
 class QueriesOptions(Section):
@@ -569,14 +593,7 @@ class QueriesOptions(Section):
     shard: Shard = None
     force: Force = False
 
-    @field_validator("enforce")
-    @classmethod
-    def _enforce_names_a_check(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None and not value:
-            raise OptionProblem(
-                "enforce", "is empty", "name the checks to enforce, or leave it out for all of them"
-            )
-        return value
+    _enforce_names_a_check = field_validator("enforce")(_some_checks)
 
 
 class SplitOptions(Section):

@@ -79,6 +79,8 @@ class Trait(Record):
     aspect: Aspect
     statement: str
     evidence: list[str]  # memory ids, all checked to exist for this user
+    checks: dict[str, bool] | None = None  # persona check -> passed (None: rows from before them)
+    reasons: dict[str, str] = {}  # check -> why it failed
 
 
 class TraitLevel(Record):
@@ -86,6 +88,8 @@ class TraitLevel(Record):
     evidence: list[str]
     rationale: str
     thin_evidence: bool  # no valid memory supports the level (the prompt says: choose medium)
+    checks: dict[str, bool] | None = None  # persona check -> passed (None: rows from before them)
+    reasons: dict[str, str] = {}  # check -> why it failed
 
 
 class BigFive(Record):
@@ -121,6 +125,7 @@ class Persona(User):
     profile: str = ""
     big_five: BigFive | None = None
     grounding: Grounding = Grounding()
+    enforced: list[str] | None = None  # the persona checks it had to pass (None: rows from before them)
     provenance: Provenance
 
     @model_validator(mode="after")
@@ -184,6 +189,8 @@ class Checks(Record):
     language_match: bool  # detected language equals the user's
     not_duplicate: bool
     not_copied: bool = True  # repeats no long stretch of the user's own text (older rows: unchecked)
+    no_scaffolding: bool = True  # holds no text of our prompts (older rows: unchecked)
+    no_internal_ids: bool = True  # it and its moment name no id of ours (older rows: unchecked)
     passed: bool
     reasons: dict[str, str] = {}  # check -> why it failed (and the judge's note)
     enforced: list[str] | None = None  # the checks `passed` is made of (None: rows from before it was kept)

@@ -118,6 +118,7 @@ def test_the_names_options_repeat_agree_with_the_stages():
 
     assert opts.FORMATS == FORMATS
     assert opts.CHECKS == queries.CHECKS
+    assert opts.PERSONA_CHECKS == persona.PERSONA_CHECKS
     from personaemp import reward
     from personaemp.build import memories
     from personaemp.evaluation import criteria, evaluate, respond
@@ -419,6 +420,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "limit": 3,
         "users": ["u1", "u2"],
         "require_depth": False,
+        "enforce": ["level_matches_rationale"],
         "shard": None,  # `run` refuses a shard: see test_a_shard_reaches_the_stage_and_run_refuses_it
         "force": True,
     },
@@ -585,7 +587,8 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
     args, kwargs = by_run["persona"]
     assert args[:2] == (Path("p/in.jsonl"), Path("p/out.jsonl"))
     assert kwargs == {
-        "limit": 3, "users": ["u1", "u2"], "retry_failed": True, "require_depth": False, "shard": None
+        "limit": 3, "users": ["u1", "u2"], "retry_failed": True, "require_depth": False,
+        "enforce": ["level_matches_rationale"], "shard": None,
     }  # fmt: skip
     settings = args[2]
     assert settings.base_urls == ["http://a.example/v1", "http://b.example/v1"]

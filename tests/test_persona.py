@@ -323,9 +323,10 @@ def test_parse_persona_keeps_valid_traits():
     parsed = parse_persona(THREE, reply_)
     assert parsed.eligible is True and parsed.gate_reason == "Talks about an ongoing worry."
     assert parsed.topics == ["exams", "friends"]
+    checked = {"checks": {"no_internal_ids": True}}
     assert parsed.traits == [
-        Trait(aspect="emotional_traits", statement="Gets anxious before exams.", evidence=["m1"]),
-        Trait(aspect="social_context", statement="Leans on friends.", evidence=["m2", "m3"]),
+        Trait(aspect="emotional_traits", statement="Gets anxious before exams.", evidence=["m1"], **checked),
+        Trait(aspect="social_context", statement="Leans on friends.", evidence=["m2", "m3"], **checked),
     ]
     assert (parsed.grounding.traits_proposed, parsed.grounding.traits_dropped) == (2, 0)
     assert parsed.grounding.citations_dropped == 0

@@ -286,12 +286,14 @@ class Script:
             for category in categories:
                 for k in range(per_category):
                     index = len(situations)
+                    person = list(self.users).index(user) + 1
                     situations.append(
                         {
                             "category": category,
                             "topic": f"topic {index + 1}",
-                            "text": f"{user} moment {index + 1} ({category}): a hard evening after memory "
-                            f"{ids[index % len(ids)]}, version {k + 1}.",
+                            # the user by their place, not their id: no id belongs in a moment
+                            "text": f"person {person} moment {index + 1} ({category}): a hard evening, "
+                            f"version {k + 1}.",
                             "memory_ids": [ids[index % len(ids)]],
                         }
                     )
@@ -830,7 +832,7 @@ def test_stage_all_pass(tmp_path):
         for query in row["queries"]:
             assert set(query["memory_ids"]) <= known and query["memory_ids"]
             assert query["situation"]["memory_ids"] == query["memory_ids"]
-            assert query["situation"]["text"].startswith(f"{user_id} moment ")
+            assert query["situation"]["text"].startswith(f"person {list(by_user).index(user_id) + 1} moment ")
             assert query["situation"]["topic"]
             assert query["checks"]["passed"] is True
             assert query["checks"]["reasons"] == {}
@@ -876,12 +878,11 @@ def test_stage_requests_carry_the_per_user_schemas_and_prompts(tmp_path):
     assert schema_for_request(by_step["messages"])["properties"]["messages"]["maxItems"] == 3
     assert schema_for_request(by_step["reviews"])["properties"]["reviews"]["minItems"] == 3
     query_prompt = by_step["messages"]["messages"][1]["content"]
-    assert "1. [ES] u-en moment 1 (ES)" in query_prompt
-    assert "3. [SS] u-en moment 3 (SS)" in query_prompt
+    assert "1. [ES] person 1 moment 1 (ES)" in query_prompt
+    assert "3. [SS] person 1 moment 3 (SS)" in query_prompt
     check_prompt = by_step["reviews"]["messages"][1]["content"]
-    assert (
-        f"2. (moment: u-en moment 2 (HEQ): a hard evening after memory m2, version 1.) {EN_MESSAGES[1]}"
-        in (check_prompt)
+    assert f"2. (moment: person 1 moment 2 (HEQ): a hard evening, version 1.) {EN_MESSAGES[1]}" in (
+        check_prompt
     )
 
 

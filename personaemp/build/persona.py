@@ -8,6 +8,12 @@ Cited ids are constrained by the schema (an enum of the user's memory ids) and t
 checked anyway: a trait with no valid evidence is dropped; a reply left with none is
 re-asked, and the user fails as `ungrounded` if it stays so. The profile text later
 stages read is built from grounded traits only.
+
+Then the persona checks (PERSONA_CHECKS, personaemp/checks.py), recorded on every trait and
+Big Five level: `no_internal_ids` (a statement or rationale names no memory, session or user
+id, no block key) and `level_matches_rationale` (a rationale states no other level for its
+trait). A reply failing an enforced one is refused and re-asked with the reason, like an
+ungrounded one; the user fails with the check's name if every attempt does.
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from personaemp import checks
 from personaemp.aio import sync_twin
+from personaemp.errors import InputError
 from personaemp.io import ErrorPolicy, StageRows, iter_jsonl, read_stage_rows
 from personaemp.llm.step import RejectedReply, Step, edit_schema
 from personaemp.prompts import Prompt, prompts_per_variant
@@ -81,6 +89,43 @@ PERSONA_STEP = Step("persona", PersonaReply, prompt="persona")
 BIG_FIVE_STEP = Step("big_five", BigFiveReply, prompt="big_five")
 STEPS = (PERSONA_STEP, BIG_FIVE_STEP)
 
+# Checked on every trait statement and Big Five rationale, and enforced unless `enforce`
+# names fewer (level_matches_rationale: Big Five levels only).
+PERSONA_CHECKS = ("no_internal_ids", "level_matches_rationale")
+
+
+def persona_checks(enforce: Sequence[str] | None) -> tuple[str, ...]:
+    """The persona checks to enforce: `enforce`'s (None: all of them)."""
+    if enforce is None:
+        return PERSONA_CHECKS
+    unknown = set(enforce) - set(PERSONA_CHECKS)
+    if unknown or not enforce:
+        named = f"not {', '.join(sorted(unknown))}" if unknown else "at least one"
+        raise InputError(f"--enforce takes {', '.join(PERSONA_CHECKS)}: {named}")
+    return tuple(name for name in PERSONA_CHECKS if name in enforce)
+
+
+def _checked(results: dict[str, tuple[bool, str]]) -> dict[str, Any]:
+    """A trait's or level's `checks` and `reasons` fields from check -> (passed, reason)."""
+    return {
+        "checks": {name: ok for name, (ok, _) in results.items()},
+        "reasons": {name: reason for name, (ok, reason) in results.items() if not ok},
+    }
+
+
+# What a reply refused for a check is told to do (the engine quotes it in the re-ask).
+_FIX = {
+    "no_internal_ids": "cite memory ids in evidence only, never in the text",
+    "level_matches_rationale": "make the level and its rationale agree",
+}
+
+
+def _refuse(failed: list[tuple[str, str, str]], enforce: Sequence[str]) -> None:
+    """RejectedReply (the engine re-asks) for the first enforced check that failed: (check, where, why)."""
+    for name, where, reason in failed:
+        if name in enforce:
+            raise RejectedReply(name, f"{where}: {reason}; {_FIX[name]}")
+
 
 # --- rendering ------------------------------------------------------------------------------
 
@@ -116,13 +161,17 @@ class PersonaParse:
     grounding: Grounding = field(default_factory=Grounding)
 
 
-def parse_persona(user: User, reply: PersonaReply, require_depth: bool = True) -> PersonaParse:
+def parse_persona(
+    user: User, reply: PersonaReply, require_depth: bool = True, enforce: Sequence[str] = PERSONA_CHECKS
+) -> PersonaParse:
     """Keep only traits with evidence among the user's memories; count what was removed.
 
     `require_depth=False` (an ablation, and the embedded demo model's setting) keeps users
     the depth check turned away when they have grounded traits; gate_reason says so.
-    Raises RejectedReply("ungrounded") when no trait is left."""
+    Raises RejectedReply("ungrounded") when no trait is left, and RejectedReply(check) when
+    a statement fails an `enforce`d persona check."""
     known = {m.memory_id for m in user.memories}
+    ids = checks.user_ids(user)
     grounding = Grounding(traits_proposed=len(reply.traits))
     reason = reply.depth.reason
     if not reply.depth.has_depth:
@@ -133,9 +182,11 @@ def parse_persona(user: User, reply: PersonaReply, require_depth: bool = True) -
     for proposed in reply.traits:
         evidence = list(dict.fromkeys(i for i in proposed.evidence if i in known))
         grounding.citations_dropped += len(set(proposed.evidence)) - len(evidence)
-        if evidence and proposed.statement.strip():
+        statement = proposed.statement.strip()
+        if evidence and statement:
+            results = {"no_internal_ids": checks.internal_ids(statement, ids)}
             traits.append(
-                Trait(aspect=proposed.aspect, statement=proposed.statement.strip(), evidence=evidence)
+                Trait(aspect=proposed.aspect, statement=statement, evidence=evidence, **_checked(results))
             )
         else:
             grounding.traits_dropped += 1
@@ -143,6 +194,12 @@ def parse_persona(user: User, reply: PersonaReply, require_depth: bool = True) -
         raise RejectedReply(
             "ungrounded", f"none of the {len(reply.traits)} traits cites one of the user's memory ids"
         )
+    failed = [
+        (name, f"the statement of trait {number} ({trait.aspect})", reason)
+        for number, trait in enumerate(traits, 1)
+        for name, reason in trait.reasons.items()
+    ]
+    _refuse(failed, enforce)
     return PersonaParse(True, reason, reply.topics, traits, grounding)
 
 
@@ -157,20 +214,32 @@ def big_five_schema(user: User) -> dict[str, Any]:
     return _ids_enum(BIG_FIVE_STEP, "LevelReply", [m.memory_id for m in user.memories])
 
 
-def parse_big_five(user: User, reply: BigFiveReply) -> tuple[BigFive, int]:
-    """Levels with only valid citations; returns the record and the citations dropped."""
+def parse_big_five(
+    user: User, reply: BigFiveReply, enforce: Sequence[str] = PERSONA_CHECKS
+) -> tuple[BigFive, int]:
+    """Levels with only valid citations; returns the record and the citations dropped.
+    Raises RejectedReply(check) when a rationale fails an `enforce`d persona check."""
     known = {m.memory_id for m in user.memories}
-    levels, dropped = {}, 0
+    ids = checks.user_ids(user)
+    levels, dropped, failed = {}, 0, []
     for trait in BIG_FIVE:
         proposed: LevelReply = getattr(reply, trait)
         evidence = list(dict.fromkeys(i for i in proposed.evidence if i in known))
         dropped += len(set(proposed.evidence)) - len(evidence)
+        rationale = proposed.rationale.strip()
+        results = {
+            "no_internal_ids": checks.internal_ids(rationale, ids),
+            "level_matches_rationale": checks.level_matches_rationale(trait, proposed.level, rationale),
+        }
         levels[trait] = TraitLevel(
             level=proposed.level,
             evidence=evidence,
-            rationale=proposed.rationale.strip(),
+            rationale=rationale,
             thin_evidence=not evidence,
+            **_checked(results),
         )
+        failed += [(name, f"{trait}'s rationale", reason) for name, reason in levels[trait].reasons.items()]
+    _refuse(failed, enforce)
     return BigFive(**levels), dropped
 
 
@@ -200,7 +269,7 @@ async def ainfer_personas(input_path: Path, output_path: Path, settings, *, cons
     the other current rows); `full` says whether such a run's report stands for the build
     (`run` with a limit: yes; a quick look from the command line, the default: no); `shard`
     ("I/N"): only part I of N of the users, into its own files (see personaemp/shards.py);
-    `retry_failed`, `require_depth`."""
+    `retry_failed`, `require_depth`, `enforce`."""
     from personaemp.llm.run import arun_stage
 
     plan = persona_stage(input_path, output_path, **options)
@@ -220,15 +289,18 @@ def persona_stage(
     retry_failed: bool = False,
     full: bool | None = None,
     require_depth: bool = True,
+    enforce: Sequence[str] | None = None,
     shard: str | None = None,
     stream=None,
 ):
     """The stage as an LLMStage: its input (read lazily), its work per user, its fingerprint.
 
     `stream`: the input's rows as the filter writes them (`run`, streaming.FilterFeed),
-    instead of reading `input_path`; every user then, no shard."""
+    instead of reading `input_path`; every user then, no shard. `enforce`: the persona
+    checks a reply must pass (None: all)."""
     from personaemp.llm.run import LLMStage
 
+    enforce = persona_checks(enforce)
     if stream is not None:
         if limit is not None or users or shard:
             raise ValueError("a streamed input is every user: no limit, users or shard")
@@ -244,7 +316,7 @@ def persona_stage(
     def fingerprint(engine) -> str:
         made_with = loaded(engine.prompt_variant)[1]
         steps = [engine.fingerprint(step, made_with[step.name]) for step in STEPS]
-        return "|".join([*steps, f"depth={require_depth}"])
+        return "|".join([*steps, f"depth={require_depth}", f"enforce={','.join(enforce)}"])
 
     def make_work(engine):
         prompts, made_with = loaded(engine.prompt_variant)
@@ -255,7 +327,7 @@ def persona_stage(
                 PERSONA_STEP,
                 build_persona_messages(user, prompts["persona"]),
                 schema=persona_schema(user),
-                parse=lambda reply: parse_persona(user, reply, require_depth),
+                parse=lambda reply: parse_persona(user, reply, require_depth, enforce),
             )
             parsed = result.parsed
             big_five, dropped = None, 0
@@ -264,7 +336,7 @@ def persona_stage(
                     BIG_FIVE_STEP,
                     build_big_five_messages(user, parsed.traits, prompts["big_five"]),
                     schema=big_five_schema(user),
-                    parse=lambda reply: parse_big_five(user, reply),
+                    parse=lambda reply: parse_big_five(user, reply, enforce),
                 )
                 big_five, dropped = levels.parsed
             parsed.grounding.citations_dropped += dropped
@@ -277,6 +349,7 @@ def persona_stage(
                 profile=profile_text(parsed.traits),
                 big_five=big_five,
                 grounding=parsed.grounding,
+                enforced=list(enforce),
                 provenance=engine.provenance(made_with),
             )
             return {**row, **persona.model_dump(mode="json")}
@@ -319,7 +392,7 @@ def persona_args(options, retry: bool) -> dict[str, Any]:
     """infer-persona's arguments from its options (PersonaOptions), for the command and `run`'s chain."""
     return {
         "limit": options.limit, "users": options.users, "retry_failed": retry,
-        "require_depth": options.require_depth, "shard": options.shard,
+        "require_depth": options.require_depth, "enforce": options.enforce, "shard": options.shard,
     }  # fmt: skip
 
 

@@ -26,6 +26,7 @@ from personaemp.errors import InputError
 from personaemp.instruments.query_check import (
     CHECK,
     CHECKS,
+    SITUATION_LINE,
     SituationReply,
     build_check_messages,
     judge_checks,
@@ -152,7 +153,7 @@ def build_query_messages(
         language=LANGUAGE_NAMES.get(persona.language or "", persona.language or "the user's language"),
         profile=persona.profile,
         turns=render_turns(persona),
-        situations=numbered([f"[{s.category}] {s.text}" for s in situations]),
+        situations=numbered([SITUATION_LINE.format(category=s.category, text=s.text) for s in situations]),
     )
 
 

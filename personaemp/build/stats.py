@@ -18,7 +18,9 @@ categories, its Figure 6):
   config (shares);
 - accepted queries per category, per language, per user; query length (characters);
   memories cited per query;
-- the pass rate of each check over every generated query (accepted and rejected).
+- the pass rate of each check over every generated query (accepted and rejected), and of
+  each persona check over the trait statements and Big Five levels it was run on
+  (`persona_checks`, shaped as `checks`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import msgspec
 from personaemp import freshness
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_atomic
-from personaemp.options import CHECKS
+from personaemp.options import CHECKS, PERSONA_CHECKS
 from personaemp.parallel import fork_map
 from personaemp.records import BIG_FIVE
 from personaemp.workspace import read_manifest, stage_chain
@@ -135,6 +137,19 @@ class _PersonaRow(msgspec.Struct):
     eligible: bool = True
     language: str | None = None
     big_five: dict[str, _Level] | None = None
+
+
+class _Checked(msgspec.Struct):
+    """A trait or a Big Five level, as far as its persona checks go."""
+
+    level: str = ""
+    checks: dict[str, bool] | None = None
+
+
+class _PersonaFileRow(_PersonaRow):
+    big_five: dict[str, _Checked] | None = None
+    traits: list[_Checked] = msgspec.field(default_factory=list)
+    enforced: list[str] | None = None
 
 
 class _Query(msgspec.Struct):
@@ -266,15 +281,26 @@ def compute_stats(sources: StatsSources) -> dict[str, Any]:
                 users_funnel.append({"stage": stage, "count": report[key]})
     if sources.personas:
         personas, levels = 0, _Levels()
-        for row in _rows(sources.personas, _PersonaRow, "persona"):
+        passed, judged = Counter(), Counter()  # persona check -> items passing it / checked
+        decided: dict[str, set[bool | None]] = {name: set() for name in PERSONA_CHECKS}
+        for row in _rows(sources.personas, _PersonaFileRow, "persona"):
             personas += 1
             if row.eligible and (profile := _profile(row)):
                 levels.add(profile)
+            for item in [*row.traits, *(row.big_five or {}).values()]:
+                for name, ok in (item.checks or {}).items():
+                    if name in decided:
+                        judged[name] += 1
+                        passed[name] += ok
+                        decided[name].add(None if row.enforced is None else name in row.enforced)
         users_funnel += [
             {"stage": "persona written", "count": personas},
             {"stage": "eligible, with Big Five", "count": levels.users},
         ]
         stats["big_five"] = {"users": levels.users, "levels": levels.counts}
+        stats["persona_checks"] = _check_rates(
+            PERSONA_CHECKS, passed, judged, lambda name: _one(decided[name])
+        )
     if sources.queries:
         _query_stats(_rows(sources.queries, _QueriesRow, "queries"), stats)
     if sources.splits:
@@ -344,15 +370,12 @@ def _query_stats(rows: Iterator[_QueriesRow], stats: dict[str, Any]) -> None:
         "memories_cited": {**_spread(cited), "counts": _counts(cited)},
     }
     recorded = recorded and generated > 0
-    stats["checks"] = {}
-    for name in CHECKS:
-        if judged[name]:
-            stats["checks"][name] = {
-                "passed": passed[name],
-                "of": judged[name],
-                "rate": round(passed[name] / judged[name], 4),
-                "enforced": _enforced(name, decided[name] if recorded else None, failed_accepted),
-            }
+    stats["checks"] = _check_rates(
+        CHECKS,
+        passed,
+        judged,
+        lambda name: _enforced(name, decided[name] if recorded else None, failed_accepted),
+    )
     relaxed = {name for name, c in stats["checks"].items() if c["enforced"] is False}
     stats["acceptance"] = {
         "recorded": recorded,
@@ -363,12 +386,31 @@ def _query_stats(rows: Iterator[_QueriesRow], stats: dict[str, Any]) -> None:
     }
 
 
+def _check_rates(names, passed: Counter, judged: Counter, enforced) -> dict[str, dict[str, Any]]:
+    """check -> passed, of, rate and `enforced(check)`, for the checks with a result."""
+    return {
+        name: {
+            "passed": passed[name],
+            "of": judged[name],
+            "rate": round(passed[name] / judged[name], 4),
+            "enforced": enforced(name),
+        }
+        for name in names
+        if judged[name]
+    }
+
+
+def _one(decided: set[bool | None]) -> bool | None:
+    """The one answer every row gave (None: they differ, or a row did not record it)."""
+    return next(iter(decided)) if len(decided) == 1 else None
+
+
 def _enforced(name: str, decided: set[bool] | None, failed_accepted: Counter) -> bool | None:
     """Whether a check decided acceptance: from what every query records (a check some
     queries enforced and others did not: None), else inferred: an accepted query that failed
     it shows it was not enforced; otherwise it is not known (None)."""
     if decided is not None:
-        return next(iter(decided)) if len(decided) == 1 else None
+        return _one(decided)
     return False if any(name in failed for failed in failed_accepted) else None
 
 

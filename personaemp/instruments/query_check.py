@@ -4,6 +4,7 @@ with a second model."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,10 +13,12 @@ from pydantic import BaseModel, Field
 from personaemp import checks
 from personaemp.language import normalize_language
 from personaemp.llm.step import Step, edit_schema
-from personaemp.prompts import Prompt
+from personaemp.prompts import COMPACT, Prompt, prompts_dir
 from personaemp.records import (
+    CATEGORIES,
     Category,
     Checks,
+    Memory,
     Persona,
     category_definitions,
 )
@@ -26,8 +29,13 @@ JUDGED = ("emotional_support", "logical_consistency", "role_awareness")
 
 CHECKS = (
     *JUDGED, "memory_ids_valid", "category_match", "length_ok", "language_match", "not_duplicate",
-    "not_copied",
+    "not_copied", "no_scaffolding", "no_internal_ids",
 )  # fmt: skip
+
+# How the query step lists the moments (build/queries.py) and the judge the messages: a
+# query that repeats these frames is made of our prompt (no_scaffolding).
+SITUATION_LINE = "[{category}] {text}"
+MESSAGE_LINE = "(moment: {moment}) {query}"
 
 
 class SituationReply(BaseModel):
@@ -59,7 +67,9 @@ def numbered(items: Sequence[str]) -> str:
 
 
 def build_check_messages(persona: Persona, situations, texts: Sequence[str], prompt: Prompt) -> list[dict]:
-    queries = numbered([f"(moment: {s.text}) {text}" for s, text in zip(situations, texts, strict=True)])
+    queries = numbered(
+        [MESSAGE_LINE.format(moment=s.text, query=text) for s, text in zip(situations, texts, strict=True)]
+    )
     return prompt.render(
         profile=persona.profile,
         memories=render_memories(persona.memories),
@@ -106,6 +116,8 @@ def judge_checks(
         "length_ok": checks.length_ok(text),
         "language_match": checks.language_match(text, persona.language),
         "not_copied": checks.not_copied(text, own_texts(persona)),
+        "no_scaffolding": checks.scaffolding(text, *scaffolding()),
+        "no_internal_ids": ids_in_query(persona, situation, text),
     }
     if persona.language and judged_language and judged_language != persona.language:
         deterministic["language_match"] = (False, f"the judge reads {judged_language}")
@@ -129,3 +141,48 @@ def own_texts(persona: Persona) -> list[str]:
     for memory in persona.memories:
         texts += [memory.value, memory.evidence_text or ""]
     return [text for text in texts if text]
+
+
+def ids_in_query(persona: Persona, situation, text: str) -> tuple[bool, str]:
+    """no_internal_ids on what the dataset shows with a query: its text and its moment."""
+    known = checks.user_ids(persona)
+    ok, reason = checks.internal_ids(text, known)
+    if ok:
+        ok, reason = checks.internal_ids(situation.text, known)
+        reason = reason and f"the moment {reason}"
+    return ok, reason
+
+
+# Where a value is missing from a frame: what is left around it is ours.
+_GAP = "\x00"
+# A line our prompts put right above a slot ("The user's message:" over $query).
+_LABEL = re.compile(r"^([^\n$]*\S:)[ \t]*\n[ \t]*\$\w+[ \t]*$", re.MULTILINE)
+
+
+def scaffolding() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(markers, labels) for `checks.scaffolding`, read off what our prompts are made of (so a
+    new prompt's label is checked with no list to keep): the frames a memory and a moment
+    are written in, the field names of the replies and memories, and the labels above the
+    slots of every template in the prompts folder in use."""
+    root = prompts_dir()
+    if str(root) not in _SCAFFOLDING:
+        _SCAFFOLDING[str(root)] = _scaffolding(root)
+    return _SCAFFOLDING[str(root)]
+
+
+_SCAFFOLDING: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # prompts folder -> (markers, labels)
+
+
+def _scaffolding(root) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    frames = [render_memories([Memory(memory_id=_GAP, label=_GAP, value=_GAP, evidence_text=_GAP)])]
+    frames += [SITUATION_LINE.format(category=c, text=_GAP) for c in CATEGORIES]
+    frames.append(MESSAGE_LINE.format(moment=_GAP, query=_GAP))
+    pieces = [piece.strip().strip("\"'").strip() for frame in frames for piece in frame.split(_GAP)]
+    markers = [piece for piece in pieces if re.search(r"[A-Za-z]{2}", piece)]
+    fields = [*ReviewReply.model_fields, *SituationReply.model_fields, *Memory.model_fields]
+    markers += [name for name in fields if "_" in name]
+    templates = [entry for entry in root.iterdir() if entry.name.endswith(".md")]
+    if (root / COMPACT).is_dir():
+        templates += [entry for entry in (root / COMPACT).iterdir() if entry.name.endswith(".md")]
+    labels = [label for entry in templates for label in _LABEL.findall(entry.read_text(encoding="utf-8"))]
+    return tuple(dict.fromkeys(markers)), tuple(dict.fromkeys(labels))
