@@ -22,7 +22,7 @@ _EXPORTS = {
             "split_users", "write_stats", "publish", "write_criteria", "awrite_criteria",
             "write_responses", "awrite_responses", "evaluate", "aevaluate", "run_pipeline",
             "write_table", "export_split", "measure_agreement", "serve_review", "extract_memories",
-            "aextract_memories", "merge_shards",
+            "aextract_memories", "merge_shards", "generate_dialogues", "agenerate_dialogues",
         ),
         "personaemp.api",
     ),

@@ -505,7 +505,7 @@ _COMMANDS.update(
      (("merge", merge_command), ("serve-local", serve_local_command), ("run", run_command))}
 )  # fmt: skip
 ORDER = ("extract-memories", "filter", "infer-persona", "gen-queries", "merge", "serve-local", "split",
-         "stats", "push", "run", "criteria", "respond", "export", "evaluate", "table", "review",
-         "agreement")  # fmt: skip
+         "stats", "push", "run", "gen-dialogues", "criteria", "respond", "export", "evaluate", "table",
+         "review", "agreement")  # fmt: skip
 for _name in ORDER:
     app.command(_name, cls=_Command)(_COMMANDS[_name])

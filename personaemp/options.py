@@ -60,7 +60,7 @@ PERSONA_CHECKS = ("no_internal_ids", "level_matches_rationale")  # personaemp.bu
 STEPS = (
     "persona", "big_five", "situations", "query", "check",
     "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander", "judge_joint",
-    "extract_memories",
+    "extract_memories", "hidden_need", "simulate", "in_character",
 )  # fmt: skip  # the stages' Step names (judge_joint: personaemp.training.reward)
 STEP_KEYS = ("temperature", "max_tokens")
 
@@ -75,7 +75,7 @@ PersonaCheck = Literal["no_internal_ids", "level_matches_rationale"]
 StepName = Literal[
     "persona", "big_five", "situations", "query", "check",
     "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander", "judge_joint",
-    "extract_memories",
+    "extract_memories", "hidden_need", "simulate", "in_character",
 ]  # fmt: skip
 
 
@@ -791,6 +791,59 @@ class RespondOptions(Section):
         return self.output or self.splits.parent / f"responses-{self.split}-{self.part}-{self.context}.jsonl"
 
 
+class DialoguesOptions(Section):
+    input: Annotated[
+        Path,
+        Opt(
+            "Accepted queries: gen-queries' output or a split file (one dialogue per query).",
+            ("--input", "-i"),
+            derive="queries.output",
+            io="read",
+        ),
+    ] = PROCESSED / "queries.jsonl"
+    output: Annotated[
+        Path,
+        Opt(
+            "Dialogues, one per query.",
+            ("--output", "-o"),
+            derive="processed:dialogues.jsonl",
+            io="write",
+            beside=("gen-dialogues.failures.jsonl",),
+        ),
+    ] = PROCESSED / "dialogues.jsonl"
+    limit: Annotated[int | None, Field(ge=1), Opt("Only the first N dialogues.")] = None
+    per_user: Annotated[int | None, Field(ge=1), Opt("Only the first N queries of each user.")] = None
+    max_turns: Annotated[
+        int, Field(ge=1, le=20), Opt("Supporter turns at most; the user may end sooner.")
+    ] = 6
+    context: Annotated[
+        Context,
+        Opt("What the supporter sees besides the conversation, as for `respond --context`."),
+    ] = "memory"
+    rag_k: RagK = 3
+    mismatch_seed: MismatchSeed = 0
+    supporter_model: Annotated[
+        str | None,
+        Opt(
+            "The model under test (default: --model; the simulator is always the LLM options' model).",
+            env="PERSONAEMP_SUPPORTER_MODEL",
+        ),
+    ] = None
+    supporter_base_url: Annotated[
+        Names,
+        Opt("The supporter's endpoint (default: the LLM options' endpoint; same key).",
+            env="PERSONAEMP_SUPPORTER_BASE_URL", metavar="URL"),
+    ] = []  # fmt: skip
+    turn_attempts: Annotated[
+        int,
+        Field(ge=1, le=10),
+        Opt("Replies asked per simulated turn that breaks a rule before the dialogue fails."),
+    ] = 3
+    character_check: Annotated[
+        bool, Opt("Check each simulated turn with the LLM: in character, no invented facts.")
+    ] = True
+
+
 class ExportOptions(Section):
     splits: SplitsFolder = PROCESSED / "splits"
     split: SplitSetting = "random"
@@ -1151,6 +1204,7 @@ class RunOptions(Section):
     llm: LLMOptions = LLMOptions()
     persona: PersonaOptions = PersonaOptions()
     queries: QueriesOptions = QueriesOptions()
+    dialogues: DialoguesOptions = DialoguesOptions()
     split: SplitOptions = SplitOptions()
     stats: StatsOptions = StatsOptions()
     push: PushOptions = PushOptions()
@@ -1197,6 +1251,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "filter": ("filter",),
     "infer-persona": ("persona", "llm"),
     "gen-queries": ("queries", "llm"),
+    "gen-dialogues": ("dialogues", "llm"),
     "split": ("split",),
     "stats": ("stats",),
     "push": ("push",),

@@ -233,3 +233,44 @@ class Response(Record):
 
     query_id: str
     response: str | None
+
+
+# --- gen-dialogues -------------------------------------------------------------------
+
+ENDINGS = ("max_turns", "user", "satisfied", "gave_up")  # a dialogue's ended_by
+
+
+class DialogueTurn(Record):
+    """One turn; emotion, change, reason and need_met are the simulated user's inner state
+    after reading the supporter (user turns only; the opening turn has the initial emotion)."""
+
+    role: Literal["user", "assistant"]
+    text: str
+    emotion: int | None = None  # 0-100
+    change: int | None = None  # clamped to the step bound (build/dialogues.py MAX_CHANGE)
+    reason: str | None = None
+    need_met: bool | None = None
+    checks: dict[str, bool] | None = None  # the simulator's rules on the reply kept (user turns it wrote)
+    rejected: list[dict[str, str]] = []  # replies asked again, each: rule -> why it failed
+
+
+class Dialogue(Record):
+    """A gen-dialogues row (DESIGN.md "Dialogue"): the field names are a published contract."""
+
+    dialogue_id: str
+    user_id: str
+    query_id: str
+    category: Category
+    language: str | None
+    hidden_need: str  # never in a supporter request
+    initial_emotion: int
+    final_emotion: int
+    need_met_at_turn: int | None  # the supporter turn after which the need was first met
+    ended_by: Literal["max_turns", "user", "satisfied", "gave_up"]
+    supporter_model: str
+    simulator_model: str
+    memory_ids: list[str]  # the memories the query cites: the simulator's ground
+    background_memory_ids: list[str]  # the user's other memories, shown as background
+    context: str  # what the supporter saw besides the conversation (respond's --context)
+    turns: list[DialogueTurn]
+    provenance: Provenance  # the simulator's (its prompts' hashes, the supporter's prompt too)

@@ -150,6 +150,12 @@ STAGES: dict[str, Stage] = {
             fresh=True,
         ),
         Stage(
+            "gen-dialogues", "generate_dialogues", "build.dialogues",
+            "Simulate multi-turn conversations: each accepted query's user, grounded in their memories\n"
+            "    and persona with a hidden need, talks with the supporter under test (LLM).",
+            _llm_summary(),
+        ),
+        Stage(
             "split", "split_users", "build.split",
             "Split users into train/test: random 9:1, and (unless --no-ood) a held-out Big Five cluster.",
             lambda result, console: summaries.print_split_report(result.report, result.output, console),

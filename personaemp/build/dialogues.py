@@ -1,0 +1,540 @@
+"""`personaemp gen-dialogues`: multi-turn conversations between a simulated user and the
+model under test, one per accepted query (docs/multi-turn.md).
+
+The simulated user is the real user's grounding: persona, Big Five levels, the memories the
+query cites (the others as background), the moment, and a hidden need the LLM writes once per
+dialogue. It opens with the query; then, turn by turn, the supporter answers and the
+simulator replies with its inner state (emotion 0-100, its change and reason, need met, end).
+Each simulated turn goes through the rules (instruments/simulator_rules.py) and an LLM check
+(in character, no invented facts); a reply that fails is asked again with a new sample, up
+to `turn_attempts` times, else the dialogue goes to the failures file with the reason.
+
+Two endpoints, one rule: the simulator (hidden need, turns, check) is [llm], as for every
+build stage; the supporter is the model under test, [llm] too unless `supporter_model` /
+`supporter_base_url` name another. The supporter is asked as `respond` asks a policy (its
+prompt, context modes, thinking removed); earlier turns reach it as a transcript in its last
+user turn, so its first request is respond's own and no assistant turn is replayed (thinking
+endpoints refuse one without its reasoning, which is removed). The hidden need is never in
+a supporter request.
+
+Every request is cached by its content: a re-run replays the finished turns of a dialogue
+from the cache and sends only the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+
+from personaemp.aio import sync_twin
+from personaemp.errors import InputError, RowError, UnitError, first_problem
+from personaemp.instruments import simulator_rules
+from personaemp.instruments.criteria import with_room
+from personaemp.instruments.policy import CONTEXTS, RESPOND, ROOM, SUMMARY, context_text, listed, mismatched
+from personaemp.io import ErrorPolicy, iter_jsonl
+from personaemp.language import LANGUAGE_NAMES
+from personaemp.llm.step import Step
+from personaemp.prompts import Prompt, prompts_per_variant
+from personaemp.records import BIG_FIVE, Dialogue, DialogueTurn, Memory
+from personaemp.render import render_memories, render_turns
+from personaemp.splits import check_queries_row, profile_of
+
+STAGE = "gen-dialogues"
+
+INITIAL_EMOTION = 40  # where every simulated user starts (SAGE's start)
+MAX_CHANGE = 10  # a turn moves the emotion by at most this much either way (SAGE's clamp)
+SATISFIED, GIVE_UP = 100, 10  # the emotion's bounds: leaves satisfied at 100, gives up below 10
+MAX_TURNS = 6  # supporter turns
+TURN_ATTEMPTS = 3  # replies asked per simulated turn before the dialogue fails
+HINT = "pass gen-queries' output or a split file written by `personaemp split`"
+
+
+# --- reply models and steps ------------------------------------------------------------------------
+
+
+class NeedReply(BaseModel):
+    need: str = Field(description="what would actually help this person here, in one or two sentences")
+
+
+class UserTurnReply(BaseModel):
+    thought: str = Field(description="your inner reaction to the reply, never shown")
+    change: int = Field(ge=-MAX_CHANGE, le=MAX_CHANGE, description="how the reply moved your emotion")
+    reason: str = Field(description="why it moved that way")
+    need_met: bool
+    end: bool = Field(description="you leave the chat with this message")
+    text: str = Field(description="the message you send")
+
+
+class CharacterReply(BaseModel):
+    reason: str
+    in_character: bool
+    grounded: bool
+
+
+HIDDEN_NEED = Step("hidden_need", NeedReply, prompt="dialogue_need")
+SIMULATE = Step("simulate", UserTurnReply, prompt="dialogue_user")
+IN_CHARACTER = Step("in_character", CharacterReply, prompt="dialogue_check", temperature=0.0)
+SIMULATOR_STEPS = (HIDDEN_NEED, SIMULATE, IN_CHARACTER)
+STEPS = (*SIMULATOR_STEPS, RESPOND, SUMMARY)  # RESPOND and SUMMARY: the supporter's, as respond's
+
+
+# --- the simulated user ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SimulatedUser:
+    """What the simulator stands on: one user's grounding and the moment of one query."""
+
+    user_id: str
+    language: str | None
+    profile: str
+    big_five: dict[str, str] | None
+    cited: tuple[Memory, ...]  # the memories the query cites
+    background: tuple[Memory, ...]  # the user's other memories
+    situation: str
+    query: str
+    voice: str  # their own recent messages, for how they write
+
+    @classmethod
+    def of_unit(cls, unit: dict[str, Any]) -> SimulatedUser:
+        memories = [Memory.model_validate(m) for m in unit["memories"]]
+        cited = set(unit["memory_ids"])
+        return cls(
+            user_id=unit["user_id"], language=unit["language"], profile=unit["profile"],
+            big_five=unit["big_five"], cited=tuple(m for m in memories if m.memory_id in cited),
+            background=tuple(m for m in memories if m.memory_id not in cited),
+            situation=unit["situation"], query=unit["query"], voice=unit["voice"],
+        )  # fmt: skip
+
+    def values(self) -> dict[str, str]:
+        """The prompt slots every simulator step fills the same way (its context blocks)."""
+        memories = render_memories(self.cited) or "(none)"
+        if self.background:
+            memories += "\n\nBackground (other memories):\n" + render_memories(self.background)
+        profile = self.profile or "(none)"
+        if self.voice:
+            profile += f"\n\nHow they write (their own recent messages):\n{self.voice}"
+        return {"profile": profile, "memories": memories, "situation": self.situation, "query": self.query}
+
+    def levels(self) -> str:
+        if not self.big_five:
+            return "(unknown)"
+        return ", ".join(f"{trait} {self.big_five[trait]}" for trait in BIG_FIVE)
+
+    def language_name(self) -> str:
+        return LANGUAGE_NAMES.get(self.language or "", self.language or "the language of their first message")
+
+
+def transcript(turns: Sequence[DialogueTurn], user: str = "User", assistant: str = "Assistant") -> str:
+    return "\n\n".join(f"{user if t.role == 'user' else assistant}: {t.text}" for t in turns) or "(nothing)"
+
+
+def build_need_messages(user: SimulatedUser, prompt: Prompt) -> list[dict]:
+    return prompt.render(**user.values(), big_five=user.levels())
+
+
+def build_user_turn_messages(
+    user: SimulatedUser, hidden_need: str, turns: Sequence[DialogueTurn], emotion: int, prompt: Prompt
+) -> list[dict]:
+    """The simulator's request for its next message: `turns` end with the supporter's reply."""
+    supporter_turn = sum(t.role == "assistant" for t in turns)
+    return prompt.render(
+        **user.values(), big_five=user.levels(), need=hidden_need, dialogue=transcript(turns[:-1]),
+        reply=turns[-1].text, emotion=str(emotion), turn=str(supporter_turn), language=user.language_name(),
+    )  # fmt: skip
+
+
+def build_check_messages(user: SimulatedUser, turns: Sequence[DialogueTurn], text: str, prompt: Prompt):
+    return prompt.render(**user.values(), dialogue=transcript(turns), message=text)
+
+
+def parse_need(reply: NeedReply) -> str:
+    need = " ".join(reply.need.split())
+    if not need:
+        raise ValueError("need: empty; write what would help this person")
+    return need
+
+
+def clamp(value: int, low: int, high: int) -> int:
+    return max(low, min(high, value))
+
+
+async def write_hidden_need(engine, user: SimulatedUser, prompts: dict[str, Prompt]) -> str:
+    reply = await engine.call(
+        HIDDEN_NEED, build_need_messages(user, prompts[HIDDEN_NEED.name]), parse=parse_need
+    )
+    return reply.parsed
+
+
+async def simulate_user_turn(
+    engine,
+    user: SimulatedUser,
+    hidden_need: str,
+    turns: Sequence[DialogueTurn],
+    prompts: dict[str, Prompt],
+    *,
+    attempts: int = TURN_ATTEMPTS,
+    character_check: bool = True,
+) -> tuple[DialogueTurn, bool]:
+    """The simulated user's next turn after `turns` (which end with the supporter's reply), and
+    whether it ends the conversation. Each reply is checked (the rules, then the LLM check); a
+    failing one is asked again as a new sample, up to `attempts` replies, else UnitError.
+    The step the verl Interaction calls too."""
+    emotion = next(t.emotion for t in reversed(turns) if t.role == "user" and t.emotion is not None)
+    supporter_turn = sum(t.role == "assistant" for t in turns)
+    messages = build_user_turn_messages(user, hidden_need, turns, emotion, prompts[SIMULATE.name])
+    rejected: list[dict[str, str]] = []
+    for sample in range(attempts):
+        value = (await engine.call(SIMULATE, messages, sample=sample)).value
+        text = value.text.strip()
+        found = simulator_rules.check_turn(
+            text,
+            language=user.language,
+            hidden_need=hidden_need,
+            ends=value.end,
+            supporter_turn=supporter_turn,
+        )
+        failed = {name: reason for name, (passed, reason) in found.items() if not passed}
+        outcome = {name: passed for name, (passed, _) in found.items()}
+        if not failed and character_check:
+            verdict = (
+                await engine.call(
+                    IN_CHARACTER, build_check_messages(user, turns, text, prompts[IN_CHARACTER.name])
+                )
+            ).value
+            outcome.update(in_character=verdict.in_character, grounded=verdict.grounded)
+            failed.update({name: verdict.reason for name in simulator_rules.JUDGED if not outcome[name]})
+        if failed:
+            rejected.append(failed)
+            continue
+        change = clamp(value.change, -MAX_CHANGE, MAX_CHANGE)
+        turn = DialogueTurn(
+            role="user", text=text, emotion=clamp(emotion + change, 0, SATISFIED), change=change,
+            reason=value.reason.strip(), need_met=value.need_met, checks=outcome, rejected=rejected,
+        )  # fmt: skip
+        return turn, value.end
+    rules = ", ".join(sorted({name for failed in rejected for name in failed}))
+    last = "; ".join(f"{name}: {reason}" for name, reason in rejected[-1].items())
+    raise UnitError(
+        "simulator_rules",
+        f"turn {supporter_turn}: no simulated reply kept the rules ({rules}) in {attempts} tries; "
+        f"last: {last}",
+        text,
+        attempts=attempts,
+    )
+
+
+# --- the supporter -----------------------------------------------------------------------------------
+
+_WRITES = "The user writes:\n"  # how policy.context_text hands over to the message
+
+
+def supporter_context(
+    view: dict, context: str, rag_k: int, earlier: Sequence[DialogueTurn], summary=None
+) -> str:
+    """respond's context for `view` (the unit as the policy sees it), with the conversation so
+    far before the user's latest message when there is one."""
+    base = context_text(view, context, rag_k, summary)
+    if not earlier:
+        return base
+    head = base.removesuffix(_WRITES)
+    so_far = transcript(earlier, "User", "You")
+    return f"{head}Your conversation with the user so far:\n{so_far}\n\nThe user now writes:\n"
+
+
+def build_supporter_messages(
+    view: dict, turns: Sequence[DialogueTurn], context: str, rag_k: int, prompt: Prompt, summary=None
+) -> list[dict]:
+    """The supporter's request after `turns` (which end with a user turn): respond's on turn 1."""
+    return prompt.render(
+        context=supporter_context(view, context, rag_k, turns[:-1], summary), query=turns[-1].text
+    )
+
+
+# --- one dialogue --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DialogueOptions:
+    max_turns: int = MAX_TURNS
+    context: str = "memory"
+    rag_k: int = 3
+    mismatch_seed: int = 0
+    turn_attempts: int = TURN_ATTEMPTS
+    character_check: bool = True
+
+    def __post_init__(self) -> None:
+        if self.context not in CONTEXTS:
+            raise InputError(f"--context takes {', '.join(CONTEXTS)}, not {self.context!r}")
+        if self.max_turns < 1:
+            raise InputError("--max-turns must be at least 1")
+        if self.turn_attempts < 1:
+            raise InputError("--turn-attempts must be at least 1")
+
+    def tag(self) -> str:
+        """What of these options a finished dialogue depends on (part of the fingerprint)."""
+        return "|".join(str(v) for v in dataclasses.astuple(self))
+
+
+async def run_dialogue(unit: dict, simulator, supporter, prompts: dict[str, Prompt], options: DialogueOptions,
+                       view: dict, summary=None) -> dict:  # fmt: skip
+    """One dialogue for one query unit: its Dialogue row (as JSON)."""
+    user = SimulatedUser.of_unit(unit)
+    need = await write_hidden_need(simulator, user, prompts)
+    turns = [
+        DialogueTurn(role="user", text=unit["query"], emotion=INITIAL_EMOTION, change=0,
+                     reason="the opening message (the query)", need_met=False)
+    ]  # fmt: skip
+    ended_by, need_met_at = "max_turns", None
+    for number in range(1, options.max_turns + 1):
+        reply = await supporter.text(
+            RESPOND,
+            build_supporter_messages(
+                view, turns, options.context, options.rag_k, prompts[RESPOND.name], summary
+            ),
+        )
+        turns.append(DialogueTurn(role="assistant", text=reply.value))
+        turn, ends = await simulate_user_turn(
+            simulator, user, need, turns, prompts,
+            attempts=options.turn_attempts, character_check=options.character_check,
+        )  # fmt: skip
+        turns.append(turn)
+        if turn.need_met and need_met_at is None:
+            need_met_at = number
+        if ends:
+            ended_by = "user"
+        elif turn.emotion >= SATISFIED:
+            ended_by = "satisfied"
+        elif turn.emotion < GIVE_UP:
+            ended_by = "gave_up"
+        else:
+            continue
+        break
+    hashes = {step.name: prompts[step.name].hash for step in SIMULATOR_STEPS}
+    hashes[RESPOND.name] = prompts[RESPOND.name].hash
+    if options.context == "memory-summary":
+        hashes[SUMMARY.name] = prompts[SUMMARY.name].hash
+    dialogue = Dialogue(
+        dialogue_id=unit["dialogue_id"], user_id=unit["user_id"], query_id=unit["query_id"],
+        category=unit["category"], language=unit["language"], hidden_need=need,
+        initial_emotion=INITIAL_EMOTION, final_emotion=turns[-1].emotion, need_met_at_turn=need_met_at,
+        ended_by=ended_by, supporter_model=supporter.model, simulator_model=simulator.model,
+        memory_ids=[m.memory_id for m in user.cited],
+        background_memory_ids=[m.memory_id for m in user.background],
+        context=options.context, turns=turns, provenance=simulator.provenance(hashes),
+    )  # fmt: skip
+    return dialogue.model_dump(mode="json")
+
+
+# --- the units ---------------------------------------------------------------------------------------
+
+
+def read_units(path: Path) -> list[dict[str, Any]]:
+    """One unit per accepted query of a gen-queries or split file, in file order."""
+    units: list[dict[str, Any]] = []
+    seen: dict[str, str] = {}
+    try:
+        for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
+            record = check_queries_row(row, f"{path}:{lineno}", HINT)
+            levels = profile_of(row)
+            voice = render_turns(SimpleNamespace(turns=record.turns)) if record.turns else ""
+            memories = [m.model_dump(mode="json", include={"memory_id", "label", "label_suggestion", "value"})
+                        for m in record.memories]  # fmt: skip
+            for query in record.queries:
+                if query.query_id in seen:
+                    raise InputError(
+                        f"{path}:{lineno}: query id {query.query_id} appears twice "
+                        f"(first at {seen[query.query_id]})",
+                        HINT,
+                    )
+                seen[query.query_id] = f"{path}:{lineno}"
+                units.append({
+                    "dialogue_id": f"{query.query_id}-d1", "query_id": query.query_id,
+                    "user_id": record.user_id,
+                    "category": query.category, "query": query.query, "situation": query.situation.text,
+                    "language": record.language, "profile": record.profile,
+                    "big_five": dict(zip(BIG_FIVE, levels, strict=True)) if levels else None,
+                    "memories": memories, "memory_ids": list(query.memory_ids), "voice": voice,
+                })  # fmt: skip
+    except RowError as error:
+        raise InputError(f"{error.location}: {error.reason}", HINT) from None
+    if not units:
+        raise InputError(f"{path}: no accepted query", HINT)
+    return units
+
+
+def pick_dialogues(units: Sequence[dict], limit: int | None, per_user: int | None) -> set[str] | None:
+    """The dialogue ids a run works on: the first `per_user` queries of each user, then the
+    first `limit` of those (None: all)."""
+    if limit is None and per_user is None:
+        return None
+    taken: Counter = Counter()
+    chosen = []
+    for unit in units:
+        if per_user is None or taken[unit["user_id"]] < per_user:
+            taken[unit["user_id"]] += 1
+            chosen.append(unit["dialogue_id"])
+    return set(chosen[:limit] if limit is not None else chosen)
+
+
+# --- the stage ---------------------------------------------------------------------------------------
+
+
+class _NotSent:
+    """--estimate with a separate supporter endpoint: its requests stop the unit, uncounted."""
+
+    def add(self, step: str, request: dict, key: str = "") -> None:
+        pass
+
+
+def supporter_settings(settings, model: str | None = None, base_urls: Sequence[str] = ()):
+    """The supporter's engine settings: [llm]'s, with its own model and endpoint when given
+    (None: the simulator's engine serves both)."""
+    if not model and not base_urls:
+        return None
+    changes: dict[str, Any] = {"model": model or settings.model}
+    if base_urls:
+        changes.update(base_urls=list(base_urls), llm="remote")
+    return dataclasses.replace(settings, **changes)
+
+
+async def agenerate_dialogues(
+    input_path: Path,
+    output_path: Path,
+    settings,
+    *,
+    options: DialogueOptions | None = None,
+    limit: int | None = None,
+    per_user: int | None = None,
+    supporter_model: str | None = None,
+    supporter_base_url: Sequence[str] = (),
+    retry_failed: bool = False,
+    console=None,
+):
+    """A dialogue for each accepted query of `input_path` (gen-queries' output or a split
+    file; `per_user`, `limit`: the first ones); returns the stage report. The simulator is
+    `settings` ([llm]); the supporter too unless `supporter_model` / `supporter_base_url`."""
+    from personaemp.llm.run import arun_llm_stage
+    from personaemp.llm.session import open_engine
+
+    options = options or DialogueOptions()
+    if settings.batch is not None:
+        raise InputError(
+            "gen-dialogues cannot work from batch files",
+            "each turn waits for the one before it: leave out --batch",
+        )
+    units = read_units(Path(input_path))
+    selected = pick_dialogues(units, limit, per_user)
+    stand_in = (
+        mismatched(units, options.mismatch_seed, Path(input_path)) if options.context == "mismatch" else {}
+    )
+    memories_of = {unit["user_id"]: unit["memories"] for unit in units}
+    settings = with_room(settings, ROOM)
+    separate = supporter_settings(settings, supporter_model, supporter_base_url)
+    loaded = prompts_per_variant(STEPS)
+    notes: dict[str, dict[str, Any]] = {}
+
+    def view_of(unit: dict) -> dict:
+        if unit["user_id"] not in stand_in:
+            return unit
+        return {**unit, "memories": memories_of[stand_in[unit["user_id"]]]}
+
+    async with contextlib.AsyncExitStack() as stack:
+        supporter = None
+        if separate is not None:
+            supporter = await stack.enter_async_context(
+                open_engine(separate, offline=_NotSent() if settings.estimate else None)
+            )
+            notes["supporter"] = {"text": f"supporter: {supporter.model} (its own endpoint)"}
+
+        def fingerprint(engine) -> str:
+            hashes = loaded(engine.prompt_variant)[1]
+            support = supporter or engine
+            parts = [engine.fingerprint(step, hashes[step.name]) for step in SIMULATOR_STEPS]
+            parts.append(support.fingerprint(RESPOND, hashes[RESPOND.name]))
+            if options.context == "memory-summary":
+                parts.append(support.fingerprint(SUMMARY, hashes[SUMMARY.name]))
+            return "|".join([*parts, options.tag()])
+
+        def make_work(engine):
+            prompts = loaded(engine.prompt_variant)[0]
+            support = supporter or engine
+            summaries: dict[str, asyncio.Future] = {}  # one summary per user (memory-summary)
+
+            async def summarise(view: dict) -> str:
+                if view["user_id"] not in summaries:
+                    messages = prompts[SUMMARY.name].render(memories=listed(view["memories"]))
+                    summaries[view["user_id"]] = asyncio.ensure_future(support.text(SUMMARY, messages))
+                return (await summaries[view["user_id"]]).value
+
+            async def work(unit: dict) -> dict:
+                view = view_of(unit)
+                summary = await summarise(view) if options.context == "memory-summary" else None
+                row = await run_dialogue(unit, engine, support, prompts, options, view, summary)
+                if unit["user_id"] in stand_in:
+                    row["memories_of"] = stand_in[unit["user_id"]]
+                if supporter is not None:
+                    totals = supporter.accounting.totals()
+                    notes["supporter"].update(
+                        text=f"supporter {supporter.model}: {totals.requests} requests, "
+                        f"{totals.prompt_tokens} prompt and {totals.completion_tokens} completion tokens",
+                        requests=totals.requests, prompt_tokens=totals.prompt_tokens,
+                        completion_tokens=totals.completion_tokens,
+                    )  # fmt: skip
+                return row
+
+            return work
+
+        turns = options.max_turns
+        return await arun_llm_stage(
+            STAGE, units, make_work, settings=settings, key="dialogue_id", output=Path(output_path),
+            fingerprint=fingerprint, selected=selected, full=selected is None, input_path=Path(input_path),
+            retry_failed=retry_failed, console=console,
+            chain=[(HIDDEN_NEED, 1), (RESPOND, turns), (SIMULATE, turns), (IN_CHARACTER, turns)],
+            notes=notes,
+        )  # fmt: skip
+
+
+generate_dialogues = sync_twin(agenerate_dialogues)
+
+
+def read_dialogues(path: Path) -> list[Dialogue]:
+    """The rows of a gen-dialogues output, validated (what the later steps read)."""
+    dialogues = []
+    for lineno, _, row in iter_jsonl(Path(path), ErrorPolicy("fail")):
+        try:
+            dialogues.append(Dialogue.model_validate(row))
+        except ValidationError as exc:
+            raise InputError(
+                f"{path}:{lineno}: not a dialogue ({first_problem(exc)})", "pass gen-dialogues' output"
+            ) from None
+    return dialogues
+
+
+# --- from options (the command and pe.*) ----------------------------------------------------------
+
+
+async def from_options(options, console, settings, retry=False):
+    """`personaemp gen-dialogues` on its options."""
+    from personaemp.results import of_llm_stage
+
+    report = await agenerate_dialogues(
+        options.input, options.output, settings,
+        options=DialogueOptions(
+            max_turns=options.max_turns, context=options.context, rag_k=options.rag_k,
+            mismatch_seed=options.mismatch_seed, turn_attempts=options.turn_attempts,
+            character_check=options.character_check,
+        ),
+        limit=options.limit, per_user=options.per_user, supporter_model=options.supporter_model,
+        supporter_base_url=options.supporter_base_url, retry_failed=retry, console=console,
+    )  # fmt: skip
+    return of_llm_stage(report)

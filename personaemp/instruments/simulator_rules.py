@@ -1,0 +1,84 @@
+"""The simulated user's rules that need no LLM, checked on every turn it writes (gen-dialogues,
+and the training Interaction after it). Each rule: (passed, why not).
+
+The simulator must stay a person: write in the user's language, at a chat message's length,
+keep its hidden need to itself (a long stretch of it copied into the message gives it away),
+never state its emotion as a number or a score, and not leave after the supporter's first
+reply. Staying in character and inventing no facts are judged by an LLM (the in_character
+step of build/dialogues.py).
+"""
+
+from __future__ import annotations
+
+import re
+
+from personaemp import checks
+
+RULES = ("language_match", "length_ok", "no_need_leak", "no_emotion_number", "no_early_end")
+JUDGED = ("in_character", "grounded")  # the LLM check's verdicts, recorded beside the rules
+
+MIN_CHARS, MAX_CHARS = 2, 800  # a chat message: "ok" is one, a page is not
+# Words of the hidden need repeated in a row that give it away; names and short phrases may
+# recur ("my sister", "the exam"). Unspaced scripts count a character as half a word.
+LEAK_WORDS = 6
+
+_NUMBER = r"\d{1,3}(?:[.,]\d+)?"
+# An emotion given as a number or a score, as a simulated user leaking its inner state writes
+# it: "my emotion score is 35", "I'm at 40/100", "mood: 7 out of 10", "情绪值 60".
+_EMOTION_NUMBER = re.compile(
+    "|".join(
+        (
+            r"\b(?:emotion|emotional|mood|feeling)s?\s+(?:score|level|value|rating|meter)\b",
+            rf"\b{_NUMBER}\s*(?:/|out of)\s*(?:100|10)\b",
+            rf"\b(?:emotion|mood)s?\b\W+(?:\w+\W+){{0,3}}{_NUMBER}\b",
+            r"(?:情绪|情感|心情)(?:值|分数|评分|指数|得分)",
+            r"(?:эмоци|настроени)\w*\s+(?:на\s+)?\d",
+        )
+    ),
+    re.IGNORECASE,
+)
+
+
+def length_ok(text: str) -> tuple[bool, str]:
+    size = len(text.strip())
+    if size < MIN_CHARS:
+        return False, f"{size} characters, fewer than {MIN_CHARS}"
+    if size > MAX_CHARS:
+        return False, f"{size} characters, more than {MAX_CHARS}"
+    return True, ""
+
+
+def no_need_leak(text: str, hidden_need: str) -> tuple[bool, str]:
+    """The message does not copy LEAK_WORDS words in a row of the hidden need."""
+    run = checks.longest_shared(text, [hidden_need], floor=LEAK_WORDS)
+    size = checks.words(run)
+    if size >= LEAK_WORDS:
+        return False, f"repeats {size:g} words of the hidden need: {' '.join(run)!r}"
+    return True, ""
+
+
+def no_emotion_number(text: str) -> tuple[bool, str]:
+    found = _EMOTION_NUMBER.search(text)
+    if found:
+        return False, f"states its emotion as a number or score: {found.group()!r}"
+    return True, ""
+
+
+def no_early_end(ends: bool, supporter_turn: int) -> tuple[bool, str]:
+    """A person does not leave after the first reply: the simulator may end from turn 2 on."""
+    if ends and supporter_turn <= 1:
+        return False, "ends the conversation after the supporter's first reply"
+    return True, ""
+
+
+def check_turn(
+    text: str, *, language: str | None, hidden_need: str, ends: bool, supporter_turn: int
+) -> dict[str, tuple[bool, str]]:
+    """Every rule on one simulated message (RULES order)."""
+    return {
+        "language_match": checks.language_match(text, language),
+        "length_ok": length_ok(text),
+        "no_need_leak": no_need_leak(text, hidden_need),
+        "no_emotion_number": no_emotion_number(text),
+        "no_early_end": no_early_end(ends, supporter_turn),
+    }
