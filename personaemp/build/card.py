@@ -226,6 +226,9 @@ CHECK_MEANINGS = {
     "language_match": "in the user's language",
     "not_duplicate": "no near-repeat of the user's other queries",
     "not_copied": "no long stretch of the user's own messages or memories",
+    "no_scaffolding": "no text of our own prompts (labels, frames, unfilled slots)",
+    "no_internal_ids": "no internal id (memory, session, user or hex id) in what a reader sees",
+    "level_matches_rationale": "the Big Five rationale states no other level than its own",
 }
 
 
