@@ -6,17 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
-from conftest import REPO
-from fake_openai import PROFILES, FakeOpenAI, reply
+from fake_openai import FakeOpenAI, reply
 from typer.testing import CliRunner
 
 from personaemp.build.dialogues import (
@@ -46,11 +41,15 @@ REPLY_NUMBER = re.compile(r"This is the assistant's reply number (\d+)\.")
 
 
 def user_row(user_id: str, queries: int = 1, language: str = "en") -> dict:
+    values = {  # the user's id in a value: no two users' requests are the same (cache, counts)
+        "work": f"Works long shifts as a nurse at ward {user_id} and feels drained.",
+        "family": "Her brother expects her at every family event.",
+        "hobby": "Paints watercolours to calm down.",
+    }
     memories = [
-        {"memory_id": f"{user_id}-m1", "label": "work", "value": "Works long shifts as a nurse and feels drained."},
-        {"memory_id": f"{user_id}-m2", "label": "family", "value": "Her brother expects her at every family event."},
-        {"memory_id": f"{user_id}-m3", "label": "hobby", "value": "Paints watercolours to calm down."},
-    ]  # fmt: skip
+        {"memory_id": f"{user_id}-m{n}", "label": label, "value": value}
+        for n, (label, value) in enumerate(values.items(), 1)
+    ]
     level = {"level": "medium", "evidence": [], "rationale": "r", "thin_evidence": True}
     texts = [
         "My brother wants me at his party this weekend but I am exhausted after my shifts. "
@@ -238,7 +237,7 @@ def breaks_once(step_name: str, bad):
             "Ich weiß wirklich nicht mehr weiter, mein Bruder versteht einfach nicht, wie müde ich bin."}),
         ("no_emotion_number", lambda body: {**good_turn(body), "text": "Okay. My emotion score is 45 now."}),
         ("no_early_end", lambda body: {**good_turn(body), "end": True, "text": "Thanks, bye."}),
-        ("length_ok", lambda body: {**good_turn(body), "text": "I am so tired of all of this, honestly. " * 25}),
+        ("length_ok", lambda body: {**good_turn(body), "text": "I am so tired of all this. " * 40}),
     ],
 )  # fmt: skip
 def test_each_rule_catches_the_turn_that_breaks_it_and_asks_again(tmp_path, rule, bad):
@@ -271,9 +270,9 @@ def test_an_invented_fact_the_llm_check_flags_is_asked_again(tmp_path):
 
 
 def test_a_turn_that_never_keeps_the_rules_sends_the_dialogue_to_the_failures(tmp_path):
-    leak = lambda step, body, seen: (
-        {**good_turn(body), "text": f"I need {NEED}"} if step == "simulate" else None
-    )  # noqa: E731
+    def leak(step, body, seen):
+        return {**good_turn(body), "text": f"I need {NEED}"} if step == "simulate" else None
+
     rows, failures, server = run_one(tmp_path, Script(bad=leak), options=DialogueOptions(turn_attempts=2))
     assert rows == [] and len(failures) == 1
     assert failures[0]["dialogue_id"] == "u1-q1-d1" and failures[0]["kind"] == "simulator_rules"
