@@ -25,7 +25,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade 'pip>=25'
 	# --no-compile: byte-compiling every installed module took 25 of 59 s; Python compiles
 	# the modules it imports on first use (the first test run pays part of it back).
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet --no-compile --disable-pip-version-check -e '.[dev,local,docs]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet --no-compile --disable-pip-version-check -e '.[dev,local,docs,ray]'
 	touch $@
 
 # The main job on the embedded defaults: the shipped AlpsBench sample through the whole
