@@ -1227,7 +1227,7 @@ class RunOptions(Section):
                 if option.opt.derive and option.name not in current.model_fields_set
             }
             if update:
-                derived = {field for field in current.model_fields if current.derived(field)} | update.keys()
+                derived = {field for field in type(current).model_fields if current.derived(field)} | update.keys()
                 setattr(self, name, current.model_copy(update=update).with_derived(derived))
         return self
 
