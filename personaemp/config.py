@@ -257,6 +257,9 @@ def llm_settings(options: LLMOptions, env: Mapping[str, str] | None = None):
         max_cost=options.max_cost,
         estimate=options.estimate,
         batch=options.batch,
+        executor=options.executor,
+        workers=options.workers,
+        ray_address=options.ray_address,
     )
     if key is not None:  # from the variable, though handed over as an argument
         settings.key_source = f"${KEY_ENV}"

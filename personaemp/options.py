@@ -480,6 +480,27 @@ class LLMOptions(Section):
             metavar="USD",
         ),
     ] = None
+    executor: Annotated[
+        Literal["local", "ray"],
+        Opt(
+            "local: this process sends every request; ray: the units run on a pool of Ray workers, "
+            "each with its share of --concurrency, and this process writes the files (needs the "
+            "[ray] extra; --estimate and --batch run locally).",
+            env="PERSONAEMP_EXECUTOR",
+        ),
+    ] = "local"
+    workers: Annotated[
+        int, Field(ge=1), Opt("Ray workers (--executor ray): one engine each, at most --concurrency.")
+    ] = 2
+    ray_address: Annotated[
+        str | None,
+        Opt(
+            "The Ray cluster to run on (--executor ray), e.g. ray://head:10001; unset: a local Ray "
+            "is started (inside `ray job submit`, the job's cluster).",
+            env="RAY_ADDRESS",
+            metavar="ADDRESS",
+        ),
+    ] = None
 
     @model_validator(mode="after")
     def _a_batch_needs_the_cache(self) -> LLMOptions:
@@ -495,6 +516,15 @@ class LLMOptions(Section):
     def _a_budget_needs_prices(self) -> LLMOptions:
         if self.max_cost is not None and self.price_in is None and self.price_out is None:
             raise OptionProblem("max_cost", "needs a price to count with", "give {price_in} and {price_out}")
+        return self
+
+    @model_validator(mode="after")
+    def _ray_needs_an_endpoint(self) -> LLMOptions:
+        if self.executor == "ray" and (self.llm == "local" or not self.base_url):
+            raise OptionProblem(
+                "executor", "is 'ray' but no endpoint is set (the embedded model is one process)",
+                "give {base_url}: the workers share its endpoints",
+            )  # fmt: skip
         return self
 
     @model_validator(mode="after")

@@ -119,9 +119,11 @@ def _personas_written(path: Path):
 
 def chains(options: RunOptions) -> bool:
     """Whether `run` can feed gen-queries while infer-persona runs: not for a batch (rounds
-    of files), nor when gen-queries picks its users (--limit / --users need its whole input)."""
+    of files), nor when gen-queries picks its users (--limit / --users need its whole input),
+    nor on Ray (each stage is a Ray Dataset of its own: one after the other)."""
     return (
         options.llm.batch is None
+        and options.llm.executor == "local"
         and options.queries.limit is None
         and not options.queries.users
         and options.queries.input == options.persona.output

@@ -28,6 +28,7 @@ from rich.text import Text
 from personaemp import locks
 from personaemp.aio import sync_twin
 from personaemp.io import read_json_object, write_json_atomic
+from personaemp.llm import ray_executor
 from personaemp.llm.batch import BatchQueue, import_answers, write_requests
 from personaemp.llm.engine import Engine
 from personaemp.llm.estimate import Estimate, cache_history
@@ -213,24 +214,37 @@ async def arun_llm_stage(
                 counts, waiting = import_answers(settings.batch, engine.cache)
                 imported.update(counts)
                 awaiting.update(waiting)
+            on_ray = ray_executor.uses_ray(settings)
+            if on_ray:
+                console.print(_on_ray(settings))
             with _progress(console) as progress:
-                outcome = await run_units(
-                    units,
-                    make_work(engine),
-                    key=key,
-                    output=output,
-                    failures=plan.failures,
-                    fingerprint=fingerprint(engine),
-                    window=_window(engine),
-                    selected=selected,
-                    retry_failed=retry_failed,
-                    # of the units picked (--limit, --users), not of the whole input
-                    on_progress=_progress_bar(
-                        progress, stage, len(selected) if selected is not None else len(units), engine
-                    ),
-                    dry=estimate is not None,
+                # of the units picked (--limit, --users), not of the whole input
+                bar = _progress_bar(
+                    progress, stage, len(selected) if selected is not None else len(units), engine
                 )
+                if on_ray:  # the same bookkeeping, the units done by Ray workers
+                    outcome, workers = await ray_executor.run_units_on_ray(
+                        units, make_work, fingerprint, engine=engine, settings=settings, key=key,
+                        output=output, failures=plan.failures, fingerprint=fingerprint(engine),
+                        selected=selected, retry_failed=retry_failed, on_progress=bar,
+                    )  # fmt: skip
+                else:
+                    outcome = await run_units(
+                        units,
+                        make_work(engine),
+                        key=key,
+                        output=output,
+                        failures=plan.failures,
+                        fingerprint=fingerprint(engine),
+                        window=_window(engine),
+                        selected=selected,
+                        retry_failed=retry_failed,
+                        on_progress=bar,
+                        dry=estimate is not None,
+                    )
             report = plan.report(engine, settings, outcome, started)
+            if on_ray and workers.structured() is not None:
+                report.structured = workers.structured()  # negotiated there, not here
             report.notes = dict(notes or {})
             if estimate is not None:
                 report.estimate = estimate.report(
@@ -343,6 +357,12 @@ async def arun_llm_chain(
 
 
 run_llm_chain = sync_twin(arun_llm_chain)
+
+
+def _on_ray(settings: LLMSettings) -> str:
+    where = ray_executor.connect(settings)
+    workers, share = ray_executor.pool_size(settings)
+    return f"on {where}: {workers} workers × {share} requests in flight per endpoint"
 
 
 def _window(engine: Engine) -> int:

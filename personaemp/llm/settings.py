@@ -23,7 +23,8 @@ _STEPS = TypeAdapter(dict[str, dict[str, StepSampling]])
 _REPORTED = ("model", "structured", "concurrency", "rpm", "timeout", "max_retries", "max_reasks",
              "max_tokens", "temperature", "seed", "steps")  # fmt: skip
 _CHECKED = (*(name for name in _REPORTED if name != "steps"), "llm", "work_dir", "refresh", "price_in",
-            "price_out", "price_cached", "max_cost", "estimate", "batch")  # fmt: skip
+            "price_out", "price_cached", "max_cost", "estimate", "batch", "executor", "workers",
+            "ray_address")  # fmt: skip
 
 
 @dataclass
@@ -62,6 +63,10 @@ class LLMSettings:
     max_cost: float | None = _DEFAULT.max_cost  # dollars: stop before spending more
     estimate: bool = _DEFAULT.estimate  # count what would be sent; send and write nothing
     batch: Path | None = _DEFAULT.batch  # work from batch files in this folder, no endpoint
+    # Who runs the units (llm/ray_executor.py); not reported: the rows are the same either way.
+    executor: str = _DEFAULT.executor
+    workers: int = _DEFAULT.workers
+    ray_address: str | None = _DEFAULT.ray_address
     local_log: Path | None = None
     key_source: str = field(default="", init=False, repr=False)
 

@@ -1,0 +1,133 @@
+"""--executor ray (personaemp/llm/ray_executor.py) on a local Ray: the same files as one process.
+
+One Ray for the module (ray.init(num_cpus=2), about 7 s to start), shut down after it; the
+tests are few and long, so pytest-xdist gives them to one worker or two at most."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import SAMPLE_TASK1, order_free_responder
+from fake_openai import FakeOpenAI, reply
+from rich.console import Console
+
+from personaemp.options import LLMOptions, PathsOptions, PersonaOptions, RunOptions
+from personaemp.pipeline import run_pipeline
+
+ray = pytest.importorskip("ray")
+
+TIMINGS = {"created_at"}  # the only thing a row holds that a second run changes
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def rows(path: Path, drop=TIMINGS) -> list:
+    def strip(value):
+        if isinstance(value, dict):
+            return {key: strip(item) for key, item in value.items() if key not in drop}
+        if isinstance(value, list):
+            return [strip(item) for item in value]
+        return value
+
+    return [strip(json.loads(line)) for line in path.read_text().splitlines()]
+
+
+def files(root: Path, folder: str) -> list[Path]:
+    return sorted(path.relative_to(root) for path in (root / folder).rglob("*") if path.is_file())
+
+
+def test_run_on_ray_writes_what_one_process_writes(local_ray, sample_build, tmp_path):
+    """`run --executor ray` on the shipped sample, two workers sharing two endpoints at
+    --concurrency 4: the personas, queries, splits, stats and dataset of the one-process
+    run (sample_build, the same order-free model), the same requests counted, and never
+    more than 4 requests in flight at either endpoint."""
+    processed = tmp_path / "processed"
+    responder = order_free_responder()
+    with FakeOpenAI(responder=responder) as first, FakeOpenAI(responder=responder) as second:
+        llm = LLMOptions(
+            base_url=[first.base_url, second.base_url], model="fake", concurrency=4, executor="ray", workers=2
+        )
+        options = RunOptions(paths=PathsOptions(input=str(SAMPLE_TASK1), processed=processed), llm=llm)
+        with open(tmp_path / "log.txt", "w") as log:
+            run_pipeline(options, Console(file=log))
+    assert first.count and second.count  # the list is every worker's
+    assert first.max_in_flight <= 4 and second.max_in_flight <= 4
+
+    for name in ("personas.jsonl", "filtered.jsonl"):  # no timings in their input: the hashes too
+        assert rows(processed / name) == rows(sample_build / name), name
+    # A queries row's input_hash covers its persona row, whose created_at is a timing.
+    no_hash = TIMINGS | {"input_hash"}
+    for name in (
+        "queries.jsonl",
+        "rejected.jsonl",
+        "infer-persona.failures.jsonl",
+        "gen-queries.failures.jsonl",
+    ):
+        assert rows(processed / name, no_hash) == rows(sample_build / name, no_hash), name
+    for setting in ("random", "ood"):
+        for split in ("train", "test"):
+            name = f"splits/{setting}/{split}.jsonl"
+            assert rows(processed / name, no_hash) == rows(sample_build / name, no_hash), name
+    for folder in ("dataset", "stats"):
+        made = sorted(p.relative_to(processed) for p in (processed / folder).rglob("*") if p.is_file())
+        assert made == sorted(
+            p.relative_to(sample_build) for p in (sample_build / folder).rglob("*") if p.is_file()
+        )
+        for path in made:
+            here, there = (processed / path).read_bytes(), (sample_build / path).read_bytes()
+            assert here.replace(bytes(processed), b"@") == there.replace(bytes(sample_build), b"@"), path
+
+    ours = json.loads((processed / ".personaemp" / "run_report.json").read_text())["stages"]
+    theirs = json.loads((sample_build / ".personaemp" / "run_report.json").read_text())["stages"]
+    for stage in ("infer-persona", "gen-queries"):
+        for figure in ("units", "done", "failed"):
+            assert ours[stage][figure] == theirs[stage][figure], (stage, figure)
+        for figure in ("calls", "requests", "cache_hits", "prompt_tokens", "completion_tokens"):
+            assert ours[stage]["totals"][figure] == theirs[stage]["totals"][figure], (stage, figure)
+    assert ours["infer-persona"]["totals"]["requests"] + ours["gen-queries"]["totals"]["requests"] == (
+        first.count + second.count
+    )
+
+
+def test_a_unit_that_fails_is_a_failure_row_on_ray_as_in_one_process(local_ray, sample_build, tmp_path):
+    """One user's every reply is not JSON: on Ray, as in one process, that user ends as a
+    failure row (the same row) and every other user as a persona; the job does not fail."""
+    filtered = sample_build / "filtered.jsonl"
+    broken = json.loads(filtered.read_text().splitlines()[3])["memories"][0]["value"]
+    base = order_free_responder()
+
+    def responder(body: dict, number: int):
+        if broken in json.dumps(body["messages"], ensure_ascii=False):
+            return reply("this is not JSON")
+        return base(body, number)
+
+    made = {}
+    for executor in ("local", "ray"):
+        folder = tmp_path / executor
+        folder.mkdir()
+        shutil.copy(filtered, folder / "filtered.jsonl")
+        with FakeOpenAI(responder=responder) as fake:
+            options = RunOptions(
+                paths=PathsOptions(input=str(SAMPLE_TASK1), processed=folder),
+                llm=LLMOptions(base_url=[fake.base_url], model="fake", executor=executor, max_reasks=0),
+                persona=PersonaOptions(),
+            )
+            from personaemp.registry import STAGES
+
+            result = STAGES["infer-persona"].run(options, Console(quiet=True), full=True)
+        made[executor] = folder, result
+    (local, _), (on_ray, result) = made["local"], made["ray"]
+    failures = rows(on_ray / "infer-persona.failures.jsonl")
+    assert [row["kind"] for row in failures] == ["invalid"]
+    assert failures == rows(local / "infer-persona.failures.jsonl")
+    assert rows(on_ray / "personas.jsonl") == rows(local / "personas.jsonl")
+    assert len(rows(on_ray / "personas.jsonl")) == 15
+    assert result.report.outcome.failed == 1 and result.report.outcome.done == 15
