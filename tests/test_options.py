@@ -413,6 +413,9 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "max_cost": 3.0,
         "estimate": False,
         "batch": None,
+        "executor": "ray",
+        "workers": 3,
+        "ray_address": "ray://head:10001",
     },
     "persona": {
         "input": "p/in.jsonl",
@@ -599,6 +602,7 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
     assert (settings.max_retries, settings.max_reasks, settings.work_dir) == (1, 0, Path("w"))
     assert (settings.use_cache, settings.refresh) == (False, True)
     assert (settings.price_in, settings.price_out, settings.price_cached) == (1.5, 2.5, 0.25)
+    assert (settings.executor, settings.workers, settings.ray_address) == ("ray", 3, "ray://head:10001")
     args, kwargs = by_run["queries"]
     assert args[:2] == (Path("q/in.jsonl"), Path("q/out.jsonl")) and args[2] == settings
     assert kwargs["options"].categories == ("ES", "SS") and kwargs["options"].per_category == 2

@@ -28,10 +28,10 @@ from rich.text import Text
 from personaemp import locks
 from personaemp.aio import sync_twin
 from personaemp.io import read_json_object, write_json_atomic
-from personaemp.llm import ray_executor
 from personaemp.llm.batch import BatchQueue, import_answers, write_requests
 from personaemp.llm.engine import Engine
 from personaemp.llm.estimate import Estimate, cache_history
+from personaemp.llm.ray_executor import connect, pool_size, run_units_on_ray, uses_ray
 from personaemp.llm.session import open_engine
 from personaemp.llm.settings import LLMSettings
 from personaemp.llm.step import Step
@@ -214,7 +214,7 @@ async def arun_llm_stage(
                 counts, waiting = import_answers(settings.batch, engine.cache)
                 imported.update(counts)
                 awaiting.update(waiting)
-            on_ray = ray_executor.uses_ray(settings)
+            on_ray = uses_ray(settings)
             if on_ray:
                 console.print(_on_ray(settings))
             with _progress(console) as progress:
@@ -223,7 +223,7 @@ async def arun_llm_stage(
                     progress, stage, len(selected) if selected is not None else len(units), engine
                 )
                 if on_ray:  # the same bookkeeping, the units done by Ray workers
-                    outcome, workers = await ray_executor.run_units_on_ray(
+                    outcome, workers = await run_units_on_ray(
                         units, make_work, fingerprint, engine=engine, settings=settings, key=key,
                         output=output, failures=plan.failures, fingerprint=fingerprint(engine),
                         selected=selected, retry_failed=retry_failed, on_progress=bar,
@@ -360,8 +360,8 @@ run_llm_chain = sync_twin(arun_llm_chain)
 
 
 def _on_ray(settings: LLMSettings) -> str:
-    where = ray_executor.connect(settings)
-    workers, share = ray_executor.pool_size(settings)
+    where = connect(settings)
+    workers, share = pool_size(settings)
     return f"on {where}: {workers} workers × {share} requests in flight per endpoint"
 
 
