@@ -1512,6 +1512,7 @@ _TITLES = {
     "filter": "`personaemp filter` — TOML `[filter]`",
     "infer-persona": "`personaemp infer-persona` — TOML `[persona]`",
     "gen-queries": "`personaemp gen-queries` — TOML `[queries]`",
+    "gen-dialogues": "`personaemp gen-dialogues` — TOML `[dialogues]`",
     "split": "`personaemp split` — TOML `[split]`",
     "stats": "`personaemp stats` — TOML `[stats]`",
     "push": "`personaemp push` — TOML `[push]`",

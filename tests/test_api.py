@@ -140,6 +140,7 @@ API = {
     "respond": ["write_responses", "awrite_responses"], "evaluate": ["evaluate", "aevaluate"],
     "table": ["write_table"], "export": ["export_split"], "agreement": ["measure_agreement"],
     "review": ["serve_review"], "extract-memories": ["extract_memories", "aextract_memories"],
+    "gen-dialogues": ["generate_dialogues", "agenerate_dialogues"],
 }  # fmt: skip
 
 

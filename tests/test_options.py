@@ -120,10 +120,10 @@ def test_the_names_options_repeat_agree_with_the_stages():
     assert opts.CHECKS == queries.CHECKS
     assert opts.PERSONA_CHECKS == persona.PERSONA_CHECKS
     from personaemp import reward
-    from personaemp.build import memories
+    from personaemp.build import dialogues, memories
     from personaemp.evaluation import criteria, evaluate, respond
 
-    stages = (memories, persona, queries, criteria, respond, evaluate, reward)
+    stages = (memories, persona, queries, dialogues, criteria, respond, evaluate, reward)
     assert set(opts.STEPS) == {step.name for stage in stages for step in stage.STEPS}
     from typing import get_args
 
@@ -499,6 +499,20 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "bystander": True,
         "reward_lambda": 0.25,
         "output": "e/report.json",
+    },
+    "dialogues": {
+        "input": "d/queries.jsonl",
+        "output": "d/dialogues.jsonl",
+        "limit": 3,
+        "per_user": 1,
+        "max_turns": 4,
+        "context": "rag",
+        "rag_k": 2,
+        "mismatch_seed": 5,
+        "supporter_model": "policy",
+        "supporter_base_url": ["http://s.example/v1"],
+        "turn_attempts": 2,
+        "character_check": False,
     },
     "export": {
         "splits": "x/splits",

@@ -42,7 +42,7 @@ from personaemp.instruments.criteria import with_room
 from personaemp.instruments.policy import CONTEXTS, RESPOND, ROOM, SUMMARY, context_text, listed, mismatched
 from personaemp.io import ErrorPolicy, iter_jsonl
 from personaemp.language import LANGUAGE_NAMES
-from personaemp.llm.step import Step
+from personaemp.llm.step import Step, edit_schema
 from personaemp.prompts import Prompt, prompts_per_variant
 from personaemp.records import BIG_FIVE, Dialogue, DialogueTurn, Memory
 from personaemp.render import render_memories, render_turns
@@ -71,7 +71,7 @@ class UserTurnReply(BaseModel):
     reason: str = Field(description="why it moved that way")
     need_met: bool
     end: bool = Field(description="you leave the chat with this message")
-    text: str = Field(description="the message you send")
+    text: str = Field(min_length=1, description="the message you send")
 
 
 class CharacterReply(BaseModel):
@@ -84,6 +84,11 @@ HIDDEN_NEED = Step("hidden_need", NeedReply, prompt="dialogue_need")
 SIMULATE = Step("simulate", UserTurnReply, prompt="dialogue_user")
 IN_CHARACTER = Step("in_character", CharacterReply, prompt="dialogue_check", temperature=0.0)
 SIMULATOR_STEPS = (HIDDEN_NEED, SIMULATE, IN_CHARACTER)
+# The change as a list of its values: a grammar-constrained endpoint (llama.cpp) does not hold
+# an integer to its bounds, a list it does.
+CHANGES = edit_schema(
+    SIMULATE.schema, ("properties", "change"), enum=list(range(-MAX_CHANGE, MAX_CHANGE + 1))
+)
 STEPS = (*SIMULATOR_STEPS, RESPOND, SUMMARY)  # RESPOND and SUMMARY: the supporter's, as respond's
 
 
@@ -194,7 +199,7 @@ async def simulate_user_turn(
     messages = build_user_turn_messages(user, hidden_need, turns, emotion, prompts[SIMULATE.name])
     rejected: list[dict[str, str]] = []
     for sample in range(attempts):
-        value = (await engine.call(SIMULATE, messages, sample=sample)).value
+        value = (await engine.call(SIMULATE, messages, schema=CHANGES, sample=sample)).value
         text = value.text.strip()
         found = simulator_rules.check_turn(
             text,
