@@ -33,209 +33,39 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 
 from personaemp.aio import sync_twin
-from personaemp.errors import InputError, RowError, UnitError, first_problem
-from personaemp.instruments import simulator_rules
+from personaemp.errors import InputError, RowError, first_problem
 from personaemp.instruments.criteria import with_room
 from personaemp.instruments.policy import CONTEXTS, RESPOND, ROOM, SUMMARY, context_text, listed, mismatched
+from personaemp.instruments.simulator import (  # the simulated user, shared with training's Interaction
+    GIVE_UP,
+    HIDDEN_NEED,
+    IN_CHARACTER,
+    INITIAL_EMOTION,
+    MAX_TURNS,
+    SATISFIED,
+    SIMULATE,
+    SIMULATOR_STEPS,
+    TURN_ATTEMPTS,
+    SimulatedUser,
+    simulate_user_turn,
+    transcript,
+    write_hidden_need,
+)
 from personaemp.io import ErrorPolicy, iter_jsonl
-from personaemp.language import LANGUAGE_NAMES
-from personaemp.llm.step import Step, edit_schema
 from personaemp.prompts import Prompt, prompts_per_variant
-from personaemp.records import BIG_FIVE, Dialogue, DialogueTurn, Memory
-from personaemp.render import render_memories, render_turns
+from personaemp.records import BIG_FIVE, Dialogue, DialogueTurn
+from personaemp.render import render_turns
 from personaemp.splits import check_queries_row, profile_of
 
 STAGE = "gen-dialogues"
 
-INITIAL_EMOTION = 40  # where every simulated user starts (SAGE's start)
-MAX_CHANGE = 10  # a turn moves the emotion by at most this much either way (SAGE's clamp)
-SATISFIED, GIVE_UP = 100, 10  # the emotion's bounds: leaves satisfied at 100, gives up below 10
-MAX_TURNS = 6  # supporter turns
-TURN_ATTEMPTS = 3  # replies asked per simulated turn before the dialogue fails
 HINT = "pass gen-queries' output or a split file written by `personaemp split`"
 
 
-# --- reply models and steps ------------------------------------------------------------------------
-
-
-class NeedReply(BaseModel):
-    need: str = Field(description="what would actually help this person here, in one or two sentences")
-
-
-class UserTurnReply(BaseModel):
-    thought: str = Field(description="your inner reaction to the reply, never shown")
-    change: int = Field(ge=-MAX_CHANGE, le=MAX_CHANGE, description="how the reply moved your emotion")
-    reason: str = Field(description="why it moved that way")
-    need_met: bool
-    end: bool = Field(description="you leave the chat with this message")
-    text: str = Field(min_length=1, description="the message you send")
-
-
-class CharacterReply(BaseModel):
-    reason: str
-    in_character: bool
-    grounded: bool
-
-
-HIDDEN_NEED = Step("hidden_need", NeedReply, prompt="dialogue_need")
-SIMULATE = Step("simulate", UserTurnReply, prompt="dialogue_user")
-IN_CHARACTER = Step("in_character", CharacterReply, prompt="dialogue_check", temperature=0.0)
-SIMULATOR_STEPS = (HIDDEN_NEED, SIMULATE, IN_CHARACTER)
-# The change as a list of its values: a grammar-constrained endpoint (llama.cpp) does not hold
-# an integer to its bounds, a list it does.
-CHANGES = edit_schema(
-    SIMULATE.schema, ("properties", "change"), enum=list(range(-MAX_CHANGE, MAX_CHANGE + 1))
-)
 STEPS = (*SIMULATOR_STEPS, RESPOND, SUMMARY)  # RESPOND and SUMMARY: the supporter's, as respond's
-
-
-# --- the simulated user ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SimulatedUser:
-    """What the simulator stands on: one user's grounding and the moment of one query."""
-
-    user_id: str
-    language: str | None
-    profile: str
-    big_five: dict[str, str] | None
-    cited: tuple[Memory, ...]  # the memories the query cites
-    background: tuple[Memory, ...]  # the user's other memories
-    situation: str
-    query: str
-    voice: str  # their own recent messages, for how they write
-
-    @classmethod
-    def of_unit(cls, unit: dict[str, Any]) -> SimulatedUser:
-        memories = [Memory.model_validate(m) for m in unit["memories"]]
-        cited = set(unit["memory_ids"])
-        return cls(
-            user_id=unit["user_id"], language=unit["language"], profile=unit["profile"],
-            big_five=unit["big_five"], cited=tuple(m for m in memories if m.memory_id in cited),
-            background=tuple(m for m in memories if m.memory_id not in cited),
-            situation=unit["situation"], query=unit["query"], voice=unit["voice"],
-        )  # fmt: skip
-
-    def values(self) -> dict[str, str]:
-        """The prompt slots every simulator step fills the same way (its context blocks)."""
-        memories = render_memories(self.cited) or "(none)"
-        if self.background:
-            memories += "\n\nBackground (other memories):\n" + render_memories(self.background)
-        profile = self.profile or "(none)"
-        if self.voice:
-            profile += f"\n\nHow they write (their own recent messages):\n{self.voice}"
-        return {"profile": profile, "memories": memories, "situation": self.situation, "query": self.query}
-
-    def levels(self) -> str:
-        if not self.big_five:
-            return "(unknown)"
-        return ", ".join(f"{trait} {self.big_five[trait]}" for trait in BIG_FIVE)
-
-    def language_name(self) -> str:
-        return LANGUAGE_NAMES.get(self.language or "", self.language or "the language of their first message")
-
-
-def transcript(turns: Sequence[DialogueTurn], user: str = "User", assistant: str = "Assistant") -> str:
-    return "\n\n".join(f"{user if t.role == 'user' else assistant}: {t.text}" for t in turns) or "(nothing)"
-
-
-def build_need_messages(user: SimulatedUser, prompt: Prompt) -> list[dict]:
-    return prompt.render(**user.values(), big_five=user.levels())
-
-
-def build_user_turn_messages(
-    user: SimulatedUser, hidden_need: str, turns: Sequence[DialogueTurn], emotion: int, prompt: Prompt
-) -> list[dict]:
-    """The simulator's request for its next message: `turns` end with the supporter's reply."""
-    supporter_turn = sum(t.role == "assistant" for t in turns)
-    return prompt.render(
-        **user.values(), big_five=user.levels(), need=hidden_need, dialogue=transcript(turns[:-1]),
-        reply=turns[-1].text, emotion=str(emotion), turn=str(supporter_turn), language=user.language_name(),
-    )  # fmt: skip
-
-
-def build_check_messages(user: SimulatedUser, turns: Sequence[DialogueTurn], text: str, prompt: Prompt):
-    return prompt.render(**user.values(), dialogue=transcript(turns), message=text)
-
-
-def parse_need(reply: NeedReply) -> str:
-    need = " ".join(reply.need.split())
-    if not need:
-        raise ValueError("need: empty; write what would help this person")
-    return need
-
-
-def clamp(value: int, low: int, high: int) -> int:
-    return max(low, min(high, value))
-
-
-async def write_hidden_need(engine, user: SimulatedUser, prompts: dict[str, Prompt]) -> str:
-    reply = await engine.call(
-        HIDDEN_NEED, build_need_messages(user, prompts[HIDDEN_NEED.name]), parse=parse_need
-    )
-    return reply.parsed
-
-
-async def simulate_user_turn(
-    engine,
-    user: SimulatedUser,
-    hidden_need: str,
-    turns: Sequence[DialogueTurn],
-    prompts: dict[str, Prompt],
-    *,
-    attempts: int = TURN_ATTEMPTS,
-    character_check: bool = True,
-) -> tuple[DialogueTurn, bool]:
-    """The simulated user's next turn after `turns` (which end with the supporter's reply), and
-    whether it ends the conversation. Each reply is checked (the rules, then the LLM check); a
-    failing one is asked again as a new sample, up to `attempts` replies, else UnitError.
-    The step the verl Interaction calls too."""
-    emotion = next(t.emotion for t in reversed(turns) if t.role == "user" and t.emotion is not None)
-    supporter_turn = sum(t.role == "assistant" for t in turns)
-    messages = build_user_turn_messages(user, hidden_need, turns, emotion, prompts[SIMULATE.name])
-    rejected: list[dict[str, str]] = []
-    for sample in range(attempts):
-        value = (await engine.call(SIMULATE, messages, schema=CHANGES, sample=sample)).value
-        text = value.text.strip()
-        found = simulator_rules.check_turn(
-            text,
-            language=user.language,
-            hidden_need=hidden_need,
-            ends=value.end,
-            supporter_turn=supporter_turn,
-        )
-        failed = {name: reason for name, (passed, reason) in found.items() if not passed}
-        outcome = {name: passed for name, (passed, _) in found.items()}
-        if not failed and character_check:
-            verdict = (
-                await engine.call(
-                    IN_CHARACTER, build_check_messages(user, turns, text, prompts[IN_CHARACTER.name])
-                )
-            ).value
-            outcome.update(in_character=verdict.in_character, grounded=verdict.grounded)
-            failed.update({name: verdict.reason for name in simulator_rules.JUDGED if not outcome[name]})
-        if failed:
-            rejected.append(failed)
-            continue
-        change = clamp(value.change, -MAX_CHANGE, MAX_CHANGE)
-        turn = DialogueTurn(
-            role="user", text=text, emotion=clamp(emotion + change, 0, SATISFIED), change=change,
-            reason=value.reason.strip(), need_met=value.need_met, checks=outcome, rejected=rejected,
-        )  # fmt: skip
-        return turn, value.end
-    rules = ", ".join(sorted({name for failed in rejected for name in failed}))
-    last = "; ".join(f"{name}: {reason}" for name, reason in rejected[-1].items())
-    raise UnitError(
-        "simulator_rules",
-        f"turn {supporter_turn}: no simulated reply kept the rules ({rules}) in {attempts} tries; "
-        f"last: {last}",
-        text,
-        attempts=attempts,
-    )
 
 
 # --- the supporter -----------------------------------------------------------------------------------
