@@ -969,6 +969,17 @@ class EvaluateOptions(Section):
             io="read",
         ),
     ] = []
+    dialogues: Annotated[
+        Names,
+        Opt(
+            "Dialogues of a system (`personaemp gen-dialogues`), scored per session instead of "
+            "responses: the emotion trajectory and PERM over the supporter's side; repeat for "
+            "several, each named by its file name.",
+            metavar="FILE",
+            io="read",
+        ),
+    ] = []
+    per_turn: Annotated[bool, Opt("With --dialogues: PERM for each supporter turn too.")] = False
     criteria: Annotated[
         Path,
         Opt(

@@ -253,12 +253,49 @@ def print_stats(result, console: Console) -> None:
     console.print(f"wrote {escape(str(result.out))}: {', '.join(result.files)}")
 
 
+def print_sessions(evaluation: dict, console: Console) -> None:
+    """`evaluate --dialogues`: systems side by side, the trajectory then PERM over the session."""
+    from personaemp.records import DIMENSIONS
+
+    table = Table(
+        title=f"evaluate --dialogues · {evaluation['split']}/{evaluation['part']} · judge "
+        f"{evaluation['judge_model']} ({evaluation['mode']})",
+        title_justify="left",
+    )
+    table.add_column("")
+    entries = list(evaluation["systems"].values())
+    for name in evaluation["systems"]:
+        table.add_column(escape(name), justify="right")
+
+    def number(value, digits: int = 2) -> str:
+        return "—" if value is None else f"{value:.{digits}f}"
+
+    rows = [
+        ("dialogues", lambda e: str(e.get("dialogues", 0))),
+        ("queries without one", lambda e: str(e.get("queries_without_dialogue", 0))),
+        ("n (scored)", lambda e: str(e.get("n", 0))),
+        ("initial emotion", lambda e: number(e.get("initial_emotion"), 1)),
+        ("final emotion", lambda e: number(e.get("final_emotion"), 1)),
+        ("need met (share)", lambda e: number(e.get("need_met_share"), 3)),
+        ("need met at turn", lambda e: number(e.get("need_met_at_turn"), 1)),
+        ("supporter turns", lambda e: number(e.get("supporter_turns"), 1)),
+        *((d, lambda e, d=d: number((e.get("dimensions") or {}).get(d))) for d in DIMENSIONS),
+        ("H (0-1)", lambda e: number(e.get("harmonic"), 3)),
+    ]
+    for label, value in rows:
+        table.add_row(label, *(value(entry) for entry in entries))
+    console.print(table)
+
+
 def print_evaluation(evaluation: dict, console: Console) -> None:
     """Systems side by side (with a panel, each judge's columns side by side): counts, each
     dimension, Avg and H beside it (and B, reward), then Avg by query category and by each
     Big Five level; then how far the judges agree."""
     from personaemp.records import BIG_FIVE, DIMENSIONS
 
+    if evaluation.get("kind") == "dialogues":
+        print_sessions(evaluation, console)
+        return
     judges = evaluation.get("judges") or {
         evaluation["judge_model"]: {
             "systems": evaluation["systems"],

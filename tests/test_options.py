@@ -485,6 +485,8 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "split": "ood",
         "part": "train",
         "responses": ["a.jsonl", "b.jsonl"],
+        "dialogues": ["d1.jsonl"],
+        "per_turn": True,
         "criteria": "e/criteria.jsonl",
         "judge_model": "judge",
         "judges": [
@@ -880,13 +882,14 @@ def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(mon
             monkeypatch.setattr(summaries, name, lambda *args, **kwargs: None)
     stub_results(monkeypatch)
     config = tmp_path / "bench.toml"
-    config.write_text(
-        toml_text({k: NON_DEFAULT[k] for k in ("criteria", "respond", "evaluate")}), encoding="utf-8"
-    )
+    # --dialogues is evaluate's other evaluation (evaluation/sessions.py, tests/test_sessions.py)
+    single = {k: v for k, v in NON_DEFAULT["evaluate"].items() if k not in ("dialogues", "per_turn")}
+    sections = {"criteria": NON_DEFAULT["criteria"], "respond": NON_DEFAULT["respond"], "evaluate": single}
+    config.write_text(toml_text(sections), encoding="utf-8")
     for command in ("criteria", "respond", "evaluate"):
         invoke(command, "--config", config)
         by_config = calls.pop(command)
-        invoke(command, *cli_args(command, NON_DEFAULT[command]))
+        invoke(command, *cli_args(command, sections[command]))
         assert calls.pop(command) == by_config, command
     invoke("respond", "--config", config)
     args, kwargs = calls["respond"]

@@ -41,7 +41,6 @@ another query.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -50,7 +49,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from personaemp.aio import sync_twin
-from personaemp.errors import InputError, RowError, UnitError, first_problem
+from personaemp.errors import InputError, RowError, first_problem
+from personaemp.evaluation.scoring import failures_file, metrics, score_unit, scores_file, temperatures
 from personaemp.instruments.criteria import (
     check_made_for,
     definitions_hash,
@@ -68,23 +68,19 @@ from personaemp.instruments.judges import (
     JUDGE,
     JUDGE_DYNAMIC,
     MISSING_RULES,
-    NEUTRAL,
     ROOM,
     UNREADABLE_RULES,
     JudgeOptions,
     authors_view,
     check_sampling,
     cut_while_reasoning,
-    harmonic,
-    judge_messages,
     kendall_tau,
     spearman,
-    step_temperature,
 )
 from personaemp.instruments.judges import STEPS as STEPS  # the stage's steps
 from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
 from personaemp.llm.reply import split_reasoning
-from personaemp.prompts import LAYOUTS, Prompt, load_prompt
+from personaemp.prompts import LAYOUTS, load_prompt
 from personaemp.records import BIG_FIVE, DIMENSIONS, Response
 from personaemp.runner import ENDPOINT_KINDS
 from personaemp.splits import LEVELS, split_file
@@ -223,57 +219,6 @@ def build_units(queries: list[dict], systems: dict[str, Responses], criteria, dy
 # --- the judge calls ---------------------------------------------------------------------------
 
 
-async def score_unit(engine, unit: dict, options: JudgeOptions, prompts: dict[str, Prompt]) -> dict:
-    row: dict[str, Any] = {
-        key: unit[key]
-        for key in ("unit_id", "system", "query_id", "user_id", "category", "big_five", "status")
-    }
-    row["truncated"], row["cut_in_reasoning"] = unit["truncated"], unit["cut_in_reasoning"]
-    if unit["status"] != "judged":
-        row["scores"] = dict.fromkeys(DIMENSIONS, float(FLOOR))
-        row["bystander"] = 0.0 if options.bystander else None
-        return row
-    step = JUDGE_DYNAMIC if options.dynamic else JUDGE
-    authors = options.unreadable == "authors"
-    scores, samples, analyses, unparsed_samples, neutral, unreadable = {}, {}, {}, 0, 0, []
-    for dimension in DIMENSIONS:
-        messages = judge_messages(unit, dimension, prompts[step.name], options.layout)
-        got, notes, last_error, dropped = [], [], None, 0
-        for sample in range(options.samples if options.dynamic else 1):
-            try:
-                reply = await engine.call(step, messages, sample=sample)
-            except UnitError as error:
-                if error.kind in ENDPOINT_KINDS or not (options.dynamic or authors):
-                    raise
-                last_error = error
-                if options.dynamic and authors:
-                    got.append(NEUTRAL)  # the authors' reward: an unread judgment is 3 of 5
-                    neutral += 1
-                elif options.dynamic:
-                    dropped += 1  # one unreadable sample of k: left out, counted
-                continue
-            got.append(reply.value.score)
-            notes.append(reply.value.analysis)
-        unparsed_samples += dropped
-        if not got and not options.dynamic:
-            unreadable.append(dimension)  # eval.py: this dimension's mean goes without it
-            continue
-        if not got:
-            raise last_error  # type: ignore[misc]  # every sample failed
-        scores[dimension] = statistics.fmean(got)
-        samples[dimension], analyses[dimension] = got, notes[0] if notes else None
-    row.update(
-        scores=scores, samples=samples, analyses=analyses, bystander=None, unparsed_samples=unparsed_samples,
-        neutral_samples=neutral, unreadable=unreadable,
-    )  # fmt: skip
-    if options.bystander:
-        reply = await engine.call(BYSTANDER, prompts[BYSTANDER.name].render(
-            query=unit["query"], response=unit["response"]))  # fmt: skip
-        row["bystander_aspects"] = reply.value.model_dump()
-        row["bystander"] = sum(row["bystander_aspects"].values()) / 100
-    return row
-
-
 # --- the stage ---------------------------------------------------------------------------------
 
 
@@ -407,10 +352,6 @@ async def aevaluate(
     return (reports[0] if single else reports), evaluation
 
 
-def temperatures(settings, steps) -> dict[str, float]:
-    return {step.name: step_temperature(settings, step) for step in steps}
-
-
 def checked_criteria(criteria_file: Path | None, queries: list[dict], input_path: Path) -> dict:
     if criteria_file is None or not Path(criteria_file).exists():
         raise InputError(
@@ -475,42 +416,7 @@ async def ajudge_all(settings, units, options, prompts, used, mode, input_path, 
 evaluate = sync_twin(aevaluate)
 
 
-def scores_file(report_path: Path) -> Path:
-    return report_path.with_name(f"{report_path.stem}.scores.jsonl")
-
-
-def failures_file(report_path: Path) -> Path:
-    return report_path.with_name(f"{report_path.stem}.failures.jsonl")
-
-
 # --- the numbers -------------------------------------------------------------------------------
-
-
-def metrics(rows: list[dict], reward_lambda: float, missing: str = JudgeOptions.missing) -> dict[str, Any]:
-    """Means over the scored rows (`n`: judged, missing and empty ones with the floor rule,
-    the judged only with "skip"; never the unparsed): each dimension over the rows that have
-    it (`n_by_dimension` when an unreadable judgment left one out), Avg (the mean of the
-    unrounded dimension means), H over the rows with all three, and B and reward when judged."""
-    if missing == "skip":
-        rows = [r for r in rows if r["status"] == "judged"]
-    if not rows:
-        return {"n": 0}
-    per = {d: [r["scores"][d] for r in rows if d in r["scores"]] for d in DIMENSIONS}
-    means = {d: statistics.fmean(found) for d, found in per.items() if found}
-    result: dict[str, Any] = {"n": len(rows), "dimensions": {d: round(m, 3) for d, m in means.items()}}
-    if any(len(found) != len(rows) for found in per.values()):
-        result["n_by_dimension"] = {d: len(found) for d, found in per.items()}
-    if len(means) < len(DIMENSIONS):
-        return result
-    result["avg"] = round(statistics.fmean(means.values()), 3)
-    rows = [r for r in rows if len(r["scores"]) == len(DIMENSIONS)]
-    hs = [harmonic(r["scores"]) for r in rows]
-    result["harmonic"] = round(statistics.fmean(hs), 4) if hs else None
-    if rows and all(r.get("bystander") is not None for r in rows):
-        result["bystander"] = round(statistics.fmean(r["bystander"] for r in rows), 4)
-        rewards = [h + reward_lambda * (r["bystander"] - 1) for h, r in zip(hs, rows, strict=True)]
-        result["reward"] = round(statistics.fmean(rewards), 4)
-    return result
 
 
 def read_scores(scores_path: Path, wanted: set[str]) -> dict[str, list[dict]]:
@@ -656,8 +562,13 @@ def judge_panel(options, settings, env: Mapping[str, str] | None = None) -> list
 
 
 async def from_options(options, console, settings, retry=False, env=None):
-    """`personaemp evaluate` on its options."""
+    """`personaemp evaluate` on its options (`--dialogues`: evaluation/sessions.py)."""
     from personaemp.results import of_evaluate
+
+    if options.dialogues:
+        from personaemp.evaluation import sessions
+
+        return await sessions.from_options(options, console, settings, retry)
 
     report, evaluation = await aevaluate(
         options.splits, [Path(path) for path in options.responses], options.output, settings,

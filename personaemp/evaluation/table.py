@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -131,6 +132,14 @@ def table_cells(
 ):
     """(header rows, body rows, columns per group, notes): two header rows (group, column),
     one row per system, and the lines stating the rules under the table."""
+    kinds = {report.get("kind", "responses") for report in reports}
+    if len(kinds) > 1:
+        raise InputError(
+            "the reports mix single-turn and dialogue evaluations",
+            "render a table of each: the --dialogues reports apart",
+        )
+    if kinds == {SESSIONS}:
+        return session_cells(reports, digits, judge, systems)
     columns = [SHORT[d] for d in DIMENSIONS] + ["Avg"] + (["H"] if harmonic else [])
     chosen = groups(reports, judge)
     systems = chosen_systems(chosen, systems)
@@ -147,6 +156,66 @@ def table_cells(
             cells.extend("—" if v is None else f"{v:.{digits}f}" for v in values)
         body.append(cells)
     return head, body, len(columns), notes(chosen, systems, titles)
+
+
+# --- the multi-turn table (reports of `evaluate --dialogues`) ---------------------------------------
+
+SESSIONS = "dialogues"  # the report kind (evaluation/sessions.py)
+SESSION_COLUMNS = ("Final", "Met %", "H", "n")
+
+
+def session_cells(reports: Sequence[dict], digits: int, judge: str | None, systems: Sequence[str] | None):
+    """Systems x splits: the mean final emotion (0-100), the share of dialogues whose hidden
+    need was met (%), mean H of the session's PERM scores, n dialogues; under it the rules."""
+    chosen = groups(reports, judge)
+    systems = chosen_systems(chosen, systems)
+    titles = [f"{name} · {SPLIT_NAMES.get(split, split)}" for name, split, _, _ in chosen]
+    width = len(SESSION_COLUMNS)
+    head = [
+        [""] + [title for title in titles for _ in SESSION_COLUMNS],
+        ["System", *SESSION_COLUMNS * len(chosen)],
+    ]
+    body = []
+    for system in systems:
+        cells = [system]
+        for _, _, found, _ in chosen:
+            entry = found.get(system) or {}
+            met = entry.get("need_met_share")
+            values = (entry.get("final_emotion"), None if met is None else 100 * met, entry.get("harmonic"))
+            cells.extend("—" if v is None else f"{v:.{digits}f}" for v in values)
+            cells.append(str(entry.get("n", 0)))
+        body.append(cells)
+    return head, body, width, session_notes(chosen, systems, titles)
+
+
+def session_notes(chosen, systems: list[str], titles: list[str]) -> list[str]:
+    lines = []
+    for title, (_, _, entries, report) in zip(titles, chosen, strict=True):
+        temperatures = ", ".join(f"{k} {v:g}" for k, v in (report.get("temperatures") or {}).items())
+        cells = [entries[name] for name in systems if name in entries]
+        simulators = sorted({m for entry in cells for m in entry.get("simulator_models", ())})
+        ended = Counter()
+        for entry in cells:
+            ended.update(entry.get("ended_by") or {})
+        lines.append(
+            f"{title}: judge {report.get('mode', 'fixed')} over the supporter's whole side"
+            + (f" at temperature {temperatures}" if temperatures else "")
+            + f"; layout {report.get('layout')}; unreadable judgments: "
+            + f"{UNREADABLE_TEXT.get(report.get('unreadable_rule'), report.get('unreadable_rule'))}"
+            + f"; simulated user {', '.join(simulators) or 'unknown'}, checked per turn by "
+            + f"{', '.join(report.get('simulator_rules') or ())}; ended by "
+            + (", ".join(f"{k} {v}" for k, v in sorted(ended.items())) or "none")
+            + "; queries without a dialogue: "
+            + (
+                ", ".join(
+                    f"{n} {entries[n].get('queries_without_dialogue', 0)}" for n in systems if n in entries
+                )
+            )
+            + "."
+        )
+    lines.append("Final: mean final emotion of the simulated user (0-100, starts at 40); Met %: dialogues "
+                 "whose hidden need was met; H: harmonic mean of the session's PERM scores / 5.")  # fmt: skip
+    return lines
 
 
 # How a report's rules read under a table; a report older than the rule's key predates it.

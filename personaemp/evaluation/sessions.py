@@ -1,0 +1,367 @@
+"""`personaemp evaluate --dialogues FILE`: session-level scores of gen-dialogues' output.
+
+A dialogues file is a system (its supporter), named by its file name, as a responses file
+is for single-turn `evaluate`; its dialogues are joined to the split's queries by query id
+(what a judge reads about the user comes from the split file, as in single-turn). Per
+dialogue:
+
+  trajectory  read off the record, no LLM: initial and final emotion, their difference, the
+              supporter turn at which the hidden need was first met, how it ended, turns;
+  PERM        the three dimensions over the supporter's whole side of the conversation
+              (instruments/sessions.py), H their harmonic mean of score / 5: fixed (the
+              default) against criteria written for the dialogue the paper's way (the
+              criteria writer of `personaemp criteria` on the opening message, the moment,
+              the persona and the memories: no reply seen, the same request, so the same
+              cache entry), or dynamic (PereGRM, its own criteria, @k); with `per_turn`, each
+              supporter turn too, graded in the context of the turns before it.
+
+The conversation reaches the judge as one data block it cannot close; the judge never sees
+the simulator's emotions or the hidden need, so the two signals stay apart. Unreadable
+judgments follow evaluate's rule (`unreadable`); a query of the split without a dialogue in
+the file is counted, not scored (gen-dialogues wrote it to its failures file). The report
+(`kind: "dialogues"`) gives per system the means, the share of dialogues whose need was
+met, how they ended, by category; `personaemp table` renders it as the multi-turn table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from personaemp.aio import sync_twin
+from personaemp.errors import InputError, RowError, first_problem
+from personaemp.evaluation.scoring import failures_file, metrics, score_unit, scores_file, temperatures
+from personaemp.instruments import simulator_rules
+from personaemp.instruments.criteria import (
+    CRITERIA,
+    build_messages,
+    definitions_hash,
+    normalise,
+    query_hash,
+    query_units,
+    with_room,
+)
+from personaemp.instruments.criteria import ROOM as CRITERIA_ROOM
+from personaemp.instruments.judges import (
+    DYNAMIC_ASPECTS,
+    MISSING_RULES,
+    UNREADABLE_RULES,
+    JudgeOptions,
+    harmonic,
+)
+from personaemp.instruments.judges import check_sampling as check_sampling
+from personaemp.instruments.sessions import (
+    ROOM,
+    SESSION_JUDGE,
+    SESSION_JUDGE_DYNAMIC,
+    dialogue_text,
+    session_messages,
+    turn_graded,
+    up_to_turn,
+)
+from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
+from personaemp.prompts import LAYOUTS, load_prompt
+from personaemp.records import DIMENSIONS, Dialogue
+from personaemp.splits import split_file
+
+STAGE = "evaluate-dialogues"
+KIND = "dialogues"  # the report's kind: `table` renders it as the multi-turn table
+HINT = "pass the output of `personaemp gen-dialogues`"
+
+
+# --- inputs ------------------------------------------------------------------------------------
+
+
+def read_dialogue_file(path: Path) -> dict[str, Dialogue]:
+    """query id -> its dialogue, validated; one dialogue per query."""
+    found: dict[str, Dialogue] = {}
+    lines: dict[str, int] = {}
+    try:
+        for lineno, _, row in iter_jsonl(Path(path), ErrorPolicy("fail")):
+            try:
+                dialogue = Dialogue.model_validate(row)
+            except ValidationError as exc:
+                raise InputError(f"{path}:{lineno}: not a dialogue ({first_problem(exc)})", HINT) from None
+            if dialogue.query_id in found:
+                raise InputError(
+                    f"{path}:{lineno}: a second dialogue of query {dialogue.query_id} (first at line "
+                    f"{lines[dialogue.query_id]})",
+                    "keep one dialogue per query in a file (a system)",
+                )
+            found[dialogue.query_id], lines[dialogue.query_id] = dialogue, lineno
+    except RowError as error:
+        raise InputError(f"{error.location}: {error.reason}", HINT) from None
+    if not found:
+        raise InputError(f"{path}: no dialogues", "run `personaemp gen-dialogues` first")
+    return found
+
+
+def system_names(paths: Sequence[Path]) -> list[str]:
+    names = [Path(path).stem for path in paths]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise InputError(f"two dialogues files are both named {repeated[0]!r}", "rename one of them")
+    return names
+
+
+def trajectory(dialogue: Dialogue) -> dict[str, Any]:
+    """The simulated user's emotion over the dialogue, read off the record."""
+    emotions = [t.emotion for t in dialogue.turns if t.role == "user" and t.emotion is not None]
+    return {
+        "initial_emotion": dialogue.initial_emotion,
+        "final_emotion": dialogue.final_emotion,
+        "delta": dialogue.final_emotion - dialogue.initial_emotion,
+        "need_met_at_turn": dialogue.need_met_at_turn,
+        "ended_by": dialogue.ended_by,
+        "supporter_turns": sum(t.role == "assistant" for t in dialogue.turns),
+        "emotions": emotions,
+    }
+
+
+def build_units(queries: list[dict], systems: dict[str, dict[str, Dialogue]]) -> list[dict]:
+    """One unit per system and dialogue of a query of the split."""
+    units = []
+    for system, dialogues in systems.items():
+        for query in queries:
+            dialogue = dialogues.get(query["query_id"])
+            if dialogue is None:
+                continue
+            units.append({
+                "unit_id": f"{system}/{dialogue.dialogue_id}", "system": system, **query,
+                "dialogue_id": dialogue.dialogue_id, "response": dialogue_text(dialogue.turns),
+                "turns": [t.model_dump(mode="json", include={"role", "text"}) for t in dialogue.turns],
+                "trajectory": trajectory(dialogue), "status": "judged", "truncated": False,
+                "cut_in_reasoning": False, "criteria": None,
+                "supporter_model": dialogue.supporter_model, "simulator_model": dialogue.simulator_model,
+            })  # fmt: skip
+    return units
+
+
+# --- one dialogue ------------------------------------------------------------------------------
+
+
+async def score_dialogue(engine, unit: dict, options: JudgeOptions, per_turn: bool, prompts) -> dict:
+    """Criteria (fixed), the session's PERM scores, per turn when asked, and the trajectory."""
+    from personaemp.records import DialogueTurn
+
+    step = SESSION_JUDGE_DYNAMIC if options.dynamic else SESSION_JUDGE
+    unit = dict(unit)
+    if not options.dynamic:
+        criteria = {}
+        for dimension in DIMENSIONS:
+            messages = build_messages(unit, dimension, prompts[CRITERIA.name], options.layout)
+            reply = await engine.call(CRITERIA, messages, parse=normalise)
+            criteria[dimension] = [c.model_dump(mode="json") for c in reply.parsed]
+        unit["criteria"] = criteria
+    row = await score_unit(engine, unit, options, prompts, step=step, build=session_messages)
+    row.update(dialogue_id=unit["dialogue_id"], **unit["trajectory"])
+    row["harmonic"] = harmonic(row["scores"]) if len(row["scores"]) == len(DIMENSIONS) else None
+    if per_turn:
+        turns = [DialogueTurn.model_validate(t) for t in unit["turns"]]
+        row["per_turn"] = []
+        for number in range(1, unit["trajectory"]["supporter_turns"] + 1):
+            shown = {
+                **unit,
+                "response": dialogue_text(up_to_turn(turns, number)),
+                "graded": turn_graded(number),
+            }
+            judged = await score_unit(engine, shown, options, prompts, step=step, build=session_messages)
+            complete = len(judged["scores"]) == len(DIMENSIONS)
+            row["per_turn"].append({
+                "turn": number, "scores": judged["scores"],
+                "harmonic": round(harmonic(judged["scores"]), 4) if complete else None,
+            })  # fmt: skip
+    return row
+
+
+# --- the stage ---------------------------------------------------------------------------------
+
+
+async def aevaluate_dialogues(
+    splits: Path,
+    dialogues: Sequence[Path],
+    report_path: Path,
+    settings,
+    *,
+    split: str = "random",
+    part: str = "test",
+    judge_model: str | None = None,
+    options: JudgeOptions | None = None,
+    per_turn: bool = False,
+    retry_failed: bool = False,
+    console=None,
+):
+    """Score every dialogue of `dialogues` (one file a system) whose query is in the split
+    part; returns (stage report, evaluation), the evaluation None after an estimate."""
+    from personaemp.llm.run import arun_llm_stage
+
+    options = options or JudgeOptions()
+    if options.bystander:
+        raise InputError(
+            "--bystander does not apply to --dialogues", "the bystander reads one reply: leave it out"
+        )
+    if options.samples > 1 and not options.dynamic:
+        raise InputError("--samples applies to --dynamic judging", "add --dynamic, or leave --samples out")
+    if options.unreadable not in UNREADABLE_RULES:
+        raise InputError(f"--unreadable takes {', '.join(UNREADABLE_RULES)}, not {options.unreadable!r}")
+    if options.layout not in LAYOUTS:
+        raise InputError(f"--layout takes {', '.join(LAYOUTS)}, not {options.layout!r}")
+    if options.missing not in MISSING_RULES:
+        raise InputError(f"--missing takes {', '.join(MISSING_RULES)}, not {options.missing!r}")
+    model = judge_model or settings.model
+    chosen = dataclasses.replace(settings, model=model) if judge_model else settings
+    judge_settings = with_room(with_room(chosen, ROOM), CRITERIA_ROOM)
+    step = SESSION_JUDGE_DYNAMIC if options.dynamic else SESSION_JUDGE
+    check_sampling(judge_settings, step, options)
+    if not dialogues:
+        raise InputError("no dialogues file given", "pass --dialogues FILE (repeat it for several systems)")
+    input_path = split_file(Path(splits), split, part)
+    queries = query_units(input_path, "pass a split file written by `personaemp split`")
+    names = system_names(dialogues)
+    systems = {name: read_dialogue_file(Path(path)) for name, path in zip(names, dialogues, strict=True)}
+    query_ids = {q["query_id"] for q in queries}
+    for name, path in zip(names, dialogues, strict=True):
+        if query_ids.isdisjoint(systems[name]):
+            raise InputError(
+                f"{path}: none of its {len(systems[name])} dialogues is of a query of the "
+                f"{split} {part} split",
+                "pass the dialogues of this split, or choose the split they belong to with --split/--part",
+            )
+    units = build_units(queries, systems)
+    used = [step, *([] if options.dynamic else [CRITERIA])]
+    prompts = {s.name: load_prompt(s.prompt) for s in used}
+    mode = f"dynamic@{options.samples}" if options.dynamic else "fixed"
+    calls = len(DIMENSIONS) * (options.samples if options.dynamic else 1)
+
+    def make_work(engine):
+        async def work(unit: dict) -> dict:
+            return await score_dialogue(engine, unit, options, per_turn, prompts)
+
+        return work
+
+    report = await arun_llm_stage(
+        STAGE, units, make_work, settings=judge_settings, key="unit_id", output=scores_file(report_path),
+        fingerprint=lambda engine: "|".join([
+            *(engine.fingerprint(s, prompts[s.name].hash) for s in used), mode,
+            definitions_hash(DYNAMIC_ASPECTS), f"layout={options.layout}", f"unreadable={options.unreadable}",
+            f"per_turn={per_turn}",
+        ]),
+        input_path=input_path, retry_failed=retry_failed, console=console,
+        failures=failures_file(report_path),
+        chain=[*([] if options.dynamic else [(CRITERIA, len(DIMENSIONS))]), (step, calls)],
+    )  # fmt: skip
+    if report.estimate is not None:
+        return report, None
+    rows = read_rows(scores_file(report_path), {u["unit_id"] for u in units})
+    evaluation = {
+        "kind": KIND,
+        "split": split,
+        "part": part,
+        "input": str(input_path),
+        "dialogues": {name: str(path) for name, path in zip(names, dialogues, strict=True)},
+        "mode": mode,
+        "per_turn": per_turn,
+        "lambda": options.reward_lambda,
+        "missing_rule": "skip",  # a query without a dialogue is counted, never scored
+        "unreadable_rule": options.unreadable,
+        "layout": options.layout,
+        "judge_model": report.model,
+        "temperatures": temperatures(judge_settings, used),
+        "prompts": {name: prompt.hash for name, prompt in prompts.items()},
+        "instruments": {s.name: f"v{s.version}/{prompts[s.name].hash}" for s in used},
+        "simulator_rules": [*simulator_rules.RULES, *simulator_rules.JUDGED],
+        "scores_file": str(scores_file(report_path)),
+        "query_hashes": {q["query_id"]: query_hash(q) for q in queries},
+        "systems": {
+            name: summarise(rows.get(name, []), units, name, len(queries), options) for name in names
+        },
+    }
+    write_json_atomic(Path(report_path), evaluation)
+    return report, evaluation
+
+
+evaluate_dialogues = sync_twin(aevaluate_dialogues)
+
+
+# --- the numbers -------------------------------------------------------------------------------
+
+
+def read_rows(path: Path, wanted: set[str]) -> dict[str, list[dict]]:
+    rows: dict[str, list[dict]] = {}
+    if path.exists():
+        for _, _, row in iter_jsonl(path, ErrorPolicy("fail")):
+            if row["unit_id"] in wanted:
+                rows.setdefault(row["system"], []).append(row)
+    return rows
+
+
+def session_metrics(rows: list[dict], reward_lambda: float) -> dict[str, Any]:
+    """The trajectory's means and shares, then PERM (evaluate's metrics)."""
+    if not rows:
+        return {"n": 0}
+    met = [r["need_met_at_turn"] for r in rows if r["need_met_at_turn"] is not None]
+    found = {
+        "initial_emotion": round(statistics.fmean(r["initial_emotion"] for r in rows), 2),
+        "final_emotion": round(statistics.fmean(r["final_emotion"] for r in rows), 2),
+        "delta": round(statistics.fmean(r["delta"] for r in rows), 2),
+        "need_met_share": round(len(met) / len(rows), 4),
+        "need_met_at_turn": round(statistics.fmean(met), 2) if met else None,
+        "supporter_turns": round(statistics.fmean(r["supporter_turns"] for r in rows), 2),
+        "ended_by": dict(Counter(r["ended_by"] for r in rows)),
+    }
+    return {**metrics(rows, reward_lambda, "skip"), **found}
+
+
+def summarise(rows: list[dict], units: list[dict], system: str, queries: int, options) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "dialogues": sum(u["system"] == system for u in units),
+        "queries_without_dialogue": queries - sum(u["system"] == system for u in units),
+        "supporter_models": sorted({u["supporter_model"] for u in units if u["system"] == system}),
+        "simulator_models": sorted({u["simulator_model"] for u in units if u["system"] == system}),
+        "unreadable_dimensions": sum(len(r.get("unreadable", ())) for r in rows),
+        **session_metrics(rows, options.reward_lambda),
+    }
+    entry["by_category"] = {
+        category: session_metrics([r for r in rows if r["category"] == category], options.reward_lambda)
+        for category in sorted({r["category"] for r in rows})
+    }
+    per_turn: dict[int, list[float]] = {}
+    for row in rows:
+        for turn in row.get("per_turn") or ():
+            if turn["harmonic"] is not None:
+                per_turn.setdefault(turn["turn"], []).append(turn["harmonic"])
+    if per_turn:
+        entry["harmonic_by_turn"] = {
+            str(turn): {"n": len(values), "harmonic": round(statistics.fmean(values), 4)}
+            for turn, values in sorted(per_turn.items())
+        }
+    return entry
+
+
+# --- from options (evaluate --dialogues) ---------------------------------------------------------
+
+
+async def from_options(options, console, settings, retry=False):
+    """`personaemp evaluate --dialogues` on evaluate's options."""
+    from personaemp.results import of_evaluate
+
+    if options.responses:
+        raise InputError("--responses and --dialogues are two evaluations", "run evaluate once for each")
+    if options.judges:
+        raise InputError("a panel of judges (--judge) is not offered for --dialogues", "pass --judge-model")
+    report, evaluation = await aevaluate_dialogues(
+        options.splits, [Path(path) for path in options.dialogues], options.output, settings,
+        split=options.split, part=options.part, judge_model=options.judge_model,
+        options=JudgeOptions(
+            dynamic=options.dynamic, samples=options.samples, bystander=options.bystander,
+            reward_lambda=options.reward_lambda, unreadable=options.unreadable, layout=options.layout,
+        ),
+        per_turn=options.per_turn, retry_failed=retry, console=console,
+    )  # fmt: skip
+    return of_evaluate(report, evaluation, options.output)
