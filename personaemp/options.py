@@ -714,6 +714,14 @@ class PushOptions(Section):
             io="read",
         ),
     ] = PROCESSED / "criteria.jsonl"
+    dialogues: Annotated[
+        Path,
+        Opt(
+            "Dialogues (`personaemp gen-dialogues`); published as a `dialogues` config when the file exists.",
+            derive="processed:dialogues.jsonl",
+            io="read",
+        ),
+    ] = PROCESSED / "dialogues.jsonl"
     force: Force = False
 
     @field_validator("repo_id")

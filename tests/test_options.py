@@ -461,6 +461,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "revision": "dev",
         "include_dialogue": True,
         "criteria": "c/crit.jsonl",
+        "dialogues": "s/dialogues.jsonl",
         "force": True,
     },
     "criteria": {
@@ -633,7 +634,8 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
     assert by_run["push"] == (
         (Path("s/out"),),
         {"repo_id": "me/data", "out": None, "private": True, "revision": "dev", "include_dialogue": True,
-         "criteria": Path("c/crit.jsonl"), "criteria_asked": True, "force": True},
+         "criteria": Path("c/crit.jsonl"), "criteria_asked": True, "dialogues": Path("s/dialogues.jsonl"),
+         "force": True},
     )  # fmt: skip
 
 
@@ -683,7 +685,7 @@ def test_push_dry_run_without_out_goes_to_the_processed_dataset_folder(calls):
         (Path("data/processed/splits"),),
         {"repo_id": None, "out": Path("data/processed/dataset"), "private": False, "revision": None,
          "include_dialogue": False, "criteria": Path("data/processed/criteria.jsonl"),
-         "criteria_asked": False, "force": False},
+         "criteria_asked": False, "dialogues": Path("data/processed/dialogues.jsonl"), "force": False},
     )  # fmt: skip
 
 

@@ -50,6 +50,9 @@ def _front_matter(facts: dict[str, Any]) -> str:
         files = "\n".join(f"  - split: {split}\n    path: {paths[split]}" for split in ("train", "test"))
         default = "\n  default: true" if setting == default_config(facts) else ""
         configs.append(f"- config_name: {setting}{default}\n  data_files:\n{files}")
+    if facts.get("dialogue_files"):  # only the splits that hold dialogues
+        files = "\n".join(f"  - split: {s}\n    path: {path}" for s, path in facts["dialogue_files"].items())
+        configs.append(f"- config_name: dialogues\n  data_files:\n{files}")
     return "\n".join(
         [
             "---",
@@ -398,6 +401,43 @@ def configs_section(facts: dict[str, Any]) -> list[str]:
     return out
 
 
+def dialogues_section(found: dict[str, Any]) -> list[str]:
+    """The `dialogues` config: who played whom, its rules and how often each held, turns."""
+    turns = found["turns"]
+    rates = ", ".join(
+        f"{rule} {'—' if rate is None else f'{100 * rate:.1f}%'}"
+        for rule, rate in found["pass_rates"].items()
+    )
+    rows = [[split, count] for split, count in found["rows"].items()]
+    ended = ", ".join(f"{how} {n}" for how, n in sorted(found["ended_by"].items()))
+    return [
+        "## Dialogues (config `dialogues`)",
+        "",
+        "Multi-turn conversations (`personaemp gen-dialogues`): an LLM plays each user, grounded in "
+        "their memories, persona and Big Five levels and given a hidden need (what would help them "
+        "here, never shown to the supporter); it opens with the query and answers the supporter turn "
+        "by turn, recording its emotion (0-100, from 40), the change, the reason and whether the "
+        "need was met. Each dialogue sits in the split of the `random` config that holds its query.",
+        "",
+        "**A simulated user is not a person.** Its emotions, reasons and the hidden need are an LLM's "
+        "role play on the user's memories, not what the real user felt or would say; use the "
+        "dialogues to compare and train supporters, not as evidence about people.",
+        "",
+        f"- Simulated user (simulator model): {', '.join(f'`{m}`' for m in found['simulator_models'])}; "
+        f"supporter: {', '.join(f'`{m}`' for m in found['supporter_models'])}.",
+        f"- Supporter turns per dialogue: {turns['mean']:g} on average ({turns['min']}-{turns['max']}); "
+        f"ended by: {ended}; hidden need met in {found['need_met']} of {sum(found['rows'].values())}.",
+        "- The simulator's rules, checked on every reply it wrote (a failing reply was asked again): "
+        "language_match (the user's language), length_ok (a chat message's length), no_need_leak (no "
+        "six words in a row of the hidden need), no_emotion_number (no emotion stated as a number or "
+        "score), no_early_end (no leaving after the first reply), and by an LLM check in_character "
+        "(reads as this person) and grounded (no fact beyond the memories and the conversation).",
+        f"- Pass rates over the {found['checked_replies']} replies checked: {rates}.",
+        "",
+        _table(["split", "dialogues"], rows),
+    ]
+
+
 def render_card(
     facts: dict[str, Any],
     include_dialogue: bool,
@@ -435,6 +475,8 @@ def render_card(
         for entry in provenance:
             sections.append(f"- `{entry}`")
     sections += ["", *configs_section(facts)]
+    if facts.get("dialogues"):
+        sections += ["", *dialogues_section(facts["dialogues"])]
     if stats is not None:
         sections += ["", stats_section(stats, figures or [])]
     sections += ["", quality_section(quality, _table)]

@@ -595,6 +595,87 @@ def persona_facts(parts: dict[str, dict[str, DataPart]]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+# --- the dialogues config ------------------------------------------------------------------------
+
+DIALOGUES = "dialogues"  # the config of gen-dialogues' output, when it exists
+# A published turn: the simulated user's state stays, its per-reply checks are the card's pass rates.
+TURN_FIELDS = {"role", "text", "emotion", "change", "reason", "need_met"}
+
+
+def dialogue_parts(path: Path, files: dict[str, dict[str, Path]], staging: Path, warnings: list[str]):
+    """(split -> (repository name, staged file), the card's facts) of the dialogues config:
+    each dialogue in the split of the random setting (else the first) that holds its query;
+    one whose query is in no split is left out, counted in a warning."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from personaemp.instruments import simulator_rules
+    from personaemp.records import Dialogue
+
+    setting = "random" if "random" in files else next(iter(files))
+    split_of = {
+        str(query["query_id"]): split
+        for split, split_path in files[setting].items()
+        for _, _, user in iter_jsonl(split_path, ErrorPolicy("fail"))
+        for query in user.get("queries") or ()
+    }
+    rows: dict[str, list[dict]] = {split: [] for split in SPLITS}
+    dialogues: list[Dialogue] = []
+    seen: set[str] = set()
+    outside = 0
+    for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
+        try:
+            dialogue = Dialogue.model_validate(row)
+        except ValidationError as exc:
+            raise InputError(
+                f"{path}:{lineno}: not a dialogue ({first_problem(exc)})", "pass gen-dialogues' output"
+            ) from None
+        if dialogue.dialogue_id in seen:
+            raise InputError(f"{path}:{lineno}: dialogue {dialogue.dialogue_id} appears twice")
+        seen.add(dialogue.dialogue_id)
+        split = split_of.get(dialogue.query_id)
+        if split is None:
+            outside += 1
+            continue
+        published = dialogue.model_dump(mode="json", exclude={"provenance", "turns"})
+        published["turns"] = [turn.model_dump(mode="json", include=TURN_FIELDS) for turn in dialogue.turns]
+        rows[split].append(published)
+        dialogues.append(dialogue)
+    if outside:
+        warnings.append(f"{path}: {outside} dialogues of queries in no split were left out")
+    written = {}
+    for split, found in rows.items():
+        if not found:
+            continue
+        staged = staging / f"{DIALOGUES}-{split}.parquet"
+        pq.write_table(pa.Table.from_pylist(found), staged)
+        written[split] = (f"{DIALOGUES}/{split}-00000-of-00001-{file_sha256(staged)[:16]}.parquet", staged)
+    return written, dialogue_facts(dialogues, {s: len(r) for s, r in rows.items() if r}, simulator_rules)
+
+
+def dialogue_facts(dialogues, rows: dict[str, int], simulator_rules) -> dict[str, Any]:
+    """What the card says of the dialogues: models, turns, how they ended, each rule's pass
+    rate over every simulated reply checked (the kept ones and those asked again)."""
+    user_turns = [t for d in dialogues for t in d.turns[1:] if t.role == "user"]
+    attempts = len(user_turns) + sum(len(t.rejected) for t in user_turns)
+    failed = Counter(rule for t in user_turns for rejected in t.rejected for rule in rejected)
+    turns = [sum(t.role == "assistant" for t in d.turns) for d in dialogues]
+    return {
+        "rows": rows,
+        "simulator_models": sorted({d.simulator_model for d in dialogues}),
+        "supporter_models": sorted({d.supporter_model for d in dialogues}),
+        "turns": {"min": min(turns, default=0), "max": max(turns, default=0),
+                  "mean": round(sum(turns) / len(turns), 2) if turns else 0},
+        "ended_by": dict(Counter(d.ended_by for d in dialogues)),
+        "need_met": sum(d.need_met_at_turn is not None for d in dialogues),
+        "checked_replies": attempts,
+        "pass_rates": {
+            rule: round(1 - failed[rule] / attempts, 4) if attempts else None
+            for rule in (*simulator_rules.RULES, *simulator_rules.JUDGED)
+        },
+    }  # fmt: skip
+
+
 # --- the repository ------------------------------------------------------------------------------
 
 
@@ -677,7 +758,7 @@ def stale_repo_files(repo_files: list[str], kept: list[str]) -> list[str]:
         parts = name.split("/")
         ours = (
             len(parts) == 2
-            and parts[0] in SETTINGS
+            and parts[0] in (*SETTINGS, DIALOGUES)
             and parts[1].endswith(".parquet")
             and any(parts[1].startswith(f"{split}-") for split in SPLITS)
         ) or (len(parts) == 2 and parts[0] == FIGURE_DIR and parts[1].endswith(".png"))
@@ -696,6 +777,7 @@ def publish(
     include_dialogue: bool = False,
     criteria: Path | None = None,
     criteria_asked: bool = True,
+    dialogues: Path | None = None,
     force: bool = False,
     quality: Callable[[Path | None], tuple[dict[str, Any] | None, bytes | None]] | None = None,
 ) -> PublishResult:
@@ -707,7 +789,9 @@ def publish(
     cannot serve these queries (a leftover, made for other queries) is left out with one
     warning instead of stopping the push.
     `quality`: queries file -> (agreement report, plot) of the people's labels beside it
-    (the review product's `card_quality`); without it the card says nobody measured the judge."""
+    (the review product's `card_quality`); without it the card says nobody measured the judge.
+    `dialogues`: a gen-dialogues file; when it exists, a `dialogues` config (its rows in the
+    split of the random setting that holds their query) and a section of the card."""
     if (repo_id is None) == (out is None):
         raise InputError("give either --repo-id OWNER/NAME or --dry-run --out-dir DIR")
     if repo_id is not None and repo_id.count("/") != 1:
@@ -718,8 +802,10 @@ def publish(
     if out is not None:  # a dry run can be skipped; a push always goes out (the Hub may have changed)
         options = {
             "out": out, "include_dialogue": include_dialogue, "criteria": criteria, "asked": criteria_asked,
+            "dialogues": dialogues,
         }  # fmt: skip
-        fingerprint = freshness.fingerprint(_read_by_push(splits_dir, split_report, criteria), options)
+        read = [*_read_by_push(splits_dir, split_report, criteria), *([Path(dialogues)] if dialogues else [])]
+        fingerprint = freshness.fingerprint(read, options)
         last = freshness.current("push", out, fingerprint, force)
         if last is not None:
             result = last["result"]
@@ -748,6 +834,13 @@ def publish(
             s: {sp: part.name for sp, part in written.items()} for s, written in parts.items()
         }
         rows = {s: {split: part.rows for split, part in written.items()} for s, written in parts.items()}
+        staged_dialogues: dict[str, tuple[str, Path]] = {}
+        if dialogues is not None and Path(dialogues).is_file():
+            staged_dialogues, facts["dialogues"] = dialogue_parts(
+                Path(dialogues), files, staging, facts["warnings"]
+            )
+            facts["dialogue_files"] = {split: name for split, (name, _) in staged_dialogues.items()}
+            rows[DIALOGUES] = facts["dialogues"]["rows"]
         # The build's statistics, computed once: the card's tables, its plots and stats.json.
         stats, figures = stats_and_figures(sources_of_split(splits_dir, split_report))
         repository: dict[str, bytes | Path] = {f"{FIGURE_DIR}/{name}": png for name, png in figures.items()}
@@ -758,6 +851,7 @@ def publish(
         card = render_card(facts, include_dialogue, stats, list(repository), quality=report)
         repository[STATS_FILE] = msgspec.json.format(msgspec.json.encode(stats), indent=2) + b"\n"
         repository.update({part.name: part.path for written in parts.values() for part in written.values()})
+        repository.update(dict(staged_dialogues.values()))
         if out is not None:
             write_repository(out, repository, card)
             result = PublishResult(
@@ -772,7 +866,14 @@ def publish(
             }
             freshness.record("push", out, fingerprint, written, saved)
             return result
-        _push(repository, card, repo_id, private, revision, configs=list(parts))
+        _push(
+            repository,
+            card,
+            repo_id,
+            private,
+            revision,
+            configs=list(parts) + list(facts.get("dialogue_files") and [DIALOGUES] or []),
+        )
     target = f"https://huggingface.co/datasets/{repo_id}"
     return PublishResult(target=target, rows=rows, warnings=facts["warnings"])
 
@@ -878,7 +979,7 @@ def from_options(options, console, quality=None):
             options.splits, repo_id=None if dry else options.repo_id, out=options.out_dir if dry else None,
             private=options.private, revision=options.revision, include_dialogue=options.include_dialogue,
             criteria=options.criteria, criteria_asked=not options.derived("criteria"), quality=quality,
-            force=options.force,
+            dialogues=options.dialogues, force=options.force,
         )
     )  # fmt: skip
     if dry and not options.dry_run and not getattr(made.report, "unchanged_since", None):
