@@ -303,12 +303,25 @@ class _Conversation:
     turns: list[tuple[Any, Any]]
 
 
+_ID_KINDS = {bool: "a boolean", dict: "an object", list: "a list"}
+
+
+def _identifier(value: Any, what: str, location: str) -> Any:
+    """An id as the data has it, text or a number: str() of a boolean, an object or a list
+    would make one up ('True', "{'id': 1}") and merge users who never met."""
+    if type(value) in _ID_KINDS:
+        raise RowError(location, f"{what} must be text or a number, not {_ID_KINDS[type(value)]}")
+    return value
+
+
 def _wildchat(row: dict, location: str, options: dict) -> _Conversation:
     user = row.get(options.get("user_field") or "hashed_ip")
     if user in (None, ""):
         raise RowError(location, "no 'hashed_ip' (the WildChat user)")
     turns = _turns(row, location, "conversation", "role", "content", "turns")
     session = row.get("conversation_hash") or row.get("conversation_id") or location
+    user = _identifier(user, "a user id", location)
+    session = _identifier(session, "a conversation id", location)
     return _Conversation(user, str(session), row.get("timestamp"), turns)
 
 
@@ -336,9 +349,10 @@ def _with_ids(row: dict, location: str, options: dict, turns) -> _Conversation:
     user = row.get(named) if named else _field(row, USER_FIELDS)
     if named and user in (None, ""):
         raise RowError(location, f"no {named!r} (the user id --user-field names)")
-    session = _field(row, CONVERSATION_FIELDS) or location
+    session = _identifier(_field(row, CONVERSATION_FIELDS) or location, "a conversation id", location)
     timestamp = _field(row, ("timestamp", "created_at", "time"))
-    return _Conversation(None if user in (None, "") else user, str(session), timestamp, turns)
+    user = None if user in (None, "") else _identifier(user, "a user id", location)
+    return _Conversation(user, str(session), timestamp, turns)
 
 
 _PARSERS = {"wildchat": _wildchat, "messages": _messages, "sharegpt": _sharegpt}
