@@ -8,8 +8,9 @@ and calls `record(...)` once its outputs are in place. The record is the `fresh`
 stage's entry in the manifest beside its output (workspace.py), written under its lock.
 
 What a fingerprint covers, cheaply (nothing is read but file metadata):
-- each input file's size and modification time (a folder: every file under it, hidden
-  ones aside: locks and temporary files); an input that is not a local path (a Hub
+- each input file's size, modification time and change time (the system sets the ctime
+  on every write: an edit that puts the old mtime back is seen); a folder: every file under
+  it, hidden ones aside (locks and temporary files); an input that is not a local path (a Hub
   dataset) makes the stage never current;
 - the stage's options, as canonical JSON;
 - the code: a digest of the package's source and data files (computed once a process), so
@@ -57,7 +58,7 @@ def _files(path: Path) -> list[Path]:
 
 
 def stamps(paths: Iterable[Path | str]) -> dict[str, list[int] | None]:
-    """path -> [size, mtime_ns] of every file of `paths` (folders walked), None if missing."""
+    """path -> [size, mtime_ns, ctime_ns] of every file of `paths` (folders walked), None if missing."""
     found: dict[str, list[int] | None] = {}
     for given in paths:
         for path in _files(Path(given)):
@@ -66,7 +67,7 @@ def stamps(paths: Iterable[Path | str]) -> dict[str, list[int] | None]:
             except FileNotFoundError:
                 found[os.path.abspath(path)] = None
                 continue
-            found[os.path.abspath(path)] = [status.st_size, status.st_mtime_ns]
+            found[os.path.abspath(path)] = [status.st_size, status.st_mtime_ns, status.st_ctime_ns]
     return found
 
 
