@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from personaemp.errors import InputError
-from personaemp.io import write_json_atomic
+from personaemp.io import BOM, write_json_atomic
 from personaemp.review.page import (
     LABEL_STUDIO_REVIEWER,
     LLM_CHECKS,
@@ -376,7 +376,7 @@ def import_export(path: Path, queries: Path, labels: Path) -> dict[str, Any]:
     are left out and counted by name (`unknown_controls`). Nothing is written unless the
     whole export reads; lines go in batches of one write and one fsync."""
     try:
-        export = msgspec.json.decode(Path(path).read_bytes())
+        export = msgspec.json.decode(Path(path).read_bytes().removeprefix(BOM))  # Windows tools write one
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except RecursionError:
