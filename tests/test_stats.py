@@ -356,11 +356,6 @@ def relaxed_build(processed: Path) -> Path:
     return processed
 
 
-def first_paragraph(card: str) -> str:
-    body = card.split("\n# ", 1)[1]
-    return body.split("\n\n")[1]
-
-
 def cells(line: str) -> int:
     """How many cells a Markdown table row has: `|` not escaped by a backslash separate them."""
     return len(re.findall(r"(?<!\\)\|", line)) - 1
@@ -379,7 +374,9 @@ def test_a_relaxed_build_says_so_first_and_splits_decided_from_recorded(tmp_path
     out = tmp_path / "dataset"
     publish(processed / "splits", out=out)
     card = (out / "README.md").read_text(encoding="utf-8")
-    opening = first_paragraph(card)
+    # said first: in the list of how the build departs from a full one, before how it was built
+    opening = card.split("## How it was built")[0]
+    assert "**How this build departs from a full one:**" in opening
     assert "**This build relaxed its checks:** `emotional_support` was recorded but did not decide" in opening
     assert "1 of its 3 accepted queries failed at least one of them" in opening
     assert "A query was accepted when it passed every one of: `length_ok` (length, 100.0% passed)." in card
