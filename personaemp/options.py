@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -131,9 +132,17 @@ def _upper(value: Any) -> Any:
 
 
 Names = Annotated[list[str], BeforeValidator(_split_commas)]
+def _shard(value: str | None) -> str | None:
+    """I/N with 1 <= I <= N: one line for every bad form (`a/b`, `2`, `0/2`), as parse_shard gives."""
+    match = re.fullmatch(r"\s*(\d+)/(\d+)\s*", value) if value is not None else None
+    if value is not None and (match is None or not 1 <= int(match[1]) <= int(match[2])):
+        raise OptionProblem("shard", f"is {value!r}: expected I/N with 1 <= I <= N, e.g. 2/3")
+    return value
+
+
 Shard = Annotated[
     str | None,
-    Field(pattern=r"^\s*\d+/\d+\s*$"),
+    AfterValidator(_shard),
     Opt(
         "Work on part I of N of the users (by a hash of the id; many machines, one part each) "
         "into <output>.shard-I-of-N.jsonl; `personaemp merge` joins the parts.",
@@ -914,6 +923,13 @@ class ExportOptions(Section):
             ("--criteria",), metavar="FILE", io="read"),
     ] = None  # fmt: skip
     data_source: Annotated[str, Opt("verl's data_source of every row.")] = "personaemp"
+    dialogues: Annotated[
+        bool,
+        Opt(
+            "Rows for multi-turn rollouts with the simulated user: interaction_kwargs (verl: in "
+            "extra_info) name personaemp's Interaction and carry the user it plays."
+        ),
+    ] = False
     output: Annotated[
         Path | None,
         Opt(
@@ -1276,7 +1292,8 @@ class RunOptions(Section):
                 if option.opt.derive and option.name not in current.model_fields_set
             }
             if update:
-                derived = {field for field in type(current).model_fields if current.derived(field)} | update.keys()
+                fields = type(current).model_fields
+                derived = {field for field in fields if current.derived(field)} | update.keys()
                 setattr(self, name, current.model_copy(update=update).with_derived(derived))
         return self
 

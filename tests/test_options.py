@@ -528,6 +528,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "summaries": "x/summaries.jsonl",
         "criteria": "x/criteria.jsonl",
         "data_source": "mine",
+        "dialogues": True,
         "output": "x/out.parquet",
     },
     "table": {

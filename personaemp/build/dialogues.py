@@ -30,13 +30,12 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from pydantic import ValidationError
 
 from personaemp.aio import sync_twin
-from personaemp.errors import InputError, RowError, first_problem
+from personaemp.errors import InputError, first_problem
 from personaemp.instruments.criteria import with_room
 from personaemp.instruments.policy import CONTEXTS, RESPOND, ROOM, SUMMARY, context_text, listed, mismatched
 from personaemp.instruments.simulator import (  # the simulated user, shared with training's Interaction
@@ -50,19 +49,16 @@ from personaemp.instruments.simulator import (  # the simulated user, shared wit
     SIMULATOR_STEPS,
     TURN_ATTEMPTS,
     SimulatedUser,
+    read_units,
     simulate_user_turn,
     transcript,
     write_hidden_need,
 )
 from personaemp.io import ErrorPolicy, iter_jsonl
 from personaemp.prompts import Prompt, prompts_per_variant
-from personaemp.records import BIG_FIVE, Dialogue, DialogueTurn
-from personaemp.render import render_turns
-from personaemp.splits import check_queries_row, profile_of
+from personaemp.records import Dialogue, DialogueTurn
 
 STAGE = "gen-dialogues"
-
-HINT = "pass gen-queries' output or a split file written by `personaemp split`"
 
 
 STEPS = (*SIMULATOR_STEPS, RESPOND, SUMMARY)  # RESPOND and SUMMARY: the supporter's, as respond's
@@ -171,40 +167,6 @@ async def run_dialogue(unit: dict, simulator, supporter, prompts: dict[str, Prom
 
 
 # --- the units ---------------------------------------------------------------------------------------
-
-
-def read_units(path: Path) -> list[dict[str, Any]]:
-    """One unit per accepted query of a gen-queries or split file, in file order."""
-    units: list[dict[str, Any]] = []
-    seen: dict[str, str] = {}
-    try:
-        for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
-            record = check_queries_row(row, f"{path}:{lineno}", HINT)
-            levels = profile_of(row)
-            voice = render_turns(SimpleNamespace(turns=record.turns)) if record.turns else ""
-            memories = [m.model_dump(mode="json", include={"memory_id", "label", "label_suggestion", "value"})
-                        for m in record.memories]  # fmt: skip
-            for query in record.queries:
-                if query.query_id in seen:
-                    raise InputError(
-                        f"{path}:{lineno}: query id {query.query_id} appears twice "
-                        f"(first at {seen[query.query_id]})",
-                        HINT,
-                    )
-                seen[query.query_id] = f"{path}:{lineno}"
-                units.append({
-                    "dialogue_id": f"{query.query_id}-d1", "query_id": query.query_id,
-                    "user_id": record.user_id,
-                    "category": query.category, "query": query.query, "situation": query.situation.text,
-                    "language": record.language, "profile": record.profile,
-                    "big_five": dict(zip(BIG_FIVE, levels, strict=True)) if levels else None,
-                    "memories": memories, "memory_ids": list(query.memory_ids), "voice": voice,
-                })  # fmt: skip
-    except RowError as error:
-        raise InputError(f"{error.location}: {error.reason}", HINT) from None
-    if not units:
-        raise InputError(f"{path}: no accepted query", HINT)
-    return units
 
 
 def pick_dialogues(units: Sequence[dict], limit: int | None, per_user: int | None) -> set[str] | None:

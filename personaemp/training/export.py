@@ -12,6 +12,11 @@ a criteria file is given.
   verl  parquet: data_source, prompt, ability, reward_model {style, ground_truth},
         extra_info {index, split, context, ... the fields above}; the reward's
         compute_score reads extra_info.
+With `dialogues`, each row is the opening of a multi-turn rollout with the simulated user
+(training/interaction.py): `interaction_kwargs` (verl: in extra_info, where its agent loop
+reads them; trl: a column) name the interaction and carry the user it plays (persona, Big
+Five levels, memories, the moment, their own recent messages): the prompt is the same, the
+supporter's first request in gen-dialogues.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ def export_rows(
     mismatch_seed: int = 0,
     summaries: Path | None = None,
     criteria_file: Path | None = None,
+    dialogues: bool = False,
 ) -> tuple[Path, list[dict[str, Any]]]:
     """(the split file read, one record per query: `prompt` and what the reward reads)."""
     input_path, units, policy_view = policy_units(splits, split, part, context, mismatch_seed)
@@ -74,6 +80,12 @@ def export_rows(
             criteria_file, made_for(criteria_file), units, "criteria",
             remake_criteria(input_path, criteria_file),
         )  # fmt: skip
+    simulated = {}
+    if dialogues:
+        from personaemp.instruments.simulator import read_units
+        from personaemp.training.interaction import NAME
+
+        simulated = {u["query_id"]: {"name": NAME, "user": u} for u in read_units(input_path)}
     records = []
     for unit in units:
         qid = unit["query_id"]
@@ -101,6 +113,8 @@ def export_rows(
                     f"{criteria_file}: no criteria for query {qid}", "run `personaemp criteria` on it"
                 )
             info["criteria"] = criteria[qid]
+        if dialogues:
+            info["interaction_kwargs"] = simulated[qid]
         records.append({"prompt": build_messages(seen, context, rag_k, prompt, summary), "info": info})
     return input_path, records
 
@@ -114,7 +128,8 @@ def write_export(
     **view: Any,
 ) -> dict[str, Any]:
     """Write the export; returns what was written (rows, format, path, input). `view`:
-    export_rows' options (split, part, context, rag_k, mismatch_seed, summaries, criteria_file)."""
+    export_rows' options (split, part, context, rag_k, mismatch_seed, summaries, criteria_file,
+    dialogues)."""
     if format not in FORMATS:
         raise InputError(f"--format takes {', '.join(FORMATS)}, not {format!r}")
     input_path, records = export_rows(splits, **view)
@@ -156,5 +171,5 @@ def from_options(options, console) -> dict:
         options.splits, options.output_path, format=options.format, split=options.split,
         part=options.part, context=options.context, rag_k=options.rag_k,
         mismatch_seed=options.mismatch_seed, summaries=options.summaries,
-        criteria_file=options.criteria, data_source=options.data_source,
+        criteria_file=options.criteria, data_source=options.data_source, dialogues=options.dialogues,
     )  # fmt: skip

@@ -1,0 +1,349 @@
+"""The simulated user as verl's multi-turn `Interaction`: the policy under training is the
+supporter; after each of its replies this object answers as the user would (the simulator
+of `gen-dialogues`, instruments/simulator.py: the same prompts, rules, checks and re-asks).
+
+verl (>= 0.8) builds it from an interaction YAML (`actor_rollout_ref.rollout.multi_turn.
+interaction_config_path`), by class path, with the YAML's `config` dict:
+
+    interaction:
+      - name: personaemp
+        class_name: personaemp.training.interaction.SimulatedUserInteraction
+        config: {config: personaemp.toml, max_turns: 6, session_reward: emotion}
+
+and names it per sample in `extra_info.interaction_kwargs` (`personaemp export --dialogues`
+writes them: the name and the simulated user's grounding). The calls:
+
+  start_interaction(instance_id, **interaction_kwargs)  the hidden need, written once (cached by
+                                                        its request, so every rollout of a query
+                                                        plays the same person with the same need);
+  generate_response(instance_id, messages, **kwargs)    the policy's last reply (reasoning removed)
+                                                        -> (should_terminate, the user's message,
+                                                        turn score, extra);
+  calculate_score(instance_id)                          the session reward now;
+  finalize_interaction(instance_id)                     the session forgotten.
+
+Scores. A turn's score is the reward the session has so far: the simulated user's emotion / 100
+(0-1); the turn that ends the session scores the session reward, by `session_reward`:
+"emotion" (final emotion / 100, RLVER's), "peregrm" (H of the dynamic session judge over the
+supporter's side, @`samples`), or "both" ((1 - weight) * emotion / 100 + weight * H). A session
+ends when the user leaves, the emotion reaches a bound (100, or below 10) or after `max_turns`
+supporter turns; give verl `max_assistant_turns` = max_turns + 1 so the session, not verl, ends
+it. `compute_score` below is a verl reward function that returns the last turn score.
+
+One engine per process (endpoints, HTTP client, cache, the [llm] concurrency cap), as the
+single-turn reward's per-rollout calls: its event loop runs in a daemon thread, and every
+Interaction of the process with the same settings hands its calls to it, from any loop. Keys
+come from the environment only (OPENAI_API_KEY); the settings from the personaemp.toml named
+by `config` (else $PERSONAEMP_CONFIG), as the reward reads them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import statistics
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from personaemp.errors import InputError, UnitError
+from personaemp.instruments.judges import NEUTRAL, harmonic
+from personaemp.instruments.sessions import ROOM, SESSION_JUDGE_DYNAMIC, dialogue_text, session_messages
+from personaemp.instruments.simulator import (
+    GIVE_UP,
+    INITIAL_EMOTION,
+    MAX_TURNS,
+    SATISFIED,
+    SIMULATOR_STEPS,
+    TURN_ATTEMPTS,
+    SimulatedUser,
+    simulate_user_turn,
+    write_hidden_need,
+)
+from personaemp.llm.reply import split_reasoning
+from personaemp.prompts import load_prompt, prompts_per_variant
+from personaemp.records import DIMENSIONS, DialogueTurn
+from personaemp.runner import ENDPOINT_KINDS
+
+NAME = "personaemp"  # the interaction's name in verl's YAML and in interaction_kwargs
+CLASS_PATH = "personaemp.training.interaction.SimulatedUserInteraction"
+SESSION_REWARDS = ("emotion", "peregrm", "both")
+CONFIG_VAR = "PERSONAEMP_CONFIG"
+
+
+@dataclasses.dataclass(frozen=True)
+class InteractionOptions:
+    """The YAML `config` keys (all optional)."""
+
+    config: str | None = None  # personaemp.toml ([llm]); else $PERSONAEMP_CONFIG, else the defaults
+    max_turns: int = MAX_TURNS  # supporter turns
+    session_reward: str = "emotion"
+    weight: float = 0.5  # of PereGRM's H in "both"
+    samples: int = 1  # k of the dynamic session judge
+    turn_attempts: int = TURN_ATTEMPTS
+    character_check: bool = True
+
+    def __post_init__(self) -> None:
+        if self.session_reward not in SESSION_REWARDS:
+            raise InputError(
+                f"session_reward takes {', '.join(SESSION_REWARDS)}, not {self.session_reward!r}"
+            )
+        if not 0 <= self.weight <= 1:
+            raise InputError(f"weight must be between 0 and 1, not {self.weight}")
+        if self.max_turns < 1 or self.samples < 1 or self.turn_attempts < 1:
+            raise InputError("max_turns, samples and turn_attempts must be at least 1")
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any]) -> InteractionOptions:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(config) - known - {"name"})
+        if unknown:
+            raise InputError(
+                f"interaction config: no key {unknown[0]!r}", f"the keys are {', '.join(sorted(known))}"
+            )
+        return cls(**{k: v for k, v in config.items() if k in known})
+
+
+def settings_from(path: str | None, env: Mapping[str, str] | None = None):
+    """The engine's settings from a personaemp.toml's [llm] (env vars over the file)."""
+    from personaemp.config import Resolver, llm_settings
+    from personaemp.instruments.criteria import with_room
+
+    env = os.environ if env is None else env
+    path = path or env.get(CONFIG_VAR) or None
+    resolver = Resolver(Path(path) if path else None, env=env)
+    return with_room(llm_settings(resolver.section("llm"), env), ROOM)
+
+
+# --- one engine per process ------------------------------------------------------------------------
+
+
+class _Service:
+    """An engine on its own event loop in a daemon thread: every call, from any thread or
+    loop, runs there, so the process has one HTTP client, one cache and one concurrency cap."""
+
+    def __init__(self, settings):
+        self.settings = settings
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="personaemp-interaction", daemon=True
+        )
+        self.thread.start()
+        self.engine = None
+        self._stack: contextlib.AsyncExitStack | None = None
+
+    async def _open(self):
+        if self.engine is None:
+            from personaemp.llm.session import open_engine
+
+            stack = contextlib.AsyncExitStack()
+            self.engine = await stack.enter_async_context(open_engine(self.settings))
+            self._stack = stack
+        return self.engine
+
+    async def _run(self, work: Callable):
+        return await work(await self._open())
+
+    async def call(self, work: Callable):
+        """`await work(engine)` on the service's loop, awaited from the caller's."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._run(work), self.loop))
+
+    def close(self) -> None:
+        async def shut() -> None:
+            if self._stack is not None:
+                await self._stack.aclose()
+            self._stack = self.engine = None
+
+        if self.thread.is_alive():
+            asyncio.run_coroutine_threadsafe(shut(), self.loop).result()
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join()
+
+
+_services: dict[tuple[int, str], _Service] = {}
+_services_lock = threading.Lock()
+
+
+def service_for(settings) -> _Service:
+    """The process's service for these settings (a forked child starts its own)."""
+    key = (os.getpid(), repr(settings))
+    with _services_lock:
+        found = _services.get(key)
+        if found is None:
+            found = _services[key] = _Service(settings)
+        return found
+
+
+# --- the Interaction ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Session:
+    user: SimulatedUser
+    unit: dict
+    need: str
+    turns: list[DialogueTurn]
+    ended_by: str | None = None
+    need_met_at: int | None = None
+    reward: float | None = None
+
+
+class SimulatedUserInteraction:
+    """verl's Interaction (verl.interactions.base.BaseInteraction's methods; verl need not be
+    installed to import it). `config`: the YAML's, see InteractionOptions."""
+
+    def __init__(self, config: Mapping[str, Any] | None = None, *, settings=None):
+        config = dict(config or {})
+        self.config = config
+        self.name: str = config.get("name", NAME)
+        self.options = InteractionOptions.of(config)
+        self.settings = settings if settings is not None else settings_from(self.options.config)
+        self.prompts = prompts_per_variant(SIMULATOR_STEPS)  # variant -> (prompts, hashes)
+        self.judge_prompt = load_prompt(SESSION_JUDGE_DYNAMIC.prompt)
+        self.sessions: dict[str, Session] = {}
+        self.counts: Counter = Counter()  # sessions, turns, ended_by, simulator failures, fallbacks
+
+    def prompts_of(self, engine) -> dict:
+        """The simulator's prompts in the variant the engine reads (prompts/compact/ on the
+        embedded model, where one exists)."""
+        return self.prompts(engine.prompt_variant)[0]
+
+    @property
+    def service(self) -> _Service:
+        return service_for(self.settings)
+
+    async def start_interaction(self, instance_id: str | None = None, **kwargs) -> str:
+        instance_id = instance_id or str(uuid.uuid4())
+        unit = kwargs.get("user")
+        if not isinstance(unit, Mapping):
+            raise InputError(
+                "interaction_kwargs: no simulated user (`user`)",
+                "write the data with `personaemp export --dialogues`",
+            )
+        unit = _plain(unit)
+        user = SimulatedUser.of_unit(unit)
+        need = await self.service.call(
+            lambda engine: write_hidden_need(engine, user, self.prompts(engine.prompt_variant)[0])
+        )
+        opening = DialogueTurn(role="user", text=unit["query"], emotion=INITIAL_EMOTION, change=0,
+                               reason="the opening message (the query)", need_met=False)  # fmt: skip
+        self.sessions[instance_id] = Session(user, unit, need, [opening])
+        self.counts["sessions"] += 1
+        return instance_id
+
+    async def generate_response(
+        self, instance_id: str, messages: list[dict[str, Any]], **kwargs
+    ) -> tuple[bool, str, float, dict[str, Any]]:
+        session = self.sessions[instance_id]
+        reply = next((m for m in reversed(messages) if m.get("role") == "assistant"), None)
+        text = split_reasoning(_content(reply))[0].strip() if reply is not None else ""
+        session.turns.append(DialogueTurn(role="assistant", text=text))
+        number = sum(t.role == "assistant" for t in session.turns)
+        self.counts["turns"] += 1
+        try:
+            turn, ends = await self.service.call(
+                lambda engine: simulate_user_turn(
+                    engine, session.user, session.need, session.turns, self.prompts_of(engine),
+                    attempts=self.options.turn_attempts, character_check=self.options.character_check,
+                )
+            )  # fmt: skip
+        except UnitError as error:
+            if error.kind in ENDPOINT_KINDS:
+                raise  # an endpoint that cannot be used stops the step, as in the reward
+            self.counts["simulator_failures"] += 1  # no reply kept the rules: the session ends here
+            session.ended_by = "simulator_failed"
+            session.turns.pop()
+            reward = await self.calculate_score(instance_id)
+            return True, "", reward, {"ended_by": session.ended_by, "session_reward": reward}
+        session.turns.append(turn)
+        if turn.need_met and session.need_met_at is None:
+            session.need_met_at = number
+        if ends:
+            session.ended_by = "user"
+        elif turn.emotion >= SATISFIED:
+            session.ended_by = "satisfied"
+        elif turn.emotion < GIVE_UP:
+            session.ended_by = "gave_up"
+        elif number >= self.options.max_turns:
+            session.ended_by = "max_turns"
+        extra = {"turn": number, "emotion": turn.emotion, "change": turn.change, "need_met": turn.need_met}
+        if session.ended_by is None:
+            return False, turn.text, turn.emotion / 100, extra
+        self.counts[f"ended_by_{session.ended_by}"] += 1
+        reward = await self.calculate_score(instance_id)
+        return True, turn.text, reward, {**extra, "ended_by": session.ended_by, "session_reward": reward}
+
+    async def calculate_score(self, instance_id: str | None = None, **kwargs) -> float:
+        """The session reward of `instance_id` now (see the module's docstring)."""
+        session = self.sessions[instance_id]
+        if session.reward is not None and session.ended_by is not None:
+            return session.reward
+        emotion = next(t.emotion for t in reversed(session.turns) if t.emotion is not None) / 100
+        how = self.options.session_reward
+        if how == "emotion" or not any(t.role == "assistant" for t in session.turns):
+            reward = emotion
+        else:
+            h = await self.service.call(lambda engine: self._peregrm(engine, session))
+            reward = h if how == "peregrm" else (1 - self.options.weight) * emotion + self.options.weight * h
+        if session.ended_by is not None:
+            session.reward = reward
+        return reward
+
+    async def _peregrm(self, engine, session: Session) -> float:
+        """H of the dynamic session judge over the supporter's side, each dimension @k; an
+        unreadable judgment counts 3 of 5 (the authors' reward), counted."""
+        unit = {**session.unit, "response": dialogue_text(session.turns), "criteria": None}
+        scores = {}
+        for dimension in DIMENSIONS:
+            messages = session_messages(unit, dimension, self.judge_prompt, "paper")
+            got = []
+            for sample in range(self.options.samples):
+                try:
+                    got.append(
+                        (await engine.call(SESSION_JUDGE_DYNAMIC, messages, sample=sample)).value.score
+                    )
+                except UnitError as error:
+                    if error.kind in ENDPOINT_KINDS:
+                        raise
+                    self.counts["judge_fallbacks"] += 1
+                    got.append(NEUTRAL)
+            scores[dimension] = statistics.fmean(got)
+        return harmonic(scores)
+
+    async def finalize_interaction(self, instance_id: str | None = None, **kwargs) -> None:
+        self.sessions.pop(instance_id, None)
+
+
+def _content(message: Mapping[str, Any]) -> str:
+    """A chat message's text (a string, or a list of text parts)."""
+    content = message.get("content") or ""
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+    return str(content)
+
+
+def _plain(value: Any) -> Any:
+    """numpy arrays and scalars (a parquet row read by pandas) as lists, dicts and numbers."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if hasattr(value, "tolist"):
+        return _plain(value.tolist())
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def compute_score(data_source=None, solution_str="", ground_truth=None, extra_info=None, **kwargs) -> float:
+    """verl's custom reward for rollouts driven by the Interaction: the last turn score (the
+    session reward when the session ended it; see the module's docstring)."""
+    scores = list((extra_info or {}).get("turn_scores") or [])
+    return float(scores[-1]) if scores else 0.0
+
+
+__all__ = ["CLASS_PATH", "NAME", "InteractionOptions", "SimulatedUserInteraction", "compute_score"]
