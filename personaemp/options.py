@@ -132,6 +132,8 @@ def _upper(value: Any) -> Any:
 
 
 Names = Annotated[list[str], BeforeValidator(_split_commas)]
+
+
 def _shard(value: str | None) -> str | None:
     """I/N with 1 <= I <= N: one line for every bad form (`a/b`, `2`, `0/2`), as parse_shard gives."""
     match = re.fullmatch(r"\s*(\d+)/(\d+)\s*", value) if value is not None else None

@@ -268,9 +268,14 @@ def from_options(stage: str, options, console, input_path: Path | None = None, o
     check_paths([(name, section), ("llm", options.llm)])
     units = section.input
     if stage == "extract-memories":  # its units: the users read from the log, beside its output
-        from personaemp.build.memories import conversations_path
+        from personaemp.build.memories import conversations_path, extract_args, write_conversations
 
         units = conversations_path(section.output)
+        # Read from the log as it is now (left alone when unchanged), so a shard made from
+        # an earlier version of the log is found stale as for the other stages.
+        reading = ("fmt", "bounds", "on_error", "user_field", "columns", "time_format")
+        args = extract_args(section)
+        write_conversations(Path(section.input), units, **{key: args[key] for key in reading})
     report = merge_shards(stage, units, section.output, options.llm.work_dir)
     result = of_merge(report)
     kinds = ", ".join(f"{kind} {n}" for kind, n in report.failures_by_kind.most_common())

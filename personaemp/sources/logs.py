@@ -493,6 +493,32 @@ def _scan(path: Path):
     return pl.scan_csv(path, infer_schema=False, separator=separator, encoding="utf8")
 
 
+def _refuse_ragged_rows(path: Path) -> None:
+    """A CSV row with more fields than the header (an unquoted comma in a message): polars
+    reads only the columns asked for, and would cut that text at the comma without a word."""
+    import csv
+
+    import polars as pl
+
+    if path.suffix == ".parquet":
+        return
+    try:  # every column read, in one streamed pass: polars stops at a ragged row
+        _scan(path).select(pl.all().null_count()).collect(engine="streaming")
+    except pl.exceptions.ComputeError as error:
+        if "more fields" not in str(error):
+            return  # (bad UTF-8...: the read that follows names it)
+        separator = "\t" if path.suffix == ".tsv" else ","
+        with path.open(encoding="utf-8-sig", newline="") as handle:
+            reader = csv.reader(handle, delimiter=separator)
+            width = len(next(reader))
+            line = next((reader.line_num for row in reader if len(row) > width), None)
+        where = f"{path}:{line}" if line else str(path)
+        raise InputError(
+            f"{where}: more fields than the header's {width} (a separator inside a text?)",
+            'quote the fields that hold one ("I feel bad, really")',
+        ) from None
+
+
 def table_columns(path: Path) -> list[str]:
     import polars as pl
 
@@ -550,6 +576,7 @@ def read_table(
     for name in ("user", "order", "role", "text"):
         if wanted[name] is None:
             raise InputError(f"{path}: a table needs a {name} column", f"name it with --{name}-column")
+    _refuse_ragged_rows(path)
     line_offset = 2 if path.suffix != ".parquet" else 1  # CSV: the header is line 1
     lf = _scan(path).with_row_index("_row")
     session = pl.col(wanted["session"]).cast(pl.String) if wanted["session"] else pl.lit("s1")
