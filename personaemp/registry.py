@@ -196,12 +196,15 @@ STAGES: dict[str, Stage] = {
         Stage(
             "evaluate", "evaluate", "evaluation.evaluate",
             "Score systems' responses per PERM dimension (fixed criteria, or dynamic @k), side by side "
-            "(LLM).",
+            "(LLM);\n    with --dialogues, whole dialogues: the emotion trajectory and PERM over the "
+            "supporter's side.",
             _evaluate_summary, positional=("splits",),
         ),
         Stage(
             "table", "write_table", "evaluation.table",
-            "Render the paper's Table 1 (systems x judge x split: Res, Exp, Rec, Avg) from evaluate reports.",
+            "Render the paper's Table 1 (systems x judge x split: Res, Exp, Rec, Avg) from evaluate "
+            "reports;\n    from evaluate --dialogues reports, the multi-turn table (final emotion, need "
+            "met, H, n).",
             positional=(),
         ),
         Stage(
