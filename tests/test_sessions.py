@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from fake_openai import FakeOpenAI, reply
+from fake_openai import PROFILES, FakeOpenAI, reply
 from test_dialogues import NEED, Script, rows_of, settings_for, step_of, text_of, user_row, write_queries
 from typer.testing import CliRunner
 
@@ -52,7 +52,7 @@ class Judged(Script):
         if step == "session_judge":
             whole = "as a whole" in text_of(body)
             found = {"analysis": "It meets the sheet.", "score": self.score if whole else 3.0}
-            if "criteria" in body["response_format"]["json_schema"]["schema"]["properties"]:
+            if "derive your own criteria" in text_of(body):  # the dynamic judge
                 found["criteria"] = ["Acknowledges her guilt about resting."]
             return reply(found)
         return super().__call__(body, number)
@@ -140,6 +140,17 @@ def test_dynamic_session_judging_writes_no_criteria(tmp_path):
         )  # fmt: skip
     assert Counter(session_step(r.body) for r in server.chat_requests) == {"session_judge": 3}
     assert evaluation["mode"] == "dynamic@1" and evaluation["systems"]["policy-a"]["harmonic"] == 0.6
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_provider_profile_scores_a_session(tmp_path, profile):
+    splits, dialogues = build(tmp_path, users=1)
+    with FakeOpenAI(responder=Judged(score=4.0), profile=profile) as server:
+        stage, evaluation = evaluate_dialogues(
+            splits, [dialogues], tmp_path / "r.json", settings_for(server, tmp_path / "work")
+        )
+    assert server.errors == [] and stage.outcome.done == 1, stage.outcome.failures_by_kind
+    assert evaluation["systems"]["policy-a"]["harmonic"] == 0.8
 
 
 def test_the_multi_turn_table_and_the_command(tmp_path):
