@@ -20,6 +20,19 @@ from conftest import order_free_responder  # noqa: E402
 from fake_openai import FakeOpenAI, lognormal_latency  # noqa: E402
 
 
+def every_step(build):
+    """The build steps answered as a capable model; the evaluation's (criteria and judges: a
+    valid instance of their schema, the server's default) and a policy's free text too, so
+    the README's tour runs against it end to end."""
+
+    def answer(body: dict, number: int):
+        if "response_format" not in body:  # respond: a policy's free text
+            return "That sounds hard. You handled it with more care than you give yourself credit for."
+        return build(body, number) or None  # {}: a step the build responder does not know
+
+    return answer
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--latency-median", type=float, default=0.0, help="seconds; 0 = no latency")
@@ -34,7 +47,7 @@ def main() -> None:
     from personaemp.language import detect_language
 
     detect_language("A sentence long enough for the model to be asked about it.")
-    server = FakeOpenAI(responder=order_free_responder(), latency=latency, seed=args.seed)
+    server = FakeOpenAI(responder=every_step(order_free_responder()), latency=latency, seed=args.seed)
     print(f"READY {server.base_url}", flush=True)
     try:
         while True:
