@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import re
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -163,11 +165,58 @@ def test_the_documented_yaml_names_a_class_verl_can_load(tmp_path):
     assert built.settings.model == "sim" and built.settings.base_urls == ["http://127.0.0.1:9/v1"]
 
 
-def test_verls_own_loader_drives_two_turns(tmp_path, monkeypatch):
-    pytest.importorskip("verl")
-    from verl.interactions.utils.interaction_registry import initialize_interactions_from_config
+def documented_agent_loops() -> list[dict]:
+    """The agent-loop YAML docs/multi-turn.md gives for verl 0.9."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "multi-turn.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```yaml\n(.*?)```", page, re.S)
+    return yaml.safe_load(next(b for b in blocks if "SimulatedUserAgentLoop" in b))
 
-    kwargs = exported(tmp_path)[0]["extra_info"]["interaction_kwargs"]
+
+class TinyPolicy:
+    """verl's LLM server client (`generate` -> TokenOutput), answered by a random tiny model here."""
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer, self.calls = model, tokenizer, 0
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        import torch
+        from verl.workers.rollout.replica import TokenOutput
+
+        self.calls += 1
+        with torch.no_grad():
+            out = self.model.generate(torch.tensor([prompt_ids]), max_new_tokens=12, do_sample=True,
+                                      pad_token_id=self.tokenizer.pad_token_id)  # fmt: skip
+        return TokenOutput(token_ids=out[0, len(prompt_ids) :].tolist())
+
+
+def test_verls_own_agent_loop_worker_drives_two_turns_with_the_documented_yaml(tmp_path, monkeypatch):
+    """verl 0.8 removed the Interaction API (verl.interactions); 0.9's multi-turn rollouts are agent
+    loops. verl's own AgentLoopWorker registers the documented YAML, hydra builds the class, and its
+    generate_sequences runs one rollout: a tiny random policy on CPU, the simulated user on the test
+    server, two supporter turns, the session reward as the trajectory's score."""
+    pytest.importorskip("verl", reason="verl is not installed (pip install -e '.[verl]')")
+    pytest.importorskip("verl.experimental.agent_loop", reason="verl's agent loop does not import here")
+    import numpy as np
+    import pandas
+    import torch
+    import verl
+    from omegaconf import OmegaConf
+    from verl import DataProto
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    try:
+        from grpo_bench import tiny_policy
+    finally:
+        sys.path.pop(0)
+    parquet = tmp_path / "train.parquet"
+    write_export(splits_with(tmp_path), parquet, format="verl", dialogues=True)
+    torch.manual_seed(0)
+    tokenizer, model = tiny_policy([m["content"] for p in pandas.read_parquet(parquet)["prompt"] for m in p])
+    model.save_pretrained(tmp_path / "policy")
+    tokenizer.save_pretrained(tmp_path / "policy")
+    policy = TinyPolicy(model, tokenizer)
     with FakeOpenAI(responder=Script()) as server:
         config = tmp_path / "personaemp.toml"
         config.write_text(
@@ -175,11 +224,42 @@ def test_verls_own_loader_drives_two_turns(tmp_path, monkeypatch):
             encoding="utf-8",
         )
         monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-        path = tmp_path / "interaction.yaml"
-        path.write_text(YAML.replace("CONFIG", str(config)), encoding="utf-8")
-        agent = initialize_interactions_from_config(str(path))["personaemp"]
-        first, second, score = drive(agent, kwargs, [REPLY, "Resting is not selfish."])
-    assert not first[0] and second[0] and score == 0.5
+        loops = documented_agent_loops()
+        loops[0]["interaction"].update(config=str(config), max_turns=2, session_reward="emotion")
+        path = tmp_path / "agent_loops.yaml"
+        path.write_text(yaml.safe_dump(loops), encoding="utf-8")
+        defaults = Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml"
+        trainer = OmegaConf.load(defaults)
+        trainer.actor_rollout_ref.model.path = str(tmp_path / "policy")
+        rollout = trainer.actor_rollout_ref.rollout
+        rollout.update(name="vllm", prompt_length=1024, response_length=512, calculate_log_probs=False)
+        rollout.multi_turn.update(enable=True, max_assistant_turns=3)
+        rollout.agent.update(agent_loop_config_path=str(path), default_agent_loop=loops[0]["name"])
+        worker = AgentLoopWorker(trainer, llm_client=policy)
+        dataset = RLHFDataset(str(parquet), tokenizer, OmegaConf.create({
+            "prompt_key": "prompt", "max_prompt_length": 1024, "filter_overlong_prompts": False,
+            "truncation": "error", "return_raw_chat": True}))  # fmt: skip
+        item = dataset[0]
+        keys = [key for key, value in item.items() if not isinstance(value, torch.Tensor)]
+        batch = DataProto.from_dict(
+            tensors={"dummy": torch.zeros(1, 1)},
+            non_tensors={key: np.array([item[key]], dtype=object) for key in keys},
+        )
+        out = asyncio.run(worker.generate_sequences(batch))
+    assert server.errors == []
+    assert Counter(step_of(r.body) for r in server.chat_requests) == {"hidden_need": 1, "simulate": 2,
+                                                                      "in_character": 2}  # fmt: skip
+    assert policy.calls == 2, "the session ended at max_turns, before verl's max_assistant_turns"
+    assert list(out.non_tensor_batch["turn_scores"][0]) == [0.45, 0.5]
+    assert out.batch["rm_scores"].sum().item() == pytest.approx(0.5), "the session reward: final emotion"
+    assert out.non_tensor_batch["__num_turns__"][0] == 4  # the opening, two replies, the user between
+    response = out.batch["responses"][0][out.batch["attention_mask"][0, 1024:].bool()]
+    mask = out.batch["response_mask"][0][: len(response)]
+    assert mask[0] == 1 and mask[-1] == 1 and 0 < int(mask.sum()) < len(response), "user tokens: mask 0"
+    simulated = [r.body for r in server.chat_requests if step_of(r.body) == "simulate"]
+    first = tokenizer.decode(response[: mask.tolist().index(0)], skip_special_tokens=True)
+    seen = "".join(str(m["content"]) for m in simulated[0]["messages"])
+    assert first.strip() and first.strip()[:20] in seen, "the simulated user read the policy's reply"
 
 
 def test_export_dialogues_on_the_command_line(tmp_path):

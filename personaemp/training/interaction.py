@@ -2,8 +2,9 @@
 supporter; after each of its replies this object answers as the user would (the simulator
 of `gen-dialogues`, instruments/simulator.py: the same prompts, rules, checks and re-asks).
 
-verl (>= 0.8) builds it from an interaction YAML (`actor_rollout_ref.rollout.multi_turn.
-interaction_config_path`), by class path, with the YAML's `config` dict:
+verl 0.4-0.7 builds it from an interaction YAML (`actor_rollout_ref.rollout.multi_turn.
+interaction_config_path`), by class path, with the YAML's `config` dict (verl 0.8 removed that
+API: there training/agent_loop.py's agent loop drives this class):
 
     interaction:
       - name: personaemp
