@@ -118,12 +118,11 @@ def _personas_written(path: Path):
 
 
 def chains(options: RunOptions) -> bool:
-    """Whether `run` can feed gen-queries while infer-persona runs: not for a batch (rounds
-    of files), nor when gen-queries picks its users (--limit / --users need its whole input),
-    nor on Ray (each stage is a Ray Dataset of its own: one after the other)."""
+    """Whether `run` can feed gen-queries while infer-persona runs (in one process or on
+    Ray): not for a batch (rounds of files), nor when gen-queries picks its users (--limit /
+    --users need its whole input)."""
     return (
         options.llm.batch is None
-        and options.llm.executor == "local"
         and options.queries.limit is None
         and not options.queries.users
         and options.queries.input == options.persona.output
@@ -143,17 +142,17 @@ def streams(options: RunOptions) -> bool:
     )
 
 
-def _background_imports():
+def _background_imports(on_ray: bool = False):
     """Loaded while the LLM stages wait on the endpoint (they took 3.5 of the 9 s of a `run`
     with nothing left to ask): first the language model, which gen-queries' checks need
     within seconds (loaded there, it stopped the event loop and 32 requests' replies for
-    half a second), then what split, stats and push import."""
+    half a second; on Ray the workers check, and load it), then what split, stats and push
+    import."""
     from personaemp.language import _identifier
     from personaemp.parallel import BackgroundImports
 
-    return BackgroundImports(
-        _identifier, "kmodes.kmodes", "datasets", "matplotlib.figure", "matplotlib.backends.backend_agg"
-    )
+    later = ("kmodes.kmodes", "datasets", "matplotlib.figure", "matplotlib.backends.backend_agg")
+    return BackgroundImports(*later) if on_ray else BackgroundImports(_identifier, *later)
 
 
 def run_pipeline(
@@ -254,7 +253,7 @@ def _run_stages(
 
         args = filter_args(options.filter)
         title = ("filter → " if streamed else "") + CHAIN
-        with result.stage(title, console), _background_imports() as importing:
+        with result.stage(title, console), _background_imports(options.llm.executor == "ray") as importing:
             with _filter_feed(args) if streamed else contextlib.nullcontext() as stream:
                 made = persona_and_queries(options, console, env, importing.start, stream)
             if streamed:

@@ -44,14 +44,30 @@ def files(root: Path, folder: str) -> list[Path]:
     return sorted(path.relative_to(root) for path in (root / folder).rglob("*") if path.is_file())
 
 
+def workers_started() -> list[int]:
+    """The process ids of every UnitWorker actor this Ray has started, alive or not."""
+    actors = ray._private.state.actors().values()
+    return [actor["Pid"] for actor in actors if "UnitWorker" in actor["ActorClassName"]]
+
+
+def persona_step(request) -> bool:
+    """Whether a chat request is infer-persona's (its reply schema's fields say)."""
+    schema = json.dumps(request.body["response_format"])
+    return '"traits"' in schema or '"openness"' in schema
+
+
 def test_run_on_ray_writes_what_one_process_writes(local_ray, sample_build, tmp_path):
     """`run --executor ray` on the shipped sample, two workers sharing two endpoints at
     --concurrency 4: the personas, queries, splits, stats and dataset of the one-process
     run (sample_build, the same order-free model), the same requests counted, and never
-    more than 4 requests in flight at either endpoint."""
+    more than 4 requests in flight at either endpoint. As in one process, the two LLM
+    stages overlap (gen-queries asks before infer-persona's last request), on the same two
+    workers (started once for the run, not once per stage)."""
     processed = tmp_path / "processed"
     responder = order_free_responder()
-    with FakeOpenAI(responder=responder) as first, FakeOpenAI(responder=responder) as second:
+    before = workers_started()
+    slow = {"responder": responder, "latency": lambda: 0.05}  # each stage's requests spread out in time
+    with FakeOpenAI(**slow) as first, FakeOpenAI(**slow) as second:
         llm = LLMOptions(
             base_url=[first.base_url, second.base_url], model="fake", concurrency=4, executor="ray", workers=2
         )
@@ -60,6 +76,12 @@ def test_run_on_ray_writes_what_one_process_writes(local_ray, sample_build, tmp_
             run_pipeline(options, Console(file=log))
     assert first.count and second.count  # the list is every worker's
     assert first.max_in_flight <= 4 and second.max_in_flight <= 4
+    assert len(workers_started()) - len(before) == 2
+    requests = first.chat_requests + second.chat_requests
+    persona_times = [r.received_at for r in requests if persona_step(r)]
+    query_times = [r.received_at for r in requests if not persona_step(r)]
+    assert persona_times and query_times
+    assert min(query_times) < max(persona_times)
 
     for name in ("personas.jsonl", "filtered.jsonl"):  # no timings in their input: the hashes too
         assert rows(processed / name) == rows(sample_build / name), name

@@ -1,20 +1,25 @@
 """`--executor ray`: an LLM stage's units run on a pool of Ray workers; this process writes.
 
-The units still to do become a Ray Dataset; `map_batches` runs them on an actor pool
-(ActorPoolStrategy), each actor holding one engine (its own HTTP clients and cache handle,
-its share of --concurrency and --rpm) and running the stage's own `make_work(engine)`, shipped
-to it with cloudpickle. Each unit comes back as its row, its failure (a UnitError: a failure
-row, never a failed job) or the error that stops the run (as one process would stop). This
-process writes every result through runner.StageRun, as run_units does, so the output,
-failures file, report and freshness record are those of a one-process run.
+A command's LLM stages share one pool of Ray actors (WorkerPool), started with its first
+unit to do and kept to its end: each actor holds one engine (its own HTTP clients and cache
+handle, its share of --concurrency and --rpm) and runs each stage's own `make_work(engine)`,
+shipped to it once with cloudpickle. This process runs the stage as one process does
+(runner.run_units, or run_chain for `run`'s two stages, overlapped), each unit's work a call
+on the least busy actor, whose answer is the unit's row, its failure (a UnitError: a failure
+row, never a failed job) or the error that stops the run (as one process would stop). So
+the output, failures file, report and freshness record are those of a one-process run.
 
-Nothing twice, nothing lost: a worker or node lost mid-stage has its blocks redone (Ray
-Data's actors restart and their tasks are retried); a unit already written is not written
-again (by unit id). A killed driver loses at most the units in flight: the rows it wrote are
-skipped on the next run (the output scan), and the reply cache answers the requests the
-workers had answered. Ray Data's own checkpointing (DataContext.checkpoint_config) is not
-used: it covers a plan from a read to a Ray Data write, while these rows are written here,
-by the runner that already resumes.
+Nothing twice, nothing lost: a worker lost (its node gone) is replaced, and each unit it
+held is sent to another; the unit is written once, when its call answers. A killed driver
+loses at most the units in flight: the rows it wrote are skipped on the next run (the output
+scan), and the reply cache answers the requests the workers had answered.
+
+Not Ray Data (map_batches over an ActorPoolStrategy, as first built): it started a pool per
+stage and three actors of its own, held each block until its slowest unit was done, and
+could not feed gen-queries from infer-persona's rows, which cost 2.6x one process's CPU (see
+docs/past-one-machine.md). Its checkpointing (DataContext.checkpoint_config) covers a plan
+from a read to a Ray Data write, while these rows are written here, by the runner that
+already resumes.
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ import contextlib
 import dataclasses
 import io
 import logging
-import math
 import os
 import pickle
 import socket
@@ -36,15 +40,10 @@ from typing import Any
 
 import msgspec
 
-from personaemp import locks
 from personaemp.errors import InputError, PersonaempError, UnitError
 from personaemp.llm.accounting import CALLS_KEPT, Accounting
 from personaemp.llm.settings import LLMSettings
-from personaemp.runner import StageOutcome, StageRun
 
-# Blocks an actor runs at once: while one waits on its slowest unit, the others keep the
-# actor's share of the endpoint busy.
-CALLS_PER_WORKER = 4
 WORKER_CPUS = 1.0  # one core per engine: the client does its JSON and checks there
 
 
@@ -67,7 +66,6 @@ def connect(settings: LLMSettings) -> str:
         raise InputError(
             "--executor ray needs Ray, which is not installed", "pip install 'personaemp[ray]'"
         ) from None
-    _quiet_data()
     if ray.is_initialized():
         return "Ray (connected before)"
     started = time.perf_counter()
@@ -86,17 +84,6 @@ def connect(settings: LLMSettings) -> str:
         ) from None
     seconds = time.perf_counter() - started
     return f"Ray at {address}" if address else f"a local Ray (started in {seconds:.1f} s)"
-
-
-def _quiet_data() -> None:
-    """No Ray Data progress bars or plan lines: the stage's own bar is on the console."""
-    from ray.data import DataContext
-
-    context = DataContext.get_current()
-    context.enable_progress_bars = False
-    context.print_on_execution_start = False
-    for name in ("ray.data", "ray.data._internal"):
-        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 @dataclasses.dataclass
@@ -176,61 +163,64 @@ def _recipe(make_work: Callable, fingerprint: Callable) -> bytes:
 
 
 class UnitWorker:
-    """A Ray Data actor: one engine, the stage's work on each unit of a batch, concurrently."""
+    """A Ray actor: one engine for the whole command, each stage's work on the units sent
+    to it, many at once (an async actor). A stage's work is made on its first unit."""
 
-    def __init__(self, recipe: bytes, settings: dict[str, Any], fingerprint: str):
-        self.recipe, self.settings, self.fingerprint = recipe, settings, fingerprint
+    def __init__(self, settings: dict[str, Any]):
+        self.settings = settings
         self.name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.seq = 0
-        self.engine = self.work = self.ready = None
+        self.seq, self.sent = 0, 0.0
+        self.engine = self.opened = None
+        self.stages: dict[str, asyncio.Future] = {}
+
+    def ready(self) -> str:
+        return self.name
 
     async def _open(self) -> None:
-        from ray import cloudpickle
-
         from personaemp.llm.session import open_engine
 
-        make_work, fingerprint = cloudpickle.loads(self.recipe)
         self.stack = contextlib.AsyncExitStack()  # open while the actor lives
-        engine = await self.stack.enter_async_context(open_engine(LLMSettings(**self.settings)))
-        if fingerprint(engine) != self.fingerprint:
+        self.engine = await self.stack.enter_async_context(open_engine(LLMSettings(**self.settings)))
+
+    async def _stage(self, recipe, fingerprint: str):
+        from ray import cloudpickle
+
+        if self.opened is None:
+            self.opened = asyncio.ensure_future(self._open())
+        await self.opened
+        make_work, fingerprint_of = cloudpickle.loads(await recipe)
+        if fingerprint_of(self.engine) != fingerprint:
             raise PersonaempError(
                 f"Ray worker {self.name} would make other rows than the driver (prompts, model or "
                 "personaemp differ there)",
                 "install the same personaemp and prompts on every node",
             )
-        self.engine, self.work = engine, make_work(engine)
+        return make_work(self.engine)
 
-    async def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
-        if self.ready is None:
-            self.ready = asyncio.ensure_future(self._open())
+    async def run(
+        self, stage: str, recipe: list, fingerprint: str, unit: bytes
+    ) -> tuple[bytes, bytes, bytes]:
+        """(result, fatal, figures) of one unit. `recipe`: [the stage's recipe's ObjectRef], in
+        a list so that Ray does not fetch it for every unit."""
+        if stage not in self.stages:
+            self.stages[stage] = asyncio.ensure_future(self._stage(recipe[0], fingerprint))
         try:
-            await self.ready
-        except Exception as exc:  # every unit of the batch stops the run with it
-            results = [(b"", _fatal(exc))] * len(batch["uid"])
-        else:
-            results = await asyncio.gather(*(self._one(unit) for unit in batch["unit"]))
-        self.seq += 1
-        figures = b""
-        if self.engine is not None:
-            figures = pickle.dumps(
-                (self.name, self.seq, self.engine.accounting, self.engine.structured_report())
-            )
-        return {
-            "uid": list(batch["uid"]),
-            "result": [result for result, _ in results],
-            "fatal": [fatal for _, fatal in results],
-            "figures": [figures] + [b""] * (len(results) - 1),
-        }
-
-    async def _one(self, encoded: bytes) -> tuple[bytes, bytes]:
-        try:
-            row = await self.work(msgspec.json.decode(encoded))
+            work = await self.stages[stage]
+            row = await work(msgspec.json.decode(unit))
         except UnitError as error:
             failed = {"kind": error.kind, "error": str(error), "raw": error.raw, "attempts": error.attempts}
-            return msgspec.json.encode({"failed": failed}), b""
+            return msgspec.json.encode({"failed": failed}), b"", self.figures(every=0.5)
         except Exception as exc:  # noqa: BLE001 - as one process: the run stops with it
-            return b"", _fatal(exc)
-        return msgspec.json.encode({"row": row}), b""
+            return b"", _fatal(exc), self.figures()
+        return msgspec.json.encode({"row": row}), b"", self.figures(every=0.5)
+
+    def figures(self, every: float = 0.0) -> bytes:
+        """The engine's figures so far (requests, tokens...); b"" if sent less than `every`
+        seconds ago (the driver's progress bar needs no more)."""
+        if self.engine is None or time.monotonic() - self.sent < every:
+            return b""
+        self.seq, self.sent = self.seq + 1, time.monotonic()
+        return pickle.dumps((self.name, self.seq, self.engine.accounting, self.engine.structured_report()))
 
 
 def _fatal(exc: BaseException) -> bytes:
@@ -253,91 +243,112 @@ def _raise(blob: bytes) -> None:
     raise exc
 
 
-async def run_units_on_ray(
-    units: Iterable[dict[str, Any]],
-    make_work: Callable,
-    fingerprint_of: Callable,
-    *,
-    engine,
-    settings: LLMSettings,
-    key: str,
-    output,
-    failures,
-    fingerprint: str,
-    selected: set[str] | None = None,
-    retry_failed: bool = False,
-    on_progress: Callable[[StageOutcome], None] | None = None,
-) -> tuple[StageOutcome, WorkerFigures]:
-    """runner.run_units with the work done on Ray workers; `engine`'s accounting becomes
-    the workers' (merged) as their figures come in, so the progress bar and the report
-    count what they sent."""
-    figures = WorkerFigures()
-    with locks.exclusive(output):
-        run = StageRun(
-            key=key, output=output, failures=failures, fingerprint=fingerprint,
-            selected=selected, retry_failed=retry_failed,
-        )  # fmt: skip
-        todo = {str(unit[key]): unit for unit in units if run.admit(unit)}
-        if on_progress:
-            on_progress(run.outcome)
-        stopped = True
-        try:
-            with run:
-                if todo:
-                    for uid, result, fatal, blob in _results(
-                        todo, make_work, fingerprint_of, settings, fingerprint
-                    ):
-                        if blob and figures.add(blob):
-                            engine.accounting = figures.accounting()
-                        if fatal:
-                            _raise(fatal)
-                        unit = todo.pop(uid, None)
-                        if unit is None:  # a block redone after its results came back: once only
-                            continue
-                        await run.do(unit, _replay(msgspec.json.decode(result)))
-                        if on_progress:
-                            on_progress(run.outcome)
-            stopped = False
-        finally:
-            run.finish(stopped)
-    return run.outcome, figures
+class WorkerPool:
+    """The command's Ray workers, alive from its first LLM stage to its last (`run`'s two
+    stages share them, chained as in one process). Each unit goes to the live worker with
+    the fewest units in flight; a worker lost (its node gone) is replaced, and the units it
+    held go to another worker. `engine`'s accounting becomes the workers' (merged) as their
+    figures come in, so the progress bar and the report count what they sent."""
 
+    def __init__(self, settings: LLMSettings, engine):
+        import ray
 
-def _replay(result: dict[str, Any]):
-    """The work StageRun.do runs for a unit done on a worker: its row, or its failure."""
+        self.size, share = pool_size(settings)
+        self.arguments = _worker_settings(settings, share, self.size)
+        self.engine, self.figures = engine, WorkerFigures()
+        self.actor = ray.remote(num_cpus=WORKER_CPUS, max_restarts=0, max_task_retries=0)(UnitWorker)
+        self.load: dict[Any, int] = {}  # live workers: units in flight on each
+        self.starting: dict[Any, asyncio.Future] = {}
+        self.gone: set = set()
+        self.joined = asyncio.Event()
 
-    async def work(unit: dict[str, Any]) -> dict[str, Any]:
-        if "row" in result:
-            return result["row"]
-        failed = result["failed"]
-        raise UnitError(failed["kind"], failed["error"], failed["raw"], failed["attempts"])
+    async def __aenter__(self) -> WorkerPool:
+        return self  # the workers start with the first unit to do: none for a finished stage
 
-    return work
+    async def __aexit__(self, *exc_info) -> None:
+        import ray
 
+        last = [worker.figures.remote() for worker in self.load]
+        for blob in await asyncio.gather(*last, return_exceptions=True):
+            if isinstance(blob, bytes) and blob and self.figures.add(blob):
+                self.engine.accounting = self.figures.accounting()
+        for task in self.starting.values():
+            task.cancel()
+        for worker in [*self.load, *self.starting]:
+            ray.kill(worker)
 
-def _results(todo: dict[str, dict], make_work, fingerprint_of, settings: LLMSettings, fingerprint: str):
-    """(uid, result, fatal, figures) per unit, as the workers finish them (not in order)."""
-    import ray
-    from ray.data import ActorPoolStrategy
+    def _start(self) -> None:
+        """A new worker, taking units once it is placed and started (a lost node's
+        replacement may wait for a free CPU on the cluster)."""
+        from ray.exceptions import RayActorError
 
-    workers, share = pool_size(settings)
-    per_block = max(1, math.ceil(share / 2))  # CALLS_PER_WORKER blocks: 2 x share units per actor
-    items = [{"uid": uid, "unit": msgspec.json.encode(unit)} for uid, unit in todo.items()]
-    dataset = ray.data.from_items(items, override_num_blocks=math.ceil(len(items) / per_block))
-    done = dataset.map_batches(
-        UnitWorker,
-        fn_constructor_kwargs={
-            "recipe": _recipe(make_work, fingerprint_of),
-            "settings": _worker_settings(settings, share, workers),
-            "fingerprint": fingerprint,
-        },
-        batch_size=per_block,
-        compute=ActorPoolStrategy(
-            size=workers,
-            max_tasks_in_flight_per_actor=CALLS_PER_WORKER,
-            max_concurrent_calls_per_actor=CALLS_PER_WORKER,
-        ),  # fmt: skip
-        num_cpus=WORKER_CPUS,
-    )
-    for row in done.iter_rows():
-        yield row["uid"], row["result"], row["fatal"], row["figures"]
+        worker = self.actor.remote(self.arguments)
+
+        async def started() -> None:
+            try:
+                await worker.ready.remote()
+            except RayActorError:
+                self._lost(worker)
+                return
+            self.starting.pop(worker, None)
+            self.load[worker] = 0
+            self.joined.set()
+
+        self.starting[worker] = asyncio.ensure_future(started())
+
+    def _lost(self, worker) -> None:
+        """A worker gone, replaced once (each of its units in flight sees it fail)."""
+        if worker in self.gone:
+            return
+        self.gone.add(worker)
+        self.load.pop(worker, None)
+        self.starting.pop(worker, None)
+        if len(self.gone) <= 4 * self.size:
+            self._start()
+        self.joined.set()  # a unit waiting for a worker sees the count
+
+    async def _least_busy(self):
+        if not self.starting and not self.load and not self.gone:
+            for _ in range(self.size):
+                self._start()
+        while not self.load:
+            if len(self.gone) > 4 * self.size:
+                raise PersonaempError(
+                    f"{len(self.gone)} Ray workers were lost (of {self.size}): the run stops",
+                    "see the Ray logs (/tmp/ray/session_latest/logs) for why they die",
+                )
+            self.joined.clear()
+            await self.joined.wait()
+        return min(self.load, key=self.load.__getitem__)
+
+    def work(self, stage: str, make_work: Callable, fingerprint_of: Callable, fingerprint: str):
+        """The Work (runner.Work) that runs `make_work(engine)` on a worker for each unit."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        recipe = [ray.put(_recipe(make_work, fingerprint_of))]
+
+        async def work(unit: dict[str, Any]) -> dict[str, Any]:
+            encoded = msgspec.json.encode(unit)
+            while True:
+                worker = await self._least_busy()
+                self.load[worker] += 1
+                try:
+                    result, fatal, blob = await worker.run.remote(stage, recipe, fingerprint, encoded)
+                except RayActorError:  # its node or process is gone: the unit again, elsewhere
+                    self._lost(worker)
+                    continue
+                finally:
+                    if worker in self.load:
+                        self.load[worker] -= 1
+                if blob and self.figures.add(blob):
+                    self.engine.accounting = self.figures.accounting()
+                if fatal:
+                    _raise(fatal)
+                done = msgspec.json.decode(result)
+                if "row" in done:
+                    return done["row"]
+                failed = done["failed"]
+                raise UnitError(failed["kind"], failed["error"], failed["raw"], failed["attempts"])
+
+        return work

@@ -31,7 +31,7 @@ from personaemp.io import read_json_object, write_json_atomic
 from personaemp.llm.batch import BatchQueue, import_answers, write_requests
 from personaemp.llm.engine import Engine
 from personaemp.llm.estimate import Estimate, cache_history
-from personaemp.llm.ray_executor import connect, pool_size, run_units_on_ray, uses_ray
+from personaemp.llm.ray_executor import WorkerPool, connect, pool_size, uses_ray
 from personaemp.llm.session import open_engine
 from personaemp.llm.settings import LLMSettings
 from personaemp.llm.step import Step
@@ -222,16 +222,13 @@ async def arun_llm_stage(
                 bar = _progress_bar(
                     progress, stage, len(selected) if selected is not None else len(units), engine
                 )
-                if on_ray:  # the same bookkeeping, the units done by Ray workers
-                    outcome, workers = await run_units_on_ray(
-                        units, make_work, fingerprint, engine=engine, settings=settings, key=key,
-                        output=output, failures=plan.failures, fingerprint=fingerprint(engine),
-                        selected=selected, retry_failed=retry_failed, on_progress=bar,
-                    )  # fmt: skip
-                else:
+                # On Ray the same bookkeeping here, each unit's work on a Ray worker.
+                async with WorkerPool(settings, engine) if on_ray else contextlib.nullcontext() as pool:
                     outcome = await run_units(
                         units,
-                        make_work(engine),
+                        pool.work(stage, make_work, fingerprint, fingerprint(engine))
+                        if pool
+                        else make_work(engine),
                         key=key,
                         output=output,
                         failures=plan.failures,
@@ -243,8 +240,8 @@ async def arun_llm_stage(
                         dry=estimate is not None,
                     )
             report = plan.report(engine, settings, outcome, started)
-            if on_ray and workers.structured() is not None:
-                report.structured = workers.structured()  # negotiated there, not here
+            if on_ray and pool.figures.structured() is not None:
+                report.structured = pool.figures.structured()  # negotiated there, not here
             report.notes = dict(notes or {})
             if estimate is not None:
                 report.estimate = estimate.report(
@@ -307,6 +304,9 @@ async def arun_llm_chain(
         notify = _notifier(console)
         async with open_engine(settings, notify=notify) as engine:
             console.print(_header(f"{first.stage} → {second.stage}", engine))
+            on_ray = uses_ray(settings)
+            if on_ray:
+                console.print(_on_ray(settings))
             ended = [0.0]
             with (
                 locks.exclusive(first.output),
@@ -335,10 +335,18 @@ async def arun_llm_chain(
                 async with contextlib.AsyncExitStack() as stack:
                     if hasattr(first.units, "__aenter__"):  # a stream (streaming.py) reads on this loop
                         await stack.enter_async_context(first.units)
+                    if on_ray:  # one pool of workers for both stages, each unit's work there
+                        pool = await stack.enter_async_context(WorkerPool(settings, engine))
+                        works = [
+                            pool.work(plan.stage, plan.make_work, plan.fingerprint, run.fingerprint)
+                            for plan, run in zip((first, second), runs, strict=True)
+                        ]
+                    else:
+                        works = [plan.make_work(engine) for plan in (first, second)]
                     await run_chain(
-                        Link(runs[0], first.make_work(engine), first_progress),
+                        Link(runs[0], works[0], first_progress),
                         first.units,
-                        Link(runs[1], second.make_work(engine), bars[1]),
+                        Link(runs[1], works[1], bars[1]),
                         handoff,
                         final_input,
                         window=_window(engine),
@@ -347,6 +355,8 @@ async def arun_llm_chain(
             for plan, run in zip((first, second), runs, strict=True):
                 part = engine.accounting.only({step.name for step in plan.steps})
                 reports.append(plan.report(engine, settings, run.outcome, started, part))
+                if on_ray and pool.figures.structured() is not None:
+                    reports[-1].structured = pool.figures.structured()  # negotiated there, not here
             reports[0].wall_seconds = (ended[0] or time.perf_counter()) - started
             return reports[0], reports[1]
 
