@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import ast
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import SAMPLE_TASK1, order_free_responder, write_jsonl
+from conftest import REPO, SAMPLE_TASK1, order_free_responder, write_jsonl
 from fake_openai import FakeOpenAI
 from log_shapes import regroup, write_shape
 from rich.console import Console
@@ -29,16 +30,11 @@ from personaemp.pipeline import run_pipeline
 from personaemp.records import BIG_FIVE, DIMENSIONS
 
 QUIET = Console(quiet=True)
-# personaemp.toml's demo: three users named out of the sixteen the filter keeps, the depth
-# gate off, four checks recorded only, no OOD split.
-DEMO_USERS = ["sess_2118bd2f7f0c__8724", "sess_468a9b772d5b__44135", "sess_1e794b91c516__21996"]
+# personaemp.toml's demo, read from it: three users named out of the sixteen the filter keeps,
+# the depth gate off, some checks recorded only, no OOD split.
 DEMO = {
-    "persona": {"users": DEMO_USERS, "require_depth": False},
-    "queries": {
-        "per_category": 1,
-        "enforce": ["emotional_support", "role_awareness", "memory_ids_valid", "length_ok", "not_duplicate"],
-    },
-    "split": {"seed": 13, "ood": False},
+    name: tomllib.loads((REPO / "personaemp.toml").read_text())[name]
+    for name in ("persona", "queries", "split")
 }
 
 
@@ -204,3 +200,31 @@ def test_the_api_pages_signatures_show_defaults_as_python_literals():
         for default in [*arguments.defaults, *arguments.kw_defaults]:
             ast.literal_eval(default)  # a bare path (data/processed/x) is a division of names
     assert "out_dir='data/processed/dataset'" in _signature(api.publish, STAGES["push"])
+
+
+def test_a_build_on_the_embedded_model_and_relaxed_persona_checks_say_so_first():
+    """Before: the demo's card named the embedded model only in passing (no word that its content
+    is weak) and said nothing of the persona checks `[persona] enforce` left out."""
+    from personaemp.build.card import departures
+    from personaemp.llm.models import EMBEDDED
+
+    facts = {"run": {"stages": {"infer-persona": {"model": EMBEDDED.name}, "gen-queries": {"model": "x"}}}}
+    stats = {
+        "persona_checks": {
+            "no_internal_ids": {"passed": 13, "of": 18, "rate": 0.72, "enforced": False},
+            "level_matches_rationale": {"passed": 15, "of": 15, "rate": 1.0, "enforced": True},
+        }
+    }
+    lines = departures(facts, stats)
+    assert lines[0].startswith("Built on the embedded demo model") and "not a dataset to train" in lines[0]
+    assert (
+        "Persona checks recorded but not enforced (`[persona] enforce`): `no_internal_ids` (13 of 18 passed)"
+        in lines[1]
+    )
+    assert not any(
+        "embedded" in line for line in departures({"run": {"stages": {"x": {"model": "gpt"}}}}, {})
+    )
+
+
+def test_the_demo_card_on_a_real_endpoint_does_not_call_itself_the_embedded_demo(demo):
+    assert "embedded demo model" not in (demo / "dataset" / "README.md").read_text(encoding="utf-8")

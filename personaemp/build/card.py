@@ -323,9 +323,21 @@ def _picked_line(facts: dict[str, Any]) -> str | None:
 
 def departures(facts: dict[str, Any], stats: dict[str, Any] | None) -> list[str]:
     """Every way this build is smaller or laxer than a full one, each from its own files."""
+    from personaemp.llm.models import EMBEDDED
+
     lines = []
     source = facts.get("source") or {}
     extract = source.get("run") or {}
+    stages = (facts.get("run") or {}).get("stages", {})
+    models = {extract.get("model")} | {
+        (stages.get(name) or {}).get("model") for name in ("infer-persona", "gen-queries")
+    }
+    if EMBEDDED.name in models:
+        lines.append(
+            "Built on the embedded demo model (a 0.5B model run offline): its personas and queries are "
+            "far weaker than a real endpoint's. This build shows the pipeline working; it is not a "
+            "dataset to train or evaluate on."
+        )
     if extract and _count(extract.get("units")) < source.get("users_in_log", 0):
         lines.append(
             f"Only {_count(extract.get('units'))} of the {source['users_in_log']} users in the log went "
@@ -346,6 +358,17 @@ def departures(facts: dict[str, Any], stats: dict[str, Any] | None) -> list[str]
     warning, _ = acceptance_lines(stats)
     if warning:
         lines.append(warning)
+    relaxed = {
+        name: c
+        for name, c in ((stats or {}).get("persona_checks") or {}).items()
+        if c.get("enforced") is False
+    }
+    if relaxed:
+        shown = ", ".join(f"`{name}` ({c['passed']} of {c['of']} passed)" for name, c in relaxed.items())
+        lines.append(
+            f"Persona checks recorded but not enforced (`[persona] enforce`): {shown}; a persona "
+            "whose texts fail them was kept, not asked again."
+        )
     if personas.get("uncited_levels"):
         lines.append(
             f"{personas['uncited_levels']} of {personas['levels']} Big Five levels rest on no cited memory."
