@@ -2,13 +2,22 @@
 concurrency, against the capable test server (bench/capable_server.py, log-normal latency).
 
 The shared AlpsBench sample copied 3 times (bench/run_bench.prepare: 1,131 kept users) goes
-through `personaemp run` three times, each in a fresh folder with its own cache: one
-process, then Ray with 2 and with 4 workers (a local Ray each time, started by the command).
-For each: wall; bound = Sum(the endpoint's answer times) / in flight; wall / bound, also
-after Ray's start-up (the time the command prints); the peak resident memory of each Ray
-worker (the `ray::MapWorker` processes, sampled every 0.2 s) and of the driver.
+through `personaemp run` in a fresh folder with its own cache each time: one process (and,
+with --control, one process with its LLM stages one after the other, as Ray ran them
+first), then Ray with 2 and with 4 workers (a local Ray each time, started by the command).
+For each: wall; bound = Sum(the endpoint's answer times) / in flight; wall / bound; the
+first request's start and the last reply's end against the command's launch and end (the
+ratio in between: the steady state); on Ray, wall / bound after ray.init (the time the
+command prints) and after the whole start-up (launch to the first request); the
+overhead-free scheduler's makespan on the same chains (run_bench.simulate), chained and
+stage after stage; the peak resident memory of each Ray worker and of the driver; and the
+CPU seconds of each kind of process of the run (the command and its children, Ray's own
+processes, the test server: each sampled every 0.2 s from /proc) against the machine's and
+2 cores x wall, so a run slowed by a saturated CPU says so.
 
-    .venv/bin/python bench/ray_bench.py [--copies 3] [--in-flight 32] [--median 0.3]
+Figures: docs/past-one-machine.md#figures.
+
+    .venv/bin/python bench/ray_bench.py [--copies 3] [--in-flight 32] [--median 0.3] [--control]
 """
 
 from __future__ import annotations
@@ -95,24 +104,33 @@ class Sampler:
             self.once()
 
     def once(self) -> None:
+        parents: dict[int, int] = {}
+        found: dict[int, tuple[bytes, float]] = {}
         for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            pid = int(entry.name)
-            try:  # classified again each time: a Ray worker starts idle, then takes its actor
-                cmdline = (entry / "cmdline").read_bytes()
-                parent, seconds = stat(pid)
-                found = kind(pid, parent, cmdline, self.driver, self.server)
-                if found is None and pid not in self.kinds:
+            if entry.name.isdigit():
+                try:
+                    pid = int(entry.name)
+                    parents[pid], seconds = stat(pid)
+                    found[pid] = (entry / "cmdline").read_bytes(), seconds
+                except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
                     continue
-                if found is not None:
-                    self.kinds[pid] = found
-                    self.names[pid] = cmdline.split(b"\0")[0][:60].decode(errors="replace")
-                self.first.setdefault(pid, seconds if pid == self.server else 0.0)
-                self.cpu[pid] = seconds
-                self.peaks[pid] = max(self.peaks.get(pid, 0), rss(pid))
-            except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+        for pid, (cmdline, seconds) in found.items():
+            # Ours: the server, the command and what descends from it (a local Ray's processes
+            # too); not another session's Ray, which a name alone would count.
+            line, ancestor = [pid], parents.get(pid)
+            while ancestor and ancestor not in (self.driver, 1) and len(line) < 8:
+                line.append(ancestor)
+                ancestor = parents.get(ancestor)
+            if pid != self.server and ancestor != self.driver and pid != self.driver:
                 continue
+            # Classified again each time: a Ray worker starts idle, then takes its actor
+            # (an exiting process has no command line left: its kind stays).
+            if cmdline or pid not in self.kinds:
+                self.kinds[pid] = kind(pid, parents[pid], cmdline, self.driver, self.server) or "other"
+                self.names[pid] = cmdline.split(b"\0")[0][:60].decode(errors="replace")
+            self.first.setdefault(pid, seconds if pid == self.server else 0.0)
+            self.cpu[pid] = seconds
+            self.peaks[pid] = max(self.peaks.get(pid, 0), rss(pid))
 
     def finish(self) -> dict[str, float]:
         self.stop.set()
@@ -145,7 +163,7 @@ def run(folder: Path, server: int, sequential: bool = False) -> tuple[float, str
                    "from personaemp.cli import entry; entry()"]  # fmt: skip
     else:
         command = ["-m", "personaemp"]
-    started = time.perf_counter()
+    started, launched = time.perf_counter(), time.time()
     child = subprocess.Popen(
         [sys.executable, *command, "run", "--config", str(folder / "personaemp.toml")],
         cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -156,6 +174,7 @@ def run(folder: Path, server: int, sequential: bool = False) -> tuple[float, str
     cpu = sampler.finish()
     if child.returncode:
         sys.exit(f"run failed ({child.returncode}):\n{err[-3000:]}")
+    sampler.launched = launched
     return wall, err, sampler, cpu
 
 
@@ -205,11 +224,20 @@ def main() -> None:
                 kept = sum(1 for _ in personas.open(encoding="utf-8"))
                 simulated = shapes(personas, args.in_flight, args.median, args.sigma)
             latencies = after["latencies"][len(before["latencies"]) :]
+            begun = after["started"][len(before["started"]) :]
+            first_request = min(begun) - sampler.launched
+            last_reply = (
+                sampler.launched + wall - max(b + lat for b, lat in zip(begun, latencies, strict=True))
+            )
             bound = sum(latencies) / args.in_flight
             startups = [float(s) for s in re.findall(r"local Ray \(started in ([\d.]+) s\)", err)]
             timings = [line for line in err.splitlines() if line.startswith("run: ")]
             print(f"\n{label} (in flight {args.in_flight}): {kept} users, {len(latencies)} requests")
             print(f"  wall {wall:.1f} s, bound {bound:.1f} s -> {wall / bound:.3f}")
+            print(
+                f"  first request {first_request:.1f} s after launch, last reply {last_reply:.1f} s before "
+                f"the end; in between {(wall - first_request - last_reply) / bound:.3f} x the bound"
+            )
             chained, staged, drawn = simulated
             print(
                 f"  no-overhead scheduler on these chains: chained {chained / drawn:.3f} x its bound, "
@@ -217,7 +245,8 @@ def main() -> None:
             )
             if startups:
                 print(
-                    f"  Ray start-up {sum(startups):.1f} s -> after it {(wall - sum(startups)) / bound:.3f}"
+                    f"  ray.init {sum(startups):.1f} s -> after it {(wall - sum(startups)) / bound:.3f}; "
+                    f"after the whole start-up (launch to first request) {(wall - first_request) / bound:.3f}"
                 )
                 workers_seen = sampler.of("workers")
                 per_worker = ", ".join(f"{peak / 2**20:.0f}" for peak in sorted(workers_seen.values()))
