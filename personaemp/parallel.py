@@ -40,8 +40,12 @@ def fork_map(function: Callable[[Any], Any], items: list, *, worth_it: bool = Tr
 
 def _leave_sigint_to_the_parent() -> None:
     """A Ctrl-C reaches the workers too (one process group): each printed its traceback. The
-    parent's KeyboardInterrupt ends the pool (terminate) and is reported once, by the parent."""
+    parent's KeyboardInterrupt ends the pool (terminate) and is reported once, by the parent.
+    The pool ends its workers with SIGTERM: a handler the parent holds (Ray's, after `--executor
+    ray`: a C++ stack dump, then sys.exit) must not run there, where it printed a stack per
+    worker and once left a worker waiting on a lock for ever."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def python_child(code: str, env: dict[str, str] | None = None) -> subprocess.Popen:
