@@ -27,12 +27,12 @@ def category_match(judged: str | None, intended: str) -> tuple[bool, str]:
     return False, f"written for {intended} but reads as {judged}"
 
 
-def length_ok(text: str) -> tuple[bool, str]:
+def length_ok(text: str, least: int = MIN_CHARS, most: int = MAX_CHARS) -> tuple[bool, str]:
     size = len(text.strip())
-    if size < MIN_CHARS:
-        return False, f"{size} characters, fewer than {MIN_CHARS}"
-    if size > MAX_CHARS:
-        return False, f"{size} characters, more than {MAX_CHARS}"
+    if size < least:
+        return False, f"{size} characters, fewer than {least}"
+    if size > most:
+        return False, f"{size} characters, more than {most}"
     return True, ""
 
 

@@ -39,15 +39,6 @@ _EMOTION_NUMBER = re.compile(
 )
 
 
-def length_ok(text: str) -> tuple[bool, str]:
-    size = len(text.strip())
-    if size < MIN_CHARS:
-        return False, f"{size} characters, fewer than {MIN_CHARS}"
-    if size > MAX_CHARS:
-        return False, f"{size} characters, more than {MAX_CHARS}"
-    return True, ""
-
-
 def no_need_leak(text: str, hidden_need: str) -> tuple[bool, str]:
     """The message does not copy LEAK_WORDS words in a row of the hidden need."""
     run = checks.longest_shared(text, [hidden_need], floor=LEAK_WORDS)
@@ -77,7 +68,7 @@ def check_turn(
     """Every rule on one simulated message (RULES order)."""
     return {
         "language_match": checks.language_match(text, language),
-        "length_ok": length_ok(text),
+        "length_ok": checks.length_ok(text, MIN_CHARS, MAX_CHARS),
         "no_need_leak": no_need_leak(text, hidden_need),
         "no_emotion_number": no_emotion_number(text),
         "no_early_end": no_early_end(ends, supporter_turn),
