@@ -154,7 +154,8 @@ def criteria_text(criteria: list[dict]) -> str:
     )
 
 
-def judge_messages(unit: dict, dimension: str, prompt: Prompt, layout: str = DEFAULT_LAYOUT) -> list[dict]:
+def judge_values(unit: dict, dimension: str) -> dict:
+    """What a judge prompt is filled with for one dimension (the session judges add `graded`)."""
     values = {
         "dimension": dimension,
         "definition": DIMENSION_DEFINITIONS[dimension],
@@ -169,7 +170,11 @@ def judge_messages(unit: dict, dimension: str, prompt: Prompt, layout: str = DEF
     else:
         values["aspects"] = DYNAMIC_ASPECTS[dimension]
         values["dimensions"] = DYNAMIC_STANDARDS
-    return prompt.render(layout, **values)
+    return values
+
+
+def judge_messages(unit: dict, dimension: str, prompt: Prompt, layout: str = DEFAULT_LAYOUT) -> list[dict]:
+    return prompt.render(layout, **judge_values(unit, dimension))
 
 
 def check_sampling(settings, step: Step, options: JudgeOptions) -> None:

@@ -10,19 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from personaemp.instruments.criteria import numbered_memories
 from personaemp.instruments.judges import (
-    DYNAMIC_ASPECTS,
-    DYNAMIC_STANDARDS,
     JUDGE,
     JUDGE_DYNAMIC,
     DynamicScoreReply,
     ScoreReply,
-    criteria_text,
+    judge_values,
 )
 from personaemp.llm.step import Step
 from personaemp.prompts import Prompt
-from personaemp.records import DIMENSION_DEFINITIONS, DialogueTurn
+from personaemp.records import DialogueTurn
 
 # At the single-turn judges' temperatures (the authors': fixed 0, dynamic 0.3).
 SESSION_JUDGE = Step("session_judge", ScoreReply, prompt="session_judge", temperature=JUDGE.temperature)
@@ -62,19 +59,4 @@ def session_messages(unit: dict, dimension: str, prompt: Prompt, layout: str) ->
     """One session judge request: `unit` as evaluate's (profile, memories, situation, query:
     the opening message, criteria or None), its `response` the conversation's text and
     `graded` which turns of it are graded."""
-    values = {
-        "dimension": dimension,
-        "definition": DIMENSION_DEFINITIONS[dimension],
-        "profile": unit["profile"] or "(none)",
-        "memories": numbered_memories(unit["memories"]),
-        "situation": unit["situation"],
-        "query": unit["query"],
-        "response": unit["response"] or "",
-        "graded": unit.get("graded") or WHOLE,
-    }
-    if unit.get("criteria") is not None:
-        values["criteria"] = criteria_text(unit["criteria"][dimension])
-    else:
-        values["aspects"] = DYNAMIC_ASPECTS[dimension]
-        values["dimensions"] = DYNAMIC_STANDARDS
-    return prompt.render(layout, **values)
+    return prompt.render(layout, **judge_values(unit, dimension), graded=unit.get("graded") or WHOLE)
