@@ -77,9 +77,10 @@ def numbered_memories(memories: Sequence[dict]) -> str:
     return "\n".join(f"[{m['memory_id']}] {m['value']}" for m in memories) or "(none)"
 
 
-def query_units(path: Path, hint: str) -> list[dict[str, Any]]:
+def query_units(path: Path, hint: str, unit_maker=None) -> list[dict[str, Any]]:
     """Every accepted query of a gen-queries or split file, with what a judge reads about
-    its user. Query ids must be unique: they key the criteria, responses and scores."""
+    its user (or what `unit_maker(record, levels)` makes of each query). Query ids must be
+    unique: they key the criteria, responses, dialogues and scores."""
     from personaemp.splits import check_queries_row, profile_of
 
     units: list[dict[str, Any]] = []
@@ -87,7 +88,7 @@ def query_units(path: Path, hint: str) -> list[dict[str, Any]]:
     try:
         for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
             record = check_queries_row(row, f"{path}:{lineno}", hint)
-            levels = profile_of(row)
+            make = (unit_maker or judge_unit)(record, profile_of(row))
             for query in record.queries:
                 if query.query_id in seen:
                     raise InputError(
@@ -96,23 +97,22 @@ def query_units(path: Path, hint: str) -> list[dict[str, Any]]:
                         hint,
                     )
                 seen[query.query_id] = f"{path}:{lineno}"
-                units.append(
-                    {
-                        "query_id": query.query_id,
-                        "user_id": record.user_id,
-                        "category": query.category,
-                        "query": query.query,
-                        "situation": query.situation.text,
-                        "profile": record.profile,
-                        "memories": [m.model_dump(include={"memory_id", "value"}) for m in record.memories],
-                        "big_five": dict(zip(BIG_FIVE, levels, strict=True)) if levels else None,
-                    }
-                )  # fmt: skip
+                units.append(make(query))
     except RowError as error:
         raise InputError(f"{error.location}: {error.reason}", hint) from None
     if not units:
         raise InputError(f"{path}: no accepted query", hint)
     return units
+
+
+def judge_unit(record, levels):
+    """A query as a judge or a policy reads it, with its user's profile, memories and levels."""
+    return lambda query: {
+        "query_id": query.query_id, "user_id": record.user_id, "category": query.category,
+        "query": query.query, "situation": query.situation.text, "profile": record.profile,
+        "memories": [m.model_dump(include={"memory_id", "value"}) for m in record.memories],
+        "big_five": dict(zip(BIG_FIVE, levels, strict=True)) if levels else None,
+    }  # fmt: skip
 
 
 # What a query is, for everything made for it (criteria, responses, scores): its text, category

@@ -13,15 +13,14 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from personaemp.errors import InputError, RowError, UnitError
+from personaemp.errors import UnitError
 from personaemp.instruments import simulator_rules
-from personaemp.io import ErrorPolicy, iter_jsonl
+from personaemp.instruments.criteria import query_units
 from personaemp.language import LANGUAGE_NAMES
 from personaemp.llm.step import Step, edit_schema
 from personaemp.prompts import Prompt
 from personaemp.records import BIG_FIVE, DialogueTurn, Memory
 from personaemp.render import render_memories, render_turns
-from personaemp.splits import check_queries_row, profile_of
 
 INITIAL_EMOTION = 40  # where every simulated user starts (SAGE's start)
 MAX_CHANGE = 10  # a turn moves the emotion by at most this much either way (SAGE's clamp)
@@ -217,33 +216,17 @@ HINT = "pass gen-queries' output or a split file written by `personaemp split`"
 def read_units(path: Path, hint: str = HINT) -> list[dict[str, Any]]:
     """One unit per accepted query of a gen-queries or split file, in file order: what the
     simulator stands on (`SimulatedUser.of_unit`) and what its dialogue is keyed by."""
-    units: list[dict[str, Any]] = []
-    seen: dict[str, str] = {}
-    try:
-        for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
-            record = check_queries_row(row, f"{path}:{lineno}", hint)
-            levels = profile_of(row)
-            voice = render_turns(SimpleNamespace(turns=record.turns)) if record.turns else ""
-            memories = [m.model_dump(mode="json", include={"memory_id", "label", "label_suggestion", "value"})
-                        for m in record.memories]  # fmt: skip
-            for query in record.queries:
-                if query.query_id in seen:
-                    raise InputError(
-                        f"{path}:{lineno}: query id {query.query_id} appears twice "
-                        f"(first at {seen[query.query_id]})",
-                        hint,
-                    )
-                seen[query.query_id] = f"{path}:{lineno}"
-                units.append({
-                    "dialogue_id": f"{query.query_id}-d1", "query_id": query.query_id,
-                    "user_id": record.user_id,
-                    "category": query.category, "query": query.query, "situation": query.situation.text,
-                    "language": record.language, "profile": record.profile,
-                    "big_five": dict(zip(BIG_FIVE, levels, strict=True)) if levels else None,
-                    "memories": memories, "memory_ids": list(query.memory_ids), "voice": voice,
-                })  # fmt: skip
-    except RowError as error:
-        raise InputError(f"{error.location}: {error.reason}", hint) from None
-    if not units:
-        raise InputError(f"{path}: no accepted query", hint)
-    return units
+    return query_units(path, hint, simulator_unit)
+
+
+def simulator_unit(record, levels):
+    voice = render_turns(SimpleNamespace(turns=record.turns)) if record.turns else ""
+    memories = [m.model_dump(mode="json", include={"memory_id", "label", "label_suggestion", "value"})
+                for m in record.memories]  # fmt: skip
+    big_five = dict(zip(BIG_FIVE, levels, strict=True)) if levels else None
+    return lambda query: {
+        "dialogue_id": f"{query.query_id}-d1", "query_id": query.query_id, "user_id": record.user_id,
+        "category": query.category, "query": query.query, "situation": query.situation.text,
+        "language": record.language, "profile": record.profile, "big_five": big_five,
+        "memories": memories, "memory_ids": list(query.memory_ids), "voice": voice,
+    }  # fmt: skip
