@@ -260,7 +260,7 @@ def _run_stages(
                 result.add("filter", results.of_filter(stream.report, args["report_path"]))
             result.add("infer-persona", made[0])
             result.add("gen-queries", made[1])
-        stop_if_failed(result)  # the later stages would only say their input is empty
+        stop_if_failed(made[1])  # (its personas: in the chain) the later stages would read nothing
         _record_chain(options, made)
         return _split_stats_push(options, console, result)
     # In `run`, a [persona] limit is the size of the build, not a quick look: the card quotes it.
