@@ -223,7 +223,9 @@ def cli_flags(section: str, given: Mapping[str, Any]) -> dict[str, Any]:
     values = {}
     for name, value in given.items():
         option = spec(section, name)
-        values[name] = parse_assignments(value, option.flag) if option.kind == "dict" else value
+        values[name] = (
+            parse_assignments(value, option.flag, option.metavar) if option.kind == "dict" else value
+        )
     return values
 
 
@@ -260,6 +262,7 @@ def llm_settings(options: LLMOptions, env: Mapping[str, str] | None = None):
         executor=options.executor,
         workers=options.workers,
         ray_address=options.ray_address,
+        vllm=options.vllm,
     )
     if key is not None:  # from the variable, though handed over as an argument
         settings.key_source = f"${KEY_ENV}"

@@ -20,6 +20,7 @@ This module stays light (pydantic only): `personaemp --help` imports it.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import types
@@ -406,8 +407,11 @@ class LLMOptions(Section):
         str | None, Opt("Model name (required for a remote endpoint).", env="PERSONAEMP_MODEL")
     ] = None
     llm: Annotated[
-        Literal["auto", "local", "remote"],
-        Opt("auto: the embedded local model unless an endpoint is set; local; remote."),
+        Literal["auto", "local", "remote", "vllm"],
+        Opt(
+            "auto: the embedded local model unless an endpoint is set; local; remote; vllm: --model "
+            "in vLLM engines on the Ray cluster's GPUs (ray.data.llm, with --executor ray), no endpoint."
+        ),
     ] = "auto"
     structured: Annotated[
         Literal["auto", "json_schema", "json_object_schema", "json_object", "none"],
@@ -513,6 +517,18 @@ class LLMOptions(Section):
         ),
     ] = None
 
+    vllm: Annotated[
+        dict[Literal["engine", "processor"], dict[str, Any]],
+        Opt(
+            "--llm vllm: engine.KEY=VALUE goes to vLLM's engine (e.g. engine.max_model_len=8192, "
+            "engine.tensor_parallel_size=2), processor.KEY=VALUE to ray.data.llm's processor "
+            "(e.g. processor.batch_size=64, processor.accelerator_type=H100); repeatable "
+            "(TOML: [llm.vllm.engine], [llm.vllm.processor]).",
+            ("--vllm",),
+            metavar="PART.KEY=VALUE",
+        ),
+    ] = {}
+
     @model_validator(mode="after")
     def _a_batch_needs_the_cache(self) -> LLMOptions:
         if self.batch is not None and (self.no_cache or self.refresh):
@@ -529,9 +545,41 @@ class LLMOptions(Section):
             raise OptionProblem("max_cost", "needs a price to count with", "give {price_in} and {price_out}")
         return self
 
+    @field_validator("vllm", mode="after")
+    @classmethod
+    def _typed_as_toml(cls, value: dict) -> dict:
+        """--vllm engine.max_model_len=8192 as TOML gives it: 8192, not "8192" (JSON literals:
+        numbers, true/false, lists; anything else stays text)."""
+
+        def typed(item: Any) -> Any:
+            try:
+                return json.loads(item) if isinstance(item, str) else item
+            except ValueError:
+                return item
+
+        return {part: {key: typed(item) for key, item in table.items()} for part, table in value.items()}
+
+    @model_validator(mode="after")
+    def _vllm_runs_on_ray(self) -> LLMOptions:
+        if self.llm != "vllm":
+            return self
+        if self.executor != "ray":
+            raise OptionProblem("llm", "is 'vllm', which runs on Ray", "add {executor} ray")
+        if not self.model:
+            raise OptionProblem("llm", "is 'vllm' but no {model} is set", "give a Hugging Face id or a path")
+        if self.base_url:
+            raise OptionProblem("llm", "is 'vllm' (no endpoint) but {base_url} is set", "give one of them")
+        if self.no_cache or self.refresh:
+            raise OptionProblem(
+                "llm",
+                "is 'vllm', which works in rounds through the cache",
+                "leave out {no_cache} and {refresh}",
+            )
+        return self
+
     @model_validator(mode="after")
     def _ray_needs_an_endpoint(self) -> LLMOptions:
-        if self.executor == "ray" and (self.llm == "local" or not self.base_url):
+        if self.executor == "ray" and self.llm != "vllm" and (self.llm == "local" or not self.base_url):
             raise OptionProblem(
                 "executor", "is 'ray' but no endpoint is set (the embedded model is one process)",
                 "give {base_url}: the workers share its endpoints",
@@ -1471,13 +1519,15 @@ def show_default(value: Any) -> str:
     return str(value)
 
 
-def parse_assignments(items: list[str], flag: str) -> dict[str, dict[str, str]]:
+def parse_assignments(
+    items: list[str], flag: str, shape: str = "STEP.KEY=VALUE (e.g. check.temperature=0)"
+) -> dict[str, dict[str, str]]:
     """`--step check.temperature=0` (repeatable) -> {"check": {"temperature": "0"}}."""
     found: dict[str, dict[str, str]] = {}
     for item in items:
         match = re.fullmatch(r"\s*([\w-]+)\.([\w-]+)\s*=\s*(.*?)\s*", item)
         if not match or not match.group(3):
-            raise InputError(f"{flag} takes STEP.KEY=VALUE (e.g. check.temperature=0), not {item!r}")
+            raise InputError(f"{flag} takes {shape}, not {item!r}")
         step, key, value = match.groups()
         found.setdefault(step, {})[key] = value
     return found

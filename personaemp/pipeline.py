@@ -123,6 +123,7 @@ def chains(options: RunOptions) -> bool:
     --users need its whole input)."""
     return (
         options.llm.batch is None
+        and options.llm.llm != "vllm"  # rounds too
         and options.queries.limit is None
         and not options.queries.users
         and options.queries.input == options.persona.output

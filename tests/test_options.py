@@ -416,6 +416,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "executor": "ray",
         "workers": 3,
         "ray_address": "ray://head:10001",
+        "vllm": {"engine": {"max_model_len": 8192, "dtype": "bfloat16"}, "processor": {"batch_size": 32}},
     },
     "persona": {
         "input": "p/in.jsonl",
@@ -621,6 +622,7 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
     assert (settings.use_cache, settings.refresh) == (False, True)
     assert (settings.price_in, settings.price_out, settings.price_cached) == (1.5, 2.5, 0.25)
     assert (settings.executor, settings.workers, settings.ray_address) == ("ray", 3, "ray://head:10001")
+    assert settings.vllm == NON_DEFAULT["llm"]["vllm"]  # typed alike from flags, TOML and run
     args, kwargs = by_run["queries"]
     assert args[:2] == (Path("q/in.jsonl"), Path("q/out.jsonl")) and args[2] == settings
     assert kwargs["options"].categories == ("ES", "SS") and kwargs["options"].per_category == 2
@@ -760,7 +762,10 @@ def test_an_unused_bad_env_var_does_not_stop_a_stage_without_llm(calls):
         (["gen-queries", "--limit", "0"], "--limit must be at least 1"),
         (["infer-persona", "--limit", "many"], "--limit must be a whole number, not 'many'"),
         (["infer-persona", "--concurrency", "0"], "--concurrency must be at least 1"),
-        (["infer-persona", "--llm", "cloud"], "--llm must be 'auto', 'local' or 'remote', not 'cloud'"),
+        (
+            ["infer-persona", "--llm", "cloud"],
+            "--llm must be 'auto', 'local', 'remote' or 'vllm', not 'cloud'",
+        ),
         (["infer-persona", "--llm", "remote"], "--llm is 'remote' but no endpoint is set"),
         (["gen-queries", "--enforce", ""], "--enforce is empty"),
         (["gen-queries", "--enforce", "length_ok,bogus"], "--enforce must be 'emotional_support'"),

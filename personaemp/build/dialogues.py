@@ -220,14 +220,15 @@ async def agenerate_dialogues(
     """A dialogue for each accepted query of `input_path` (gen-queries' output or a split
     file; `per_user`, `limit`: the first ones); returns the stage report. The simulator is
     `settings` ([llm]); the supporter too unless `supporter_model` / `supporter_base_url`."""
+    from personaemp.llm.ray_executor import EngineBeside, shared_per
     from personaemp.llm.run import arun_llm_stage
     from personaemp.llm.session import open_engine
 
     options = options or DialogueOptions()
-    if settings.batch is not None:
+    if settings.batch is not None or settings.llm == "vllm":
         raise InputError(
-            "gen-dialogues cannot work from batch files",
-            "each turn waits for the one before it: leave out --batch",
+            f"gen-dialogues cannot work {'from batch files' if settings.batch else 'in vLLM rounds'}",
+            "each turn waits for the one before it: serve the model (e.g. `vllm serve`) and give --base-url",
         )
     units = read_units(Path(input_path))
     selected = pick_dialogues(units, limit, per_user)
@@ -246,12 +247,13 @@ async def agenerate_dialogues(
         return {**unit, "memories": memories_of[stand_in[unit["user_id"]]]}
 
     async with contextlib.AsyncExitStack() as stack:
-        supporter = None
+        supporter = None  # its own engine; a Ray worker opens one there (EngineBeside)
         if separate is not None:
-            supporter = await stack.enter_async_context(
+            opened = await stack.enter_async_context(
                 open_engine(separate, offline=_NotSent() if settings.estimate else None)
             )
-            notes["supporter"] = {"text": f"supporter: {supporter.model} (its own endpoint)"}
+            supporter = EngineBeside(separate, opened)
+            notes["supporter"] = {"text": f"supporter: {opened.model} (its own endpoint)"}
 
         def fingerprint(engine) -> str:
             hashes = loaded(engine.prompt_variant)[1]
@@ -262,27 +264,28 @@ async def agenerate_dialogues(
                 parts.append(support.fingerprint(SUMMARY, hashes[SUMMARY.name]))
             return "|".join([*parts, options.tag()])
 
+        @shared_per("user_id")  # on Ray too: a user's dialogues on one worker, which summarises once
         def make_work(engine):
             prompts = loaded(engine.prompt_variant)[0]
-            support = supporter or engine
             summaries: dict[str, asyncio.Future] = {}  # one summary per user (memory-summary)
 
-            async def summarise(view: dict) -> str:
+            async def summarise(view: dict, support) -> str:
                 if view["user_id"] not in summaries:
                     messages = prompts[SUMMARY.name].render(memories=listed(view["memories"]))
                     summaries[view["user_id"]] = asyncio.ensure_future(support.text(SUMMARY, messages))
                 return (await summaries[view["user_id"]]).value
 
             async def work(unit: dict) -> dict:
+                support = await supporter.get() if supporter is not None else engine
                 view = view_of(unit)
-                summary = await summarise(view) if options.context == "memory-summary" else None
+                summary = await summarise(view, support) if options.context == "memory-summary" else None
                 row = await run_dialogue(unit, engine, support, prompts, options, view, summary)
                 if unit["user_id"] in stand_in:
                     row["memories_of"] = stand_in[unit["user_id"]]
                 if supporter is not None:
-                    totals = supporter.accounting.totals()
+                    totals = support.accounting.totals()
                     notes["supporter"].update(
-                        text=f"supporter {supporter.model}: {totals.requests} requests, "
+                        text=f"supporter {support.model}: {totals.requests} requests, "
                         f"{totals.prompt_tokens} prompt and {totals.completion_tokens} completion tokens",
                         requests=totals.requests, prompt_tokens=totals.prompt_tokens,
                         completion_tokens=totals.completion_tokens,

@@ -32,6 +32,7 @@ from personaemp.llm.batch import BatchQueue, import_answers, write_requests
 from personaemp.llm.engine import Engine
 from personaemp.llm.estimate import Estimate, cache_history
 from personaemp.llm.ray_executor import WorkerPool, connect, pool_size, uses_ray
+from personaemp.llm.ray_vllm import rounds, uses_vllm
 from personaemp.llm.session import open_engine
 from personaemp.llm.settings import LLMSettings
 from personaemp.llm.step import Step
@@ -191,7 +192,33 @@ async def arun_llm_stage(
         selected=selected, full=full, input_path=input_path, retry_failed=retry_failed, failures=failures,
     )  # fmt: skip
     console = console or Console(quiet=True)  # a library call prints only when given a console
-    started = time.perf_counter()
+    if uses_vllm(settings):  # passes from batch files, vLLM on Ray answering between them
+
+        async def one_pass(round_settings: LLMSettings, figures: dict) -> StageReport:
+            extra = {**(notes or {}), **figures}
+            return await _one_pass(plan, chain, round_settings, console, extra, began, record=False)
+
+        began = time.perf_counter()  # the stage's wall time covers its rounds
+        report = await rounds(one_pass, settings, stage, output, console)
+        plan.record(report, settings)
+        return report
+    return await _one_pass(plan, chain, settings, console, notes)
+
+
+async def _one_pass(
+    plan: LLMStage,
+    chain: Sequence[tuple[Step, int]],
+    settings: LLMSettings,
+    console: Console,
+    notes: dict[str, dict[str, Any]] | None,
+    started: float | None = None,
+    record: bool = True,
+) -> StageReport:
+    """arun_llm_stage's work: one pass over the units (one round of a batch); `record`: the
+    stage's report and freshness written when it is done (vLLM rounds write their own)."""
+    stage, units, make_work, key, output = plan.stage, plan.units, plan.make_work, plan.key, plan.output
+    fingerprint, selected, retry_failed = plan.fingerprint, plan.selected, plan.retry_failed
+    started = started or time.perf_counter()
     estimate = Estimate([(step.name, calls) for step, calls in chain]) if settings.estimate else None
     queue = BatchQueue() if settings.batch is not None else None
     imported: dict[str, int] = {}
@@ -200,7 +227,9 @@ async def arun_llm_stage(
     async def main() -> StageReport:
         notify = _notifier(console)
         async with open_engine(settings, notify=notify, offline=estimate or queue) as engine:
-            if queue is not None:
+            if queue is not None and settings.llm == "vllm":
+                console.print(f"[bold]{stage}[/]: model {engine.model} · vLLM on Ray, in rounds")
+            elif queue is not None:
                 console.print(f"[bold]{stage}[/]: model {engine.model} · batch files in {settings.batch}")
             elif estimate is not None:
                 console.print(f"[bold]{stage}[/]: model {engine.model} · estimate (nothing is sent)")
@@ -261,7 +290,8 @@ async def arun_llm_stage(
         }  # fmt: skip
         if report.batch["files"]:
             return report  # the stage goes on next round: nothing to record yet
-    plan.record(report, settings)
+    if record:
+        plan.record(report, settings)
     return report
 
 

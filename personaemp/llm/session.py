@@ -45,7 +45,7 @@ async def open_engine(
                 settings.base_urls or ["http://127.0.0.1/v1"],  # offline: a batch needs no endpoint
                 settings.model,
                 settings.concurrency,
-                "remote",
+                "vllm" if settings.llm == "vllm" else "remote",  # vllm: answered in rounds (ray_vllm)
             )
             timeout = settings.timeout
             structured = settings.structured  # auto: negotiated by the engine

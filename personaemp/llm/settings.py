@@ -24,7 +24,7 @@ _REPORTED = ("model", "structured", "concurrency", "rpm", "timeout", "max_retrie
              "max_tokens", "temperature", "seed", "steps")  # fmt: skip
 _CHECKED = (*(name for name in _REPORTED if name != "steps"), "llm", "work_dir", "refresh", "price_in",
             "price_out", "price_cached", "max_cost", "estimate", "batch", "executor", "workers",
-            "ray_address")  # fmt: skip
+            "ray_address", "vllm")  # fmt: skip
 
 
 @dataclass
@@ -67,6 +67,8 @@ class LLMSettings:
     executor: str = _DEFAULT.executor
     workers: int = _DEFAULT.workers
     ray_address: str | None = _DEFAULT.ray_address
+    # --llm vllm: {"engine": vLLM's engine kwargs, "processor": ray.data.llm's} (llm/ray_vllm.py)
+    vllm: dict[str, dict] = field(default_factory=dict)
     local_log: Path | None = None
     key_source: str = field(default="", init=False, repr=False)
 

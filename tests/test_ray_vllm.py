@@ -1,0 +1,299 @@
+"""--llm vllm --executor ray (personaemp/llm/ray_vllm.py): a stage in rounds, each round's
+requests answered by a ray.data.llm processor.
+
+vLLM needs a GPU (and the [vllm] extra): here the processor is ray.data.llm's own HTTP
+processor, given what vLLM would be given (ray_vllm.vllm_input) as a request to the test
+server, and handing back what vLLM's processor hands back (generated_text, the token
+counts). So the rounds, the Ray Data job, the answer lines, the resume and the files are
+the real ones; vLLM's engine is the one part left out. tests/test_vllm_gpu.py runs it where
+a GPU and vLLM are present."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import SAMPLE_TASK1, order_free_responder
+from fake_openai import FakeOpenAI
+from rich.console import Console
+
+from personaemp.errors import InputError
+from personaemp.llm import ray_vllm
+from personaemp.llm.batch import import_answers
+from personaemp.llm.cache import ReplyCache
+from personaemp.options import LLMOptions, PathsOptions, RunOptions
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("aiohttp")  # ray.data.llm imports it
+
+NOT_COMPARED = {"created_at", "endpoint_kind", "input_hash"}  # timings; "vllm" for "remote"
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the stand-in's maps, on Ray's workers
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def as_request(row: dict) -> dict:
+    """What vLLM would be given (ray_vllm.vllm_input), as the chat request it stands for."""
+    given = ray_vllm.vllm_input(row)
+    sampling = given["sampling_params"]
+    payload = {
+        "model": "fake",
+        "messages": given["messages"],
+        "temperature": sampling["temperature"],
+        "max_tokens": sampling["max_tokens"],
+    }
+    if sampling.get("structured_outputs"):
+        schema = json.loads(sampling["structured_outputs"]["json"])
+        payload["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "reply", "schema": schema},
+        }
+    return {"payload": payload}
+
+
+def as_vllm_output(row: dict) -> dict:
+    """The HTTP reply as vLLM's processor gives its output: the text and the token counts."""
+    response = row["http_response"]
+    return ray_vllm._keep_columns(
+        {
+            **row,
+            "generated_text": response["choices"][0]["message"]["content"],
+            "num_input_tokens": response["usage"]["prompt_tokens"],
+            "num_generated_tokens": response["usage"]["completion_tokens"],
+        }
+    )
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    """ray_vllm's processor made ray.data.llm's HTTP processor against a test server."""
+
+    def use(server: FakeOpenAI) -> None:
+        from ray.data.llm import HttpRequestProcessorConfig
+
+        config = HttpRequestProcessorConfig(
+            url=f"{server.base_url}/chat/completions", concurrency=1, batch_size=16
+        )
+        processor = ray_vllm.Processor(config, as_request, as_vllm_output)
+        monkeypatch.setattr(ray_vllm, "build_processor_for", lambda settings: processor)
+
+    return use
+
+
+def rows(path: Path, drop=NOT_COMPARED) -> list:
+    def strip(value):
+        if isinstance(value, dict):
+            return {key: strip(item) for key, item in value.items() if key not in drop}
+        if isinstance(value, list):
+            return [strip(item) for item in value]
+        return value
+
+    return [strip(json.loads(line)) for line in path.read_text().splitlines()]
+
+
+# --- one request, one answer ---------------------------------------------------------------------
+
+
+def test_a_request_becomes_vllm_input_with_its_schema_as_structured_output():
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    response_format = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
+    body = {
+        "model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.3, "max_tokens": 64,
+        "seed": 5, "response_format": response_format,
+    }  # fmt: skip
+    given = ray_vllm.vllm_input({"custom_id": "x", "body": json.dumps(body)})
+    assert given["messages"] == body["messages"]
+    sampling = given["sampling_params"]
+    assert {key: sampling[key] for key in ("temperature", "max_tokens", "seed")} == {
+        "temperature": 0.3, "max_tokens": 64, "seed": 5,
+    }  # fmt: skip
+    assert list(sampling["structured_outputs"]) == ["json"]  # one constraint, as vLLM requires
+    assert json.loads(sampling["structured_outputs"]["json"]) == schema
+
+    free = ray_vllm.vllm_input({"custom_id": "y", "body": json.dumps({**body, "response_format": None})})
+    assert "structured_outputs" not in free["sampling_params"]
+    plain = {**body, "response_format": {"type": "json_object"}}
+    assert ray_vllm.vllm_input({"custom_id": "z", "body": json.dumps(plain)})["sampling_params"][
+        "structured_outputs"
+    ] == {"json_object": True}
+    unseeded = {key: value for key, value in body.items() if key != "seed"}
+    assert (
+        "seed" not in ray_vllm.vllm_input({"custom_id": "w", "body": json.dumps(unseeded)})["sampling_params"]
+    )
+
+
+def test_answer_lines_are_imported_as_replies_cut_replies_and_failures(tmp_path):
+    """A vLLM output row becomes an answer line batch.import_answers takes: a reply; a reply
+    that used every token, cut (finish_reason length); an error row, a refusal stored as the
+    request's error (its unit fails, it is not asked again)."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "q"}], "temperature": 0.0, "max_tokens": 8}
+    requests, answers = [], []
+    for number, (text, tokens, error) in enumerate(
+        [('{"a": "x"}', 5, ""), ('{"a": "xx', 8, ""), ("", 0, "boom")]
+    ):
+        custom_id = f"step-key{number}"
+        requests.append(
+            {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+        )
+        output = {"generated_text": text, "num_input_tokens": 11, "num_generated_tokens": tokens}
+        row = {"custom_id": custom_id, "body": json.dumps(body), **output, "__inference_error__": error}
+        answers.append(ray_vllm.answer_line(row, "m"))
+    (tmp_path / "step-round-1-part-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in requests))
+    (tmp_path / "vllm-answers-1.jsonl").write_text("".join(json.dumps(a) + "\n" for a in answers))
+    cache = ReplyCache(tmp_path / "cache.sqlite")
+    counts, waiting = import_answers(tmp_path, cache)
+    assert (counts["imported"], counts["refused"], waiting) == (2, 1, {})
+    first, cut, failed = (cache.get(f"key{number}") for number in range(3))
+    assert (first["content"], first["finish_reason"]) == ('{"a": "x"}', "stop")
+    assert first["prompt_tokens"] == 11 and first["completion_tokens"] == 5
+    assert cut["finish_reason"] == "length"
+    assert "boom" in failed["error"] and failed["status"] == ray_vllm.REFUSED
+    cache.close()
+
+
+# --- options -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ({"model": "m"}, "add --executor ray"),
+        ({"executor": "ray"}, "no --model is set"),
+        ({"executor": "ray", "model": "m", "base_urls": ["http://x/v1"]}, "but --base-url is set"),
+        ({"executor": "ray", "model": "m", "use_cache": False}, "leave out --no-cache and --refresh"),
+    ],
+)
+def test_vllm_settings_that_cannot_work_are_one_line(given, said):
+    from personaemp.llm.settings import LLMSettings
+
+    with pytest.raises(InputError, match=said):
+        LLMSettings(llm="vllm", **given)
+
+
+def test_the_vllm_processor_takes_the_engine_and_processor_settings():
+    """--vllm engine.KEY=VALUE and processor.KEY=VALUE (strings from the command line, typed
+    as TOML would type them) reach ray.data.llm's vLLM processor config."""
+    from personaemp.config import llm_settings
+
+    options = LLMOptions(
+        llm="vllm", executor="ray", model="Qwen/Qwen2.5-7B-Instruct", workers=3,
+        vllm={"engine": {"max_model_len": "8192", "enable_prefix_caching": "true", "dtype": "bfloat16"},
+              "processor": {"batch_size": "32"}},
+    )  # fmt: skip
+    settings = llm_settings(options)
+    config = ray_vllm.vllm_processor(settings).config
+    assert config.model_source == "Qwen/Qwen2.5-7B-Instruct"
+    given = {"max_model_len": 8192, "enable_prefix_caching": True, "dtype": "bfloat16"}
+    assert {key: config.engine_kwargs[key] for key in given} == given
+    assert (config.batch_size, config.concurrency, config.should_continue_on_error) == (32, 3, True)
+
+
+# --- rounds on a local Ray -----------------------------------------------------------------------
+
+
+def test_run_with_vllm_rounds_writes_what_one_process_writes(local_ray, sample_build, stand_in, tmp_path):
+    """`run --llm vllm --executor ray` on the shipped sample: each LLM stage in rounds, each
+    round one ray.data.llm job; the personas, queries, failures and splits are the one-process
+    run's (sample_build, same model), each request answered once, and the rounds folder is
+    gone once the stage is done (the cache holds the answers). Run again: nothing is sent."""
+    processed = tmp_path / "processed"
+    with FakeOpenAI(responder=order_free_responder()) as fake:
+        stand_in(fake)
+        llm = LLMOptions(model="fake", llm="vllm", executor="ray", workers=1)
+        options = RunOptions(paths=PathsOptions(input=str(SAMPLE_TASK1), processed=processed), llm=llm)
+        from personaemp.pipeline import run_pipeline
+
+        with open(tmp_path / "log.txt", "w") as log:
+            run_pipeline(options, Console(file=log, width=200))
+        sent = fake.count
+        with open(tmp_path / "log2.txt", "w") as log:
+            run_pipeline(options, Console(file=log, width=200))
+        assert fake.count == sent  # the second run is answered by the cache and the output scan
+    log = (tmp_path / "log.txt").read_text()
+    assert "round 1," in log and "round 2," in log
+
+    for name in ("filtered.jsonl", "personas.jsonl", "queries.jsonl", "rejected.jsonl",
+                 "infer-persona.failures.jsonl", "gen-queries.failures.jsonl",
+                 "splits/random/train.jsonl", "splits/random/test.jsonl"):  # fmt: skip
+        assert rows(processed / name) == rows(sample_build / name), name
+    assert not (processed / ".personaemp" / "vllm").exists() or not any(
+        (processed / ".personaemp" / "vllm").iterdir()
+    )
+    stages = json.loads((processed / ".personaemp" / "run_report.json").read_text())["stages"]
+    theirs = json.loads((sample_build / ".personaemp" / "run_report.json").read_text())["stages"]
+    asked = 0
+    for stage in ("infer-persona", "gen-queries"):
+        figures = stages[stage]["notes"]["vllm"]
+        assert figures["rounds"] >= 2 and figures["refused"] == 0
+        assert figures["answered"] == theirs[stage]["totals"]["requests"], stage  # one process's requests
+        assert stages[stage]["endpoint_kind"] == "vllm"
+        assert (stages[stage]["done"], stages[stage]["failed"]) == (
+            theirs[stage]["done"],
+            theirs[stage]["failed"],
+        )
+        asked += figures["answered"]
+    assert asked == sent
+
+
+def test_an_unfinished_round_resumes_with_only_the_unanswered_requests(local_ray, stand_in, tmp_path):
+    """A run killed mid-round leaves its answers file as `.partial`, maybe with half a line:
+    the next round keeps its whole lines and sends only the requests without an answer."""
+    folder = tmp_path / "round"
+    folder.mkdir()
+    body = lambda n: {"model": "fake", "messages": [{"role": "user", "content": f"say {n}"}],  # noqa: E731
+                      "temperature": 0.0, "max_tokens": 50}  # fmt: skip
+    requests = [{"custom_id": f"check-k{n}", "method": "POST", "url": "/v1/chat/completions", "body": body(n)}
+                for n in range(6)]  # fmt: skip
+    (folder / "gen-queries-round-1-part-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in requests))
+    output = {"generated_text": "ok", "num_input_tokens": 3, "num_generated_tokens": 1}
+    done = [
+        ray_vllm.answer_line({"custom_id": r["custom_id"], "body": json.dumps(r["body"]), **output}, "fake")
+        for r in requests[:2]
+    ]
+    half = json.dumps(ray_vllm.answer_line({"custom_id": "check-k2", "body": json.dumps(body(2))}, "fake"))
+    partial = folder / f".{ray_vllm.ANSWERS}dead.jsonl.partial"
+    partial.write_text("".join(json.dumps(a) + "\n" for a in done) + half[: len(half) // 2])
+
+    assert ray_vllm.salvage(folder) == 2
+    assert not partial.exists()
+    left = ray_vllm.unanswered(folder)
+    assert [custom_id for custom_id, _ in left] == [f"check-k{n}" for n in range(2, 6)]
+    from personaemp.llm.settings import LLMSettings
+
+    with FakeOpenAI(responder=lambda body, number: {"content": "fine"}) as fake:
+        stand_in(fake)
+        settings = LLMSettings(llm="vllm", executor="ray", model="fake", work_dir=tmp_path / "work")
+        counts = ray_vllm.answer(folder, left, settings)
+        assert fake.count == 4
+    assert (counts["requests"], counts["answered"]) == (4, 4)
+    assert ray_vllm.unanswered(folder) == []
+    assert not list(folder.glob(".*.partial"))
+
+
+def test_gen_dialogues_says_it_cannot_run_in_vllm_rounds(sample_build, tmp_path):
+    from personaemp.build.dialogues import generate_dialogues
+    from personaemp.llm.settings import LLMSettings
+
+    settings = LLMSettings(llm="vllm", executor="ray", model="m", work_dir=tmp_path)
+    with pytest.raises(InputError, match="in vLLM rounds"):
+        generate_dialogues(sample_build / "queries.jsonl", tmp_path / "d.jsonl", settings)
+
+
+def test_the_vllm_rounds_folder_is_per_stage_and_output(tmp_path):
+    from personaemp.llm.settings import LLMSettings
+
+    settings = LLMSettings(llm="vllm", executor="ray", model="m", work_dir=tmp_path)
+    one = ray_vllm.folder_for(settings, "respond", tmp_path / "a.jsonl")
+    assert one == ray_vllm.folder_for(settings, "respond", tmp_path / "a.jsonl")
+    assert one != ray_vllm.folder_for(settings, "respond", tmp_path / "b.jsonl")
+    shutil.rmtree(tmp_path, ignore_errors=True)
