@@ -250,6 +250,7 @@ async def rounds(
     figures = {"rounds": 0, "requests": 0, "answered": 0, "refused": 0, "prompt_tokens": 0,
                "completion_tokens": 0, "seconds": 0.0}  # fmt: skip
     done = failed = 0  # units finished by the passes so far
+    console.print(f"[bold]{stage}[/]: model {settings.model} · vLLM on Ray, in rounds")
     if kept:
         console.print(f"{stage}: {kept} answers of an unfinished round kept")
     while True:
@@ -269,9 +270,8 @@ async def rounds(
                 "unanswered)",
                 f"look at the requests in {folder}",
             )
-        if figures["rounds"] == 0:
-            console.print(f"{stage}: vLLM ({settings.model}) on {connect(settings)}")
-        title = f"{stage}: round {figures['rounds'] + 1}, {len(requests)} requests to vLLM"
+        where = f" on {connect(settings)}" if figures["rounds"] == 0 else ""
+        title = f"{stage}: round {figures['rounds'] + 1}, {len(requests)} requests to vLLM{where}"
         console.print(title)
         with Progress(*Progress.get_default_columns(), console=console, transient=True) as progress:
             task = progress.add_task(title, total=len(requests))

@@ -196,7 +196,7 @@ async def arun_llm_stage(
 
         async def one_pass(round_settings: LLMSettings, figures: dict) -> StageReport:
             extra = {**(notes or {}), **figures}
-            return await _one_pass(plan, chain, round_settings, console, extra, began, record=False)
+            return await _one_pass(plan, chain, round_settings, console, extra, began, in_rounds=True)
 
         began = time.perf_counter()  # the stage's wall time covers its rounds
         report = await rounds(one_pass, settings, stage, output, console)
@@ -212,10 +212,10 @@ async def _one_pass(
     console: Console,
     notes: dict[str, dict[str, Any]] | None,
     started: float | None = None,
-    record: bool = True,
+    in_rounds: bool = False,
 ) -> StageReport:
-    """arun_llm_stage's work: one pass over the units (one round of a batch); `record`: the
-    stage's report and freshness written when it is done (vLLM rounds write their own)."""
+    """arun_llm_stage's work: one pass over the units (one round of a batch). `in_rounds`:
+    a pass of vLLM rounds, which announce the stage and record its report themselves."""
     stage, units, make_work, key, output = plan.stage, plan.units, plan.make_work, plan.key, plan.output
     fingerprint, selected, retry_failed = plan.fingerprint, plan.selected, plan.retry_failed
     started = started or time.perf_counter()
@@ -227,17 +227,8 @@ async def _one_pass(
     async def main() -> StageReport:
         notify = _notifier(console)
         async with open_engine(settings, notify=notify, offline=estimate or queue) as engine:
-            if queue is not None and settings.llm == "vllm":
-                console.print(f"[bold]{stage}[/]: model {engine.model} · vLLM on Ray, in rounds")
-            elif queue is not None:
-                console.print(f"[bold]{stage}[/]: model {engine.model} · batch files in {settings.batch}")
-            elif estimate is not None:
-                console.print(f"[bold]{stage}[/]: model {engine.model} · estimate (nothing is sent)")
-            else:
-                console.print(_header(stage, engine, plan.steps))
-                work = Path(os.path.abspath(settings.work_dir))
-                if not work.is_relative_to(os.path.abspath(Path(plan.output).parent)):  # not beside it
-                    console.print(f"cache and run report: {settings.work_dir} (--work-dir moves them)")
+            if not in_rounds:  # vLLM rounds: ray_vllm.rounds says what each round does
+                _announce(console, plan, engine, settings)
             if queue is not None:
                 settings.batch.mkdir(parents=True, exist_ok=True)
                 counts, waiting = import_answers(settings.batch, engine.cache)
@@ -290,9 +281,22 @@ async def _one_pass(
         }  # fmt: skip
         if report.batch["files"]:
             return report  # the stage goes on next round: nothing to record yet
-    if record:
+    if not in_rounds:
         plan.record(report, settings)
     return report
+
+
+def _announce(console: Console, plan: LLMStage, engine: Engine, settings: LLMSettings) -> None:
+    """The stage's first line: what it asks, and where (an endpoint, batch files, nowhere)."""
+    if settings.batch is not None:
+        console.print(f"[bold]{plan.stage}[/]: model {engine.model} · batch files in {settings.batch}")
+    elif settings.estimate:
+        console.print(f"[bold]{plan.stage}[/]: model {engine.model} · estimate (nothing is sent)")
+    else:
+        console.print(_header(plan.stage, engine, plan.steps))
+        work = Path(os.path.abspath(settings.work_dir))
+        if not work.is_relative_to(os.path.abspath(Path(plan.output).parent)):  # not beside it
+            console.print(f"cache and run report: {settings.work_dir} (--work-dir moves them)")
 
 
 run_llm_stage = sync_twin(arun_llm_stage)
