@@ -55,6 +55,7 @@ async def awrite_responses(
     console=None,
 ):
     """A response to every query of `splits/<split>/<part>.jsonl`; returns the stage report."""
+    from personaemp.llm.ray_executor import shared_per
     from personaemp.llm.run import arun_llm_stage
 
     input_path, units, policy_view = policy_units(splits, split, part, context, mismatch_seed)
@@ -67,6 +68,7 @@ async def awrite_responses(
         **({SUMMARY.name: summary_prompt.hash} if context == "memory-summary" else {}),
     }
 
+    @shared_per("user_id")  # on Ray too: a user's queries on one worker, which summarises once
     def make_work(engine):
         summaries: dict[str, asyncio.Future] = {}  # one summary call per user, shared by their queries
 

@@ -7,7 +7,9 @@ shipped to it once with cloudpickle. This process runs the stage as one process 
 (runner.run_units, or run_chain for `run`'s two stages, overlapped), each unit's work a call
 on the least busy actor, whose answer is the unit's row, its failure (a UnitError: a failure
 row, never a failed job) or the error that stops the run (as one process would stop). So
-the output, failures file, report and freshness record are those of a one-process run.
+the output, failures file, report and freshness record are those of a one-process run. A
+make_work's state lives on each worker: units that share work made once (a user's summary)
+are marked by it (shared_per) and go to one worker.
 
 Nothing twice, nothing lost: a worker lost (its node gone) is replaced, and each unit it
 held is sent to another; the unit is written once, when its call answers. A killed driver
@@ -143,6 +145,63 @@ def _worker_settings(settings: LLMSettings, share: int, workers: int) -> dict[st
     }  # fmt: skip
 
 
+def shared_per(field: str) -> Callable[[Callable], Callable]:
+    """Mark a stage's make_work whose work shares a result among the units with one value of
+    `field` (respond --context memory-summary: one summary per user, for all their queries):
+    on Ray those units all go to one worker, so the result is made once, as in one process.
+
+        @shared_per("user_id")
+        def make_work(engine): ...
+    """
+
+    def mark(make_work: Callable) -> Callable:
+        make_work.shared_per = field
+        return make_work
+
+    return mark
+
+
+class EngineBeside:
+    """A second engine a stage's work uses beside its own (gen-dialogues' supporter on its own
+    endpoint), opened with the stage. Shipped to a Ray worker inside the work, it arrives
+    without it, and opens one there on first use, with the worker's share of the limits,
+    kept while the worker lives (as the worker's own engine is). Its figures stay there."""
+
+    def __init__(self, settings: LLMSettings, engine):
+        self.settings, self.engine, self.opening = settings, engine, None
+        self.fingerprints: dict[tuple[str, str], str] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        workers, share = pool_size(self.settings)  # the key travels as the pool's does
+        arguments = _worker_settings(self.settings, share, workers)
+        return {**self.__dict__, "settings": arguments, "engine": None, "opening": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, settings=LLMSettings(**state["settings"]))
+
+    async def get(self):
+        """The engine, opened here on first use if it came without one."""
+        if self.engine is None:
+            if self.opening is None:
+                self.opening = asyncio.ensure_future(self._open())
+            await self.opening
+        return self.engine
+
+    async def _open(self) -> None:
+        from personaemp.llm.session import open_engine
+
+        self.stack = contextlib.AsyncExitStack()  # open while the worker lives
+        self.engine = await self.stack.enter_async_context(open_engine(self.settings))
+
+    def fingerprint(self, step, prompt_hash: str = "") -> str:
+        """Engine.fingerprint, computed where the engine was opened with the stage; a worker
+        checks its own prompt hashes against those (another hash: another fingerprint)."""
+        key = (step.name, prompt_hash)
+        if self.engine is not None and key not in self.fingerprints:
+            self.fingerprints[key] = self.engine.fingerprint(step, prompt_hash)
+        return self.fingerprints.get(key, f"{step.name}/{prompt_hash}: not the driver's")
+
+
 def _recipe(make_work: Callable, fingerprint: Callable) -> bytes:
     """The stage's work and fingerprint for the workers. A stage reads its prompts once per
     run through a functools.cache made inside it, which pickle cannot name: it goes as a
@@ -246,9 +305,10 @@ def _raise(blob: bytes) -> None:
 class WorkerPool:
     """The command's Ray workers, alive from its first LLM stage to its last (`run`'s two
     stages share them, chained as in one process). Each unit goes to the live worker with
-    the fewest units in flight; a worker lost (its node gone) is replaced, and the units it
-    held go to another worker. `engine`'s accounting becomes the workers' (merged) as their
-    figures come in, so the progress bar and the report count what they sent."""
+    the fewest units in flight (or to its group's, shared_per); a worker lost (its node
+    gone) is replaced, and the units it held go to another worker. `engine`'s accounting
+    becomes the workers' (merged) as their figures come in, so the progress bar and the
+    report count what they sent."""
 
     def __init__(self, settings: LLMSettings, engine):
         import ray
@@ -261,6 +321,7 @@ class WorkerPool:
         self.starting: dict[Any, asyncio.Future] = {}
         self.gone: set = set()
         self.joined = asyncio.Event()
+        self.owners: dict[tuple[str, Any], Any] = {}  # (stage, shared value): its units' worker
 
     async def __aenter__(self) -> WorkerPool:
         return self  # the workers start with the first unit to do: none for a finished stage
@@ -321,17 +382,29 @@ class WorkerPool:
             await self.joined.wait()
         return min(self.load, key=self.load.__getitem__)
 
+    async def _worker_for(self, stage: str, shared: Any):
+        """The worker for a unit: its group's (shared_per), while that worker lives, else
+        the least busy one (which takes the group on)."""
+        owner = self.owners.get((stage, shared)) if shared is not None else None
+        if owner in self.load:
+            return owner
+        worker = await self._least_busy()
+        if shared is not None:
+            self.owners[(stage, shared)] = worker
+        return worker
+
     def work(self, stage: str, make_work: Callable, fingerprint_of: Callable, fingerprint: str):
         """The Work (runner.Work) that runs `make_work(engine)` on a worker for each unit."""
         import ray
         from ray.exceptions import RayActorError
 
         recipe = [ray.put(_recipe(make_work, fingerprint_of))]
+        field = getattr(make_work, "shared_per", None)
 
         async def work(unit: dict[str, Any]) -> dict[str, Any]:
             encoded = msgspec.json.encode(unit)
             while True:
-                worker = await self._least_busy()
+                worker = await self._worker_for(stage, unit.get(field) if field else None)
                 self.load[worker] += 1
                 try:
                     result, fatal, blob = await worker.run.remote(stage, recipe, fingerprint, encoded)
