@@ -305,7 +305,8 @@ def _raise(blob: bytes) -> None:
 class WorkerPool:
     """The command's Ray workers, alive from its first LLM stage to its last (`run`'s two
     stages share them, chained as in one process). Each unit goes to the live worker with
-    the fewest units in flight (or to its group's, shared_per); a worker lost (its node
+    the fewest units in flight, each holding at most twice the requests it may send (or to
+    its group's worker, shared_per); a worker lost (its node
     gone) is replaced, and the units it held go to another worker. `engine`'s accounting
     becomes the workers' (merged) as their figures come in, so the progress bar and the
     report count what they sent."""
@@ -314,13 +315,17 @@ class WorkerPool:
         import ray
 
         self.size, share = pool_size(settings)
+        # Units a worker holds at most: twice the requests it may have in flight, as one
+        # process's window. Without it the first worker up took the whole window and sent
+        # it at its share of --concurrency while the others started.
+        self.cap = 2 * share * max(1, len(settings.base_urls))
         self.arguments = _worker_settings(settings, share, self.size)
         self.engine, self.figures = engine, WorkerFigures()
         self.actor = ray.remote(num_cpus=WORKER_CPUS, max_restarts=0, max_task_retries=0)(UnitWorker)
         self.load: dict[Any, int] = {}  # live workers: units in flight on each
         self.starting: dict[Any, asyncio.Future] = {}
         self.gone: set = set()
-        self.joined = asyncio.Event()
+        self.changed = asyncio.Event()  # a worker joined, was lost, or finished a unit
         self.owners: dict[tuple[str, Any], Any] = {}  # (stage, shared value): its units' worker
 
     async def __aenter__(self) -> WorkerPool:
@@ -353,7 +358,7 @@ class WorkerPool:
                 return
             self.starting.pop(worker, None)
             self.load[worker] = 0
-            self.joined.set()
+            self.changed.set()
 
         self.starting[worker] = asyncio.ensure_future(started())
 
@@ -366,21 +371,23 @@ class WorkerPool:
         self.starting.pop(worker, None)
         if len(self.gone) <= 4 * self.size:
             self._start()
-        self.joined.set()  # a unit waiting for a worker sees the count
+        self.changed.set()  # a unit waiting for a worker sees the count
 
     async def _least_busy(self):
         if not self.starting and not self.load and not self.gone:
             for _ in range(self.size):
                 self._start()
-        while not self.load:
+        while True:
             if len(self.gone) > 4 * self.size:
                 raise PersonaempError(
                     f"{len(self.gone)} Ray workers were lost (of {self.size}): the run stops",
                     "see the Ray logs (/tmp/ray/session_latest/logs) for why they die",
                 )
-            self.joined.clear()
-            await self.joined.wait()
-        return min(self.load, key=self.load.__getitem__)
+            free = [worker for worker, units in self.load.items() if units < self.cap]
+            if free:
+                return min(free, key=self.load.__getitem__)
+            self.changed.clear()
+            await self.changed.wait()
 
     async def _worker_for(self, stage: str, shared: Any):
         """The worker for a unit: its group's (shared_per), while that worker lives, else
@@ -390,6 +397,9 @@ class WorkerPool:
             return owner
         worker = await self._least_busy()
         if shared is not None:
+            owner = self.owners.get((stage, shared))
+            if owner in self.load:  # another unit of the group took a worker while this waited
+                return owner
             self.owners[(stage, shared)] = worker
         return worker
 
@@ -414,6 +424,7 @@ class WorkerPool:
                 finally:
                     if worker in self.load:
                         self.load[worker] -= 1
+                        self.changed.set()
                 if blob and self.figures.add(blob):
                     self.engine.accounting = self.figures.accounting()
                 if fatal:
