@@ -202,7 +202,8 @@ def test_gen_dialogues_on_ray_writes_what_one_process_writes(local_ray, tmp_path
 
 def test_gen_dialogues_with_its_own_supporter_endpoint_on_ray(local_ray, tmp_path, dialogue_splits):
     """--supporter-model/--supporter-base-url: each Ray worker opens its own supporter engine
-    (the one this process opened does not travel), and asks what one process asks."""
+    (the one this process opened does not travel), and asks what one process asks; the run
+    report's supporter note counts the workers' requests and tokens, as one process's does."""
     queries = dialogue_splits / "random" / "test.jsonl"
     supporters = {}
 
@@ -215,8 +216,16 @@ def test_gen_dialogues_with_its_own_supporter_endpoint_on_ray(local_ray, tmp_pat
         supporters[llm.executor] = supporter
 
     made = run_twice(tmp_path, Script(bad=leaking), stage)
-    assert_same(made, "gen-dialogues", ["dialogues.jsonl"], "gen-dialogues.failures.jsonl")
+    report = assert_same(made, "gen-dialogues", ["dialogues.jsonl"], "gen-dialogues.failures.jsonl")
     assert supporters["ray"].count == supporters["local"].count > 0
+    local = json.loads((made["local"][0] / "work" / "run_report.json").read_text())["stages"]
+    note = report["notes"]["supporter"]
+    assert note == local["gen-dialogues"]["notes"]["supporter"]
+    assert note["requests"] == supporters["ray"].count and note["completion_tokens"] > 0
+    assert note["text"] == (
+        f"supporter policy-7b: {note['requests']} requests, "
+        f"{note['prompt_tokens']} prompt and {note['completion_tokens']} completion tokens"
+    )
     assert {r.body["model"] for r in supporters["ray"].chat_requests} == {"policy-7b"}
     assert {row["supporter_model"] for row in rows(made["ray"][0] / "dialogues.jsonl")} == {"policy-7b"}
 

@@ -248,11 +248,23 @@ async def agenerate_dialogues(
 
     async with contextlib.AsyncExitStack() as stack:
         supporter = None  # its own engine; a Ray worker opens one there (EngineBeside)
+
+        def count_supporter() -> None:
+            """The supporter's note, from its accounting here (on Ray: the workers', merged)."""
+            engine = supporter.engine
+            totals = engine.accounting.totals()
+            notes["supporter"].update(
+                text=f"supporter {engine.model}: {totals.requests} requests, "
+                f"{totals.prompt_tokens} prompt and {totals.completion_tokens} completion tokens",
+                requests=totals.requests, prompt_tokens=totals.prompt_tokens,
+                completion_tokens=totals.completion_tokens,
+            )  # fmt: skip
+
         if separate is not None:
             opened = await stack.enter_async_context(
                 open_engine(separate, offline=_NotSent() if settings.estimate else None)
             )
-            supporter = EngineBeside(separate, opened)
+            supporter = EngineBeside(separate, opened, on_count=count_supporter)
             notes["supporter"] = {"text": f"supporter: {opened.model} (its own endpoint)"}
 
         def fingerprint(engine) -> str:
@@ -283,13 +295,7 @@ async def agenerate_dialogues(
                 if unit["user_id"] in stand_in:
                     row["memories_of"] = stand_in[unit["user_id"]]
                 if supporter is not None:
-                    totals = support.accounting.totals()
-                    notes["supporter"].update(
-                        text=f"supporter {support.model}: {totals.requests} requests, "
-                        f"{totals.prompt_tokens} prompt and {totals.completion_tokens} completion tokens",
-                        requests=totals.requests, prompt_tokens=totals.prompt_tokens,
-                        completion_tokens=totals.completion_tokens,
-                    )  # fmt: skip
+                    supporter.counted()  # one process: the note; a Ray worker: nothing
                 return row
 
             return work

@@ -90,24 +90,35 @@ def connect(settings: LLMSettings) -> str:
 
 @dataclasses.dataclass
 class WorkerFigures:
-    """What the workers counted (requests, tokens, cache hits...), merged as one engine's."""
+    """What the workers counted (requests, tokens, cache hits...), merged as one engine's;
+    each EngineBeside's too, by its name."""
 
-    latest: dict[str, tuple[int, Accounting, dict]] = dataclasses.field(default_factory=dict)
+    latest: dict[str, tuple[int, Accounting, dict, dict[str, Accounting]]] = dataclasses.field(
+        default_factory=dict
+    )
 
     def add(self, blob: bytes) -> bool:
         """One worker's running figures; True if they are newer than those held."""
-        name, seq, accounting, structured = pickle.loads(blob)
+        name, seq, *figures = pickle.loads(blob)
         if name in self.latest and self.latest[name][0] >= seq:
             return False
-        self.latest[name] = (seq, accounting, structured)
+        self.latest[name] = (seq, *figures)
         return True
 
     def accounting(self) -> Accounting:
-        return merged([accounting for _, accounting, _ in self.latest.values()])
+        return merged([accounting for _, accounting, _, _ in self.latest.values()])
 
     def structured(self) -> dict | None:
         """The structured mode the workers used (the first worker's word on it)."""
-        return next((structured for _, _, structured in self.latest.values()), None)
+        return next((structured for _, _, structured, _ in self.latest.values()), None)
+
+    def besides(self) -> dict[str, Accounting]:
+        """Each EngineBeside's accounting (by its name), merged over the workers that opened it."""
+        names = {name for *_, besides in self.latest.values() for name in besides}
+        return {
+            name: merged([besides[name] for *_, besides in self.latest.values() if name in besides])
+            for name in names
+        }
 
 
 def merged(parts: Iterable[Accounting]) -> Accounting:
@@ -165,16 +176,20 @@ class EngineBeside:
     """A second engine a stage's work uses beside its own (gen-dialogues' supporter on its own
     endpoint), opened with the stage. Shipped to a Ray worker inside the work, it arrives
     without it, and opens one there on first use, with the worker's share of the limits,
-    kept while the worker lives (as the worker's own engine is). Its figures stay there."""
+    kept while the worker lives (as the worker's own engine is). The workers' figures of it
+    come back under its name: merged, they become this engine's accounting (counted).
 
-    def __init__(self, settings: LLMSettings, engine):
-        self.settings, self.engine, self.opening = settings, engine, None
+    `on_count`: called here, never on a worker, when its figures change (`counted`)."""
+
+    def __init__(self, settings: LLMSettings, engine, on_count: Callable[[], None] | None = None):
+        self.settings, self.engine, self.opening, self.on_count = settings, engine, None, on_count
+        self.name = uuid.uuid4().hex  # its figures', on the workers and here
         self.fingerprints: dict[tuple[str, str], str] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         workers, share = pool_size(self.settings)  # the key travels as the pool's does
         arguments = _worker_settings(self.settings, share, workers)
-        return {**self.__dict__, "settings": arguments, "engine": None, "opening": None}
+        return {**self.__dict__, "settings": arguments, "engine": None, "opening": None, "on_count": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, settings=LLMSettings(**state["settings"]))
@@ -193,6 +208,14 @@ class EngineBeside:
         self.stack = contextlib.AsyncExitStack()  # open while the worker lives
         self.engine = await self.stack.enter_async_context(open_engine(self.settings))
 
+    def counted(self, accounting: Accounting | None = None) -> None:
+        """Its figures changed: a unit done in this process, or the workers' figures come in
+        (`accounting`: theirs merged, this engine's from now on). Tells on_count."""
+        if accounting is not None:
+            self.engine.accounting = accounting
+        if self.on_count is not None:
+            self.on_count()
+
     def fingerprint(self, step, prompt_hash: str = "") -> str:
         """Engine.fingerprint, computed where the engine was opened with the stage; a worker
         checks its own prompt hashes against those (another hash: another fingerprint)."""
@@ -202,23 +225,33 @@ class EngineBeside:
         return self.fingerprints.get(key, f"{step.name}/{prompt_hash}: not the driver's")
 
 
-def _recipe(make_work: Callable, fingerprint: Callable) -> bytes:
-    """The stage's work and fingerprint for the workers. A stage reads its prompts once per
-    run through a functools.cache made inside it, which pickle cannot name: it goes as a
-    new cache over the same function (the worker checks it computes the same fingerprint)."""
+def _recipe(make_work: Callable, fingerprint: Callable) -> tuple[bytes, list[EngineBeside]]:
+    """The stage's work and fingerprint for the workers, with the EngineBesides they hold
+    (found by a first pass; the worker sends their figures), and those EngineBesides. A stage
+    reads its prompts once per run through a functools.cache made inside it, which pickle
+    cannot name: it goes as a new cache over the same function (the worker checks it computes
+    the same fingerprint)."""
     import functools
 
     from ray import cloudpickle
+
+    besides: dict[str, EngineBeside] = {}
 
     class Pickler(cloudpickle.Pickler):
         def reducer_override(self, obj):
             if isinstance(obj, functools._lru_cache_wrapper) and "<locals>" in obj.__qualname__:
                 return functools.cache, (obj.__wrapped__,)
+            if isinstance(obj, EngineBeside):
+                besides[obj.name] = obj
             return super().reducer_override(obj)
 
-    buffer = io.BytesIO()
-    Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump((make_work, fingerprint))
-    return buffer.getvalue()
+    def dump(value: Any) -> bytes:
+        buffer = io.BytesIO()
+        Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+        return buffer.getvalue()
+
+    dump((make_work, fingerprint))
+    return dump((make_work, fingerprint, list(besides.values()))), list(besides.values())
 
 
 class UnitWorker:
@@ -231,6 +264,7 @@ class UnitWorker:
         self.seq, self.sent = 0, 0.0
         self.engine = self.opened = None
         self.stages: dict[str, asyncio.Future] = {}
+        self.besides: dict[str, EngineBeside] = {}  # the stages' EngineBesides, by name
 
     def ready(self) -> str:
         return self.name
@@ -247,7 +281,8 @@ class UnitWorker:
         if self.opened is None:
             self.opened = asyncio.ensure_future(self._open())
         await self.opened
-        make_work, fingerprint_of = cloudpickle.loads(await recipe)
+        make_work, fingerprint_of, besides = cloudpickle.loads(await recipe)
+        self.besides.update((beside.name, beside) for beside in besides)
         if fingerprint_of(self.engine) != fingerprint:
             raise PersonaempError(
                 f"Ray worker {self.name} would make other rows than the driver (prompts, model or "
@@ -274,12 +309,15 @@ class UnitWorker:
         return msgspec.json.encode({"row": row}), b"", self.figures(every=0.5)
 
     def figures(self, every: float = 0.0) -> bytes:
-        """The engine's figures so far (requests, tokens...); b"" if sent less than `every`
-        seconds ago (the driver's progress bar needs no more)."""
+        """The engine's figures so far (requests, tokens...), and each opened EngineBeside's by
+        name; b"" if sent less than `every` seconds ago (the driver's progress bar needs no more)."""
         if self.engine is None or time.monotonic() - self.sent < every:
             return b""
         self.seq, self.sent = self.seq + 1, time.monotonic()
-        return pickle.dumps((self.name, self.seq, self.engine.accounting, self.engine.structured_report()))
+        besides = {name: b.engine.accounting for name, b in self.besides.items() if b.engine is not None}
+        return pickle.dumps(
+            (self.name, self.seq, self.engine.accounting, self.engine.structured_report(), besides)
+        )
 
 
 def _fatal(exc: BaseException) -> bytes:
@@ -309,7 +347,7 @@ class WorkerPool:
     its group's worker, shared_per); a worker lost (its node
     gone) is replaced, and the units it held go to another worker. `engine`'s accounting
     becomes the workers' (merged) as their figures come in, so the progress bar and the
-    report count what they sent."""
+    report count what they sent; so does each EngineBeside's (counted)."""
 
     def __init__(self, settings: LLMSettings, engine):
         import ray
@@ -321,6 +359,7 @@ class WorkerPool:
         self.cap = 2 * share * max(1, len(settings.base_urls))
         self.arguments = _worker_settings(settings, share, self.size)
         self.engine, self.figures = engine, WorkerFigures()
+        self.besides: dict[str, EngineBeside] = {}  # the stages' EngineBesides, by name
         self.actor = ray.remote(num_cpus=WORKER_CPUS, max_restarts=0, max_task_retries=0)(UnitWorker)
         self.load: dict[Any, int] = {}  # live workers: units in flight on each
         self.starting: dict[Any, asyncio.Future] = {}
@@ -336,12 +375,21 @@ class WorkerPool:
 
         last = [worker.figures.remote() for worker in self.load]
         for blob in await asyncio.gather(*last, return_exceptions=True):
-            if isinstance(blob, bytes) and blob and self.figures.add(blob):
-                self.engine.accounting = self.figures.accounting()
+            if isinstance(blob, bytes):
+                self._take(blob)
         for task in self.starting.values():
             task.cancel()
         for worker in [*self.load, *self.starting]:
             ray.kill(worker)
+
+    def _take(self, blob: bytes) -> None:
+        """A worker's figures (b"": none): the engine's and each EngineBeside's accounting
+        become the workers', merged, if they are newer than those held."""
+        if blob and self.figures.add(blob):
+            self.engine.accounting = self.figures.accounting()
+            for name, accounting in self.figures.besides().items():
+                if name in self.besides:
+                    self.besides[name].counted(accounting)
 
     def _start(self) -> None:
         """A new worker, taking units once it is placed and started (a lost node's
@@ -408,7 +456,9 @@ class WorkerPool:
         import ray
         from ray.exceptions import RayActorError
 
-        recipe = [ray.put(_recipe(make_work, fingerprint_of))]
+        made, besides = _recipe(make_work, fingerprint_of)
+        recipe = [ray.put(made)]
+        self.besides.update((beside.name, beside) for beside in besides)
         field = getattr(make_work, "shared_per", None)
 
         async def work(unit: dict[str, Any]) -> dict[str, Any]:
@@ -425,8 +475,7 @@ class WorkerPool:
                     if worker in self.load:
                         self.load[worker] -= 1
                         self.changed.set()
-                if blob and self.figures.add(blob):
-                    self.engine.accounting = self.figures.accounting()
+                self._take(blob)
                 if fatal:
                     _raise(fatal)
                 done = msgspec.json.decode(result)
