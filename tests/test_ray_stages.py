@@ -28,7 +28,7 @@ import pytest
 from conftest import SAMPLE_TASK1, order_free_responder, write_jsonl
 from fake_openai import FakeOpenAI, empty, invalid_json_content, reply
 from rich.console import Console
-from test_dialogues import NEED, Script, good_turn, user_row, write_queries
+from test_dialogues import NEED, SUPPORTER, Script, good_turn, user_row, write_queries
 from test_evaluation import query_id_in, schema_properties
 from test_ray import rows, workers_started
 from test_sessions import Judged
@@ -228,6 +228,28 @@ def test_gen_dialogues_with_its_own_supporter_endpoint_on_ray(local_ray, tmp_pat
     )
     assert {r.body["model"] for r in supporters["ray"].chat_requests} == {"policy-7b"}
     assert {row["supporter_model"] for row in rows(made["ray"][0] / "dialogues.jsonl")} == {"policy-7b"}
+
+
+def test_the_supporter_note_counts_what_failed_dialogues_sent(tmp_path, dialogue_splits):
+    """BUG: the note was filled after a dialogue that ended well, so what a failed dialogue
+    had asked its own supporter endpoint went uncounted (every dialogue failing here: the
+    note said no more than "(its own endpoint)")."""
+
+    def leaks_after_the_supporter(step: str, body: dict, seen: int):
+        if step == "simulate" and SUPPORTER in json.dumps(body["messages"], ensure_ascii=False):
+            return {**good_turn(body), "text": f"I need {NEED}"}
+        return None
+
+    simulator = Script(bad=leaks_after_the_supporter)
+    with FakeOpenAI(responder=simulator) as server, FakeOpenAI(responder=Script()) as supporter:
+        generate_dialogues(
+            dialogue_splits / "random" / "test.jsonl", tmp_path / "dialogues.jsonl",
+            settings(server.base_url, tmp_path / "work", "local"), options=DialogueOptions(turn_attempts=2),
+            supporter_model="policy-7b", supporter_base_url=[supporter.base_url],
+        )  # fmt: skip
+    report = json.loads((tmp_path / "work" / "run_report.json").read_text())["stages"]["gen-dialogues"]
+    assert (report["done"], report["failed"]) == (0, 8)
+    assert report["notes"]["supporter"]["requests"] == supporter.count > 0
 
 
 @pytest.fixture(scope="module")

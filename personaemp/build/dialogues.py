@@ -35,7 +35,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from personaemp.aio import sync_twin
-from personaemp.errors import InputError, first_problem
+from personaemp.errors import InputError, UnitError, first_problem
 from personaemp.instruments.criteria import with_room
 from personaemp.instruments.policy import CONTEXTS, RESPOND, ROOM, SUMMARY, context_text, listed, mismatched
 from personaemp.instruments.simulator import (  # the simulated user, shared with training's Interaction
@@ -290,8 +290,13 @@ async def agenerate_dialogues(
             async def work(unit: dict) -> dict:
                 support = await supporter.get() if supporter is not None else engine
                 view = view_of(unit)
-                summary = await summarise(view, support) if options.context == "memory-summary" else None
-                row = await run_dialogue(unit, engine, support, prompts, options, view, summary)
+                try:
+                    summary = await summarise(view, support) if options.context == "memory-summary" else None
+                    row = await run_dialogue(unit, engine, support, prompts, options, view, summary)
+                except UnitError:
+                    if supporter is not None and not settings.estimate:
+                        supporter.counted()  # what a failed dialogue sent is counted too
+                    raise
                 if unit["user_id"] in stand_in:
                     row["memories_of"] = stand_in[unit["user_id"]]
                 if supporter is not None:
