@@ -297,3 +297,59 @@ def test_the_vllm_rounds_folder_is_per_stage_and_output(tmp_path):
     assert one == ray_vllm.folder_for(settings, "respond", tmp_path / "a.jsonl")
     assert one != ray_vllm.folder_for(settings, "respond", tmp_path / "b.jsonl")
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_without_vllm_installed_the_command_says_what_to_install(local_ray, sample_build, tmp_path):
+    """The [vllm] extra missing (as here: no transformers, no vLLM): `infer-persona --llm vllm`
+    ends with one line naming the extra, exit 2, and writes no personas."""
+    from typer.testing import CliRunner
+
+    from personaemp.cli import app
+
+    result = CliRunner().invoke(app, [
+        "infer-persona", "-i", str(sample_build / "filtered.jsonl"), "-o", str(tmp_path / "personas.jsonl"),
+        "--llm", "vllm", "--executor", "ray", "--model", "Qwen/Qwen2.5-7B-Instruct",
+        "--work-dir", str(tmp_path / "work"),
+    ])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "--llm vllm needs transformers, which is not installed here" in result.output
+    assert "pip install 'personaemp[vllm]'" in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "personas.jsonl").exists() or not (tmp_path / "personas.jsonl").read_text()
+
+
+def test_a_round_whose_job_fails_stops_with_one_line_and_keeps_its_answers(local_ray, stand_in, tmp_path):
+    """The Ray Data job dies mid-round (here the processor's last map raises for one row):
+    one line with its reason and what to do; the answers written before stay in the
+    `.partial` file, which the next round keeps (salvage)."""
+    from personaemp.errors import PersonaempError
+    from personaemp.llm.settings import LLMSettings
+
+    folder = tmp_path / "round"
+    folder.mkdir()
+    requests = [(f"check-k{n}", {"model": "fake", "messages": [{"role": "user", "content": f"say {n}"}],
+                                 "temperature": 0.0, "max_tokens": 50}) for n in range(40)]  # fmt: skip
+
+    def dies_on_the_last(row: dict) -> dict:
+        if row["custom_id"] == "check-k39":
+            raise RuntimeError("the engine died")
+        return as_vllm_output(row)
+
+    with FakeOpenAI(responder=lambda body, number: {"content": "fine"}) as fake:
+        stand_in(fake)
+        parts = ray_vllm.build_processor_for(None)
+        small = type(parts.config)(url=parts.config.url, concurrency=1, batch_size=4)
+        processor = ray_vllm.Processor(small, as_request, dies_on_the_last)
+        ray_vllm.build_processor_for = lambda settings: processor  # monkeypatched back by stand_in
+        settings = LLMSettings(llm="vllm", executor="ray", model="fake", work_dir=tmp_path / "work")
+        with pytest.raises(PersonaempError, match="a vLLM round stopped: .*the engine died") as caught:
+            ray_vllm.answer(folder, requests, settings)
+    assert "answers so far are kept" in caught.value.hint
+    kept = ray_vllm.salvage(folder)
+    assert 0 < kept < 40
+    answered = {
+        json.loads(line)["custom_id"]
+        for path in folder.glob("*.jsonl")
+        for line in path.read_text().splitlines()
+    }
+    assert "check-k39" not in answered and len(answered) == kept

@@ -23,6 +23,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 import uuid
@@ -203,14 +204,51 @@ def answer(
     DataContext.get_current().enable_progress_bars = False
     logging.getLogger("ray.data").setLevel(logging.WARNING)
 
-    processor = build_processor(parts.config, preprocess=parts.preprocess, postprocess=parts.postprocess)
+    try:
+        processor = build_processor(parts.config, preprocess=parts.preprocess, postprocess=parts.postprocess)
+    except ImportError as exc:  # ray.data.llm's vLLM processor imports transformers, then vLLM
+        raise InputError(
+            f"--llm vllm needs {exc.name or 'vLLM'}, which is not installed here",
+            "pip install 'personaemp[vllm]' (vLLM runs on CUDA GPUs)",
+        ) from None
     items = [{"custom_id": cid, "body": json.dumps(body, ensure_ascii=False)} for cid, body in requests]
     name = f"{ANSWERS}{uuid.uuid4().hex[:8]}.jsonl"
     partial = folder / f".{name}.partial"
     started = time.perf_counter()
     counts = {"requests": len(items), "answered": 0, "refused": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    try:
+        _write_answers(processor(ray.data.from_items(items)), partial, settings, counts, on_answer)
+    except Exception as exc:  # noqa: BLE001 - the Ray Data job failed: its first cause says why
+        kept = counts["answered"] + counts["refused"]
+        raise PersonaempError(
+            f"a vLLM round stopped: {_root_cause(exc)}",
+            f"its {kept} answers so far are kept: see Ray's logs (/tmp/ray/session_latest/logs), "
+            "then run the same command again",
+        ) from None
+    partial.replace(folder / name)
+    counts["seconds"] = round(time.perf_counter() - started, 1)
+    return counts
+
+
+_RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?:\(.*?\))?: (.+)$")
+_WRAPPERS = ("UserCodeException", "RayTaskError", "RaySystemError")
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The error under Ray's wrappers, in one line: Ray's text of a failed task holds the
+    original traceback first ("RuntimeError: ..."), then its own wrappers."""
+    for line in str(exc).splitlines():
+        found = _RAISED.match(line.strip())
+        if found and not found.group(1).rsplit(".", 1)[-1].startswith(_WRAPPERS):
+            return f"{found.group(1).rsplit('.', 1)[-1]}: {found.group(2)[:300]}"
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {first[:300]}"
+
+
+def _write_answers(dataset, partial: Path, settings: LLMSettings, counts: dict, on_answer) -> None:
+    """The round's answers, each written and flushed as it comes back."""
     with open(partial, "wb") as sink:
-        for row in processor(ray.data.from_items(items)).iter_rows():
+        for row in dataset.iter_rows():
             line = answer_line(row, settings.model or "")
             sink.write(json.dumps(line, ensure_ascii=False).encode() + b"\n")
             sink.flush()
@@ -221,9 +259,6 @@ def answer(
                 usage = line["response"]["body"]["usage"]
                 counts["prompt_tokens"] += usage["prompt_tokens"]
                 counts["completion_tokens"] += usage["completion_tokens"]
-    partial.replace(folder / name)
-    counts["seconds"] = round(time.perf_counter() - started, 1)
-    return counts
 
 
 async def rounds(
