@@ -276,22 +276,16 @@ def test_evaluate_dialogues_from_the_cli_on_ray_scores_what_one_process_scores(
             return invalid_json_content()
         return judged(body, number)
 
-    made = {}
-    for executor in EXECUTORS:
-        folder = tmp_path / executor
-        folder.mkdir()
-        before = len(workers_started())
-        answer = once_both_workers_are_up(responder) if executor == "ray" else responder
-        with FakeOpenAI(responder=answer) as server:
-            result = CliRunner().invoke(app, [
-                "evaluate", "--splits", str(dialogue_splits), "--dialogues", str(dialogues),
-                "-o", str(folder / "sessions.json"), "--base-url", server.base_url, "--model", "judge-x",
-                "--work-dir", str(folder / "work"), "--unreadable", "fail", "--concurrency", str(CONCURRENCY),
-                "--executor", executor, "--workers", "2",
-            ], env={"OPENAI_API_KEY": "sk-test"})  # fmt: skip
+    def stage(folder: Path, llm: LLMSettings) -> None:
+        result = CliRunner().invoke(app, [
+            "evaluate", "--splits", str(dialogue_splits), "--dialogues", str(dialogues),
+            "-o", str(folder / "sessions.json"), "--base-url", llm.base_urls[0], "--model", "judge-x",
+            "--work-dir", str(llm.work_dir), "--unreadable", "fail", "--concurrency", str(CONCURRENCY),
+            "--executor", llm.executor, "--workers", "2",
+        ], env={"OPENAI_API_KEY": "sk-test"})  # fmt: skip
         assert result.exit_code == 0, result.output
-        assert server.errors == []
-        made[executor] = folder, server, len(workers_started()) - before
+
+    made = run_twice(tmp_path, responder, stage)
     report = assert_same(
         made, "evaluate-dialogues", ["sessions.scores.jsonl"], "sessions.failures.jsonl", failed=2
     )

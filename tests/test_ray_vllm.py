@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import SAMPLE_TASK1, order_free_responder
 from fake_openai import FakeOpenAI
 from rich.console import Console
+from test_ray import rows
 
 from personaemp.errors import InputError
 from personaemp.llm import ray_vllm
@@ -88,17 +88,6 @@ def stand_in(monkeypatch):
         monkeypatch.setattr(ray_vllm, "build_processor_for", lambda settings: processor)
 
     return use
-
-
-def rows(path: Path, drop=NOT_COMPARED) -> list:
-    def strip(value):
-        if isinstance(value, dict):
-            return {key: strip(item) for key, item in value.items() if key not in drop}
-        if isinstance(value, list):
-            return [strip(item) for item in value]
-        return value
-
-    return [strip(json.loads(line)) for line in path.read_text().splitlines()]
 
 
 # --- one request, one answer ---------------------------------------------------------------------
@@ -225,7 +214,7 @@ def test_run_with_vllm_rounds_writes_what_one_process_writes(local_ray, sample_b
     for name in ("filtered.jsonl", "personas.jsonl", "queries.jsonl", "rejected.jsonl",
                  "infer-persona.failures.jsonl", "gen-queries.failures.jsonl",
                  "splits/random/train.jsonl", "splits/random/test.jsonl"):  # fmt: skip
-        assert rows(processed / name) == rows(sample_build / name), name
+        assert rows(processed / name, NOT_COMPARED) == rows(sample_build / name, NOT_COMPARED), name
     assert not (processed / ".personaemp" / "vllm").exists() or not any(
         (processed / ".personaemp" / "vllm").iterdir()
     )
