@@ -10,6 +10,7 @@ OPENAI_API_KEY only.
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 import warnings
@@ -218,13 +219,28 @@ def set_flags(items: list[str]) -> dict[str, dict[str, Any]]:
     return found
 
 
+def typed_assignments(tables: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
+    """`--vllm engine.max_model_len=8192` as the TOML file gives it: 8192, not "8192" (JSON
+    literals: numbers, true/false, lists; anything else stays text)."""
+
+    def typed(item: str) -> Any:
+        try:
+            return json.loads(item)
+        except ValueError:
+            return item
+
+    return {part: {key: typed(item) for key, item in table.items()} for part, table in tables.items()}
+
+
 def cli_flags(section: str, given: Mapping[str, Any]) -> dict[str, Any]:
     """The flags of one section as the resolver takes them (KEY=VALUE lists become tables)."""
     values = {}
     for name, value in given.items():
         option = spec(section, name)
         values[name] = (
-            parse_assignments(value, option.flag, option.metavar) if option.kind == "dict" else value
+            typed_assignments(parse_assignments(value, option.flag, option.metavar))
+            if option.kind == "dict"
+            else value
         )
     return values
 

@@ -20,7 +20,6 @@ This module stays light (pydantic only): `personaemp --help` imports it.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import types
@@ -544,20 +543,6 @@ class LLMOptions(Section):
         if self.max_cost is not None and self.price_in is None and self.price_out is None:
             raise OptionProblem("max_cost", "needs a price to count with", "give {price_in} and {price_out}")
         return self
-
-    @field_validator("vllm", mode="after")
-    @classmethod
-    def _typed_as_toml(cls, value: dict) -> dict:
-        """--vllm engine.max_model_len=8192 as TOML gives it: 8192, not "8192" (JSON literals:
-        numbers, true/false, lists; anything else stays text)."""
-
-        def typed(item: Any) -> Any:
-            try:
-                return json.loads(item) if isinstance(item, str) else item
-            except ValueError:
-                return item
-
-        return {part: {key: typed(item) for key, item in table.items()} for part, table in value.items()}
 
     @model_validator(mode="after")
     def _vllm_runs_on_ray(self) -> LLMOptions:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import SAMPLE_TASK1, order_free_responder
-from fake_openai import FakeOpenAI
+from fake_openai import FakeOpenAI, reply
 from rich.console import Console
 from test_ray import rows
 
@@ -29,6 +30,7 @@ from personaemp.options import LLMOptions, PathsOptions, RunOptions
 ray = pytest.importorskip("ray")
 pytest.importorskip("aiohttp")  # ray.data.llm imports it
 
+USAGE = {"prompt_tokens": 900, "completion_tokens": 5, "total_tokens": 905}  # as the server counts
 NOT_COMPARED = {"created_at", "endpoint_kind", "input_hash"}  # timings; "vllm" for "remote"
 
 
@@ -78,13 +80,15 @@ def as_vllm_output(row: dict) -> dict:
 def stand_in(monkeypatch):
     """ray_vllm's processor made ray.data.llm's HTTP processor against a test server."""
 
-    def use(server: FakeOpenAI) -> None:
+    def use(server: FakeOpenAI, postprocess=as_vllm_output) -> None:
         from ray.data.llm import HttpRequestProcessorConfig
 
+        # One request per batch: the request carries its JSON schema as a nested object (vLLM's
+        # rows carry it as text), and Arrow would merge the schemas of a batch's rows into one.
         config = HttpRequestProcessorConfig(
-            url=f"{server.base_url}/chat/completions", concurrency=1, batch_size=16
+            url=f"{server.base_url}/chat/completions", concurrency=1, batch_size=1
         )
-        processor = ray_vllm.Processor(config, as_request, as_vllm_output)
+        processor = ray_vllm.Processor(config, as_request, postprocess)
         monkeypatch.setattr(ray_vllm, "build_processor_for", lambda settings: processor)
 
     return use
@@ -172,13 +176,13 @@ def test_vllm_settings_that_cannot_work_are_one_line(given, said):
 def test_the_vllm_processor_takes_the_engine_and_processor_settings():
     """--vllm engine.KEY=VALUE and processor.KEY=VALUE (strings from the command line, typed
     as TOML would type them) reach ray.data.llm's vLLM processor config."""
-    from personaemp.config import llm_settings
+    from personaemp.config import cli_flags, llm_settings
 
-    options = LLMOptions(
-        llm="vllm", executor="ray", model="Qwen/Qwen2.5-7B-Instruct", workers=3,
-        vllm={"engine": {"max_model_len": "8192", "enable_prefix_caching": "true", "dtype": "bfloat16"},
-              "processor": {"batch_size": "32"}},
-    )  # fmt: skip
+    flags = cli_flags("llm", {"vllm": [
+        "engine.max_model_len=8192", "engine.enable_prefix_caching=true", "engine.dtype=bfloat16",
+        "processor.batch_size=32",
+    ]})  # fmt: skip
+    options = LLMOptions(llm="vllm", executor="ray", model="Qwen/Qwen2.5-7B-Instruct", workers=3, **flags)
     settings = llm_settings(options)
     config = ray_vllm.vllm_processor(settings).config
     assert config.model_source == "Qwen/Qwen2.5-7B-Instruct"
@@ -342,3 +346,105 @@ def test_a_round_whose_job_fails_stops_with_one_line_and_keeps_its_answers(local
         for line in path.read_text().splitlines()
     }
     assert "check-k39" not in answered and len(answered) == kept
+
+
+@pytest.mark.parametrize(
+    ("processor", "said"),
+    [
+        ({"batch_sise": 3}, "--vllm processor: "),
+        ({"model_source": "other/model"}, "--vllm processor.model_source is set by personaemp"),
+        (
+            {"should_continue_on_error": False},
+            "--vllm processor.should_continue_on_error is set by personaemp",
+        ),
+    ],
+)
+def test_a_wrong_vllm_processor_setting_is_one_line(processor, said):
+    from personaemp.llm.settings import LLMSettings
+
+    settings = LLMSettings(llm="vllm", executor="ray", model="m", vllm={"processor": processor})
+    with pytest.raises(InputError, match=said.replace(".", r"\.")):
+        ray_vllm.vllm_processor(settings)
+
+
+def test_code_that_opens_an_engine_itself_is_told_vllm_has_no_endpoint(tmp_path):
+    """The reward, the verl interaction, gen-dialogues' supporter open an engine and send:
+    with --llm vllm there is nothing to send to (it used to post to a placeholder URL)."""
+    import asyncio
+
+    from personaemp.llm.session import open_engine
+    from personaemp.llm.settings import LLMSettings
+
+    async def opened():
+        async with open_engine(LLMSettings(llm="vllm", executor="ray", model="m", work_dir=tmp_path)):
+            pass
+
+    with pytest.raises(InputError, match="--llm vllm has no endpoint to send to here"):
+        asyncio.run(opened())
+
+
+def infer_persona_in_rounds(folder: Path, sample_build: Path) -> tuple:
+    """infer-persona on the sample's 16 users with --llm vllm: (its result, its report's figures)."""
+    from personaemp.options import PersonaOptions
+    from personaemp.registry import STAGES
+
+    folder.mkdir()
+    shutil.copy(sample_build / "filtered.jsonl", folder / "filtered.jsonl")
+    options = RunOptions(
+        paths=PathsOptions(input=str(SAMPLE_TASK1), processed=folder),
+        llm=LLMOptions(model="fake", llm="vllm", executor="ray", workers=1),
+        persona=PersonaOptions(),
+    )
+    result = STAGES["infer-persona"].run(options, Console(quiet=True), full=True)
+    return result, json.loads((folder / ".personaemp" / "run_report.json").read_text())["stages"][
+        "infer-persona"
+    ]
+
+
+def test_an_invalid_reply_in_a_round_is_asked_again_in_the_next(local_ray, sample_build, stand_in, tmp_path):
+    """BUG: an invalid answer was marked invalid in the cache, then not served on the next
+    pass, so the same request was queued again instead of its re-ask: "still asking after 2
+    vLLM rounds (0 requests unanswered)". (--batch had the same loop, for ever.) Now the
+    re-ask goes out in the next round and the user ends as a persona, as in one process."""
+    first_words = json.loads((sample_build / "filtered.jsonl").read_text().splitlines()[2])["memories"][0]
+    base = order_free_responder()
+
+    held = []  # the reply the first request would have had: the re-ask gets it
+
+    def responder(body: dict, number: int):
+        text = json.dumps(body, ensure_ascii=False)
+        if "not json at all" in text:  # the re-ask, which quotes the bad reply
+            return held[0]
+        if first_words["value"] in text and '"traits"' in text:  # this user's persona request
+            held.append(base(body, number))
+            return reply("not json at all", usage=USAGE)
+        return base(body, number)
+
+    with FakeOpenAI(responder=responder) as fake:
+        stand_in(fake)
+        result, report = infer_persona_in_rounds(tmp_path / "run", sample_build)
+    outcome = result.report.outcome
+    assert (outcome.done, outcome.failed) == (16, 0)
+    assert report["totals"]["reasks"] >= 1
+    assert report["notes"]["vllm"]["rounds"] >= 3  # persona, its re-ask, then the levels
+
+
+def test_a_request_vllm_fails_on_is_one_failure_counted_once(local_ray, sample_build, stand_in, tmp_path):
+    """BUG: a row vLLM refused made its unit fail on every later pass, and the summed passes
+    counted it twice (failed 2, failed_before -1). Now: one failure row, failed 1."""
+    first_words = json.loads((sample_build / "filtered.jsonl").read_text().splitlines()[2])["memories"][0]
+
+    def refuses_one(row: dict) -> dict:
+        out = as_vllm_output(row)
+        if first_words["value"] in row["body"]:
+            out["__inference_error__"] = "ValueError: the prompt is longer than max_model_len"
+        return out
+
+    with FakeOpenAI(responder=order_free_responder()) as fake:
+        stand_in(fake, postprocess=refuses_one)
+        result, report = infer_persona_in_rounds(tmp_path / "run", sample_build)
+    outcome = result.report.outcome
+    assert (outcome.done, outcome.done_before, outcome.failed, outcome.failed_before) == (15, 0, 1, 0)
+    assert report["notes"]["vllm"]["refused"] == 1
+    failures = rows(tmp_path / "run" / "infer-persona.failures.jsonl", NOT_COMPARED)
+    assert len(failures) == 1 and "max_model_len" in json.dumps(failures)

@@ -32,6 +32,10 @@ _ROUND = re.compile(r"-round-(\d+)")
 class BatchQueue:
     """The requests a run could not answer from the cache: custom_id -> (step, key, body)."""
 
+    # A request gets one answer line: an invalid answer is served again with its verdict (so
+    # the engine re-asks, a new request), never queued again (the same request, the same line).
+    answers_once = True
+
     def __init__(self) -> None:
         self.requests: dict[str, tuple[str, str, dict[str, Any]]] = {}
 

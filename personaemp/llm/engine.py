@@ -356,7 +356,8 @@ class Engine:
             self.asked_for_structure |= schema is not None
             request = self.build_request(messages, schema, sampling, budget, mode)
             key = request_key(request, sample) if self.cache is not None else None
-            stored = self.cache.get(key) if self.cache is not None else None
+            once = getattr(self.offline, "answers_once", False)  # --batch (llm/batch.py)
+            stored = self.cache.get(key, any_verdict=once) if self.cache is not None else None
             if stored is not None and "error" in stored:  # --batch: the batch refused this request
                 stats.failures["http_error"] += 1
                 error = LLMError("http_error", f"{step_name}: the batch answered {stored['error']}")

@@ -134,9 +134,19 @@ def vllm_processor(settings: LLMSettings) -> Processor:
     processor = dict(settings.vllm.get("processor") or {})
     processor.setdefault("batch_size", 64)
     processor.setdefault("concurrency", settings.workers)
-    config = vLLMEngineProcessorConfig(
-        model_source=settings.model, engine_kwargs=engine, should_continue_on_error=True, **processor
-    )
+    ours = {"model_source": settings.model, "engine_kwargs": engine, "should_continue_on_error": True}
+    if taken := sorted(set(processor) & set(ours)):
+        raise InputError(
+            f"--vllm processor.{taken[0]} is set by personaemp",
+            "--model names the model, --vllm engine.KEY=VALUE goes to the engine",
+        )
+    try:
+        config = vLLMEngineProcessorConfig(**ours, **processor)
+    except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+        said = " ".join(str(exc).split())[:300]
+        raise InputError(
+            f"--vllm processor: {said}", "see ray.data.llm's vLLMEngineProcessorConfig"
+        ) from None
     return Processor(config, vllm_input, _keep_columns)
 
 
@@ -189,16 +199,18 @@ def answer(
     requests: list[tuple[str, dict]],
     settings: LLMSettings,
     on_answer: Callable[[], None] = lambda: None,
+    parts: Processor | None = None,
 ) -> dict[str, Any]:
-    """One round: `requests` through the processor on Ray, each answer written (and flushed)
-    as it comes; the answers file is named final once the round is done. Blocking."""
+    """One round: `requests` through the processor (`parts`, else build_processor_for's) on
+    Ray, each answer written (and flushed) as it comes; the answers file is named final
+    once the round is done. Blocking."""
     import logging
 
     import ray
     from ray.data import DataContext
-
-    parts = build_processor_for(settings)
     from ray.data.llm import build_processor
+
+    parts = parts or build_processor_for(settings)
 
     # Ray Data's own progress bars and INFO lines: the round's bar (rounds) says as much.
     DataContext.get_current().enable_progress_bars = False
@@ -271,33 +283,37 @@ async def rounds(
     """Run `one_pass(round_settings, notes)` (the stage from batch files) until it asks for
     nothing more, answering what it asks for with vLLM on Ray between passes. Returns the
     last pass's report, as the stage's: every round's figures in its notes, and the units
-    finished by earlier passes counted as finished in this run, not before it."""
-    import asyncio
+    finished by earlier passes counted as finished in this run, not before it.
 
+    A round runs on this thread, the event loop waiting: nothing else runs meanwhile (no
+    chain, no stream on --llm vllm), and Ctrl-C stops it at once (a thread would be waited for)."""
     from rich.progress import Progress
 
     from personaemp.llm.ray_executor import connect
 
+    parts = build_processor_for(settings)  # a wrong --vllm setting said before any pass
     folder = folder_for(settings, stage, output)
     folder.mkdir(parents=True, exist_ok=True)
     kept = salvage(folder)
     round_settings = replace(settings, batch=folder)
     figures = {"rounds": 0, "requests": 0, "answered": 0, "refused": 0, "prompt_tokens": 0,
                "completion_tokens": 0, "seconds": 0.0}  # fmt: skip
-    done = failed = 0  # units finished by the passes so far
+    first = None  # the first pass's outcome: what was finished before this run
     console.print(f"[bold]{stage}[/]: model {settings.model} · vLLM on Ray, in rounds")
     if kept:
         console.print(f"{stage}: {kept} answers of an unfinished round kept")
     while True:
         notes = {"vllm": {"text": _summary(figures), **figures}} if figures["rounds"] else {}
         report = await one_pass(round_settings, notes)
+        first = first or replace(report.outcome)
         if not (report.batch or {}).get("files"):
             shutil.rmtree(folder, ignore_errors=True)  # the cache holds every answer
-            outcome = report.outcome
-            outcome.done, outcome.done_before = outcome.done + done, outcome.done_before - done
-            outcome.failed, outcome.failed_before = outcome.failed + failed, outcome.failed_before - failed
+            last = report.outcome  # units finished by earlier passes are this run's too
+            last.done, last.done_before = last.done + last.done_before - first.done_before, first.done_before
+            last.failed, last.failed_before = (
+                last.failed + last.failed_before - first.failed_before, first.failed_before,
+            )  # fmt: skip
             return report
-        done, failed = done + report.outcome.done, failed + report.outcome.failed
         requests = unanswered(folder)
         if figures["rounds"] >= MAX_ROUNDS or not requests:
             raise PersonaempError(
@@ -311,7 +327,7 @@ async def rounds(
         with Progress(*Progress.get_default_columns(), console=console, transient=True) as progress:
             task = progress.add_task(title, total=len(requests))
             advance = functools.partial(progress.advance, task)
-            counts = await asyncio.to_thread(answer, folder, requests, settings, advance)
+            counts = answer(folder, requests, settings, advance, parts)
         figures["rounds"] += 1
         for key, value in counts.items():
             figures[key] += value

@@ -23,6 +23,11 @@ async def open_engine(
 
     `notify(line)` hears what the engine decides on the way (a refused response format).
     `offline` (--estimate, --batch): no request will be sent, so no server is started."""
+    if settings.llm == "vllm" and offline is None:  # only a stage's rounds reach vLLM (ray_vllm.py)
+        raise InputError(
+            "--llm vllm has no endpoint to send to here: it answers an LLM stage's requests in rounds",
+            "for this, serve the model (e.g. `vllm serve`) and give --base-url",
+        )
     async with contextlib.AsyncExitStack() as stack:
         if settings.uses_local and not (offline is not None and settings.model):
             from personaemp.llm.local import MODEL_NAME, LocalServer
