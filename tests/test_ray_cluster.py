@@ -130,6 +130,8 @@ def test_the_driver_killed_then_run_again_sends_only_the_unfinished_units_reques
     }
     assert len(set(marks.values())) == len(marks)
     for request in second:
+        if request.body is None:  # cut off mid-body by the killed driver's dying workers: never sent whole
+            continue
         text = json.dumps(request.body["messages"], ensure_ascii=False)
         assert not {uid for uid in done if marks[uid] in text}
     # At most the requests in flight at the kill (2) are sent twice: the cache answers the rest.
