@@ -388,7 +388,7 @@ def infer_persona_in_rounds(folder: Path, sample_build: Path) -> tuple:
     from personaemp.options import PersonaOptions
     from personaemp.registry import STAGES
 
-    folder.mkdir()
+    folder.mkdir(exist_ok=True)
     shutil.copy(sample_build / "filtered.jsonl", folder / "filtered.jsonl")
     options = RunOptions(
         paths=PathsOptions(input=str(SAMPLE_TASK1), processed=folder),
@@ -440,9 +440,24 @@ def test_a_request_vllm_fails_on_is_one_failure_counted_once(local_ray, sample_b
             out["__inference_error__"] = "ValueError: the prompt is longer than max_model_len"
         return out
 
+    # A killed run with other options left a request this run does not need: not sent.
+    stale = tmp_path / "run" / ".personaemp" / "vllm"
+    from personaemp.llm.settings import LLMSettings
+
+    folder = ray_vllm.folder_for(
+        LLMSettings(llm="vllm", executor="ray", model="fake", work_dir=stale.parent),
+        "infer-persona", tmp_path / "run" / "personas.jsonl",
+    )  # fmt: skip
+    folder.mkdir(parents=True)
+    old = {"model": "fake", "messages": [{"role": "user", "content": "OLD OPTIONS"}], "temperature": 1.0,
+           "max_tokens": 9}  # fmt: skip
+    line = {"custom_id": "persona-old", "method": "POST", "url": "/v1/chat/completions", "body": old}
+    (folder / "infer-persona-round-1-part-1.jsonl").write_text(json.dumps(line) + "\n")
     with FakeOpenAI(responder=order_free_responder()) as fake:
         stand_in(fake, postprocess=refuses_one)
         result, report = infer_persona_in_rounds(tmp_path / "run", sample_build)
+    assert not [r for r in fake.chat_requests if "OLD OPTIONS" in json.dumps(r.body)]
+    assert not folder.exists()
     outcome = result.report.outcome
     assert (outcome.done, outcome.done_before, outcome.failed, outcome.failed_before) == (15, 0, 1, 0)
     assert report["notes"]["vllm"]["refused"] == 1

@@ -163,8 +163,10 @@ def folder_for(settings: LLMSettings, stage: str, output: Path) -> Path:
     return settings.work_dir / "vllm" / f"{stage}-{digest}"
 
 
-def unanswered(folder: Path) -> list[tuple[str, dict]]:
-    """(custom_id, body) of each request in the folder with no answer line yet."""
+def unanswered(folder: Path, only: set[str] | None = None) -> list[tuple[str, dict]]:
+    """(custom_id, body) of each request in the folder with no answer line yet (`only`: of
+    these custom_ids: what the stage asks for now, not what a killed run with other
+    options had asked for)."""
     requests: dict[str, dict] = {}
     answered: set[str] = set()
     for path in sorted(folder.glob("*.jsonl")):
@@ -173,7 +175,11 @@ def unanswered(folder: Path) -> list[tuple[str, dict]]:
                 requests.setdefault(row["custom_id"], row["body"])
             else:
                 answered.add(row["custom_id"])
-    return [(custom_id, body) for custom_id, body in requests.items() if custom_id not in answered]
+    return [
+        (custom_id, body)
+        for custom_id, body in requests.items()
+        if custom_id not in answered and (only is None or custom_id in only)
+    ]
 
 
 def salvage(folder: Path) -> int:
@@ -314,7 +320,7 @@ async def rounds(
                 last.failed + last.failed_before - first.failed_before, first.failed_before,
             )  # fmt: skip
             return report
-        requests = unanswered(folder)
+        requests = unanswered(folder, set(report.batch["queued"]))
         if figures["rounds"] >= MAX_ROUNDS or not requests:
             raise PersonaempError(
                 f"{stage}: still asking after {figures['rounds']} vLLM rounds ({len(requests)} requests "

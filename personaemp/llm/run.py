@@ -277,7 +277,7 @@ async def _one_pass(
         waiting = sorted({str(awaiting[cid]) for cid in queue.requests if cid in awaiting})
         report.batch = {
             **imported, "requests": len(queue.requests), "new_files": [str(f) for f in new],
-            "files": [str(f) for f in new] + waiting,
+            "files": [str(f) for f in new] + waiting, "queued": sorted(queue.requests),
         }  # fmt: skip
         if report.batch["files"]:
             return report  # the stage goes on next round: nothing to record yet
