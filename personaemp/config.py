@@ -63,7 +63,7 @@ def read_config(path: Path) -> dict[str, Any]:
         )
     for name, value in data.items():
         if name not in SECTIONS:
-            raise InputError(f"{path}: [{name}] is not a known section", f"use {', '.join(SECTIONS)}")
+            raise InputError(f"{path}: [{name}] is not a known section", _section_hint(value))
         if not isinstance(value, dict):
             raise InputError(f"{path}: {name} must be a table ([{name}]), not {value!r}")
     return data
@@ -188,6 +188,21 @@ def load_config(
     """Every option of `personaemp run`: `settings` (`run --set SECTION.KEY=VALUE`) over env
     vars over the file over the defaults."""
     return Resolver(path, env=env, flags=set_flags(settings or []), style="set").all()
+
+
+def _section_hint(table: Any) -> str:
+    """Where the keys of an unknown section live (`[run] executor` is `[llm] executor`), else
+    the sections there are."""
+    keys = table if isinstance(table, dict) else {}
+    homes = {
+        f"[{section}] {key}"
+        for key in keys
+        for section in SECTIONS
+        if key in {option.name for option in specs(section)}
+    }
+    if 0 < len(homes) <= 3:  # a key of many sections (input, output) says nothing
+        return f"write {', '.join(sorted(homes))}"
+    return f"use {', '.join(SECTIONS)}"
 
 
 def set_flags(items: list[str]) -> dict[str, dict[str, Any]]:

@@ -75,3 +75,20 @@ def test_a_config_with_a_byte_order_mark_is_read(tmp_path):
     config = tmp_path / "personaemp.toml"
     config.write_bytes(b"\xef\xbb\xbf" + (REPO / "personaemp.toml").read_bytes())
     assert read_config(config)["persona"]["require_depth"] is False
+
+
+@pytest.mark.parametrize(
+    ("text", "hint"),
+    [
+        ('[run]\nexecutor = "ray"\n', "write [llm] executor"),  # as the Ray issue first spelled it
+        ("[run]\nworkers = 4\nray_address = 'ray://h:10001'\n", "write [llm] ray_address, [llm] workers"),
+        ("[foo]\nbar = 1\n", "use paths, extract, filter, llm"),
+        ("[run]\ninput = 'x'\n", "use paths, extract, filter, llm"),  # a key of many sections
+    ],
+)
+def test_an_unknown_section_says_where_its_keys_live(tmp_path, text, hint):
+    path = tmp_path / "personaemp.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(InputError, match="is not a known section") as caught:
+        read_config(path)
+    assert caught.value.hint.startswith(hint)
