@@ -233,6 +233,17 @@ def file_stamp(path: Path) -> tuple[int, int]:
     return status.st_size, status.st_mtime_ns
 
 
+def iter_records(path: Path, model, what: str, hint: str | None = None) -> Iterator[tuple[int, Any]]:
+    """(line number, record) of each row of a JSONL file, validated as `model` (a pydantic
+    model); a row that is not one stops the read: "FILE:LINE: not `what` (its first problem)"."""
+    for lineno, _, row in iter_jsonl(Path(path), ErrorPolicy("fail")):
+        try:
+            record = model.model_validate(row)
+        except ValidationError as exc:
+            raise InputError(f"{path}:{lineno}: not {what} ({first_problem(exc)})", hint) from None
+        yield lineno, record
+
+
 def read_stage_rows(path: Path, model, *, keep=None, kind: str = "user") -> tuple[StageRows, int]:
     """The rows of a stage's input file, each validated as `model` (a pydantic model).
 

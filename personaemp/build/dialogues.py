@@ -32,10 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from personaemp.aio import sync_twin
-from personaemp.errors import InputError, UnitError, first_problem
+from personaemp.errors import InputError, UnitError
 from personaemp.instruments.criteria import with_room
 from personaemp.instruments.policy import CONTEXTS, RESPOND, ROOM, SUMMARY, context_text, listed, mismatched
 from personaemp.instruments.simulator import (  # the simulated user, shared with training's Interaction
@@ -54,7 +52,7 @@ from personaemp.instruments.simulator import (  # the simulated user, shared wit
     transcript,
     write_hidden_need,
 )
-from personaemp.io import ErrorPolicy, iter_jsonl
+from personaemp.io import iter_records
 from personaemp.prompts import Prompt, prompts_per_variant
 from personaemp.records import Dialogue, DialogueTurn
 
@@ -320,15 +318,9 @@ generate_dialogues = sync_twin(agenerate_dialogues)
 
 def read_dialogues(path: Path) -> list[Dialogue]:
     """The rows of a gen-dialogues output, validated (what the later steps read)."""
-    dialogues = []
-    for lineno, _, row in iter_jsonl(Path(path), ErrorPolicy("fail")):
-        try:
-            dialogues.append(Dialogue.model_validate(row))
-        except ValidationError as exc:
-            raise InputError(
-                f"{path}:{lineno}: not a dialogue ({first_problem(exc)})", "pass gen-dialogues' output"
-            ) from None
-    return dialogues
+    return [
+        dialogue for _, dialogue in iter_records(path, Dialogue, "a dialogue", "pass gen-dialogues' output")
+    ]
 
 
 # --- from options (the command and pe.*) ----------------------------------------------------------

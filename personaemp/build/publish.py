@@ -46,7 +46,7 @@ from personaemp import freshness
 from personaemp.build.card import QUALITY_PLOT, render_card
 from personaemp.build.stats import FIGURE_DIR, STATS_FILE, sources_of_split, stats_and_figures
 from personaemp.errors import InputError, PersonaempError, RowError, first_problem
-from personaemp.io import ErrorPolicy, atomic_output, file_sha256, iter_jsonl, write_json_atomic
+from personaemp.io import ErrorPolicy, atomic_output, file_sha256, iter_jsonl, iter_records, write_json_atomic
 from personaemp.records import BIG_FIVE, DIMENSIONS
 from personaemp.splits import REPORT_FILE, SETTINGS_WRITTEN, check_queries_row, profile_of
 from personaemp.workspace import stage_chain
@@ -623,13 +623,7 @@ def dialogue_parts(path: Path, files: dict[str, dict[str, Path]], staging: Path,
     dialogues: list[Dialogue] = []
     seen: set[str] = set()
     outside = 0
-    for lineno, _, row in iter_jsonl(path, ErrorPolicy("fail")):
-        try:
-            dialogue = Dialogue.model_validate(row)
-        except ValidationError as exc:
-            raise InputError(
-                f"{path}:{lineno}: not a dialogue ({first_problem(exc)})", "pass gen-dialogues' output"
-            ) from None
+    for lineno, dialogue in iter_records(path, Dialogue, "a dialogue", "pass gen-dialogues' output"):
         if dialogue.dialogue_id in seen:
             raise InputError(f"{path}:{lineno}: dialogue {dialogue.dialogue_id} appears twice")
         seen.add(dialogue.dialogue_id)

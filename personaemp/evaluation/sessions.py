@@ -32,10 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from personaemp.aio import sync_twin
-from personaemp.errors import InputError, RowError, first_problem
+from personaemp.errors import InputError, RowError
 from personaemp.evaluation.scoring import failures_file, metrics, score_unit, scores_file, temperatures
 from personaemp.instruments import simulator_rules
 from personaemp.instruments.criteria import (
@@ -65,7 +63,7 @@ from personaemp.instruments.sessions import (
     turn_graded,
     up_to_turn,
 )
-from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
+from personaemp.io import ErrorPolicy, iter_jsonl, iter_records, write_json_atomic
 from personaemp.prompts import LAYOUTS, load_prompt
 from personaemp.records import DIMENSIONS, Dialogue
 from personaemp.splits import split_file
@@ -83,11 +81,7 @@ def read_dialogue_file(path: Path) -> dict[str, Dialogue]:
     found: dict[str, Dialogue] = {}
     lines: dict[str, int] = {}
     try:
-        for lineno, _, row in iter_jsonl(Path(path), ErrorPolicy("fail")):
-            try:
-                dialogue = Dialogue.model_validate(row)
-            except ValidationError as exc:
-                raise InputError(f"{path}:{lineno}: not a dialogue ({first_problem(exc)})", HINT) from None
+        for lineno, dialogue in iter_records(path, Dialogue, "a dialogue", HINT):
             if dialogue.query_id in found:
                 raise InputError(
                     f"{path}:{lineno}: a second dialogue of query {dialogue.query_id} (first at line "
