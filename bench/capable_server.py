@@ -10,14 +10,13 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import order_free_responder  # noqa: E402
-from fake_openai import FakeOpenAI, lognormal_latency  # noqa: E402
+from fake_openai import FakeOpenAI, lognormal_latency, serve_until_killed  # noqa: E402
 
 
 def every_step(build):
@@ -48,12 +47,7 @@ def main() -> None:
 
     detect_language("A sentence long enough for the model to be asked about it.")
     server = FakeOpenAI(responder=every_step(order_free_responder()), latency=latency, seed=args.seed)
-    print(f"READY {server.base_url}", flush=True)
-    try:
-        while True:
-            time.sleep(3600)
-    finally:
-        server.stop()
+    serve_until_killed(server)
 
 
 if __name__ == "__main__":

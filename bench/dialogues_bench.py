@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from fake_openai import FakeOpenAI  # noqa: E402
+from fake_openai import FakeOpenAI, serve_until_killed  # noqa: E402
 from test_dialogues import text_of, user_row, write_queries  # noqa: E402
 from test_sessions import Judged, session_step  # noqa: E402
 
@@ -83,12 +83,7 @@ class Logged(Slow):
 def serve(median: float, sigma: float, log: Path) -> None:
     """The test server in a process of its own (its threads hold no lock the client needs)."""
     server = FakeOpenAI(responder=Logged(median, sigma, log))
-    print(f"READY {server.base_url}", flush=True)
-    try:
-        while True:
-            time.sleep(3600)
-    finally:
-        server.stop()
+    serve_until_killed(server)
 
 
 def greedy(chains: list[list[float]], slots: int) -> float:

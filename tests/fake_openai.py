@@ -1216,6 +1216,18 @@ def fault_responder(fault_rate: float, seed: int) -> Callable[[dict, int], Actio
     return respond
 
 
+def serve_until_killed(server: FakeOpenAI) -> None:
+    """Say READY <base url> (what a parent process waits for), serve until killed, stop."""
+    print(f"READY {server.base_url}", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
@@ -1259,14 +1271,9 @@ def main(argv: list[str] | None = None) -> int:
         obeying=args.obeying,
         prefix_cache=args.prefix_cache,
     )
-    print(f"READY {server.base_url}", flush=True)
     try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
+        serve_until_killed(server)
     finally:
-        server.stop()
         print(
             f"STOPPED requests={server.count} max_in_flight={server.max_in_flight}",
             file=sys.stderr,
