@@ -182,10 +182,10 @@ def _unknown(value: str) -> bool:
     return "$" in value or "<" in value
 
 
-def option_problems(command: str, given: dict[str, object]) -> list[str]:
-    """Type errors of `{(section, name): value}` (text, as a flag or --set gives it), each
-    checked against its option's declaration alone (the rest of the command may come from a
-    config file or the environment)."""
+def option_problems(given: dict[tuple[str, str], object], from_set: bool = False) -> list[str]:
+    """Type errors of `{(section, name): value}` (as flags give them, or --set: set_flags),
+    each checked against its option's declaration alone (the rest of the command may come
+    from a config file or the environment)."""
     from pydantic import ValidationError
 
     from personaemp.config import cli_flags
@@ -198,7 +198,7 @@ def option_problems(command: str, given: dict[str, object]) -> list[str]:
         if any(isinstance(text, str) and _unknown(text) for text in texts):
             continue
         try:
-            SECTIONS[section].model_validate(cli_flags(section, {name: value}))
+            SECTIONS[section].model_validate({name: value} if from_set else cli_flags(section, {name: value}))
         except InputError as error:
             problems.append(str(error))
         except ValidationError as error:
@@ -246,10 +246,9 @@ def command_problems(words: list[str]) -> list[str]:
             tables = set_flags(context.params["settings"])
         except InputError as error:
             return [str(error)]
-        given.update(
-            {(section, key): value for section, keys in tables.items() for key, value in keys.items()}
-        )
-    return option_problems(name, given)
+        keys = {(section, key): value for section, keys in tables.items() for key, value in keys.items()}
+        return option_problems(given) + option_problems(keys, from_set=True)
+    return option_problems(given)
 
 
 def python_problems(source: str, where: str) -> list[str]:
@@ -412,6 +411,9 @@ def test_the_files_page_lists_the_columns_the_records_have():
         ("personaemp infer-personas", "no command 'infer-personas'"),
         ("personaemp run --set persona.limit=abc", "persona.limit='abc'"),
         ("personaemp run --set persona.limt=3", "[persona] has no key 'limt'"),
+        ("personaemp run --set llm.vllm.engine.max_model_len=8192 --set 'persona.users=[\"a\"]'", None),
+        ("personaemp run --set llm.steps.check.temperature=-1", "llm.steps="),
+        ("personaemp run --workers two", "llm.workers='two'"),
         ('P="--limit x"\npersonaemp infer-persona $P', "persona.limit='x'"),
         ("for s in a b; do personaemp split --seed $s; done", None),  # a loop's variable: the flag only
         ("personaemp filter --show-rules > rules.toml && personaemp filter --rules rules.toml", None),
