@@ -2,11 +2,12 @@
 read by Sybil, against the test server standing in for every provider, or is marked
 `<!-- skip: next "why" -->` (the Hub, a GPU, a build tool, your own files).
 
-Each page runs in its own folder holding the shipped sample and a copy of one small build
-(conftest's `sample_build`, made once per session), its blocks in order sharing one
-namespace, as a reader follows a page. Python blocks run as a notebook cell does (top-level
-`await` allowed, inside a running event loop); a shell block's `personaemp` lines run in
-this process (Typer's runner), `export` sets the environment, any `--base-url` and
+Each page runs in its own folder holding the shipped sample, personaemp.toml and a copy of
+what `make demo` writes (`demo_build`, made once per session), its blocks in order sharing
+one namespace, as a reader follows a page from a fresh clone after the README's demo.
+Python blocks run as a notebook cell does (top-level `await` allowed, inside a running
+event loop); a shell block's `personaemp` lines run in this process (Typer's runner),
+`export` sets the environment, any `--base-url` (and `--supporter-base-url`...) and
 `base_url=` point at the test server. A block that fails names its page and line.
 
 A block marked skip is still checked (issue 51): each `personaemp` command of every shell
@@ -41,11 +42,16 @@ PAGES = [
 
 
 def replies():
-    """The build's capable model (order free), and for evaluation a plain reply, criteria and
-    judgments that depend on nothing but the request."""
-    build = order_free_responder()
+    """The build's capable model (order free), for evaluation a plain reply, criteria and
+    judgments that depend on nothing but the request, and for dialogues the scripted
+    simulated user and session judge of tests/test_sessions.py."""
+    from test_sessions import Judged, session_step
+
+    build, dialogues = order_free_responder(), Judged(score=4.0)
 
     def answer(body: dict, number: int):
+        if session_step(body) in ("hidden_need", "simulate", "in_character", "session_judge"):
+            return dialogues(body, number)
         fmt = body.get("response_format")
         if not fmt:
             return "That sounds hard. It makes sense that you feel this way; what would help most now?"
@@ -97,7 +103,7 @@ class Shell:
                 )
             args = list(words)
             for i in range(1, len(args) - 1):
-                if args[i] == "--base-url":
+                if args[i].endswith("base-url"):  # --base-url, --supporter-base-url, --judge-base-url
                     args[i + 1] = self.server.base_url
             args = [re.sub(r"base_url=[^;]+", f"base_url={self.server.base_url}", w) for w in args]
             from personaemp.cli import app
@@ -351,15 +357,33 @@ def server():
         yield fake
 
 
+@pytest.fixture(scope="session")
+def demo_build(tmp_path_factory) -> Path:
+    """What `make demo` leaves in data/processed (`personaemp run --config personaemp.toml`:
+    its three users, the random split alone), the test server's capable model standing in
+    for the embedded one: each page starts from it, as a newcomer after the README's demo."""
+    from rich.console import Console
+
+    from personaemp.config import load_config
+    from personaemp.pipeline import run_pipeline
+
+    processed = tmp_path_factory.mktemp("demo_build") / "processed"
+    with FakeOpenAI(responder=order_free_responder()) as fake, open(processed.parent / "log.txt", "w") as log:
+        given = [f"paths.input={SAMPLE_TASK1}", f"paths.processed={processed}",
+                 f"llm.base_url={fake.base_url}", "llm.model=fake"]  # fmt: skip
+        run_pipeline(load_config(REPO / "personaemp.toml", env={}, settings=given), Console(file=log))
+    return processed
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda path: str(path.relative_to(REPO)))
-def test_every_block_of_the_page_runs(page, server, sample_build, tmp_path, monkeypatch):
+def test_every_block_of_the_page_runs(page, server, demo_build, tmp_path, monkeypatch):
     env = {"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": server.base_url, "PERSONAEMP_MODEL": "fake",
            "NO_COLOR": "1"}  # fmt: skip
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     (tmp_path / "data" / "raw").mkdir(parents=True)
     (tmp_path / "data" / "raw" / "alpsbench_sample").symlink_to(SAMPLE_TASK1.parent)
-    shutil.copytree(sample_build, tmp_path / "data" / "processed")
+    shutil.copytree(demo_build, tmp_path / "data" / "processed")
     shutil.copy(REPO / "personaemp.toml", tmp_path / "personaemp.toml")
     monkeypatch.chdir(tmp_path)
     sybil = Sybil(
