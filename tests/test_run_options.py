@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, clean_environment
+from conftest import REPO, SAMPLE_TASK1, clean_environment
 
 from personaemp.config import load_config, read_config, set_flags
 from personaemp.errors import InputError
@@ -172,3 +172,17 @@ def test_a_bad_run_flag_is_named_by_its_flag_and_a_key_given_twice_is_refused(mo
     assert "give --base-url" in result.output
     _, result = options_run_gets(monkeypatch, tmp_path, "--model", "a", "--set", "llm.model=b")
     assert result.exit_code == 2 and "--model and --set llm.model both give llm.model" in result.output
+
+
+def test_run_with_an_endpoint_and_no_model_stops_before_any_stage(tmp_path, monkeypatch):
+    """Before: the filter ran and wrote its files, then infer-persona said "no model given"."""
+    from typer.testing import CliRunner
+
+    from personaemp.cli import app
+
+    clean_environment(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    given = ["run", "--set", f"paths.input={SAMPLE_TASK1}", "--base-url", "http://127.0.0.1:9/v1"]
+    result = CliRunner().invoke(app, given, env={"NO_COLOR": "1", "COLUMNS": "200"})
+    assert result.exit_code == 2 and "no model given for the endpoint" in result.output
+    assert not (tmp_path / "data").exists()  # nothing written
