@@ -519,8 +519,6 @@ def _run_signature() -> inspect.Signature:
 run_command.__signature__ = _run_signature()  # type: ignore[attr-defined]
 run_command = with_output_options(run_command)
 
-# fmt: on
-
 
 def _runs(name: str):
     """The command of a stage that needs nothing but its options."""
