@@ -308,6 +308,32 @@ def _old_parameter(option: OptionSpec) -> inspect.Parameter:
     return _keyword(f"old_{option.name}", Annotated[str | None, typer.Option(option.old_flag, hidden=True)])
 
 
+def section_parameters(sections: tuple[str, ...]) -> tuple[list[inspect.Parameter], list[inspect.Parameter]]:
+    """The Typer parameters of every option of `sections`, and the hidden ones of their earlier flags."""
+    options = [(section, option) for section in sections for option in specs(section)]
+    generated = [_typer_parameter(option, section) for section, option in options]
+    return generated, [_old_parameter(option) for _, option in options if option.old_flag]
+
+
+def given_flags(ctx: typer.Context, sections: tuple[str, ...], values: dict[str, Any]) -> dict[str, dict]:
+    """{section: {option: value}} of the options of `sections` given on the command line (or by
+    their earlier flag, with a notice), as the resolver takes them; their values leave `values`."""
+    from personaemp.config import cli_flags
+
+    flags: dict[str, dict[str, Any]] = {section: {} for section in sections}
+    for section in sections:
+        for option in specs(section):
+            value = values.pop(option.name)
+            earlier = values.pop(f"old_{option.name}", None) if option.old_flag else None
+            source = ctx.get_parameter_source(option.name)  # (by name: typer may bundle its own click)
+            if source is not None and source.name == "COMMANDLINE":
+                flags[section][option.name] = value
+            elif earlier is not None:
+                notice_renamed(option.old_flag, option.flag)
+                flags[section][option.name] = earlier
+    return {section: cli_flags(section, given) for section, given in flags.items()}
+
+
 _COMMANDS: dict[str, Callable] = {}  # name -> command, registered on `app` in ORDER at the end
 
 
@@ -320,33 +346,19 @@ def stage_command(name: str):
     options given on the command line are passed on: env vars, the config file and the
     defaults are layered under them by the resolver, exactly as `personaemp run` does."""
     sections = COMMANDS[name]
-    options = [(section, option) for section in sections for option in specs(section)]
 
     def register(func):
         declared = list(inspect.signature(func, eval_str=True).parameters.values())[2:]
         wants_json = any(parameter.name == "json_output" for parameter in declared)  # told of --json
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in declared if p.name != "json_output"]
-        generated = [_typer_parameter(option, section) for section, option in options]
-        old = [_old_parameter(option) for _, option in options if option.old_flag]
+        generated, old = section_parameters(sections)
         config_flag = typer.Option("--config", "-c", metavar="FILE", help=CLI_ONLY[name]["--config"])
         config = _keyword("config", Annotated[Path | None, config_flag])
 
         def command(ctx: typer.Context, config: Path | None = None, quiet=False, json_output=False, **values):
-            from personaemp.config import cli_flags
             from personaemp.paths import check_command
 
-            flags: dict[str, dict[str, Any]] = {section: {} for section in sections}
-            for section, option in options:
-                value = values.pop(option.name)
-                earlier = values.pop(f"old_{option.name}", None) if option.old_flag else None
-                source = ctx.get_parameter_source(option.name)  # (by name: typer may bundle its own click)
-                if source is not None and source.name == "COMMANDLINE":
-                    flags[section][option.name] = value
-                elif earlier is not None:
-                    notice_renamed(option.old_flag, option.flag)
-                    flags[section][option.name] = earlier
-            flags = {section: cli_flags(section, given) for section, given in flags.items()}
-            resolver = Resolver(config, flags=flags, style="cli")
+            resolver = Resolver(config, flags=given_flags(ctx, sections, values), style="cli")
             check_command(name, resolver.section)
             if wants_json:
                 values["json_output"] = json_output
@@ -467,25 +479,45 @@ def serve_local_command(
         raise typer.Exit(code)
 
 
-@with_output_options
+# `run`'s flags: every LLM stage's [llm] options (endpoint, model, concurrency, executor...),
+# as the stages declare them; a stage's own keys (several share --limit, --input) go by --set.
+RUN_SECTIONS = ("llm",)
+
+
 def run_command(
+    ctx: typer.Context,
     config: Annotated[Path | None, typer.Option(
         "--config", "-c", metavar="FILE", help="personaemp.toml (default: built-in settings).")] = None,
     settings: Annotated[list[str] | None, typer.Option(
         "--set", metavar="SECTION.KEY=VALUE",
-        help="Any key of the config for this run (repeatable): --set persona.limit=8 "
-        "--set llm.model=gpt-4o-mini. Wins over the file and env vars.")] = None,
+        help="Any key of the config for this run, its value as in the file (repeatable): --set "
+        "persona.limit=8 --set 'persona.users=[\"a\", \"b\"]' --set llm.vllm.engine.max_model_len=8192. "
+        "Wins over the file and env vars.")] = None,
     *,
     console: Console,
+    **values: Any,
 ):
     """Run (extract-memories ->) filter -> infer-persona -> gen-queries -> split -> stats -> push from
-    one config, resuming. A stage's options are keys of its section (--set or the file)."""
+    one config, resuming. A stage's options are keys of its section (--set or the file); the LLM
+    options are flags, as for every LLM stage."""
     from personaemp.config import load_config
     from personaemp.pipeline import run_pipeline
 
-    options = load_config(config, settings=settings)  # every section now: a bad value stops before any stage
+    flags = given_flags(ctx, RUN_SECTIONS, values)
+    options = load_config(config, settings=settings, flags=flags)  # every section: a bad value stops here
     return run_pipeline(options, console)
 # fmt: on
+
+
+def _run_signature() -> inspect.Signature:
+    """run_command's own parameters, then the flags of RUN_SECTIONS (generated, as a stage's)."""
+    own = [p for p in inspect.signature(run_command, eval_str=True).parameters.values() if p.name != "values"]
+    generated, old = section_parameters(RUN_SECTIONS)
+    return inspect.Signature([*own, *generated, *old])
+
+
+run_command.__signature__ = _run_signature()  # type: ignore[attr-defined]
+run_command = with_output_options(run_command)
 
 
 def _runs(name: str):

@@ -85,6 +85,8 @@ class Resolver:
 
     `flags`: {section: {field: value}} of the options given on the command line; `style`
     says how to name an option whose value is a default ("cli": its flag, "toml": its key).
+    `cli`: for `run`, the sections whose options are also its flags, with those given
+    ({section: {field: value}}, named by their flags; `flags` are then its --set keys).
     """
 
     def __init__(
@@ -94,11 +96,13 @@ class Resolver:
         env: Mapping[str, str] | None = None,
         flags: Mapping[str, Mapping[str, Any]] | None = None,
         style: str = "toml",
+        cli: Mapping[str, Mapping[str, Any]] | None = None,
     ):
         self.path = path
         self.data = read_config(path) if path is not None else {}
         self.env = os.environ if env is None else env
         self.flags = flags or {}
+        self.cli = cli or {}
         self.style = style
         self._resolved: dict[str, Section] = {}
         self._pending: set[str] = set()
@@ -152,6 +156,9 @@ class Resolver:
             # how the caller wrote it: a flag, `run --set`, or (the Python API) the argument's name
             given = {"python": key, "set": f"--set {name}.{key}"}.get(self.style) or spec(name, key).flag
             sources[key] = (given, given)
+        for key, value in self.cli.get(name, {}).items():  # run's own flags (load_config: none twice)
+            values[key] = _merge(values.get(key), value)
+            sources[key] = (spec(name, key).flag,) * 2
         for option in specs(name):
             if option.name not in values and option.opt.derive:
                 values[option.name] = derive(option.opt.derive, self.section)
@@ -162,7 +169,7 @@ class Resolver:
             if not field:
                 return f"{self.path}: [{name}]" if self.path else f"[{name}]"
             known = {option.name for option in specs(name)}
-            if self.style == "cli" and field in known:
+            if (self.style == "cli" or name in self.cli) and field in known:
                 return spec(name, field).flag
             return f"{self.path}: {name}.{field}" if lead and self.path else f"{name}.{field}"
 
@@ -183,11 +190,22 @@ def _merge(old: Any, new: Any) -> Any:
 
 
 def load_config(
-    path: Path | None, env: Mapping[str, str] | None = None, settings: list[str] | None = None
+    path: Path | None,
+    env: Mapping[str, str] | None = None,
+    settings: list[str] | None = None,
+    flags: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> RunOptions:
-    """Every option of `personaemp run`: `settings` (`run --set SECTION.KEY=VALUE`) over env
-    vars over the file over the defaults."""
-    return Resolver(path, env=env, flags=set_flags(settings or []), style="set").all()
+    """Every option of `personaemp run`: `settings` (`run --set SECTION.KEY=VALUE`) and
+    `flags` (`run --model ...`: {section: {option: value}}, cli_flags) over env vars over the
+    file over the defaults. A key given both ways is refused."""
+    tables = set_flags(settings or [])
+    for section, given in (flags or {}).items():
+        for key in sorted(given.keys() & tables.get(section, {}).keys()):
+            raise InputError(
+                f"{spec(section, key).flag} and --set {section}.{key} both give {section}.{key}",
+                "give one of them",
+            )
+    return Resolver(path, env=env, flags=tables, cli=flags, style="set").all()
 
 
 def _section_hint(table: Any) -> str:
@@ -207,14 +225,19 @@ def _section_hint(table: Any) -> str:
 
 def set_flags(items: list[str]) -> dict[str, dict[str, Any]]:
     """`--set persona.limit=8` (repeatable) -> {"persona": {"limit": "8"}}: any key of any
-    section, a list key once per value; checked against the options' declarations."""
+    section, checked against the options' declarations. The value is read as the config
+    file reads it: `["a", "b"]` a list, `"text"` a string, `{k = 1}` a table; a bare word
+    is text (`llm.model=gpt-4o-mini`, the comma form `queries.categories=ES,HEQ`), and a
+    number or true/false goes on as written, for the option to read. A table's keys are
+    dotted, as in a TOML file: `llm.vllm.engine.max_model_len=8192`. A list key given
+    again adds to it."""
     found: dict[str, dict[str, Any]] = {}
     for item in items:
-        section, dot, rest = item.partition(".")
-        key, equals, value = rest.partition("=")
-        section, key = section.strip(), key.strip().replace("-", "_")
-        if not (dot and equals and section and key):
+        name, equals, text = item.partition("=")
+        path = [part.strip().replace("-", "_") for part in name.split(".")]
+        if not (equals and len(path) >= 2 and all(path)):
             raise InputError(f"--set takes SECTION.KEY=VALUE (e.g. persona.limit=8), not {item!r}")
+        section, key, inner = path[0], path[1], path[2:]
         if section not in SECTIONS:
             raise InputError(
                 f"--set {item}: [{section}] is not a known section", f"use {', '.join(SECTIONS)}"
@@ -224,14 +247,41 @@ def set_flags(items: list[str]) -> dict[str, dict[str, Any]]:
             raise InputError(
                 f"--set {item}: [{section}] has no key {key!r}", f"its keys: {', '.join(options)}"
             )
-        if options[key].kind == "dict":
-            raise InputError(f"--set {item}: {section}.{key} is a table", "set it in the config file")
+        option, value = options[key], toml_value(text)
+        if option.kind == "dict":
+            if not inner and not isinstance(value, dict):
+                raise InputError(
+                    f"--set {item}: {section}.{key} is a table",
+                    f"give --set {section}.{key}.{option.metavar} or a [{section}.{key}.…] table in the file",
+                )
+            for part in reversed(inner):
+                value = {part: value}
+            secrets = _secret_keys(value, f"{section}.{key}.")
+            if secrets:
+                raise InputError(
+                    f"--set {item}: secrets do not belong on the command line ({', '.join(secrets)})",
+                    "set them in the environment instead",
+                )
+        elif inner:
+            raise InputError(
+                f"--set {item}: {section}.{key} is not a table", f"give --set {section}.{key}=VALUE"
+            )
+        elif not isinstance(value, str | list | dict):
+            value = text.strip()  # 8, 0.5, true: the option reads its text, as a flag's
         given = found.setdefault(section, {})
-        if options[key].kind == "list":
-            given.setdefault(key, []).append(value.strip())
+        if option.kind == "list":
+            given.setdefault(key, []).extend(value if isinstance(value, list) else [value])
         else:
-            given[key] = value.strip()
+            given[key] = _merge(given.get(key), value)
     return found
+
+
+def toml_value(text: str) -> Any:
+    """`text` read as the value of a TOML key; not TOML (a bare word, a path): the text itself."""
+    try:
+        return tomllib.loads(f"value = {text.strip()}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text.strip()
 
 
 def typed_assignments(tables: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:

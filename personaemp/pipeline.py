@@ -164,9 +164,12 @@ def run_pipeline(
 
     for command in RUN_COMMANDS:  # before any stage writes
         check_command(command, functools.partial(getattr, options), toml=True)
-    if options.persona.shard or options.queries.shard:
-        from personaemp.errors import InputError
+    from personaemp.errors import InputError
 
+    if not llm_settings(options.llm, env).uses_local and not options.llm.model:
+        # (said by the first LLM stage too, but after the filter ran: here before any stage)
+        raise InputError("no model given for the endpoint", "pass --model or set PERSONAEMP_MODEL")
+    if options.persona.shard or options.queries.shard:
         raise InputError(
             "run does not work on shards: split and push need every user",
             "run infer-persona / gen-queries --shard I/N on each machine, then personaemp merge",

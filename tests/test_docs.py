@@ -2,22 +2,29 @@
 read by Sybil, against the test server standing in for every provider, or is marked
 `<!-- skip: next "why" -->` (the Hub, a GPU, a build tool, your own files).
 
-Each page runs in its own folder holding the shipped sample and a copy of one small build
-(conftest's `sample_build`, made once per session), its blocks in order sharing one
-namespace, as a reader follows a page. Python blocks run as a notebook cell does (top-level
-`await` allowed, inside a running event loop); a shell block's `personaemp` lines run in
-this process (Typer's runner), `export` sets the environment, any `--base-url` and
+Each page runs in its own folder holding the shipped sample, personaemp.toml and a copy of
+what `make demo` writes (`demo_build`, made once per session), its blocks in order sharing
+one namespace, as a reader follows a page from a fresh clone after the README's demo.
+Python blocks run as a notebook cell does (top-level `await` allowed, inside a running
+event loop); a shell block's `personaemp` lines run in this process (Typer's runner),
+`export` sets the environment, any `--base-url` (and `--supporter-base-url`...) and
 `base_url=` point at the test server. A block that fails names its page and line.
+
+A block marked skip is still checked (issue 51): each `personaemp` command of every shell
+block parses against the CLI (the command exists, each flag is one of its options, each
+value has the option's type), and a Python block compiles and its `personaemp` imports exist.
 """
 
 from __future__ import annotations
 
 import ast
 import asyncio
+import importlib.util
 import re
 import shlex
 import shutil
 import unittest
+from pathlib import Path
 
 import pytest
 from conftest import REPO, SAMPLE_TASK1, order_free_responder
@@ -35,11 +42,16 @@ PAGES = [
 
 
 def replies():
-    """The build's capable model (order free), and for evaluation a plain reply, criteria and
-    judgments that depend on nothing but the request."""
-    build = order_free_responder()
+    """The build's capable model (order free), for evaluation a plain reply, criteria and
+    judgments that depend on nothing but the request, and for dialogues the scripted
+    simulated user and session judge of tests/test_sessions.py."""
+    from test_sessions import Judged, session_step
+
+    build, dialogues = order_free_responder(), Judged(score=4.0)
 
     def answer(body: dict, number: int):
+        if session_step(body) in ("hidden_need", "simulate", "in_character", "session_judge"):
+            return dialogues(body, number)
         fmt = body.get("response_format")
         if not fmt:
             return "That sounds hard. It makes sense that you feel this way; what would help most now?"
@@ -91,7 +103,7 @@ class Shell:
                 )
             args = list(words)
             for i in range(1, len(args) - 1):
-                if args[i] == "--base-url":
+                if args[i].endswith("base-url"):  # --base-url, --supporter-base-url, --judge-base-url
                     args[i + 1] = self.server.base_url
             args = [re.sub(r"base_url=[^;]+", f"base_url={self.server.base_url}", w) for w in args]
             from personaemp.cli import app
@@ -117,15 +129,212 @@ def _serves(args: list[str]) -> bool:
     return args[:1] == ["review"] and not {"--export-label-studio", "--import-label-studio"} & set(args)
 
 
+SEPARATORS = {"&&", "||", ";", "|", "do", "done", "then", "else", "fi"}
+
+
 def _chain(words: list[str]) -> list[list[str]]:
     out, current = [], []
     for word in words:
-        if word == "&&":
+        if word in SEPARATORS:
             out.append(current)
             current = []
         else:
             current.append(word)
     return [*out, current]
+
+
+# --- what is not run is still checked -------------------------------------------------------------
+
+
+def shell_commands(text: str) -> list[tuple[int, list[str]]]:
+    """Each `personaemp ...` command of a shell block, with its line in the block (from 0):
+    after `&&`, `;`, `|`, `do`, or inside another command (`ray job submit ... -- personaemp
+    run ...`, `srun personaemp ...`)."""
+    found, variables = [], {}
+    lines = text.splitlines()
+    number = 0
+    while number < len(lines):
+        first, line = number, lines[number]
+        while line.endswith("\\") and number + 1 < len(lines):  # a continued line
+            number += 1
+            line = line[:-1] + " " + lines[number]
+        number += 1
+        for command in _chain(shlex.split(line, comments=True)):
+            assignments = command[1:] if command[:1] == ["export"] else command
+            if assignments and all(re.fullmatch(r"\w+=.*", word, re.S) for word in assignments):
+                variables.update(word.split("=", 1) for word in assignments)  # P="--model m": $P below
+            elif "personaemp" in command:
+                words = _without_redirections(command[command.index("personaemp") :])
+                expanded = [shlex.split(variables[w[1:]]) if w[1:] in variables else [w] for w in words]
+                found.append((first, [word for part in expanded for word in part]))
+    return found
+
+
+def _without_redirections(words: list[str]) -> list[str]:
+    """`personaemp filter --show-rules > my_rules.toml`: the command without `> my_rules.toml`."""
+    kept, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif re.fullmatch(r"\d?(>>?|<)", word):
+            skip = True
+        elif not re.match(r"\d?(>>?|<)\S", word):
+            kept.append(word)
+    return kept
+
+
+def _unknown(value: str) -> bool:
+    """A value the reader fills in (`$VAR`, `<path>`): only the flag is checked."""
+    return "$" in value or "<" in value
+
+
+def option_problems(given: dict[tuple[str, str], object], from_set: bool = False) -> list[str]:
+    """Type errors of `{(section, name): value}` (as flags give them, or --set: set_flags),
+    each checked against its option's declaration alone (the rest of the command may come
+    from a config file or the environment)."""
+    from pydantic import ValidationError
+
+    from personaemp.config import cli_flags
+    from personaemp.errors import InputError
+    from personaemp.options import SECTIONS
+
+    problems = []
+    for (section, name), value in given.items():
+        texts = value if isinstance(value, list) else [value]
+        if any(isinstance(text, str) and _unknown(text) for text in texts):
+            continue
+        try:
+            SECTIONS[section].model_validate({name: value} if from_set else cli_flags(section, {name: value}))
+        except InputError as error:
+            problems.append(str(error))
+        except ValidationError as error:
+            problems.extend(
+                f"{section}.{name}={value!r}: {e['msg']}" for e in error.errors() if e["loc"][:1] == (name,)
+            )
+    return problems
+
+
+def command_problems(words: list[str]) -> list[str]:
+    """Why `personaemp ...` (shlex words) would not parse: an unknown command or option, a
+    value of the wrong type. Nothing is run."""
+    import typer.main
+
+    from personaemp import cli
+    from personaemp.config import set_flags
+    from personaemp.errors import InputError
+    from personaemp.options import COMMANDS, specs
+
+    group = typer.main.get_command(cli.app)
+    if len(words) < 2 or words[1].startswith("-"):
+        try:
+            group.make_context("personaemp", words[1:])
+        except Exception as error:  # (by name: typer bundles its own click)
+            return [] if type(error).__name__ == "Exit" else [f"{type(error).__name__}: {error}"]
+        return []
+    name = words[1]
+    if name not in group.commands:
+        return [f"no command {name!r} (commands: {', '.join(group.commands)})"]
+    try:
+        context = group.commands[name].make_context(name, words[2:])
+    except Exception as error:  # click's UsageError, BadParameter, NoSuchOption...
+        if type(error).__name__ == "Exit":  # --help
+            return []
+        return [f"{type(error).__name__}: {getattr(error, 'message', error)}"]
+    sections = getattr(cli, "RUN_SECTIONS", ()) if name == "run" else COMMANDS.get(name, ())
+    given = {}
+    for section in sections:
+        for option in specs(section):
+            source = context.get_parameter_source(option.name)
+            if source is not None and source.name == "COMMANDLINE":
+                given[(section, option.name)] = context.params[option.name]
+    if name == "run" and context.params.get("settings"):
+        try:
+            tables = set_flags(context.params["settings"])
+        except InputError as error:
+            return [str(error)]
+        keys = {(section, key): value for section, keys in tables.items() for key, value in keys.items()}
+        return option_problems(given) + option_problems(keys, from_set=True)
+    return option_problems(given)
+
+
+def python_problems(source: str, where: str) -> list[str]:
+    """A Python block compiles, and each name it imports from personaemp exists (read from the
+    module's source: importing it may need what the block's skip says is missing)."""
+    try:
+        tree = ast.parse(source, where)
+        compile(tree, where, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+    except SyntaxError as error:
+        return [f"does not compile: {error}"]
+    problems = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules = [(alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            modules = [(node.module, alias.name) for alias in node.names]
+        else:
+            continue
+        for module, name in modules:
+            if module.split(".")[0] != "personaemp":
+                continue
+            if importlib.util.find_spec(module) is None:
+                problems.append(f"no module {module}")
+            elif name is not None and not _defines(module, name):
+                problems.append(f"{module} has no {name}")
+    return problems
+
+
+def _defines(module: str, name: str) -> bool:
+    """Whether `from module import name` works: the module's attribute or submodule; where
+    importing the module needs a package not installed here (what the block's skip says),
+    a name its source defines at the top level."""
+    try:
+        loaded = importlib.import_module(module)
+    except ImportError as error:
+        if (error.name or "personaemp").split(".")[0] == "personaemp":
+            return False
+        source = Path(importlib.util.find_spec(module).origin).read_text(encoding="utf-8")
+        return name in _top_level_names(ast.parse(source))
+    submodule = hasattr(loaded, "__path__") and importlib.util.find_spec(f"{module}.{name}") is not None
+    return hasattr(loaded, name) or submodule
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(target.id for target in targets if isinstance(target, ast.Name))
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update(alias.asname or alias.name.split(".")[0] for alias in node.names)
+    return names
+
+
+def page_problems(page: Path) -> list[str]:
+    """Every shell block's `personaemp` commands and every skipped Python block of the page,
+    checked as above: `page:line: problem` each."""
+
+    def ignore(example) -> None: ...
+
+    parsers = [CodeBlockParser(language=language, evaluator=ignore) for language in ("python", "sh")]
+    problems = []
+    skipped = False
+    for example in Sybil(parsers=[*parsers, SkipParser()]).parse(page):
+        if not example.region.lexemes:  # a skip mark: it is about the next block
+            skipped = True
+            continue
+        language = example.region.lexemes["arguments"]
+        where = f"{page.relative_to(REPO)}:{example.line}"
+        if language == "sh":
+            for line, words in shell_commands(example.parsed):
+                problems.extend(
+                    f"{where}+{line + 1}: `{shlex.join(words)}`: {p}" for p in command_problems(words)
+                )
+        elif language == "python" and skipped:
+            problems.extend(f"{where}: {p}" for p in python_problems(example.parsed, where))
+        skipped = False
+    return problems
 
 
 def python_cell(example) -> None:
@@ -148,15 +357,33 @@ def server():
         yield fake
 
 
+@pytest.fixture(scope="session")
+def demo_build(tmp_path_factory) -> Path:
+    """What `make demo` leaves in data/processed (`personaemp run --config personaemp.toml`:
+    its three users, the random split alone), the test server's capable model standing in
+    for the embedded one: each page starts from it, as a newcomer after the README's demo."""
+    from rich.console import Console
+
+    from personaemp.config import load_config
+    from personaemp.pipeline import run_pipeline
+
+    processed = tmp_path_factory.mktemp("demo_build") / "processed"
+    with FakeOpenAI(responder=order_free_responder()) as fake, open(processed.parent / "log.txt", "w") as log:
+        given = [f"paths.input={SAMPLE_TASK1}", f"paths.processed={processed}",
+                 f"llm.base_url={fake.base_url}", "llm.model=fake"]  # fmt: skip
+        run_pipeline(load_config(REPO / "personaemp.toml", env={}, settings=given), Console(file=log))
+    return processed
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda path: str(path.relative_to(REPO)))
-def test_every_block_of_the_page_runs(page, server, sample_build, tmp_path, monkeypatch):
+def test_every_block_of_the_page_runs(page, server, demo_build, tmp_path, monkeypatch):
     env = {"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": server.base_url, "PERSONAEMP_MODEL": "fake",
            "NO_COLOR": "1"}  # fmt: skip
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     (tmp_path / "data" / "raw").mkdir(parents=True)
     (tmp_path / "data" / "raw" / "alpsbench_sample").symlink_to(SAMPLE_TASK1.parent)
-    shutil.copytree(sample_build, tmp_path / "data" / "processed")
+    shutil.copytree(demo_build, tmp_path / "data" / "processed")
     shutil.copy(REPO / "personaemp.toml", tmp_path / "personaemp.toml")
     monkeypatch.chdir(tmp_path)
     sybil = Sybil(
@@ -175,6 +402,14 @@ def test_every_block_of_the_page_runs(page, server, sample_build, tmp_path, monk
             continue
 
 
+@pytest.mark.parametrize("page", PAGES, ids=lambda path: str(path.relative_to(REPO)))
+def test_every_command_of_the_page_parses_run_or_skipped(page):
+    """A block marked skip is never run: its commands are still parsed against the CLI, its
+    Python compiled. Before (issue 51), docs/past-one-machine.md's three `personaemp run`
+    commands shipped with options run did not have (--executor, --workers, --base-url...)."""
+    assert page_problems(page) == []
+
+
 def test_the_files_page_lists_the_columns_the_records_have():
     """docs/files.md's tables are generated from the records: a field added to one and not
     regenerated fails here."""
@@ -186,3 +421,50 @@ def test_the_files_page_lists_the_columns_the_records_have():
     for column in ("`memories[].label_suggestion`", "`checks.passed`", "`big_five.neuroticism.level`",
                    "`persona_traits`", "`response`"):  # fmt: skip
         assert column in block
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("personaemp infer-persona --limit abc", "Input should be a valid integer"),
+        ("personaemp infer-persona --shard 0/2", "expected I/N with 1 <= I <= N"),
+        ("personaemp gen-queries --categories ES,XX", "queries.categories"),
+        ("personaemp infer-persona --step check.temperature", "--step takes STEP.KEY=VALUE"),
+        ("personaemp serve-local --port eighty", "valid integer"),
+        ("personaemp infer-persona --limt 3", "No such option: --limt"),
+        ("personaemp infer-personas", "no command 'infer-personas'"),
+        ("personaemp run --set persona.limit=abc", "persona.limit='abc'"),
+        ("personaemp run --set persona.limt=3", "[persona] has no key 'limt'"),
+        ("personaemp run --set llm.vllm.engine.max_model_len=8192 --set 'persona.users=[\"a\"]'", None),
+        ("personaemp run --set llm.steps.check.temperature=-1", "llm.steps="),
+        ("personaemp run --workers two", "llm.workers='two'"),
+        ('P="--limit x"\npersonaemp infer-persona $P', "persona.limit='x'"),
+        ("for s in a b; do personaemp split --seed $s; done", None),  # a loop's variable: the flag only
+        ("personaemp filter --show-rules > rules.toml && personaemp filter --rules rules.toml", None),
+    ],
+)
+def test_the_static_check_finds_what_would_not_parse(line, said):
+    problems = [p for _, words in shell_commands(line) for p in command_problems(words)]
+    if said is None:
+        assert problems == []
+    else:
+        assert any(said in problem for problem in problems), problems
+
+
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [
+        (
+            "from personaemp.reward import PereGRM\nimport personaemp.training.interaction",
+            None,
+        ),
+        ("import torch\nfrom personaemp.reward import PereGRM", None),  # only personaemp's are checked
+        ("from personaemp.reward import PerGRM", "personaemp.reward has no PerGRM"),
+        ("import personaemp.rewards", "no module personaemp.rewards"),
+        ("x = (", "does not compile"),
+        ("await something()", None),  # a notebook cell
+    ],
+)
+def test_a_skipped_python_block_compiles_and_its_imports_exist(source, said):
+    problems = python_problems(source, "page.md:1")
+    assert problems == [] if said is None else any(said in p for p in problems), problems

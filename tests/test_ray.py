@@ -6,7 +6,10 @@ tests are few and long, so pytest-xdist gives them to one worker or two at most.
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -153,3 +156,53 @@ def test_a_unit_that_fails_is_a_failure_row_on_ray_as_in_one_process(local_ray, 
     assert rows(on_ray / "personas.jsonl") == rows(local / "personas.jsonl")
     assert len(rows(on_ray / "personas.jsonl")) == 15
     assert result.report.outcome.failed == 1 and result.report.outcome.done == 15
+
+
+def test_the_documented_ray_commands_run_as_written(local_ray, tmp_path, monkeypatch):
+    """docs/past-one-machine.md's `personaemp run` commands on Ray (the local one, then the
+    `ray job submit` entrypoint), word for word but for the endpoints (each of the page's
+    URLs a test server), from a folder as a fresh clone has it, shipped personaemp.toml
+    included (its three demo users: a small run). Before (issue 51), each stopped at "No such
+    option: --executor". Here they join this module's Ray (num_cpus=2: two of their workers
+    start, the others wait for a CPU and are let go at the end)."""
+    from conftest import REPO, clean_environment
+    from test_docs import shell_commands
+    from typer.testing import CliRunner
+
+    from personaemp.cli import app
+
+    text = (REPO / "docs" / "past-one-machine.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```sh\n(.*?)```", text, re.S)
+    commands = [words for block in blocks for _, words in shell_commands(block) if words[1] == "run"]
+    # --llm vllm (flag or file) needs GPUs: tests/test_ray_vllm.py reads what it is given
+    on_endpoints = [words for words in commands if "--executor" in words and "--llm" not in words]
+    assert len(on_endpoints) == 2 and all("--base-url" in words for words in on_endpoints)
+    (tmp_path / "data" / "raw").mkdir(parents=True)
+    (tmp_path / "data" / "raw" / "alpsbench_sample").symlink_to(SAMPLE_TASK1.parent)
+    shutil.copy(REPO / "personaemp.toml", tmp_path / "personaemp.toml")
+    clean_environment(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    responder = order_free_responder()
+    with FakeOpenAI(responder=responder) as first, FakeOpenAI(responder=responder) as second:
+        servers, urls = iter([first, second]), {}  # the page's URLs, a test server each
+
+        def endpoint(url: str) -> str:
+            if url not in urls:
+                urls[url] = next(servers).base_url
+            return urls[url]
+
+        for words in on_endpoints:
+            args = [endpoint(word) if word.startswith("http") else word for word in words]
+            env = {"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": first.base_url, "NO_COLOR": "1"}
+            result = CliRunner().invoke(app, args[1:], env=env)
+            assert result.exit_code == 0, (shlex.join(words), result.output)
+            assert "Ray (connected before)" in result.output
+        assert first.count and second.count  # the first command's two endpoints
+    processed = tmp_path / "data" / "processed"
+    # The workers' replies are in this folder's cache (the relative --work-dir is the driver's,
+    # not the folder this module's Ray was started in: before, the repository's).
+    with sqlite3.connect(processed / ".personaemp" / "cache.sqlite") as cache:
+        assert cache.execute("select count(*) from replies").fetchone()[0] >= first.count
+    personas = rows(processed / "personas.jsonl")
+    assert len(personas) == 3  # personaemp.toml's [persona] users
+    assert rows(processed / "queries.jsonl") and (processed / "dataset" / "README.md").exists()

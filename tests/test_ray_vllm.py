@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -189,6 +190,45 @@ def test_the_vllm_processor_takes_the_engine_and_processor_settings():
     given = {"max_model_len": 8192, "enable_prefix_caching": True, "dtype": "bfloat16"}
     assert {key: config.engine_kwargs[key] for key in given} == given
     assert (config.batch_size, config.concurrency, config.should_continue_on_error) == (32, 3, True)
+
+
+def test_the_documented_toml_vllm_tables_reach_the_vllm_processor(tmp_path, monkeypatch):
+    """docs/past-one-machine.md's `[llm.vllm.engine]` / `[llm.vllm.processor]` example, in a
+    copy of personaemp.toml in place of its [llm] section, and the page's two `run --config`
+    commands (the second with a --set of one engine key): what `run` is given reaches
+    ray.data.llm's vLLM processor config. The run itself needs GPUs: here the processor's
+    settings are read, not run (the rounds on CPU: the tests below)."""
+    import re
+    import shlex
+
+    from conftest import REPO, clean_environment
+    from typer.testing import CliRunner
+
+    from personaemp import pipeline
+    from personaemp.cli import app
+    from personaemp.config import llm_settings
+
+    page = (REPO / "docs" / "past-one-machine.md").read_text(encoding="utf-8")
+    [example] = re.findall(r"```toml\n(.*?)```", page, re.S)
+    shipped = (REPO / "personaemp.toml").read_text(encoding="utf-8")
+    start, end = shipped.index("\n[llm]"), shipped.index("\n[persona]")
+    (tmp_path / "vllm.toml").write_text(shipped[:start] + "\n" + example + shipped[end:], encoding="utf-8")
+    commands = re.search(r"```sh\n(personaemp run --config vllm.toml.*?)```", page, re.S)[1].splitlines()
+    assert len(commands) == 2
+    clean_environment(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    given = []
+    monkeypatch.setattr(pipeline, "run_pipeline", lambda options, console: given.append(options))
+    for line in commands:
+        result = CliRunner().invoke(app, shlex.split(line, comments=True)[1:])
+        assert result.exit_code == 0, (line, result.output)
+    engines = [ray_vllm.vllm_processor(llm_settings(options.llm)).config for options in given]
+    assert [config.engine_kwargs["max_model_len"] for config in engines] == [16384, 32768]
+    for config in engines:
+        assert config.model_source == "Qwen/Qwen2.5-7B-Instruct"
+        assert config.engine_kwargs["tensor_parallel_size"] == 2
+        assert (config.batch_size, config.concurrency) == (64, 4)  # [llm.vllm.processor], workers
+    assert given[0].persona.users == tomllib.loads(shipped)["persona"]["users"]  # the rest of the file
 
 
 # --- rounds on a local Ray -----------------------------------------------------------------------

@@ -38,6 +38,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -146,11 +147,14 @@ def _worker_settings(settings: LLMSettings, share: int, workers: int) -> dict[st
 
     The key goes along only when it is not in this process's environment (given as an
     argument): a local Ray's workers inherit the environment, a cluster's get it from the
-    job's runtime_env, so a key from the environment never travels through Ray."""
+    job's runtime_env, so a key from the environment never travels through Ray.
+    The work folder is the driver's: a relative one was opened in each worker's own
+    folder (a Ray started elsewhere: the reply cache of another folder)."""
     fields = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.init}
     key = settings.api_key if os.environ.get(settings.key_env) != settings.api_key else None
     return {
         **fields, "api_key": key, "concurrency": share, "executor": "local",
+        "work_dir": Path(settings.work_dir).absolute(),
         "rpm": settings.rpm / workers if settings.rpm else settings.rpm,
         "max_cost": settings.max_cost / workers if settings.max_cost else settings.max_cost,
     }  # fmt: skip
