@@ -557,6 +557,10 @@ def run_agreement(options, settings, console) -> dict[str, Any]:
 
     from rich.markup import escape
 
+    if options.dialogues:
+        from personaemp.review.dialogues import run_dialogue_agreement
+
+        return run_dialogue_agreement(options, console)
     labels, second_judge, out = options.paths()
     if options.judge_model:
         from personaemp.summaries import print_stage_report
