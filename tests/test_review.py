@@ -197,7 +197,12 @@ def post(url: str, body, headers: dict | None = None) -> tuple[int, dict]:
 
 def test_the_page_and_its_assets_come_from_the_package_and_name_no_other_host(served):
     _, base = served
-    for path, kind in (("/", "text/html"), ("/review.js", "text/javascript"), ("/review.css", "text/css")):
+    for path, kind in (
+        ("/", "text/html"),
+        ("/review.js", "text/javascript"),
+        ("/dialogue.js", "text/javascript"),
+        ("/review.css", "text/css"),
+    ):
         status, body, content_type = get(base + path)
         assert status == 200 and content_type.startswith(kind), path
         # nothing fetched from the internet: no absolute URL in what the page loads

@@ -51,7 +51,12 @@ VALUES = {
     "trait": ("supported", "unsupported"),
 }
 NOTE_CHARS, NAME_CHARS = 5000, 60
-ASSETS = {"/": "index.html", "/review.js": "review.js", "/review.css": "review.css"}
+ASSETS = {
+    "/": "index.html",
+    "/review.js": "review.js",
+    "/dialogue.js": "dialogue.js",
+    "/review.css": "review.css",
+}
 TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
 
 
