@@ -471,6 +471,10 @@ def open_dialogue_session(dialogues: Sequence[Path], labels: Path, size: int, se
     )
 
 
+def _dialogues(options) -> list[Path]:
+    return [Path(p) for p in getattr(options, "dialogues", None) or ()]  # options made before --dialogues
+
+
 def review_labels(options) -> Path:
     """The labels file: --labels, else labels.jsonl beside the queries (dialogue_labels.jsonl
     beside the first dialogues file)."""
@@ -478,8 +482,8 @@ def review_labels(options) -> Path:
 
     if options.labels:
         return options.labels
-    if options.dialogues:
-        return Path(options.dialogues[0]).with_name(LABELS_FILE)
+    if _dialogues(options):
+        return Path(_dialogues(options)[0]).with_name(LABELS_FILE)
     return Path(options.input).with_name("labels.jsonl")
 
 
@@ -488,8 +492,8 @@ def serve_review(options, console) -> None:
     from rich.markup import escape
 
     labels = review_labels(options)
-    if options.dialogues:
-        session = open_dialogue_session(options.dialogues, labels, options.size, options.seed)
+    if _dialogues(options):
+        session = open_dialogue_session(_dialogues(options), labels, options.size, options.seed)
         what = f"{len(session.items)} dialogues of {len({i['query_id'] for i in session.items})} queries"
     else:
         session = open_session(options.input, labels, options.size, options.seed)
