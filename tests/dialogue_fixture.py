@@ -38,8 +38,9 @@ def steps(final: int, turns: int = 3, start: int = 40) -> list[int]:
     return out
 
 
-def dialogue(system: str, n: int) -> dict:
-    query = f"u{n}-q1"
+def dialogue(system: str, n: int, query: str | None = None, user: str | None = None) -> dict:
+    """policy-a's or policy-b's dialogue of query n (`query`, `user`: another query's ids)."""
+    query = query or f"u{n}-q1"
     emotions = steps(FINAL[system][n - 1])
     turns = [{"role": "user", "text": f"Opening message of query {n}.", "emotion": 40}]
     before = 40
@@ -62,7 +63,7 @@ def dialogue(system: str, n: int) -> dict:
         before = emotion
     met = 3 if emotions[-1] >= 60 else None
     return {
-        "dialogue_id": f"{query}-d1", "user_id": f"u{n}", "query_id": query, "category": "ES",
+        "dialogue_id": f"{query}-d1", "user_id": user or f"u{n}", "query_id": query, "category": "ES",
         "language": LANGUAGES[n - 1], "hidden_need": f"to be heard about thing {n}",
         "initial_emotion": 40, "final_emotion": emotions[-1], "need_met_at_turn": met,
         "ended_by": "max_turns", "supporter_model": system, "simulator_model": "sim-model",
