@@ -247,3 +247,62 @@ def test_a_reviewer_labels_a_dialogue_with_the_keyboard_alone(served, tmp_path):
     report = compute_dialogue_agreement([Path(p) for p in session.source.split(", ")], path, resamples=200)
     assert report["in_character"]["pairs"] + report["in_character"]["labelled_not_checked"] == 3
     assert report["emotion_vs_people"]["n"] == 1
+
+
+# --- Label Studio ------------------------------------------------------------------------------
+
+
+def test_label_studio_gets_the_same_dialogue_tasks_and_labels_back(dialogues, tmp_path):
+    """Export the dialogue sample as a project; an export of it with one annotator's work,
+    imported, gives the labels the page would have written, and the same figures."""
+    import xml.etree.ElementTree as ElementTree
+
+    from personaemp.review.label_studio import CONFIG_FILE, TASKS_FILE
+
+    folder = tmp_path / "ls"
+    args = ["review", "--dialogues", str(dialogues[0]), "--dialogues", str(dialogues[1]), "--size", "2"]
+    result = CliRunner().invoke(app, [*args, "--export-label-studio", str(folder)])
+    assert result.exit_code == 0, result.output
+    tasks = json.loads((folder / TASKS_FILE).read_text())
+    session = open_dialogue_session(dialogues, tmp_path / "unused.jsonl", 2, 0)
+    assert [t["data"]["item"] for t in tasks] == [i["item"] for i in session.items]  # the page's sample
+    config = ElementTree.fromstring((folder / CONFIG_FILE).read_text())
+    names = [c.get("name") for c in config.iter("Choices")]
+    assert names == ["realism_2", "character_2", "realism_4", "character_4", "realism_6", "character_6",
+                     "perm_resonation", "perm_expression", "perm_reception"]  # fmt: skip
+    variables = {t.get("value")[1:] for t in config.iter("Text")}
+    assert all(variables <= set(t["data"]) for t in tasks)
+    first = tasks[0]["data"]
+    assert "in_character" in first["turn_2_text"] and first["realism_2_choices"] == [
+        {"value": "realistic"}, {"value": "unrealistic"},
+    ]  # fmt: skip
+
+    def choice(name, value):
+        return {"from_name": name, "to_name": "dialogue", "type": "choices", "value": {"choices": [value]}}
+
+    results = [choice("realism_2", "realistic"), choice("character_2", "out"), choice("perm_resonation", "4"),
+               choice("perm_expression", "2"), choice("perm_reception", "3"),
+               {"from_name": "note", "to_name": "dialogue", "type": "textarea",
+                "value": {"text": ["flat"]}}]  # fmt: skip
+    exported = [{"id": 11, "data": tasks[0]["data"], "annotations": [
+        {"id": 7, "completed_by": {"id": 3, "email": "ana@example.org"}, "result": results,
+         "updated_at": "2026-11-28T10:00:00Z", "was_cancelled": False}]}]  # fmt: skip
+    export_file = tmp_path / "export.json"
+    export_file.write_text(json.dumps(exported))
+    labels = tmp_path / "labels.jsonl"
+    result = CliRunner().invoke(
+        app, [*args, "--labels", str(labels), "--import-label-studio", str(export_file)]
+    )
+    assert result.exit_code == 0, result.output
+    key = first["item"]
+    state = current_labels(read_label_events(labels))["label-studio:3"][key]
+    assert {f: e["value"] for f, e in state.items()} == {
+        "realism:2": "realistic", "character:2": "out", "perm:resonation": 4, "perm:expression": 2,
+        "perm:reception": 3, "note": "flat",
+    }  # fmt: skip
+    assert state["character:2"]["check"] == next(i for i in session.items if i["item"] == key)["turns"][2][
+        "checks"
+    ].get("in_character")
+    report = compute_dialogue_agreement(dialogues, labels, resamples=200)
+    assert report["labels"]["label_studio_reviewers"] == 1 and report["emotion_vs_people"]["n"] == 1
+    assert report["in_character"]["pairs"] == 1
