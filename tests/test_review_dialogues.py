@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from personaemp.cli import app
 from personaemp.errors import InputError
-from personaemp.review.agreement import kappa_of, wilson
-from personaemp.review.dialogues import compute_dialogue_agreement, read_dialogue_items, spearman
+from personaemp.review.agreement import compute_dialogue_agreement, kappa_of, spearman, wilson
+from personaemp.review.dialogues import read_dialogue_items
 from personaemp.review.page import (
     UnknownTarget,
     current_labels,

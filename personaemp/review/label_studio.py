@@ -28,8 +28,8 @@ import msgspec
 from personaemp.errors import InputError
 from personaemp.io import BOM, write_json_atomic
 from personaemp.records import DIMENSIONS
-from personaemp.review.dialogues import PERM_SCORES
-from personaemp.review.dialogues import TURN_VALUES as DIALOGUE_TURN_VALUES
+from personaemp.review.fields import PERM_SCORES
+from personaemp.review.fields import TURN_VALUES as DIALOGUE_TURN_VALUES
 from personaemp.review.page import (
     LABEL_STUDIO_REVIEWER,
     LLM_CHECKS,

@@ -41,16 +41,12 @@ import msgspec
 from personaemp.errors import InputError
 from personaemp.instruments.query_check import CHECKS, JUDGED
 from personaemp.io import ErrorPolicy, cut_torn_tail, iter_jsonl
+from personaemp.review.dialogues import LABELS_FILE, dialogue_event, read_dialogue_items
+from personaemp.review.fields import NAME_CHARS, NOTE_CHARS, VALUES, UnknownTarget, shown
 
 # The checks whose verdict is the LLM judge's: its three judgments, and the category it
 # reads (category_match compares that reading with the category the query was written for).
 LLM_CHECKS = (*JUDGED, "category_match")
-VALUES = {
-    "query": ("accept", "reject"),
-    "check": ("agree", "disagree"),
-    "trait": ("supported", "unsupported"),
-}
-NOTE_CHARS, NAME_CHARS = 5000, 60
 ASSETS = {
     "/": "index.html",
     "/review.js": "review.js",
@@ -126,6 +122,21 @@ def sample_items(items: Sequence[dict[str, Any]], size: int, seed: int) -> list[
             if queue and len(picked) < size:
                 picked.append(queue.pop())
     return picked
+
+
+def sample_dialogues(items: Sequence[dict[str, Any]], size: int, seed: int) -> list[dict[str, Any]]:
+    """`size` queries, taken in turn from each category / language / ending stratum (as the
+    query sample is), each with all its systems' dialogues one after the other: the same
+    person labels both supporters of a query."""
+    per_query: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for item in items:
+        per_query[item["query_id"]].append(item)
+    stand_ins = [
+        {"query_id": query, "category": group[0]["category"], "language": group[0]["language"],
+         "accepted": True, "checks": {f"ended_by_{d['ended_by']}": False for d in group}}
+        for query, group in per_query.items()
+    ]  # fmt: skip
+    return [item for picked in sample_items(stand_ins, size, seed) for item in per_query[picked["query_id"]]]
 
 
 # --- the labels ------------------------------------------------------------------------------
@@ -217,10 +228,6 @@ def current_labels(events: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict
     return {reviewer: {q: dict(f) for q, f in queries.items() if f} for reviewer, queries in state.items()}
 
 
-class UnknownTarget(InputError):
-    """A label about a trait or check this query does not have: refused and counted."""
-
-
 def make_event(body: Any, items: dict[str, dict[str, Any]], now: str | None = None) -> dict[str, Any]:
     """A label event from what the page posted, checked against the sample (InputError;
     UnknownTarget for a trait or check the query does not have)."""
@@ -236,8 +243,6 @@ def make_event(body: Any, items: dict[str, dict[str, Any]], now: str | None = No
         item = items.get(key) if isinstance(key, str) else None
         if item is None or item.get("kind") != "dialogue":
             raise InputError(f"no dialogue {shown(key)} in this sample")
-        from personaemp.review.dialogues import dialogue_event
-
         event = dialogue_event(body, item, reviewer)
         event["at"] = now or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         return event
@@ -268,13 +273,6 @@ def make_event(body: Any, items: dict[str, dict[str, Any]], now: str | None = No
     event["value"] = value
     event["at"] = now or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return event
-
-
-def shown(value: Any, limit: int = 80) -> str:
-    """A value from outside as one safe, short line: repr (control characters and terminal
-    escapes spelled out), cut at `limit`."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 # --- the server ------------------------------------------------------------------------------
@@ -461,8 +459,6 @@ def open_session(queries: Path, labels: Path, size: int, seed: int) -> ReviewSes
 
 def open_dialogue_session(dialogues: Sequence[Path], labels: Path, size: int, seed: int) -> ReviewSession:
     """The sample of `size` queries' dialogues, every system's dialogue of each (dialogues.py)."""
-    from personaemp.review.dialogues import read_dialogue_items, sample_dialogues
-
     items = read_dialogue_items([Path(p) for p in dialogues])
     if not items:
         raise InputError(f"{dialogues[0]}: no dialogues to review")
@@ -478,8 +474,6 @@ def _dialogues(options) -> list[Path]:
 def review_labels(options) -> Path:
     """The labels file: --labels, else labels.jsonl beside the queries (dialogue_labels.jsonl
     beside the first dialogues file)."""
-    from personaemp.review.dialogues import LABELS_FILE
-
     if options.labels:
         return options.labels
     if _dialogues(options):
