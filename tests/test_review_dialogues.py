@@ -306,3 +306,15 @@ def test_label_studio_gets_the_same_dialogue_tasks_and_labels_back(dialogues, tm
     report = compute_dialogue_agreement(dialogues, labels, resamples=200)
     assert report["labels"]["label_studio_reviewers"] == 1 and report["emotion_vs_people"]["n"] == 1
     assert report["in_character"]["pairs"] == 1
+
+
+def test_the_docs_show_what_agreement_prints_on_the_fixture(dialogues, tmp_path):
+    from conftest import REPO
+
+    from personaemp.review.agreement import dialogue_agreement_lines
+
+    labels = write_labels(dialogues, tmp_path / "labels.jsonl")
+    lines = dialogue_agreement_lines(compute_dialogue_agreement(dialogues, labels))  # the CLI's defaults
+    docs = (REPO / "docs" / "commands" / "agreement.md").read_text(encoding="utf-8")
+    shown = docs.split("a test of the arithmetic, not a measurement of the simulator):\n\n```text\n")[1]
+    assert shown.split("\n```")[0].splitlines() == lines
