@@ -582,13 +582,11 @@ def render_card(
         "This build includes the users' own messages (`user_turns`), at the builder's request."
         if include_dialogue
         else "No text of the users' own dialogues is published: only memories, personas and generated "
-        "queries."
+        "queries. The `dialogues` config publishes simulated conversations: every turn in it is "
+        "model-written (the simulated user, its hidden need and the supporter)."
+        if facts.get("dialogues")
+        else "No dialogue text is published: only memories, personas and generated queries."
     )
-    if facts.get("dialogues"):
-        dialogue += (
-            " The `dialogues` config publishes simulated conversations: every turn in it is "
-            "model-written (the simulated user, its hidden need and the supporter)."
-        )
     memories = (
         "- Memories were extracted by an LLM and checked in code against the messages they cite, "
         "not by people: they can be wrong."
