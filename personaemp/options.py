@@ -1178,6 +1178,16 @@ class ReviewOptions(Section):
         ),
     ] = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535), Opt("Port of the page (0: any free port).")] = 8765
+    dialogues: Annotated[
+        Names,
+        Opt(
+            "Review dialogues (`personaemp gen-dialogues`) instead of queries; repeat for several "
+            "supporters, each named by its file name: a query's dialogues are shown side by side. "
+            "Labels default to dialogue_labels.jsonl beside the first file.",
+            metavar="FILE",
+            io="read",
+        ),
+    ] = []
 
 
 class AgreementOptions(Section):
@@ -1228,6 +1238,16 @@ class AgreementOptions(Section):
     ] = None
     resamples: Annotated[int, Field(ge=100), Opt("Bootstrap resamples of each interval.")] = 2000
     bootstrap_seed: Annotated[int, Opt("Seed of the bootstrap.")] = 0
+    dialogues: Annotated[
+        Names,
+        Opt(
+            "Dialogues people labelled (`personaemp review --dialogues`), as given there: people vs "
+            "the in_character check, final emotion vs people's rating, the supporters' ranking. "
+            "Labels default to dialogue_labels.jsonl beside the first file.",
+            metavar="FILE",
+            io="read",
+        ),
+    ] = []
 
     def paths(self) -> tuple[Path, Path, Path]:
         """(labels, second judge, out), the defaults beside the input."""

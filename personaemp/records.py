@@ -250,6 +250,7 @@ class DialogueTurn(Record):
     change: int | None = None  # clamped to the step bound (build/dialogues.py MAX_CHANGE)
     reason: str | None = None
     need_met: bool | None = None
+    thought: str | None = None  # the simulated user's inner thought
     checks: dict[str, bool] | None = None  # the simulator's rules on the reply kept (user turns it wrote)
     rejected: list[dict[str, str]] = []  # replies asked again, each: rule -> why it failed
 

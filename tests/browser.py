@@ -33,6 +33,7 @@ SPECIAL = {
     "Escape": ("Escape", "Escape", 27),
     "ArrowRight": ("ArrowRight", "ArrowRight", 39),
     "ArrowLeft": ("ArrowLeft", "ArrowLeft", 37),
+    "Enter": ("Enter", "Enter", 13),
 }
 SHIFTED_DIGITS = "!@#$%^&*("
 
@@ -192,7 +193,7 @@ class Page:
         """Press and release a key as a person would (keydown with its text, keyup)."""
         if name in SPECIAL:
             key, code, number = SPECIAL[name]
-            text = ""
+            text = "\r" if name == "Enter" else ""  # Enter types a carriage return (a form submits)
         elif name.isdigit():
             key = SHIFTED_DIGITS[int(name) - 1] if shift else name
             code, number, text = f"Digit{name}", ord(name), key

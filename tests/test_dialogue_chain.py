@@ -52,14 +52,14 @@ def test_gen_dialogues_evaluate_table_push_and_load_dataset(tmp_path, sample_bui
     assert row["hidden_need"] and row["final_emotion"] == 50 and row["ended_by"] == "max_turns"
     assert [t["role"] for t in row["turns"]] == ["user", "assistant", "user", "assistant", "user"]
     assert row["turns"][2]["emotion"] == 45 and set(row["turns"][2]) == {
-        "role", "text", "emotion", "change", "reason", "need_met",
+        "role", "text", "emotion", "change", "reason", "need_met", "thought",
     }  # fmt: skip
     # the single-turn configs are still there, and the default
     assert datasets.load_dataset(str(out), "random", cache_dir=str(tmp_path / "hf"))["test"].num_rows > 0
     card = (out / "README.md").read_text(encoding="utf-8")
     assert "- config_name: dialogues\n  data_files:\n  - split: test\n" in card
     assert "**A simulated user is not a person.**" in card
-    assert "Simulated user (simulator model): `sim`; supporter: `sim`." in card
+    assert "written by the simulator model `sim`; the supporter turns by the supporter model (`sim`)" in card
     assert "Supporter turns per dialogue: 2 on average (2-2)" in card
     assert "no_need_leak 100.0%" in card and "in_character 100.0%" in card
 
@@ -90,7 +90,10 @@ def test_the_card_counts_each_rules_pass_rate_over_every_reply_checked(tmp_path,
     result = publish(splits, out=tmp_path / "ds", dialogues=dialogues)
     assert result.rows["dialogues"] == {"test": 1}
     card = (tmp_path / "ds" / "README.md").read_text(encoding="utf-8")
-    assert "Pass rates over the 4 replies checked: " in card and "no_need_leak 75.0%" in card, card
+    assert (
+        "Pass rates over the 4 replies judged, kept and asked again: " in card
+        and "no_need_leak 75.0%" in card
+    ), card
     # no dialogues file: no config, no section
     publish(splits, out=tmp_path / "plain", dialogues=tmp_path / "none.jsonl")
     assert "config_name: dialogues" not in (tmp_path / "plain" / "README.md").read_text(encoding="utf-8")

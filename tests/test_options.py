@@ -548,6 +548,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "seed": 4,
         "host": "0.0.0.0",
         "port": 9001,
+        "dialogues": ["v/a.jsonl", "v/b.jsonl"],
     },  # fmt: skip
     "agreement": {
         "input": "g/q.jsonl",
@@ -558,6 +559,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "out": "g/out",
         "resamples": 500,
         "bootstrap_seed": 3,
+        "dialogues": ["g/a.jsonl", "g/b.jsonl"],
     },
 }
 

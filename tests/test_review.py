@@ -197,7 +197,12 @@ def post(url: str, body, headers: dict | None = None) -> tuple[int, dict]:
 
 def test_the_page_and_its_assets_come_from_the_package_and_name_no_other_host(served):
     _, base = served
-    for path, kind in (("/", "text/html"), ("/review.js", "text/javascript"), ("/review.css", "text/css")):
+    for path, kind in (
+        ("/", "text/html"),
+        ("/review.js", "text/javascript"),
+        ("/dialogue.js", "text/javascript"),
+        ("/review.css", "text/css"),
+    ):
         status, body, content_type = get(base + path)
         assert status == 200 and content_type.startswith(kind), path
         # nothing fetched from the internet: no absolute URL in what the page loads
@@ -287,7 +292,7 @@ def test_a_reviewer_labels_with_keys_and_mouse_reloads_and_resumes(served, tmp_p
         assert page.evaluate("document.getElementById('position').textContent") == f"1 of {len(items)}"
         # a laptop screen: two columns, query and checks side by side, nothing wider than the window
         tops = page.evaluate(
-            "[...document.querySelectorAll('.panel')].map(p => p.getBoundingClientRect().top)"
+            "[...document.querySelectorAll('#main .panel')].map(p => p.getBoundingClientRect().top)"
         )
         assert tops[0] == tops[1] and tops[2] == tops[3] and tops[2] > tops[0], tops
         assert page.evaluate("document.documentElement.scrollWidth") <= 1366
@@ -373,7 +378,7 @@ def test_two_reviewers_label_the_same_sample_apart(served, tmp_path):
             page.wait_for("document.body.dataset.pending === '0'")
             # wide screen: the four panels side by side
             tops = page.evaluate(
-                "[...document.querySelectorAll('.panel')].map(p => p.getBoundingClientRect().top)"
+                "[...document.querySelectorAll('#main .panel')].map(p => p.getBoundingClientRect().top)"
             )
             assert len(set(tops)) == 1, tops
     state = current_labels(read_label_events(tmp_path / "labels.jsonl"))

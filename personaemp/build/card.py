@@ -424,41 +424,89 @@ def configs_section(facts: dict[str, Any]) -> list[str]:
     return out
 
 
-def dialogues_section(found: dict[str, Any]) -> list[str]:
-    """The `dialogues` config: who played whom, its rules and how often each held, turns."""
+def dialogues_section(found: dict[str, Any], figures: list[str] | None = None) -> list[str]:
+    """The `dialogues` config: who played whom and that it is model-written, per language and
+    supporter what was kept and lost, how they ended, the final emotions, each check's pass
+    rate over every reply it judged ("not checked" where it never ran), the checks relaxed."""
+    from personaemp.build.stats import FINAL_EMOTION_PLOT
+
     turns = found["turns"]
+    judged = found.get("judged") or {}
+    replies = found["checked_replies"]
     rates = ", ".join(
-        f"{rule} {'—' if rate is None else f'{100 * rate:.1f}%'}"
+        f"{rule} {'not checked' if rate is None else f'{100 * rate:.1f}%'}"
+        + (f" (of {judged[rule]})" if rate is not None and judged.get(rule, replies) != replies else "")
         for rule, rate in found["pass_rates"].items()
     )
+    relaxed = [
+        f"{rule} (not checked on {replies - judged.get(rule, 0)} of {replies} replies)"
+        for rule in found["pass_rates"]
+        if judged.get(rule, replies) < replies
+    ]
     rows = [[split, count] for split, count in found["rows"].items()]
     ended = ", ".join(f"{how} {n}" for how, n in sorted(found["ended_by"].items()))
-    return [
+    languages = ", ".join(f"{language} {n}" for language, n in (found.get("languages") or {}).items())
+    supporters = found.get("supporters") or {}
+    supporter_rows = [
+        [f"`{model}`", entry["kept"], entry["lost"],
+         ", ".join(f"{kind} {n}" for kind, n in sorted(entry["lost_by_kind"].items())) or "—"]
+        for model, entry in supporters.items()
+    ]  # fmt: skip
+    simulators = ", ".join(f"`{m}`" for m in found["simulator_models"])
+    published = sum(found["rows"].values())
+    lost = sum(entry["lost"] for entry in supporters.values())
+    out = [
         "## Dialogues (config `dialogues`)",
         "",
         "Multi-turn conversations (`personaemp gen-dialogues`): an LLM plays each user, grounded in "
         "their memories, persona and Big Five levels and given a hidden need (what would help them "
         "here, never shown to the supporter); it opens with the query and answers the supporter turn "
-        "by turn, recording its emotion (0-100, from 40), the change, the reason and whether the "
-        "need was met. Each dialogue sits in the split of the `random` config that holds its query.",
+        "by turn, recording its emotion (0-100, from 40), the change, the reason, its inner thought and "
+        "whether the need was met. Each dialogue sits in the split of the `random` config that holds "
+        "its query.",
         "",
         "**A simulated user is not a person.** Its emotions, reasons and the hidden need are an LLM's "
         "role play on the user's memories, not what the real user felt or would say; use the "
         "dialogues to compare and train supporters, not as evidence about people.",
         "",
-        f"- Simulated user (simulator model): {', '.join(f'`{m}`' for m in found['simulator_models'])}; "
-        f"supporter: {', '.join(f'`{m}`' for m in found['supporter_models'])}.",
+        f"- **Model-written:** the hidden needs and every simulated user turn (its text, emotion, "
+        f"reason and thought) were written by the simulator model {simulators}; the supporter turns by "
+        f"the supporter model ({', '.join(f'`{m}`' for m in found['supporter_models'])}); the opening "
+        "message is the generated query. No real user's message is in this config.",
+        f"- Dialogues per language: {languages or '—'}.",
         f"- Supporter turns per dialogue: {turns['mean']:g} on average ({turns['min']}-{turns['max']}); "
-        f"ended by: {ended}; hidden need met in {found['need_met']} of {sum(found['rows'].values())}.",
-        "- The simulator's rules, checked on every reply it wrote (a failing reply was asked again): "
+        f"ended by: {ended}; hidden need met in {found['need_met']} of {published}.",
+    ]
+    if supporter_rows:
+        out += [
+            f"- Dialogues kept and lost per supporter ({lost} of {published + lost} lost to the "
+            "simulator: it broke its rules on every try, so the dialogue was not finished; a lost "
+            "dialogue is the simulator's failure, not the supporter's):",
+            "",
+            _table(["supporter", "kept", "lost", "lost, by reason"], supporter_rows),
+            "",
+        ]
+    out += [
+        "- The simulator's checks, run on every reply it wrote (a failing reply was asked again): "
         "language_match (the user's language), length_ok (a chat message's length), no_need_leak (no "
         "six words in a row of the hidden need), no_emotion_number (no emotion stated as a number or "
         "score), no_early_end (no leaving after the first reply), and by an LLM check in_character "
         "(reads as this person) and grounded (no fact beyond the memories and the conversation).",
-        f"- Pass rates over the {found['checked_replies']} replies checked: {rates}.",
-        "",
-        _table(["split", "dialogues"], rows),
+        f"- Pass rates over the {replies} replies judged, kept and asked again: {rates}.",
     ]
+    if relaxed:
+        out.append(f"- Checks relaxed: {'; '.join(relaxed)}.")
+    if found.get("lost_replies_not_kept"):
+        out.append(
+            f"- The replies of {found['lost_replies_not_kept']} lost dialogues are not in these rates: "
+            "their failures rows do not keep them."
+        )
+    out += [
+        "",
+        *_image(FINAL_EMOTION_PLOT, "Final emotion of the simulated user, per supporter", figures or []),
+    ]
+    out += [_table(["split", "dialogues"], rows)]
+    return out
 
 
 def render_card(
@@ -499,7 +547,7 @@ def render_card(
             sections.append(f"- `{entry}`")
     sections += ["", *configs_section(facts)]
     if facts.get("dialogues"):
-        sections += ["", *dialogues_section(facts["dialogues"])]
+        sections += ["", *dialogues_section(facts["dialogues"], figures)]
     if stats is not None:
         sections += ["", stats_section(stats, figures or [])]
     sections += ["", quality_section(quality, _table)]
@@ -533,6 +581,10 @@ def render_card(
     dialogue = (
         "This build includes the users' own messages (`user_turns`), at the builder's request."
         if include_dialogue
+        else "No text of the users' own dialogues is published: only memories, personas and generated "
+        "queries. The `dialogues` config publishes simulated conversations: every turn in it is "
+        "model-written (the simulated user, its hidden need and the supporter)."
+        if facts.get("dialogues")
         else "No dialogue text is published: only memories, personas and generated queries."
     )
     memories = (

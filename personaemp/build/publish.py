@@ -31,6 +31,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections import Counter
@@ -44,7 +45,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from personaemp import freshness
 from personaemp.build.card import QUALITY_PLOT, render_card
-from personaemp.build.stats import FIGURE_DIR, STATS_FILE, sources_of_split, stats_and_figures
+from personaemp.build.stats import (
+    FIGURE_DIR,
+    FINAL_EMOTION_PLOT,
+    STATS_FILE,
+    final_emotion_plot,
+    sources_of_split,
+    stats_and_figures,
+)
 from personaemp.errors import InputError, PersonaempError, RowError, first_problem
 from personaemp.io import ErrorPolicy, atomic_output, file_sha256, iter_jsonl, iter_records, write_json_atomic
 from personaemp.records import BIG_FIVE, DIMENSIONS
@@ -598,8 +606,10 @@ def persona_facts(parts: dict[str, dict[str, DataPart]]) -> dict[str, Any]:
 # --- the dialogues config ------------------------------------------------------------------------
 
 DIALOGUES = "dialogues"  # the config of gen-dialogues' output, when it exists
-# A published turn: the simulated user's state stays, its per-reply checks are the card's pass rates.
-TURN_FIELDS = {"role", "text", "emotion", "change", "reason", "need_met"}
+# A published turn: the simulated user's state (and inner thought) stays, its per-reply checks
+# are the card's pass rates.
+TURN_FIELDS = {"role", "text", "emotion", "change", "reason", "need_met", "thought"}
+DIALOGUE_FAILURES = "gen-dialogues.failures.jsonl"  # beside the dialogues file (llm/run.py names it)
 
 
 def dialogue_parts(path: Path, files: dict[str, dict[str, Path]], staging: Path, warnings: list[str]):
@@ -637,6 +647,7 @@ def dialogue_parts(path: Path, files: dict[str, dict[str, Path]], staging: Path,
         dialogues.append(dialogue)
     if outside:
         warnings.append(f"{path}: {outside} dialogues of queries in no split were left out")
+    lost = _lost_dialogues(path.with_name(DIALOGUE_FAILURES), split_of)
     written = {}
     for split, found in rows.items():
         if not found:
@@ -644,28 +655,98 @@ def dialogue_parts(path: Path, files: dict[str, dict[str, Path]], staging: Path,
         staged = staging / f"{DIALOGUES}-{split}.parquet"
         pq.write_table(pa.Table.from_pylist(found), staged)
         written[split] = (f"{DIALOGUES}/{split}-00000-of-00001-{file_sha256(staged)[:16]}.parquet", staged)
-    return written, dialogue_facts(dialogues, {s: len(r) for s, r in rows.items() if r}, simulator_rules)
+    facts = dialogue_facts(dialogues, {s: len(r) for s, r in rows.items() if r}, simulator_rules, lost)
+    return written, facts
 
 
-def dialogue_facts(dialogues, rows: dict[str, int], simulator_rules) -> dict[str, Any]:
-    """What the card says of the dialogues: models, turns, how they ended, each rule's pass
-    rate over every simulated reply checked (the kept ones and those asked again)."""
-    user_turns = [t for d in dialogues for t in d.turns[1:] if t.role == "user"]
-    attempts = len(user_turns) + sum(len(t.rejected) for t in user_turns)
-    failed = Counter(rule for t in user_turns for rejected in t.rejected for rule in rejected)
+def _lost_dialogues(failures: Path, split_of: dict[str, str]) -> list[dict[str, Any]]:
+    """The failures rows of gen-dialogues beside the dialogues file whose query is published
+    (a dialogue the simulator could not finish); none without the file."""
+    if not failures.is_file():
+        return []
+    lost = []
+    for _, _, row in iter_jsonl(failures, ErrorPolicy("fail")):
+        query = row.get("query_id") or re.sub(r"-d\d+$", "", str(row.get("dialogue_id", "")))
+        if query in split_of:
+            lost.append(row)
+    return lost
+
+
+# REJECTED_KEYS: what a rejected reply's entry holds besides its failed rules (records.py)
+REJECTED_KEYS = ("text", "thought")
+
+
+def dialogue_facts(dialogues, rows: dict[str, int], simulator_rules, lost=()) -> dict[str, Any]:
+    """What the card says of the dialogues: models, languages, turns, how they ended, per
+    supporter the dialogues kept and lost (`lost`: the failures file's rows), and each check's
+    pass rate over every simulated reply it judged, kept or asked again. A check ran on a reply
+    when the kept reply's checks name it (a rejected reply: when it ran on the reply kept at
+    that turn, or failed); one that never ran is "not checked" (None), never a pass."""
+    judged: Counter = Counter()
+    failed: Counter = Counter()
+    replies = 0
+    names: dict[str, None] = dict.fromkeys((*simulator_rules.RULES, *simulator_rules.JUDGED))
+    for dialogue in dialogues:
+        for turn in dialogue.turns[1:]:
+            if turn.role != "user":
+                continue
+            ran = set(turn.checks or {})
+            names.update(dict.fromkeys(sorted(ran)))
+            replies += 1 + len(turn.rejected)
+            for rule in ran:
+                judged[rule] += 1 + len(turn.rejected)
+                failed[rule] += not turn.checks[rule]
+            for rejected in turn.rejected:
+                for rule in set(rejected) - set(REJECTED_KEYS):
+                    names.setdefault(rule)
+                    failed[rule] += 1
+                    judged[rule] += rule not in ran
+    # the replies of a lost dialogue, where its failures row keeps them (each: rule -> why):
+    # judged by every check the run made (those that ran on its kept replies) and failed
+    run_checks = {rule for rule in names if judged[rule]}
+    unkept = 0
+    for row in lost:
+        if not isinstance(row.get("rejected"), list):
+            unkept += 1
+            continue
+        for rejected in row["rejected"]:
+            if isinstance(rejected, dict):
+                replies += 1
+                broken = set(rejected) - set(REJECTED_KEYS)
+                for rule in run_checks | broken:
+                    names.setdefault(rule)
+                    judged[rule] += 1
+                    failed[rule] += rule in broken
     turns = [sum(t.role == "assistant" for t in d.turns) for d in dialogues]
+    kept = Counter(d.supporter_model for d in dialogues)
+    only = next(iter(kept)) if len(kept) == 1 else None  # one run's failures: its supporter's
+    supporters = {model: {"kept": n, "lost": 0, "lost_by_kind": {}} for model, n in kept.items()}
+    for row in lost:
+        model = row.get("supporter_model") or only or "unknown"
+        entry = supporters.setdefault(model, {"kept": 0, "lost": 0, "lost_by_kind": {}})
+        entry["lost"] += 1
+        kind = str(row.get("kind") or "unknown")
+        entry["lost_by_kind"][kind] = entry["lost_by_kind"].get(kind, 0) + 1
+    finals: dict[str, list[int]] = {}
+    for dialogue in dialogues:
+        finals.setdefault(dialogue.supporter_model, []).append(dialogue.final_emotion)
     return {
         "rows": rows,
         "simulator_models": sorted({d.simulator_model for d in dialogues}),
         "supporter_models": sorted({d.supporter_model for d in dialogues}),
+        "languages": dict(sorted(Counter(d.language or "unknown" for d in dialogues).items())),
         "turns": {"min": min(turns, default=0), "max": max(turns, default=0),
                   "mean": round(sum(turns) / len(turns), 2) if turns else 0},
         "ended_by": dict(Counter(d.ended_by for d in dialogues)),
         "need_met": sum(d.need_met_at_turn is not None for d in dialogues),
-        "checked_replies": attempts,
+        "supporters": dict(sorted(supporters.items())),
+        "final_emotions": finals,
+        "initial_emotions": sorted({d.initial_emotion for d in dialogues}),
+        "checked_replies": replies,
+        "lost_replies_not_kept": unkept,  # lost dialogues whose failures row keeps no replies
+        "judged": {rule: judged[rule] for rule in names},
         "pass_rates": {
-            rule: round(1 - failed[rule] / attempts, 4) if attempts else None
-            for rule in (*simulator_rules.RULES, *simulator_rules.JUDGED)
+            rule: round(1 - failed[rule] / judged[rule], 4) if judged[rule] else None for rule in names
         },
     }  # fmt: skip
 
@@ -838,6 +919,11 @@ def publish(
         # The build's statistics, computed once: the card's tables, its plots and stats.json.
         stats, figures = stats_and_figures(sources_of_split(splits_dir, split_report))
         repository: dict[str, bytes | Path] = {f"{FIGURE_DIR}/{name}": png for name, png in figures.items()}
+        if facts.get("dialogues") and facts["dialogues"]["final_emotions"]:
+            starts = facts["dialogues"]["initial_emotions"]
+            finals = facts["dialogues"]["final_emotions"]
+            plot = final_emotion_plot(finals, starts[0] if len(starts) == 1 else None)
+            repository[f"{FIGURE_DIR}/{FINAL_EMOTION_PLOT}"] = plot
         queries = sources_of_split(splits_dir, split_report).queries
         report, plot = quality(queries) if quality else (None, None)
         if plot is not None:

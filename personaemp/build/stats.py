@@ -528,6 +528,44 @@ def _bars(
         axis.margins(x=0.22 if horizontal else 0.05, y=0.05 if horizontal else 0.15)
 
 
+FINAL_EMOTION_PLOT = "dialogues_final_emotion.png"
+EMOTION_BINS = 10  # bins of 10 points over the simulated emotion's 0-100
+
+
+def final_emotion_plot(finals: dict[str, list[int]], initial: int | None = None) -> bytes:
+    """The histogram of the dialogues' final emotion (the card's dialogues section), one bar
+    group per supporter; `initial`: the emotion every dialogue starts at, marked."""
+    figure, axes = _figure(1)
+    axis = axes[0][0]
+    edges = [EMOTION_BINS * i for i in range(100 // EMOTION_BINS + 1)]
+    width = 0.8 / max(1, len(finals))
+    colours = ["#4292c6", "#e6550d", "#31a354", "#756bb1"]
+    for n, (supporter, values) in enumerate(sorted(finals.items())):
+        # the last bin holds 100 itself (the satisfied end)
+        counts = [sum(low <= v < high or (high == 100 and v == 100) for v in values)
+                  for low, high in zip(edges, edges[1:], strict=False)]  # fmt: skip
+        xs = [i + (n - (len(finals) - 1) / 2) * width for i in range(len(counts))]
+        axis.bar(xs, counts, width, color=colours[n % len(colours)], label=f"{supporter} (n={len(values)})")
+        for x, count in zip(xs, counts, strict=True):
+            if count:
+                axis.annotate(str(count), (x, count), xytext=(0, 2), textcoords="offset points",
+                              ha="center", fontsize=7)  # fmt: skip
+    names = [f"{low}-{high}" for low, high in zip(edges, edges[1:], strict=False)]
+    axis.set_xticks(range(len(names)), names, fontsize=8)
+    if initial is not None:
+        start = initial / EMOTION_BINS - 0.5  # the left edge of the bin that holds it
+        axis.axvline(start, color="grey", linestyle="--", linewidth=1)
+        axis.annotate(f"start ({initial})", (start, 1), xycoords=("data", "axes fraction"),
+                      xytext=(3, -10), textcoords="offset points", fontsize=8, color="grey")  # fmt: skip
+    _count_axis(axis.yaxis)
+    axis.margins(y=0.15)
+    axis.set_xlabel("final emotion of the simulated user (0-100)", fontsize=9)
+    axis.set_ylabel("dialogues", fontsize=9)
+    axis.set_title("Where the dialogues ended: the simulated user's final emotion", fontsize=10)
+    axis.legend(fontsize=8, frameon=False, loc="upper left")
+    return _png(figure)
+
+
 def _level_bars(axis, levels: dict[str, dict[str, float]], title: str, share: bool) -> None:
     """Grouped bars: per trait (its whole name), one bar per level; shares in percent."""
     width = 0.27

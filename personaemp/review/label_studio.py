@@ -7,6 +7,11 @@ In the project a task is one query; its choices are named as the review page's f
 (supported/unsupported), and a `note` text area; a task shows only the checks and traits its
 query has, with the page's keys. A reviewer's name is `label-studio:` and the Label Studio
 user id. An import brings labels.jsonl to the export's state (`import_export`).
+
+Dialogues (`review --dialogues`): a task is one supporter's dialogue (data `item`), its turns as
+text, and the page's fields as controls: `realism_<n>` and `character_<n>` for the simulated
+user's n-th turn (a turn the dialogue does not have shows no choices), `perm_<dimension>`
+(1-5) and `note`.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ import msgspec
 
 from personaemp.errors import InputError
 from personaemp.io import BOM, write_json_atomic
+from personaemp.records import DIMENSIONS
+from personaemp.review.fields import PERM_SCORES
+from personaemp.review.fields import TURN_VALUES as DIALOGUE_TURN_VALUES
 from personaemp.review.page import (
     LABEL_STUDIO_REVIEWER,
     LLM_CHECKS,
@@ -30,8 +38,10 @@ from personaemp.review.page import (
     UnknownTarget,
     current_labels,
     make_event,
+    open_dialogue_session,
     open_session,
     read_items,
+    review_labels,
     shown,
 )
 
@@ -135,13 +145,92 @@ def label_config(traits: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _turn_text(turn: dict[str, Any], n: int) -> str:
+    checks = turn["checks"] or {}
+    from personaemp.instruments.simulator_rules import JUDGED, RULES
+
+    names = [*RULES, *JUDGED, *sorted(set(checks) - {*RULES, *JUDGED})]
+    verdicts = ", ".join(
+        f"{name} {'pass' if checks[name] else 'FAIL'}" if name in checks else f"{name} not checked"
+        for name in names
+    )
+    rejected = "".join(
+        f"\n  asked again: {r['text'] or '(text not kept)'} — "
+        + "; ".join(f"{rule}: {why}" for rule, why in r["failed"].items())
+        for r in turn["rejected"]
+    )
+    return (
+        f"turn {n}: {turn['text']}\n  emotion {turn['emotion']} (change {turn['change']}); thought: "
+        f"{turn['thought'] or '—'}; reason: {turn['reason'] or '—'}\n  checks: {verdicts}{rejected}"
+    )
+
+
+def dialogue_task_of(item: dict[str, Any], turns: list[int]) -> dict[str, Any]:
+    """A dialogue as a task: its turns as text and a slot per simulated turn of the project."""
+    transcript = "\n".join(
+        f"[{n}] {'supporter' if t['role'] == 'assistant' else 'user'}: {t['text']}"
+        + (f"  (emotion {t['emotion']})" if t["emotion"] is not None else "")
+        for n, t in enumerate(item["turns"])
+    )
+    data = {
+        "item": item["item"],
+        "query_id": item["query_id"],
+        "user_id": item["user_id"],
+        "dialogue": transcript,
+        "facts": f"supporter {item['system']} ({item['supporter_model']}); "
+        f"simulator {item['simulator_model']}; language {item['language']}; "
+        f"emotion {item['initial_emotion']} -> {item['final_emotion']}; "
+        f"ended by {item['ended_by']}; hidden need (model-written): {item['hidden_need']}",
+    }
+    for n in turns:
+        has = n in item["labelled_turns"]
+        data[f"turn_{n}_text"] = _turn_text(item["turns"][n], n) if has else ""
+        for kind, values in DIALOGUE_TURN_VALUES.items():
+            data[f"{kind}_{n}_choices"] = [{"value": v} for v in values] if has else []
+    return {"data": data}
+
+
+def dialogue_label_config(turns: list[int]) -> str:
+    """The dialogue project's interface: the transcript, per simulated turn its realism and
+    in-character choices, the supporter's PERM scores 1-5 and a note."""
+    ask = "Each simulated user turn: how this person would write? in character?"
+    lines = ["<View>", '  <Header value="Dialogue"/>', '  <Text name="dialogue" value="$dialogue"/>',
+             '  <Text name="facts" value="$facts"/>', f'  <Header value="{ask}"/>']  # fmt: skip
+    for n in turns:
+        lines.append(f'  <Text name="turn_{n}" value="$turn_{n}_text"/>')
+        for kind in DIALOGUE_TURN_VALUES:
+            lines.append(
+                f'  <Choices name="{kind}_{n}" toName="dialogue" choice="single" showInline="true" '
+                f'value="${kind}_{n}_choices"></Choices>'
+            )
+    lines.append('  <Header value="The supporter, 1 (poor) to 5 (excellent)"/>')
+    for dimension in DIMENSIONS:
+        options = "".join(f'<Choice value="{score}"/>' for score in PERM_SCORES)
+        lines += [
+            f'  <Header value="{dimension}" size="6"/>',
+            f'  <Choices name="perm_{dimension}" toName="dialogue" choice="single" showInline="true">'
+            f"{options}</Choices>",
+        ]
+    lines += [
+        '  <Header value="Note"/>',
+        '  <TextArea name="note" toName="dialogue" maxSubmissions="1"/>',
+        "</View>",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def export_project(items: list[dict[str, Any]], folder: Path) -> list[Path]:
     """tasks.json (import it into a Label Studio project) and label_config.xml (its
     Settings > Labeling Interface > Code)."""
-    traits = max((len(item["traits"]) for item in items), default=0)
     folder.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(folder / TASKS_FILE, [task_of(item, traits) for item in items])
-    (folder / CONFIG_FILE).write_text(label_config(traits), encoding="utf-8")
+    if items and items[0].get("kind") == "dialogue":
+        turns = sorted({n for item in items for n in item["labelled_turns"]})
+        tasks, config = [dialogue_task_of(item, turns) for item in items], dialogue_label_config(turns)
+    else:
+        traits = max((len(item["traits"]) for item in items), default=0)
+        tasks, config = [task_of(item, traits) for item in items], label_config(traits)
+    write_json_atomic(folder / TASKS_FILE, tasks)
+    (folder / CONFIG_FILE).write_text(config, encoding="utf-8")
     return [folder / TASKS_FILE, folder / CONFIG_FILE]
 
 
@@ -186,8 +275,11 @@ def _as_tuple(kinds) -> tuple:
     return kinds if isinstance(kinds, tuple) else (kinds,)
 
 
-CHOSEN = ("query", "check_", "trait_")  # the Choices controls of the project (and `note`)
-CONTROLS = re.compile(rf"(query|note|check_({'|'.join(LLM_CHECKS)})|trait_\d+)")  # every control's name
+CHOSEN = ("query", "check_", "trait_", "realism_", "character_", "perm_")  # the Choices controls (and `note`)
+CONTROLS = re.compile(  # every control's name, of a queries and of a dialogues project
+    rf"(query|note|check_({'|'.join(LLM_CHECKS)})|trait_\d+|realism_\d+|character_\d+|perm_({'|'.join(DIMENSIONS)}))"
+)
+CHOICES = {**VALUES, **DIALOGUE_TURN_VALUES, "perm": tuple(str(s) for s in PERM_SCORES)}
 
 
 @dataclasses.dataclass
@@ -243,18 +335,38 @@ def _when(annotation: dict[str, Any], task: _Task) -> str | None:
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _query_of(query_id: Any, task: _Task, items: dict, queries: Path) -> str:
+def _query_of(query_id: Any, task: _Task, items: dict, queries) -> str:
+    """The task's item: a query's id, or a dialogue's `item` (its data names it first)."""
     if query_id is None:
         raise InputError(f"{task.name} has no query_id (not a task exported by personaemp)")
     if not isinstance(query_id, str) or query_id not in items:
-        raise InputError(f"{task.name}: query {shown(query_id)} is not in {queries}")
+        what = "dialogue" if isinstance(queries, list) else "query"
+        raise InputError(f"{task.name}: {what} {shown(query_id)} is not in {_named(queries)}")
     return query_id
+
+
+def _named(source) -> str:
+    return ", ".join(map(str, source)) if isinstance(source, list) else str(source)
+
+
+def items_of(source) -> dict[str, dict[str, Any]]:
+    """The items labels can name: a queries file's queries, or a list of dialogues files'
+    dialogues (keyed by their item)."""
+    if isinstance(source, list):
+        from personaemp.review.dialogues import read_dialogue_items
+
+        return {item["item"]: item for item in read_dialogue_items(source)}
+    return {item["query_id"]: item for item in read_items(source)}
+
+
+def _key(where: dict[str, Any]) -> Any:
+    return where.get("item") or where.get("query_id")
 
 
 def _json_annotations(raw: Any, task: _Task, items: dict, queries: Path) -> tuple[str, list[_Annotation]]:
     """A task of the JSON export: its query and its annotations (cancelled ones left out)."""
     data = task.expect(raw, dict, "the task").get("data")
-    query_id = _query_of(data.get("query_id") if isinstance(data, dict) else None, task, items, queries)
+    query_id = _query_of(_key(data) if isinstance(data, dict) else None, task, items, queries)
     found = []
     for annotation in task.expect(raw.get("annotations") or [], list, "annotations"):
         task.expect(annotation, dict, "an annotation")
@@ -307,7 +419,7 @@ def _min_annotation(raw: Any, task: _Task, items: dict, queries: Path) -> tuple[
     name holds its value; a project exported before that (data `query` and `trait_<n>` beside
     the controls of the same names) is read by the value: a choice, or the data's text."""
     task.expect(raw, dict, "the record")
-    query_id = _query_of(raw.get("query_id"), task, items, queries)
+    query_id = _query_of(_key(raw), task, items, queries)
     ident = task.expect(raw.get("annotation_id"), (int, str, type(None)), "annotation_id")
     user, email = _who(raw, task, "annotator")
     if ident is None and user is None and email is None:
@@ -321,7 +433,7 @@ def _min_annotation(raw: Any, task: _Task, items: dict, queries: Path) -> tuple[
         if chosen is None:
             continue
         kind = name.partition("_")[0]
-        if name != "note" and chosen not in VALUES["check" if kind == "check" else kind]:
+        if name != "note" and chosen not in CHOICES[kind]:
             continue  # an old project's data (the query's or a trait's text), not a choice
         labels[name] = chosen
     return query_id, [_Annotation(task, query_id, ident, user, email, _when(raw, task), labels)]
@@ -336,7 +448,7 @@ def read_export(
     file and Label Studio's task id (or the entry, for a task without one)."""
     if not isinstance(export, list):
         raise InputError(f"{source}: not a Label Studio JSON or JSON-MIN export (a list of tasks)")
-    items = {item["query_id"]: item for item in read_items(queries)}
+    items = items_of(queries)
     tasks: dict[str, Any] = {}
     annotations: list[_Annotation] = []
     for number, raw in enumerate(export, 1):
@@ -384,7 +496,11 @@ def import_export(path: Path, queries: Path, labels: Path) -> dict[str, Any]:
     except msgspec.DecodeError as error:
         raise InputError(f"{path}: not valid JSON ({error})") from None
     tasks, annotations = read_export(export, queries, str(path))
-    items = {item["query_id"]: item for item in read_items(queries)}
+    items = items_of(queries)
+
+    def target(key: str) -> dict[str, str]:
+        return {"item": key} if items[key].get("kind") == "dialogue" else {"query_id": key}
+
     file = LabelFile(labels)
     before = file.events()
     known: dict[Any, Any] = {}
@@ -411,7 +527,9 @@ def import_export(path: Path, queries: Path, labels: Path) -> dict[str, Any]:
         wanted = {}
         for name, value in annotation.labels.items():
             field = name if name in ("query", "note") else name.replace("_", ":", 1)
-            body = {"reviewer": reviewer, "query_id": query_id, "field": field, "value": value}
+            if field.startswith("perm:") and isinstance(value, str) and value.isdigit():
+                value = int(value)  # Label Studio's choice is text; the page's score a number
+            body = {"reviewer": reviewer, **target(query_id), "field": field, "value": value}
             try:
                 event = make_event(body, items, annotation.when)
             except UnknownTarget:
@@ -423,7 +541,7 @@ def import_export(path: Path, queries: Path, labels: Path) -> dict[str, Any]:
             if have.get(field, {}).get("value") != value:
                 new.append({**event, "label_studio": annotation.meta()})
         for field in have.keys() - wanted.keys():
-            body = {"reviewer": reviewer, "query_id": query_id, "field": field, "value": None}
+            body = {"reviewer": reviewer, **target(query_id), "field": field, "value": None}
             new.append({**make_event(body, items, now), "label_studio": annotation.meta()})
             removed += 1
     absent = set()  # tasks holding Label Studio's labels that the export does not have
@@ -435,7 +553,7 @@ def import_export(path: Path, queries: Path, labels: Path) -> dict[str, Any]:
                 absent.add(query_id)
             elif (reviewer, query_id) not in latest:
                 for field in fields:  # the annotation is gone from Label Studio
-                    body = {"reviewer": reviewer, "query_id": query_id, "field": field, "value": None}
+                    body = {"reviewer": reviewer, **target(query_id), "field": field, "value": None}
                     meta = {"task": tasks[query_id]} if tasks[query_id] is not None else {}
                     new.append({**make_event(body, items, now), "label_studio": meta})
                     removed += 1
@@ -459,10 +577,16 @@ def exchange_label_studio(options, export: Path | None, export_file: Path | None
     result (printed by --json)."""
     from rich.markup import escape
 
-    labels = options.labels or Path(options.input).with_name("labels.jsonl")
+    labels = review_labels(options)
+    dialogues = [Path(p) for p in getattr(options, "dialogues", None) or ()]
+    source = dialogues or Path(options.input)
     result: dict[str, Any] = {}
     if export is not None:
-        session = open_session(options.input, labels, options.size, options.seed)
+        session = (
+            open_dialogue_session(dialogues, labels, options.size, options.seed)
+            if dialogues
+            else open_session(options.input, labels, options.size, options.seed)
+        )
         paths = export_project(session.items, Path(export))
         console.print(
             f"wrote {len(session.items)} tasks (seed {options.seed}): "
@@ -474,7 +598,7 @@ def exchange_label_studio(options, export: Path | None, export_file: Path | None
             "files": [str(p) for p in paths],
         }
     if export_file is not None:
-        found = import_export(Path(export_file), Path(options.input), labels)
+        found = import_export(Path(export_file), source, labels)
         result["imported"] = found
         console.print(
             f"{found['added']} labels set and {found['removed']} removed from {escape(str(export_file))} "

@@ -13,7 +13,8 @@ A label event::
 
 `field` is `query` (accept | reject), `check:<name>` (agree | disagree with the judge's
 verdict `judge`), `trait:<n>` (supported | unsupported, `trait` holds its statement) or
-`note` (text); `value` null clears the field.
+`note` (text); `value` null clears the field. A label on a dialogue (`review --dialogues`,
+review/dialogues.py) names it by `item` (`<system>/<dialogue_id>`) beside its `query_id`.
 """
 
 from __future__ import annotations
@@ -40,17 +41,18 @@ import msgspec
 from personaemp.errors import InputError
 from personaemp.instruments.query_check import CHECKS, JUDGED
 from personaemp.io import ErrorPolicy, cut_torn_tail, iter_jsonl
+from personaemp.review.dialogues import LABELS_FILE, dialogue_event, read_dialogue_items
+from personaemp.review.fields import NAME_CHARS, NOTE_CHARS, VALUES, UnknownTarget, shown
 
 # The checks whose verdict is the LLM judge's: its three judgments, and the category it
 # reads (category_match compares that reading with the category the query was written for).
 LLM_CHECKS = (*JUDGED, "category_match")
-VALUES = {
-    "query": ("accept", "reject"),
-    "check": ("agree", "disagree"),
-    "trait": ("supported", "unsupported"),
+ASSETS = {
+    "/": "index.html",
+    "/review.js": "review.js",
+    "/dialogue.js": "dialogue.js",
+    "/review.css": "review.css",
 }
-NOTE_CHARS, NAME_CHARS = 5000, 60
-ASSETS = {"/": "index.html", "/review.js": "review.js", "/review.css": "review.css"}
 TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
 
 
@@ -120,6 +122,21 @@ def sample_items(items: Sequence[dict[str, Any]], size: int, seed: int) -> list[
             if queue and len(picked) < size:
                 picked.append(queue.pop())
     return picked
+
+
+def sample_dialogues(items: Sequence[dict[str, Any]], size: int, seed: int) -> list[dict[str, Any]]:
+    """`size` queries, taken in turn from each category / language / ending stratum (as the
+    query sample is), each with all its systems' dialogues one after the other: the same
+    person labels both supporters of a query."""
+    per_query: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for item in items:
+        per_query[item["query_id"]].append(item)
+    stand_ins = [
+        {"query_id": query, "category": group[0]["category"], "language": group[0]["language"],
+         "accepted": True, "checks": {f"ended_by_{d['ended_by']}": False for d in group}}
+        for query, group in per_query.items()
+    ]  # fmt: skip
+    return [item for picked in sample_items(stand_ins, size, seed) for item in per_query[picked["query_id"]]]
 
 
 # --- the labels ------------------------------------------------------------------------------
@@ -199,19 +216,16 @@ def read_label_events(path: Path) -> list[dict[str, Any]]:
 
 
 def current_labels(events: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """reviewer -> query_id -> field -> its last event (fields cleared last are left out)."""
+    """reviewer -> query_id (a dialogue's: its item) -> field -> its last event (fields
+    cleared last are left out)."""
     state: dict[str, dict[str, dict[str, Any]]] = defaultdict(lambda: defaultdict(dict))
     for event in events:
-        fields = state[event["reviewer"]][event["query_id"]]
+        fields = state[event["reviewer"]][event.get("item") or event["query_id"]]
         if event.get("value") in (None, ""):
             fields.pop(event["field"], None)
         else:
             fields[event["field"]] = event
     return {reviewer: {q: dict(f) for q, f in queries.items() if f} for reviewer, queries in state.items()}
-
-
-class UnknownTarget(InputError):
-    """A label about a trait or check this query does not have: refused and counted."""
 
 
 def make_event(body: Any, items: dict[str, dict[str, Any]], now: str | None = None) -> dict[str, Any]:
@@ -224,9 +238,17 @@ def make_event(body: Any, items: dict[str, dict[str, Any]], now: str | None = No
     # printable only: names are shown on the terminal and in the card
     if not reviewer or len(reviewer) > NAME_CHARS or not reviewer.isprintable():
         raise InputError(f"a reviewer name of 1-{NAME_CHARS} printable characters is needed")
+    if "item" in body:  # a dialogue
+        key = body["item"]
+        item = items.get(key) if isinstance(key, str) else None
+        if item is None or item.get("kind") != "dialogue":
+            raise InputError(f"no dialogue {shown(key)} in this sample")
+        event = dialogue_event(body, item, reviewer)
+        event["at"] = now or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return event
     query_id, name, value = body.get("query_id"), body.get("field"), body.get("value")
     item = items.get(query_id) if isinstance(query_id, str) else None
-    if item is None:
+    if item is None or item.get("kind") == "dialogue":
         raise InputError(f"no query {shown(query_id)} in this sample")
     if not isinstance(name, str):
         raise InputError("a label's field is text")
@@ -253,13 +275,6 @@ def make_event(body: Any, items: dict[str, dict[str, Any]], now: str | None = No
     return event
 
 
-def shown(value: Any, limit: int = 80) -> str:
-    """A value from outside as one safe, short line: repr (control characters and terminal
-    escapes spelled out), cut at `limit`."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 # --- the server ------------------------------------------------------------------------------
 
 
@@ -281,7 +296,7 @@ class ReviewSession:
     by_id: dict[str, dict[str, Any]] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.by_id = {item["query_id"]: item for item in self.items}
+        self.by_id = {item.get("item") or item["query_id"]: item for item in self.items}
 
 
 def _asset(name: str) -> bytes:
@@ -442,19 +457,48 @@ def open_session(queries: Path, labels: Path, size: int, seed: int) -> ReviewSes
     return ReviewSession(sample_items(items, size, seed), LabelFile(labels), source=str(queries))
 
 
+def open_dialogue_session(dialogues: Sequence[Path], labels: Path, size: int, seed: int) -> ReviewSession:
+    """The sample of `size` queries' dialogues, every system's dialogue of each (dialogues.py)."""
+    items = read_dialogue_items([Path(p) for p in dialogues])
+    if not items:
+        raise InputError(f"{dialogues[0]}: no dialogues to review")
+    return ReviewSession(
+        sample_dialogues(items, size, seed), LabelFile(labels), source=", ".join(map(str, dialogues))
+    )
+
+
+def _dialogues(options) -> list[Path]:
+    return [Path(p) for p in getattr(options, "dialogues", None) or ()]  # options made before --dialogues
+
+
+def review_labels(options) -> Path:
+    """The labels file: --labels, else labels.jsonl beside the queries (dialogue_labels.jsonl
+    beside the first dialogues file)."""
+    if options.labels:
+        return options.labels
+    if _dialogues(options):
+        return Path(_dialogues(options)[0]).with_name(LABELS_FILE)
+    return Path(options.input).with_name("labels.jsonl")
+
+
 def serve_review(options, console) -> None:
     """`personaemp review`: serve the page until Ctrl-C (ReviewOptions)."""
     from rich.markup import escape
 
-    labels = options.labels or Path(options.input).with_name("labels.jsonl")
-    session = open_session(options.input, labels, options.size, options.seed)
+    labels = review_labels(options)
+    if _dialogues(options):
+        session = open_dialogue_session(_dialogues(options), labels, options.size, options.seed)
+        what = f"{len(session.items)} dialogues of {len({i['query_id'] for i in session.items})} queries"
+    else:
+        session = open_session(options.input, labels, options.size, options.seed)
+        what = f"{len(session.items)} queries"
     server = review_server(session, options.host, options.port)
     names = [
         name if name.isprintable() else shown(name)
         for name in sorted(current_labels(session.labels.events()))
     ]
     console.print(
-        f"review: {len(session.items)} queries of {escape(str(options.input))} (seed {options.seed}); "
+        f"review: {what} of {escape(session.source)} (seed {options.seed}); "
         f"labels go to {escape(str(labels))}"
         + (f" (reviewers so far: {escape(', '.join(names))})" if names else "")
     )

@@ -68,8 +68,14 @@ function send(event) {
 }
 
 function labelsOf(item) {
-  if (!state.labels[item.query_id]) state.labels[item.query_id] = {};
-  return state.labels[item.query_id];
+  const key = itemKey(item);
+  if (!state.labels[key]) state.labels[key] = {};
+  return state.labels[key];
+}
+
+function target(item) {
+  // what a label names: a query by its id, a dialogue by its item (system/dialogue_id)
+  return item.kind === "dialogue" ? { item: item.item } : { query_id: item.query_id };
 }
 
 function setLabel(field, value, toggle = true) {
@@ -78,13 +84,14 @@ function setLabel(field, value, toggle = true) {
   if (toggle && labels[field] === value) value = null; // the same choice again clears it
   if (value === null || value === "") delete labels[field];
   else labels[field] = value;
-  send({ reviewer: state.reviewer, query_id: item.query_id, field, value });
+  send({ reviewer: state.reviewer, ...target(item), field, value });
   render();
 }
 
 // --- what is left to do -------------------------------------------------------------------------
 
 function missing(item) {
+  if (item.kind === "dialogue") return dialogueMissing(item);
   const labels = state.labels[item.query_id] || {};
   let count = labels.query ? 0 : 1;
   for (const name of LLM_CHECKS) if (name in item.checks && !labels["check:" + name]) count += 1;
@@ -125,6 +132,7 @@ function choice(field, value, text, kind, key) {
 function render() {
   const item = state.items[state.index];
   if (!item) return;
+  if (item.kind === "dialogue") return renderDialogue();
   const labels = labelsOf(item);
   const done = state.items.filter((i) => !missing(i)).length;
   $("position").textContent = `${state.index + 1} of ${state.items.length}`;
@@ -197,6 +205,8 @@ function go(index) {
   saveNote();
   state.index = (index + state.items.length) % state.items.length;
   state.traitCursor = 0;
+  dialogueState.turnCursor = 0;
+  dialogueState.dimension = 0;
   window.scrollTo(0, 0);
   render();
 }
@@ -212,7 +222,7 @@ function saveNote() {
   const labels = labelsOf(item);
   if ((labels.note || "") === value) return;
   if (value) labels.note = value; else delete labels.note;
-  send({ reviewer: state.reviewer, query_id: item.query_id, field: "note", value: value || null });
+  send({ reviewer: state.reviewer, ...target(item), field: "note", value: value || null });
 }
 
 // --- keys --------------------------------------------------------------------------------------
@@ -228,14 +238,20 @@ function onKey(event) {
   const item = state.items[state.index];
   if (!item) return;
   const digit = /^Digit([1-9])$/.exec(event.code);
-  if (digit) {
-    const names = LLM_CHECKS.filter((name) => name in item.checks);
-    const name = names[Number(digit[1]) - 1];
-    if (name) setLabel("check:" + name, event.shiftKey ? "disagree" : "agree");
-  } else if (event.key === "?") {
+  if (event.key === "?") {
     $("help").hidden = !$("help").hidden;
   } else if (event.key === "Escape") {
     $("help").hidden = true;
+  } else if (event.key === "j" || event.key === "ArrowRight") go(state.index + 1);
+  else if (event.key === "k" || event.key === "ArrowLeft") go(state.index - 1);
+  else if (event.key === "g") go(nextToDo(state.index));
+  else if (event.key === "n") { $("note").focus(); }
+  else if (item.kind === "dialogue") {
+    if (!onDialogueKey(event, item)) return;
+  } else if (digit) {
+    const names = LLM_CHECKS.filter((name) => name in item.checks);
+    const name = names[Number(digit[1]) - 1];
+    if (name) setLabel("check:" + name, event.shiftKey ? "disagree" : "agree");
   } else if (event.key === "a") setLabel("query", "accept");
   else if (event.key === "r") setLabel("query", "reject");
   else if (event.key === "s" || event.key === "u") {
@@ -247,11 +263,7 @@ function onKey(event) {
     const step = event.key === "T" ? -1 : 1;
     state.traitCursor = (state.traitCursor + step + item.traits.length) % Math.max(1, item.traits.length);
     render();
-  } else if (event.key === "j" || event.key === "ArrowRight") go(state.index + 1);
-  else if (event.key === "k" || event.key === "ArrowLeft") go(state.index - 1);
-  else if (event.key === "g") go(nextToDo(state.index));
-  else if (event.key === "n") { $("note").focus(); }
-  else return;
+  } else return;
   event.preventDefault();
 }
 
@@ -276,7 +288,8 @@ async function start(name) {
   await loadLabels();
   // resume: the position in the address, else the first query this reviewer has not decided
   const fromHash = Number(location.hash.slice(1));
-  let index = state.items.findIndex((item) => !(state.labels[item.query_id] || {}).query);
+  let index = state.items.findIndex((item) =>
+    item.kind === "dialogue" ? dialogueMissing(item) > 0 : !(state.labels[item.query_id] || {}).query);
   if (fromHash >= 1 && fromHash <= state.items.length) index = fromHash - 1;
   state.index = index < 0 ? 0 : index;
   setStatus("ready");
@@ -292,6 +305,13 @@ async function main() {
     return;
   }
   state.items = answer.items;
+  const dialogues = state.items.length > 0 && state.items[0].kind === "dialogue";
+  document.body.dataset.mode = dialogues ? "dialogue" : "query";
+  $("main").hidden = dialogues;
+  $("dialogue-main").hidden = !dialogues;
+  $("help-query").hidden = dialogues;
+  $("help-dialogue").hidden = !dialogues;
+  if (dialogues) $("dialogue-note-slot").append($("note-box"));
   $("prev").onclick = () => go(state.index - 1);
   $("next").onclick = () => go(state.index + 1);
   $("todo").onclick = () => go(nextToDo(state.index));

@@ -1,0 +1,74 @@
+"""The dialogues config's card: per language and supporter what was kept and lost, how the
+dialogues ended, the histogram of final emotion, each check's rate over every reply judged and
+"not checked" for a check that did not run (never 100%), and that every turn is model-written."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+from conftest import read_jsonl, write_jsonl
+from dialogue_fixture import dialogue, write_failures
+
+from personaemp.build.publish import publish
+
+
+def test_the_card_says_what_happened_to_the_dialogues(tmp_path, sample_build):
+    processed = tmp_path / "processed"
+    shutil.copytree(sample_build, processed)
+    splits = processed / "splits"
+    queries = [(q["query_id"], row["user_id"]) for row in read_jsonl(splits / "random" / "test.jsonl")
+               for q in row["queries"]][:3]  # fmt: skip
+    assert len(queries) == 3
+    # policy-b's run: three dialogues, the last one (n=5) made with --no-character-check, and
+    # two lost to the simulator's rules
+    rows = [dialogue("policy-b", n, query, user) for n, (query, user) in zip((1, 4, 5), queries, strict=True)]
+    run = tmp_path / "run"
+    dialogues = write_jsonl(run / "dialogues.jsonl", rows)
+    lost = read_jsonl(write_failures(dialogues))
+    lost = [
+        {**row, "query_id": query, "dialogue_id": f"{query}-d1"}
+        for row, (query, _) in zip(lost, queries, strict=False)
+    ]
+    write_jsonl(dialogues.with_name("gen-dialogues.failures.jsonl"), lost)
+
+    publish(splits, out=tmp_path / "ds", dialogues=dialogues)
+    card = (tmp_path / "ds" / "README.md").read_text(encoding="utf-8")
+    section = card[card.index("## Dialogues (config `dialogues`)") :]
+    section = section[: section.index("\n## ")]
+    assert "No dialogue text is published" not in card
+    assert "every turn in it is model-written" in card
+    assert "the hidden needs and every simulated user turn" in section and "`sim-model`" in section
+    assert "Dialogues per language: en 2, zh 1." in section
+    assert "ended by: max_turns 3" in section
+    assert "2 of 5 lost to the simulator" in section
+    assert "| `policy-b` | 3 | 2 | simulator_rules 2 |" in section
+    # 9 simulated turns, 2 of them with a reply asked again: 11 replies judged; the LLM check
+    # did not run on the 3 turns of the --no-character-check dialogue
+    assert "Pass rates over the 11 replies judged, kept and asked again:" in section
+    assert re.search(r"no_emotion_number 81\.8%", section)  # 2 of 11 replies failed it
+    assert "in_character 100.0% (of 8)" in section and "grounded 100.0% (of 8)" in section
+    assert (
+        "Checks relaxed: in_character (not checked on 3 of 11 replies); grounded (not checked on 3 of 11"
+        in section
+    )
+    assert "The replies of 2 lost dialogues are not in these rates" in section
+    assert (
+        "![Final emotion of the simulated user, per supporter](figures/dialogues_final_emotion.png)"
+        in section
+    )
+    png = (tmp_path / "ds" / "figures" / "dialogues_final_emotion.png").read_bytes()
+    assert png.startswith(b"\x89PNG")
+
+
+def test_a_check_that_never_ran_is_not_checked_not_a_pass(tmp_path, sample_build):
+    processed = tmp_path / "processed"
+    shutil.copytree(sample_build, processed)
+    splits = processed / "splits"
+    query, user = next((q["query_id"], row["user_id"]) for row in read_jsonl(splits / "random" / "test.jsonl")
+                       for q in row["queries"])  # fmt: skip
+    dialogues = write_jsonl(tmp_path / "dialogues.jsonl", [dialogue("policy-b", 5, query, user)])
+    publish(splits, out=tmp_path / "ds", dialogues=dialogues)
+    card = (tmp_path / "ds" / "README.md").read_text(encoding="utf-8")
+    assert "in_character not checked, grounded not checked" in card
+    assert "in_character 100" not in card
