@@ -97,26 +97,24 @@ def step_of(body: dict) -> str:
     return "supporter"
 
 
-# What the good user writes after each reply: its own words, in English, never the need, and
-# never a repeat of an earlier turn or of the supporter (no_echo).
-GOOD_TEXTS = (
-    "Thanks. I guess part of me feels guilty for even wanting to skip it.",
-    "Yes, that helps a little; I keep picturing my family being hurt if I stay home.",
-    "Okay, I think I can tell him kindly that I need this one weekend to rest.",
-    "Honestly it is the double shifts, they leave nothing in me by Friday night.",
-    "He means well, he just never sees how tired the ward makes me.",
-    "Maybe painting on Saturday morning would help me feel like myself again.",
-    "I would like to call him tonight instead of writing a long text.",
-    "Right, so I go next time and rest now, that sounds fair to both of us.",
-)
+# The good user's words are the opening's, in another order for each reply: in the user's
+# language, never the need, and no run of them repeats an earlier turn (no_echo).
+ORDERS = (
+    lambda w: w[::-1], lambda w: w[::2], lambda w: w[1::2], lambda w: w[::3], lambda w: w[1::3],
+    lambda w: w[2::3], lambda w: w[::2][::-1], lambda w: w[1::2][::-1],
+)  # fmt: skip
 
 
 def good_turn(body: dict) -> dict:
     """A cooperative user: +5 a turn, need met from the second reply, leaves after the third."""
     number = int(REPLY_NUMBER.search(text_of(body)).group(1))
+    opening = FENCED_QUERY.search(text_of(body)).group(1)
+    spaced = len(opening.split()) >= 6
+    units = opening.split() if spaced else list(opening.replace(" ", ""))
+    text = (" " if spaced else "").join(ORDERS[(number - 1) % len(ORDERS)](units))
     return {
         "thought": "they are listening", "change": 5, "reason": "it felt heard", "need_met": number >= 2,
-        "end": number >= 3, "text": GOOD_TEXTS[(number - 1) % len(GOOD_TEXTS)],
+        "end": number >= 3, "text": text,
     }  # fmt: skip
 
 
@@ -260,12 +258,14 @@ def breaks_once(step_name: str, bad):
     ],
 )  # fmt: skip
 def test_each_rule_catches_the_turn_that_breaks_it_and_asks_again(tmp_path, rule, bad):
-    rows, failures, server = run_one(tmp_path, Script(bad=breaks_once("simulate", bad)))
+    made = []
+    rows, failures, server = run_one(
+        tmp_path, Script(bad=breaks_once("simulate", lambda body: made.append(bad(body)) or made[-1]))
+    )
     assert failures == [] and len(rows) == 1
     first = rows[0]["turns"][2]
     assert [set(r) for r in first["rejected"]] == [{rule, "text", "thought"}], first["rejected"]
-    broken = bad({"messages": [{"content": "This is the assistant's reply number 1."}]})
-    assert first["rejected"][0]["text"] == broken["text"].strip(), "the rejected reply is kept"
+    assert first["rejected"][0]["text"] == made[0]["text"].strip(), "the rejected reply is kept"
     assert first["rejected"][0]["thought"] == "they are listening"
     assert first["checks"][rule] is True, "the reply kept passes it"
     assert first["thought"] == "they are listening", "the kept reply's inner thought is in the record"
