@@ -102,6 +102,18 @@ def need_met_consistent(need_met: bool, change: int) -> tuple[bool, str]:
     return True, ""
 
 
+def need_met_at(turns) -> int | None:
+    """The supporter turn after which the need was first met, counting a user turn that says
+    so only when it keeps need_met_consistent (Met %: one that breaks it is not met)."""
+    number = 0
+    for turn in turns:
+        number += turn.role == "assistant"
+        said = turn.role == "user" and number and turn.need_met
+        if said and need_met_consistent(True, turn.change or 0)[0]:
+            return number
+    return None
+
+
 def no_echo(text: str, sources: dict[str, Sequence[str]]) -> tuple[bool, str]:
     """The message repeats no ECHO_WORDS words in a row of any of `sources` (what -> texts:
     the supporter's last reply, the user's own earlier turns, the prompt's text)."""
