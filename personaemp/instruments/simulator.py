@@ -12,12 +12,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from personaemp import checks
-from personaemp.errors import UnitError
+from personaemp.errors import InputError, UnitError
 from personaemp.instruments import simulator_rules
 from personaemp.instruments.criteria import query_units
+from personaemp.io import first_problem
 from personaemp.language import LANGUAGE_NAMES
 from personaemp.llm.step import Step, edit_schema
 from personaemp.prompts import Prompt
@@ -67,6 +68,20 @@ CHANGES = edit_schema(
 # --- the simulated user ------------------------------------------------------------------------------
 
 
+# What a unit holds for the simulated user (simulator_unit writes them).
+UNIT_KEYS = (
+    "user_id",
+    "language",
+    "profile",
+    "big_five",
+    "memories",
+    "memory_ids",
+    "situation",
+    "query",
+    "voice",
+)
+
+
 @dataclass(frozen=True)
 class SimulatedUser:
     """What the simulator stands on: one user's grounding and the moment of one query."""
@@ -83,7 +98,20 @@ class SimulatedUser:
 
     @classmethod
     def of_unit(cls, unit: dict[str, Any]) -> SimulatedUser:
-        memories = [Memory.model_validate(m) for m in unit["memories"]]
+        """The user of a unit (read_units' or `export --dialogues`'); one that lacks a key or
+        holds a bad memory is an InputError naming it."""
+        missing = [key for key in UNIT_KEYS if key not in unit]
+        if missing:
+            raise InputError(
+                f"simulated user {unit.get('user_id', '?')}: no {missing[0]!r}",
+                f"a simulated user has {', '.join(UNIT_KEYS)} (`personaemp export --dialogues` writes them)",
+            )
+        try:
+            memories = [Memory.model_validate(m) for m in unit["memories"]]
+        except ValidationError as exc:
+            raise InputError(
+                f"simulated user {unit['user_id']}: a memory is not one ({first_problem(exc)})"
+            ) from None
         cited = set(unit["memory_ids"])
         return cls(
             user_id=unit["user_id"], language=unit["language"], profile=unit["profile"],
