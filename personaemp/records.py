@@ -294,8 +294,9 @@ MAX_CHANGE = 10  # a turn moves the emotion by at most this much either way (SAG
 
 def dialogue_problem(dialogue: Dialogue) -> str:
     """What makes `dialogue` impossible ('' when nothing): the turns start with the user and
-    alternate, emotions lie in EMOTION_RANGE, a turn moves at most MAX_CHANGE, the final emotion
-    is the last user turn's, the need is met within the supporter's turns."""
+    alternate and end with the user, emotions lie in EMOTION_RANGE, the opening has the initial
+    emotion and each user turn the one before moved by its change (at most MAX_CHANGE), the
+    final emotion is the last user turn's, the need is met within the supporter's turns."""
     low, high = EMOTION_RANGE
     turns = dialogue.turns
     if not turns:
@@ -303,7 +304,7 @@ def dialogue_problem(dialogue: Dialogue) -> str:
     for index, turn in enumerate(turns):
         expected = "user" if index % 2 == 0 else "assistant"
         if turn.role != expected:
-            return f"turns[{index}]: a {turn.role} turn where the {expected} speaks (user first, alternating)"
+            return f"turns[{index}]: the {turn.role} speaks where the {expected} should (user first, alternating)"
         if turn.emotion is not None and not low <= turn.emotion <= high:
             return f"turns[{index}].emotion: {turn.emotion} is outside {low}-{high}"
         if turn.change is not None and abs(turn.change) > MAX_CHANGE:
@@ -312,6 +313,18 @@ def dialogue_problem(dialogue: Dialogue) -> str:
         value = getattr(dialogue, name)
         if not low <= value <= high:
             return f"{name}: {value} is outside {low}-{high}"
+    if turns[0].emotion is not None and turns[0].emotion != dialogue.initial_emotion:
+        return f"turns[0].emotion: {turns[0].emotion}, but initial_emotion is {dialogue.initial_emotion}"
+    before = turns[0].emotion
+    for index, turn in enumerate(turns[2::2], 1):  # each user turn moves the emotion by its change
+        if None not in (before, turn.emotion, turn.change):
+            expected = max(low, min(high, before + turn.change))
+            if turn.emotion != expected:
+                return (
+                    f"turns[{2 * index}].emotion: {turn.emotion}, but {before} moved by {turn.change:+d} "
+                    f"is {expected}"
+                )
+        before = turn.emotion if turn.emotion is not None else before
     last = next((t.emotion for t in reversed(turns) if t.role == "user" and t.emotion is not None), None)
     if last is not None and dialogue.final_emotion != last:
         return f"final_emotion: {dialogue.final_emotion}, but the last user turn's emotion is {last}"

@@ -332,3 +332,126 @@ def test_a_genuine_bug_keeps_its_traceback_and_says_it_is_one(monkeypatch, tmp_p
     assert "Traceback" in result.stderr and "ZeroDivisionError" in result.stderr
     assert "Bug: this is an error in personaemp itself" in result.stderr
     assert "sk-test" not in result.stderr
+
+
+# --- a dialogues file is checked when it is read (issue 50) ------------------------------------------
+
+
+@pytest.fixture
+def dialogue_splits(tmp_path) -> tuple[Path, list[str]]:
+    """A split written by `personaemp split` (push reads its report), and its test queries."""
+    from test_dialogues import user_row, write_queries
+
+    queries = write_queries(tmp_path / "queries.jsonl", [user_row(f"u{n}", 2) for n in range(6)])
+    result = invoke("split", "-i", queries, "-o", tmp_path / "splits", "--no-ood")
+    assert result.exit_code == 0, result.output
+    test = read_jsonl(tmp_path / "splits" / "random" / "test.jsonl")
+    return tmp_path / "splits", [q["query_id"] for row in test for q in row["queries"]]
+
+
+def a_dialogue(query_id: str) -> dict:
+    """A dialogue that holds: 40 -> 45 -> 50 over two supporter turns, need met at the second."""
+
+    def user(text, emotion, change, met):
+        return {
+            "role": "user",
+            "text": text,
+            "emotion": emotion,
+            "change": change,
+            "reason": "r",
+            "need_met": met,
+        }
+
+    return {
+        "dialogue_id": f"{query_id}-d1", "user_id": "u-random", "query_id": query_id, "category": "ES",
+        "language": "en", "hidden_need": "to hear it is not the end", "initial_emotion": 40,
+        "final_emotion": 50, "need_met_at_turn": 2, "ended_by": "max_turns", "supporter_model": "s",
+        "simulator_model": "s", "memory_ids": ["m1"], "background_memory_ids": [], "context": "memory",
+        "turns": [user("I failed again.", 40, 0, False), {"role": "assistant", "text": "That stings."},
+                  user("It does.", 45, 5, False), {"role": "assistant", "text": "You can retake it."},
+                  user("True.", 50, 5, True)],
+        "provenance": {"model": "s", "endpoint_kind": "remote", "prompts": {}, "created_at": "2026-01-01"},
+    }  # fmt: skip
+
+
+def _turns(row: dict, change) -> dict:
+    return {**row, "turns": change(row["turns"])}
+
+
+BAD_DIALOGUES = {
+    "final 1000": (lambda d: {**d, "final_emotion": 1000}, "final_emotion: 1000 is outside 0-100"),
+    "final -5": (lambda d: {**d, "final_emotion": -5}, "final_emotion: -5 is outside 0-100"),
+    "turn emotion 1000": (
+        lambda d: _turns(d, lambda t: [*t[:4], {**t[4], "emotion": 1000}]),
+        "turns[4].emotion: 1000 is outside 0-100",
+    ),
+    "change 50": (
+        lambda d: _turns(d, lambda t: [*t[:2], {**t[2], "change": 50}, *t[3:]]), "moves more than 10"
+    ),
+    "final unequal": (lambda d: {**d, "final_emotion": 45}, "but the last user turn's emotion is 50"),
+    "reversed": (lambda d: _turns(d, lambda t: t[::-1]) | {"final_emotion": 40}, "but initial_emotion is 40"),
+    "reversed, user last": (lambda d: _turns(d, lambda t: t[:4][::-1]), "turns[0]: the assistant speaks where the user should"),
+    "emotion off its change": (
+        lambda d: _turns(d, lambda t: [*t[:2], {**t[2], "emotion": 48}, *t[3:]]), "but 40 moved by +5 is 45"
+    ),
+    "two user turns": (lambda d: _turns(d, lambda t: [t[0], *t[2:]]), "turns[1]: the user speaks where the assistant should"),
+    "no turns": (lambda d: {**d, "turns": []}, "turns: empty"),
+    "ends on the supporter": (
+        lambda d: _turns(d, lambda t: t[:4]) | {"final_emotion": 45}, "end with the supporter"
+    ),
+    "met at 99": (
+        lambda d: {**d, "need_met_at_turn": 99}, "need_met_at_turn: 99, but the supporter spoke 2 times"
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", BAD_DIALOGUES)
+def test_a_dialogue_that_cannot_be_true_stops_evaluate_and_push(server, dialogue_splits, tmp_path, case):
+    change, problem = BAD_DIALOGUES[case]
+    splits, (first, second) = dialogue_splits
+    dialogues = write_jsonl(tmp_path / "sys.jsonl", [a_dialogue(first), change(a_dialogue(second))])
+    result = invoke("evaluate", "--splits", splits, "--dialogues", dialogues,
+                    "--output", tmp_path / "eval" / "report.json", *llm(server))  # fmt: skip
+    one_line(result, 2, "sys.jsonl:2", problem)
+    assert not (tmp_path / "eval").exists()
+    result = invoke(
+        "push",
+        "--splits",
+        splits,
+        "--dry-run",
+        "--out-dir",
+        tmp_path / "ds",
+        "--dialogues",
+        dialogues,
+    )
+    one_line(result, 2, "sys.jsonl:2", problem)
+    assert not (tmp_path / "ds").exists()
+
+
+def test_a_dialogue_that_holds_is_read(tmp_path):
+    from personaemp.evaluation.sessions import read_dialogue_file
+
+    found = read_dialogue_file(write_jsonl(tmp_path / "sys.jsonl", [a_dialogue("qa")]))
+    assert found["qa"].final_emotion == 50 and found["qa"].turns[-1].need_met
+
+
+def test_a_dialogue_outside_the_split_is_said(server, dialogue_splits, tmp_path):
+    splits, (first, _) = dialogue_splits
+    dialogues = write_jsonl(tmp_path / "sys.jsonl", [a_dialogue(first), a_dialogue("elsewhere")])
+    report = tmp_path / "eval" / "report.json"
+    result = invoke(
+        "evaluate", "--splits", splits, "--dialogues", dialogues, "--output", report, *llm(server)
+    )
+    assert result.exit_code == 0, result.output
+    assert (
+        "1 dialogues of queries not in the random test split are left out (first: elsewhere)" in result.output
+    )
+    assert json.loads(report.read_text())["outside_split"] == {"sys": ["elsewhere"]}
+
+
+def test_push_with_a_named_dialogues_file_that_is_missing_stops(dialogue_splits, tmp_path):
+    splits = dialogue_splits[0]
+    result = invoke("push", "--splits", splits, "--dry-run", "--out-dir", tmp_path / "ds",
+                    "--dialogues", tmp_path / "nope.jsonl")  # fmt: skip
+    one_line(result, 2, "nope.jsonl: no such dialogues file")
+    assert not (tmp_path / "ds").exists()
