@@ -304,7 +304,7 @@ def dialogue_problem(dialogue: Dialogue) -> str:
     for index, turn in enumerate(turns):
         expected = "user" if index % 2 == 0 else "assistant"
         if turn.role != expected:
-            return f"turns[{index}]: the {turn.role} speaks where the {expected} should (user first, alternating)"
+            return f"turns[{index}]: the {turn.role} speaks where the {expected} should (user first, in turn)"
         if turn.emotion is not None and not low <= turn.emotion <= high:
             return f"turns[{index}].emotion: {turn.emotion} is outside {low}-{high}"
         if turn.change is not None and abs(turn.change) > MAX_CHANGE:

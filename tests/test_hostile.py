@@ -390,11 +390,15 @@ BAD_DIALOGUES = {
     ),
     "final unequal": (lambda d: {**d, "final_emotion": 45}, "but the last user turn's emotion is 50"),
     "reversed": (lambda d: _turns(d, lambda t: t[::-1]) | {"final_emotion": 40}, "but initial_emotion is 40"),
-    "reversed, user last": (lambda d: _turns(d, lambda t: t[:4][::-1]), "turns[0]: the assistant speaks where the user should"),
+    "reversed, user last": (
+        lambda d: _turns(d, lambda t: t[:4][::-1]), "turns[0]: the assistant speaks where the user should"
+    ),
     "emotion off its change": (
         lambda d: _turns(d, lambda t: [*t[:2], {**t[2], "emotion": 48}, *t[3:]]), "but 40 moved by +5 is 45"
     ),
-    "two user turns": (lambda d: _turns(d, lambda t: [t[0], *t[2:]]), "turns[1]: the user speaks where the assistant should"),
+    "two user turns": (
+        lambda d: _turns(d, lambda t: [t[0], *t[2:]]), "turns[1]: the user speaks where the assistant should"
+    ),
     "no turns": (lambda d: {**d, "turns": []}, "turns: empty"),
     "ends on the supporter": (
         lambda d: _turns(d, lambda t: t[:4]) | {"final_emotion": 45}, "end with the supporter"
