@@ -459,3 +459,105 @@ def test_push_with_a_named_dialogues_file_that_is_missing_stops(dialogue_splits,
                     "--dialogues", tmp_path / "nope.jsonl")  # fmt: skip
     one_line(result, 2, "nope.jsonl: no such dialogues file")
     assert not (tmp_path / "ds").exists()
+
+
+def test_gen_dialogues_reader_refuses_the_same_rows(tmp_path):
+    from personaemp.build.dialogues import read_dialogues
+    from personaemp.errors import InputError
+
+    path = write_jsonl(tmp_path / "d.jsonl", [a_dialogue("q1"), {**a_dialogue("q2"), "final_emotion": 1000}])
+    with pytest.raises(
+        InputError, match=r"d\.jsonl:2: not a dialogue \(final_emotion: 1000 is outside 0-100"
+    ):
+        read_dialogues(path)
+    assert [d.query_id for d in read_dialogues(write_jsonl(tmp_path / "ok.jsonl", [a_dialogue("q1")]))] == [
+        "q1"
+    ]
+
+
+# --- the Interaction's Python API (issue 50) ----------------------------------------------------------
+
+
+def test_interaction_options_are_read_as_the_config_reads_them():
+    from personaemp.errors import InputError
+    from personaemp.training.interaction import InteractionOptions
+
+    options = InteractionOptions.of({"max_turns": "4", "character_check": "no", "weight": "0.25"})
+    assert (options.max_turns, options.character_check, options.weight) == (4, False, 0.25)
+    assert InteractionOptions.of({"character_check": "yes"}).character_check is True
+    with pytest.raises(InputError, match="interaction config: max_turns: Input should be a valid integer"):
+        InteractionOptions.of({"max_turns": "four"})
+    with pytest.raises(
+        InputError, match="interaction config: character_check: Input should be a valid boolean"
+    ):
+        InteractionOptions.of({"character_check": "maybe"})
+    with pytest.raises(InputError, match="at least 1"):
+        InteractionOptions.of({"max_turns": 0})
+
+
+@pytest.fixture
+def agent(tmp_path):
+    from fake_openai import FakeOpenAI
+    from test_dialogues import Script, settings_for
+
+    from personaemp.training.interaction import SimulatedUserInteraction
+
+    with FakeOpenAI(responder=Script()) as fake:
+        found = SimulatedUserInteraction({}, settings=settings_for(fake, tmp_path / "w"))
+        found.fake = fake
+        yield found
+
+
+def a_user(folder: Path) -> dict:
+    from test_dialogues import user_row
+
+    from personaemp.instruments.simulator import read_units
+
+    return read_units(write_jsonl(folder / "queries.jsonl", [user_row("u1")]))[0]
+
+
+def test_an_unknown_session_is_named(agent):
+    import asyncio
+
+    from personaemp.errors import InputError
+
+    with pytest.raises(InputError, match="interaction: no session 'nope'"):
+        asyncio.run(agent.generate_response("nope", [{"role": "assistant", "content": "hi"}]))
+    with pytest.raises(InputError, match="interaction: no session 'nope'"):
+        asyncio.run(agent.calculate_score("nope"))
+
+
+@pytest.mark.parametrize("key", ["memories", "query", "memory_ids"])
+def test_a_user_without_a_key_is_named(agent, tmp_path, key):
+    import asyncio
+
+    from personaemp.errors import InputError
+
+    user = {k: v for k, v in a_user(tmp_path).items() if k != key}
+    with pytest.raises(InputError, match=f"simulated user u1: no '{key}'"):
+        asyncio.run(agent.start_interaction("s1", user=user))
+    bad = {**a_user(tmp_path), "memories": [{"label": "no id"}]}
+    with pytest.raises(InputError, match="simulated user u1: a memory is not one"):
+        asyncio.run(agent.start_interaction("s1", user=bad))
+    assert agent.fake.count == 0, "nothing asked of the simulator"
+
+
+def test_an_empty_supporter_message_is_not_simulated(agent, tmp_path):
+    import asyncio
+
+    from personaemp.errors import InputError
+
+    async def run():
+        instance = await agent.start_interaction("s1", user=a_user(tmp_path))
+        with pytest.raises(InputError, match="interaction s1: no assistant message"):
+            await agent.generate_response(instance, [{"role": "user", "content": "hi"}])
+        ended = await agent.generate_response(
+            instance, [{"role": "assistant", "content": "<think>x</think> "}]
+        )
+        return ended, await agent.calculate_score(instance)
+
+    (terminate, text, score, extra), reward = asyncio.run(run())
+    assert terminate and text == "" and score == reward == 0.0 and extra["ended_by"] == "empty_reply"
+    asked = [r.body for r in agent.fake.chat_requests]
+    assert len(asked) == 1, "the hidden need only: the empty reply is never simulated"
+    assert agent.counts["empty_replies"] == 1
