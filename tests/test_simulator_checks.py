@@ -236,3 +236,9 @@ def test_the_inner_thought_is_kept_in_the_record(tmp_path):
     assert [t.thought for t in turns[2::2]] == ["they are listening"] * 3
     assert all(t.thought is None for t in turns[1::2]), "the supporter has none"
     assert read_units(queries)[0]["query"] == turns[0].text
+
+
+def test_every_check_is_described_once():
+    from personaemp.instruments import simulator_rules
+
+    assert list(simulator_rules.DESCRIPTIONS) == [*simulator_rules.RULES, *simulator_rules.JUDGED]

@@ -23,6 +23,19 @@ RULES = (
     "no_echo", "no_scaffolding",
 )  # fmt: skip
 JUDGED = ("in_character", "grounded")  # the LLM check's verdicts, recorded beside the rules
+# What each check holds, in words (a card or a page says them from here).
+DESCRIPTIONS = {
+    "language_match": "the user's language",
+    "length_ok": "a chat message's length",
+    "no_need_leak": "no six words in a row of the hidden need",
+    "no_emotion_number": "no emotion stated as a number or score, unless the supporter asked for one",
+    "no_early_end": "no leaving after the first reply",
+    "need_met_consistent": "no need met while the emotion falls",
+    "no_echo": "no eight words in a row of the supporter's last reply, its own turns or its prompt",
+    "no_scaffolding": "no text of our prompts' frames",
+    "in_character": "reads as this person (LLM check)",
+    "grounded": "no fact beyond the memories and the conversation (LLM check)",
+}
 
 MIN_CHARS, MAX_CHARS = 2, 800  # a chat message: "ok" is one, a page is not
 # Words of the hidden need repeated in a row that give it away; names and short phrases may
