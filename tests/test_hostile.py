@@ -332,3 +332,232 @@ def test_a_genuine_bug_keeps_its_traceback_and_says_it_is_one(monkeypatch, tmp_p
     assert "Traceback" in result.stderr and "ZeroDivisionError" in result.stderr
     assert "Bug: this is an error in personaemp itself" in result.stderr
     assert "sk-test" not in result.stderr
+
+
+# --- a dialogues file is checked when it is read (issue 50) ------------------------------------------
+
+
+@pytest.fixture
+def dialogue_splits(tmp_path) -> tuple[Path, list[str]]:
+    """A split written by `personaemp split` (push reads its report), and its test queries."""
+    from test_dialogues import user_row, write_queries
+
+    queries = write_queries(tmp_path / "queries.jsonl", [user_row(f"u{n}", 2) for n in range(6)])
+    result = invoke("split", "-i", queries, "-o", tmp_path / "splits", "--no-ood")
+    assert result.exit_code == 0, result.output
+    test = read_jsonl(tmp_path / "splits" / "random" / "test.jsonl")
+    return tmp_path / "splits", [q["query_id"] for row in test for q in row["queries"]]
+
+
+def a_dialogue(query_id: str) -> dict:
+    """A dialogue that holds: 40 -> 45 -> 50 over two supporter turns, need met at the second."""
+
+    def user(text, emotion, change, met):
+        return {
+            "role": "user",
+            "text": text,
+            "emotion": emotion,
+            "change": change,
+            "reason": "r",
+            "need_met": met,
+        }
+
+    return {
+        "dialogue_id": f"{query_id}-d1", "user_id": "u-random", "query_id": query_id, "category": "ES",
+        "language": "en", "hidden_need": "to hear it is not the end", "initial_emotion": 40,
+        "final_emotion": 50, "need_met_at_turn": 2, "ended_by": "max_turns", "supporter_model": "s",
+        "simulator_model": "s", "memory_ids": ["m1"], "background_memory_ids": [], "context": "memory",
+        "turns": [user("I failed again.", 40, 0, False), {"role": "assistant", "text": "That stings."},
+                  user("It does.", 45, 5, False), {"role": "assistant", "text": "You can retake it."},
+                  user("True.", 50, 5, True)],
+        "provenance": {"model": "s", "endpoint_kind": "remote", "prompts": {}, "created_at": "2026-01-01"},
+    }  # fmt: skip
+
+
+def _turns(row: dict, change) -> dict:
+    return {**row, "turns": change(row["turns"])}
+
+
+BAD_DIALOGUES = {
+    "final 1000": (lambda d: {**d, "final_emotion": 1000}, "final_emotion: 1000 is outside 0-100"),
+    "final -5": (lambda d: {**d, "final_emotion": -5}, "final_emotion: -5 is outside 0-100"),
+    "turn emotion 1000": (
+        lambda d: _turns(d, lambda t: [*t[:4], {**t[4], "emotion": 1000}]),
+        "turns[4].emotion: 1000 is outside 0-100",
+    ),
+    "change 50": (
+        lambda d: _turns(d, lambda t: [*t[:2], {**t[2], "change": 50}, *t[3:]]), "moves more than 10"
+    ),
+    "final unequal": (lambda d: {**d, "final_emotion": 45}, "but the last user turn's emotion is 50"),
+    "reversed": (lambda d: _turns(d, lambda t: t[::-1]) | {"final_emotion": 40}, "but initial_emotion is 40"),
+    "reversed, user last": (
+        lambda d: _turns(d, lambda t: t[:4][::-1]), "turns[0]: the assistant speaks where the user should"
+    ),
+    "emotion off its change": (
+        lambda d: _turns(d, lambda t: [*t[:2], {**t[2], "emotion": 48}, *t[3:]]), "but 40 moved by +5 is 45"
+    ),
+    "two user turns": (
+        lambda d: _turns(d, lambda t: [t[0], *t[2:]]), "turns[1]: the user speaks where the assistant should"
+    ),
+    "no turns": (lambda d: {**d, "turns": []}, "turns: empty"),
+    "ends on the supporter": (
+        lambda d: _turns(d, lambda t: t[:4]) | {"final_emotion": 45}, "end with the supporter"
+    ),
+    "met at 99": (
+        lambda d: {**d, "need_met_at_turn": 99}, "need_met_at_turn: 99, but the supporter spoke 2 times"
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", BAD_DIALOGUES)
+def test_a_dialogue_that_cannot_be_true_stops_evaluate_and_push(server, dialogue_splits, tmp_path, case):
+    change, problem = BAD_DIALOGUES[case]
+    splits, (first, second) = dialogue_splits
+    dialogues = write_jsonl(tmp_path / "sys.jsonl", [a_dialogue(first), change(a_dialogue(second))])
+    result = invoke("evaluate", "--splits", splits, "--dialogues", dialogues,
+                    "--output", tmp_path / "eval" / "report.json", *llm(server))  # fmt: skip
+    one_line(result, 2, "sys.jsonl:2", problem)
+    assert not (tmp_path / "eval").exists()
+    result = invoke(
+        "push",
+        "--splits",
+        splits,
+        "--dry-run",
+        "--out-dir",
+        tmp_path / "ds",
+        "--dialogues",
+        dialogues,
+    )
+    one_line(result, 2, "sys.jsonl:2", problem)
+    assert not (tmp_path / "ds").exists()
+
+
+def test_a_dialogue_that_holds_is_read(tmp_path):
+    from personaemp.evaluation.sessions import read_dialogue_file
+
+    found = read_dialogue_file(write_jsonl(tmp_path / "sys.jsonl", [a_dialogue("qa")]))
+    assert found["qa"].final_emotion == 50 and found["qa"].turns[-1].need_met
+
+
+def test_a_dialogue_outside_the_split_is_said(server, dialogue_splits, tmp_path):
+    splits, (first, _) = dialogue_splits
+    dialogues = write_jsonl(tmp_path / "sys.jsonl", [a_dialogue(first), a_dialogue("elsewhere")])
+    report = tmp_path / "eval" / "report.json"
+    result = invoke(
+        "evaluate", "--splits", splits, "--dialogues", dialogues, "--output", report, *llm(server)
+    )
+    assert result.exit_code == 0, result.output
+    assert (
+        "1 dialogues of queries not in the random test split are left out (first: elsewhere)" in result.output
+    )
+    assert json.loads(report.read_text())["outside_split"] == {"sys": ["elsewhere"]}
+
+
+def test_push_with_a_named_dialogues_file_that_is_missing_stops(dialogue_splits, tmp_path):
+    splits = dialogue_splits[0]
+    result = invoke("push", "--splits", splits, "--dry-run", "--out-dir", tmp_path / "ds",
+                    "--dialogues", tmp_path / "nope.jsonl")  # fmt: skip
+    one_line(result, 2, "nope.jsonl: no such dialogues file")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_gen_dialogues_reader_refuses_the_same_rows(tmp_path):
+    from personaemp.build.dialogues import read_dialogues
+    from personaemp.errors import InputError
+
+    path = write_jsonl(tmp_path / "d.jsonl", [a_dialogue("q1"), {**a_dialogue("q2"), "final_emotion": 1000}])
+    with pytest.raises(
+        InputError, match=r"d\.jsonl:2: not a dialogue \(final_emotion: 1000 is outside 0-100"
+    ):
+        read_dialogues(path)
+    assert [d.query_id for d in read_dialogues(write_jsonl(tmp_path / "ok.jsonl", [a_dialogue("q1")]))] == [
+        "q1"
+    ]
+
+
+# --- the Interaction's Python API (issue 50) ----------------------------------------------------------
+
+
+def test_interaction_options_are_read_as_the_config_reads_them():
+    from personaemp.errors import InputError
+    from personaemp.training.interaction import InteractionOptions
+
+    options = InteractionOptions.of({"max_turns": "4", "character_check": "no", "weight": "0.25"})
+    assert (options.max_turns, options.character_check, options.weight) == (4, False, 0.25)
+    assert InteractionOptions.of({"character_check": "yes"}).character_check is True
+    with pytest.raises(InputError, match="interaction config: max_turns: Input should be a valid integer"):
+        InteractionOptions.of({"max_turns": "four"})
+    with pytest.raises(
+        InputError, match="interaction config: character_check: Input should be a valid boolean"
+    ):
+        InteractionOptions.of({"character_check": "maybe"})
+    with pytest.raises(InputError, match="at least 1"):
+        InteractionOptions.of({"max_turns": 0})
+
+
+@pytest.fixture
+def agent(tmp_path):
+    from fake_openai import FakeOpenAI
+    from test_dialogues import Script, settings_for
+
+    from personaemp.training.interaction import SimulatedUserInteraction
+
+    with FakeOpenAI(responder=Script()) as fake:
+        found = SimulatedUserInteraction({}, settings=settings_for(fake, tmp_path / "w"))
+        found.fake = fake
+        yield found
+
+
+def a_user(folder: Path) -> dict:
+    from test_dialogues import user_row
+
+    from personaemp.instruments.simulator import read_units
+
+    return read_units(write_jsonl(folder / "queries.jsonl", [user_row("u1")]))[0]
+
+
+def test_an_unknown_session_is_named(agent):
+    import asyncio
+
+    from personaemp.errors import InputError
+
+    with pytest.raises(InputError, match="interaction: no session 'nope'"):
+        asyncio.run(agent.generate_response("nope", [{"role": "assistant", "content": "hi"}]))
+    with pytest.raises(InputError, match="interaction: no session 'nope'"):
+        asyncio.run(agent.calculate_score("nope"))
+
+
+@pytest.mark.parametrize("key", ["memories", "query", "memory_ids"])
+def test_a_user_without_a_key_is_named(agent, tmp_path, key):
+    import asyncio
+
+    from personaemp.errors import InputError
+
+    user = {k: v for k, v in a_user(tmp_path).items() if k != key}
+    with pytest.raises(InputError, match=f"simulated user u1: no '{key}'"):
+        asyncio.run(agent.start_interaction("s1", user=user))
+    bad = {**a_user(tmp_path), "memories": [{"label": "no id"}]}
+    with pytest.raises(InputError, match="simulated user u1: a memory is not one"):
+        asyncio.run(agent.start_interaction("s1", user=bad))
+    assert agent.fake.count == 0, "nothing asked of the simulator"
+
+
+def test_an_empty_supporter_message_is_not_simulated(agent, tmp_path):
+    import asyncio
+
+    from personaemp.errors import InputError
+
+    async def run():
+        instance = await agent.start_interaction("s1", user=a_user(tmp_path))
+        with pytest.raises(InputError, match="interaction s1: no assistant message"):
+            await agent.generate_response(instance, [{"role": "user", "content": "hi"}])
+        ended = await agent.generate_response(
+            instance, [{"role": "assistant", "content": "<think>x</think> "}]
+        )
+        return ended, await agent.calculate_score(instance)
+
+    (terminate, text, score, extra), reward = asyncio.run(run())
+    assert terminate and text == "" and score == reward == 0.0 and extra["ended_by"] == "empty_reply"
+    asked = [r.body for r in agent.fake.chat_requests]
+    assert len(asked) == 1, "the hidden need only: the empty reply is never simulated"
+    assert agent.counts["empty_replies"] == 1
