@@ -16,12 +16,12 @@ from pathlib import Path
 
 from conftest import write_jsonl
 
+from personaemp.instruments.simulator_rules import RULES  # each ran on every fixture turn
 from personaemp.review.page import LabelFile, make_event
 
 FINAL = {"policy-a": [70, 55, 60, 40, 65, 70], "policy-b": [50, 60, 45, 35, 45, 20]}
 RATING = {"policy-a": [4, 4, 5, 2, 4, 5], "policy-b": [3, 3, 2, 2, 3, 1]}
 LANGUAGES = ["en", "en", "zh", "en", "zh", "en"]
-RULES = ("language_match", "length_ok", "no_need_leak", "no_emotion_number", "no_early_end")
 # (system, query number, simulated turn number) -> the in_character check's verdict False
 OUT_OF_CHARACTER = {("policy-a", 2, 1), ("policy-b", 3, 2), ("policy-b", 6, 3)}
 UNCHECKED = "policy-b"  # its run had --no-character-check on q5: no in_character, no grounded
