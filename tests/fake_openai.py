@@ -73,7 +73,8 @@ Its cached tokens are the longest prefix, in whole blocks, that an answered requ
 before it: ``deepseek`` 64-token blocks, reported as ``prompt_cache_hit_tokens`` and
 ``prompt_cache_miss_tokens``; ``openai`` 128-token blocks and nothing under 1,024 tokens,
 reported as ``prompt_tokens_details.cached_tokens``. A prefix counts from the moment its
-request arrived. ``server.prompt_tokens`` and ``server.cached_tokens`` sum them.
+request arrived. ``server.prompt_tokens``, ``server.cached_tokens`` and
+``server.completion_tokens`` sum them.
 
 Key-safety options: ``require_key="sk-.."`` answers any chat or ``/v1/models`` request whose
 ``Authorization`` is not ``Bearer sk-..`` with HTTP 401 "Incorrect API key provided: <the
@@ -949,6 +950,7 @@ class _Handler(BaseHTTPRequestHandler):
             with fake._lock:
                 fake.prompt_tokens += prompt
                 fake.cached_tokens += cached
+                fake.completion_tokens += completion
         if reasoning and not action.usage:
             usage["completion_tokens_details"] = {"reasoning_tokens": _tokens(reasoning)}
         n = body.get("n") or 1
@@ -1036,6 +1038,7 @@ class FakeOpenAI:
         self.prefix_cache = PrefixCache(prefix_cache) if prefix_cache is not None else None
         self.prompt_tokens = 0  # with a prefix cache: the prompt tokens of every answer
         self.cached_tokens = 0  # ... and those its prefix cache served
+        self.completion_tokens = 0  # ... and the completion tokens of those answers
         self.profile = profile
         self.require_key = require_key
         self.echo_key = echo_key
