@@ -332,9 +332,11 @@ def instance_from_schema(schema: dict, root: dict | None = None, *, _depth: int 
 
     Supports object, string (enum, minLength, maxLength, a few formats), integer/number
     (minimum, exclusiveMinimum, maximum), boolean, null, array (minItems, maxItems,
-    prefixItems; one item by default), enum, const, anyOf/oneOf (first option), allOf
-    (merged), ``$ref`` into the root document (``#/$defs/..``, ``#/definitions/..``) and
-    type lists such as ``["string", "null"]``. ``pattern`` is not honoured.
+    prefixItems; one item by default, or maxItems of them when each item names a `category`
+    from an enum: one per category in turn, as the situations step asks), enum, const,
+    anyOf/oneOf (first option), allOf (merged), ``$ref`` into the root document
+    (``#/$defs/..``, ``#/definitions/..``) and type lists such as ``["string", "null"]``.
+    ``pattern`` is not honoured.
     """
     root = schema if root is None else root
     if _depth > 64:
@@ -400,11 +402,18 @@ def instance_from_schema(schema: dict, root: dict | None = None, *, _depth: int 
         prefix = schema.get("prefixItems") or []
         low = schema.get("minItems", 0 if deep else 1)
         high = schema.get("maxItems")
-        n = max(low, len(prefix))
+        items = schema.get("items", {})
+        categories = _category_enum(items, root)
+        # Items that each name a category (the situations step: at most N per category):
+        # as many as asked, one per category in turn, as a capable model writes them.
+        n = max(low, len(prefix), high if categories and high is not None and not deep else 0)
         if high is not None:
             n = min(n, high)
-        items = schema.get("items", {})
         out_items = [sub(prefix[i], i) if i < len(prefix) else sub(items or {}, i) for i in range(n)]
+        if categories:
+            for i, item in enumerate(out_items):
+                if isinstance(item, dict) and i >= len(prefix):
+                    item["category"] = categories[i % len(categories)]
         return out_items
     if kind == "string":
         text = _FORMAT_STRINGS.get(schema.get("format", ""), "text" if _index == 0 else f"text{_index}")
@@ -421,6 +430,14 @@ def instance_from_schema(schema: dict, root: dict | None = None, *, _depth: int 
     if kind == "null":
         return None
     raise ValueError(f"unsupported schema type {kind!r}")
+
+
+def _category_enum(items: Any, root: dict) -> list:
+    """The enum of an array item's `category` property ([] when it has none)."""
+    if isinstance(items, dict) and "$ref" in items:
+        items = _resolve_ref(root, items["$ref"])
+    category = items.get("properties", {}).get("category") if isinstance(items, dict) else None
+    return list(category.get("enum") or []) if isinstance(category, dict) else []
 
 
 def _number(schema: dict, integer: bool, index: int) -> int | float:
