@@ -36,15 +36,16 @@ The figures are the server's, so the bench measures any checkout: with
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 import tomllib
+from collections import Counter
 from pathlib import Path
 
 from rich.console import Console
@@ -53,7 +54,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent / "tests"))
 sys.path.insert(0, str(BENCH))
 
-from cost_bench import SENTENCES, queries_from  # noqa: E402
+from cost_bench import SENTENCES  # noqa: E402
 from cost_bench import responder as capable  # noqa: E402
 from fake_openai import FakeOpenAI  # noqa: E402
 from prefix_cache_bench import layout_free  # noqa: E402
@@ -62,7 +63,9 @@ import personaemp  # noqa: E402
 from personaemp.build.filter import filter_users  # noqa: E402
 from personaemp.build.persona import infer_personas  # noqa: E402
 from personaemp.build.queries import generate_queries  # noqa: E402
-from personaemp.llm.settings import LLMSettings  # noqa: E402
+from personaemp.config import llm_settings, load_config  # noqa: E402
+from personaemp.options import LLMOptions  # noqa: E402
+from personaemp.pipeline import run_pipeline  # noqa: E402
 
 PRICES = BENCH / "prices.toml"
 CACHE = Path.home() / ".cache" / "personaemp"
@@ -148,6 +151,20 @@ def _fenced(value) -> str:
     return "```json\n" + json.dumps(value, ensure_ascii=False, indent=2) + "\n```"
 
 
+def drawn_per_request(make, seed: int = 7):
+    """`make(rng)`'s responder with each reply drawn from its request's own text (the schema
+    statement left out), not from a shared sequence: the same user gets the same draws on
+    both providers and in either checkout, whatever the order or number of requests."""
+
+    def answer(body: dict, number: int):
+        text = "\n".join(m.get("content") or "" for m in body["messages"])
+        text = "\n".join(line for line in text.splitlines() if not line.startswith(('{"', "Answer in json")))
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        return make(random.Random(f"{seed}:{digest}"))(body, number)
+
+    return answer
+
+
 def paper_responder(rng: random.Random):
     """The paper's four requests answered as the capable model of cost_bench.py answers
     ours: the same odds, replies of the sizes the paper's formats ask for. Which request it
@@ -172,7 +189,9 @@ def paper_responder(rng: random.Random):
                 "persona_profile": profile if deep else "",
             })  # fmt: skip
         if '"situation_id"' in text and '"reasoning"' in text:
-            category = next((c for c in PAPER_CATEGORIES if f'"category": "{c}"' in text), PAPER_CATEGORIES[0])
+            category = next(
+                (c for c in PAPER_CATEGORIES if f'"category": "{c}"' in text), PAPER_CATEGORIES[0]
+            )
             sentence = SENTENCES["en"][OURS[category]].format(topic=f"#{rng.randint(0, 999)}")
             return _fenced({
                 "category": category, "situation_id": "Sit_1", "query": sentence, "relevant_mem": [1],
@@ -196,19 +215,16 @@ def paper_responder(rng: random.Random):
     return answer
 
 
-def paper_records(work: Path, users: int) -> list[dict]:
-    """The first `users` kept users in the paper's input shape (raw_filtered.json)."""
+def paper_records(processed: Path) -> list[dict]:
+    """The users personaemp's filter kept, in the paper's input shape (raw_filtered.json)."""
     records = []
-    with (work / "personas.jsonl").open(encoding="utf-8") as rows:
-        wanted = [json.loads(line)["user_id"] for line in rows][:users]
-    by_id = {}
-    with (work / "filtered.jsonl").open(encoding="utf-8") as rows:
-        for line in rows:
-            user = json.loads(line)
-            by_id[user["user_id"]] = user
-    for user_id in wanted:
-        user = by_id[user_id]
-        turns = [{"utterance_index": i, "role": t["role"], "text": t["text"]} for i, t in enumerate(user["turns"])]
+    with (processed / "filtered.jsonl").open(encoding="utf-8") as rows:
+        users = [json.loads(line) for line in rows]
+    for user in users:
+        user_id = user["user_id"]
+        turns = [
+            {"utterance_index": i, "role": t["role"], "text": t["text"]} for i, t in enumerate(user["turns"])
+        ]
         memories = [
             {k: m.get(k) for k in ("memory_id", "label", "label_suggestion", "value", "evidence")}
             for m in user["memories"]
@@ -240,17 +256,76 @@ def run_paper(paper: Path, records: list[dict], base_url: str, folder: Path) -> 
 
 # --- personaemp ---------------------------------------------------------------------------------------
 
+FIGURES = ("prompt_tokens", "cached_tokens", "completion_tokens")
+LOOK = 20  # users run before the estimate (its reply sizes and cache shares come from them)
 
-def estimate_ours(work: Path, settings: LLMSettings) -> dict:
-    """--estimate of infer-persona and gen-queries for the users in filtered.jsonl, nothing sent."""
-    from dataclasses import replace
 
-    estimating = replace(settings, estimate=True)
+def first_kept(source: Path, users: int, folder: Path) -> Path:
+    """A task1 folder holding only the first `users` users personaemp's filter keeps: both
+    pipelines get exactly these users."""
+    kept_file = folder / "kept.jsonl"
+    filter_users(str(source), kept_file, console=Console(quiet=True))
+    with kept_file.open(encoding="utf-8") as rows:
+        wanted = {json.loads(line)["user_id"] for _, line in zip(range(users), rows, strict=False)}
+    out = folder / "users" / "task1"
+    out.mkdir(parents=True)
+    for name in ("model_input.jsonl", "reference_output.jsonl"):
+        lines = (source / name).read_text(encoding="utf-8").splitlines(keepends=True)
+        (out / name).write_text(
+            "".join(line for line in lines if json.loads(line)["benchmark_id"] in wanted), "utf-8"
+        )
+    return out
+
+
+def run_ours(source: Path, work: Path, server, rule: str) -> dict:
+    """`personaemp run`'s LLM stages on every user of `source`: a quick look at LOOK users,
+    then `--estimate` for the rest (nothing sent), then the run. The figures the server
+    counted, and the estimate beside what the server counted for the same requests."""
     quiet = Console(quiet=True)
-    personas, _ = infer_personas(
-        work / "filtered.jsonl", work / "est-personas.jsonl", estimating, limit=None, console=quiet
+    processed = work / "processed"
+    processed.mkdir(parents=True)
+    config = work / "p.toml"
+    config.write_text(
+        f'[paths]\ninput = "{source}"\nprocessed = "{processed}"\n'
+        f'[llm]\nbase_url = ["{server.base_url}"]\nmodel = "fake"\nconcurrency = 1\n'
+        + (f'cache_rule = "{rule}"\n' if "cache_rule" in LLMOptions.model_fields else "")  # main before it
+        + "[split]\nood = false\n",
+        encoding="utf-8",
     )
-    return personas.estimate
+    options = load_config(config)
+    settings = llm_settings(options.llm)
+    filter_users(str(source), processed / "filtered.jsonl", console=quiet)
+    infer_personas(
+        processed / "filtered.jsonl", processed / "personas.jsonl", settings, limit=LOOK, console=quiet
+    )
+    generate_queries(processed / "personas.jsonl", processed / "queries.jsonl", settings, console=quiet)
+    estimating = options.model_copy(update={"llm": options.llm.model_copy(update={"estimate": True})})
+    before = (server.count, server.prompt_tokens, server.cached_tokens, server.completion_tokens)
+    parts = [
+        r.estimate for r in run_pipeline(estimating, quiet).reports.values() if getattr(r, "estimate", None)
+    ]
+    assert server.count == before[0], "the estimate sent a request"
+    run_pipeline(options, quiet)
+    sent = (
+        server.prompt_tokens - before[1],
+        server.cached_tokens - before[2],
+        server.completion_tokens - before[3],
+    )
+    rows = [json.loads(line) for line in (processed / "queries.jsonl").read_text("utf-8").splitlines()]
+    failed = Counter(name for row in rows for q in row["rejected_queries"] for name in q["checks"]["reasons"])
+    return {
+        "requests": server.count, "prompt_tokens": server.prompt_tokens,
+        "cached_tokens": server.cached_tokens, "completion_tokens": server.completion_tokens,
+        "accepted": sum(len(row["queries"]) for row in rows),
+        "generated": sum(len(row["queries"]) + len(row["rejected_queries"]) for row in rows),
+        "failed_checks": dict(sorted(failed.items())),
+        "estimate": {
+            "prompt_tokens": sum(p["prompt_tokens"] for p in parts),
+            "cached_tokens": sum(p["cached_tokens"] for p in parts),
+            "completion_tokens": sum(p["completion_tokens"] for p in parts),
+        },
+        "counted_after_estimate": dict(zip(FIGURES, sent, strict=True)),
+    }  # fmt: skip
 
 
 # --- the table ------------------------------------------------------------------------------------------
@@ -258,34 +333,24 @@ def estimate_ours(work: Path, settings: LLMSettings) -> dict:
 
 def dollars(figures: dict, price: dict) -> float:
     missed = figures["prompt_tokens"] - figures["cached_tokens"]
-    return (
-        missed * price["input"] + figures["cached_tokens"] * price["cached"] + figures["completion_tokens"] * price["output"]
-    ) / 1e6
+    cached, out = figures["cached_tokens"], figures["completion_tokens"]
+    return (missed * price["input"] + cached * price["cached"] + out * price["output"]) / 1e6
 
 
-def measure(provider: dict, source: Path, paper: Path, users: int) -> dict:
+def measure(provider: dict, source: Path, paper: Path) -> dict:
     rule = provider["cache"]
-    quiet = Console(quiet=True)
     results = {}
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
         with FakeOpenAI(
-            responder=layout_free(capable(random.Random(7))), profile=rule, prefix_cache=rule
+            responder=layout_free(drawn_per_request(capable)), profile=rule, prefix_cache=rule, reasoning=""
         ) as server:
-            settings = LLMSettings(
-                base_urls=[server.base_url], model="fake", work_dir=work / "w", concurrency=1, cache_rule=rule
-            ) if _knows_cache_rule() else LLMSettings(
-                base_urls=[server.base_url], model="fake", work_dir=work / "w", concurrency=1
-            )  # fmt: skip
-            _, _, funnel = queries_from(source, work, settings, limit=users, console=quiet)
-            results["personaemp"] = {
-                "requests": server.count, "prompt_tokens": server.prompt_tokens,
-                "cached_tokens": server.cached_tokens, "completion_tokens": server.completion_tokens,
-                "accepted": sum(funnel.accepted.values()), "generated": funnel.generated,
-                "failed_checks": dict(funnel.failed_checks),
-            }  # fmt: skip
-        with FakeOpenAI(responder=paper_responder(random.Random(7)), profile=rule, prefix_cache=rule) as server:
-            accepted = run_paper(paper, paper_records(work, users), server.base_url, work / "paper")
+            results["personaemp"] = run_ours(source, work / "ours", server, rule)
+        with FakeOpenAI(
+            responder=drawn_per_request(paper_responder), profile=rule, prefix_cache=rule, reasoning=""
+        ) as server:
+            records = paper_records(work / "ours" / "processed")
+            accepted = run_paper(paper, records, server.base_url, work / "paper")
             results["paper"] = {
                 "requests": server.count, "prompt_tokens": server.prompt_tokens,
                 "cached_tokens": server.cached_tokens, "completion_tokens": server.completion_tokens,
@@ -294,16 +359,12 @@ def measure(provider: dict, source: Path, paper: Path, users: int) -> dict:
     return results
 
 
-def _knows_cache_rule() -> bool:
-    import dataclasses
-
-    return any(f.name == "cache_rule" for f in dataclasses.fields(LLMSettings))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--users", type=int, default=100)
-    parser.add_argument("--packets", type=Path, help="AlpsBench_task1_3_annotation_data_repo: checkout or git dir")
+    parser.add_argument(
+        "--packets", type=Path, help="AlpsBench_task1_3_annotation_data_repo: checkout or git dir"
+    )
     parser.add_argument("--paper", type=Path, help="ZhengWwwq/PersonalizedEmpathy: checkout or git dir")
     args = parser.parse_args()
     prices = tomllib.loads(PRICES.read_text(encoding="utf-8"))
@@ -312,32 +373,44 @@ def main() -> None:
     print(f"personaemp from {Path(personaemp.__file__).parent.parent}; prices from {PRICES.name}")
     rows, everything = [], {}
     with tempfile.TemporaryDirectory() as folder:
-        source = unseen_users(packets, Path(folder))
+        source = first_kept(unseen_users(packets, Path(folder)), args.users, Path(folder))
         for key, provider in prices.items():
-            found = measure(provider, source, paper, args.users)
-            everything[key] = found
+            found = everything[key] = measure(provider, source, paper)
             per = {}
             for side, figures in found.items():
                 cost = dollars(figures, provider)
                 per[side] = cost / max(figures["accepted"], 1) * 1000
+                share = figures["cached_tokens"] / max(figures["prompt_tokens"], 1)
                 print(
                     f"{provider['name']:18s} {side:10s} {figures['requests']:5d} requests · "
-                    f"{figures['prompt_tokens']:9,} prompt tokens ({figures['cached_tokens'] / max(figures['prompt_tokens'], 1):.0%} cached) · "
-                    f"{figures['completion_tokens']:7,} completion · {figures['accepted']} accepted · ${cost:.4f}"
-                )  # fmt: skip
-            if "failed_checks" in found["personaemp"]:
-                print(f"{'':18s} personaemp generated {found['personaemp']['generated']}, failed checks "
-                      f"{found['personaemp']['failed_checks']}")  # fmt: skip
+                    f"{figures['prompt_tokens']:9,} prompt tokens ({share:.0%} cached) · "
+                    f"{figures['completion_tokens']:7,} completion · {figures['accepted']} accepted · "
+                    f"${cost:.4f}"
+                )
+            ours = found["personaemp"]
+            print(
+                f"{'':18s} personaemp: {ours['generated']} generated, failed checks {ours['failed_checks']}"
+            )
+            guess, counted = ours["estimate"], ours["counted_after_estimate"]
+            print(
+                f"{'':18s} --estimate ({provider['cache']} rule) for the {args.users - LOOK} users "
+                f"after a look at {LOOK}: " + " · ".join(
+                    f"{name.replace('_tokens', '')} {guess[name]:,} vs {counted[name]:,} counted "
+                    f"({(guess[name] - counted[name]) / max(counted[name], 1):+.1%})"
+                    for name in ("prompt_tokens", "cached_tokens", "completion_tokens")
+                )
+            )  # fmt: skip
             rows.append((provider, per))
     print()
+    print(f"n = {args.users} users (the same for both), accepted queries as each pipeline's gates say")
     print("| provider, list price ($/1M: input / cached input / output) | paper, $ per 1,000 accepted "
           "queries | personaemp | ratio |")  # fmt: skip
     print("|---|---:|---:|---:|")
     for provider, per in rows:
+        price = f"{provider['input']:g} / {provider['cached']:g} / {provider['output']:g}"
         print(
-            f"| {provider['name']} ({provider['input']:g} / {provider['cached']:g} / {provider['output']:g}), "
-            f"{provider['cache']} cache rule | {per['paper']:.3f} | {per['personaemp']:.3f} | "
-            f"{per['personaemp'] / per['paper']:.2f}× |"
+            f"| {provider['name']} ({price}), {provider['cache']} cache rule | {per['paper']:.3f} | "
+            f"{per['personaemp']:.3f} | {per['personaemp'] / per['paper']:.2f}× |"
         )
     print(json.dumps(everything))
 
