@@ -56,7 +56,7 @@ sys.path.insert(0, str(BENCH))
 
 from cost_bench import SENTENCES  # noqa: E402
 from cost_bench import responder as capable  # noqa: E402
-from fake_openai import FakeOpenAI  # noqa: E402
+from fake_openai import FakeOpenAI, schema_from_messages  # noqa: E402
 from prefix_cache_bench import layout_free  # noqa: E402
 
 import personaemp  # noqa: E402
@@ -151,15 +151,24 @@ def _fenced(value) -> str:
     return "```json\n" + json.dumps(value, ensure_ascii=False, indent=2) + "\n```"
 
 
+BLOCK = re.compile(r"<(\w+)-[0-9a-f]{16}>\n(.*?)\n</\1-[0-9a-f]{16}>", re.DOTALL)
+
+
 def drawn_per_request(make, seed: int = 7):
-    """`make(rng)`'s responder with each reply drawn from its request's own text (the schema
-    statement left out), not from a shared sequence: the same user gets the same draws on
-    both providers and in either checkout, whatever the order or number of requests."""
+    """`make(rng)`'s responder with each reply drawn from what its request is about, not from
+    a shared sequence: personaemp's requests by their data blocks and the step (its schema's
+    fields), the paper's by their text. The same user gets the same draws on both providers
+    and in either checkout (prompt wording apart), whatever the order of the requests."""
 
     def answer(body: dict, number: int):
         text = "\n".join(m.get("content") or "" for m in body["messages"])
-        text = "\n".join(line for line in text.splitlines() if not line.startswith(('{"', "Answer in json")))
-        digest = hashlib.sha256(text.encode()).hexdigest()
+        fmt = body.get("response_format") or {}
+        schema = (fmt.get("json_schema") or {}).get("schema") or schema_from_messages(body["messages"])
+        blocks = [(name, content) for name, content in BLOCK.findall(text)]
+        about = (
+            [blocks, sorted((schema or {}).get("properties", {})), len(body["messages"])] if blocks else text
+        )
+        digest = hashlib.sha256(json.dumps(about, ensure_ascii=False).encode()).hexdigest()
         return make(random.Random(f"{seed}:{digest}"))(body, number)
 
     return answer
@@ -277,8 +286,8 @@ def first_kept(source: Path, users: int, folder: Path) -> Path:
     return out
 
 
-def run_ours(source: Path, work: Path, server, rule: str) -> dict:
-    """`personaemp run`'s LLM stages on every user of `source`: a quick look at LOOK users,
+def run_ours(source: Path, work: Path, server, rule: str, look: int) -> dict:
+    """`personaemp run`'s LLM stages on every user of `source`: a quick look at `look` users,
     then `--estimate` for the rest (nothing sent), then the run. The figures the server
     counted, and the estimate beside what the server counted for the same requests."""
     quiet = Console(quiet=True)
@@ -296,7 +305,7 @@ def run_ours(source: Path, work: Path, server, rule: str) -> dict:
     settings = llm_settings(options.llm)
     filter_users(str(source), processed / "filtered.jsonl", console=quiet)
     infer_personas(
-        processed / "filtered.jsonl", processed / "personas.jsonl", settings, limit=LOOK, console=quiet
+        processed / "filtered.jsonl", processed / "personas.jsonl", settings, limit=look, console=quiet
     )
     generate_queries(processed / "personas.jsonl", processed / "queries.jsonl", settings, console=quiet)
     estimating = options.model_copy(update={"llm": options.llm.model_copy(update={"estimate": True})})
@@ -337,7 +346,7 @@ def dollars(figures: dict, price: dict) -> float:
     return (missed * price["input"] + cached * price["cached"] + out * price["output"]) / 1e6
 
 
-def measure(provider: dict, source: Path, paper: Path) -> dict:
+def measure(provider: dict, source: Path, paper: Path, look: int) -> dict:
     rule = provider["cache"]
     results = {}
     with tempfile.TemporaryDirectory() as folder:
@@ -345,7 +354,7 @@ def measure(provider: dict, source: Path, paper: Path) -> dict:
         with FakeOpenAI(
             responder=layout_free(drawn_per_request(capable)), profile=rule, prefix_cache=rule, reasoning=""
         ) as server:
-            results["personaemp"] = run_ours(source, work / "ours", server, rule)
+            results["personaemp"] = run_ours(source, work / "ours", server, rule, look)
         with FakeOpenAI(
             responder=drawn_per_request(paper_responder), profile=rule, prefix_cache=rule, reasoning=""
         ) as server:
@@ -362,6 +371,7 @@ def measure(provider: dict, source: Path, paper: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--users", type=int, default=100)
+    parser.add_argument("--look", type=int, default=LOOK, help="users run before the estimate")
     parser.add_argument(
         "--packets", type=Path, help="AlpsBench_task1_3_annotation_data_repo: checkout or git dir"
     )
@@ -375,7 +385,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         source = first_kept(unseen_users(packets, Path(folder)), args.users, Path(folder))
         for key, provider in prices.items():
-            found = everything[key] = measure(provider, source, paper)
+            found = everything[key] = measure(provider, source, paper, args.look)
             per = {}
             for side, figures in found.items():
                 cost = dollars(figures, provider)
@@ -393,8 +403,8 @@ def main() -> None:
             )
             guess, counted = ours["estimate"], ours["counted_after_estimate"]
             print(
-                f"{'':18s} --estimate ({provider['cache']} rule) for the {args.users - LOOK} users "
-                f"after a look at {LOOK}: " + " · ".join(
+                f"{'':18s} --estimate ({provider['cache']} rule) for the {args.users - args.look} users "
+                f"after a look at {args.look}: " + " · ".join(
                     f"{name.replace('_tokens', '')} {guess[name]:,} vs {counted[name]:,} counted "
                     f"({(guess[name] - counted[name]) / max(counted[name], 1):+.1%})"
                     for name in ("prompt_tokens", "cached_tokens", "completion_tokens")
