@@ -27,10 +27,10 @@ cached price.
 It also asks `--estimate` (nothing sent) for personaemp's run before making it and says
 how far the estimate's prompt and cached tokens were from what the server counted.
 
-    .venv/bin/python bench/paper_cost_bench.py [--users 100] [--packets DIR] [--paper DIR]
+    .venv/bin/python bench/paper_cost_bench.py [--users 100] [--look 20] [--packets DIR] [--paper DIR]
 
 The figures are the server's, so the bench measures any checkout: with
-`PYTHONPATH=/work/main` it measures main's personaemp beside the paper.
+`PYTHONPATH=/path/to/other/checkout` it measures that personaemp beside the same paper run.
 """
 
 from __future__ import annotations
