@@ -146,13 +146,17 @@ def responder(rng: random.Random):
             asked = "\n".join(m["content"] for m in body["messages"])  # the language is named anywhere
             language = next((c for c, n in LANGUAGE_NAMES.items() if f"in {n}." in asked), "en")
             moments = re.findall(r"^\d+\. \[(\w+)\]", prompt, re.MULTILINE)
-            own = re.findall(r"^- (.{20,})$", prompt, re.MULTILINE)
+            # The user's own messages, wherever the prompt puts them: a model writing in a
+            # language SENTENCES lacks writes a new message from their words.
+            own = " ".join(re.findall(r"^- (.{20,})$", asked, re.MULTILINE)).split()
             messages = []
             for n, category in enumerate(moments, 1):
                 if language in SENTENCES:
                     text = SENTENCES[language][category].format(topic=f"#{rng.randint(0, 999)}")
-                else:  # the user's own words, in their language
-                    text = own[(n - 1) % len(own)] if own else SENTENCES["en"][category]
+                elif own:  # in their language: a new sentence from their words
+                    text = " ".join(rng.sample(own, min(len(own), 16))) + "?"
+                else:
+                    text = SENTENCES["en"][category].format(topic=f"#{rng.randint(0, 999)}")
                 messages.append({"situation": n, "text": text})
             return {"messages": messages}
         if "reviews" in properties:

@@ -337,6 +337,7 @@ def llm_settings(options: LLMOptions, env: Mapping[str, str] | None = None):
         price_in=options.price_in,
         price_out=options.price_out,
         price_cached=options.price_cached,
+        cache_rule=options.cache_rule,
         max_cost=options.max_cost,
         estimate=options.estimate,
         batch=options.batch,

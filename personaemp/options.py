@@ -468,6 +468,15 @@ class LLMOptions(Section):
             "cached or cache-hit tokens); unset: priced at --price-in."
         ),
     ] = None
+    cache_rule: Annotated[
+        Literal["auto", "deepseek", "openai", "none"],
+        Opt(
+            "How the provider's prefix cache bills a prompt, for --estimate: deepseek (64-token "
+            "blocks, the schema stated in the prompt), openai (from 1,024 tokens in 128-token "
+            "steps, the schema its prefix), none (nothing cached); auto: openai for api.openai.com, "
+            "none for a local server, else deepseek."
+        ),
+    ] = "auto"
     batch: Annotated[
         Path | None,
         Opt(

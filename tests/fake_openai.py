@@ -73,7 +73,8 @@ Its cached tokens are the longest prefix, in whole blocks, that an answered requ
 before it: ``deepseek`` 64-token blocks, reported as ``prompt_cache_hit_tokens`` and
 ``prompt_cache_miss_tokens``; ``openai`` 128-token blocks and nothing under 1,024 tokens,
 reported as ``prompt_tokens_details.cached_tokens``. A prefix counts from the moment its
-request arrived. ``server.prompt_tokens`` and ``server.cached_tokens`` sum them.
+request arrived. ``server.prompt_tokens``, ``server.cached_tokens`` and
+``server.completion_tokens`` sum them.
 
 Key-safety options: ``require_key="sk-.."`` answers any chat or ``/v1/models`` request whose
 ``Authorization`` is not ``Bearer sk-..`` with HTTP 401 "Incorrect API key provided: <the
@@ -331,9 +332,11 @@ def instance_from_schema(schema: dict, root: dict | None = None, *, _depth: int 
 
     Supports object, string (enum, minLength, maxLength, a few formats), integer/number
     (minimum, exclusiveMinimum, maximum), boolean, null, array (minItems, maxItems,
-    prefixItems; one item by default), enum, const, anyOf/oneOf (first option), allOf
-    (merged), ``$ref`` into the root document (``#/$defs/..``, ``#/definitions/..``) and
-    type lists such as ``["string", "null"]``. ``pattern`` is not honoured.
+    prefixItems; one item by default, or maxItems of them when each item names a `category`
+    from an enum: one per category in turn, as the situations step asks), enum, const,
+    anyOf/oneOf (first option), allOf (merged), ``$ref`` into the root document
+    (``#/$defs/..``, ``#/definitions/..``) and type lists such as ``["string", "null"]``.
+    ``pattern`` is not honoured.
     """
     root = schema if root is None else root
     if _depth > 64:
@@ -399,11 +402,18 @@ def instance_from_schema(schema: dict, root: dict | None = None, *, _depth: int 
         prefix = schema.get("prefixItems") or []
         low = schema.get("minItems", 0 if deep else 1)
         high = schema.get("maxItems")
-        n = max(low, len(prefix))
+        items = schema.get("items", {})
+        categories = _category_enum(items, root)
+        # Items that each name a category (the situations step: at most N per category):
+        # as many as asked, one per category in turn, as a capable model writes them.
+        n = max(low, len(prefix), high if categories and high is not None and not deep else 0)
         if high is not None:
             n = min(n, high)
-        items = schema.get("items", {})
         out_items = [sub(prefix[i], i) if i < len(prefix) else sub(items or {}, i) for i in range(n)]
+        if categories:
+            for i, item in enumerate(out_items):
+                if isinstance(item, dict) and i >= len(prefix):
+                    item["category"] = categories[i % len(categories)]
         return out_items
     if kind == "string":
         text = _FORMAT_STRINGS.get(schema.get("format", ""), "text" if _index == 0 else f"text{_index}")
@@ -420,6 +430,14 @@ def instance_from_schema(schema: dict, root: dict | None = None, *, _depth: int 
     if kind == "null":
         return None
     raise ValueError(f"unsupported schema type {kind!r}")
+
+
+def _category_enum(items: Any, root: dict) -> list:
+    """The enum of an array item's `category` property ([] when it has none)."""
+    if isinstance(items, dict) and "$ref" in items:
+        items = _resolve_ref(root, items["$ref"])
+    category = items.get("properties", {}).get("category") if isinstance(items, dict) else None
+    return list(category.get("enum") or []) if isinstance(category, dict) else []
 
 
 def _number(schema: dict, integer: bool, index: int) -> int | float:
@@ -949,6 +967,7 @@ class _Handler(BaseHTTPRequestHandler):
             with fake._lock:
                 fake.prompt_tokens += prompt
                 fake.cached_tokens += cached
+                fake.completion_tokens += completion
         if reasoning and not action.usage:
             usage["completion_tokens_details"] = {"reasoning_tokens": _tokens(reasoning)}
         n = body.get("n") or 1
@@ -1036,6 +1055,7 @@ class FakeOpenAI:
         self.prefix_cache = PrefixCache(prefix_cache) if prefix_cache is not None else None
         self.prompt_tokens = 0  # with a prefix cache: the prompt tokens of every answer
         self.cached_tokens = 0  # ... and those its prefix cache served
+        self.completion_tokens = 0  # ... and the completion tokens of those answers
         self.profile = profile
         self.require_key = require_key
         self.echo_key = echo_key

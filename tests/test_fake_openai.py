@@ -188,6 +188,27 @@ def test_default_reply_works_with_client_parse_helper(server):
     assert server.requests[-1].body["response_format"]["json_schema"]["strict"] is True
 
 
+def test_default_reply_writes_as_many_situations_as_asked_one_per_category(server, tmp_path):
+    """gen-queries asks for at most per_category moments of each category; a capable model
+    writes them all (it wrote one, so a cost per query measured here was off by up to 3x)."""
+    from types import SimpleNamespace
+
+    from personaemp.build.queries import SITUATIONS, QueryOptions, situations_schema
+
+    persona = SimpleNamespace(memories=[SimpleNamespace(memory_id=f"m{i}") for i in (1, 2)])
+    for options, expected in (
+        (QueryOptions(), ["ES", "HEQ", "SS"]),
+        (QueryOptions(per_category=2, categories=("ES", "SS")), ["ES", "SS", "ES", "SS"]),
+    ):
+        schema = situations_schema(persona, options)
+        resp = client_for(server).chat.completions.create(
+            model="m", messages=MESSAGES,
+            response_format={"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}},
+        )  # fmt: skip
+        reply = SITUATIONS.reply.model_validate_json(resp.choices[0].message.content)
+        assert [s.category for s in reply.situations] == expected
+
+
 def test_default_reply_without_schema_is_empty_object(server):
     resp = client_for(server).chat.completions.create(model="m", messages=MESSAGES)
     assert resp.choices[0].message.content == "{}"

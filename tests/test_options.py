@@ -410,6 +410,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "price_in": 1.5,
         "price_out": 2.5,
         "price_cached": 0.25,
+        "cache_rule": "openai",
         "max_cost": 3.0,
         "estimate": False,
         "batch": None,
@@ -623,6 +624,7 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
     assert (settings.max_retries, settings.max_reasks, settings.work_dir) == (1, 0, Path("w"))
     assert (settings.use_cache, settings.refresh) == (False, True)
     assert (settings.price_in, settings.price_out, settings.price_cached) == (1.5, 2.5, 0.25)
+    assert settings.cache_rule == "openai"
     assert (settings.executor, settings.workers, settings.ray_address) == ("ray", 3, "ray://head:10001")
     assert settings.vllm == NON_DEFAULT["llm"]["vllm"]  # typed alike from flags, TOML and run
     args, kwargs = by_run["queries"]

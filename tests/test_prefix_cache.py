@@ -167,6 +167,53 @@ def test_estimate_prices_what_a_prefix_cache_would_serve_at_price_cached(tmp_pat
     assert cheaper["cost"] < plain["cost"]
 
 
+@pytest.mark.parametrize("rule", ["deepseek", "openai"])
+def test_estimate_counts_what_the_provider_bills_schema_and_cache_rule_included(tmp_path, rule):
+    """After a look at half the users, --estimate renders the persona requests of the rest
+    exactly as the run then sends them: its prompt and cached tokens are what the server
+    counts (to within its role tags): the schema is billed (OpenAI: the json_schema as the
+    prompt's prefix; DeepSeek refuses json_schema, so the schema is in the prompt) and the
+    cache is counted by the provider's rule (OpenAI's serves nothing under 1,024 tokens).
+    Before, the schema went uncounted and every endpoint got DeepSeek's 64-token blocks.
+    The later Big Five step is projected from the look's replies: near, not exact."""
+    from dataclasses import replace
+
+    input_path = filtered_users(tmp_path)
+    with FakeOpenAI(responder=schema_anywhere(Script(input_path)), profile=rule, prefix_cache=rule) as server:
+        settings = settings_for(server, tmp_path / "w", concurrency=1, cache_rule=rule)
+        infer_personas(input_path, tmp_path / "p.jsonl", settings, limit=8, console=quiet())
+        count = server.count
+        report, _ = infer_personas(
+            input_path, tmp_path / "p.jsonl", replace(settings, estimate=True), console=quiet()
+        )
+        assert server.count == count
+        run, _ = infer_personas(input_path, tmp_path / "p.jsonl", settings, console=quiet())
+    assert server.errors == []
+    guessed, counted = report.estimate["steps"], run.steps
+    assert guessed["persona"]["calls"] == counted["persona"]["calls"] == 8
+    assert guessed["persona"]["prompt_tokens"] == pytest.approx(counted["persona"]["prompt_tokens"], rel=0.01)
+    assert guessed["persona"]["cached_tokens"] == pytest.approx(counted["persona"]["cached_tokens"], rel=0.01)
+    assert (counted["persona"]["cached_tokens"] > 0) == (rule == "deepseek")
+    both = [sum(steps[s][k] for s in ("persona", "big_five")) for steps in (guessed, counted)
+            for k in ("prompt_tokens", "cached_tokens")]  # fmt: skip
+    assert both[0] == pytest.approx(both[2], rel=0.1)
+    assert both[1] == pytest.approx(both[3], rel=0.1)
+
+
+def test_the_cache_rule_comes_from_the_endpoint_unless_given(tmp_path):
+    from personaemp.llm.estimate import cache_rule
+    from personaemp.llm.settings import LLMSettings
+
+    def rule(**given) -> str:
+        return cache_rule(LLMSettings(model="m", work_dir=tmp_path, **given))
+
+    assert rule(base_urls=["https://api.openai.com/v1"]) == "openai"
+    assert rule(base_urls=["https://api.deepseek.com"]) == "deepseek"
+    assert rule(base_urls=["http://127.0.0.1:8000/v1"]) == "deepseek"
+    assert rule(base_urls=[], llm="local") == "none"
+    assert rule(base_urls=["https://api.openai.com/v1"], cache_rule="none") == "none"
+
+
 def test_the_schema_text_follows_the_task_and_the_request_is_one_user_turn(tmp_path):
     """json_object, shared layout: the schema is stated after the step's task (shared by every
     request of the step) and before what only this request carries; the two user turns go as one."""

@@ -202,6 +202,12 @@ def write_reports(processed: Path, work_dir: Path | None = None) -> Path:
                     "failed_before": 4,
                     "failures_by_kind": {"invalid_reply": 44},
                     "model": "persona-model-xl",
+                    "totals": {
+                        "prompt_tokens": 2345678,
+                        "cached_tokens": 1234567,
+                        "completion_tokens": 345678,
+                    },
+                    "cost": 0.5,
                 },
                 "gen-queries": {
                     **stage,
@@ -385,6 +391,9 @@ def test_card_reports_this_runs_funnel_split_and_distributions(splits, tmp_path)
     persona_line = next(line for line in lines if line.startswith("- **infer-persona**"))
     assert "1234 users" in persona_line and "1190 done" in persona_line and "44 failed" in persona_line
     assert "invalid_reply 44" in persona_line and "persona-model-xl" in persona_line
+    # what the run was billed for, the cached tokens apart (gen-queries' report has no totals)
+    assert "2,345,678 prompt tokens (1,234,567 of them served by" in persona_line
+    assert "345,678 completion tokens, $0.50 at the run's prices" in persona_line
     queries_line = next(line for line in lines if line.startswith("- **gen-queries**"))
     assert "987 users" in queries_line and "955 done" in queries_line and "32 failed" in queries_line
     assert "query-model-xl" in queries_line

@@ -135,6 +135,7 @@ def _funnel(facts: dict[str, Any]) -> str:
                 f"- **{name}**: {_count(stage.get('units'))} users, {done} done, {failed} failed ({kinds}); "
                 f"model `{stage.get('model', 'unknown')}` ({stage.get('endpoint_kind', 'unknown')})."
                 + _embedded(stage.get("model"))
+                + _billed(stage)
             )
     if split:
         left = ", ".join(f"{reason} {count}" for reason, count in sorted(split["left_out"].items()))
@@ -143,6 +144,23 @@ def _funnel(facts: dict[str, Any]) -> str:
             "(users need a Big Five profile and at least one accepted query)."
         )
     return "\n".join(parts) or "- (the stage reports of this build were not found)"
+
+
+def _billed(stage: dict[str, Any]) -> str:
+    """What the stage's last run was billed for: the tokens the endpoint counted (a provider
+    counts the response schema it was sent as prompt), the cached ones apart, and the cost at
+    the run's prices when it had some."""
+    totals = stage.get("totals") or {}
+    prompt = _count(totals.get("prompt_tokens"))
+    if not prompt:
+        return ""
+    cost = stage.get("cost")
+    return (
+        f" Its last run sent {prompt:,} prompt tokens ({_count(totals.get('cached_tokens')):,} of them "
+        f"served by the provider's prefix cache; the response schema counted) and got "
+        f"{_count(totals.get('completion_tokens')):,} completion tokens"
+        + (f", ${cost:,.2f} at the run's prices." if isinstance(cost, int | float) else ".")
+    )
 
 
 def _image(name: str, text: str, figures: list[str]) -> list[str]:

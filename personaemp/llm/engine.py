@@ -152,7 +152,9 @@ class Engine:
         self.asked_for_structure = False  # a request with a schema was made (not all free text)
         self.mode, self.confirmed, self.mode_source = structured, structured != "auto", "set"
         if structured == "auto":
-            self.mode, self.mode_source = self._remembered_mode() or (LADDER[0], "first try")
+            # --estimate: the mode a run on the endpoint settles on (it renders what it counts).
+            first = getattr(offline, "first_mode", None)
+            self.mode, self.mode_source = self._remembered_mode() or (first or LADDER[0], "first try")
             self.confirmed = self.mode_source == "remembered"
         self.answered = False  # has the endpoint answered a request on this run?
         self._gate = asyncio.Lock()

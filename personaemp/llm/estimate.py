@@ -10,10 +10,15 @@ stage's chain. Token counts:
   the step the unit stopped at;
 - completion tokens: the mean reply of that step in the cache, else DEFAULT_COMPLETION
   (never over the step's max_tokens);
-- cached prompt tokens (priced at --price-cached): for the requests rendered now, the
-  prefix each shares, in whole 64-token blocks (DeepSeek's rule; OpenAI's serves less under
-  1,024 tokens), with a request rendered before it; for later calls, the share the provider
-  reported for that step's replies in the cache, else the share of the step stopped at.
+- the response schema is billed as prompt tokens: OpenAI bills the json_schema as the
+  prompt's prefix; DeepSeek refuses json_schema, so its requests are rendered as a run on it
+  sends them (json_object, the schema stated in the prompt) and counted with their text;
+- cached prompt tokens (priced at --price-cached), under the provider's rule ([llm]
+  cache_rule, CACHE_RULES): for the requests rendered now, the prefix each shares with a
+  request rendered before it, in whole blocks (deepseek: 64-token blocks; openai: nothing
+  under 1,024 tokens, then 128-token steps, the schema first; none: nothing); for later
+  calls, the share the provider reported for that step's replies in the cache, else the
+  share of the step stopped at.
 """
 
 from __future__ import annotations
@@ -26,11 +31,63 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_COMPLETION = 300  # tokens per reply when the cache has none of the step yet
-CACHE_BLOCK_CHARS = 64 * 4  # a prefix-cache block (DeepSeek: 64 tokens), in characters
+# A provider's prefix-cache rule: (block, fewest tokens served), in tokens; None: no cache.
+CACHE_RULES: dict[str, tuple[int, int] | None] = {"deepseek": (64, 64), "openai": (128, 1024), "none": None}
+TOKEN_CHARS = 4
 
 
 def tokens(chars: float) -> float:
-    return chars / 4
+    return chars / TOKEN_CHARS
+
+
+def cache_rule(settings) -> str:
+    """[llm] cache_rule (of LLMSettings or LLMOptions), `auto` decided from the endpoint:
+    OpenAI's own API bills by OpenAI's rule; a local server bills nothing; any other
+    endpoint by DeepSeek's (64-token blocks)."""
+    if settings.cache_rule != "auto":
+        return settings.cache_rule
+    urls = getattr(settings, "base_urls", None) or getattr(settings, "base_url", None) or []
+    if settings.llm == "local" or (settings.llm == "auto" and not urls):
+        return "none"
+    if any("openai.com" in url for url in urls):
+        return "openai"
+    return "deepseek"
+
+
+def first_mode(settings) -> str | None:
+    """The structured mode a run settles on before it has asked the endpoint anything:
+    DeepSeek's API refuses json_schema, so its requests state the schema in the prompt."""
+    urls = getattr(settings, "base_urls", None) or []
+    return "json_object" if any("deepseek.com" in url for url in urls) else None
+
+
+def sent_schema(request: dict[str, Any]) -> dict[str, Any] | None:
+    """The schema a request's response_format carries (json_schema, or llama.cpp's
+    json_object with a schema), None when it carries none."""
+    fmt = request.get("response_format") or {}
+    if fmt.get("type") == "json_schema":
+        return (fmt.get("json_schema") or {}).get("schema")
+    return fmt.get("schema")
+
+
+def billed_schema(request: dict[str, Any], rule: str) -> str:
+    """The schema text a provider bills as prompt beside the messages: OpenAI bills the
+    json_schema as the prompt's prefix. (DeepSeek takes no json_schema: the schema is in the
+    messages; a server that decodes by the schema, vLLM or llama.cpp, bills none.)"""
+    schema = sent_schema(request) if rule == "openai" else None
+    return json.dumps(schema, ensure_ascii=False) if schema is not None else ""
+
+
+def billed_text(request: dict[str, Any], rule: str) -> str:
+    """A request's prompt as the provider bills and caches it: the billed schema first, then
+    each message with its role."""
+    messages = "".join(f"<|{m['role']}|>{m['content']}" for m in request["messages"])
+    return billed_schema(request, rule) + messages
+
+
+def billed_chars(request: dict[str, Any], rule: str) -> int:
+    """Characters billed as prompt: the messages and the billed schema."""
+    return sum(len(m["content"]) for m in request["messages"]) + len(billed_schema(request, rule))
 
 
 @dataclass
@@ -40,29 +97,45 @@ class Estimate:
     prompt_chars: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     max_tokens: dict[str, int] = field(default_factory=dict)
     first_source: str = "rendered now"  # where the stopped step's prompts come from
+    rendered: bool = True  # False: a projection (project), its first step's prompts not rendered
     cached_chars: Counter = field(default_factory=Counter)  # step -> chars in a prefix sent before
+    rule: str = "deepseek"  # the provider's prefix-cache rule (CACHE_RULES)
+    first_mode: str | None = None  # the engine's structured mode when none is remembered
     _prefixes: set = field(default_factory=set)
 
     def add(self, step: str, request: dict[str, Any], key: str = "") -> None:
         self.pending[step] += 1
-        self.prompt_chars[step].append(sum(len(m["content"]) for m in request["messages"]))
+        self.prompt_chars[step].append(billed_chars(request, self.rule))
         self.max_tokens[step] = request["max_tokens"]
         self.cached_chars[step] += self._shared_prefix(request)
 
+    def remember(self, cache, limit: int = 2000) -> None:
+        """The prefixes of the requests already answered (the reply cache, up to `limit` per
+        step): sent before, the provider's cache holds them too."""
+        if cache is None or CACHE_RULES[self.rule] is None:
+            return
+        for step, _ in self.chain:
+            for request, _ in cache.replies_of(step, limit):
+                self._shared_prefix(json.loads(request))
+
     def _shared_prefix(self, request: dict[str, Any]) -> int:
         """Characters of this request in whole blocks an earlier one sent the same (and remember
-        its blocks): what a provider's prefix cache would serve."""
-        text = "".join(f"<|{m['role']}|>{m['content']}" for m in request["messages"])
+        its blocks): what the provider's prefix cache would serve, under its rule."""
+        rule = CACHE_RULES[self.rule]
+        if rule is None:
+            return 0
+        size, fewest = rule[0] * TOKEN_CHARS, rule[1] * TOKEN_CHARS
+        text = billed_text(request, self.rule)
         digest, shared, missed = hashlib.sha1(), 0, False
-        for start in range(0, len(text) - CACHE_BLOCK_CHARS + 1, CACHE_BLOCK_CHARS):
-            digest.update(text[start : start + CACHE_BLOCK_CHARS].encode())
+        for start in range(0, len(text) - size + 1, size):
+            digest.update(text[start : start + size].encode())
             key = digest.digest()
             if not missed and key in self._prefixes:
-                shared += CACHE_BLOCK_CHARS
+                shared += size
             else:
                 missed = True
                 self._prefixes.add(key)
-        return shared
+        return shared if shared >= fewest else 0
 
     def report(
         self, history, price_in: float | None, price_out: float | None, price_cached: float | None = None
@@ -86,11 +159,17 @@ class Estimate:
                 continue
             exact = sum(self.prompt_chars[stopped]) / units
             stopped_share = self.cached_chars[stopped] / max(sum(self.prompt_chars[stopped]), 1)
+            reached = history(stopped)[2]  # units of the cache that made the stopped step
             for name in order[order.index(stopped) :]:
                 mean_prompt, mean_reply, seen, share = history(name)
-                if name == stopped or share is None:
+                # Rendered now: the prefixes those requests share; projected: what the provider
+                # reported for the step's replies in the cache, when it did.
+                if share is None or (name == stopped and self.rendered):
                     share = stopped_share
-                calls = units * per_unit[name]
+                # A later step runs for the share of units that got that far in the cache (a
+                # persona without depth asks no Big Five).
+                reach = seen / reached if name != stopped and 0 < seen < reached else 1.0
+                calls = units * per_unit[name] * reach
                 if name == stopped:
                     prompt, source = exact, self.first_source
                 elif seen:
@@ -111,6 +190,7 @@ class Estimate:
         total_out = sum(entry["completion_tokens"] for entry in steps.values())
         total_cached = sum(entry["cached_tokens"] for entry in steps.values())
         for name, entry in steps.items():
+            entry["calls"] = round(entry["calls"])
             entry["prompt_tokens"] = round(entry["prompt_tokens"])
             entry["cached_tokens"] = round(entry["cached_tokens"])
             entry["completion_tokens"] = round(entry["completion_tokens"])
@@ -129,18 +209,21 @@ class Estimate:
         }
 
 
-def cache_history(cache):
-    """history(step) over the valid replies in the cache (at most 2,000 per step)."""
+def cache_history(cache, rule: str = "deepseek"):
+    """history(step) over the valid replies in the cache (at most 2,000 per step), their
+    prompts counted as billed under `rule`."""
     memo: dict[str, tuple[float, float, int, float | None]] = {}
 
     def history(step: str) -> tuple[float, float, int, float | None]:
         if step not in memo:
             rows = cache.replies_of(step, 2000) if cache is not None else []
-            prompts = [sum(len(m["content"]) for m in json.loads(request)["messages"]) for request, _ in rows]
+            prompts = [billed_chars(json.loads(request), rule) for request, _ in rows]
             stored = [json.loads(reply) for _, reply in rows]
             replies = [len(reply.get("content", "")) for reply in stored]
-            # The share of prompt tokens the provider's cache served, where it said.
+            # The share of prompt tokens the provider's cache served, where it said; without the
+            # step's first reply, which found the cache cold (the requests to come find it warm).
             told = [r for r in stored if r.get("cached_tokens") is not None and r.get("prompt_tokens")]
+            told = told[1:] if len(told) > 1 else told
             memo[step] = (
                 sum(prompts) / len(prompts) if prompts else 0.0,
                 sum(replies) / len(replies) if replies else 0.0,
@@ -157,7 +240,7 @@ def cache_history(cache):
 def project(chain, units: int, prompt_chars: float, source: str, max_tokens: int, history, prices):
     """The estimate for `units` units not written yet (their input does not exist yet), each
     starting the chain with a prompt of `prompt_chars` (from `source`)."""
-    estimate = Estimate(chain, first_source=source)
+    estimate = Estimate(chain, first_source=source, rendered=False)
     if units:
         first = chain[0][0]
         estimate.pending[first] = units
@@ -177,7 +260,7 @@ def project_from_cache(steps: Sequence[str], units: int, fallback: tuple[float, 
     path = llm.work_dir / "cache.sqlite"
     readable = path.exists() and not llm.no_cache
     with contextlib.closing(ReplyCache(path, write=False)) if readable else contextlib.nullcontext() as cache:
-        history = cache_history(cache)
+        history = cache_history(cache, cache_rule(llm))
         seen = history(steps[0])
         first = (seen[0], f"cache mean of {seen[2]}") if seen[2] else fallback
         prices = (llm.price_in, llm.price_out, llm.price_cached)

@@ -30,7 +30,7 @@ from personaemp.aio import sync_twin
 from personaemp.io import read_json_object, write_json_atomic
 from personaemp.llm.batch import BatchQueue, import_answers, write_requests
 from personaemp.llm.engine import Engine
-from personaemp.llm.estimate import Estimate, cache_history
+from personaemp.llm.estimate import Estimate, cache_history, cache_rule, first_mode
 from personaemp.llm.ray_executor import WorkerPool, connect, pool_size, uses_ray
 from personaemp.llm.ray_vllm import rounds, uses_vllm
 from personaemp.llm.session import open_engine
@@ -219,7 +219,15 @@ async def _one_pass(
     stage, units, make_work, key, output = plan.stage, plan.units, plan.make_work, plan.key, plan.output
     fingerprint, selected, retry_failed = plan.fingerprint, plan.selected, plan.retry_failed
     started = started or time.perf_counter()
-    estimate = Estimate([(step.name, calls) for step, calls in chain]) if settings.estimate else None
+    estimate = (
+        Estimate(
+            [(step.name, calls) for step, calls in chain],
+            rule=cache_rule(settings),
+            first_mode=first_mode(settings),
+        )
+        if settings.estimate
+        else None
+    )
     queue = BatchQueue() if settings.batch is not None else None
     imported: dict[str, int] = {}
     awaiting: dict[str, Path] = {}
@@ -229,6 +237,8 @@ async def _one_pass(
         async with open_engine(settings, notify=notify, offline=estimate or queue) as engine:
             if not in_rounds:  # vLLM rounds: ray_vllm.rounds says what each round does
                 _announce(console, plan, engine, settings)
+            if estimate is not None:
+                estimate.remember(engine.cache)
             if queue is not None:
                 settings.batch.mkdir(parents=True, exist_ok=True)
                 counts, waiting = import_answers(settings.batch, engine.cache)
@@ -265,7 +275,10 @@ async def _one_pass(
             report.notes = dict(notes or {})
             if estimate is not None:
                 report.estimate = estimate.report(
-                    cache_history(engine.cache), settings.price_in, settings.price_out, settings.price_cached
+                    cache_history(engine.cache, estimate.rule),
+                    settings.price_in,
+                    settings.price_out,
+                    settings.price_cached,
                 )
             return report
 

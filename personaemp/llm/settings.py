@@ -23,7 +23,7 @@ _STEPS = TypeAdapter(dict[str, dict[str, StepSampling]])
 _REPORTED = ("model", "structured", "concurrency", "rpm", "timeout", "max_retries", "max_reasks",
              "max_tokens", "temperature", "seed", "steps")  # fmt: skip
 _CHECKED = (*(name for name in _REPORTED if name != "steps"), "llm", "work_dir", "refresh", "price_in",
-            "price_out", "price_cached", "max_cost", "estimate", "batch", "executor", "workers",
+            "price_out", "price_cached", "cache_rule", "max_cost", "estimate", "batch", "executor", "workers",
             "ray_address", "vllm")  # fmt: skip
 
 
@@ -60,6 +60,7 @@ class LLMSettings:
     price_in: float | None = _DEFAULT.price_in  # per million prompt tokens
     price_out: float | None = _DEFAULT.price_out  # per million completion tokens
     price_cached: float | None = _DEFAULT.price_cached  # per million cache-served prompt tokens
+    cache_rule: str = _DEFAULT.cache_rule  # how --estimate counts cached tokens (llm/estimate.py)
     max_cost: float | None = _DEFAULT.max_cost  # dollars: stop before spending more
     estimate: bool = _DEFAULT.estimate  # count what would be sent; send and write nothing
     batch: Path | None = _DEFAULT.batch  # work from batch files in this folder, no endpoint
