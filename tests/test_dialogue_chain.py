@@ -95,6 +95,6 @@ def test_the_card_counts_each_rules_pass_rate_over_every_reply_checked(tmp_path,
         and "no_need_leak 75.0%" in card
     ), card
     # no dialogues file: no config, no section
-    publish(splits, out=tmp_path / "plain", dialogues=tmp_path / "none.jsonl", dialogues_asked=False)
+    publish(splits, out=tmp_path / "plain", dialogues=tmp_path / "none.jsonl")
     assert "config_name: dialogues" not in (tmp_path / "plain" / "README.md").read_text(encoding="utf-8")
     assert not (tmp_path / "plain" / "dialogues").exists()

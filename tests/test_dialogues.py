@@ -97,21 +97,12 @@ def step_of(body: dict) -> str:
     return "supporter"
 
 
-# The good user's words are the opening's, in another order for each reply: in the user's
-# language, never the need, and no run of them repeats an earlier turn (no_echo).
-ORDERS = (
-    lambda w: w[::-1], lambda w: w[::2], lambda w: w[1::2], lambda w: w[::3], lambda w: w[1::3],
-    lambda w: w[2::3], lambda w: w[::2][::-1], lambda w: w[1::2][::-1],
-)  # fmt: skip
-
-
 def good_turn(body: dict) -> dict:
     """A cooperative user: +5 a turn, need met from the second reply, leaves after the third."""
     number = int(REPLY_NUMBER.search(text_of(body)).group(1))
     opening = FENCED_QUERY.search(text_of(body)).group(1)
-    spaced = len(opening.split()) >= 6
-    units = opening.split() if spaced else list(opening.replace(" ", ""))
-    text = (" " if spaced else "").join(ORDERS[(number - 1) % len(ORDERS)](units))
+    words = opening.split()
+    text = " ".join(words[: 8 + number])  # their own words: in their language, never the need
     return {
         "thought": "they are listening", "change": 5, "reason": "it felt heard", "need_met": number >= 2,
         "end": number >= 3, "text": text,
@@ -247,28 +238,14 @@ def breaks_once(step_name: str, bad):
         ("no_emotion_number", lambda body: {**good_turn(body), "text": "Okay. My emotion score is 45 now."}),
         ("no_early_end", lambda body: {**good_turn(body), "end": True, "text": "Thanks, bye."}),
         ("length_ok", lambda body: {**good_turn(body), "text": "I am so tired of all this. " * 40}),
-        ("need_met_consistent", lambda body: {**good_turn(body), "change": -10, "need_met": True}),
-        ("no_echo", lambda body: {**good_turn(body), "text": f"You said: {SUPPORTER}"}),
-        ("no_echo", lambda body: {**good_turn(body), "text":
-            "Like I said, my brother wants me at his party this weekend but I am exhausted."}),
-        ("no_echo", lambda body: {**good_turn(body), "text":
-            "I will let it show gradually, one thing at a time, as a real person would."}),
-        ("no_scaffolding", lambda body: {**good_turn(body), "text": "Assistant: I hear you, that is hard."}),
-        ("no_scaffolding", lambda body: {**good_turn(body), "text": "ok so need_met is false for me"}),
     ],
 )  # fmt: skip
 def test_each_rule_catches_the_turn_that_breaks_it_and_asks_again(tmp_path, rule, bad):
-    made = []
-    rows, failures, server = run_one(
-        tmp_path, Script(bad=breaks_once("simulate", lambda body: made.append(bad(body)) or made[-1]))
-    )
+    rows, failures, server = run_one(tmp_path, Script(bad=breaks_once("simulate", bad)))
     assert failures == [] and len(rows) == 1
     first = rows[0]["turns"][2]
-    assert [set(r) for r in first["rejected"]] == [{rule, "text", "thought"}], first["rejected"]
-    assert first["rejected"][0]["text"] == made[0]["text"].strip(), "the rejected reply is kept"
-    assert first["rejected"][0]["thought"] == "they are listening"
+    assert [set(r) for r in first["rejected"]] == [{rule}], first["rejected"]
     assert first["checks"][rule] is True, "the reply kept passes it"
-    assert first["thought"] == "they are listening", "the kept reply's inner thought is in the record"
     # asked again as a new sample: the same request sent twice
     simulated = [r.body["messages"] for r in server.chat_requests if step_of(r.body) == "simulate"]
     assert len(simulated) == 4 and simulated[0] == simulated[1]
@@ -280,7 +257,7 @@ def test_the_llm_check_catches_a_turn_out_of_character(tmp_path):
     rows, failures, _ = run_one(tmp_path, Script(bad=breaks_once("simulate", out), judge=judge))
     assert failures == []
     first = rows[0]["turns"][2]
-    assert [set(r) for r in first["rejected"]] == [{"in_character", "text", "thought"}]
+    assert [set(r) for r in first["rejected"]] == [{"in_character"}]
     assert "As an AI" not in first["text"] and first["checks"]["in_character"] is True
 
 
@@ -289,7 +266,7 @@ def test_an_invented_fact_the_llm_check_flags_is_asked_again(tmp_path):
     judge = lambda body: (True, "husband" not in text_of(body).split("newest message")[-1])  # noqa: E731
     rows, failures, _ = run_one(tmp_path, Script(bad=breaks_once("simulate", made_up), judge=judge))
     assert failures == []
-    assert [set(r) for r in rows[0]["turns"][2]["rejected"]] == [{"grounded", "text", "thought"}]
+    assert [set(r) for r in rows[0]["turns"][2]["rejected"]] == [{"grounded"}]
 
 
 def test_a_turn_that_never_keeps_the_rules_sends_the_dialogue_to_the_failures(tmp_path):
@@ -312,7 +289,7 @@ def test_a_turn_that_never_keeps_the_rules_sends_the_dialogue_to_the_failures(tm
 def test_the_emotion_bounds_and_max_turns_end_a_dialogue(tmp_path, change, ended_by, final):
     def steady(step, body, seen):
         if step == "simulate":
-            return {**good_turn(body), "end": False, "change": change, "need_met": change > 0}
+            return {**good_turn(body), "end": False, "change": change}
         return None
 
     # from 40: +10 reaches 100 on turn 6; -10 goes below 10 on turn 4; +1 stops at max_turns

@@ -853,7 +853,6 @@ def publish(
     criteria: Path | None = None,
     criteria_asked: bool = True,
     dialogues: Path | None = None,
-    dialogues_asked: bool = True,
     force: bool = False,
     quality: Callable[[Path | None], tuple[dict[str, Any] | None, bytes | None]] | None = None,
 ) -> PublishResult:
@@ -867,12 +866,7 @@ def publish(
     `quality`: queries file -> (agreement report, plot) of the people's labels beside it
     (the review product's `card_quality`); without it the card says nobody measured the judge.
     `dialogues`: a gen-dialogues file; when it exists, a `dialogues` config (its rows in the
-    split of the random setting that holds their query) and a section of the card;
-    `dialogues_asked`: False when it is only the default place, which may hold no file."""
-    if dialogues is not None and dialogues_asked and not Path(dialogues).is_file():
-        raise InputError(
-            f"{dialogues}: no such dialogues file", "pass gen-dialogues' output, or leave --dialogues out"
-        )
+    split of the random setting that holds their query) and a section of the card."""
     if (repo_id is None) == (out is None):
         raise InputError("give either --repo-id OWNER/NAME or --dry-run --out-dir DIR")
     if repo_id is not None and repo_id.count("/") != 1:
@@ -1065,8 +1059,7 @@ def from_options(options, console, quality=None):
             options.splits, repo_id=None if dry else options.repo_id, out=options.out_dir if dry else None,
             private=options.private, revision=options.revision, include_dialogue=options.include_dialogue,
             criteria=options.criteria, criteria_asked=not options.derived("criteria"), quality=quality,
-            dialogues=options.dialogues, dialogues_asked=not options.derived("dialogues"),
-            force=options.force,
+            dialogues=options.dialogues, force=options.force,
         )
     )  # fmt: skip
     if dry and not options.dry_run and not getattr(made.report, "unchanged_since", None):

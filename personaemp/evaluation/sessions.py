@@ -32,8 +32,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
-
 from personaemp.aio import sync_twin
 from personaemp.errors import InputError, RowError
 from personaemp.evaluation.scoring import failures_file, metrics, score_unit, scores_file, temperatures
@@ -113,7 +111,7 @@ def trajectory(dialogue: Dialogue) -> dict[str, Any]:
         "initial_emotion": dialogue.initial_emotion,
         "final_emotion": dialogue.final_emotion,
         "delta": dialogue.final_emotion - dialogue.initial_emotion,
-        "need_met_at_turn": simulator_rules.need_met_at(dialogue.turns),  # a contradicting turn: not met
+        "need_met_at_turn": dialogue.need_met_at_turn,
         "ended_by": dialogue.ended_by,
         "supporter_turns": sum(t.role == "assistant" for t in dialogue.turns),
         "emotions": emotions,
@@ -229,13 +227,6 @@ async def aevaluate_dialogues(
                 f"{split} {part} split",
                 "pass the dialogues of this split, or choose the split they belong to with --split/--part",
             )
-    outside = {name: sorted(set(found) - query_ids) for name, found in systems.items()}
-    for name, path in zip(names, dialogues, strict=True):
-        if outside[name] and console is not None:  # said, never dropped silently
-            console.print(
-                f"[yellow]warning:[/] {escape(str(path))}: {len(outside[name])} dialogues of queries not in "
-                f"the {split} {part} split are left out (first: {escape(outside[name][0])})"
-            )
     units = build_units(queries, systems)
     used = [step, *([] if options.dynamic else [CRITERIA])]
     prompts = {s.name: load_prompt(s.prompt) for s in used}
@@ -272,7 +263,6 @@ async def aevaluate_dialogues(
         "per_turn": per_turn,
         "lambda": options.reward_lambda,
         "missing_rule": "skip",  # a query without a dialogue is counted, never scored
-        "outside_split": {name: ids for name, ids in outside.items() if ids},  # query ids left out
         "unreadable_rule": options.unreadable,
         "layout": options.layout,
         "judge_model": report.model,

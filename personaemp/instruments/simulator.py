@@ -5,31 +5,28 @@ turn (`simulate_user_turn`). gen-dialogues (build/dialogues.py) and the training
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
-from personaemp import checks
-from personaemp.errors import InputError, UnitError
+from personaemp.errors import UnitError
 from personaemp.instruments import simulator_rules
 from personaemp.instruments.criteria import query_units
-from personaemp.io import first_problem
 from personaemp.language import LANGUAGE_NAMES
 from personaemp.llm.step import Step, edit_schema
 from personaemp.prompts import Prompt
-from personaemp.records import BIG_FIVE, MAX_CHANGE, DialogueTurn, Memory
+from personaemp.records import BIG_FIVE, DialogueTurn, Memory
 from personaemp.render import render_memories, render_turns
 
 INITIAL_EMOTION = 40  # where every simulated user starts (SAGE's start)
+MAX_CHANGE = 10  # a turn moves the emotion by at most this much either way (SAGE's clamp)
 SATISFIED, GIVE_UP = 100, 10  # the emotion's bounds: leaves satisfied at 100, gives up below 10
 MAX_TURNS = 6  # supporter turns
 TURN_ATTEMPTS = 3  # replies asked per simulated turn before the dialogue fails
-REPLY_KEYS = ("text", "thought")  # a rejected entry's keys that are the reply's own, not a rule
 
 
 # --- reply models and steps ------------------------------------------------------------------------
@@ -68,20 +65,6 @@ CHANGES = edit_schema(
 # --- the simulated user ------------------------------------------------------------------------------
 
 
-# What a unit holds for the simulated user (simulator_unit writes them).
-UNIT_KEYS = (
-    "user_id",
-    "language",
-    "profile",
-    "big_five",
-    "memories",
-    "memory_ids",
-    "situation",
-    "query",
-    "voice",
-)
-
-
 @dataclass(frozen=True)
 class SimulatedUser:
     """What the simulator stands on: one user's grounding and the moment of one query."""
@@ -98,20 +81,7 @@ class SimulatedUser:
 
     @classmethod
     def of_unit(cls, unit: dict[str, Any]) -> SimulatedUser:
-        """The user of a unit (read_units' or `export --dialogues`'); one that lacks a key or
-        holds a bad memory is an InputError naming it."""
-        missing = [key for key in UNIT_KEYS if key not in unit]
-        if missing:
-            raise InputError(
-                f"simulated user {unit.get('user_id', '?')}: no {missing[0]!r}",
-                f"a simulated user has {', '.join(UNIT_KEYS)} (`personaemp export --dialogues` writes them)",
-            )
-        try:
-            memories = [Memory.model_validate(m) for m in unit["memories"]]
-        except ValidationError as exc:
-            raise InputError(
-                f"simulated user {unit['user_id']}: a memory is not one ({first_problem(exc)})"
-            ) from None
+        memories = [Memory.model_validate(m) for m in unit["memories"]]
         cited = set(unit["memory_ids"])
         return cls(
             user_id=unit["user_id"], language=unit["language"], profile=unit["profile"],
@@ -144,8 +114,7 @@ def transcript(turns: Sequence[DialogueTurn], user: str = "User", assistant: str
 
 
 def build_need_messages(user: SimulatedUser, prompt: Prompt) -> list[dict]:
-    # in the user's language: no_need_leak compares it with what they write
-    return prompt.render(**user.values(), big_five=user.levels(), language=user.language_name())
+    return prompt.render(**user.values(), big_five=user.levels())
 
 
 def build_user_turn_messages(
@@ -159,48 +128,14 @@ def build_user_turn_messages(
     )  # fmt: skip
 
 
-def prompt_frames(prompt: Prompt) -> tuple[str, ...]:
-    """The prompt's own text: its templates cut at their slots (what a user turn must not echo)."""
-    templates = [prompt.system, *prompt.context, prompt.user, *prompt.after, prompt.note, prompt.input]
-    pieces = [piece for t in templates if t is not None for piece in _SLOT.split(t.template)]
-    return tuple(piece for piece in pieces if piece.strip())
-
-
-_SLOT = re.compile(r"\$\{?\w+\}?")
-# How the transcript and the reply name things: a user turn starting "Assistant:" or naming
-# "need_met" is made of our prompt (no_scaffolding), besides gen-queries' frames and labels.
-TRANSCRIPT_LABELS = ("User:", "Assistant:", "You:")
-
-
-def turn_context(
-    user: SimulatedUser, hidden_need: str, turns: Sequence[DialogueTurn], prompt: Prompt
-) -> simulator_rules.TurnContext:
-    """What the rules check the next simulated message against (`turns` end with the supporter's reply)."""
-    from personaemp.instruments.query_check import scaffolding
-
-    markers, labels = scaffolding()
-    fields = tuple(name for name in UserTurnReply.model_fields if "_" in name)
-    return simulator_rules.TurnContext(
-        language=user.language, hidden_need=hidden_need,
-        supporter_turn=sum(t.role == "assistant" for t in turns), supporter_reply=turns[-1].text,
-        earlier=tuple(t.text for t in turns if t.role == "user"), frames=prompt_frames(prompt),
-        markers=(*markers, *fields), labels=(*labels, *TRANSCRIPT_LABELS),
-    )  # fmt: skip
-
-
 def build_check_messages(user: SimulatedUser, turns: Sequence[DialogueTurn], text: str, prompt: Prompt):
     return prompt.render(**user.values(), dialogue=transcript(turns), message=text)
 
 
-def parse_need(reply: NeedReply, frames: Sequence[str] = ()) -> str:
-    """The need, on one line; one that copies the need prompt's own text (its example) is
-    asked again, with why."""
+def parse_need(reply: NeedReply) -> str:
     need = " ".join(reply.need.split())
     if not need:
         raise ValueError("need: empty; write what would help this person")
-    run = checks.longest_shared(need, frames, floor=simulator_rules.LEAK_WORDS)
-    if checks.words(run) >= simulator_rules.LEAK_WORDS:
-        raise ValueError(f"need: copies the prompt's text ({' '.join(run)!r}); write this person's own need")
     return need
 
 
@@ -209,10 +144,8 @@ def clamp(value: int, low: int, high: int) -> int:
 
 
 async def write_hidden_need(engine, user: SimulatedUser, prompts: dict[str, Prompt]) -> str:
-    prompt = prompts[HIDDEN_NEED.name]
-    frames = prompt_frames(prompt)
     reply = await engine.call(
-        HIDDEN_NEED, build_need_messages(user, prompt), parse=lambda value: parse_need(value, frames)
+        HIDDEN_NEED, build_need_messages(user, prompts[HIDDEN_NEED.name]), parse=parse_need
     )
     return reply.parsed
 
@@ -233,16 +166,17 @@ async def simulate_user_turn(
     The step the verl Interaction calls too."""
     emotion = next(t.emotion for t in reversed(turns) if t.role == "user" and t.emotion is not None)
     supporter_turn = sum(t.role == "assistant" for t in turns)
-    prompt = prompts[SIMULATE.name]
-    messages = build_user_turn_messages(user, hidden_need, turns, emotion, prompt)
-    context = turn_context(user, hidden_need, turns, prompt)
+    messages = build_user_turn_messages(user, hidden_need, turns, emotion, prompts[SIMULATE.name])
     rejected: list[dict[str, str]] = []
     for sample in range(attempts):
         value = (await engine.call(SIMULATE, messages, schema=CHANGES, sample=sample)).value
         text = value.text.strip()
-        change = clamp(value.change, -MAX_CHANGE, MAX_CHANGE)
         found = simulator_rules.check_turn(
-            text, ends=value.end, need_met=value.need_met, change=change, context=context
+            text,
+            language=user.language,
+            hidden_need=hidden_need,
+            ends=value.end,
+            supporter_turn=supporter_turn,
         )
         failed = {name: reason for name, (passed, reason) in found.items() if not passed}
         outcome = {name: passed for name, (passed, _) in found.items()}
@@ -255,16 +189,16 @@ async def simulate_user_turn(
             outcome.update(in_character=verdict.in_character, grounded=verdict.grounded)
             failed.update({name: verdict.reason for name in simulator_rules.JUDGED if not outcome[name]})
         if failed:
-            rejected.append({**failed, "text": text, "thought": value.thought.strip()})
+            rejected.append(failed)
             continue
+        change = clamp(value.change, -MAX_CHANGE, MAX_CHANGE)
         turn = DialogueTurn(
             role="user", text=text, emotion=clamp(emotion + change, 0, SATISFIED), change=change,
-            reason=value.reason.strip(), need_met=value.need_met, thought=value.thought.strip(),
-            checks=outcome, rejected=rejected,
+            reason=value.reason.strip(), need_met=value.need_met, checks=outcome, rejected=rejected,
         )  # fmt: skip
         return turn, value.end
-    rules = ", ".join(sorted({name for failed in rejected for name in failed if name not in REPLY_KEYS}))
-    last = "; ".join(f"{name}: {reason}" for name, reason in rejected[-1].items() if name not in REPLY_KEYS)
+    rules = ", ".join(sorted({name for failed in rejected for name in failed}))
+    last = "; ".join(f"{name}: {reason}" for name, reason in rejected[-1].items())
     raise UnitError(
         "simulator_rules",
         f"turn {supporter_turn}: no simulated reply kept the rules ({rules}) in {attempts} tries; "

@@ -52,8 +52,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
-
 from personaemp.errors import InputError, UnitError
 from personaemp.instruments.judges import NEUTRAL, harmonic
 from personaemp.instruments.sessions import ROOM, SESSION_JUDGE_DYNAMIC, dialogue_text, session_messages
@@ -68,7 +66,6 @@ from personaemp.instruments.simulator import (
     simulate_user_turn,
     write_hidden_need,
 )
-from personaemp.io import first_problem
 from personaemp.llm.reply import split_reasoning
 from personaemp.prompts import load_prompt, prompts_per_variant
 from personaemp.records import DIMENSIONS, DialogueTurn
@@ -104,21 +101,13 @@ class InteractionOptions:
 
     @classmethod
     def of(cls, config: Mapping[str, Any]) -> InteractionOptions:
-        """The options of a YAML `config`, each value read as the TOML's are (`"4"` is 4,
-        `"no"` is false; `"maybe"` is an error naming the key)."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(config) - known - {"name"})
         if unknown:
             raise InputError(
                 f"interaction config: no key {unknown[0]!r}", f"the keys are {', '.join(sorted(known))}"
             )
-        try:
-            return _OPTIONS.validate_python({k: v for k, v in config.items() if k in known})
-        except ValidationError as exc:
-            raise InputError(f"interaction config: {first_problem(exc)}") from None
-
-
-_OPTIONS = TypeAdapter(InteractionOptions)
+        return cls(**{k: v for k, v in config.items() if k in known})
 
 
 def settings_from(path: str | None, env: Mapping[str, str] | None = None):
@@ -230,16 +219,6 @@ class SimulatedUserInteraction:
     def service(self) -> _Service:
         return service_for(self.settings)
 
-    def session(self, instance_id: str | None) -> Session:
-        """The session `instance_id` names; an unknown one is an InputError naming it."""
-        found = self.sessions.get(instance_id) if instance_id is not None else None
-        if found is None:
-            raise InputError(
-                f"interaction: no session {instance_id!r}",
-                "call start_interaction first; finalize_interaction forgets a session",
-            )
-        return found
-
     async def start_interaction(self, instance_id: str | None = None, **kwargs) -> str:
         instance_id = instance_id or str(uuid.uuid4())
         unit = kwargs.get("user")
@@ -249,7 +228,7 @@ class SimulatedUserInteraction:
                 "write the data with `personaemp export --dialogues`",
             )
         unit = _plain(unit)
-        user = SimulatedUser.of_unit(unit)  # InputError naming what the user lacks
+        user = SimulatedUser.of_unit(unit)
         need = await self.service.call(
             lambda engine: write_hidden_need(engine, user, self.prompts(engine.prompt_variant)[0])
         )
@@ -262,20 +241,9 @@ class SimulatedUserInteraction:
     async def generate_response(
         self, instance_id: str, messages: list[dict[str, Any]], **kwargs
     ) -> tuple[bool, str, float, dict[str, Any]]:
-        session = self.session(instance_id)
+        session = self.sessions[instance_id]
         reply = next((m for m in reversed(messages) if m.get("role") == "assistant"), None)
-        if reply is None:
-            raise InputError(
-                f"interaction {instance_id}: no assistant message in `messages`",
-                "pass the conversation with the policy's latest reply last",
-            )
-        text = split_reasoning(_content(reply))[0].strip()
-        if not text:  # nothing to answer (the policy wrote nothing, or only its reasoning)
-            self.counts["empty_replies"] += 1
-            session.ended_by = "empty_reply"
-            session.reward = 0.0  # the floor: an empty reply supports no one
-            self.counts[f"ended_by_{session.ended_by}"] += 1
-            return True, "", 0.0, {"ended_by": session.ended_by, "session_reward": 0.0}
+        text = split_reasoning(_content(reply))[0].strip() if reply is not None else ""
         session.turns.append(DialogueTurn(role="assistant", text=text))
         number = sum(t.role == "assistant" for t in session.turns)
         self.counts["turns"] += 1
@@ -314,7 +282,7 @@ class SimulatedUserInteraction:
 
     async def calculate_score(self, instance_id: str | None = None, **kwargs) -> float:
         """The session reward of `instance_id` now (see the module's docstring)."""
-        session = self.session(instance_id)
+        session = self.sessions[instance_id]
         if session.reward is not None and session.ended_by is not None:
             return session.reward
         emotion = next(t.emotion for t in reversed(session.turns) if t.emotion is not None) / 100
