@@ -79,6 +79,16 @@ def write_queries(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+USER_LINES = (
+    "Honestly I just feel worn out after all those shifts.",
+    "Yes, that is part of it, he never asks how I am doing.",
+    "Maybe I could go for an hour and then leave early.",
+    "Thank you, talking it through helped more than I expected.",
+    "I think I will call him tonight and explain.",
+    "Okay, I feel a little calmer about the weekend now.",
+)
+
+
 # --- the scripted endpoint ----------------------------------------------------------------------------
 
 
@@ -100,9 +110,7 @@ def step_of(body: dict) -> str:
 def good_turn(body: dict) -> dict:
     """A cooperative user: +5 a turn, need met from the second reply, leaves after the third."""
     number = int(REPLY_NUMBER.search(text_of(body)).group(1))
-    opening = FENCED_QUERY.search(text_of(body)).group(1)
-    words = opening.split()
-    text = " ".join(words[: 8 + number])  # their own words: in their language, never the need
+    text = USER_LINES[(number - 1) % len(USER_LINES)]  # new words each turn: no echo, never the need
     return {
         "thought": "they are listening", "change": 5, "reason": "it felt heard", "need_met": number >= 2,
         "end": number >= 3, "text": text,
@@ -222,7 +230,8 @@ def breaks_once(step_name: str, bad):
     """The simulated turn after the supporter's first reply breaks a rule the first time it is asked."""
 
     def pick(step, body, seen):
-        if step == step_name and seen == 0 and REPLY_NUMBER.search(text_of(body)).group(1) == "1":
+        first = step != "simulate" or "could not be used" not in text_of(body)  # not a re-ask
+        if step == step_name and first and seen == 0 and REPLY_NUMBER.search(text_of(body)).group(1) == "1":
             return bad(body)
         return None
 
@@ -238,17 +247,25 @@ def breaks_once(step_name: str, bad):
         ("no_emotion_number", lambda body: {**good_turn(body), "text": "Okay. My emotion score is 45 now."}),
         ("no_early_end", lambda body: {**good_turn(body), "end": True, "text": "Thanks, bye."}),
         ("length_ok", lambda body: {**good_turn(body), "text": "I am so tired of all this. " * 40}),
+        ("no_echo", lambda body: {**good_turn(body), "text": f"You said: {SUPPORTER}"}),
+        ("no_echo", lambda body: {**good_turn(body), "text":
+            "Is it wrong that I just want to stay home? Is it wrong that I just want to stay home?"}),
+        ("no_echo", lambda body: {**good_turn(body), "text":
+            "Never speak as an assistant, never mention being simulated, a role or a score."}),
+        ("need_met_consistent", lambda body: {**good_turn(body), "change": -6, "need_met": True}),
     ],
 )  # fmt: skip
 def test_each_rule_catches_the_turn_that_breaks_it_and_asks_again(tmp_path, rule, bad):
     rows, failures, server = run_one(tmp_path, Script(bad=breaks_once("simulate", bad)))
     assert failures == [] and len(rows) == 1
     first = rows[0]["turns"][2]
-    assert [set(r) for r in first["rejected"]] == [{rule}], first["rejected"]
+    assert [set(r) for r in first["rejected"]] == [{rule, "text", "thought"}], first["rejected"]
+    assert first["rejected"][0]["thought"] == "they are listening" and first["rejected"][0]["text"]
     assert first["checks"][rule] is True, "the reply kept passes it"
-    # asked again as a new sample: the same request sent twice
-    simulated = [r.body["messages"] for r in server.chat_requests if step_of(r.body) == "simulate"]
-    assert len(simulated) == 4 and simulated[0] == simulated[1]
+    # asked again as a new request that says what the last reply broke
+    simulated = [text_of(r.body) for r in server.chat_requests if step_of(r.body) == "simulate"]
+    assert len(simulated) == 4 and simulated[0] != simulated[1]
+    assert rule in simulated[1] and first["rejected"][0]["text"][:40] in simulated[1]
 
 
 def test_the_llm_check_catches_a_turn_out_of_character(tmp_path):
@@ -257,7 +274,7 @@ def test_the_llm_check_catches_a_turn_out_of_character(tmp_path):
     rows, failures, _ = run_one(tmp_path, Script(bad=breaks_once("simulate", out), judge=judge))
     assert failures == []
     first = rows[0]["turns"][2]
-    assert [set(r) for r in first["rejected"]] == [{"in_character"}]
+    assert [set(r) for r in first["rejected"]] == [{"in_character", "text", "thought"}]
     assert "As an AI" not in first["text"] and first["checks"]["in_character"] is True
 
 
@@ -266,7 +283,7 @@ def test_an_invented_fact_the_llm_check_flags_is_asked_again(tmp_path):
     judge = lambda body: (True, "husband" not in text_of(body).split("newest message")[-1])  # noqa: E731
     rows, failures, _ = run_one(tmp_path, Script(bad=breaks_once("simulate", made_up), judge=judge))
     assert failures == []
-    assert [set(r) for r in rows[0]["turns"][2]["rejected"]] == [{"grounded"}]
+    assert [set(r) for r in rows[0]["turns"][2]["rejected"]] == [{"grounded", "text", "thought"}]
 
 
 def test_a_turn_that_never_keeps_the_rules_sends_the_dialogue_to_the_failures(tmp_path):
@@ -289,7 +306,7 @@ def test_a_turn_that_never_keeps_the_rules_sends_the_dialogue_to_the_failures(tm
 def test_the_emotion_bounds_and_max_turns_end_a_dialogue(tmp_path, change, ended_by, final):
     def steady(step, body, seen):
         if step == "simulate":
-            return {**good_turn(body), "end": False, "change": change}
+            return {**good_turn(body), "end": False, "change": change, "need_met": change > 0}
         return None
 
     # from 40: +10 reaches 100 on turn 6; -10 goes below 10 on turn 4; +1 stops at max_turns
