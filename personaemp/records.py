@@ -315,15 +315,15 @@ class Dialogue(Record):
                 raise _invalid(f"turn {number}'s change {turn.change} is beyond ±{MAX_CHANGE}")
             if emotion is None:
                 if turn.emotion != self.initial_emotion:
-                    raise _invalid(
-                        f"the opening turn's emotion {turn.emotion} is not initial_emotion {self.initial_emotion}"
-                    )
+                    raise _invalid(f"the opening turn's emotion {turn.emotion} is not {self.initial_emotion}")
             elif turn.change is not None and turn.emotion != max(0, min(EMOTION_MAX, emotion + turn.change)):
                 raise _invalid(f"turn {number}'s emotion {turn.emotion} is not {emotion} {turn.change:+d}")
             emotion = turn.emotion
         if self.final_emotion != emotion:
-            raise _invalid(f"final_emotion {self.final_emotion} is not the last user turn's emotion {emotion}")
+            raise _invalid(f"final_emotion {self.final_emotion} is not the last user turn's {emotion}")
         supporter = self.supporter_turns()
         if self.need_met_at_turn is not None and not 1 <= self.need_met_at_turn <= supporter:
-            raise _invalid(f"need_met_at_turn {self.need_met_at_turn} is not one of its {supporter} supporter turns")
+            raise _invalid(
+                f"need_met_at_turn {self.need_met_at_turn} is beyond its {supporter} supporter turns"
+            )
         return self

@@ -149,8 +149,7 @@ def parse_need(reply: NeedReply) -> str:
 
 
 REASK = (
-    "Your earlier messages for this turn could not be used; write a new one that keeps every rule.\n"
-    "{broken}"
+    "Your earlier messages for this turn could not be used; write a new one that keeps every rule.\n{broken}"
 )
 
 
@@ -231,8 +230,9 @@ async def simulate_user_turn(
             checks=outcome, rejected=rejected,
         )  # fmt: skip
         return turn, value.end
-    rules = ", ".join(sorted({name for failed in rejected for name in failed if name not in REJECTED_KEYS}))
-    last = "; ".join(f"{name}: {reason}" for name, reason in rejected[-1].items() if name not in REJECTED_KEYS)
+    broken = [{k: v for k, v in entry.items() if k not in REJECTED_KEYS} for entry in rejected]
+    rules = ", ".join(sorted({name for failed in broken for name in failed}))
+    last = "; ".join(f"{name}: {reason}" for name, reason in broken[-1].items())
     raise UnitError(
         "simulator_rules",
         f"turn {supporter_turn}: no simulated reply kept the rules ({rules}) in {attempts} tries; "
@@ -244,9 +244,8 @@ async def simulate_user_turn(
 
 def prompt_text(prompt: Prompt) -> str:
     """The simulator prompt's own words (its task, slots left out): what a turn must not echo."""
-    return " ".join(
-        re.sub(r"\$\{?\w+\}?", " ", template.template) for template in (prompt.system, prompt.user) if template
-    )
+    templates = (prompt.system, prompt.user)
+    return " ".join(re.sub(r"\$\{?\w+\}?", " ", t.template) for t in templates if t)
 
 
 # --- the units ---------------------------------------------------------------------------------------
