@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import re
 import threading
 from pathlib import Path
@@ -79,16 +80,6 @@ def write_queries(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-USER_LINES = (
-    "Honestly I just feel worn out after all those shifts.",
-    "Yes, that is part of it, he never asks how I am doing.",
-    "Maybe I could go for an hour and then leave early.",
-    "Thank you, talking it through helped more than I expected.",
-    "I think I will call him tonight and explain.",
-    "Okay, I feel a little calmer about the weekend now.",
-)
-
-
 # --- the scripted endpoint ----------------------------------------------------------------------------
 
 
@@ -110,7 +101,14 @@ def step_of(body: dict) -> str:
 def good_turn(body: dict) -> dict:
     """A cooperative user: +5 a turn, need met from the second reply, leaves after the third."""
     number = int(REPLY_NUMBER.search(text_of(body)).group(1))
-    text = USER_LINES[(number - 1) % len(USER_LINES)]  # new words each turn: no echo, never the need
+    opening = FENCED_QUERY.search(text_of(body)).group(1)
+    # Their own words (so in their language), shuffled anew each turn: no run of them repeats
+    # the opening or an earlier turn (no_echo), and never the need.
+    words = opening.split()
+    spaced = len(words) >= 4
+    units = words if spaced else list(opening)
+    random.Random(number).shuffle(units)
+    text = (" " if spaced else "").join(units[:14])
     return {
         "thought": "they are listening", "change": 5, "reason": "it felt heard", "need_met": number >= 2,
         "end": number >= 3, "text": text,
