@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from fake_openai import FakeOpenAI, reply
+from fake_openai import Deterministic, FakeOpenAI, reply
 from typer.testing import CliRunner
 
 from personaemp.build.dialogues import (
@@ -293,6 +293,53 @@ def test_a_turn_that_never_keeps_the_rules_sends_the_dialogue_to_the_failures(tm
     assert failures[0]["dialogue_id"] == "u1-q1-d1" and failures[0]["kind"] == "simulator_rules"
     assert "no_need_leak" in failures[0]["error"] and "2 tries" in failures[0]["error"]
     assert len([r for r in server.chat_requests if step_of(r.body) == "simulate"]) == 2
+
+
+def leaks_until_told(step, body, seen):
+    """A simulated user that leaks its need unless the request says what its last reply broke:
+    a deterministic endpoint sends the same leak to the same request, whatever the sample."""
+    if step == "simulate" and "could not be used" not in text_of(body):
+        return {**good_turn(body), "text": f"I need {NEED}"}
+    return None
+
+
+def test_a_deterministic_endpoint_never_gets_the_same_simulate_request_twice(tmp_path):
+    """Before, a re-ask was the same body (only the cache key changed): a deterministic
+    endpoint gave the same leak 3 times and the dialogue was lost. Now each re-ask says what
+    the reply broke; with --seed S, sample k sends S + k."""
+    queries = write_queries(tmp_path / "queries.jsonl", [user_row("u1"), user_row("u2")])
+    output = tmp_path / "dialogues.jsonl"
+    endpoint = Deterministic(Script(bad=leaks_until_told))
+    with FakeOpenAI(responder=endpoint) as server:
+        report = generate_dialogues(queries, output, settings_for(server, tmp_path / "work", seed=7))
+    assert report.outcome.done == 2 and report.outcome.failed == 0, report.outcome.failures_by_kind
+    assert endpoint.repeats == []
+    simulated = [r.body for r in server.chat_requests if step_of(r.body) == "simulate"]
+    assert {body["seed"] for body in simulated} == {7, 8}  # the first ask and its re-ask
+    first = read_dialogues(output)[0].turns[2]
+    assert [set(r) for r in first.rejected] == [{"no_need_leak", "text", "thought"}]
+    assert first.thought == "they are listening" and first.checks["no_need_leak"] is True
+
+
+def test_retry_failed_after_a_simulator_failure_asks_again(tmp_path):
+    """The error line advises --retry-failed: it must send, not replay the rejected replies."""
+    queries = write_queries(tmp_path / "queries.jsonl", [user_row("u1")])
+    output = tmp_path / "dialogues.jsonl"
+
+    def leak(step, body, seen):
+        return {**good_turn(body), "text": f"I need {NEED}"} if step == "simulate" else None
+
+    options = DialogueOptions(turn_attempts=2)
+    with FakeOpenAI(responder=Script(bad=leak)) as server:
+        generate_dialogues(queries, output, settings_for(server, tmp_path / "work"), options=options)
+    assert rows_of(output) == [] and len(rows_of(tmp_path / "gen-dialogues.failures.jsonl")) == 1
+    with FakeOpenAI(responder=Script()) as server:
+        report = generate_dialogues(
+            queries, output, settings_for(server, tmp_path / "work"), options=options, retry_failed=True
+        )
+    assert report.outcome.done == 1, report.outcome.failures_by_kind
+    assert [step_of(r.body) for r in server.chat_requests].count("simulate") == 3  # asked, not replayed
+    assert len(rows_of(output)) == 1 and rows_of(tmp_path / "gen-dialogues.failures.jsonl") == []
 
 
 # --- the endings ----------------------------------------------------------------------------------
