@@ -291,6 +291,8 @@ def test_a_turn_that_never_keeps_the_rules_sends_the_dialogue_to_the_failures(tm
     rows, failures, server = run_one(tmp_path, Script(bad=leak), options=DialogueOptions(turn_attempts=2))
     assert rows == [] and len(failures) == 1
     assert failures[0]["dialogue_id"] == "u1-q1-d1" and failures[0]["kind"] == "simulator_rules"
+    who = ("user_id", "query_id", "supporter_model", "lost_to")
+    assert [failures[0][name] for name in who] == ["u1", "u1-q1", "fake", "simulator"]
     assert "no_need_leak" in failures[0]["error"] and "2 tries" in failures[0]["error"]
     assert len([r for r in server.chat_requests if step_of(r.body) == "simulate"]) == 2
 
@@ -331,7 +333,8 @@ def test_retry_failed_after_a_simulator_failure_asks_again(tmp_path):
 
     options = DialogueOptions(turn_attempts=2)
     with FakeOpenAI(responder=Script(bad=leak)) as server:
-        generate_dialogues(queries, output, settings_for(server, tmp_path / "work"), options=options)
+        lost = generate_dialogues(queries, output, settings_for(server, tmp_path / "work"), options=options)
+    assert lost.notes["lost"]["simulator"] == 1 and "1 to the simulator" in lost.notes["lost"]["text"]
     assert rows_of(output) == [] and len(rows_of(tmp_path / "gen-dialogues.failures.jsonl")) == 1
     with FakeOpenAI(responder=Script()) as server:
         report = generate_dialogues(
