@@ -266,3 +266,23 @@ def test_a_check_that_did_not_run_is_not_checked_in_the_table(tmp_path):
     assert report["simulator_rules_not_run"] == ["in_character", "grounded"]
     assert "in_character" not in report["simulator_rules"]
     assert "; not checked: in_character, grounded;" in write_table([tmp_path / "r.json"], None, "markdown")
+
+
+def test_met_share_leaves_out_a_need_met_that_lowered_the_emotion(tmp_path):
+    """need_met_consistent: a row from before the rule says "met" at -10; Met % does not count it."""
+    splits, dialogues = build(tmp_path, users=1)
+    row = json.loads(dialogues.read_text())
+    emotion = 40
+    for turn in row["turns"][2::2]:  # the user turns after each reply: -10, need "met" every time
+        emotion -= 10
+        turn.update(change=-10, emotion=emotion, need_met=True, checks={})
+    row.update(final_emotion=emotion, need_met_at_turn=1)
+    dialogues.write_text(json.dumps(row) + "\n")
+    with FakeOpenAI(responder=Judged()) as server:
+        _, evaluation = evaluate_dialogues(
+            splits, [dialogues], tmp_path / "r.json", settings_for(server, tmp_path / "w")
+        )
+    entry = evaluation["systems"]["policy-a"]
+    assert (
+        entry["final_emotion"] == 10 and entry["need_met_share"] == 0.0 and entry["need_met_at_turn"] is None
+    )

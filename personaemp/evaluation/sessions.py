@@ -104,6 +104,18 @@ def system_names(paths: Sequence[Path]) -> list[str]:
     return names
 
 
+def need_met_at(dialogue: Dialogue) -> int | None:
+    """The supporter turn after which the need was first met, as Met % counts it: a user turn
+    that says "met" while its emotion fell breaks need_met_consistent and never counts (a
+    kept turn cannot break it; rows from before the rule can)."""
+    number = 0
+    for turn in dialogue.turns:
+        number += turn.role == "assistant"
+        if turn.role == "user" and number and turn.need_met and (turn.change or 0) >= 0:
+            return number
+    return None
+
+
 def trajectory(dialogue: Dialogue) -> dict[str, Any]:
     """The simulated user's emotion over the dialogue, read off the record."""
     emotions = [t.emotion for t in dialogue.turns if t.role == "user" and t.emotion is not None]
@@ -111,7 +123,7 @@ def trajectory(dialogue: Dialogue) -> dict[str, Any]:
         "initial_emotion": dialogue.initial_emotion,
         "final_emotion": dialogue.final_emotion,
         "delta": dialogue.final_emotion - dialogue.initial_emotion,
-        "need_met_at_turn": dialogue.need_met_at_turn,
+        "need_met_at_turn": need_met_at(dialogue),
         "ended_by": dialogue.ended_by,
         "supporter_turns": sum(t.role == "assistant" for t in dialogue.turns),
         "emotions": emotions,
