@@ -622,7 +622,7 @@ def dialogue_parts(path: Path, files: dict[str, dict[str, Path]], staging: Path,
     rows: dict[str, list[dict]] = {split: [] for split in SPLITS}
     dialogues: list[Dialogue] = []
     seen: set[str] = set()
-    outside = 0
+    outside, left_out = 0, []
     for lineno, dialogue in iter_records(path, Dialogue, "a dialogue", "pass gen-dialogues' output"):
         if dialogue.dialogue_id in seen:
             raise InputError(f"{path}:{lineno}: dialogue {dialogue.dialogue_id} appears twice")
@@ -630,13 +630,15 @@ def dialogue_parts(path: Path, files: dict[str, dict[str, Path]], staging: Path,
         split = split_of.get(dialogue.query_id)
         if split is None:
             outside += 1
+            left_out.append(f"{dialogue.dialogue_id} (line {lineno})")
             continue
         published = dialogue.model_dump(mode="json", exclude={"provenance", "turns"})
         published["turns"] = [turn.model_dump(mode="json", include=TURN_FIELDS) for turn in dialogue.turns]
         rows[split].append(published)
         dialogues.append(dialogue)
     if outside:
-        warnings.append(f"{path}: {outside} dialogues of queries in no split were left out")
+        named = ", ".join(left_out[:5]) + (f" and {outside - 5} more" if outside > 5 else "")
+        warnings.append(f"{path}: {outside} dialogues of queries in no split were left out: {named}")
     written = {}
     for split, found in rows.items():
         if not found:
@@ -772,6 +774,7 @@ def publish(
     criteria: Path | None = None,
     criteria_asked: bool = True,
     dialogues: Path | None = None,
+    dialogues_asked: bool = False,
     force: bool = False,
     quality: Callable[[Path | None], tuple[dict[str, Any] | None, bytes | None]] | None = None,
 ) -> PublishResult:
@@ -785,7 +788,12 @@ def publish(
     `quality`: queries file -> (agreement report, plot) of the people's labels beside it
     (the review product's `card_quality`); without it the card says nobody measured the judge.
     `dialogues`: a gen-dialogues file; when it exists, a `dialogues` config (its rows in the
-    split of the random setting that holds their query) and a section of the card."""
+    split of the random setting that holds their query) and a section of the card;
+    `dialogues_asked`: it was named (not the default place), so it must exist."""
+    if dialogues_asked and dialogues is not None and not Path(dialogues).is_file():
+        raise InputError(
+            f"{dialogues}: no such dialogues file", "pass gen-dialogues' output, or leave --dialogues out"
+        )
     if (repo_id is None) == (out is None):
         raise InputError("give either --repo-id OWNER/NAME or --dry-run --out-dir DIR")
     if repo_id is not None and repo_id.count("/") != 1:
@@ -973,7 +981,8 @@ def from_options(options, console, quality=None):
             options.splits, repo_id=None if dry else options.repo_id, out=options.out_dir if dry else None,
             private=options.private, revision=options.revision, include_dialogue=options.include_dialogue,
             criteria=options.criteria, criteria_asked=not options.derived("criteria"), quality=quality,
-            dialogues=options.dialogues, force=options.force,
+            dialogues=options.dialogues, dialogues_asked=not options.derived("dialogues"),
+            force=options.force,
         )
     )  # fmt: skip
     if dry and not options.dry_run and not getattr(made.report, "unchanged_since", None):
