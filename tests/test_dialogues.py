@@ -398,3 +398,49 @@ def test_the_simulated_user_stands_on_the_cited_memories(tmp_path):
         < values["memories"].index("a-m3")
     )
     assert "shift swap" in values["profile"], "their own messages, for their voice"
+
+
+# --- the rules that need no LLM, one by one -------------------------------------------------------------
+
+
+def test_a_number_the_supporter_asked_for_is_allowed():
+    from personaemp.instruments.simulator_rules import SUPPORTER, check_turn
+
+    def rule(text, supporter):
+        found = check_turn(text, language="en", hidden_need=NEED, ends=False, supporter_turn=2,
+                           echoes={SUPPORTER: supporter})  # fmt: skip
+        return found["no_emotion_number"][0]
+
+    answer = "Maybe a 4 out of 10, honestly."
+    assert rule(answer, "On a scale of 1 to 10, how heavy does it feel right now?")
+    assert rule(answer, "How would you rate your stress today?")
+    assert not rule(answer, "That sounds exhausting. What part weighs on you most?"), "unprompted: refused"
+    assert not rule("My mood is 35 today.", SUPPORTER)
+
+
+def test_the_hidden_need_is_written_in_the_users_language(tmp_path):
+    """so no_need_leak can compare it with what a user who does not write English writes."""
+    queries = write_queries(tmp_path / "queries.jsonl", [user_row("u1", language="de")])
+    units = read_units(queries)
+    from personaemp.instruments.simulator import build_need_messages
+
+    messages = build_need_messages(SimulatedUser.of_unit(units[0]), load_prompt("dialogue_need"))
+    text = "\n".join(m["content"] for m in messages)
+    assert "one or two sentences, in German, in the third person" in text and "in English" not in text
+
+
+def test_a_hidden_need_that_copies_the_prompts_example_is_asked_again(tmp_path):
+    from personaemp.instruments.simulator import NEED_EXAMPLE
+
+    prompt = " ".join(load_prompt("dialogue_need").user.template.split())
+    assert f'("{NEED_EXAMPLE}",' in prompt, "the example the rule compares with is the prompt's"
+
+    def copy_example(step, body, seen):
+        if step == "hidden_need" and "could not be used" not in text_of(body):
+            return {"need": NEED_EXAMPLE}
+        return None
+
+    rows, failures, server = run_one(tmp_path, Script(bad=copy_example))
+    assert failures == [] and rows[0]["hidden_need"] == NEED
+    needs = [text_of(r.body) for r in server.chat_requests if step_of(r.body) == "hidden_need"]
+    assert len(needs) == 2 and "the prompt's example" in needs[1]
