@@ -118,9 +118,9 @@ def varied_user(step: str, body: dict, seen: int) -> dict | None:
     return {**turn, "change": int(digest[:4], 16) % 11 - 5}
 
 
-def session_reward(completions, session_reward, **kwargs) -> list[float]:
+def session_reward(completions, session_reward, **kwargs) -> list[float | None]:
     """The reward function: the session reward rollout_func returned beside each completion."""
-    return [float(r) for r in session_reward]
+    return [None if r is None else float(r) for r in session_reward]  # None: simulator failed
 
 
 def main(argv: list[str] | None = None) -> int:

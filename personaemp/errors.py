@@ -57,6 +57,7 @@ class UnitError(PersonaempError):
     def __init__(self, kind: str, message: str, raw: str | None = None, attempts: int = 0):
         super().__init__(message)
         self.kind, self.raw, self.attempts = kind, raw, attempts
+        self.fields: dict[str, str] = {}  # the stage's own columns of the failures row
 
 
 def first_problem(exc) -> str:

@@ -1048,6 +1048,13 @@ class EvaluateOptions(Section):
         ),
     ] = []
     per_turn: Annotated[bool, Opt("With --dialogues: PERM for each supporter turn too.")] = False
+    all_dialogues: Annotated[
+        bool,
+        Opt(
+            "With --dialogues: score each system on all of its own dialogues, not only the "
+            "queries every system has one for (the table says: not comparable)."
+        ),
+    ] = False
     criteria: Annotated[
         Path,
         Opt(

@@ -238,25 +238,37 @@ class Response(Record):
 # --- gen-dialogues -------------------------------------------------------------------
 
 ENDINGS = ("max_turns", "user", "satisfied", "gave_up")  # a dialogue's ended_by
+EMOTION_MAX = 100  # a simulated emotion is 0..EMOTION_MAX
+MAX_CHANGE = 10  # a turn moves the emotion by at most this much either way (SAGE's clamp)
+REJECTED_KEYS = ("text", "thought")  # a rejected entry's reserved keys beside its failed rules
 
 
 class DialogueTurn(Record):
-    """One turn; emotion, change, reason and need_met are the simulated user's inner state
-    after reading the supporter (user turns only; the opening turn has the initial emotion)."""
+    """One turn; emotion, change, reason, need_met and thought are the simulated user's inner
+    state after reading the supporter (user turns only; the opening turn has the initial emotion)."""
 
     role: Literal["user", "assistant"]
     text: str
     emotion: int | None = None  # 0-100
-    change: int | None = None  # clamped to the step bound (build/dialogues.py MAX_CHANGE)
+    change: int | None = None  # clamped to the step bound (MAX_CHANGE)
     reason: str | None = None
     need_met: bool | None = None
-    thought: str | None = None  # the simulated user's inner thought
-    checks: dict[str, bool] | None = None  # the simulator's rules on the reply kept (user turns it wrote)
-    rejected: list[dict[str, str]] = []  # replies asked again, each: rule -> why it failed
+    thought: str | None = None  # the simulated user's inner thought, never shown (as SAGE keeps it)
+    # The checks that ran on the reply kept (user turns the simulator wrote): a check that did
+    # not run (the LLM's under --no-character-check) is absent, never True.
+    checks: dict[str, bool] | None = None
+    # Replies asked again, each: failed rule -> why, plus "text" (the reply) and "thought".
+    rejected: list[dict[str, str]] = []
+
+
+def _invalid(message: str):
+    return PydanticCustomError("dialogue_invalid", message)
 
 
 class Dialogue(Record):
-    """A gen-dialogues row (DESIGN.md "Dialogue"): the field names are a published contract."""
+    """A gen-dialogues row (DESIGN.md "Dialogue"): the field names are a published contract.
+    Its invariants are checked here, so every reader (personaemp.io.iter_records) refuses a row
+    that cannot be true."""
 
     dialogue_id: str
     user_id: str
@@ -275,3 +287,43 @@ class Dialogue(Record):
     context: str  # what the supporter saw besides the conversation (respond's --context)
     turns: list[DialogueTurn]
     provenance: Provenance  # the simulator's (its prompts' hashes, the supporter's prompt too)
+
+    def supporter_turns(self) -> int:
+        return sum(t.role == "assistant" for t in self.turns)
+
+    @model_validator(mode="after")
+    def _can_be_true(self) -> Dialogue:
+        for name in ("initial_emotion", "final_emotion"):
+            if not 0 <= getattr(self, name) <= EMOTION_MAX:
+                raise _invalid(f"{name} {getattr(self, name)} is outside 0-{EMOTION_MAX}")
+        if not self.turns:
+            raise _invalid("turns is empty: a dialogue opens with the user's message")
+        emotion = None
+        for number, turn in enumerate(self.turns, 1):
+            expected = "user" if number % 2 else "assistant"
+            if turn.role != expected:
+                raise _invalid(f"turn {number} is the {turn.role}'s: turns alternate, the user's first")
+            if not turn.text.strip():
+                raise _invalid(f"turn {number} has no text")
+            if turn.role == "assistant":
+                continue
+            if turn.emotion is None:
+                raise _invalid(f"user turn {number} has no emotion")
+            if not 0 <= turn.emotion <= EMOTION_MAX:
+                raise _invalid(f"turn {number}'s emotion {turn.emotion} is outside 0-{EMOTION_MAX}")
+            if turn.change is not None and abs(turn.change) > MAX_CHANGE:
+                raise _invalid(f"turn {number}'s change {turn.change} is beyond ±{MAX_CHANGE}")
+            if emotion is None:
+                if turn.emotion != self.initial_emotion:
+                    raise _invalid(f"the opening turn's emotion {turn.emotion} is not {self.initial_emotion}")
+            elif turn.change is not None and turn.emotion != max(0, min(EMOTION_MAX, emotion + turn.change)):
+                raise _invalid(f"turn {number}'s emotion {turn.emotion} is not {emotion} {turn.change:+d}")
+            emotion = turn.emotion
+        if self.final_emotion != emotion:
+            raise _invalid(f"final_emotion {self.final_emotion} is not the last user turn's {emotion}")
+        supporter = self.supporter_turns()
+        if self.need_met_at_turn is not None and not 1 <= self.need_met_at_turn <= supporter:
+            raise _invalid(
+                f"need_met_at_turn {self.need_met_at_turn} is beyond its {supporter} supporter turns"
+            )
+        return self

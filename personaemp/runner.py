@@ -196,6 +196,7 @@ class StageRun:
                     self.failures,
                     {
                         self.key: unit[self.key],
+                        **getattr(error, "fields", {}),
                         "kind": error.kind,
                         "error": redact(str(error)),
                         "raw": excerpt(redact(error.raw)),

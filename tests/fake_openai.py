@@ -126,6 +126,7 @@ __all__ = [
     "REASONING",
     "Action",
     "FakeOpenAI",
+    "Deterministic",
     "Recorded",
     "drop",
     "empty",
@@ -201,6 +202,29 @@ class Action:
     seconds: float = 0.0
     cut: bool = False  # truncate the generated content to half its length
     interval: float = 0.0  # trickle: seconds between two bytes of the body
+
+
+class Deterministic:
+    """A responder that answers as a deterministic endpoint does (temperature 0, a fixed seed,
+    vLLM with a seed): the same body, the same reply, whatever `responder` would say the
+    second time. ``repeats`` lists the bodies that came more than once (sorted JSON), so a
+    test can prove a client never asks the same thing twice in a run and hopes for news."""
+
+    def __init__(self, responder: Callable[[dict, int], Any]):
+        self.responder = responder
+        self.answers: dict[str, Any] = {}
+        self.repeats: list[str] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, body: dict, number: int):
+        canonical = json.dumps(body, sort_keys=True, ensure_ascii=False)
+        with self.lock:
+            if canonical in self.answers:
+                self.repeats.append(canonical)
+                return self.answers[canonical]
+        answer = self.responder(body, number)
+        with self.lock:
+            return self.answers.setdefault(canonical, answer)
 
 
 def reply(content: str | dict | list, finish_reason: str = "stop", usage: dict | None = None) -> Action:

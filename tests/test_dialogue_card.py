@@ -41,7 +41,7 @@ def test_the_card_says_what_happened_to_the_dialogues(tmp_path, sample_build):
     assert "the hidden needs and every simulated user turn" in section and "`sim-model`" in section
     assert "Dialogues per language: en 2, zh 1." in section
     assert "ended by: max_turns 3" in section
-    assert "2 of 5 lost to the simulator" in section
+    assert "2 of 5 not finished, 2 of them lost to the simulator" in section
     assert "| `policy-b` | 3 | 2 | simulator_rules 2 |" in section
     # 9 simulated turns, 2 of them with a reply asked again: 11 replies judged; the LLM check
     # did not run on the 3 turns of the --no-character-check dialogue

@@ -72,7 +72,8 @@ def test_the_card_counts_each_rules_pass_rate_over_every_reply_checked(tmp_path,
     splits = processed / "splits"
 
     def leak_once(step, body, seen):
-        if step == "simulate" and seen == 0 and "reply number 2." in json.dumps(body):
+        asked = json.dumps(body)  # the first ask, not the re-ask that carries the verdict
+        if step == "simulate" and "could not be used" not in asked and "reply number 2." in asked:
             return {"thought": "t", "change": 1, "reason": "r", "need_met": False, "end": False,
                     "text": f"Honestly what I need is {NEED}"}  # fmt: skip
         return None

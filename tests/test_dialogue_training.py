@@ -126,7 +126,7 @@ def test_both_mixes_the_final_emotion_with_peregrm_over_the_dialogue(tmp_path):
     assert second[2] == score == pytest.approx(0.5 * 0.5 + 0.5 * 0.8)
 
 
-def test_a_simulator_that_keeps_breaking_its_rules_ends_the_session(tmp_path):
+def test_a_simulator_that_keeps_breaking_its_rules_ends_the_session_with_no_reward(tmp_path):
     kwargs = exported(tmp_path)[0]["extra_info"]["interaction_kwargs"]
     leak = {"thought": "t", "change": 3, "reason": "r", "need_met": False, "end": False,
             "text": f"What I need is {NEED}"}  # fmt: skip
@@ -134,8 +134,9 @@ def test_a_simulator_that_keeps_breaking_its_rules_ends_the_session(tmp_path):
     with FakeOpenAI(responder=script) as server:
         agent = SimulatedUserInteraction({"turn_attempts": 2}, settings=settings_for(server, tmp_path / "w"))
         (terminate, text, turn_score, extra), score = drive(agent, kwargs, [REPLY])
-    assert terminate and text == "" and extra["ended_by"] == "simulator_failed"
-    assert turn_score == score == 0.4, "the emotion it had: the opening's"
+    assert terminate and text == "" and extra["ended_by"] == "simulator_failed" and extra["simulator_failed"]
+    # the simulator failed, not the policy: no reward (before: 0.4, the emotion it had)
+    assert turn_score is None and score is None
     assert agent.counts["simulator_failures"] == 1
 
 
@@ -151,6 +152,40 @@ def test_one_engine_per_process_and_bad_config(tmp_path):
         InteractionOptions.of({"turns": 3})
     with pytest.raises(InputError, match=r"interaction_kwargs: no simulated user"):
         asyncio.run(SimulatedUserInteraction({}, settings=settings).start_interaction("x", name="personaemp"))
+
+
+def test_the_options_read_as_the_config_does_and_bad_calls_name_what_is_wrong(tmp_path):
+    assert InteractionOptions.of({"max_turns": "4", "character_check": "no"}) == InteractionOptions(
+        max_turns=4, character_check=False
+    )
+    assert InteractionOptions.of({"weight": "0.25", "character_check": "yes"}).weight == 0.25
+    for config, wrong in [
+        ({"max_turns": "four"}, "max_turns takes int, not 'four'"),
+        ({"character_check": "maybe"}, "character_check takes bool, not 'maybe'"),
+        ({"max_turns": True}, "max_turns takes int, not True"),
+        ({"session_reward": 3}, "session_reward takes str, not 3"),
+    ]:
+        with pytest.raises(InputError, match=re.escape(wrong)):
+            InteractionOptions.of(config)
+    kwargs = exported(tmp_path)[0]["extra_info"]["interaction_kwargs"]
+    with FakeOpenAI(responder=Script()) as server:
+        agent = SimulatedUserInteraction({}, settings=settings_for(server, tmp_path / "w"))
+
+        async def calls():
+            with pytest.raises(InputError, match="no session 'nope'"):
+                await agent.generate_response("nope", [{"role": "assistant", "content": "hi"}])
+            with pytest.raises(InputError, match="no session 'nope'"):
+                await agent.calculate_score("nope")
+            user = {k: v for k, v in kwargs["user"].items() if k != "memories"}
+            with pytest.raises(InputError, match="the simulated user has no memories"):
+                await agent.start_interaction("x", **{**kwargs, "user": user})
+            instance = await agent.start_interaction("y", **kwargs)
+            for empty in ([{"role": "assistant", "content": "  "}], [{"role": "user", "content": "hi"}]):
+                with pytest.raises(InputError, match="no supporter message to answer"):
+                    await agent.generate_response(instance, empty)
+
+        asyncio.run(calls())
+        assert [step_of(r.body) for r in server.chat_requests] == ["hidden_need"], "nothing simulated"
 
 
 def test_the_documented_yaml_names_a_class_verl_can_load(tmp_path):

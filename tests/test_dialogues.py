@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import re
 import threading
 from pathlib import Path
 
 import pytest
-from fake_openai import FakeOpenAI, reply
+from fake_openai import Deterministic, FakeOpenAI, reply
 from typer.testing import CliRunner
 
 from personaemp.build.dialogues import (
@@ -101,8 +102,13 @@ def good_turn(body: dict) -> dict:
     """A cooperative user: +5 a turn, need met from the second reply, leaves after the third."""
     number = int(REPLY_NUMBER.search(text_of(body)).group(1))
     opening = FENCED_QUERY.search(text_of(body)).group(1)
+    # Their own words (so in their language), shuffled anew each turn: no run of them repeats
+    # the opening or an earlier turn (no_echo), and never the need.
     words = opening.split()
-    text = " ".join(words[: 8 + number])  # their own words: in their language, never the need
+    spaced = len(words) >= 4
+    units = words if spaced else list(opening)
+    random.Random(number).shuffle(units)
+    text = (" " if spaced else "").join(units[:14])
     return {
         "thought": "they are listening", "change": 5, "reason": "it felt heard", "need_met": number >= 2,
         "end": number >= 3, "text": text,
@@ -222,7 +228,8 @@ def breaks_once(step_name: str, bad):
     """The simulated turn after the supporter's first reply breaks a rule the first time it is asked."""
 
     def pick(step, body, seen):
-        if step == step_name and seen == 0 and REPLY_NUMBER.search(text_of(body)).group(1) == "1":
+        first = step != "simulate" or "could not be used" not in text_of(body)  # not a re-ask
+        if step == step_name and first and seen == 0 and REPLY_NUMBER.search(text_of(body)).group(1) == "1":
             return bad(body)
         return None
 
@@ -238,17 +245,25 @@ def breaks_once(step_name: str, bad):
         ("no_emotion_number", lambda body: {**good_turn(body), "text": "Okay. My emotion score is 45 now."}),
         ("no_early_end", lambda body: {**good_turn(body), "end": True, "text": "Thanks, bye."}),
         ("length_ok", lambda body: {**good_turn(body), "text": "I am so tired of all this. " * 40}),
+        ("no_echo", lambda body: {**good_turn(body), "text": f"You said: {SUPPORTER}"}),
+        ("no_echo", lambda body: {**good_turn(body), "text":
+            "Is it wrong that I just want to stay home? Is it wrong that I just want to stay home?"}),
+        ("no_echo", lambda body: {**good_turn(body), "text":
+            "Never speak as an assistant, never mention being simulated, a role or a score."}),
+        ("need_met_consistent", lambda body: {**good_turn(body), "change": -6, "need_met": True}),
     ],
 )  # fmt: skip
 def test_each_rule_catches_the_turn_that_breaks_it_and_asks_again(tmp_path, rule, bad):
     rows, failures, server = run_one(tmp_path, Script(bad=breaks_once("simulate", bad)))
     assert failures == [] and len(rows) == 1
     first = rows[0]["turns"][2]
-    assert [set(r) for r in first["rejected"]] == [{rule}], first["rejected"]
+    assert [set(r) for r in first["rejected"]] == [{rule, "text", "thought"}], first["rejected"]
+    assert first["rejected"][0]["thought"] == "they are listening" and first["rejected"][0]["text"]
     assert first["checks"][rule] is True, "the reply kept passes it"
-    # asked again as a new sample: the same request sent twice
-    simulated = [r.body["messages"] for r in server.chat_requests if step_of(r.body) == "simulate"]
-    assert len(simulated) == 4 and simulated[0] == simulated[1]
+    # asked again as a new request that says what the last reply broke
+    simulated = [text_of(r.body) for r in server.chat_requests if step_of(r.body) == "simulate"]
+    assert len(simulated) == 4 and simulated[0] != simulated[1]
+    assert rule in simulated[1] and first["rejected"][0]["text"][:40] in simulated[1]
 
 
 def test_the_llm_check_catches_a_turn_out_of_character(tmp_path):
@@ -257,7 +272,7 @@ def test_the_llm_check_catches_a_turn_out_of_character(tmp_path):
     rows, failures, _ = run_one(tmp_path, Script(bad=breaks_once("simulate", out), judge=judge))
     assert failures == []
     first = rows[0]["turns"][2]
-    assert [set(r) for r in first["rejected"]] == [{"in_character"}]
+    assert [set(r) for r in first["rejected"]] == [{"in_character", "text", "thought"}]
     assert "As an AI" not in first["text"] and first["checks"]["in_character"] is True
 
 
@@ -266,7 +281,7 @@ def test_an_invented_fact_the_llm_check_flags_is_asked_again(tmp_path):
     judge = lambda body: (True, "husband" not in text_of(body).split("newest message")[-1])  # noqa: E731
     rows, failures, _ = run_one(tmp_path, Script(bad=breaks_once("simulate", made_up), judge=judge))
     assert failures == []
-    assert [set(r) for r in rows[0]["turns"][2]["rejected"]] == [{"grounded"}]
+    assert [set(r) for r in rows[0]["turns"][2]["rejected"]] == [{"grounded", "text", "thought"}]
 
 
 def test_a_turn_that_never_keeps_the_rules_sends_the_dialogue_to_the_failures(tmp_path):
@@ -276,8 +291,58 @@ def test_a_turn_that_never_keeps_the_rules_sends_the_dialogue_to_the_failures(tm
     rows, failures, server = run_one(tmp_path, Script(bad=leak), options=DialogueOptions(turn_attempts=2))
     assert rows == [] and len(failures) == 1
     assert failures[0]["dialogue_id"] == "u1-q1-d1" and failures[0]["kind"] == "simulator_rules"
+    who = ("user_id", "query_id", "supporter_model", "lost_to")
+    assert [failures[0][name] for name in who] == ["u1", "u1-q1", "fake", "simulator"]
     assert "no_need_leak" in failures[0]["error"] and "2 tries" in failures[0]["error"]
     assert len([r for r in server.chat_requests if step_of(r.body) == "simulate"]) == 2
+
+
+def leaks_until_told(step, body, seen):
+    """A simulated user that leaks its need unless the request says what its last reply broke:
+    a deterministic endpoint sends the same leak to the same request, whatever the sample."""
+    if step == "simulate" and "could not be used" not in text_of(body):
+        return {**good_turn(body), "text": f"I need {NEED}"}
+    return None
+
+
+def test_a_deterministic_endpoint_never_gets_the_same_simulate_request_twice(tmp_path):
+    """Before, a re-ask was the same body (only the cache key changed): a deterministic
+    endpoint gave the same leak 3 times and the dialogue was lost. Now each re-ask says what
+    the reply broke; with --seed S, sample k sends S + k."""
+    queries = write_queries(tmp_path / "queries.jsonl", [user_row("u1"), user_row("u2")])
+    output = tmp_path / "dialogues.jsonl"
+    endpoint = Deterministic(Script(bad=leaks_until_told))
+    with FakeOpenAI(responder=endpoint) as server:
+        report = generate_dialogues(queries, output, settings_for(server, tmp_path / "work", seed=7))
+    assert report.outcome.done == 2 and report.outcome.failed == 0, report.outcome.failures_by_kind
+    assert endpoint.repeats == []
+    simulated = [r.body for r in server.chat_requests if step_of(r.body) == "simulate"]
+    assert {body["seed"] for body in simulated} == {7, 8}  # the first ask and its re-ask
+    first = read_dialogues(output)[0].turns[2]
+    assert [set(r) for r in first.rejected] == [{"no_need_leak", "text", "thought"}]
+    assert first.thought == "they are listening" and first.checks["no_need_leak"] is True
+
+
+def test_retry_failed_after_a_simulator_failure_asks_again(tmp_path):
+    """The error line advises --retry-failed: it must send, not replay the rejected replies."""
+    queries = write_queries(tmp_path / "queries.jsonl", [user_row("u1")])
+    output = tmp_path / "dialogues.jsonl"
+
+    def leak(step, body, seen):
+        return {**good_turn(body), "text": f"I need {NEED}"} if step == "simulate" else None
+
+    options = DialogueOptions(turn_attempts=2)
+    with FakeOpenAI(responder=Script(bad=leak)) as server:
+        lost = generate_dialogues(queries, output, settings_for(server, tmp_path / "work"), options=options)
+    assert lost.notes["lost"]["simulator"] == 1 and "1 to the simulator" in lost.notes["lost"]["text"]
+    assert rows_of(output) == [] and len(rows_of(tmp_path / "gen-dialogues.failures.jsonl")) == 1
+    with FakeOpenAI(responder=Script()) as server:
+        report = generate_dialogues(
+            queries, output, settings_for(server, tmp_path / "work"), options=options, retry_failed=True
+        )
+    assert report.outcome.done == 1, report.outcome.failures_by_kind
+    assert [step_of(r.body) for r in server.chat_requests].count("simulate") == 3  # asked, not replayed
+    assert len(rows_of(output)) == 1 and rows_of(tmp_path / "gen-dialogues.failures.jsonl") == []
 
 
 # --- the endings ----------------------------------------------------------------------------------
@@ -289,7 +354,7 @@ def test_a_turn_that_never_keeps_the_rules_sends_the_dialogue_to_the_failures(tm
 def test_the_emotion_bounds_and_max_turns_end_a_dialogue(tmp_path, change, ended_by, final):
     def steady(step, body, seen):
         if step == "simulate":
-            return {**good_turn(body), "end": False, "change": change}
+            return {**good_turn(body), "end": False, "change": change, "need_met": change > 0}
         return None
 
     # from 40: +10 reaches 100 on turn 6; -10 goes below 10 on turn 4; +1 stops at max_turns
@@ -333,3 +398,49 @@ def test_the_simulated_user_stands_on_the_cited_memories(tmp_path):
         < values["memories"].index("a-m3")
     )
     assert "shift swap" in values["profile"], "their own messages, for their voice"
+
+
+# --- the rules that need no LLM, one by one -------------------------------------------------------------
+
+
+def test_a_number_the_supporter_asked_for_is_allowed():
+    from personaemp.instruments.simulator_rules import SUPPORTER, check_turn
+
+    def rule(text, supporter):
+        found = check_turn(text, language="en", hidden_need=NEED, ends=False, supporter_turn=2,
+                           echoes={SUPPORTER: supporter})  # fmt: skip
+        return found["no_emotion_number"][0]
+
+    answer = "Maybe a 4 out of 10, honestly."
+    assert rule(answer, "On a scale of 1 to 10, how heavy does it feel right now?")
+    assert rule(answer, "How would you rate your stress today?")
+    assert not rule(answer, "That sounds exhausting. What part weighs on you most?"), "unprompted: refused"
+    assert not rule("My mood is 35 today.", SUPPORTER)
+
+
+def test_the_hidden_need_is_written_in_the_users_language(tmp_path):
+    """so no_need_leak can compare it with what a user who does not write English writes."""
+    queries = write_queries(tmp_path / "queries.jsonl", [user_row("u1", language="de")])
+    units = read_units(queries)
+    from personaemp.instruments.simulator import build_need_messages
+
+    messages = build_need_messages(SimulatedUser.of_unit(units[0]), load_prompt("dialogue_need"))
+    text = "\n".join(m["content"] for m in messages)
+    assert "one or two sentences, in German, in the third person" in text and "in English" not in text
+
+
+def test_a_hidden_need_that_copies_the_prompts_example_is_asked_again(tmp_path):
+    from personaemp.instruments.simulator import NEED_EXAMPLE
+
+    prompt = " ".join(load_prompt("dialogue_need").user.template.split())
+    assert f'("{NEED_EXAMPLE}",' in prompt, "the example the rule compares with is the prompt's"
+
+    def copy_example(step, body, seen):
+        if step == "hidden_need" and "could not be used" not in text_of(body):
+            return {"need": NEED_EXAMPLE}
+        return None
+
+    rows, failures, server = run_one(tmp_path, Script(bad=copy_example))
+    assert failures == [] and rows[0]["hidden_need"] == NEED
+    needs = [text_of(r.body) for r in server.chat_requests if step_of(r.body) == "hidden_need"]
+    assert len(needs) == 2 and "the prompt's example" in needs[1]

@@ -529,7 +529,7 @@ def test_weights_sum_to_exactly_100_and_bad_criteria_rows_are_one_line(workspace
         )
 
 
-def test_dynamic_counts_an_unreadable_sample_and_refuses_a_fixed_seed(workspace):
+def test_dynamic_counts_an_unreadable_sample_and_sends_a_seed_per_sample(workspace):
     full = write_jsonl(workspace / "full.jsonl", [{"query_id": q, "response": f"r {q}"} for q in SCORES])
 
     seen = []
@@ -543,12 +543,15 @@ def test_dynamic_counts_an_unreadable_sample_and_refuses_a_fixed_seed(workspace)
                 return invalid_json_content()
         return judge(body, n)
 
+    with FakeOpenAI(responder=judge) as seeded:  # --seed 3, @2: sample k sends seed 3 + k
+        evaluate(workspace / "splits", [full], workspace / "seeded.json",
+                 LLMSettings(base_urls=[seeded.base_url], model="m", seed=3, work_dir=workspace / "w",
+                             steps={"judge_dynamic": {"temperature": 0.7}}),
+                 options=JudgeOptions(dynamic=True, samples=2), console=QUIET)  # fmt: skip
+    bodies = [json.dumps(r.body, sort_keys=True) for r in seeded.chat_requests]
+    assert {r.body["seed"] for r in seeded.chat_requests} == {3, 4}
+    assert len(bodies) == len(set(bodies)) == 2 * 3 * len(SCORES), "no request body twice"
     with FakeOpenAI(responder=once_unreadable) as server:
-        with pytest.raises(InputError, match="identical requests"):
-            evaluate(workspace / "splits", [full], workspace / "r.json",
-                     LLMSettings(base_urls=[server.base_url], model="m", seed=3, work_dir=workspace / "w",
-                                 steps={"judge_dynamic": {"temperature": 0.7}}),
-                     options=JudgeOptions(dynamic=True, samples=2), console=QUIET)  # fmt: skip
         _, evaluation = evaluate(
             workspace / "splits", [full], workspace / "r.json",
             settings(server, workspace, judge_dynamic={"temperature": 0.7}),

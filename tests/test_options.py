@@ -332,6 +332,7 @@ def cli_args(section: str, values: dict[str, Any]) -> list[str]:
 def test_run_with_the_default_toml_calls_the_stages_as_the_commands_do(calls, tmp_path):
     defaults = RunOptions().model_dump()
     del defaults["push"]["criteria"]  # a file named is one push must publish (criteria_asked)
+    del defaults["push"]["dialogues"]  # ... and must exist (dialogues_asked)
     config = tmp_path / "defaults.toml"
     config.write_text(toml_text(defaults), encoding="utf-8")
     assert load_config(config) == RunOptions()
@@ -490,6 +491,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "responses": ["a.jsonl", "b.jsonl"],
         "dialogues": ["d1.jsonl"],
         "per_turn": True,
+        "all_dialogues": True,
         "criteria": "e/criteria.jsonl",
         "judge_model": "judge",
         "judges": [
@@ -642,7 +644,7 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
         (Path("s/out"),),
         {"repo_id": "me/data", "out": None, "private": True, "revision": "dev", "include_dialogue": True,
          "criteria": Path("c/crit.jsonl"), "criteria_asked": True, "dialogues": Path("s/dialogues.jsonl"),
-         "force": True},
+         "dialogues_asked": True, "force": True},
     )  # fmt: skip
 
 
@@ -692,7 +694,8 @@ def test_push_dry_run_without_out_goes_to_the_processed_dataset_folder(calls):
         (Path("data/processed/splits"),),
         {"repo_id": None, "out": Path("data/processed/dataset"), "private": False, "revision": None,
          "include_dialogue": False, "criteria": Path("data/processed/criteria.jsonl"),
-         "criteria_asked": False, "dialogues": Path("data/processed/dialogues.jsonl"), "force": False},
+         "criteria_asked": False, "dialogues": Path("data/processed/dialogues.jsonl"),
+         "dialogues_asked": False, "force": False},
     )  # fmt: skip
 
 
@@ -895,7 +898,8 @@ def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(mon
     stub_results(monkeypatch)
     config = tmp_path / "bench.toml"
     # --dialogues is evaluate's other evaluation (evaluation/sessions.py, tests/test_sessions.py)
-    single = {k: v for k, v in NON_DEFAULT["evaluate"].items() if k not in ("dialogues", "per_turn")}
+    dialogue_only = ("dialogues", "per_turn", "all_dialogues")
+    single = {k: v for k, v in NON_DEFAULT["evaluate"].items() if k not in dialogue_only}
     sections = {"criteria": NON_DEFAULT["criteria"], "respond": NON_DEFAULT["respond"], "evaluate": single}
     config.write_text(toml_text(sections), encoding="utf-8")
     for command in ("criteria", "respond", "evaluate"):

@@ -14,7 +14,7 @@ from fake_openai import PROFILES, FakeOpenAI, reply
 from test_dialogues import NEED, Script, rows_of, settings_for, step_of, text_of, user_row, write_queries
 from typer.testing import CliRunner
 
-from personaemp.build.dialogues import generate_dialogues
+from personaemp.build.dialogues import DialogueOptions, generate_dialogues
 from personaemp.cli import app
 from personaemp.errors import InputError
 from personaemp.evaluation.sessions import evaluate_dialogues
@@ -211,3 +211,78 @@ def test_the_table_refuses_to_mix_single_turn_and_dialogue_reports(tmp_path):
     sessions = {"kind": "dialogues", "split": "ood", "systems": {"a": {"n": 1}}}
     with pytest.raises(InputError, match="mix single-turn and dialogue evaluations"):
         render([single, sessions])
+
+
+# --- like with like -----------------------------------------------------------------------------------
+
+
+def test_two_supporters_are_scored_on_the_same_dialogues_and_the_left_out_are_named(tmp_path):
+    splits, dialogues = build(tmp_path)
+    rows = [json.loads(line) for line in dialogues.read_text().splitlines()]
+    other = rows[0] | {"query_id": "zz-q1", "dialogue_id": "zz-q1-d1"}  # a query outside the split
+    dialogues.write_text("".join(json.dumps(r) + "\n" for r in [*rows, other]))
+    second = tmp_path / "policy-b.jsonl"  # lost u1's dialogue
+    second.write_text(json.dumps(rows[0] | {"supporter_model": "b"}) + "\n")
+    with FakeOpenAI(responder=Judged(score=4.0)) as server:
+        _, evaluation = evaluate_dialogues(
+            splits, [dialogues, second], tmp_path / "r.json", settings_for(server, tmp_path / "work")
+        )
+        _, every = evaluate_dialogues(
+            splits, [dialogues, second], tmp_path / "all.json", settings_for(server, tmp_path / "work"),
+            all_dialogues=True,
+        )  # fmt: skip
+    a, b = evaluation["systems"]["policy-a"], evaluation["systems"]["policy-b"]
+    assert a["n"] == b["n"] == 1 and evaluation["comparable"] is True
+    assert [(d["dialogue_id"], d["reason"]) for d in a["left_out"]] == [
+        ("zz-q1-d1", "its query is not in the random test split"),
+        ("u1-q1-d1", "not every system has it (policy-b: no dialogue in its file)"),
+    ]
+    assert b["left_out"] == []
+    assert every["systems"]["policy-a"]["n"] == 2 and every["systems"]["policy-b"]["n"] == 1
+    assert every["comparable"] is False
+    table = write_table([tmp_path / "r.json"], None, "markdown")
+    assert (
+        "| policy-a | 55.00 | 100.00 | 0.80 | 1 |" in table
+        and "| policy-b | 55.00 | 100.00 | 0.80 | 1 |" in table
+    )
+    assert "policy-a left out u1-q1-d1: not every system has it (policy-b: no dialogue in its file)." in table
+    assert "NOT COMPARABLE" not in table
+    assert "NOT COMPARABLE" in write_table([tmp_path / "all.json"], None, "markdown")
+
+
+def test_a_check_that_did_not_run_is_not_checked_in_the_table(tmp_path):
+    splits = tmp_path / "splits"
+    (splits / "random").mkdir(parents=True)
+    test = write_queries(splits / "random" / "test.jsonl", [user_row("u0")])
+    dialogues = tmp_path / "policy-a.jsonl"
+    with FakeOpenAI(responder=Judged()) as server:
+        generate_dialogues(
+            test, dialogues, settings_for(server, tmp_path / "gen"),
+            options=DialogueOptions(character_check=False),
+        )  # fmt: skip
+        assert all("in_character" not in (t["checks"] or {}) for t in rows_of(dialogues)[0]["turns"])
+        evaluate_dialogues(splits, [dialogues], tmp_path / "r.json", settings_for(server, tmp_path / "work"))
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["simulator_rules_not_run"] == ["in_character", "grounded"]
+    assert "in_character" not in report["simulator_rules"]
+    assert "; not checked: in_character, grounded;" in write_table([tmp_path / "r.json"], None, "markdown")
+
+
+def test_met_share_leaves_out_a_need_met_that_lowered_the_emotion(tmp_path):
+    """need_met_consistent: a row from before the rule says "met" at -10; Met % does not count it."""
+    splits, dialogues = build(tmp_path, users=1)
+    row = json.loads(dialogues.read_text())
+    emotion = 40
+    for turn in row["turns"][2::2]:  # the user turns after each reply: -10, need "met" every time
+        emotion -= 10
+        turn.update(change=-10, emotion=emotion, need_met=True, checks={})
+    row.update(final_emotion=emotion, need_met_at_turn=1)
+    dialogues.write_text(json.dumps(row) + "\n")
+    with FakeOpenAI(responder=Judged()) as server:
+        _, evaluation = evaluate_dialogues(
+            splits, [dialogues], tmp_path / "r.json", settings_for(server, tmp_path / "w")
+        )
+    entry = evaluation["systems"]["policy-a"]
+    assert (
+        entry["final_emotion"] == 10 and entry["need_met_share"] == 0.0 and entry["need_met_at_turn"] is None
+    )

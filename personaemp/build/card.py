@@ -473,6 +473,7 @@ def dialogues_section(found: dict[str, Any], figures: list[str] | None = None) -
     simulators = ", ".join(f"`{m}`" for m in found["simulator_models"])
     published = sum(found["rows"].values())
     lost = sum(entry["lost"] for entry in supporters.values())
+    by_simulator = sum(entry.get("by_simulator", 0) for entry in supporters.values())
     out = [
         "## Dialogues (config `dialogues`)",
         "",
@@ -497,9 +498,9 @@ def dialogues_section(found: dict[str, Any], figures: list[str] | None = None) -
     ]
     if supporter_rows:
         out += [
-            f"- Dialogues kept and lost per supporter ({lost} of {published + lost} lost to the "
-            "simulator: it broke its rules on every try, so the dialogue was not finished; a lost "
-            "dialogue is the simulator's failure, not the supporter's):",
+            f"- Dialogues kept and lost per supporter ({lost} of {published + lost} not finished, "
+            f"{by_simulator} of them lost to the simulator: it broke its rules on every try, the "
+            "simulator's failure, not the supporter's; the others: the supporter's request failed):",
             "",
             _table(["supporter", "kept", "lost", "lost, by reason"], supporter_rows),
             "",

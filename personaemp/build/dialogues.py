@@ -125,12 +125,16 @@ async def run_dialogue(unit: dict, simulator, supporter, prompts: dict[str, Prom
     ]  # fmt: skip
     ended_by, need_met_at = "max_turns", None
     for number in range(1, options.max_turns + 1):
-        reply = await supporter.text(
-            RESPOND,
-            build_supporter_messages(
-                view, turns, options.context, options.rag_k, prompts[RESPOND.name], summary
-            ),
-        )
+        try:
+            reply = await supporter.text(
+                RESPOND,
+                build_supporter_messages(
+                    view, turns, options.context, options.rag_k, prompts[RESPOND.name], summary
+                ),
+            )
+        except UnitError as error:
+            error.fields["lost_to"] = "supporter"  # the model under test failed, not the simulator
+            raise
         turns.append(DialogueTurn(role="assistant", text=reply.value))
         turn, ends = await simulate_user_turn(
             simulator, user, need, turns, prompts,
@@ -289,9 +293,25 @@ async def agenerate_dialogues(
                 support = await supporter.get() if supporter is not None else engine
                 view = view_of(unit)
                 try:
-                    summary = await summarise(view, support) if options.context == "memory-summary" else None
+                    try:
+                        summarised = options.context == "memory-summary"
+                        summary = await summarise(view, support) if summarised else None
+                    except UnitError as error:
+                        error.fields["lost_to"] = "supporter"  # it writes the summary
+                        raise
                     row = await run_dialogue(unit, engine, support, prompts, options, view, summary)
-                except UnitError:
+                except UnitError as error:
+                    # Who lost it, so a card or report counts dialogues lost per supporter.
+                    error.fields = {
+                        "user_id": unit["user_id"], "query_id": unit["query_id"],
+                        "supporter_model": support.model, "lost_to": "simulator", **error.fields,
+                    }  # fmt: skip
+                    lost = notes.setdefault("lost", {"simulator": 0, "supporter": 0})
+                    lost[error.fields["lost_to"]] += 1
+                    lost["text"] = (
+                        f"dialogues lost this run: {lost['simulator']} to the simulator (its rules or "
+                        f"replies), {lost['supporter']} to the supporter"
+                    )
                     if supporter is not None and not settings.estimate:
                         supporter.counted()  # what a failed dialogue sent is counted too
                     raise

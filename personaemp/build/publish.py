@@ -55,7 +55,7 @@ from personaemp.build.stats import (
 )
 from personaemp.errors import InputError, PersonaempError, RowError, first_problem
 from personaemp.io import ErrorPolicy, atomic_output, file_sha256, iter_jsonl, iter_records, write_json_atomic
-from personaemp.records import BIG_FIVE, DIMENSIONS
+from personaemp.records import BIG_FIVE, DIMENSIONS, REJECTED_KEYS
 from personaemp.splits import REPORT_FILE, SETTINGS_WRITTEN, check_queries_row, profile_of
 from personaemp.workspace import stage_chain
 
@@ -632,7 +632,7 @@ def dialogue_parts(path: Path, files: dict[str, dict[str, Path]], staging: Path,
     rows: dict[str, list[dict]] = {split: [] for split in SPLITS}
     dialogues: list[Dialogue] = []
     seen: set[str] = set()
-    outside = 0
+    outside, left_out = 0, []
     for lineno, dialogue in iter_records(path, Dialogue, "a dialogue", "pass gen-dialogues' output"):
         if dialogue.dialogue_id in seen:
             raise InputError(f"{path}:{lineno}: dialogue {dialogue.dialogue_id} appears twice")
@@ -640,13 +640,15 @@ def dialogue_parts(path: Path, files: dict[str, dict[str, Path]], staging: Path,
         split = split_of.get(dialogue.query_id)
         if split is None:
             outside += 1
+            left_out.append(f"{dialogue.dialogue_id} (line {lineno})")
             continue
         published = dialogue.model_dump(mode="json", exclude={"provenance", "turns"})
         published["turns"] = [turn.model_dump(mode="json", include=TURN_FIELDS) for turn in dialogue.turns]
         rows[split].append(published)
         dialogues.append(dialogue)
     if outside:
-        warnings.append(f"{path}: {outside} dialogues of queries in no split were left out")
+        named = ", ".join(left_out[:5]) + (f" and {outside - 5} more" if outside > 5 else "")
+        warnings.append(f"{path}: {outside} dialogues of queries in no split were left out: {named}")
     lost = _lost_dialogues(path.with_name(DIALOGUE_FAILURES), split_of)
     written = {}
     for split, found in rows.items():
@@ -670,10 +672,6 @@ def _lost_dialogues(failures: Path, split_of: dict[str, str]) -> list[dict[str, 
         if query in split_of:
             lost.append(row)
     return lost
-
-
-# REJECTED_KEYS: what a rejected reply's entry holds besides its failed rules (records.py)
-REJECTED_KEYS = ("text", "thought")
 
 
 def dialogue_facts(dialogues, rows: dict[str, int], simulator_rules, lost=()) -> dict[str, Any]:
@@ -725,6 +723,10 @@ def dialogue_facts(dialogues, rows: dict[str, int], simulator_rules, lost=()) ->
         model = row.get("supporter_model") or only or "unknown"
         entry = supporters.setdefault(model, {"kept": 0, "lost": 0, "lost_by_kind": {}})
         entry["lost"] += 1
+        # the simulator's failure (its rules on every try), or the supporter's (its reply failed)
+        entry["by_simulator"] = entry.get("by_simulator", 0) + (
+            row.get("lost_to", "simulator" if row.get("kind") == "simulator_rules" else "") == "simulator"
+        )
         kind = str(row.get("kind") or "unknown")
         entry["lost_by_kind"][kind] = entry["lost_by_kind"].get(kind, 0) + 1
     finals: dict[str, list[int]] = {}
@@ -853,6 +855,7 @@ def publish(
     criteria: Path | None = None,
     criteria_asked: bool = True,
     dialogues: Path | None = None,
+    dialogues_asked: bool = False,
     force: bool = False,
     quality: Callable[[Path | None], tuple[dict[str, Any] | None, bytes | None]] | None = None,
 ) -> PublishResult:
@@ -866,7 +869,12 @@ def publish(
     `quality`: queries file -> (agreement report, plot) of the people's labels beside it
     (the review product's `card_quality`); without it the card says nobody measured the judge.
     `dialogues`: a gen-dialogues file; when it exists, a `dialogues` config (its rows in the
-    split of the random setting that holds their query) and a section of the card."""
+    split of the random setting that holds their query) and a section of the card;
+    `dialogues_asked`: it was named (not the default place), so it must exist."""
+    if dialogues_asked and dialogues is not None and not Path(dialogues).is_file():
+        raise InputError(
+            f"{dialogues}: no such dialogues file", "pass gen-dialogues' output, or leave --dialogues out"
+        )
     if (repo_id is None) == (out is None):
         raise InputError("give either --repo-id OWNER/NAME or --dry-run --out-dir DIR")
     if repo_id is not None and repo_id.count("/") != 1:
@@ -1059,7 +1067,8 @@ def from_options(options, console, quality=None):
             options.splits, repo_id=None if dry else options.repo_id, out=options.out_dir if dry else None,
             private=options.private, revision=options.revision, include_dialogue=options.include_dialogue,
             criteria=options.criteria, criteria_asked=not options.derived("criteria"), quality=quality,
-            dialogues=options.dialogues, force=options.force,
+            dialogues=options.dialogues, dialogues_asked=not options.derived("dialogues"),
+            force=options.force,
         )
     )  # fmt: skip
     if dry and not options.dry_run and not getattr(made.report, "unchanged_since", None):

@@ -104,6 +104,18 @@ def system_names(paths: Sequence[Path]) -> list[str]:
     return names
 
 
+def need_met_at(dialogue: Dialogue) -> int | None:
+    """The supporter turn after which the need was first met, as Met % counts it: a user turn
+    that says "met" while its emotion fell breaks need_met_consistent and never counts (a
+    kept turn cannot break it; rows from before the rule can)."""
+    number = 0
+    for turn in dialogue.turns:
+        number += turn.role == "assistant"
+        if turn.role == "user" and number and turn.need_met and (turn.change or 0) >= 0:
+            return number
+    return None
+
+
 def trajectory(dialogue: Dialogue) -> dict[str, Any]:
     """The simulated user's emotion over the dialogue, read off the record."""
     emotions = [t.emotion for t in dialogue.turns if t.role == "user" and t.emotion is not None]
@@ -111,20 +123,73 @@ def trajectory(dialogue: Dialogue) -> dict[str, Any]:
         "initial_emotion": dialogue.initial_emotion,
         "final_emotion": dialogue.final_emotion,
         "delta": dialogue.final_emotion - dialogue.initial_emotion,
-        "need_met_at_turn": dialogue.need_met_at_turn,
+        "need_met_at_turn": need_met_at(dialogue),
         "ended_by": dialogue.ended_by,
         "supporter_turns": sum(t.role == "assistant" for t in dialogue.turns),
         "emotions": emotions,
     }
 
 
-def build_units(queries: list[dict], systems: dict[str, dict[str, Dialogue]]) -> list[dict]:
-    """One unit per system and dialogue of a query of the split."""
+def lost_reasons(path: Path) -> dict[str, str]:
+    """query id -> why gen-dialogues lost its dialogue, from the failures file beside `path`."""
+    failures = Path(path).with_name("gen-dialogues.failures.jsonl")
+    reasons: dict[str, str] = {}
+    if failures.exists():
+        for _, _, row in iter_jsonl(failures, ErrorPolicy("skip")):
+            query = row.get("query_id") or str(row.get("dialogue_id", "")).removesuffix("-d1")
+            whose = row.get("lost_to", "simulator")
+            reasons[query] = f"lost to the {whose} in gen-dialogues ({row.get('kind')})"
+    return reasons
+
+
+def scored_queries(
+    query_ids: set[str],
+    systems: dict[str, dict[str, Dialogue]],
+    paths: dict[str, Path],
+    every: bool,
+    where: str,
+) -> tuple[dict[str, set[str]], dict[str, list[dict[str, str]]]]:
+    """Which queries each system is scored on, and the dialogues left out with the reason: by
+    default the queries every system has a dialogue for (like with like); `every`
+    (--all-dialogues): each system's own. A dialogue of a query outside the split is said."""
+    have = {name: set(dialogues) & query_ids for name, dialogues in systems.items()}
+    common = set.intersection(*have.values()) if have else set()
+    lost = {name: lost_reasons(paths[name]) for name in systems}
+    chosen: dict[str, set[str]] = {}
+    left_out: dict[str, list[dict[str, str]]] = {}
+    for name, dialogues in systems.items():
+        chosen[name] = have[name] if every else common
+        out = []
+        for query in sorted(set(dialogues) - query_ids):
+            out.append({"query_id": query, "dialogue_id": dialogues[query].dialogue_id,
+                        "reason": f"its query is not in the {where} split"})  # fmt: skip
+        for query in sorted(have[name] - chosen[name]):
+            missing = [other for other in systems if query not in have[other]]
+            why = "; ".join(
+                f"{other}: {lost[other].get(query, 'no dialogue in its file')}" for other in missing
+            )
+            out.append({"query_id": query, "dialogue_id": dialogues[query].dialogue_id,
+                        "reason": f"not every system has it ({why})"})  # fmt: skip
+        left_out[name] = out
+    return chosen, left_out
+
+
+def checks_run(dialogues) -> list[str]:
+    """The simulator's checks that ran on these dialogues' kept turns (RULES order): one that did
+    not run (the LLM check under --no-character-check) is absent from a turn's checks."""
+    ran = {name for d in dialogues for t in d.turns for name in (t.checks or {})}
+    return [name for name in (*simulator_rules.RULES, *simulator_rules.JUDGED) if name in ran]
+
+
+def build_units(
+    queries: list[dict], systems: dict[str, dict[str, Dialogue]], chosen: dict[str, set[str]] | None = None
+) -> list[dict]:
+    """One unit per system and dialogue of a query of the split (of `chosen`'s, when given)."""
     units = []
     for system, dialogues in systems.items():
         for query in queries:
             dialogue = dialogues.get(query["query_id"])
-            if dialogue is None:
+            if dialogue is None or (chosen is not None and query["query_id"] not in chosen[system]):
                 continue
             units.append({
                 "unit_id": f"{system}/{dialogue.dialogue_id}", "system": system, **query,
@@ -188,11 +253,14 @@ async def aevaluate_dialogues(
     judge_model: str | None = None,
     options: JudgeOptions | None = None,
     per_turn: bool = False,
+    all_dialogues: bool = False,
     retry_failed: bool = False,
     console=None,
 ):
-    """Score every dialogue of `dialogues` (one file a system) whose query is in the split
-    part; returns (stage report, evaluation), the evaluation None after an estimate."""
+    """Score the dialogues of `dialogues` (one file a system) whose query is in the split part:
+    by default only the queries every system has a dialogue for (`all_dialogues`: each
+    system's own, not comparable); returns (stage report, evaluation), the evaluation None
+    after an estimate."""
     from personaemp.llm.run import arun_llm_stage
 
     options = options or JudgeOptions()
@@ -227,7 +295,10 @@ async def aevaluate_dialogues(
                 f"{split} {part} split",
                 "pass the dialogues of this split, or choose the split they belong to with --split/--part",
             )
-    units = build_units(queries, systems)
+    paths = {name: Path(path) for name, path in zip(names, dialogues, strict=True)}
+    chosen, left_out = scored_queries(query_ids, systems, paths, all_dialogues, f"{split} {part}")
+    units = build_units(queries, systems, chosen)
+    ran = {name: checks_run(systems[name][q] for q in chosen[name]) for name in names}
     used = [step, *([] if options.dynamic else [CRITERIA])]
     prompts = {s.name: load_prompt(s.prompt) for s in used}
     mode = f"dynamic@{options.samples}" if options.dynamic else "fixed"
@@ -269,11 +340,30 @@ async def aevaluate_dialogues(
         "temperatures": temperatures(judge_settings, used),
         "prompts": {name: prompt.hash for name, prompt in prompts.items()},
         "instruments": {s.name: f"v{s.version}/{prompts[s.name].hash}" for s in used},
-        "simulator_rules": [*simulator_rules.RULES, *simulator_rules.JUDGED],
+        # the checks that ran on the dialogues scored; the others are "not checked"
+        "simulator_rules": [
+            n
+            for n in (*simulator_rules.RULES, *simulator_rules.JUDGED)
+            if any(n in found for found in ran.values())
+        ],  # fmt: skip
+        "simulator_rules_not_run": [
+            n
+            for n in (*simulator_rules.RULES, *simulator_rules.JUDGED)
+            if not any(n in found for found in ran.values())
+        ],  # fmt: skip
+        "comparable": not all_dialogues or len({frozenset(q) for q in chosen.values()}) <= 1,
+        "same_queries_rule": "each system on all its own dialogues (--all-dialogues)"
+        if all_dialogues
+        else "the queries every system has a dialogue for",  # fmt: skip
         "scores_file": str(scores_file(report_path)),
         "query_hashes": {q["query_id"]: query_hash(q) for q in queries},
         "systems": {
-            name: summarise(rows.get(name, []), units, name, len(queries), options) for name in names
+            name: {
+                **summarise(rows.get(name, []), units, name, len(queries), options),
+                "left_out": left_out[name],
+                "checks_run": ran[name],
+            }
+            for name in names
         },
     }
     write_json_atomic(Path(report_path), evaluation)
@@ -356,6 +446,6 @@ async def from_options(options, console, settings, retry=False):
             dynamic=options.dynamic, samples=options.samples, bystander=options.bystander,
             reward_lambda=options.reward_lambda, unreadable=options.unreadable, layout=options.layout,
         ),
-        per_turn=options.per_turn, retry_failed=retry, console=console,
+        per_turn=options.per_turn, all_dialogues=options.all_dialogues, retry_failed=retry, console=console,
     )  # fmt: skip
     return of_evaluate(report, evaluation, options.output)

@@ -203,7 +203,13 @@ def session_notes(chosen, systems: list[str], titles: list[str]) -> list[str]:
             + f"; layout {report.get('layout')}; unreadable judgments: "
             + f"{UNREADABLE_TEXT.get(report.get('unreadable_rule'), report.get('unreadable_rule'))}"
             + f"; simulated user {', '.join(simulators) or 'unknown'}, checked per turn by "
-            + f"{', '.join(report.get('simulator_rules') or ())}; ended by "
+            + f"{', '.join(report.get('simulator_rules') or ())}"
+            + (
+                f"; not checked: {', '.join(report['simulator_rules_not_run'])}"
+                if report.get("simulator_rules_not_run")
+                else ""
+            )  # fmt: skip
+            + "; ended by "
             + (", ".join(f"{k} {v}" for k, v in sorted(ended.items())) or "none")
             + "; queries without a dialogue: "
             + (
@@ -213,6 +219,14 @@ def session_notes(chosen, systems: list[str], titles: list[str]) -> list[str]:
             )
             + "."
         )
+        if report.get("comparable") is False:
+            lines.append(f"{title}: NOT COMPARABLE: {report.get('same_queries_rule')}: the systems are "
+                         "scored on different dialogues.")  # fmt: skip
+        elif "same_queries_rule" in report:
+            lines.append(f"{title}: every system scored on {report['same_queries_rule']}.")
+        for name in systems:
+            for dropped in (entries.get(name) or {}).get("left_out", ()):
+                lines.append(f"{title}: {name} left out {dropped['dialogue_id']}: {dropped['reason']}.")
     lines.append("Final: mean final emotion of the simulated user (0-100, starts at 40); Met %: dialogues "
                  "whose hidden need was met; H: harmonic mean of the session's PERM scores / 5.")  # fmt: skip
     return lines

@@ -178,15 +178,9 @@ def judge_messages(unit: dict, dimension: str, prompt: Prompt, layout: str = DEF
 
 
 def check_sampling(settings, step: Step, options: JudgeOptions) -> None:
-    """k samples must be able to differ: no seed, a temperature above 0 (named as the caller
-    wrote it: flags on the command line, arguments in Python)."""
+    """k samples must be able to differ: a temperature above 0 (named as the caller wrote it:
+    flags on the command line, arguments in Python). With a seed S, sample k sends S + k."""
     k = options.samples
-    if k > 1 and settings.seed is not None:
-        raise InputError(
-            spoken(f"--samples {k} with --seed", f"samples={k} with LLMSettings(seed=...)")
-            + f" would send {k} identical requests",
-            spoken("leave --seed out", "leave seed unset") + " when sampling several judgments",
-        )
     if k > 1 and step_temperature(settings, step) == 0:
         authors = step.temperature if step.temperature else 0.3
         raise InputError(

@@ -5,6 +5,7 @@ turn (`simulate_user_turn`). gen-dialogues (build/dialogues.py) and the training
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +20,10 @@ from personaemp.instruments.criteria import query_units
 from personaemp.language import LANGUAGE_NAMES
 from personaemp.llm.step import Step, edit_schema
 from personaemp.prompts import Prompt
-from personaemp.records import BIG_FIVE, DialogueTurn, Memory
+from personaemp.records import BIG_FIVE, MAX_CHANGE, REJECTED_KEYS, DialogueTurn, Memory
 from personaemp.render import render_memories, render_turns
 
 INITIAL_EMOTION = 40  # where every simulated user starts (SAGE's start)
-MAX_CHANGE = 10  # a turn moves the emotion by at most this much either way (SAGE's clamp)
 SATISFIED, GIVE_UP = 100, 10  # the emotion's bounds: leaves satisfied at 100, gives up below 10
 MAX_TURNS = 6  # supporter turns
 TURN_ATTEMPTS = 3  # replies asked per simulated turn before the dialogue fails
@@ -114,7 +114,8 @@ def transcript(turns: Sequence[DialogueTurn], user: str = "User", assistant: str
 
 
 def build_need_messages(user: SimulatedUser, prompt: Prompt) -> list[dict]:
-    return prompt.render(**user.values(), big_five=user.levels())
+    # In the user's language: no_need_leak compares it with what they write.
+    return prompt.render(**user.values(), big_five=user.levels(), language=user.language_name())
 
 
 def build_user_turn_messages(
@@ -132,11 +133,37 @@ def build_check_messages(user: SimulatedUser, turns: Sequence[DialogueTurn], tex
     return prompt.render(**user.values(), dialogue=transcript(turns), message=text)
 
 
+# The need prompt's example (prompts/dialogue_need.md): a need that copies it was not written
+# for this person, and is asked again.
+NEED_EXAMPLE = "to hear that wanting a break is not laziness before deciding anything"
+
+
 def parse_need(reply: NeedReply) -> str:
     need = " ".join(reply.need.split())
     if not need:
         raise ValueError("need: empty; write what would help this person")
+    copied = simulator_rules.no_echo(need, {"the prompt's example": NEED_EXAMPLE})
+    if not copied[0]:
+        raise ValueError(f"need: {copied[1]}; write this person's own need")
     return need
+
+
+REASK = (
+    "Your earlier messages for this turn could not be used; write a new one that keeps every rule.\n{broken}"
+)
+
+
+def with_verdicts(messages: list[dict], rejected: Sequence[dict[str, str]]) -> list[dict]:
+    """The turn's request asked again: every rejected reply so far and the rules it broke,
+    inside the last user turn (as the engine's own re-asks), so each re-ask is a new request."""
+    broken = "\n".join(
+        f"{number}. <<<{entry.get('text', '')[:400]}>>> broke: "
+        + "; ".join(f"{rule} ({why})" for rule, why in entry.items() if rule not in REJECTED_KEYS)
+        for number, entry in enumerate(rejected, 1)
+    )
+    note = REASK.format(broken=broken)
+    last = messages[-1]
+    return [*messages[:-1], {**last, "content": f"{last['content']}\n\n{note}"}]
 
 
 def clamp(value: int, low: int, high: int) -> int:
@@ -166,18 +193,22 @@ async def simulate_user_turn(
     The step the verl Interaction calls too."""
     emotion = next(t.emotion for t in reversed(turns) if t.role == "user" and t.emotion is not None)
     supporter_turn = sum(t.role == "assistant" for t in turns)
-    messages = build_user_turn_messages(user, hidden_need, turns, emotion, prompts[SIMULATE.name])
-    rejected: list[dict[str, str]] = []
+    prompt = prompts[SIMULATE.name]
+    asked = build_user_turn_messages(user, hidden_need, turns, emotion, prompt)
+    echoes = {simulator_rules.SUPPORTER: turns[-1].text}
+    echoes.update({f"its own message {n}": t.text for n, t in enumerate(turns[:-1:2], 1) if t.role == "user"})
+    echoes["the simulator prompt"] = prompt_text(prompt)
+    messages, rejected = asked, []
+    text = ""
     for sample in range(attempts):
-        value = (await engine.call(SIMULATE, messages, schema=CHANGES, sample=sample)).value
+        result = await engine.call(SIMULATE, messages, schema=CHANGES, sample=sample)
+        value = result.value
         text = value.text.strip()
+        change = clamp(value.change, -MAX_CHANGE, MAX_CHANGE)
         found = simulator_rules.check_turn(
-            text,
-            language=user.language,
-            hidden_need=hidden_need,
-            ends=value.end,
-            supporter_turn=supporter_turn,
-        )
+            text, language=user.language, hidden_need=hidden_need, ends=value.end,
+            supporter_turn=supporter_turn, need_met=value.need_met, change=change, echoes=echoes,
+        )  # fmt: skip
         failed = {name: reason for name, (passed, reason) in found.items() if not passed}
         outcome = {name: passed for name, (passed, _) in found.items()}
         if not failed and character_check:
@@ -189,16 +220,19 @@ async def simulate_user_turn(
             outcome.update(in_character=verdict.in_character, grounded=verdict.grounded)
             failed.update({name: verdict.reason for name in simulator_rules.JUDGED if not outcome[name]})
         if failed:
-            rejected.append(failed)
+            engine.reject(result)  # never replayed: --retry-failed asks again
+            rejected.append({**failed, "text": text, "thought": value.thought.strip()})
+            messages = with_verdicts(asked, rejected)
             continue
-        change = clamp(value.change, -MAX_CHANGE, MAX_CHANGE)
         turn = DialogueTurn(
             role="user", text=text, emotion=clamp(emotion + change, 0, SATISFIED), change=change,
-            reason=value.reason.strip(), need_met=value.need_met, checks=outcome, rejected=rejected,
+            reason=value.reason.strip(), need_met=value.need_met, thought=value.thought.strip(),
+            checks=outcome, rejected=rejected,
         )  # fmt: skip
         return turn, value.end
-    rules = ", ".join(sorted({name for failed in rejected for name in failed}))
-    last = "; ".join(f"{name}: {reason}" for name, reason in rejected[-1].items())
+    broken = [{k: v for k, v in entry.items() if k not in REJECTED_KEYS} for entry in rejected]
+    rules = ", ".join(sorted({name for failed in broken for name in failed}))
+    last = "; ".join(f"{name}: {reason}" for name, reason in broken[-1].items())
     raise UnitError(
         "simulator_rules",
         f"turn {supporter_turn}: no simulated reply kept the rules ({rules}) in {attempts} tries; "
@@ -206,6 +240,12 @@ async def simulate_user_turn(
         text,
         attempts=attempts,
     )
+
+
+def prompt_text(prompt: Prompt) -> str:
+    """The simulator prompt's own words (its task, slots left out): what a turn must not echo."""
+    templates = (prompt.system, prompt.user)
+    return " ".join(re.sub(r"\$\{?\w+\}?", " ", t.template) for t in templates if t)
 
 
 # --- the units ---------------------------------------------------------------------------------------

@@ -113,6 +113,12 @@ class ReplyCache:
             (key, step, json.dumps(request, ensure_ascii=False), json.dumps(reply), time.time(), int(valid)),
         )
 
+    def reject(self, key: str) -> None:
+        """A reply the stage refused after it was stored (a rule the schema cannot say): kept
+        for the record, never served again, so a retry asks afresh."""
+        if self.write:
+            self._execute("UPDATE replies SET valid = 0 WHERE key = ?", (key,))
+
     def has(self, key: str) -> bool:
         """Whether the cache holds any reply (valid or not) for this request."""
         return self._execute("SELECT 1 FROM replies WHERE key = ?", (key,)).fetchone() is not None

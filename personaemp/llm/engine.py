@@ -64,6 +64,7 @@ class CallResult(Generic[Reply]):
     parsed: Any  # what the step's parse made of it (the value itself without a parse)
     raw: str  # the reply text the value was read from
     cached: bool  # True when no request was sent for the accepted reply
+    key: str | None = None  # its cache key (Engine.reject)
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,7 @@ class Engine:
         stats = self.accounting.step(step.name)
         stats.calls += 1
         schema = schema or step.schema
-        sampling = self.sampling(step)
+        sampling = self.sampling(step, sample)
         budget, conversation, kind, error = sampling.max_tokens, messages, "invalid", ""
         reply = RawReply("", None, None, None)
         for attempt in range(self.max_reasks + 1):
@@ -208,7 +209,7 @@ class Engine:
                 else:
                     if not cached:
                         self._store(key, step.name, request, reply, valid=True)
-                    return CallResult(value=value, parsed=parsed, raw=reply.content, cached=cached)
+                    return CallResult(value=value, parsed=parsed, raw=reply.content, cached=cached, key=key)
             # Kept for the record, never served again: a retry must ask afresh.
             self._store(key, step.name, request, reply, valid=False)
             if reply.finish_reason == "length":
@@ -237,7 +238,7 @@ class Engine:
         """
         stats = self.accounting.step(step.name)
         stats.calls += 1
-        sampling = self.sampling(step)
+        sampling = self.sampling(step, sample)
         budget = sampling.max_tokens
         reply = RawReply("", None, None, None)
         for attempt in range(self.max_reasks + 1):
@@ -267,7 +268,12 @@ class Engine:
             attempts=self.max_reasks + 1,
         )
 
-    def sampling(self, step: Step) -> Sampling:
+    def reject(self, result: CallResult) -> None:
+        """The stage refused this reply after all (its own rules): never served again."""
+        if self.cache is not None and result.key is not None:
+            self.cache.reject(result.key)
+
+    def sampling(self, step: Step, sample: int = 0) -> Sampling:
         """A step's sampling: the run's per-step setting, else the step's default, else the run's."""
         chosen = self.step_settings.get(step.name, {})
 
@@ -278,7 +284,8 @@ class Engine:
         return Sampling(
             temperature=pick("temperature", step.temperature, self.temperature),
             max_tokens=pick("max_tokens", step.max_tokens, self.max_tokens),
-            seed=self.seed,
+            # Sample k is another draw: with --seed S it sends S + k (docs/providers.md "Seeds").
+            seed=None if self.seed is None else self.seed + sample,
         )
 
     def fingerprint(self, step: Step, prompt_hash: str = "") -> str:

@@ -78,7 +78,8 @@ class SimulatedUserAgentLoop(AgentLoopBase):
                 if len(mask) >= self.response_length:
                     break  # verl's cut: the session reward as it stands
                 ends, reply, score, _ = await agent.generate_response(instance, messages)
-                turn_scores.append(score)
+                if score is not None:  # None: the simulator failed this turn
+                    turn_scores.append(score)
                 if ends or (self.max_assistant_turns and turns >= self.max_assistant_turns):
                     break
                 before = list(messages)
@@ -89,7 +90,12 @@ class SimulatedUserAgentLoop(AgentLoopBase):
                 tokens, mask = merged.token_ids, user_mask
             reward = await agent.calculate_score(instance)
         finally:
+            failed = getattr(agent.sessions.get(instance), "ended_by", None) == "simulator_failed"
             await agent.finalize_interaction(instance)
+        if failed:
+            # The simulator failed, not the policy: verl has no per-sample "no reward", so the
+            # session's tokens leave the loss (mask 0) and it is flagged (docs/multi-turn.md).
+            mask, reward = [0] * len(mask), 0.0
         response = tokens[len(tokens) - len(mask) :]
         metrics.setdefault("num_preempted", -1)
         result = AgentLoopOutput(
@@ -100,7 +106,9 @@ class SimulatedUserAgentLoop(AgentLoopBase):
             num_turns=sum(m.get("role") in ("user", "assistant") for m in messages),
             metrics=metrics,
         )
-        result.extra_fields.update({"turn_scores": turn_scores, "tool_rewards": []})
+        result.extra_fields.update(
+            {"turn_scores": turn_scores, "tool_rewards": [], "simulator_failed": failed}
+        )
         return result
 
 

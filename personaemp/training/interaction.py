@@ -75,6 +75,18 @@ NAME = "personaemp"  # the interaction's name in verl's YAML and in interaction_
 CLASS_PATH = "personaemp.training.interaction.SimulatedUserInteraction"
 SESSION_REWARDS = ("emotion", "peregrm", "both")
 CONFIG_VAR = "PERSONAEMP_CONFIG"
+# What a simulated user needs (SimulatedUser.of_unit, and the opening query).
+USER_KEYS = (
+    "user_id",
+    "language",
+    "profile",
+    "big_five",
+    "memories",
+    "memory_ids",
+    "situation",
+    "query",
+    "voice",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,13 +113,45 @@ class InteractionOptions:
 
     @classmethod
     def of(cls, config: Mapping[str, Any]) -> InteractionOptions:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(config) - known - {"name"})
+        """From the YAML's dict, each value read as its type (YAML and hydra may hand "4" for
+        4, "no" for false): a value that is not one is an error naming the key."""
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(config) - set(known) - {"name"})
         if unknown:
             raise InputError(
                 f"interaction config: no key {unknown[0]!r}", f"the keys are {', '.join(sorted(known))}"
             )
-        return cls(**{k: v for k, v in config.items() if k in known})
+        return cls(**{k: _typed(k, v, known[k].type) for k, v in config.items() if k in known})
+
+
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def _typed(key: str, value: Any, kind: str) -> Any:
+    """`value` as the option's type (`kind`, the annotation's text)."""
+    wrong = InputError(f"interaction config: {key} takes {kind.replace(' | None', '')}, not {value!r}")
+    if value is None:
+        if "None" in kind:
+            return None
+        raise wrong
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in _TRUE or text in _FALSE:
+            return text in _TRUE
+        raise wrong
+    if kind in ("int", "float"):
+        if isinstance(value, bool):
+            raise wrong
+        try:
+            number = float(str(value).strip()) if kind == "float" else int(str(value).strip())
+        except ValueError:
+            raise wrong from None
+        return number
+    if not isinstance(value, str):
+        raise wrong
+    return value
 
 
 def settings_from(path: str | None, env: Mapping[str, str] | None = None):
@@ -228,6 +272,12 @@ class SimulatedUserInteraction:
                 "write the data with `personaemp export --dialogues`",
             )
         unit = _plain(unit)
+        missing = [key for key in USER_KEYS if key not in unit]
+        if missing:
+            raise InputError(
+                f"interaction_kwargs: the simulated user has no {', '.join(missing)}",
+                "write the data with `personaemp export --dialogues`",
+            )
         user = SimulatedUser.of_unit(unit)
         need = await self.service.call(
             lambda engine: write_hidden_need(engine, user, self.prompts(engine.prompt_variant)[0])
@@ -238,12 +288,28 @@ class SimulatedUserInteraction:
         self.counts["sessions"] += 1
         return instance_id
 
+    def session(self, instance_id: str | None) -> Session:
+        if instance_id not in self.sessions:
+            raise InputError(
+                f"interaction: no session {instance_id!r} (never started, or finalized)",
+                "call start_interaction first and use the id it returns",
+            )
+        return self.sessions[instance_id]
+
     async def generate_response(
         self, instance_id: str, messages: list[dict[str, Any]], **kwargs
-    ) -> tuple[bool, str, float, dict[str, Any]]:
-        session = self.sessions[instance_id]
+    ) -> tuple[bool, str, float | None, dict[str, Any]]:
+        session = self.session(instance_id)
+        if session.ended_by is not None:
+            raise InputError(f"interaction: session {instance_id!r} has ended ({session.ended_by})")
         reply = next((m for m in reversed(messages) if m.get("role") == "assistant"), None)
         text = split_reasoning(_content(reply))[0].strip() if reply is not None else ""
+        if not text:
+            raise InputError(
+                f"interaction: session {instance_id!r}: no supporter message to answer (the last "
+                "assistant message is empty or missing)",
+                "pass the conversation with the policy's reply last",
+            )
         session.turns.append(DialogueTurn(role="assistant", text=text))
         number = sum(t.role == "assistant" for t in session.turns)
         self.counts["turns"] += 1
@@ -257,11 +323,18 @@ class SimulatedUserInteraction:
         except UnitError as error:
             if error.kind in ENDPOINT_KINDS:
                 raise  # an endpoint that cannot be used stops the step, as in the reward
-            self.counts["simulator_failures"] += 1  # no reply kept the rules: the session ends here
+            # No reply kept the rules: the simulator failed, not the policy. The session ends,
+            # marked, with no reward (None: verl keeps no turn score, TRL leaves the rollout
+            # out of its group's baseline and gives it no advantage; docs/multi-turn.md).
+            self.counts["simulator_failures"] += 1
             session.ended_by = "simulator_failed"
             session.turns.pop()
-            reward = await self.calculate_score(instance_id)
-            return True, "", reward, {"ended_by": session.ended_by, "session_reward": reward}
+            return (
+                True,
+                "",
+                None,
+                {"ended_by": session.ended_by, "simulator_failed": True, "session_reward": None},
+            )
         session.turns.append(turn)
         if turn.need_met and session.need_met_at is None:
             session.need_met_at = number
@@ -280,9 +353,12 @@ class SimulatedUserInteraction:
         reward = await self.calculate_score(instance_id)
         return True, turn.text, reward, {**extra, "ended_by": session.ended_by, "session_reward": reward}
 
-    async def calculate_score(self, instance_id: str | None = None, **kwargs) -> float:
-        """The session reward of `instance_id` now (see the module's docstring)."""
-        session = self.sessions[instance_id]
+    async def calculate_score(self, instance_id: str | None = None, **kwargs) -> float | None:
+        """The session reward of `instance_id` now (see the module's docstring); None for a
+        session the simulator failed (no reward: leave it out)."""
+        session = self.session(instance_id)
+        if session.ended_by == "simulator_failed":
+            return None
         if session.reward is not None and session.ended_by is not None:
             return session.reward
         emotion = next(t.emotion for t in reversed(session.turns) if t.emotion is not None) / 100
