@@ -33,7 +33,8 @@ pytestmark = pytest.mark.slow
 # Every template of the checkout, subfolders (prompts/compact/) included.
 PROMPTS = sorted(path.relative_to(REPO / "prompts").as_posix() for path in (REPO / "prompts").rglob("*.md"))
 DATA_FILES = [f"personaemp/prompts/{name}" for name in PROMPTS] + ["personaemp/default_rules.toml"]
-DATA_FILES += [f"personaemp/assets/review/{name}" for name in ("index.html", "review.js", "dialogue.js", "review.css")]
+REVIEW_ASSETS = ("index.html", "review.js", "dialogue.js", "review.css")
+DATA_FILES += [f"personaemp/assets/review/{name}" for name in REVIEW_ASSETS]
 # What a wheel is built from; the build runs on a copy so the checkout gets no build/ or *.egg-info.
 SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE", "personaemp", "prompts")
 # Where the new virtualenv's python finds the package and the prompts it loads by default.
