@@ -24,7 +24,7 @@ from personaemp.errors import InputError
 from personaemp.options import (
     SECTIONS,
     LLMOptions,
-    RunOptions,
+    RunSections,
     Section,
     derive,
     describe,
@@ -32,6 +32,7 @@ from personaemp.options import (
     notice_renamed,
     parse_assignments,
     renamed,
+    run_options,
     spec,
     specs,
 )
@@ -114,9 +115,9 @@ class Resolver:
                 self._pending.discard(name)
         return self._resolved[name]
 
-    def all(self) -> RunOptions:
+    def all(self) -> RunSections:
         """Every section, resolved now: a bad value anywhere stops before any stage runs."""
-        return RunOptions.model_construct(**{name: self.section(name) for name in SECTIONS})
+        return run_options().model_construct(**{name: self.section(name) for name in SECTIONS})
 
     paths = property(lambda self: self.section("paths"))
     filter = property(lambda self: self.section("filter"))
@@ -184,7 +185,7 @@ def _merge(old: Any, new: Any) -> Any:
 
 def load_config(
     path: Path | None, env: Mapping[str, str] | None = None, settings: list[str] | None = None
-) -> RunOptions:
+) -> RunSections:
     """Every option of `personaemp run`: `settings` (`run --set SECTION.KEY=VALUE`) over env
     vars over the file over the defaults."""
     return Resolver(path, env=env, flags=set_flags(settings or []), style="set").all()

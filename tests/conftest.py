@@ -312,8 +312,9 @@ def sample_build(tmp_path_factory) -> Path:
     from fake_openai import FakeOpenAI
     from rich.console import Console
 
-    from personaemp.options import LLMOptions, PathsOptions, RunOptions
+    from personaemp.options import LLMOptions, PathsOptions
     from personaemp.pipeline import run_pipeline
+    from personaemp.registry import RunOptions
 
     processed = tmp_path_factory.mktemp("sample_build") / "processed"
     with FakeOpenAI(responder=order_free_responder()) as fake, open(processed.parent / "log.txt", "w") as log:

@@ -21,11 +21,13 @@ from fake_openai import FakeOpenAI
 from rich.console import Console
 from typer.testing import CliRunner
 
+from personaemp.build.persona_options import PersonaOptions
 from personaemp.cli import app
 from personaemp.config import llm_settings, load_config
 from personaemp.errors import InputError
-from personaemp.options import LLMOptions, PathsOptions, PersonaOptions, RunOptions
+from personaemp.options import LLMOptions, PathsOptions
 from personaemp.pipeline import run_pipeline
+from personaemp.registry import RunOptions
 
 SECRET = "sk-test-SecretKeyThatMustNotLeak-42"
 

@@ -103,9 +103,9 @@ from personaemp.instruments.judges import (
 )
 from personaemp.llm.reply import split_reasoning
 from personaemp.llm.step import Step
-from personaemp.options import RewardConfig
 from personaemp.prompts import LAYOUTS, Prompt, load_prompt
 from personaemp.records import DIMENSIONS
+from personaemp.training.reward_options import RewardConfig
 
 log = logging.getLogger("personaemp.reward")
 

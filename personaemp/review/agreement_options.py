@@ -1,0 +1,77 @@
+"""The options of `personaemp agreement` (TOML `[agreement]`), declared once: each field makes
+its flag, TOML key, env var and docs row (personaemp/options.py). A module of their own beside
+the stage's code, so that `personaemp --help` reads them without importing it (pydantic only)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, model_validator
+
+from personaemp.options import PROCESSED, Names, Opt, OptionProblem, Section, declare
+
+
+@declare("agreement")
+class AgreementOptions(Section):
+    input: Annotated[
+        Path,
+        Opt(
+            "Queries the labels are about (gen-queries' output).",
+            ("--input", "-i"),
+            derive="queries.output",
+            io="read",
+        ),
+    ] = PROCESSED / "queries.jsonl"
+    labels: Annotated[
+        Path | None,
+        Opt("Labels of `personaemp review` (or imported from Label Studio). Default: labels.jsonl "
+            "beside --input.", ("--labels",), io="read"),
+    ] = None  # fmt: skip
+    second_judge: Annotated[
+        Path | None,
+        Opt(
+            "The second judge's verdicts, kept apart from the build's files (written with "
+            "--judge-model, read when present). Default: second_judge.jsonl beside --input.",
+            ("--second-judge",),
+            io="update",
+        ),
+    ] = None
+    judge_model: Annotated[
+        str | None,
+        Opt(
+            "Re-run the check step on the same queries with this model as a second judge first "
+            "(the other LLM options as given; its endpoint: --judge-base-url).",
+            env="PERSONAEMP_SECOND_JUDGE_MODEL",
+        ),
+    ] = None
+    judge_base_url: Annotated[
+        Names,
+        Opt("Endpoint of the second judge (default: the LLM options' endpoint).",
+            env="PERSONAEMP_SECOND_JUDGE_BASE_URL", metavar="URL"),
+    ] = []  # fmt: skip
+    out: Annotated[
+        Path | None,
+        Opt(
+            "Folder of agreement.json and agreement.png. Default: agreement/ beside --input.",
+            ("--out-dir", "-o"),
+            io="folder",
+            beside=("agreement.json", "agreement.png"),
+        ),
+    ] = None
+    resamples: Annotated[int, Field(ge=100), Opt("Bootstrap resamples of each interval.")] = 2000
+    bootstrap_seed: Annotated[int, Opt("Seed of the bootstrap.")] = 0
+
+    def paths(self) -> tuple[Path, Path, Path]:
+        """(labels, second judge, out), the defaults beside the input."""
+        return (
+            self.labels or self.input.with_name("labels.jsonl"),
+            self.second_judge or self.input.with_name("second_judge.jsonl"),
+            self.out or self.input.with_name("agreement"),
+        )
+
+    @model_validator(mode="after")
+    def _an_endpoint_needs_a_model(self) -> AgreementOptions:
+        if self.judge_base_url and not self.judge_model:
+            raise OptionProblem("judge_base_url", "needs {judge_model}: which model is the second judge")
+        return self
