@@ -3,7 +3,7 @@
 Parity between the commands and `run` (same options, defaults, env vars and stage
 arguments) is tested in test_options.py.
 
-The end-to-end runs go through the fake OpenAI server with bench/cost_bench.py's scripted
+The end-to-end runs go through the fake OpenAI server with bench/build/cost_bench.py's scripted
 "capable model" on the shipped AlpsBench sample, into tmp_path, and end with a dataset
 folder that `datasets.load_dataset` opens.
 """
