@@ -6,8 +6,8 @@ text, the CLI spelling (default `--field-name`), the environment variable and, f
 paths, where its default comes from inside a config and how it is written (path safety).
 
 A stage's section lives beside the stage: `@declare("filter")` on `FilterOptions` in
-personaemp/build/filter_options.py, `[persona]` in build/persona_options.py, and so on
-(`personaemp/<product>/<module>_options.py`; the registry's Stage line names the module).
+personaemp/build/options.py, the options of the build's stages (`personaemp/<product>/options.py`;
+a Stage line of the registry may name another module, as a stage with light code its own).
 Here: the machinery (Opt, Section, declare, the catalogue, introspection, one-line errors,
 the docs tables), the shared sections `[paths]` and `[llm]`, and the option types several
 stages share. From the declarations follow:
@@ -222,7 +222,7 @@ def renamed(model: type[BaseModel]) -> dict[str, str]:
 
 # --- the catalogue -----------------------------------------------------------------------------
 # Every section by its TOML name and every stage command's sections. A section is declared
-# where its stage lives (`@declare("filter")` in personaemp/build/filter_options.py), the
+# where its stage lives (`@declare("filter")` in personaemp/build/options.py), the
 # shared ones ([paths], [llm]) here; the registry (personaemp/registry.py) imports each
 # stage's options module, puts the sections in pipeline order and fills COMMANDS and
 # CLI_ONLY from its Stage lines. So a stage is its module(s) plus one registry line.
@@ -492,7 +492,7 @@ DEFAULT_LAYOUT = "paper"  # the authors' (criteria, evaluate and the reward alik
 @dataclass(frozen=True)
 class JudgeDefaults:
     """The judge instrument's defaults (personaemp.instruments.judges.JudgeOptions), which
-    [evaluate] declares its options with (personaemp/evaluation/evaluate_options.py)."""
+    [evaluate] declares its options with (personaemp/evaluation/options.py)."""
 
     dynamic: bool = False
     samples: int = 1

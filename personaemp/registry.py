@@ -7,7 +7,7 @@ function's arguments, its return value to a StageResult (a coroutine for an LLM 
 `settings`, the engine's LLMSettings, and `retry`). What differs between stages stays there.
 
 A stage's options: its TOML section, a pydantic model with `@options.declare("name")`, in
-its options module (`Stage.options`, by default `<module>_options` beside the stage, which
+its options module (`Stage.options_module`, by default its product's `options.py`, which
 `personaemp --help` imports without the stage's code). This module imports every one, puts
 the sections in pipeline order and fills options.COMMANDS and options.CLI_ONLY, so flags,
 TOML keys, env vars, the docs tables and the path checks all follow from the Stage line.
@@ -31,7 +31,7 @@ from rich.console import Console
 from personaemp import freshness, results, summaries
 from personaemp.aio import run_sync
 from personaemp.options import CLI_COMMON, CLI_ONLY, COMMANDS, SECTIONS, markdown_tables, run_options
-from personaemp.training import reward_options  # [reward]: the training reward's section (no command)
+from personaemp.training import options as training_options  # [reward] too (no command)
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,8 @@ class Stage:
     # An LLM stage skipped when current (freshness.py): its section has `force` and `shard`.
     fresh: bool = False
     wiring: Callable[[], dict[str, Any]] | None = None  # arguments that come from another product
-    # Its TOML sections: its own first, declared in `options` (default: `<module>_options`);
+    # Its TOML sections: its own first, declared in `options_module` (default: its product's
+    # options.py, e.g. build.options);
     # "llm" makes it an LLM stage (the [llm] options, the engine's settings).
     sections: tuple[str, ...] = ()
     options_module: str = ""
@@ -54,7 +55,7 @@ class Stage:
 
     @property
     def options_from(self) -> str:
-        return f"personaemp.{self.options_module or self.module + '_options'}"
+        return f"personaemp.{self.options_module or self.module.split('.')[0] + '.options'}"
 
     def call(self, *args, **extra):
         """The module's `from_options`, imported now (a command imports only its own stage)."""
@@ -276,7 +277,7 @@ def _catalogue() -> None:
 
 
 _catalogue()
-assert reward_options.RewardConfig is SECTIONS["reward"]
+assert training_options.RewardConfig is SECTIONS["reward"]
 RunOptions = run_options()  # personaemp.toml: every section (the file may leave any out)
 
 RUN_COMMANDS = ("filter", "infer-persona", "gen-queries", "split", "stats", "push")

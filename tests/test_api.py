@@ -20,7 +20,7 @@ from fake_openai import FakeOpenAI
 
 import personaemp as pe
 from personaemp.aio import run_sync
-from personaemp.build.split_options import SplitOptions
+from personaemp.build.options import SplitOptions
 from personaemp.options import specs
 from personaemp.registry import COMMANDS
 

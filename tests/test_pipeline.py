@@ -21,7 +21,7 @@ from fake_openai import FakeOpenAI
 from rich.console import Console
 from typer.testing import CliRunner
 
-from personaemp.build.persona_options import PersonaOptions
+from personaemp.build.options import PersonaOptions
 from personaemp.cli import app
 from personaemp.config import llm_settings, load_config
 from personaemp.errors import InputError

@@ -386,7 +386,7 @@ def test_code_that_opens_an_engine_itself_is_told_vllm_has_no_endpoint(tmp_path)
 
 def infer_persona_in_rounds(folder: Path, sample_build: Path) -> tuple:
     """infer-persona on the sample's 16 users with --llm vllm: (its result, its report's figures)."""
-    from personaemp.build.persona_options import PersonaOptions
+    from personaemp.build.options import PersonaOptions
     from personaemp.registry import STAGES
 
     folder.mkdir(exist_ok=True)

@@ -17,9 +17,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from personaemp.build.filter import filter_users
+from personaemp.build.options import SplitOptions
 from personaemp.build.persona import infer_personas
 from personaemp.build.queries import generate_queries
-from personaemp.build.split_options import SplitOptions
 from personaemp.cli import app
 from personaemp.errors import InputError, PersonaempError
 from personaemp.io import read_stage_rows

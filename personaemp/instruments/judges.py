@@ -110,7 +110,7 @@ ROOM = {step.name: 2048 for step in STEPS}  # tokens at least, as the authors' j
 
 
 MISSING_RULES = ("skip", "floor")  # skip: the authors' (what eval.py judges); floor: 1, counted
-UNREADABLE_RULES = ("authors", "fail")  # see [evaluate] unreadable (evaluation/evaluate_options.py)
+UNREADABLE_RULES = ("authors", "fail")  # see [evaluate] unreadable (evaluation/options.py)
 NEUTRAL = 3.0  # an unreadable dynamic judgment under the authors' rule (their reward's 0.6 x 5)
 _DEFAULT = JUDGE_DEFAULTS  # declared once, in options.py ([evaluate] takes its defaults from it too)
 

@@ -105,7 +105,7 @@ from personaemp.llm.reply import split_reasoning
 from personaemp.llm.step import Step
 from personaemp.prompts import LAYOUTS, Prompt, load_prompt
 from personaemp.records import DIMENSIONS
-from personaemp.training.reward_options import RewardConfig
+from personaemp.training.options import RewardConfig
 
 log = logging.getLogger("personaemp.reward")
 

@@ -1,6 +1,6 @@
-"""The options of `personaemp evaluate` (TOML `[evaluate]`), declared once: each field makes
-its flag, TOML key, env var and docs row (personaemp/options.py). A module of their own beside
-the stage's code, so that `personaemp --help` reads them without importing it (pydantic only)."""
+"""[criteria], [respond], [evaluate] and [table], the evaluation commands' options, one pydantic
+field per option (personaemp/options.py derives the rest). Outside the stages' modules, which
+load the LLM engine, so the CLI's help is quick."""
 
 from __future__ import annotations
 
@@ -10,18 +10,85 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, model_validator
 
 from personaemp.options import (
+    DEFAULT_LAYOUT,
     JUDGE_DEFAULTS,
     PROCESSED,
+    Context,
     Layout,
+    MismatchSeed,
     Names,
     Opt,
     OptionProblem,
     Part,
+    RagK,
     Section,
     SplitSetting,
     SplitsFolder,
     declare,
 )
+
+
+@declare("criteria")
+class CriteriaOptions(Section):
+    input: Annotated[
+        Path,
+        Opt(
+            "Queries (gen-queries' output, or a split file).",
+            ("--input", "-i"),
+            derive="queries.output",
+            io="read",
+        ),
+    ] = PROCESSED / "queries.jsonl"
+    output: Annotated[
+        Path,
+        Opt(
+            "Criteria per query and dimension.",
+            ("--output", "-o"),
+            derive="processed:criteria.jsonl",
+            io="write",
+            beside=("criteria.failures.jsonl",),
+        ),
+    ] = PROCESSED / "criteria.jsonl"
+    limit: Annotated[int | None, Field(ge=1), Opt("Only the first N queries.")] = None
+    users: Annotated[
+        Names | None,
+        Field(min_length=1),
+        Opt("Only the queries of these user ids (repeat or comma-separate).", metavar="ID"),
+    ] = None
+    layout: Layout = DEFAULT_LAYOUT
+
+
+@declare("respond")
+class RespondOptions(Section):
+    splits: SplitsFolder = PROCESSED / "splits"
+    split: SplitSetting = "random"
+    part: Annotated[Part, Opt("Part of the split.")] = "test"
+    context: Annotated[
+        Context,
+        Opt(
+            "What the policy sees besides the query: nothing (w/o memory), the numbered memories "
+            "(the paper's input), a summary of the user it first writes from them (the Memory "
+            "baseline), the rag_k memories most similar to the query (RAG), another user's "
+            "memories (mismatched memory), or the persona (the judge reads it too)."
+        ),
+    ] = "memory"
+    rag_k: RagK = 3
+    mismatch_seed: MismatchSeed = 0
+    output: Annotated[
+        Path | None,
+        Opt(
+            "Responses, one per query (default: responses-<split>-<part>-<context>.jsonl beside the "
+            "splits folder; name one per model).",
+            ("--output", "-o"),
+            io="write",
+            beside=("{stem}.failures.jsonl",),
+        ),
+    ] = None
+    limit: Annotated[int | None, Field(ge=1), Opt("Only the first N queries.")] = None
+
+    @property
+    def output_path(self) -> Path:
+        return self.output or self.splits.parent / f"responses-{self.split}-{self.part}-{self.context}.jsonl"
 
 
 class JudgeSpec(Section):
@@ -165,3 +232,32 @@ class EvaluateOptions(Section):
             if names.count(name) > 1:
                 raise OptionProblem("judges", f"names {name!r} twice", "give each judge its own name")
         return self
+
+
+@declare("table")
+class TableOptions(Section):
+    reports: Annotated[
+        Names,
+        Opt(
+            "Report of `personaemp evaluate` (one per split: random, ood), repeatable; each judge "
+            "of a report is a column group.",
+            ("--report", "-r"),
+            metavar="FILE",
+            io="read",
+        ),
+    ] = []
+    format: Annotated[Literal["markdown", "csv", "latex"], Opt("Output format.")] = "markdown"
+    output: Annotated[
+        Path | None, Opt("Write the table here (default: print it).", ("--output", "-o"), io="write")
+    ] = None
+    harmonic: Annotated[bool, Opt("Add H (0-1) beside Avg in each group.")] = False
+    digits: Annotated[int, Field(ge=0, le=6), Opt("Decimals shown.")] = 2
+    judge: Annotated[
+        str | None,
+        Opt("Only this judge of a panel report (e.g. the paper's Table 2 from a Table 1 run).", ("--judge",)),
+    ] = None
+    systems: Annotated[
+        Names | None,
+        Field(min_length=1),
+        Opt("Only these systems, in this order (repeat or comma-separate).", metavar="NAME"),
+    ] = None
