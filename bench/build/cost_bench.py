@@ -12,26 +12,23 @@ Target: <= 5,000 tokens per accepted query, Big Five included.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 from rich.console import Console
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
-from fake_openai import FakeOpenAI  # noqa: E402
+from benchlib import fake_endpoint, parser  # noqa: E402
 
 from personaemp.build.filter import filter_users  # noqa: E402
 from personaemp.build.persona import infer_personas  # noqa: E402
 from personaemp.build.queries import LANGUAGE_NAMES, generate_queries  # noqa: E402
 from personaemp.language import detect_language  # noqa: E402
-from personaemp.llm.settings import LLMSettings  # noqa: E402
 
 # One message per category and language; other languages reuse the user's own messages.
 SENTENCES = {
@@ -190,14 +187,9 @@ def queries_from(source: Path, work: Path, settings, *, limit: int | None = None
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--users", type=int, default=100)
-    parser.add_argument("--source", type=Path, default=ROOT.parent / "shared" / "alpsbench" / "task1")
-    args = parser.parse_args()
+    args = parser(__doc__, users=100).parse_args()
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
-    with tempfile.TemporaryDirectory() as folder, FakeOpenAI(responder=responder(random.Random(7))) as server:
-        work = Path(folder)
-        settings = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=work / "w")
+    with fake_endpoint(responder(random.Random(7))) as (work, settings):
         persona_report, query_report, funnel = queries_from(
             args.source, work, settings, limit=args.users, console=quiet
         )

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -30,30 +29,11 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+from benchlib import machine, speed  # noqa: E402, F401  (speed: the others import it from here)
+
 DEMO_BUDGET = 300.0  # seconds, the issue's bar after install on 2 cores
 CALL_BUDGET = 60.0  # no single local call over this
-
-
-def machine() -> str:
-    model = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        model = platform.processor() or model
-    return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}; {speed()}"
-
-
-def speed() -> str:
-    """One core's speed now: the CPU model here stays the same while its speed varies by a
-    third between hours, so figures measured at different times need this beside them."""
-    started = time.perf_counter()
-    total = 0
-    for number in range(10_000_000):
-        total += number
-    return f"a 10M-step Python loop {time.perf_counter() - started:.2f} s"
 
 
 def looks_like_a_loop(text: str) -> bool:

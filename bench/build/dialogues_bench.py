@@ -27,8 +27,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
+from benchlib import parser  # noqa: E402
 from fake_openai import FakeOpenAI, serve_until_killed  # noqa: E402
 from test_dialogues import text_of, user_row, write_queries  # noqa: E402
 from test_sessions import Judged, session_step  # noqa: E402
@@ -109,13 +110,11 @@ def used(totals: dict) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--dialogues", type=int, default=100)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--median", type=float, default=0.1)
-    parser.add_argument("--sigma", type=float, default=0.5)
-    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # the server's process
-    args = parser.parse_args()
+    options = parser(__doc__, median=0.1, sigma=0.5)
+    options.add_argument("--dialogues", type=int, default=100)
+    options.add_argument("--concurrency", type=int, default=32)
+    options.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # the server's process
+    args = options.parse_args()
     if args.serve:
         serve(args.median, args.sigma, args.serve)
         return

@@ -46,6 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
+from benchlib import capable_server  # noqa: E402
 from conftest import SAMPLE_TASK1, copy_sample  # noqa: E402
 
 MESSAGE = "Interrupted — run it again to resume"
@@ -115,20 +116,6 @@ def left_in_session(sid: int, grace: float = 3.0) -> list[int]:
     return found
 
 
-def start_server(median: float) -> tuple[subprocess.Popen, str]:
-    command = [
-        sys.executable, str(ROOT / "bench" / "capable_server.py"), "--latency-median", str(median),
-        "--latency-sigma", "0.5", "--seed", "1",
-    ]  # fmt: skip
-    # stderr: the server's notes on the connections the killed runs dropped
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    line = server.stdout.readline().strip()
-    if not line.startswith("READY "):
-        server.kill()
-        sys.exit(f"fake server did not start: {line!r}")
-    return server, line.split(" ", 1)[1]
-
-
 def content(value):
     """A row less what differs between two builds of the same rows: when it was written
     (created_at), and the input hash gen-queries takes over the persona row with it."""
@@ -192,7 +179,7 @@ def main() -> None:
     Run.ignored = args.sigint_ignored
     started_so = " (runs started with SIGINT ignored)" if args.sigint_ignored else ""
     print(f"personaemp from {args.code.resolve()}{started_so}")
-    server, base_url = start_server(args.median)
+    server, base_url = capable_server(args.median, 0.5, quiet=True)  # quiet: the dropped runs' notes
     work = Path(tempfile.mkdtemp(prefix="interrupt_bench."))
     try:
         copy_sample(SAMPLE_TASK1, work / "input", args.copies, mark=True)

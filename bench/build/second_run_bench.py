@@ -52,7 +52,7 @@ def run(label: str, command: list[str], cwd: Path, env: dict[str, str], results:
 
 
 def main() -> int:
-    from demo_bench import machine
+    from benchlib import machine
 
     print(machine())
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
@@ -94,5 +94,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path[:0] = [str(ROOT / "bench" / "build")]  # the benches it borrows from
+    sys.path.insert(0, str(ROOT / "bench"))
     sys.exit(main())

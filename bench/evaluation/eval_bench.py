@@ -13,29 +13,27 @@ of every prompt and reply, so the figure does not depend on a tokenizer.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import random
 import sys
-import tempfile
 from pathlib import Path
 
 from rich.console import Console
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path[:0] = [str(ROOT / "bench" / "build")]  # the benches it borrows from
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "bench" / "build")]  # benchlib, cost_bench
 
+from benchlib import fake_endpoint, parser  # noqa: E402
 from cost_bench import queries_from  # noqa: E402
 from cost_bench import responder as capable  # noqa: E402
-from fake_openai import FakeOpenAI  # noqa: E402
 
 from personaemp.build.split import split_users  # noqa: E402
 from personaemp.evaluation.criteria import write_criteria  # noqa: E402
 from personaemp.evaluation.evaluate import evaluate  # noqa: E402
 from personaemp.evaluation.respond import write_responses  # noqa: E402
 from personaemp.instruments.judges import JudgeOptions  # noqa: E402
-from personaemp.llm.settings import LLMSettings  # noqa: E402
 
 ANALYSIS = " ".join(
     ["The reply names the failed exam and the sister, but it lectures instead of listening."] * 3
@@ -76,14 +74,9 @@ def scripted(rng: random.Random):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--users", type=int, default=60)
-    parser.add_argument("--source", type=Path, default=ROOT.parent / "shared" / "alpsbench" / "task1")
-    args = parser.parse_args()
+    args = parser(__doc__, users=60).parse_args()
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
-    with tempfile.TemporaryDirectory() as folder, FakeOpenAI(responder=scripted(random.Random(7))) as server:
-        work = Path(folder)
-        settings = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=work / "w")
+    with fake_endpoint(scripted(random.Random(7))) as (work, settings):
         queries_from(args.source, work, settings, limit=args.users, console=quiet)
         split_users(work / "queries.jsonl", work / "splits", ood=False, test_size=0.3)
         write_criteria(work / "queries.jsonl", work / "criteria.jsonl", settings, console=quiet)
@@ -95,9 +88,7 @@ def main() -> None:
         for dynamic, samples in ((False, 1), (True, 1), (True, 8)):
             for bystander in (False, True):
                 steps = {"judge_dynamic": {"temperature": 0.7}} if samples > 1 else {}
-                judge = LLMSettings(
-                    base_urls=[server.base_url], model="fake", work_dir=work / "w", steps=steps
-                )
+                judge = dataclasses.replace(settings, steps=steps)
                 options = JudgeOptions(dynamic=dynamic, samples=samples, bystander=bystander)
                 report, evaluation = evaluate(
                     work / "splits",

@@ -16,32 +16,26 @@ by --estimate; it is sent once per user (the paper: 5,463 queries from 2,780 use
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import random
 import sys
-import tempfile
 from pathlib import Path
 
 from rich.console import Console
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path[:0] = [
-    str(ROOT / "bench" / "build"),
-    str(ROOT / "bench" / "evaluation"),
-]  # the benches it borrows from
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "bench" / "build"), str(ROOT / "bench" / "evaluation")]
 
+from benchlib import fake_endpoint, parser  # noqa: E402
 from cost_bench import queries_from  # noqa: E402
 from eval_bench import scripted  # noqa: E402
-from fake_openai import FakeOpenAI  # noqa: E402
 
 from personaemp.build.split import split_users  # noqa: E402
 from personaemp.evaluation.criteria import write_criteria  # noqa: E402
 from personaemp.evaluation.evaluate import evaluate  # noqa: E402
 from personaemp.evaluation.respond import write_responses  # noqa: E402
 from personaemp.instruments.judges import JudgeOptions  # noqa: E402
-from personaemp.llm.settings import LLMSettings  # noqa: E402
 
 PAPER_QUERIES, PAPER_USERS = 5463, 2780
 PER_SPLIT = round(PAPER_QUERIES * 0.1)  # test queries per split
@@ -57,14 +51,9 @@ def figures(report) -> tuple[int, int, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--users", type=int, default=60)
-    parser.add_argument("--source", type=Path, default=ROOT.parent / "shared" / "alpsbench" / "task1")
-    args = parser.parse_args()
+    args = parser(__doc__, users=60).parse_args()
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
-    with tempfile.TemporaryDirectory() as folder, FakeOpenAI(responder=scripted(random.Random(7))) as server:
-        work = Path(folder)
-        live = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=work / "w")
+    with fake_endpoint(scripted(random.Random(7))) as (work, live):
         dry = dataclasses.replace(live, estimate=True, work_dir=work / "dry")  # an empty cache
         queries_from(args.source, work, live, limit=args.users, console=quiet)
         split_users(work / "queries.jsonl", work / "splits", ood=True, test_size=0.1)

@@ -15,15 +15,11 @@ order: wall / that is the engine's own overhead.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import heapq
-import json
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -34,6 +30,8 @@ from personaemp.llm.step import Step
 from personaemp.runner import run_units
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+from benchlib import parser, server_stats, start_server  # noqa: E402
 
 
 class Reply(BaseModel):
@@ -43,29 +41,6 @@ class Reply(BaseModel):
 
 
 STEP = Step("bench", Reply, max_tokens=64)
-
-
-def start_server(fault_rate: float, median: float, sigma: float) -> tuple[subprocess.Popen, str]:
-    command = [sys.executable, str(ROOT / "tests" / "fake_openai.py"), "--port", "0", "--seed", "1"]
-    command += [
-        "--latency-median",
-        str(median),
-        "--latency-sigma",
-        str(sigma),
-        "--fault-rate",
-        str(fault_rate),
-    ]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    line = server.stdout.readline().strip()
-    if not line.startswith("READY "):
-        server.kill()
-        sys.exit(f"fake server did not start: {line!r}")
-    return server, line.split(" ", 1)[1]
-
-
-def server_latencies(base_url: str) -> list[float]:
-    with urllib.request.urlopen(base_url.removesuffix("/v1") + "/stats") as response:
-        return json.load(response)["latencies"]
 
 
 async def run(base_url: str, units: int, in_flight: int, work_dir: Path) -> tuple[float, float, dict]:
@@ -100,18 +75,19 @@ async def run(base_url: str, units: int, in_flight: int, work_dir: Path) -> tupl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--units", type=int, default=500)
-    parser.add_argument("--in-flight", type=int, default=32)
-    parser.add_argument("--median", type=float, default=0.3)
-    parser.add_argument("--sigma", type=float, default=0.8)
-    args = parser.parse_args()
+    options = parser(__doc__, in_flight=32, median=0.3, sigma=0.8)
+    options.add_argument("--units", type=int, default=500)
+    args = options.parse_args()
     for fault_rate in (0.0, 0.1):
-        server, base_url = start_server(fault_rate, args.median, args.sigma)
+        server, base_url = start_server(
+            ROOT / "tests" / "fake_openai.py", "--port", "0", "--seed", "1",
+            "--latency-median", str(args.median), "--latency-sigma", str(args.sigma),
+            "--fault-rate", str(fault_rate),
+        )  # fmt: skip
         try:
             with tempfile.TemporaryDirectory() as work_dir:
                 wall, cpu, info = asyncio.run(run(base_url, args.units, args.in_flight, Path(work_dir)))
-            latencies = server_latencies(base_url)
+            latencies = server_stats(base_url)["latencies"]
         finally:
             server.kill()
             server.wait()

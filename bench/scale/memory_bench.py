@@ -24,8 +24,8 @@ from pathlib import Path
 from rich.console import Console
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "bench" / "build")]  # the benches it borrows from
-from demo_bench import machine  # noqa: E402
+sys.path.insert(0, str(ROOT / "bench"))
+from benchlib import machine  # noqa: E402
 
 from personaemp.build.filter import filter_users  # noqa: E402
 

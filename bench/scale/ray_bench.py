@@ -22,7 +22,6 @@ Figures: docs/past-one-machine.md#figures.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -34,10 +33,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "bench" / "build"), str(ROOT / "bench" / "scale")]  # the benches it borrows from
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "bench" / "scale")]  # benchlib, and run_bench's
 sys.path.insert(0, str(ROOT / "tests"))
-from demo_bench import machine  # noqa: E402
-from run_bench import prepare, simulate, start_server, stats  # noqa: E402
+from benchlib import capable_server, machine, parser, server_stats  # noqa: E402
+from run_bench import prepare, simulate  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -193,18 +192,15 @@ def shapes(personas: Path, in_flight: int, median: float, sigma: float) -> tuple
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--copies", type=int, default=3)
-    parser.add_argument("--in-flight", type=int, default=32)
-    parser.add_argument("--median", type=float, default=0.3)
-    parser.add_argument("--sigma", type=float, default=0.6)
-    parser.add_argument("--workers", type=int, nargs="*", default=[2, 4])
-    parser.add_argument(
+    options = parser(__doc__, in_flight=32, median=0.3, sigma=0.6)
+    options.add_argument("--copies", type=int, default=3)
+    options.add_argument("--workers", type=int, nargs="*", default=[2, 4])
+    options.add_argument(
         "--control", action="store_true", help="also one process with the stages one after the other"
     )
-    args = parser.parse_args()
+    args = options.parse_args()
     print(f"machine: {machine()}; load average before: {os.getloadavg()[0]:.2f}")
-    server, base_url = start_server(args.median, args.sigma)
+    server, base_url = capable_server(args.median, args.sigma)
     runs: list[tuple[str, int | None, bool]] = [("one process", None, False)]
     if args.control:
         runs.append(("one process, stage after stage", None, True))
@@ -217,9 +213,9 @@ def main() -> None:
                 if workers:
                     with (folder / "personaemp.toml").open("a", encoding="utf-8") as toml:
                         toml.write(f'executor = "ray"\nworkers = {workers}\n')
-                before = stats(base_url)
+                before = server_stats(base_url)
                 wall, err, sampler, cpu = run(folder, server.pid, sequential)
-                after = stats(base_url)
+                after = server_stats(base_url)
                 personas = folder / "processed" / "personas.jsonl"
                 kept = sum(1 for _ in personas.open(encoding="utf-8"))
                 simulated = shapes(personas, args.in_flight, args.median, args.sigma)

@@ -17,7 +17,6 @@ command again: it must send 0 requests.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import heapq
 import json
@@ -28,35 +27,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "bench" / "build")]  # the benches it borrows from
-from demo_bench import machine  # noqa: E402
+sys.path.insert(0, str(ROOT / "bench"))
+from benchlib import SHARED, capable_server, machine, parser, server_stats  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests"))
 from conftest import copy_sample  # noqa: E402
-
-SHARED = ROOT.parent / "shared" / "alpsbench" / "task1"
-
-
-def start_server(median: float, sigma: float) -> tuple[subprocess.Popen, str]:
-    command = [
-        sys.executable, str(ROOT / "bench" / "capable_server.py"), "--latency-median", str(median),
-        "--latency-sigma", str(sigma), "--seed", "1",
-    ]  # fmt: skip
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    line = server.stdout.readline().strip()
-    if not line.startswith("READY "):
-        server.kill()
-        sys.exit(f"fake server did not start: {line!r}")
-    return server, line.split(" ", 1)[1]
-
-
-def stats(base_url: str) -> dict:
-    with urllib.request.urlopen(base_url.removesuffix("/v1") + "/stats") as response:
-        return json.load(response)
 
 
 def run(folder: Path) -> tuple[float, str]:
@@ -112,17 +90,14 @@ def prepare(folder: Path, copies: int, base_url: str, in_flight: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--copies", type=int, default=3)
-    parser.add_argument("--in-flight", type=int, default=32)
-    parser.add_argument("--median", type=float, default=0.3)
-    parser.add_argument("--sigma", type=float, default=0.6)
-    parser.add_argument(
+    options = parser(__doc__, in_flight=32, median=0.3, sigma=0.6)
+    options.add_argument("--copies", type=int, default=3)
+    options.add_argument(
         "--keep", type=Path, help="an empty folder to run in and keep (default: a temporary one)"
     )
-    args = parser.parse_args()
+    args = options.parse_args()
     print(f"machine: {machine()}")
-    server, base_url = start_server(args.median, args.sigma)
+    server, base_url = capable_server(args.median, args.sigma)
     try:
         with contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory() as name:
             folder = Path(name)
@@ -130,11 +105,11 @@ def main() -> None:
             wall, timings = run(folder)
             first_cpu = float((folder / "cpu").read_text())
             launched = float((folder / "launched").read_text())
-            first = stats(base_url)
+            first = server_stats(base_url)
             processed = folder / "processed"
             report = json.loads((processed / ".personaemp" / "run_report.json").read_text())["stages"]
             again, _ = run(folder)
-            second = stats(base_url)
+            second = server_stats(base_url)
             personas = [json.loads(line) for line in (processed / "personas.jsonl").open(encoding="utf-8")]
             client_cpu = float((folder / "cpu").read_text())
     finally:

@@ -30,11 +30,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "bench" / "build"), str(ROOT / "bench" / "scale")]  # the benches it borrows from
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "bench" / "scale")]  # benchlib, and run_bench's
 sys.path.insert(0, str(ROOT / "tests"))
+from benchlib import capable_server, machine, server_stats  # noqa: E402
 from conftest import SAMPLE_TASK1  # noqa: E402
-from demo_bench import machine  # noqa: E402
-from run_bench import prepare, start_server, stats  # noqa: E402
+from run_bench import prepare  # noqa: E402
 
 STAGES = ("filter → infer-persona → gen-queries", "split", "stats", "push (dry run)")
 
@@ -95,23 +95,23 @@ def disk(folder: Path) -> tuple[int, int]:
 
 
 def full_run(args) -> None:
-    server, base_url = start_server(args.median, args.sigma)
+    server, base_url = capable_server(args.median, args.sigma)
     try:
         with tempfile.TemporaryDirectory(prefix="personaemp-scale-") as name:
             folder = Path(name)
             prepare(folder, args.copies, base_url, args.in_flight)
             wall, peaks, timing = run_sampled(folder)
-            first = stats(base_url)
+            first = server_stats(base_url)
             processed = folder / "processed"
             kept = json.loads((processed / "filter_report.json").read_text())["kept"]
             size, cache = disk(processed)
             again, again_peaks, again_timing = run_sampled(folder)
-            second = stats(base_url)
+            second = server_stats(base_url)
             config = str(folder / "personaemp.toml")
             alone = {
                 name: timed(name, "--config", config, cwd=folder) for name in ("infer-persona", "gen-queries")
             }
-            third = stats(base_url)
+            third = server_stats(base_url)
     finally:
         server.kill()
         server.wait()
@@ -159,7 +159,7 @@ def timed(*args: str, cwd: Path) -> tuple[float, float]:
 
 
 def grown(args) -> None:
-    server, base_url = start_server(0.0, 0.0)
+    server, base_url = capable_server(0.0, 0.0)
     try:
         with tempfile.TemporaryDirectory(prefix="personaemp-grow-") as name:
             folder = Path(name)
