@@ -1,6 +1,6 @@
 """What the benches share, written once: the machine line printed beside every figure, the
-argument parser with the options most benches take, the test server in another process
-(READY <url>, its /stats) or in this one, and a Markdown table.
+argument parser with the options most benches take, and the test server in another process
+(READY <url>, its /stats) or in this one.
 
 A bench finds it with `sys.path.insert(0, str(ROOT / "bench"))` and `import benchlib`.
 """
@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,11 +112,3 @@ def fake_endpoint(responder) -> Iterator[tuple[Path, object]]:
     with tempfile.TemporaryDirectory() as folder, FakeOpenAI(responder=responder) as server:
         work = Path(folder)
         yield work, LLMSettings(base_urls=[server.base_url], model="fake", work_dir=work / "w")
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A Markdown table; numbers right-aligned."""
-    numeric = [all(isinstance(row[i], int | float) for row in rows) for i in range(len(header))]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
