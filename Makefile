@@ -16,7 +16,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DCMAKE_PROJECT_llama.cp
 # every CLI subprocess compiled openai, pydantic, datasets... again (make test: 130 s vs 93 s).
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: demo test lint format chromium docs
+.PHONY: demo test lint format chromium docs bench
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,3 +56,8 @@ format: $(BIN)/.installed
 # The docs site, served with live reload at http://127.0.0.1:8000
 docs: $(BIN)/.installed
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+# The quick benches (bench/__main__.py), their figures written into docs/benchmarks.md with
+# the machine, date and commit; a few minutes on 2 cores. `python -m bench --stale` checks age.
+bench: $(BIN)/.installed
+	$(BIN)/python -m bench

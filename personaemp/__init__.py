@@ -10,6 +10,7 @@ The names below are loaded on first use, so `personaemp --help` stays fast.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 __version__ = "0.1.0"
@@ -41,6 +42,10 @@ __all__ = ["__version__", *_EXPORTS]
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
+    if module is None and not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is None:
+        module = "personaemp.api"  # a stage's function not listed above: api.py makes one per Stage
+        if not hasattr(importlib.import_module(module), name):
+            module = None
     if module is None:
         raise AttributeError(f"module 'personaemp' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)

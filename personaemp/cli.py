@@ -539,5 +539,5 @@ _COMMANDS.update(
 ORDER = ("extract-memories", "filter", "infer-persona", "gen-queries", "merge", "serve-local", "split",
          "stats", "push", "run", "gen-dialogues", "criteria", "respond", "export", "evaluate", "table",
          "review", "agreement")  # fmt: skip
-for _name in ORDER:
+for _name in [*ORDER, *(name for name in _COMMANDS if name not in ORDER)]:  # a new stage: last
     app.command(_name, cls=_Command)(_COMMANDS[_name])

@@ -24,7 +24,7 @@ from personaemp.errors import InputError
 from personaemp.options import (
     SECTIONS,
     LLMOptions,
-    RunOptions,
+    RunSections,
     Section,
     derive,
     describe,
@@ -32,6 +32,7 @@ from personaemp.options import (
     notice_renamed,
     parse_assignments,
     renamed,
+    run_options,
     spec,
     specs,
 )
@@ -118,9 +119,9 @@ class Resolver:
                 self._pending.discard(name)
         return self._resolved[name]
 
-    def all(self) -> RunOptions:
+    def all(self) -> RunSections:
         """Every section, resolved now: a bad value anywhere stops before any stage runs."""
-        return RunOptions.model_construct(**{name: self.section(name) for name in SECTIONS})
+        return run_options().model_construct(**{name: self.section(name) for name in SECTIONS})
 
     paths = property(lambda self: self.section("paths"))
     filter = property(lambda self: self.section("filter"))
@@ -194,7 +195,7 @@ def load_config(
     env: Mapping[str, str] | None = None,
     settings: list[str] | None = None,
     flags: Mapping[str, Mapping[str, Any]] | None = None,
-) -> RunOptions:
+) -> RunSections:
     """Every option of `personaemp run`: `settings` (`run --set SECTION.KEY=VALUE`) and
     `flags` (`run --model ...`: {section: {option: value}}, cli_flags) over env vars over the
     file over the defaults. A key given both ways is refused."""

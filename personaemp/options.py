@@ -1,21 +1,24 @@
-"""Every option of every stage, declared once.
+"""How an option is declared, once, and what follows from the declaration.
 
-One pydantic model per TOML section: `[extract]` (extract-memories), `[filter]`, `[persona]`
-(infer-persona), `[queries]` (gen-queries), `[split]`, `[stats]`, `[push]`, `[criteria]`,
-`[respond]`, `[evaluate]`, `[table]`, `[review]`, `[agreement]`, `[export]`, `[reward]` (the
-training reward), `[llm]` (the options every LLM command shares) and `[paths]` (where a
-config's files live). A field is an option: its name is the TOML key, its type, default and
-constraints are the validation, and its `Opt` metadata holds the help text, the CLI spelling
-(default `--field-name`), the environment variable and, for file paths, where its default
-comes from inside a config. From these models follow:
+One pydantic model per TOML section. A field is an option: its name is the TOML key, its
+type, default and constraints are the validation, and its `Opt` metadata holds the help
+text, the CLI spelling (default `--field-name`), the environment variable and, for file
+paths, where its default comes from inside a config and how it is written (path safety).
+
+A stage's section lives beside the stage: `@declare("filter")` on `FilterOptions` in
+personaemp/build/options.py, the options of the build's stages (`personaemp/<product>/options.py`;
+a Stage line of the registry may name another module, as a stage with light code its own).
+Here: the machinery (Opt, Section, declare, the catalogue, introspection, one-line errors,
+the docs tables), the shared sections `[paths]` and `[llm]`, and the option types several
+stages share. From the declarations follow:
 
 - the Typer options of each stage command (`personaemp.cli`),
 - the sections of personaemp.toml and their resolution, flag > env var > file > default
   (`personaemp.config`),
 - the option tables of the docs' Options page (`markdown_tables`,
-  `python -m personaemp.options docs/options.md`).
+  `python -m personaemp.registry docs/options.md`).
 
-This module stays light (pydantic only): `personaemp --help` imports it.
+This module and the options modules stay light (pydantic only): `personaemp --help` imports them.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    field_validator,
+    create_model,
     model_validator,
 )
 from pydantic.fields import FieldInfo
@@ -217,9 +220,33 @@ def renamed(model: type[BaseModel]) -> dict[str, str]:
     }
 
 
+# --- the catalogue -----------------------------------------------------------------------------
+# Every section by its TOML name and every stage command's sections. A section is declared
+# where its stage lives (`@declare("filter")` in personaemp/build/options.py), the
+# shared ones ([paths], [llm]) here; the registry (personaemp/registry.py) imports each
+# stage's options module, puts the sections in pipeline order and fills COMMANDS and
+# CLI_ONLY from its Stage lines. So a stage is its module(s) plus one registry line.
+SECTIONS: dict[str, type[Section]] = {}  # TOML section -> its model, in pipeline order
+COMMANDS: dict[str, tuple[str, ...]] = {}  # stage command -> its sections (the first is its own)
+
+
+def declare(name: str) -> Callable[[type[Section]], type[Section]]:
+    """Class decorator: `model` is the TOML section [name] (also importable on its own, as
+    personaemp.reward's from_config does with [reward])."""
+
+    def register(model: type[Section]) -> type[Section]:
+        if SECTIONS.get(name, model) is not model:
+            raise TypeError(f"[{name}] is declared twice: {SECTIONS[name].__name__} and {model.__name__}")
+        SECTIONS[name] = model
+        return model
+
+    return register
+
+
 # --- the sections ------------------------------------------------------------------------------
 
 
+@declare("paths")
 class PathsOptions(Section):
     """[paths]: a config's input and the folder its stages write to (TOML only)."""
 
@@ -229,159 +256,6 @@ class PathsOptions(Section):
     )
 
 
-class FilterOptions(Section):
-    input: Annotated[
-        str,
-        Opt(
-            "AlpsBench task1 folder, benchmark_data/ root, raw export file or folder, or hf:OWNER/NAME.",
-            ("--input", "-i"),
-            env="PERSONAEMP_INPUT",
-            derive="paths.input",
-            io="read",
-        ),
-    ] = RAW_INPUT
-    format: Annotated[Format, Opt("Input format (auto: detected).")] = "auto"
-    rules: Annotated[
-        Path | None,
-        Opt(
-            "Rules TOML; each key it sets overrides the shipped default (see --show-rules).",
-            metavar="FILE",
-            io="read",
-        ),
-    ] = None
-    output: Annotated[
-        Path,
-        Opt(
-            "Kept users, one per line; filter_report.json goes beside it.",
-            ("--output", "-o"),
-            derive="processed:filtered.jsonl",
-            io="write",
-            beside=("filter_report.json",),
-        ),
-    ] = PROCESSED / "filtered.jsonl"
-    benchmark_split: Annotated[
-        str | None,
-        Opt(
-            "Split of a benchmark_data/ root (dev, validation, examples) or of a Hub dataset (train).",
-            renamed_from="split",
-        ),
-    ] = None
-    hf_config: Annotated[str | None, Opt("Config name of a Hub dataset.")] = None
-    on_error: Annotated[
-        Literal["fail", "skip"],
-        Opt("fail: stop at the first bad row, write nothing; skip: skip bad rows and count them."),
-    ] = "fail"
-    turns: Annotated[
-        Literal["user", "all"],
-        Opt("user: keep the user's own turns (what later stages read); all: keep assistant turns too."),
-    ] = "user"
-    force: Force = False
-
-
-class ExtractOptions(Section):
-    """[extract]: extract-memories, the stage before `filter` when the input is a conversation log."""
-
-    input: Annotated[
-        str,
-        Opt(
-            "Conversation log: WildChat parquet/JSONL, OpenAI-messages JSONL, ShareGPT JSON/JSONL, a "
-            "CSV/parquet table of turns, or an AlpsBench task1 folder (its dialogues only).",
-            ("--input", "-i"),
-            derive="paths.input",
-            io="read",
-        ),
-    ] = RAW_INPUT
-    format: Annotated[LogFormat, Opt("Log format (auto: detected from the file and its first record).")] = (
-        "auto"
-    )
-    output: Annotated[
-        Path,
-        Opt(
-            "Users with their extracted memories, in the AlpsBench raw-export shape `filter` reads; "
-            "conversations.jsonl (the users as read) goes beside it.",
-            ("--output", "-o"),
-            derive="processed:memories.jsonl",
-            io="write",
-            beside=(
-                "conversations.jsonl",
-                "extract-memories.failures.jsonl",
-                "gold_comparison.json",
-                "alpsbench_predictions.jsonl",
-            ),
-        ),
-    ] = PROCESSED / "memories.jsonl"
-    user_field: Annotated[
-        str | None,
-        Opt(
-            "Field holding the user id (messages, ShareGPT: default user_id or user; WildChat: "
-            "hashed_ip). Without one, each conversation is its own user.",
-            metavar="NAME",
-        ),
-    ] = None
-    user_column: Annotated[str, Opt("Table: the column of user ids.", metavar="NAME")] = "user_id"
-    session_column: Annotated[
-        str | None, Opt("Table: the column of conversation ids (none: one session per user).", metavar="NAME")
-    ] = "session_id"
-    order_column: Annotated[
-        str, Opt("Table: the column of turn numbers within a session.", metavar="NAME")
-    ] = "turn"
-    role_column: Annotated[str, Opt("Table: the column of roles (user, assistant).", metavar="NAME")] = "role"
-    text_column: Annotated[str, Opt("Table: the column of turn texts.", metavar="NAME")] = "text"
-    time_column: Annotated[str | None, Opt("Table: a column of timestamps (optional).", metavar="NAME")] = (
-        None
-    )
-    time_format: Annotated[
-        str | None,
-        Opt(
-            "strptime format of text timestamps (e.g. %m/%d/%Y %H:%M); without it, ISO 8601 or seconds "
-            "(milliseconds from 1e11 up) since 1970. A time without a zone is UTC.",
-            metavar="FORMAT",
-        ),
-    ] = None
-    max_sessions: Annotated[int, Field(ge=1), Opt("Latest sessions kept per user.")] = 50
-    max_turns: Annotated[
-        int, Field(ge=1), Opt("Latest turns kept per user, all roles (AlpsBench's longest: 249).")
-    ] = 249
-    max_turn_chars: Annotated[
-        int,
-        Field(ge=200),
-        Opt("Characters kept of a longer turn (its head and tail); code blocks cut first."),
-    ] = 2000
-    max_user_chars: Annotated[
-        int, Field(ge=1000), Opt("Characters of the user's own messages per prompt (the latest kept).")
-    ] = 24000
-    on_error: Annotated[
-        Literal["fail", "skip"],
-        Opt("fail: stop at the first bad row, write nothing; skip: skip bad rows and count them."),
-    ] = "fail"
-    compare_gold: Annotated[
-        Path | None,
-        Opt(
-            "AlpsBench reference_output.jsonl: write precision, recall and F1 of the extracted memories "
-            "against it (gold_comparison.json beside the output).",
-            metavar="FILE",
-            io="read",
-        ),
-    ] = None
-    match_threshold: Annotated[
-        float, Field(gt=0, le=1), Opt("--compare-gold: the value overlap (token F1) a match needs.")
-    ] = 0.3
-    alpsbench_predictions: Annotated[
-        bool,
-        Opt(
-            "Also write alpsbench_predictions.jsonl beside the output: the memories as AlpsBench's task1 "
-            "scorer reads them (memory_items per session; with --compare-gold, the gold beside them)."
-        ),
-    ] = False
-    limit: Annotated[int | None, Field(ge=1), Opt("Only the first N users.")] = None
-    users: Annotated[
-        Names | None,
-        Field(min_length=1),
-        Opt("Only these user ids (repeat or comma-separate).", metavar="ID"),
-    ] = None
-    shard: Shard = None
-
-
 class StepSampling(Section):
     """[llm.steps.<step>]: sampling of one LLM step over the step's and the run's defaults."""
 
@@ -389,6 +263,7 @@ class StepSampling(Section):
     max_tokens: Annotated[int | None, Field(ge=1)] = None
 
 
+@declare("llm")
 class LLMOptions(Section):
     """[llm]: the options every LLM command shares. The API key is not one of
     them: it comes from OPENAI_API_KEY only (a flag would land in shell history)."""
@@ -605,195 +480,10 @@ class LLMOptions(Section):
         }
 
 
-class PersonaOptions(Section):
-    input: Annotated[
-        Path, Opt("Filtered users (filter's output).", ("--input", "-i"), derive="filter.output", io="read")
-    ] = PROCESSED / "filtered.jsonl"
-    output: Annotated[
-        Path,
-        Opt(
-            "Personas, one per user.",
-            ("--output", "-o"),
-            derive="processed:personas.jsonl",
-            io="write",
-            beside=("infer-persona.failures.jsonl",),
-        ),
-    ] = PROCESSED / "personas.jsonl"
-    limit: Annotated[int | None, Field(ge=1), Opt("Only the first N users.")] = None
-    users: Annotated[
-        Names | None,
-        Field(min_length=1),
-        Opt("Only these user ids (repeat or comma-separate).", metavar="ID"),
-    ] = None
-    require_depth: Annotated[
-        bool, Opt("Drop users the depth check turns away (--no-require-depth keeps grounded ones).")
-    ] = True
-    enforce: Annotated[
-        PersonaChecks | None,
-        Opt(
-            "Checks a trait statement or Big Five rationale must pass, else the reply is asked "
-            f"again (default: every check; all are recorded): {', '.join(PERSONA_CHECKS)}.",
-            metavar="CHECKS",
-        ),
-    ] = None
-    shard: Shard = None
-    force: Force = False
-
-    _enforce_names_a_check = field_validator("enforce")(_some_checks)
-
-
-class QueriesOptions(Section):
-    input: Annotated[
-        Path, Opt("Personas (infer-persona's output).", ("--input", "-i"), derive="persona.output", io="read")
-    ] = PROCESSED / "personas.jsonl"
-    output: Annotated[
-        Path,
-        Opt(
-            "Accepted queries per user; rejected.jsonl goes beside it.",
-            ("--output", "-o"),
-            derive="processed:queries.jsonl",
-            io="write",
-            beside=("rejected.jsonl", "gen-queries.failures.jsonl"),
-        ),
-    ] = PROCESSED / "queries.jsonl"
-    per_category: Annotated[int, Field(ge=1), Opt("Situations (so queries) per category per user.")] = 1
-    categories: Annotated[
-        Categories, Field(min_length=1), Opt("Query categories: a subset of ES, HEQ, SS.", metavar="CATS")
-    ] = ["ES", "HEQ", "SS"]
-    enforce: Annotated[
-        Checks | None,
-        Opt(
-            f"Checks a query must pass (default: every check; all are recorded): {', '.join(CHECKS)}.",
-            metavar="CHECKS",
-        ),
-    ] = None
-    limit: Annotated[int | None, Field(ge=1), Opt("Only the first N eligible users.")] = None
-    users: Annotated[
-        Names | None,
-        Field(min_length=1),
-        Opt("Only these user ids (repeat or comma-separate).", metavar="ID"),
-    ] = None
-    shard: Shard = None
-    force: Force = False
-
-    _enforce_names_a_check = field_validator("enforce")(_some_checks)
-
-
-class SplitOptions(Section):
-    input: Annotated[
-        Path, Opt("Queries (gen-queries' output).", ("--input", "-i"), derive="queries.output", io="read")
-    ] = PROCESSED / "queries.jsonl"
-    out_dir: Annotated[
-        Path,
-        Opt(
-            "Folder of the splits and split_report.json.",
-            ("--out-dir", "-o"),
-            derive="processed:splits",
-            io="folder",
-            beside=("random", "ood", "split_report.json"),
-        ),
-    ] = PROCESSED / "splits"
-    ood: Annotated[
-        bool, Opt("Also the OOD split: one Big Five cluster held out (the paper publishes both).")
-    ] = True
-    seed: Annotated[int, Opt("Seed of the shuffle and of KModes.")] = 13
-    test_size: Annotated[float, Field(gt=0, lt=1), Opt("Share of users in test (OOD: the target size).")] = (
-        0.1
-    )
-    k: Annotated[
-        int | None, Field(ge=2), Opt("Clusters; default: the elbow over k_min..k_max.", ("--k",))
-    ] = None
-    k_min: Annotated[int, Field(ge=2), Opt("Smallest k of the elbow sweep.")] = 2
-    k_max: Annotated[int, Field(ge=2), Opt("Largest k of the elbow sweep.")] = 8
-    holdout: Annotated[
-        int | None, Field(ge=0), Opt("Cluster id to hold out; default: the size closest to test_size.")
-    ] = None
-    seeds: Annotated[int, Field(ge=1), Opt("KModes runs per k (the lowest cost is kept).")] = 5
-    force: Force = False
-
-    @model_validator(mode="after")
-    def _k_range(self) -> SplitOptions:
-        if self.k_min > self.k_max:
-            raise OptionProblem("k_min", "must be at most {k_max}")
-        return self
-
-
-class StatsOptions(Section):
-    processed: Annotated[
-        Path,
-        Opt(
-            "Folder the stages wrote to (its manifest.json names their files): the build to describe.",
-            ("--processed",),
-            derive="paths.processed",
-        ),
-    ] = PROCESSED
-    out_dir: Annotated[
-        Path,
-        Opt(
-            "Folder of stats.json and the plots (figures/*.png).",
-            derive="processed:stats",
-            io="folder",
-            beside=("stats.json", "figures"),
-            renamed_from="out",
-        ),
-    ] = PROCESSED / "stats"
-    force: Force = False
-
-
 # Options several sections share, declared once.
 SplitsFolder = Annotated[
     Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir", io="read")
 ]
-
-
-class PushOptions(Section):
-    splits: SplitsFolder = PROCESSED / "splits"
-    repo_id: Annotated[
-        str | None, Opt("Hub dataset repo OWNER/NAME; without one, a dry run.", metavar="OWNER/NAME")
-    ] = None
-    dry_run: Annotated[bool, Opt("Write the repository to --out-dir instead of pushing it.")] = False
-    out_dir: Annotated[
-        Path, Opt("Folder of a dry run.", derive="processed:dataset", io="folder", renamed_from="out")
-    ] = PROCESSED / "dataset"
-    private: Annotated[bool, Opt("Create the repo private.")] = False
-    revision: Annotated[str | None, Opt("Branch to push to.")] = None
-    include_dialogue: Annotated[bool, Opt("Also publish the users' own messages.")] = False
-    criteria: Annotated[
-        Path,
-        Opt(
-            "Criteria file (`personaemp criteria`); published as a `criteria` column when it exists.",
-            ("--criteria",),
-            derive="processed:criteria.jsonl",
-            io="read",
-        ),
-    ] = PROCESSED / "criteria.jsonl"
-    dialogues: Annotated[
-        Path,
-        Opt(
-            "Dialogues (`personaemp gen-dialogues`); published as a `dialogues` config when the file exists.",
-            derive="processed:dialogues.jsonl",
-            io="read",
-        ),
-    ] = PROCESSED / "dialogues.jsonl"
-    force: Force = False
-
-    @field_validator("repo_id")
-    @classmethod
-    def _owner_name(cls, value: str | None) -> str | None:
-        if value is not None and value.count("/") != 1:
-            raise OptionProblem("repo_id", f"must look like OWNER/NAME, not {value!r}")
-        return value
-
-    @model_validator(mode="after")
-    def _one_target(self) -> PushOptions:
-        if self.dry_run and self.repo_id:
-            raise OptionProblem("dry_run", "and {repo_id} exclude each other", "give one of them")
-        return self
-
-    @property
-    def is_dry_run(self) -> bool:
-        """Without a repo id there is nothing to push to: a dry run into `out_dir`."""
-        return self.dry_run or not self.repo_id
 
 
 # personaemp.prompts.LAYOUTS: where a request about one PERM dimension holds its standard
@@ -808,33 +498,21 @@ Layout = Annotated[
 DEFAULT_LAYOUT = "paper"  # the authors' (criteria, evaluate and the reward alike)
 
 
-class CriteriaOptions(Section):
-    input: Annotated[
-        Path,
-        Opt(
-            "Queries (gen-queries' output, or a split file).",
-            ("--input", "-i"),
-            derive="queries.output",
-            io="read",
-        ),
-    ] = PROCESSED / "queries.jsonl"
-    output: Annotated[
-        Path,
-        Opt(
-            "Criteria per query and dimension.",
-            ("--output", "-o"),
-            derive="processed:criteria.jsonl",
-            io="write",
-            beside=("criteria.failures.jsonl",),
-        ),
-    ] = PROCESSED / "criteria.jsonl"
-    limit: Annotated[int | None, Field(ge=1), Opt("Only the first N queries.")] = None
-    users: Annotated[
-        Names | None,
-        Field(min_length=1),
-        Opt("Only the queries of these user ids (repeat or comma-separate).", metavar="ID"),
-    ] = None
-    layout: Layout = DEFAULT_LAYOUT
+@dataclass(frozen=True)
+class JudgeDefaults:
+    """The judge instrument's defaults (personaemp.instruments.judges.JudgeOptions), which
+    [evaluate] declares its options with (personaemp/evaluation/options.py)."""
+
+    dynamic: bool = False
+    samples: int = 1
+    bystander: bool = False
+    reward_lambda: float = 0.5
+    missing: str = "skip"
+    unreadable: str = "authors"
+    layout: str = DEFAULT_LAYOUT
+
+
+JUDGE_DEFAULTS = JudgeDefaults()
 
 
 SplitName = Literal["random", "ood"]
@@ -850,511 +528,13 @@ MismatchSeed = Annotated[
 ]
 
 
-class RespondOptions(Section):
-    splits: SplitsFolder = PROCESSED / "splits"
-    split: SplitSetting = "random"
-    part: Annotated[Part, Opt("Part of the split.")] = "test"
-    context: Annotated[
-        Context,
-        Opt(
-            "What the policy sees besides the query: nothing (w/o memory), the numbered memories "
-            "(the paper's input), a summary of the user it first writes from them (the Memory "
-            "baseline), the rag_k memories most similar to the query (RAG), another user's "
-            "memories (mismatched memory), or the persona (the judge reads it too)."
-        ),
-    ] = "memory"
-    rag_k: RagK = 3
-    mismatch_seed: MismatchSeed = 0
-    output: Annotated[
-        Path | None,
-        Opt(
-            "Responses, one per query (default: responses-<split>-<part>-<context>.jsonl beside the "
-            "splits folder; name one per model).",
-            ("--output", "-o"),
-            io="write",
-            beside=("{stem}.failures.jsonl",),
-        ),
-    ] = None
-    limit: Annotated[int | None, Field(ge=1), Opt("Only the first N queries.")] = None
-
-    @property
-    def output_path(self) -> Path:
-        return self.output or self.splits.parent / f"responses-{self.split}-{self.part}-{self.context}.jsonl"
-
-
-class DialoguesOptions(Section):
-    input: Annotated[
-        Path,
-        Opt(
-            "Accepted queries: gen-queries' output or a split file (one dialogue per query).",
-            ("--input", "-i"),
-            derive="queries.output",
-            io="read",
-        ),
-    ] = PROCESSED / "queries.jsonl"
-    output: Annotated[
-        Path,
-        Opt(
-            "Dialogues, one per query.",
-            ("--output", "-o"),
-            derive="processed:dialogues.jsonl",
-            io="write",
-            beside=("gen-dialogues.failures.jsonl",),
-        ),
-    ] = PROCESSED / "dialogues.jsonl"
-    limit: Annotated[int | None, Field(ge=1), Opt("Only the first N dialogues.")] = None
-    per_user: Annotated[int | None, Field(ge=1), Opt("Only the first N queries of each user.")] = None
-    max_turns: Annotated[
-        int, Field(ge=1, le=20), Opt("Supporter turns at most; the user may end sooner.")
-    ] = 6
-    context: Annotated[
-        Context,
-        Opt("What the supporter sees besides the conversation, as for `respond --context`."),
-    ] = "memory"
-    rag_k: RagK = 3
-    mismatch_seed: MismatchSeed = 0
-    supporter_model: Annotated[
-        str | None,
-        Opt(
-            "The model under test (default: --model; the simulator is always the LLM options' model).",
-            env="PERSONAEMP_SUPPORTER_MODEL",
-        ),
-    ] = None
-    supporter_base_url: Annotated[
-        Names,
-        Opt("The supporter's endpoint (default: the LLM options' endpoint; same key).",
-            env="PERSONAEMP_SUPPORTER_BASE_URL", metavar="URL"),
-    ] = []  # fmt: skip
-    turn_attempts: Annotated[
-        int,
-        Field(ge=1, le=10),
-        Opt("Replies asked per simulated turn that breaks a rule before the dialogue fails."),
-    ] = 3
-    character_check: Annotated[
-        bool, Opt("Check each simulated turn with the LLM: in character, no invented facts.")
-    ] = True
-
-
-class ExportOptions(Section):
-    splits: SplitsFolder = PROCESSED / "splits"
-    split: SplitSetting = "random"
-    part: Annotated[Part, Opt("Part of the split (train to train on, test to evaluate).")] = "train"
-    format: Annotated[
-        Literal["trl", "verl"],
-        Opt(
-            "trl: JSON lines with a conversational `prompt` and the reward's columns (datasets, "
-            "GRPOTrainer); verl: parquet with data_source, prompt, ability, reward_model, extra_info."
-        ),
-    ] = "trl"
-    context: Annotated[
-        Context,
-        Opt("What the policy sees besides the query, as `personaemp respond --context` (the same prompt)."),
-    ] = "memory"
-    rag_k: RagK = 3
-    mismatch_seed: MismatchSeed = 0
-    summaries: Annotated[
-        Path | None,
-        Opt(
-            "With --context memory-summary: the responses of `respond --context memory-summary`, "
-            "whose summaries the prompts carry.",
-            metavar="FILE",
-            io="read",
-        ),
-    ] = None
-    criteria: Annotated[
-        Path | None,
-        Opt("Fixed criteria (`personaemp criteria`) to carry in each row, for a fixed-criteria reward.",
-            ("--criteria",), metavar="FILE", io="read"),
-    ] = None  # fmt: skip
-    data_source: Annotated[str, Opt("verl's data_source of every row.")] = "personaemp"
-    dialogues: Annotated[
-        bool,
-        Opt(
-            "Rows for multi-turn rollouts with the simulated user: interaction_kwargs (verl: in "
-            "extra_info) name personaemp's Interaction and carry the user it plays."
-        ),
-    ] = False
-    output: Annotated[
-        Path | None,
-        Opt(
-            "The file written (default: export/<split>-<part>-<context>.jsonl, or .parquet with "
-            "--format verl, beside the splits folder).",
-            ("--output", "-o"),
-            io="write",
-        ),
-    ] = None
-
-    @property
-    def output_path(self) -> Path:
-        suffix = "parquet" if self.format == "verl" else "jsonl"
-        name = f"{self.split}-{self.part}-{self.context}.{suffix}"
-        return self.output or self.splits.parent / "export" / name
-
-
-class JudgeSpec(Section):
-    """One judge of a panel ([[evaluate.judges]], or --judge "name=a;model=m;base_url=URL;key_env=VAR")."""
-
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.-]*$"), Opt("Name in reports and file names.")]
-    model: Annotated[str | None, Opt("Judge model (default: --judge-model, else --model).")] = None
-    base_url: Annotated[str | None, Opt("Its endpoint (default: --base-url).")] = None
-    key_env: Annotated[
-        str | None, Opt("Environment variable holding its API key (default: OPENAI_API_KEY).")
-    ] = None
-
-
-def _judge_specs(value: Any) -> Any:
-    """TOML tables pass through; a flag's "key=value;key=value" becomes one."""
-    if isinstance(value, str | dict):
-        value = [value]
-    if not isinstance(value, list | tuple):
-        return value
-    found = []
-    for item in value:
-        if isinstance(item, str):
-            table: dict[str, str] = {}
-            for part in filter(None, (p.strip() for p in item.split(";"))):
-                key, sep, text = part.partition("=")
-                if not sep:
-                    raise OptionProblem(
-                        "judges", f"takes name=NAME;model=MODEL;base_url=URL;key_env=VAR, not {item!r}"
-                    )
-                table[key.strip()] = text.strip()
-            item = table
-        found.append(item)
-    return found
-
-
-class EvaluateOptions(Section):
-    splits: SplitsFolder = PROCESSED / "splits"
-    split: SplitSetting = "random"
-    part: Annotated[Part, Opt("Part of the split.")] = "test"
-    responses: Annotated[
-        Names,
-        Opt(
-            "Responses file of a system (query_id, response per line); repeat for several, each "
-            "named by its file name.",
-            metavar="FILE",
-            io="read",
-        ),
-    ] = []
-    dialogues: Annotated[
-        Names,
-        Opt(
-            "Dialogues of a system (`personaemp gen-dialogues`), scored per session instead of "
-            "responses: the emotion trajectory and PERM over the supporter's side; repeat for "
-            "several, each named by its file name.",
-            metavar="FILE",
-            io="read",
-        ),
-    ] = []
-    per_turn: Annotated[bool, Opt("With --dialogues: PERM for each supporter turn too.")] = False
-    all_dialogues: Annotated[
-        bool,
-        Opt(
-            "With --dialogues: score each system on all of its own dialogues, not only the "
-            "queries every system has one for (the table says: not comparable)."
-        ),
-    ] = False
-    criteria: Annotated[
-        Path,
-        Opt(
-            "Fixed criteria (`personaemp criteria`).",
-            derive="criteria.output",
-            io="read",
-            renamed_from="criteria_file",
-        ),
-    ] = PROCESSED / "criteria.jsonl"
-    judge_model: Annotated[str | None, Opt("Judge model (default: --model).")] = None
-    judges: Annotated[
-        list[JudgeSpec],
-        BeforeValidator(_judge_specs),
-        Opt(
-            "A judge of a panel, repeatable: every system is judged by each, side by side, with how "
-            'far they agree. "name=NAME;model=MODEL;base_url=URL;key_env=VAR" (only name required; '
-            "TOML: [[evaluate.judges]] tables).",
-            ("--judge",),
-            metavar="SPEC",
-        ),
-    ] = []
-    missing: Annotated[
-        Literal["skip", "floor"],
-        Opt(
-            "A query without a response: skip (the authors' rule: what their eval.py judges is judged "
-            "- any non-empty text, the part after </think> - and the means are over those) or floor "
-            "(no visible reply - none, blank, cut while reasoning - scores 1 and counts in the means)."
-        ),
-    ] = "skip"
-    unreadable: Annotated[
-        Literal["authors", "fail"],
-        Opt(
-            "A judgment that cannot be read after the re-asks. authors: a fixed judgment drops that "
-            "dimension of that query from its mean, a dynamic one counts 3 of 5 (their reward); fail: "
-            "the query fails (kept in the failures file, --retry-failed asks again), an unreadable "
-            "sample of k is left out of its mean."
-        ),
-    ] = "authors"
-    layout: Layout = DEFAULT_LAYOUT
-    dynamic: Annotated[bool, Opt("PereGRM: the judge writes its own criteria in each call.")] = False
-    samples: Annotated[int, Field(ge=1), Opt("Judgments averaged per dimension with --dynamic (@k).")] = 1
-    bystander: Annotated[bool, Opt("Also the persona-blind bystander score B and the reward.")] = False
-    reward_lambda: Annotated[
-        float, Field(ge=0), Opt("lambda of reward = H + lambda * (B - 1).", ("--lambda",))
-    ] = 0.5
-    output: Annotated[
-        Path,
-        Opt(
-            "Report (JSON); the scores go beside it (<name>.scores.jsonl).",
-            ("--output", "-o"),
-            derive="processed:evaluation/report.json",
-            io="write",
-            # a panel's judges each write <stem>.<judge>.json and its scores and failures
-            beside=(
-                "{stem}.scores.jsonl",
-                "{stem}.failures.jsonl",
-                "{stem}.*.json",
-                "{stem}.*.scores.jsonl",
-                "{stem}.*.failures.jsonl",
-            ),  # fmt: skip
-            renamed_from="report",
-        ),
-    ] = PROCESSED / "evaluation" / "report.json"
-
-    @model_validator(mode="after")
-    def _samples_need_dynamic(self) -> EvaluateOptions:
-        if self.samples > 1 and not self.dynamic:
-            raise OptionProblem("samples", "applies to {dynamic} judging", "add {dynamic}")
-        return self
-
-    @model_validator(mode="after")
-    def _judges_named_once(self) -> EvaluateOptions:
-        names = [judge.name for judge in self.judges]
-        for name in names:
-            if names.count(name) > 1:
-                raise OptionProblem("judges", f"names {name!r} twice", "give each judge its own name")
-        return self
-
-
-class TableOptions(Section):
-    reports: Annotated[
-        Names,
-        Opt(
-            "Report of `personaemp evaluate` (one per split: random, ood), repeatable; each judge "
-            "of a report is a column group.",
-            ("--report", "-r"),
-            metavar="FILE",
-            io="read",
-        ),
-    ] = []
-    format: Annotated[Literal["markdown", "csv", "latex"], Opt("Output format.")] = "markdown"
-    output: Annotated[
-        Path | None, Opt("Write the table here (default: print it).", ("--output", "-o"), io="write")
-    ] = None
-    harmonic: Annotated[bool, Opt("Add H (0-1) beside Avg in each group.")] = False
-    digits: Annotated[int, Field(ge=0, le=6), Opt("Decimals shown.")] = 2
-    judge: Annotated[
-        str | None,
-        Opt("Only this judge of a panel report (e.g. the paper's Table 2 from a Table 1 run).", ("--judge",)),
-    ] = None
-    systems: Annotated[
-        Names | None,
-        Field(min_length=1),
-        Opt("Only these systems, in this order (repeat or comma-separate).", metavar="NAME"),
-    ] = None
-
-
-class ReviewOptions(Section):
-    input: Annotated[
-        Path,
-        Opt("Queries to review (gen-queries' output: accepted and rejected).", ("--input", "-i"),
-            derive="queries.output", io="read"),
-    ] = PROCESSED / "queries.jsonl"  # fmt: skip
-    labels: Annotated[
-        Path | None,
-        Opt(
-            "Labels file: every click is appended to it at once (JSON lines; several reviewers share "
-            "it). Default: labels.jsonl beside --input, where `agreement` and the card look.",
-            ("--labels",),
-            io="update",
-        ),
-    ] = None
-    size: Annotated[
-        int,
-        Field(ge=1),
-        Opt("Queries in the sample, taken in turn from each category/language/outcome stratum."),
-    ] = 60
-    seed: Annotated[
-        int, Opt("Seed of the sample (the same seed gives the same queries in the same order).")
-    ] = 0
-    host: Annotated[
-        str,
-        Opt(
-            "Address to serve the page on. Every API call needs the session's token (in the address "
-            "printed at start); beyond loopback (0.0.0.0), whoever reaches it with that address can "
-            "read the sample and label, over plain HTTP."
-        ),
-    ] = "127.0.0.1"
-    port: Annotated[int, Field(ge=0, le=65535), Opt("Port of the page (0: any free port).")] = 8765
-    dialogues: Annotated[
-        Names,
-        Opt(
-            "Review dialogues (`personaemp gen-dialogues`) instead of queries; repeat for several "
-            "supporters, each named by its file name: a query's dialogues are shown side by side. "
-            "Labels default to dialogue_labels.jsonl beside the first file.",
-            metavar="FILE",
-            io="read",
-        ),
-    ] = []
-
-
-class AgreementOptions(Section):
-    input: Annotated[
-        Path,
-        Opt(
-            "Queries the labels are about (gen-queries' output).",
-            ("--input", "-i"),
-            derive="queries.output",
-            io="read",
-        ),
-    ] = PROCESSED / "queries.jsonl"
-    labels: Annotated[
-        Path | None,
-        Opt("Labels of `personaemp review` (or imported from Label Studio). Default: labels.jsonl "
-            "beside --input.", ("--labels",), io="read"),
-    ] = None  # fmt: skip
-    second_judge: Annotated[
-        Path | None,
-        Opt(
-            "The second judge's verdicts, kept apart from the build's files (written with "
-            "--judge-model, read when present). Default: second_judge.jsonl beside --input.",
-            ("--second-judge",),
-            io="update",
-        ),
-    ] = None
-    judge_model: Annotated[
-        str | None,
-        Opt(
-            "Re-run the check step on the same queries with this model as a second judge first "
-            "(the other LLM options as given; its endpoint: --judge-base-url).",
-            env="PERSONAEMP_SECOND_JUDGE_MODEL",
-        ),
-    ] = None
-    judge_base_url: Annotated[
-        Names,
-        Opt("Endpoint of the second judge (default: the LLM options' endpoint).",
-            env="PERSONAEMP_SECOND_JUDGE_BASE_URL", metavar="URL"),
-    ] = []  # fmt: skip
-    out: Annotated[
-        Path | None,
-        Opt(
-            "Folder of agreement.json and agreement.png. Default: agreement/ beside --input.",
-            ("--out-dir", "-o"),
-            io="folder",
-            beside=("agreement.json", "agreement.png"),
-        ),
-    ] = None
-    resamples: Annotated[int, Field(ge=100), Opt("Bootstrap resamples of each interval.")] = 2000
-    bootstrap_seed: Annotated[int, Opt("Seed of the bootstrap.")] = 0
-    dialogues: Annotated[
-        Names,
-        Opt(
-            "Dialogues people labelled (`personaemp review --dialogues`), as given there: people vs "
-            "the in_character check, final emotion vs people's rating, the supporters' ranking. "
-            "Labels default to dialogue_labels.jsonl beside the first file.",
-            metavar="FILE",
-            io="read",
-        ),
-    ] = []
-
-    def paths(self) -> tuple[Path, Path, Path]:
-        """(labels, second judge, out), the defaults beside the input."""
-        return (
-            self.labels or self.input.with_name("labels.jsonl"),
-            self.second_judge or self.input.with_name("second_judge.jsonl"),
-            self.out or self.input.with_name("agreement"),
-        )
-
-    @model_validator(mode="after")
-    def _an_endpoint_needs_a_model(self) -> AgreementOptions:
-        if self.judge_base_url and not self.judge_model:
-            raise OptionProblem("judge_base_url", "needs {judge_model}: which model is the second judge")
-        return self
-
-
-class RewardConfig(Section):
-    """[reward]: the training reward as `personaemp.reward.from_config` builds it (verl's
-    `compute_score` reads the file named by $PERSONAEMP_CONFIG); the judge is [llm]."""
-
-    dynamic: Annotated[
-        bool,
-        Opt("PereGRM (the judge writes its criteria); false: fixed criteria from `criteria`.",
-            env="PERSONAEMP_REWARD_DYNAMIC"),
-    ] = True  # fmt: skip
-    samples: Annotated[
-        int,
-        Field(ge=1),
-        Opt("k: judgments averaged per dimension (dynamic).", env="PERSONAEMP_REWARD_SAMPLES"),
-    ] = 1
-    bystander: Annotated[
-        bool, Opt("Subtract the bystander penalty: H + lambda * (B - 1).", env="PERSONAEMP_REWARD_BYSTANDER")
-    ] = True
-    reward_lambda: Annotated[float, Field(ge=0), Opt("lambda (the paper trains with 0.5).")] = 0.5
-    joint: Annotated[
-        bool,
-        Opt("The three dimensions in one judge call (k + 1 calls per rollout instead of 3k + 1).",
-            env="PERSONAEMP_REWARD_JOINT"),
-    ] = False  # fmt: skip
-    fallback: Annotated[
-        Literal["lowest", "neutral", "floor"],
-        Opt("A judgment that cannot be had: lowest (the rollout gets at most the step's lowest judged "
-            "reward: a judge failure never pays), floor (1, B = 0) or neutral (3 of 5, B = 0.8, the "
-            "authors' values, above most judged B); counted and logged either way.",
-            env="PERSONAEMP_REWARD_FALLBACK"),
-    ] = "lowest"  # fmt: skip
-    criteria: Annotated[
-        Path | None, Opt("Fixed criteria (`personaemp criteria`) when dynamic is false.", io="read")
-    ] = None
-    layout: Layout = DEFAULT_LAYOUT
-    judge_model: Annotated[str | None, Opt("Judge model (default: [llm] model).")] = None
-    log: Annotated[
-        Path | None,
-        Opt("JSON lines, one per training step: calls, tokens, seconds, failures, fallbacks.",
-            env="PERSONAEMP_REWARD_LOG", io="write"),
-    ] = None  # fmt: skip
-
-    @model_validator(mode="after")
-    def _dynamic_only(self) -> RewardConfig:
-        if not self.dynamic and (self.samples > 1 or self.joint):
-            raise OptionProblem("dynamic", "is false: samples and joint apply to the dynamic judge")
-        return self
-
-
-class RunOptions(Section):
-    """personaemp.toml: every section (the file may leave any out).
-
-    The file paths a section leaves unset follow [paths] and the previous stage (see
+class RunSections(Section):
+    """The base of RunOptions (every section as a field, built by `run_options` from SECTIONS):
+    the file paths a section leaves unset follow [paths] and the previous stage (see
     `Opt.derive`), also when the model is built in Python."""
 
-    paths: PathsOptions = PathsOptions()
-    extract: ExtractOptions = ExtractOptions()
-    filter: FilterOptions = FilterOptions()
-    llm: LLMOptions = LLMOptions()
-    persona: PersonaOptions = PersonaOptions()
-    queries: QueriesOptions = QueriesOptions()
-    dialogues: DialoguesOptions = DialoguesOptions()
-    split: SplitOptions = SplitOptions()
-    stats: StatsOptions = StatsOptions()
-    push: PushOptions = PushOptions()
-    criteria: CriteriaOptions = CriteriaOptions()
-    respond: RespondOptions = RespondOptions()
-    export: ExportOptions = ExportOptions()
-    evaluate: EvaluateOptions = EvaluateOptions()
-    table: TableOptions = TableOptions()
-    review: ReviewOptions = ReviewOptions()
-    agreement: AgreementOptions = AgreementOptions()
-    reward: RewardConfig = RewardConfig()
-
     @model_validator(mode="after")
-    def _derived_paths(self) -> RunOptions:
+    def _derived_paths(self) -> RunSections:
         for name in type(self).model_fields:  # in order: a stage derives from earlier ones
             current = getattr(self, name)
             update = {
@@ -1369,6 +549,20 @@ class RunOptions(Section):
         return self
 
 
+_RUN_OPTIONS: dict[tuple[str, ...], type[RunSections]] = {}
+
+
+def run_options() -> type[RunSections]:
+    """personaemp.toml as one model: every declared section, in pipeline order (the file may
+    leave any out). personaemp.registry.RunOptions is this, once every stage is declared."""
+    key = tuple(SECTIONS)
+    if key not in _RUN_OPTIONS:
+        fields: dict[str, Any] = {name: (model, model()) for name, model in SECTIONS.items()}
+        _RUN_OPTIONS[key] = create_model("RunOptions", __base__=RunSections, __module__=__name__, **fields)
+        _RUN_OPTIONS[key].__doc__ = "personaemp.toml: every section (the file may leave any out)."
+    return _RUN_OPTIONS[key]
+
+
 def derive(rule: str, section: Callable[[str], Any]) -> Any:
     """The value of a derived default (`Opt.derive`), given the sections it refers to."""
     if rule.startswith("processed:"):
@@ -1377,51 +571,18 @@ def derive(rule: str, section: Callable[[str], Any]) -> Any:
     return getattr(section(name), field)
 
 
-# TOML section -> its model, in pipeline order.
-SECTIONS: dict[str, type[Section]] = {
-    name: info.annotation for name, info in RunOptions.model_fields.items() if info.annotation
-}
-
-# Stage commands and the sections their options come from (the first is the stage's own).
-COMMANDS: dict[str, tuple[str, ...]] = {
-    "extract-memories": ("extract", "llm"),
-    "filter": ("filter",),
-    "infer-persona": ("persona", "llm"),
-    "gen-queries": ("queries", "llm"),
-    "gen-dialogues": ("dialogues", "llm"),
-    "split": ("split",),
-    "stats": ("stats",),
-    "push": ("push",),
-    "criteria": ("criteria", "llm"),
-    "respond": ("respond", "llm"),
-    "export": ("export",),
-    "evaluate": ("evaluate", "llm"),
-    "table": ("table",),
-    "review": ("review",),
-    "agreement": ("agreement", "llm"),
-}
 # What every stage command, `run` and `merge` print: declared once (personaemp.cli.output_options).
 OUTPUT_OPTIONS: dict[str, str] = {
     "--quiet": "No summaries or progress on stderr (errors are still shown).",
     "--json": "Print the command's result (files, counts, cost, report) as JSON on stdout.",
 }
-# Options of the stage commands that are not stage settings: no TOML key.
-CLI_ONLY: dict[str, dict[str, str]] = {
-    command: {
-        "--config": "personaemp.toml to read the command's sections from (flags and env vars win).",
-        **OUTPUT_OPTIONS,
-    }
-    for command in COMMANDS
+# Options of the stage commands that are not stage settings: no TOML key. Every command's
+# are CLI_COMMON's; the registry adds each Stage's own (`Stage.cli_only`).
+CLI_COMMON: dict[str, str] = {
+    "--config": "personaemp.toml to read the command's sections from (flags and env vars win).",
+    **OUTPUT_OPTIONS,
 }
-CLI_ONLY["filter"]["--show-rules"] = "Print the default rules file and exit."
-CLI_ONLY["infer-persona"]["--show"] = "Print this user's persona next to its evidence and exit."
-CLI_ONLY["review"]["--export-label-studio"] = (
-    "Write the sample as a Label Studio project (tasks.json, label_config.xml) to this folder and exit."
-)
-CLI_ONLY["review"]["--import-label-studio"] = (
-    "Bring the labels file to a Label Studio export's state (JSON or JSON-MIN; edits and deletions "
-    "included) and exit."
-)
+CLI_ONLY: dict[str, dict[str, str]] = {}
 
 
 # --- introspection -----------------------------------------------------------------------------
@@ -1616,23 +777,6 @@ def _placeholders(*texts: str | None) -> set[str]:
 # --- Options page tables ---------------------------------------------------------------------
 
 BEGIN, END = "<!-- options:begin -->", "<!-- options:end -->"
-_TITLES = {
-    "extract-memories": "`personaemp extract-memories` — TOML `[extract]`",
-    "filter": "`personaemp filter` — TOML `[filter]`",
-    "infer-persona": "`personaemp infer-persona` — TOML `[persona]`",
-    "gen-queries": "`personaemp gen-queries` — TOML `[queries]`",
-    "gen-dialogues": "`personaemp gen-dialogues` — TOML `[dialogues]`",
-    "split": "`personaemp split` — TOML `[split]`",
-    "stats": "`personaemp stats` — TOML `[stats]`",
-    "push": "`personaemp push` — TOML `[push]`",
-    "criteria": "`personaemp criteria` — TOML `[criteria]`",
-    "respond": "`personaemp respond` — TOML `[respond]`",
-    "export": "`personaemp export` — TOML `[export]`",
-    "evaluate": "`personaemp evaluate` — TOML `[evaluate]`",
-    "table": "`personaemp table` — TOML `[table]`",
-    "review": "`personaemp review` — TOML `[review]`",
-    "agreement": "`personaemp agreement` — TOML `[agreement]`",
-}
 
 
 def _cell(text: str) -> str:
@@ -1684,11 +828,11 @@ def _table(options: list[OptionSpec]) -> list[str]:
 def markdown_tables() -> str:
     """The option tables, from the models (between BEGIN and END in docs/options.md)."""
     out: list[str] = [
-        "<!-- generated from personaemp/options.py: python -m personaemp.options docs/options.md -->",
+        "<!-- generated from the options modules: python -m personaemp.registry docs/options.md -->",
         "",
     ]
     for command, sections in COMMANDS.items():
-        out.append(f"#### {_TITLES[command]}")
+        out.append(f"#### `personaemp {command}` — TOML `[{sections[0]}]`")
         out.append("")
         out.extend(_table(specs(sections[0])))
         out.append("")
@@ -1747,11 +891,3 @@ def env_values(section: str, env: Mapping[str, str]) -> dict[str, tuple[str, str
         for option in specs(section)
         if option.opt.env and env.get(option.opt.env, "").strip()
     }
-
-
-if __name__ == "__main__":  # python -m personaemp.options docs/options.md
-    if len(sys.argv) > 1:
-        changed = update_readme(Path(sys.argv[1]))
-        print(f"{sys.argv[1]}: {'updated' if changed else 'up to date'}")
-    else:
-        print(markdown_tables(), end="")

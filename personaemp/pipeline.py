@@ -19,8 +19,7 @@ from rich.console import Console
 
 from personaemp import results
 from personaemp.config import llm_settings
-from personaemp.options import RunOptions
-from personaemp.registry import RUN_COMMANDS, STAGES
+from personaemp.registry import RUN_COMMANDS, STAGES, RunOptions
 from personaemp.results import StageResult, stop_if_failed
 from personaemp.summaries import waits_for_a_batch
 

@@ -20,7 +20,7 @@ SAMPLE_KEPT = 16
 
 
 def copy_sample(source: Path, target: Path, copies: int, *, mark: bool = False) -> Path:
-    """An AlpsBench task1 folder `copies` times under new ids (bench/run_bench.py, the scale
+    """An AlpsBench task1 folder `copies` times under new ids (bench/scale/run_bench.py, the scale
     tests). `mark`: each later copy's first memory changed too, so the reply cache cannot
     answer a copy with the first one's replies."""
     target.mkdir(parents=True)
@@ -289,13 +289,13 @@ def files_in(folder: Path) -> list[str]:
 
 
 def order_free_responder(seed: int = 7):
-    """bench/cost_bench.py's capable model, with each reply drawn from the request itself,
+    """bench/build/cost_bench.py's capable model, with each reply drawn from the request itself,
     so the replies do not depend on the order concurrent requests arrive in."""
     import hashlib
     import random
     import sys
 
-    sys.path.insert(0, str(REPO / "bench"))
+    sys.path.insert(0, str(REPO / "bench" / "build"))
     from cost_bench import responder
 
     def answer(body: dict, number: int):
@@ -312,8 +312,9 @@ def sample_build(tmp_path_factory) -> Path:
     from fake_openai import FakeOpenAI
     from rich.console import Console
 
-    from personaemp.options import LLMOptions, PathsOptions, RunOptions
+    from personaemp.options import LLMOptions, PathsOptions
     from personaemp.pipeline import run_pipeline
+    from personaemp.registry import RunOptions
 
     processed = tmp_path_factory.mktemp("sample_build") / "processed"
     with FakeOpenAI(responder=order_free_responder()) as fake, open(processed.parent / "log.txt", "w") as log:

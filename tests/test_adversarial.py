@@ -1034,8 +1034,9 @@ def ls_queries(tmp_path_factory):
     """The sample build's queries, exported as a Label Studio project once per module: (queries, ids)."""
     from rich.console import Console
 
-    from personaemp.options import LLMOptions, PathsOptions, RunOptions
+    from personaemp.options import LLMOptions, PathsOptions
     from personaemp.pipeline import run_pipeline
+    from personaemp.registry import RunOptions
 
     processed = tmp_path_factory.mktemp("ls") / "processed"
     with FakeOpenAI(responder=order_free_responder()) as fake:

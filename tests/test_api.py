@@ -20,7 +20,9 @@ from fake_openai import FakeOpenAI
 
 import personaemp as pe
 from personaemp.aio import run_sync
-from personaemp.options import COMMANDS, SplitOptions, specs
+from personaemp.build.options import SplitOptions
+from personaemp.options import specs
+from personaemp.registry import COMMANDS
 
 
 @pytest.fixture(autouse=True)

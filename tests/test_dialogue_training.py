@@ -240,7 +240,7 @@ def test_verls_own_agent_loop_worker_drives_two_turns_with_the_documented_yaml(t
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "training"))
     try:
         from grpo_bench import tiny_policy
     finally:

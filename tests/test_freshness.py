@@ -16,8 +16,9 @@ from rich.console import Console
 from personaemp import freshness
 from personaemp.build import filter as filter_stage
 from personaemp.build.filter import filter_users
-from personaemp.options import LLMOptions, PathsOptions, RunOptions
+from personaemp.options import LLMOptions, PathsOptions
 from personaemp.pipeline import run_pipeline
+from personaemp.registry import RunOptions
 
 QUIET = Console(quiet=True)
 

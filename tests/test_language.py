@@ -194,9 +194,12 @@ def test_filter_writes_the_users_own_language(tmp_path, sample_task1):
 
 
 def test_shipped_users_of_the_hand_checked_list(sample_task1):
-    """bench/language_gold.jsonl: the one shipped user read wrongly pastes an English jailbreak
+    """bench/build/language_gold.jsonl: the one shipped user read wrongly pastes an English jailbreak
     under two short Spanish questions (see the README's language table)."""
-    gold = [json.loads(line) for line in (REPO / "bench" / "language_gold.jsonl").read_text().splitlines()]
+    gold = [
+        json.loads(line)
+        for line in (REPO / "bench" / "build" / "language_gold.jsonl").read_text().splitlines()
+    ]
     shipped = [g for g in gold if g["source"] == "shipped"]
     assert len(shipped) == 48
     found = {g["user_id"]: user_language(shipped_turns(g["user_id"], sample_task1)) for g in shipped}

@@ -295,9 +295,10 @@ def test_a_bad_row_stops_with_file_line_and_overwrites_nothing(tmp_path):
 
 def test_the_options_repeat_the_readers_defaults():
     from personaemp import options
+    from personaemp.build import options as build_options
     from personaemp.sources import logs
 
-    extract = options.ExtractOptions()
+    extract = build_options.ExtractOptions()
     assert {name: getattr(extract, f"{name}_column") for name in DEFAULT_COLUMNS} == DEFAULT_COLUMNS
     assert ("auto", *logs.LOG_FORMATS, "task1") == options.LOG_FORMATS
     bounds = logs.Bounds()

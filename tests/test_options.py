@@ -22,7 +22,8 @@ from personaemp import options as opts
 from personaemp.cli import app
 from personaemp.config import llm_settings, load_config
 from personaemp.llm.settings import LLMSettings
-from personaemp.options import CLI_ONLY, COMMANDS, SECTIONS, LLMOptions, RunOptions, show_default, specs
+from personaemp.options import LLMOptions, show_default, specs
+from personaemp.registry import CLI_ONLY, COMMANDS, SECTIONS, RunOptions
 
 STAGE_OF = {
     "filter": "filter",
@@ -131,10 +132,10 @@ def test_the_names_options_repeat_agree_with_the_stages():
     from personaemp.training import export
 
     assert get_args(opts.Context) == policy.CONTEXTS
-    assert get_args(opts.ExportOptions.model_fields["format"].annotation) == export.FORMATS
+    assert get_args(SECTIONS["export"].model_fields["format"].annotation) == export.FORMATS
     from personaemp import reward
 
-    assert get_args(opts.RewardConfig.model_fields["fallback"].annotation) == tuple(reward.FALLBACKS)
+    assert get_args(SECTIONS["reward"].model_fields["fallback"].annotation) == tuple(reward.FALLBACKS)
     assert RunOptions().queries.categories == list(CATEGORIES)
     assert set(opts.STEP_KEYS) == set(opts.StepSampling.model_fields)
 
@@ -839,7 +840,7 @@ def test_a_flag_overrides_a_bad_file_value_only_for_its_own_key(calls, tmp_path)
 def test_the_docs_option_tables_are_generated_from_the_models():
     text = (REPO / "docs" / "options.md").read_text(encoding="utf-8")
     assert text.count(opts.BEGIN) == 1 and text.count(opts.END) == 1
-    hint = "run: python -m personaemp.options docs/options.md"
+    hint = "run: python -m personaemp.registry docs/options.md"
     assert opts.readme_block(text) == opts.markdown_tables(), hint
     # One copy of the tables: the README (the PyPI page) links to the docs instead.
     assert opts.BEGIN not in (REPO / "README.md").read_text(encoding="utf-8")

@@ -12,8 +12,8 @@ from conftest import write_jsonl
 from typer.testing import CliRunner
 
 from personaemp.cli import app
-from personaemp.options import COMMANDS, RunOptions
 from personaemp.paths import check_command
+from personaemp.registry import COMMANDS, RunOptions
 
 
 def invoke(*args):

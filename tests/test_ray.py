@@ -17,8 +17,10 @@ from conftest import SAMPLE_TASK1, order_free_responder
 from fake_openai import FakeOpenAI, reply
 from rich.console import Console
 
-from personaemp.options import LLMOptions, PathsOptions, PersonaOptions, RunOptions
+from personaemp.build.options import PersonaOptions
+from personaemp.options import LLMOptions, PathsOptions
 from personaemp.pipeline import run_pipeline
+from personaemp.registry import RunOptions
 
 ray = pytest.importorskip("ray")
 

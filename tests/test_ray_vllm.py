@@ -26,7 +26,8 @@ from personaemp.errors import InputError
 from personaemp.llm import ray_vllm
 from personaemp.llm.batch import import_answers
 from personaemp.llm.cache import ReplyCache
-from personaemp.options import LLMOptions, PathsOptions, RunOptions
+from personaemp.options import LLMOptions, PathsOptions
+from personaemp.registry import RunOptions
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("aiohttp")  # ray.data.llm imports it
@@ -425,7 +426,7 @@ def test_code_that_opens_an_engine_itself_is_told_vllm_has_no_endpoint(tmp_path)
 
 def infer_persona_in_rounds(folder: Path, sample_build: Path) -> tuple:
     """infer-persona on the sample's 16 users with --llm vllm: (its result, its report's figures)."""
-    from personaemp.options import PersonaOptions
+    from personaemp.build.options import PersonaOptions
     from personaemp.registry import STAGES
 
     folder.mkdir(exist_ok=True)

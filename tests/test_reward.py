@@ -423,7 +423,7 @@ def test_completion_shapes():
 def test_trl_sees_a_named_synchronous_reward_function(tmp_path):
     """TRL names a reward by `__name__` (else its class) and awaits it when `__call__` is a
     coroutine function (trl.trainer.utils get_callable_name, is_async_callable; importing
-    trl takes 17 s, so its rules are restated here and bench/grpo_bench.py runs the real thing)."""
+    trl takes 17 s, so its rules are restated here and bench/training/grpo_bench.py runs the real thing)."""
     import inspect
 
     reward = PereGRM(LLMSettings(base_urls=["http://127.0.0.1:9/v1"], model="m", work_dir=tmp_path))

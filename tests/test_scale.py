@@ -17,16 +17,17 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from personaemp.build.filter import filter_users
+from personaemp.build.options import SplitOptions
 from personaemp.build.persona import infer_personas
 from personaemp.build.queries import generate_queries
 from personaemp.cli import app
 from personaemp.errors import InputError, PersonaempError
 from personaemp.io import read_stage_rows
 from personaemp.llm.settings import LLMSettings
-from personaemp.options import LLMOptions, PathsOptions, RunOptions, SplitOptions
+from personaemp.options import LLMOptions, PathsOptions
 from personaemp.pipeline import persona_and_queries, run_pipeline
 from personaemp.records import User
-from personaemp.registry import STAGES
+from personaemp.registry import STAGES, RunOptions
 from personaemp.shards import shard_of
 
 QUIET = Console(quiet=True)

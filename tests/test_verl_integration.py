@@ -26,11 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny_tokenizer(texts):
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "bench" / "training"))
     try:
         from grpo_bench import tiny_policy
     finally:
-        sys.path.remove(str(ROOT / "bench"))
+        sys.path.remove(str(ROOT / "bench" / "training"))
     return tiny_policy(texts)[0]
 
 
@@ -45,11 +45,11 @@ def test_verls_loader_dataset_and_reward_loop_score_an_exported_parquet(tmp_path
     from verl.utils.dataset.rl_dataset import RLHFDataset
     from verl.utils.import_utils import load_extern_object
 
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "bench" / "training"))
     try:
         from grpo_bench import fake_judge, write_split
     finally:
-        sys.path.remove(str(ROOT / "bench"))
+        sys.path.remove(str(ROOT / "bench" / "training"))
     splits = write_split(tmp_path)
     parquet = tmp_path / "train.parquet"
     write_export(splits, parquet, format="verl", part="train", context="memory")

@@ -27,8 +27,9 @@ def test_infer_persona_on_vllm_writes_cited_personas(sample_build, tmp_path):
     counts the vLLM rounds and their requests."""
     import ray
 
-    from personaemp.options import LLMOptions, PathsOptions, PersonaOptions, RunOptions
-    from personaemp.registry import STAGES
+    from personaemp.build.options import PersonaOptions
+    from personaemp.options import LLMOptions, PathsOptions
+    from personaemp.registry import STAGES, RunOptions
 
     shutil.copy(sample_build / "filtered.jsonl", tmp_path / "filtered.jsonl")
     options = RunOptions(

@@ -26,9 +26,9 @@ from typing import Any
 import msgspec
 
 from personaemp import freshness
+from personaemp.build.options import SplitOptions
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, atomic_output, file_stamp, iter_jsonl, read_jsonl_at, write_json_atomic
-from personaemp.options import SplitOptions
 from personaemp.parallel import fork_map
 from personaemp.records import BIG_FIVE
 from personaemp.splits import (

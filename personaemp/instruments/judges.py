@@ -17,7 +17,7 @@ from personaemp.instruments.criteria import (
     numbered_memories,
 )
 from personaemp.llm.step import Step
-from personaemp.options import DEFAULT_LAYOUT, EvaluateOptions
+from personaemp.options import DEFAULT_LAYOUT, JUDGE_DEFAULTS
 from personaemp.prompts import Prompt
 from personaemp.records import DIMENSION_DEFINITIONS, DIMENSIONS
 
@@ -110,9 +110,9 @@ ROOM = {step.name: 2048 for step in STEPS}  # tokens at least, as the authors' j
 
 
 MISSING_RULES = ("skip", "floor")  # skip: the authors' (what eval.py judges); floor: 1, counted
-UNREADABLE_RULES = ("authors", "fail")  # see EvaluateOptions.unreadable
+UNREADABLE_RULES = ("authors", "fail")  # see [evaluate] unreadable (evaluation/options.py)
 NEUTRAL = 3.0  # an unreadable dynamic judgment under the authors' rule (their reward's 0.6 x 5)
-_DEFAULT = EvaluateOptions()  # the defaults live with the [evaluate] options
+_DEFAULT = JUDGE_DEFAULTS  # declared once, in options.py ([evaluate] takes its defaults from it too)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ Per rollout: s_d = score / 5 per dimension, H = their harmonic mean; with the by
 (lambda = 0.5 in the paper's training), else H. Per rollout the authors send 3k judge calls
 (+1 with the bystander); `joint=True` asks for the three dimensions in one call instead (k
 calls, +1): a different instrument (prompts/judge_joint.md), so it is reported beside the
-per-dimension mode, never in its place (bench/grpo_bench.py prints how far they agree).
+per-dimension mode, never in its place (bench/training/grpo_bench.py prints how far they agree).
 
 Ways in:
   - TRL: `GRPOTrainer(reward_funcs=[reward])`: `reward(prompts=..., completions=..., **columns)`
@@ -103,9 +103,9 @@ from personaemp.instruments.judges import (
 )
 from personaemp.llm.reply import split_reasoning
 from personaemp.llm.step import Step
-from personaemp.options import RewardConfig
 from personaemp.prompts import LAYOUTS, Prompt, load_prompt
 from personaemp.records import DIMENSIONS
+from personaemp.training.options import RewardConfig
 
 log = logging.getLogger("personaemp.reward")
 

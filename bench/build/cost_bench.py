@@ -1,0 +1,216 @@
+"""What a query costs: tokens per accepted query over infer-persona + gen-queries.
+
+Runs `filter` on ../shared/alpsbench, then infer-persona and gen-queries on the first
+100 kept users against the fake OpenAI server, whose scripted replies are shaped like a
+capable model's (sizes included) and pass the gates about 90% of the time. Tokens are
+counted as characters / 4 over every prompt and reply of every step (persona, Big Five,
+situations, queries, checks), so the figure does not depend on an endpoint's tokenizer.
+Target: <= 5,000 tokens per accepted query, Big Five included.
+
+    .venv/bin/python bench/build/cost_bench.py [--users 100]
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
+
+from benchlib import fake_endpoint, parser  # noqa: E402
+
+from personaemp.build.filter import filter_users  # noqa: E402
+from personaemp.build.persona import infer_personas  # noqa: E402
+from personaemp.build.queries import LANGUAGE_NAMES, generate_queries  # noqa: E402
+from personaemp.language import detect_language  # noqa: E402
+
+# One message per category and language; other languages reuse the user's own messages.
+SENTENCES = {
+    "en": {
+        "ES": "I keep replaying what happened ({topic}) and I feel awful. Is it normal to be this upset?",
+        "HEQ": "My sister snapped at me again ({topic}). How do I tell her it hurt without starting a fight?",
+        "SS": "I need to ask my manager for time off ({topic}). How should I phrase it so it lands well?",
+    },
+    "zh": {
+        "ES": "关于{topic}的事我一直放不下，心里特别难受，这样正常吗？",
+        "HEQ": "我和家人又因为{topic}吵起来了，我该怎么开口才不会让关系更僵？",
+        "SS": "我想跟领导提{topic}这件事，怎么说才显得得体又有说服力？",
+    },
+    "ru": {
+        "ES": "Никак не могу отпустить то, что случилось ({topic}), мне очень тяжело. Это нормально?",
+        "HEQ": "Мы снова поссорились из-за {topic}. Как сказать о своих чувствах без скандала?",
+        "SS": "Мне нужно попросить начальника о {topic}. Как лучше сформулировать просьбу?",
+    },
+}
+ASPECTS = ["emotional_traits", "stress_response", "social_context", "values_motivations"]
+
+
+def _enum(schema: dict, definition: str, field: str) -> list[str]:
+    return schema["$defs"][definition]["properties"][field]["items"].get("enum", ["m1"])
+
+
+MEMORY_LABELS = (
+    "Social_Relationships/Family",
+    "States_Experiences/Mental_State",
+    "Thoughts/Opinions/Negative",
+)
+
+
+def memories_reply(schema: dict, prompt: str, rng: random.Random) -> dict:
+    """extract-memories: up to three memories, each citing one of the user's messages (the
+    ids the schema allows, the first line of their text in the prompt) with a quote from it."""
+    allowed = schema["$defs"]["EvidenceReply"]["properties"]["turn"].get("enum")
+    lines = dict(re.findall(r"^\[(t\d+)\] (.+)$", prompt, re.MULTILINE))
+    ids = [i for i in (allowed or lines) if i in lines]
+    picked = sorted(rng.sample(ids, min(3, len(ids))), key=lambda i: int(i[1:]))
+    return {
+        "memory_items": [
+            {
+                "type": "direct",
+                "label": MEMORY_LABELS[n % len(MEMORY_LABELS)],
+                "label_suggestion": None,
+                "value": "Wrote about " + " ".join(lines[i].split()[:8]),
+                "evidence": {"turn": i, "quote": lines[i].strip()[:80]},
+                "confidence": 0.8,
+                "emotion": "worry" if n == 1 else None,
+                "time_scope": "long_term",
+            }
+            for n, i in enumerate(picked)
+        ],
+        "intents_ranked": [
+            {"intent_category": "Emotional Support", "intent_subtype": "talking things through"}
+        ],
+    }
+
+
+def responder(rng: random.Random):
+    def answer(body: dict, number: int):
+        schema = body["response_format"]["json_schema"]["schema"]
+        prompt = body["messages"][-1]["content"]
+        properties = schema["properties"]
+        if "memory_items" in properties:
+            return memories_reply(schema, prompt, rng)
+        if "depth" in properties:
+            ids = _enum(schema, "TraitReply", "evidence")
+            deep = rng.random() < 0.9
+            traits = [
+                {
+                    "aspect": ASPECTS[i % len(ASPECTS)],
+                    "statement": "Tends to worry about how others see their choices and looks for "
+                    "reassurance before acting on them.",
+                    "evidence": rng.sample(ids, min(2, len(ids))),
+                }
+                for i in range(3 if deep else 0)
+            ]
+            reason = "The memories show recurring personal concerns and reactions to them."
+            return {
+                "depth": {"has_depth": deep, "reason": reason},
+                "topics": ["family", "work stress", "self-doubt"],
+                "traits": traits,
+            }
+        if "openness" in properties:
+            ids = _enum(schema, "LevelReply", "evidence")
+            return {
+                trait: {
+                    "level": rng.choice(["low", "medium", "high"]),
+                    "evidence": rng.sample(ids, 1),
+                    "rationale": "Their reactions in the cited memory point this way.",
+                }
+                for trait in properties
+            }
+        if "situations" in properties:
+            ids = _enum(schema, "SituationReply", "memory_ids")
+            categories = schema["$defs"]["SituationReply"]["properties"]["category"]["enum"]
+            return {
+                "situations": [
+                    {
+                        "category": category,
+                        "topic": f"{category.lower()} topic",
+                        "text": f"{category} moment: after another tense evening the user replays a "
+                        "conversation with someone close and wonders how to handle the next one.",
+                        "memory_ids": rng.sample(ids, 1),
+                    }
+                    for category in categories
+                ]
+            }
+        if "messages" in properties:
+            asked = "\n".join(m["content"] for m in body["messages"])  # the language is named anywhere
+            language = next((c for c, n in LANGUAGE_NAMES.items() if f"in {n}." in asked), "en")
+            moments = re.findall(r"^\d+\. \[(\w+)\]", prompt, re.MULTILINE)
+            # The user's own messages, wherever the prompt puts them: a model writing in a
+            # language SENTENCES lacks writes a new message from their words.
+            own = " ".join(re.findall(r"^- (.{20,})$", asked, re.MULTILINE)).split()
+            messages = []
+            for n, category in enumerate(moments, 1):
+                if language in SENTENCES:
+                    text = SENTENCES[language][category].format(topic=f"#{rng.randint(0, 999)}")
+                elif own:  # in their language: a new sentence from their words
+                    text = " ".join(rng.sample(own, min(len(own), 16))) + "?"
+                else:
+                    text = SENTENCES["en"][category].format(topic=f"#{rng.randint(0, 999)}")
+                messages.append({"situation": n, "text": text})
+            return {"messages": messages}
+        if "reviews" in properties:
+            texts = re.findall(r"^\d+\. \(moment: (\w+) moment.*?\) (.*)$", prompt, re.MULTILINE)
+            return {
+                "reviews": [
+                    {
+                        "message": n,
+                        "emotional_support": rng.random() < 0.95,
+                        "logical_consistency": rng.random() < 0.97,
+                        "role_awareness": True,
+                        "category": category,
+                        "language": detect_language(text) or "en",
+                        "reason": "Fits the moment and the user.",
+                    }
+                    for n, (category, text) in enumerate(texts, 1)
+                ]
+            }
+        return {}
+
+    return answer
+
+
+def queries_from(source: Path, work: Path, settings, *, limit: int | None = None, console=None):
+    """filter, infer-persona (the first `limit` users) and gen-queries into `work`, as the
+    benches start: (the persona report, the queries report, the funnel)."""
+    filter_users(str(source), work / "filtered.jsonl", console=console)
+    personas, _ = infer_personas(
+        work / "filtered.jsonl", work / "personas.jsonl", settings, limit=limit, console=console
+    )
+    queries, funnel = generate_queries(
+        work / "personas.jsonl", work / "queries.jsonl", settings, console=console
+    )
+    return personas, queries, funnel
+
+
+def main() -> None:
+    args = parser(__doc__, users=100).parse_args()
+    quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
+    with fake_endpoint(responder(random.Random(7))) as (work, settings):
+        persona_report, query_report, funnel = queries_from(
+            args.source, work, settings, limit=args.users, console=quiet
+        )
+        steps = {**persona_report.steps, **query_report.steps}
+    accepted = sum(funnel.accepted.values())
+    print(f"users: {args.users} filtered users in, {funnel.users_in} eligible personas")
+    print(f"queries: {funnel.generated} generated, {accepted} accepted {dict(funnel.accepted)}")
+    print(f"failed checks: {dict(funnel.failed_checks)}")
+    total = 0
+    for name, stats in steps.items():
+        tokens = (stats["prompt_chars"] + stats["completion_chars"]) / 4
+        total += tokens
+        share = tokens / max(accepted, 1)
+        print(f"  {name:10s} {stats['calls']:4d} calls {tokens:9.0f} tokens {share:7.0f} per accepted query")
+    print(f"tokens per accepted query: {total / max(accepted, 1):.0f} (target <= 5000, Big Five included)")
+    print(json.dumps({"tokens_per_accepted_query": round(total / max(accepted, 1))}))
+
+
+if __name__ == "__main__":
+    main()

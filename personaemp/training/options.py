@@ -1,0 +1,131 @@
+"""Training's sections: [export] for `personaemp export`, and [reward], read by
+personaemp.reward.from_config; declared as for every stage (see personaemp/options.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from personaemp.options import (
+    DEFAULT_LAYOUT,
+    PROCESSED,
+    Context,
+    Layout,
+    MismatchSeed,
+    Opt,
+    OptionProblem,
+    Part,
+    RagK,
+    Section,
+    SplitSetting,
+    SplitsFolder,
+    declare,
+)
+
+
+@declare("export")
+class ExportOptions(Section):
+    splits: SplitsFolder = PROCESSED / "splits"
+    split: SplitSetting = "random"
+    part: Annotated[Part, Opt("Part of the split (train to train on, test to evaluate).")] = "train"
+    format: Annotated[
+        Literal["trl", "verl"],
+        Opt(
+            "trl: JSON lines with a conversational `prompt` and the reward's columns (datasets, "
+            "GRPOTrainer); verl: parquet with data_source, prompt, ability, reward_model, extra_info."
+        ),
+    ] = "trl"
+    context: Annotated[
+        Context,
+        Opt("What the policy sees besides the query, as `personaemp respond --context` (the same prompt)."),
+    ] = "memory"
+    rag_k: RagK = 3
+    mismatch_seed: MismatchSeed = 0
+    summaries: Annotated[
+        Path | None,
+        Opt(
+            "With --context memory-summary: the responses of `respond --context memory-summary`, "
+            "whose summaries the prompts carry.",
+            metavar="FILE",
+            io="read",
+        ),
+    ] = None
+    criteria: Annotated[
+        Path | None,
+        Opt("Fixed criteria (`personaemp criteria`) to carry in each row, for a fixed-criteria reward.",
+            ("--criteria",), metavar="FILE", io="read"),
+    ] = None  # fmt: skip
+    data_source: Annotated[str, Opt("verl's data_source of every row.")] = "personaemp"
+    dialogues: Annotated[
+        bool,
+        Opt(
+            "Rows for multi-turn rollouts with the simulated user: interaction_kwargs (verl: in "
+            "extra_info) name personaemp's Interaction and carry the user it plays."
+        ),
+    ] = False
+    output: Annotated[
+        Path | None,
+        Opt(
+            "The file written (default: export/<split>-<part>-<context>.jsonl, or .parquet with "
+            "--format verl, beside the splits folder).",
+            ("--output", "-o"),
+            io="write",
+        ),
+    ] = None
+
+    @property
+    def output_path(self) -> Path:
+        suffix = "parquet" if self.format == "verl" else "jsonl"
+        name = f"{self.split}-{self.part}-{self.context}.{suffix}"
+        return self.output or self.splits.parent / "export" / name
+
+
+@declare("reward")
+class RewardConfig(Section):
+    """[reward]: the training reward as `personaemp.reward.from_config` builds it (verl's
+    `compute_score` reads the file named by $PERSONAEMP_CONFIG); the judge is [llm]."""
+
+    dynamic: Annotated[
+        bool,
+        Opt("PereGRM (the judge writes its criteria); false: fixed criteria from `criteria`.",
+            env="PERSONAEMP_REWARD_DYNAMIC"),
+    ] = True  # fmt: skip
+    samples: Annotated[
+        int,
+        Field(ge=1),
+        Opt("k: judgments averaged per dimension (dynamic).", env="PERSONAEMP_REWARD_SAMPLES"),
+    ] = 1
+    bystander: Annotated[
+        bool, Opt("Subtract the bystander penalty: H + lambda * (B - 1).", env="PERSONAEMP_REWARD_BYSTANDER")
+    ] = True
+    reward_lambda: Annotated[float, Field(ge=0), Opt("lambda (the paper trains with 0.5).")] = 0.5
+    joint: Annotated[
+        bool,
+        Opt("The three dimensions in one judge call (k + 1 calls per rollout instead of 3k + 1).",
+            env="PERSONAEMP_REWARD_JOINT"),
+    ] = False  # fmt: skip
+    fallback: Annotated[
+        Literal["lowest", "neutral", "floor"],
+        Opt("A judgment that cannot be had: lowest (the rollout gets at most the step's lowest judged "
+            "reward: a judge failure never pays), floor (1, B = 0) or neutral (3 of 5, B = 0.8, the "
+            "authors' values, above most judged B); counted and logged either way.",
+            env="PERSONAEMP_REWARD_FALLBACK"),
+    ] = "lowest"  # fmt: skip
+    criteria: Annotated[
+        Path | None, Opt("Fixed criteria (`personaemp criteria`) when dynamic is false.", io="read")
+    ] = None
+    layout: Layout = DEFAULT_LAYOUT
+    judge_model: Annotated[str | None, Opt("Judge model (default: [llm] model).")] = None
+    log: Annotated[
+        Path | None,
+        Opt("JSON lines, one per training step: calls, tokens, seconds, failures, fallbacks.",
+            env="PERSONAEMP_REWARD_LOG", io="write"),
+    ] = None  # fmt: skip
+
+    @model_validator(mode="after")
+    def _dynamic_only(self) -> RewardConfig:
+        if not self.dynamic and (self.samples > 1 or self.joint):
+            raise OptionProblem("dynamic", "is false: samples and joint apply to the dynamic judge")
+        return self
