@@ -110,8 +110,8 @@ def test_a_config_with_a_byte_order_mark_is_read(tmp_path):
     [
         ('[run]\nexecutor = "ray"\n', "write [llm] executor"),  # as the Ray issue first spelled it
         ("[run]\nworkers = 4\nray_address = 'ray://h:10001'\n", "write [llm] ray_address, [llm] workers"),
-        ("[foo]\nbar = 1\n", "use paths, extract, filter, llm"),
-        ("[run]\ninput = 'x'\n", "use paths, extract, filter, llm"),  # a key of many sections
+        ("[foo]\nbar = 1\n", "use paths, extract, filter, persona"),
+        ("[run]\ninput = 'x'\n", "use paths, extract, filter, persona"),  # a key of many sections
     ],
 )
 def test_an_unknown_section_says_where_its_keys_live(tmp_path, text, hint):
