@@ -23,6 +23,7 @@ This module and the options modules stay light (pydantic only): `personaemp --he
 
 from __future__ import annotations
 
+import importlib
 import re
 import sys
 import types
@@ -228,6 +229,15 @@ def renamed(model: type[BaseModel]) -> dict[str, str]:
 # CLI_ONLY from its Stage lines. So a stage is its module(s) plus one registry line.
 SECTIONS: dict[str, type[Section]] = {}  # TOML section -> its model, in pipeline order
 COMMANDS: dict[str, tuple[str, ...]] = {}  # stage command -> its sections (the first is its own)
+
+
+def catalogue() -> dict[str, type[Section]]:
+    """SECTIONS, whole: the products declare their sections and the registry gathers them, so a
+    caller below it (config, the reward in a trainer's worker) has the registry loaded here, by
+    name, as a host loads its plugins (an import of it here would point up the layers)."""
+    if "personaemp.registry" not in sys.modules:  # (while it loads, it is filling SECTIONS)
+        importlib.import_module("personaemp.registry")
+    return SECTIONS
 
 
 def declare(name: str) -> Callable[[type[Section]], type[Section]]:

@@ -70,3 +70,26 @@ def test_the_same_error_speaks_flags_on_the_command_line(tmp_path):
     )  # fmt: skip
     assert result.exit_code == 2, result.output
     assert "--samples 3" in result.stderr and "--step judge_dynamic.temperature=0.3" in result.stderr
+
+
+def test_a_trainers_worker_reads_the_whole_config_without_the_cli(tmp_path):
+    """A verl/TRL worker imports only the reward: the shipped personaemp.toml's stage sections
+    ([filter], [persona]...) are known there too. Before: "[filter] is not a known section"
+    once the sections moved beside their stages and only the registry gathered them."""
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    code = (
+        "import sys; from personaemp.training.reward import from_config; "
+        "reward = from_config(sys.argv[1], env={'PERSONAEMP_BASE_URL': 'http://127.0.0.1:9/v1', "
+        "'PERSONAEMP_MODEL': 'judge'}); print(type(reward).__name__)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(repo / "personaemp.toml")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip()
