@@ -306,7 +306,8 @@ class UnitWorker:
             work = await self.stages[stage]
             row = await work(msgspec.json.decode(unit))
         except UnitError as error:
-            failed = {"kind": error.kind, "error": str(error), "raw": error.raw, "attempts": error.attempts}
+            failed = {"kind": error.kind, "error": str(error), "raw": error.raw, "attempts": error.attempts,
+                      "fields": error.fields}  # fmt: skip
             return msgspec.json.encode({"failed": failed}), b"", self.figures(every=0.5)
         except Exception as exc:  # noqa: BLE001 - as one process: the run stops with it
             return b"", _fatal(exc), self.figures()
@@ -486,6 +487,8 @@ class WorkerPool:
                 if "row" in done:
                     return done["row"]
                 failed = done["failed"]
-                raise UnitError(failed["kind"], failed["error"], failed["raw"], failed["attempts"])
+                error = UnitError(failed["kind"], failed["error"], failed["raw"], failed["attempts"])
+                error.fields = failed.get("fields") or {}  # the stage's columns (whose failure it was)
+                raise error
 
         return work
