@@ -345,5 +345,7 @@ def local_ray(_ray_of_the_session):
     test that needs it starts it again."""
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        # address="local": a new Ray of this process, never test_ray_cluster's cluster (which
+        # another worker may have up on this machine: "connecting to an existing cluster").
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     return ray
