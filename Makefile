@@ -16,7 +16,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DCMAKE_PROJECT_llama.cp
 # every CLI subprocess compiled openai, pydantic, datasets... again (make test: 130 s vs 93 s).
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: demo test lint format chromium docs bench
+.PHONY: demo test test-fast lint format chromium docs bench
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,11 +36,15 @@ demo: $(BIN)/.installed
 # The browser tests of `personaemp review` (tests/test_review.py) drive Debian's chromium over
 # a DevTools pipe, no pip package. Installed once (apt keeps the .debs in its cache); present,
 # this is one `command -v`. Not root or no apt: the browser tests are skipped, and say why.
+# apt's own lines (about 200: one per package unpacked and set up, which -qq leaves) go to a
+# log that is shown only when the install fails.
 chromium:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
-	{ echo "installing chromium for the browser tests (once)"; \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) \
-	  || echo "could not install chromium: the browser tests will be skipped"; }
+	{ echo "installing chromium for the browser tests (once)"; log=$$(mktemp); \
+	  if (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) \
+	     >$$log 2>&1; then echo "chromium installed"; \
+	  else tail -n 20 $$log; echo "could not install chromium: the browser tests will be skipped"; fi; \
+	  rm -f $$log; }
 
 test: $(BIN)/.installed chromium
 	$(BIN)/ruff check .
@@ -48,6 +52,12 @@ test: $(BIN)/.installed chromium
 	# The docs site (docs/, mkdocs.yml): a broken link, anchor or API reference fails (2 s).
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 	$(BIN)/pytest -q -n 3 --dist worksteal  # 3 workers on 2 cores: see tests/conftest.py
+
+# The edit loop: every test but the embedded model's and those marked slow (a wheel built and
+# installed, the browser, child processes, a simulated Ray cluster). `make test` runs them all.
+test-fast: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q -n 3 --dist worksteal -m "not embedded and not slow"
 
 format: $(BIN)/.installed
 	$(BIN)/ruff check --fix .

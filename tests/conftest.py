@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -324,3 +325,28 @@ def sample_build(tmp_path_factory) -> Path:
         )
         run_pipeline(options, Console(file=log))
     return processed
+
+
+@pytest.fixture(scope="session")
+def _ray_of_the_session():
+    """Shuts down at the session's end the local Ray `local_ray` started."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture
+def local_ray(_ray_of_the_session):
+    """A local Ray (2 CPUs), started by the first test of this process that needs it and kept
+    to the session's end: test_ray, test_ray_stages and test_ray_vllm each started and shut
+    down their own, and a start costs about 10 s of CPU over Ray's processes (3 to 9 starts
+    in `make test`, as its workers took tests of the three files; now one per worker at
+    most). test_ray_cluster's fixture shuts it down to connect to its own cluster; the next
+    test that needs it starts it again."""
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        # address="local": a new Ray of this process, never test_ray_cluster's cluster (which
+        # another worker may have up on this machine: "connecting to an existing cluster").
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    return ray

@@ -11,6 +11,7 @@ registers one case per row. One test runs them all; the last one counts them."""
 from __future__ import annotations
 
 import json
+import shutil
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -1030,21 +1031,11 @@ LS_DATA = Path(__file__).parent / "data" / "label_studio"
 
 
 @pytest.fixture(scope="module")
-def ls_queries(tmp_path_factory):
-    """The sample build's queries, exported as a Label Studio project once per module: (queries, ids)."""
-    from rich.console import Console
-
-    from personaemp.options import LLMOptions, PathsOptions
-    from personaemp.pipeline import run_pipeline
-    from personaemp.registry import RunOptions
-
+def ls_queries(tmp_path_factory, sample_build):
+    """The sample build's queries, exported as a Label Studio project once per module: (queries, ids).
+    A copy of conftest's `sample_build` (the same run this fixture made again, ~10 s of CPU)."""
     processed = tmp_path_factory.mktemp("ls") / "processed"
-    with FakeOpenAI(responder=order_free_responder()) as fake:
-        options = RunOptions(
-            paths=PathsOptions(input=str(SAMPLE_TASK1), processed=processed),
-            llm=LLMOptions(base_url=[fake.base_url], model="fake"),
-        )
-        run_pipeline(options, Console(quiet=True))
+    shutil.copytree(sample_build, processed)
     result = CliRunner().invoke(
         app,
         [

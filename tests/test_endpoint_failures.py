@@ -7,6 +7,7 @@ exception was never retrieved" tracebacks included) is what the test sees.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -17,9 +18,11 @@ from pathlib import Path
 import pytest
 from fake_openai import KEY_FORMS, FakeOpenAI, huge, reply, server_error, trickle
 from rich.console import Console
+from typer.testing import CliRunner
 
 from personaemp import secrets
 from personaemp.build.filter import filter_users
+from personaemp.cli import app
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "data" / "raw" / "alpsbench_sample" / "task1"
@@ -55,6 +58,19 @@ def infer(
     )  # fmt: skip
 
 
+def infer_here(tmp_path: Path, filtered: Path, base_url: str) -> int:
+    """`infer` with a working endpoint, in this process (Typer's runner): the exit code. The
+    runs whose failures are checked stay child processes (their stderr, and what is printed
+    at the interpreter's exit); a run that should just work need not pay a launch (~2 s)."""
+    args = ["infer-persona", "--input", str(filtered), "--output", str(tmp_path / "personas.jsonl"),
+            "--work-dir", str(tmp_path / "work"), "--base-url", base_url, "--model", "fake"]  # fmt: skip
+    env = {"OPENAI_API_KEY": KEY, "OPENAI_BASE_URL": None, "NO_COLOR": "1", "COLUMNS": "200"}
+    with contextlib.chdir(tmp_path):  # as the child runs, away from the checkout's personaemp.toml
+        result = CliRunner().invoke(app, args, env=env)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result.exit_code
+
+
 def error_lines(result: subprocess.CompletedProcess) -> list[str]:
     return [line for line in result.stderr.splitlines() if line.strip() and "Error" in line]
 
@@ -85,8 +101,7 @@ def rows(path: Path) -> list[dict]:
 
 def then_a_working_endpoint_does_every_unit(tmp_path: Path, filtered: Path) -> None:
     with FakeOpenAI() as good:
-        result = infer(tmp_path, filtered, good.base_url)
-    assert result.returncode == 0, result.stderr
+        assert infer_here(tmp_path, filtered, good.base_url) == 0
     done = rows(tmp_path / "personas.jsonl") + rows(tmp_path / "infer-persona.failures.jsonl")
     assert len(done) == USERS and good.count >= USERS
 
@@ -103,7 +118,7 @@ def test_a_run_stopped_before_any_unit_leaves_earlier_rows_alone(tmp_path, filte
     """Before: a mistyped --base-url with another --model emptied personas.jsonl (the final
     rewrite keeps only rows of the current recipe, and the stopped run made none)."""
     with FakeOpenAI() as good:
-        assert infer(tmp_path, filtered, good.base_url).returncode == 0
+        assert infer_here(tmp_path, filtered, good.base_url) == 0
     files = [tmp_path / "personas.jsonl", tmp_path / "infer-persona.failures.jsonl"]
     before = [path.read_bytes() for path in files]
     assert len(rows(files[0])) + len(rows(files[1])) == USERS

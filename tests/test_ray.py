@@ -1,7 +1,7 @@
 """--executor ray (personaemp/llm/ray_executor.py) on a local Ray: the same files as one process.
 
-One Ray for the module (ray.init(num_cpus=2), about 7 s to start), shut down after it; the
-tests are few and long, so pytest-xdist gives them to one worker or two at most."""
+On the local Ray of conftest's `local_ray` (ray.init(num_cpus=2), started once per test
+process and shared with test_ray_stages and test_ray_vllm)."""
 
 from __future__ import annotations
 
@@ -25,13 +25,6 @@ from personaemp.registry import RunOptions
 ray = pytest.importorskip("ray")
 
 TIMINGS = {"created_at"}  # the only thing a row holds that a second run changes
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def rows(path: Path, drop=TIMINGS) -> list:

@@ -29,6 +29,7 @@ LATENCY = 0.2
 def cluster():
     from ray.cluster_utils import Cluster
 
+    ray.shutdown()  # conftest's local Ray, when a test of this process started it before
     made = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     nodes = [made.add_node(num_cpus=1) for _ in range(2)]
     made.wait_for_nodes()

@@ -53,13 +53,6 @@ TOTALS = ("calls", "requests", "cache_hits", "prompt_tokens", "completion_tokens
 CONCURRENCY = 2  # two workers of one request each; four units in flight (llm.run._window)
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def workers_up() -> int:
     actors = ray._private.state.actors().values()
     return sum(1 for a in actors if "UnitWorker" in a["ActorClassName"] and a["State"] == "ALIVE")

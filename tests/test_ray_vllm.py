@@ -36,14 +36,13 @@ USAGE = {"prompt_tokens": 900, "completion_tokens": 5, "total_tokens": 905}  # a
 NOT_COMPARED = {"created_at", "endpoint_kind", "input_hash"}  # timings; "vllm" for "remote"
 
 
-@pytest.fixture(scope="module")
-def local_ray():
+@pytest.fixture
+def local_ray(local_ray):
+    """conftest's shared local Ray, and this module's functions sent to it by value."""
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the stand-in's maps, on Ray's workers
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    return local_ray
 
 
 def as_request(row: dict) -> dict:

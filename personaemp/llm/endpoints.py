@@ -168,6 +168,13 @@ class EndpointPool:
         self.max_retries = max_retries
         self._slots = asyncio.Semaphore(sum(e.concurrency for e in endpoints))
         self._turn = 0  # rotates ties so equally busy endpoints share the load
+        self._sent: dict[int, float] = {}  # requests on the wire: when each was sent (monotonic)
+        self._sent_count = 0
+
+    def waiting(self) -> tuple[int, float]:
+        """Requests on the wire now, and how long the oldest has waited for its reply (s)."""
+        started = list(self._sent.values())  # one C-level copy: safe from another thread
+        return len(started), (time.monotonic() - min(started)) if started else 0.0
 
     def _pick(self) -> Endpoint:
         """The least busy endpoint with a free slot, healthy ones first."""
@@ -217,9 +224,11 @@ class EndpointPool:
             endpoint = self._pick()
             endpoint.in_flight += 1
             limit = _limit.set(reply_limit(request))
+            self._sent_count += 1
+            number = self._sent_count
             try:
                 await endpoint.limiter.wait()
-                started = time.monotonic()
+                started = self._sent[number] = time.monotonic()
                 # The client's timeout is per read: a server sending a byte at a time would
                 # hold the request forever. This deadline is for the whole of it.
                 async with asyncio.timeout(endpoint.timeout):
@@ -247,6 +256,7 @@ class EndpointPool:
             finally:
                 _limit.reset(limit)
                 endpoint.in_flight -= 1
+                self._sent.pop(number, None)
             _note_health(endpoint, error)
             if isinstance(error, LLMError):
                 error.endpoint = endpoint.base_url

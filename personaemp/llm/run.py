@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,6 +28,7 @@ from rich.text import Text
 from personaemp import locks
 from personaemp.aio import sync_twin
 from personaemp.io import read_json_object, write_json_atomic
+from personaemp.llm.alive import WaitingColumn, heartbeat, waiting_text
 from personaemp.llm.batch import BatchQueue, import_answers, write_requests
 from personaemp.llm.engine import Engine
 from personaemp.llm.estimate import Estimate, cache_history, cache_rule, first_mode
@@ -367,8 +368,23 @@ async def arun_llm_chain(
                 first_grows = lambda: total is None and getattr(first.units, "growing", True)  # noqa: E731
                 first_over = [False]
                 bars = [
-                    _progress_bar(progress, first.stage, total, engine, grows=first_grows),
-                    _progress_bar(progress, second.stage, None, engine, grows=lambda: not first_over[0]),
+                    # A long request is shown on the first bar, then (once it is over) the second.
+                    _progress_bar(
+                        progress,
+                        first.stage,
+                        total,
+                        engine,
+                        grows=first_grows,
+                        shows_waiting=lambda: not first_over[0],
+                    ),
+                    _progress_bar(
+                        progress,
+                        second.stage,
+                        None,
+                        engine,
+                        grows=lambda: not first_over[0],
+                        shows_waiting=lambda: first_over[0],
+                    ),
                 ]
 
                 def first_progress(outcome):
@@ -437,9 +453,12 @@ def _progress_bar(
     total: int | None,
     engine: Engine,
     grows: Callable[[], bool] = lambda: False,
+    shows_waiting: Callable[[], bool] = lambda: True,
 ):
-    """A bar over the stage's units; `grows()`: its total is still growing (no ETA then)."""
-    task = progress.add_task(stage, total=total, stats="", grows=grows())
+    """A bar over the stage's units; `grows()`: its total is still growing (no ETA then);
+    `shows_waiting()`: this bar says so when a request is long (alive.py)."""
+    waiting = lambda: waiting_text(engine) if shows_waiting() else ""  # noqa: E731
+    task = progress.add_task(stage, total=total, stats="", grows=grows(), waiting=waiting)
 
     def on_progress(outcome: StageOutcome) -> None:
         totals = engine.accounting.totals()
@@ -516,13 +535,19 @@ def _header(stage: str, engine: Engine, steps: Sequence[Step] = ()) -> str:
     return f"[bold]{stage}[/]: model {engine.model} at {endpoints} · structured output {mode}"
 
 
-def _progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[stats]}"),
-        TimeLeftOrRate(),
-        console=console,
-        transient=True,
-    )
+@contextlib.contextmanager
+def _progress(console: Console) -> Iterator[Progress]:
+    with (
+        Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[stats]}"),
+            TimeLeftOrRate(),
+            WaitingColumn(),
+            console=console,
+            transient=True,
+        ) as progress,
+        heartbeat(progress, console),
+    ):
+        yield progress
