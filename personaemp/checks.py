@@ -3,6 +3,7 @@ instruments/query_check.py)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 
@@ -97,16 +98,22 @@ def _grams(items: Sequence[str], size: int) -> set[tuple[str, ...]]:
     return {tuple(items[i : i + size]) for i in range(len(items) - size + 1)}
 
 
+@functools.lru_cache(maxsize=2048)
+def _source_grams(source: str, size: int) -> frozenset[tuple[str, ...]]:
+    # a source recurs (the simulator's prompt text, a dialogue's earlier turns on every turn)
+    return frozenset(_grams(tokens(source), size))
+
+
 def longest_shared(text: str, sources: Sequence[str], floor: int = 1) -> tuple[str, ...]:
     """The longest run of `text`'s tokens found, in order and contiguous, in one of `sources`
     (empty when none is `floor` tokens long: one pass over the sources settles most queries)."""
     query = tokens(text)
-    owned = [items for items in (tokens(source) for source in sources) if items]
+    owned = [source for source in sources if source]
 
     def shared(size: int) -> tuple[str, ...] | None:
         wanted = _grams(query, size)
-        for items in owned:
-            found = wanted & _grams(items, size)
+        for source in owned:
+            found = wanted & _source_grams(source, size)
             if found:
                 return min(found)
         return None
