@@ -77,7 +77,7 @@ def test_run_on_ray_writes_what_one_process_writes(local_ray, sample_build, tmp_
     requests = first.chat_requests + second.chat_requests
     # Both stages asked through the same two workers. Whether gen-queries' first request comes
     # before infer-persona's last depends on the machine's speed (a fresh-clone run on a slow
-    # hour saw it 0.6 s after): a timing, so bench/scale/ray_bench.py's to print, not a test's.
+    # hour saw it 0.6 s after): a timing, not a behaviour to assert.
     assert any(persona_step(r) for r in requests) and not all(persona_step(r) for r in requests)
 
     for name in ("personas.jsonl", "filtered.jsonl"):  # no timings in their input: the hashes too
