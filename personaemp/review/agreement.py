@@ -162,6 +162,18 @@ def read_second_judge(path: Path) -> tuple[dict[str, dict[str, Any]], str | None
     return verdicts, model
 
 
+def labels_held(events, state: dict, not_scored, items: str) -> dict[str, Any]:
+    """What the labels file held, for a report: its events, reviewers and `items` labelled
+    (queries or dialogues), the reviewers who came from Label Studio, what was not scored."""
+    return {
+        "events": len(events),
+        "reviewers": sorted(state),
+        f"{items}_labelled": len({key for labelled in state.values() for key in labelled}),
+        "label_studio_reviewers": sum(name.startswith(LABEL_STUDIO_REVIEWER) for name in state),
+        "not_scored": not_scored,
+    }
+
+
 class AgreementReport(dict):
     """The figures (a JSON-ready dict), with `as_dict()` as every command's result has."""
 
@@ -185,13 +197,7 @@ def compute_agreement(
     report = AgreementReport(
         {
             "queries": len(items),
-            "labels": {
-                "events": len(events),
-                "reviewers": sorted(state),
-                "queries_labelled": len({q for queries in state.values() for q in queries}),
-                "label_studio_reviewers": sum(name.startswith(LABEL_STUDIO_REVIEWER) for name in state),
-                "not_scored": not_scored,
-            },
+            "labels": labels_held(events, state, not_scored, "queries"),
             "resamples": resamples,
             "seed": seed,
         }
@@ -436,13 +442,7 @@ def compute_dialogue_agreement(
     report: dict[str, Any] = {
         "dialogues": len(items),
         "systems": sorted({item["system"] for item in items.values()}),
-        "labels": {
-            "events": len(events),
-            "reviewers": sorted(state),
-            "dialogues_labelled": len({key for fields_of in state.values() for key in fields_of}),
-            "label_studio_reviewers": sum(name.startswith(LABEL_STUDIO_REVIEWER) for name in state),
-            "not_scored": not_scored,
-        },
+        "labels": labels_held(events, state, not_scored, "dialogues"),
         "resamples": resamples,
         "seed": seed,
     }
