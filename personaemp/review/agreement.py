@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from personaemp.errors import InputError
+from personaemp.instruments.judges import ranks
 from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
 from personaemp.records import DIMENSIONS
 from personaemp.review.dialogues import LABELS_FILE, dialogue_event, read_dialogue_items
@@ -357,21 +358,6 @@ def _answer(event: dict[str, Any]) -> bool | None:
 # --- dialogues (review --dialogues): people beside the simulator ------------------------------
 
 DIALOGUE_REPORT_FILE = "dialogue_agreement.json"
-
-
-def ranks(values: Sequence[float]) -> list[float]:
-    """Ranks from 1, ties given their mean rank."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    out = [0.0] * len(values)
-    start = 0
-    while start < len(order):
-        end = start
-        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
-            end += 1
-        for i in order[start : end + 1]:
-            out[i] = (start + end) / 2 + 1
-        start = end + 1
-    return out
 
 
 def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
