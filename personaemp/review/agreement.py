@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from personaemp.errors import InputError
-from personaemp.instruments.judges import ranks
+from personaemp.instruments.judges import spearman as judges_spearman
 from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
 from personaemp.records import DIMENSIONS
 from personaemp.review.dialogues import LABELS_FILE, dialogue_event, read_dialogue_items
@@ -361,14 +361,8 @@ DIALOGUE_REPORT_FILE = "dialogue_agreement.json"
 
 
 def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
-    """Spearman's rho: Pearson's r of the ranks; None with fewer than 3 pairs or a constant side."""
-    if len(xs) < 3:
-        return None
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
-    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
-    return None if not sxx or not syy else sxy / math.sqrt(sxx * syy)
+    """Spearman's rho (instruments.judges.spearman); None with fewer than 3 pairs as well."""
+    return None if len(xs) < 3 else judges_spearman(xs, ys)
 
 
 def people_ratings(state: dict[str, dict[str, dict[str, Any]]]) -> dict[str, float]:
