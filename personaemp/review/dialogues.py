@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from personaemp.errors import InputError
-from personaemp.records import DIMENSIONS
+from personaemp.records import DIMENSIONS, REJECTED_KEYS
 from personaemp.review.fields import NOTE_CHARS, PERM_SCORES, TURN_VALUES, UnknownTarget, shown
 
 CHECK = "in_character"  # the simulator's check people's "in character?" is set against
@@ -41,7 +41,7 @@ def _turn(turn) -> dict[str, Any]:
     thought (rows written before those were kept have the rules only)."""
     rejected = []
     for entry in turn.rejected:
-        failed = {rule: why for rule, why in entry.items() if rule not in ("text", "thought")}
+        failed = {rule: why for rule, why in entry.items() if rule not in REJECTED_KEYS}
         rejected.append({"text": entry.get("text"), "thought": entry.get("thought"), "failed": failed})
     return {
         "role": turn.role, "text": turn.text, "emotion": turn.emotion, "change": turn.change,
