@@ -187,6 +187,7 @@ class Recorded:
     raw: bytes
     method: str = "POST"
     received_at: float = 0.0
+    usage: dict | None = None  # the usage the server answered with (a reply only)
 
 
 @dataclass(frozen=True)
@@ -994,6 +995,7 @@ class _Handler(BaseHTTPRequestHandler):
                 fake.completion_tokens += completion
         if reasoning and not action.usage:
             usage["completion_tokens_details"] = {"reasoning_tokens": _tokens(reasoning)}
+        rec.usage = usage
         n = body.get("n") or 1
         payload = {
             "id": f"chatcmpl-fake-{number}",

@@ -283,7 +283,12 @@ def test_every_request_carries_max_tokens_and_the_schema(tmp_path):
         body = server.chat_requests[0].body
         assert body["max_tokens"] == 77 and "max_completion_tokens" not in body
         assert body["response_format"]["type"] == "json_schema"
-        assert body["response_format"]["json_schema"]["schema"] == Greeting.model_json_schema()
+        # The model's schema without pydantic's titles ("Text" for text): billed, and no help.
+        titled = Greeting.model_json_schema()
+        assert titled["title"] == "Greeting" and titled["properties"]["text"]["title"] == "Text"
+        untitled = {**titled, "properties": {"text": {"type": "string"}, "mood": {"type": "integer"}}}
+        del untitled["title"]
+        assert body["response_format"]["json_schema"]["schema"] == untitled == GREET.schema
         assert server.chat_requests[0].headers["authorization"] == "Bearer sk-test"
 
 
@@ -303,7 +308,7 @@ def test_structured_modes(tmp_path, mode):
         [result], _ = ask(settings_for(server, tmp_path, structured=mode))
         assert result.value.text == "hello"
         body = server.chat_requests[0].body
-        schema = Greeting.model_json_schema()
+        schema = GREET.schema
         if mode == "json_object_schema":
             # Grammar endpoints get every free string and list bounded.
             assert body["response_format"] == {"type": "json_object", "schema": bounded(schema)}

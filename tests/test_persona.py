@@ -17,6 +17,8 @@ from typer.testing import CliRunner
 
 from personaemp.build.filter import filter_users
 from personaemp.build.persona import (
+    BIG_FIVE_STEP,
+    PERSONA_STEP,
     BigFiveReply,
     PersonaReply,
     big_five_schema,
@@ -271,8 +273,8 @@ def test_no_user_turns_render_none(turns):
 
 
 def test_schemas_narrow_evidence_to_the_users_memory_ids():
-    original_persona = PersonaReply.model_json_schema()
-    original_big_five = BigFiveReply.model_json_schema()
+    original_persona = PERSONA_STEP.schema
+    original_big_five = BIG_FIVE_STEP.schema
     alice = make_user("alice", [memory("m1"), memory("m2"), memory("m3")])
     bob = make_user("bob", [memory("x9")])
 
@@ -300,9 +302,13 @@ def test_schemas_narrow_evidence_to_the_users_memory_ids():
         restored = json.loads(json.dumps(narrowed))
         restored["$defs"][name]["properties"]["evidence"]["items"] = {"type": "string"}
         assert restored == original
-    # Neither the pydantic schemas nor the first user's schema were changed by later calls.
-    assert PersonaReply.model_json_schema() == original_persona
-    assert BigFiveReply.model_json_schema() == original_big_five
+    # Neither the steps' schemas nor the first user's schema were changed by later calls.
+    assert PERSONA_STEP.schema == original_persona
+    assert BIG_FIVE_STEP.schema == original_big_five
+    # Shared (OpenAI's cache rule): one schema for every user, ids checked after the reply.
+    assert persona_schema(alice, shared=True) == persona_schema(bob, shared=True)
+    assert trait_items(persona_schema(alice, shared=True)) == {"type": "string"}
+    assert big_five_schema(alice, shared=True) == big_five_schema(bob, shared=True)
     assert trait_items(original_persona) == {"type": "string"}
     assert trait_items(alice_persona)["enum"] == ["m1", "m2", "m3"]
 
@@ -454,7 +460,7 @@ def request_step(body: dict) -> str:
 def request_ids(body: dict) -> list[str]:
     schema = schema_for_request(body)
     name = "TraitReply" if "TraitReply" in schema["$defs"] else "LevelReply"
-    return schema["$defs"][name]["properties"]["evidence"]["items"]["enum"]
+    return schema["$defs"][name]["properties"]["evidence"]["items"].get("enum", [])
 
 
 REASK_START = REASK.split("{error}")[0]
@@ -483,8 +489,12 @@ class Script:
         return found[0]
 
     def __call__(self, body: dict, number: int):
-        plan = self.plans.get(self.user_of(body), "valid")
-        ids, reask = request_ids(body), REASK_START in body["messages"][-1]["content"]
+        user = self.user_of(body)
+        plan = self.plans.get(user, "valid")
+        # The ids the schema narrows to; a schema shared by every user (OpenAI's cache rule)
+        # lists none, and a model reads them in the prompt: the user's own.
+        ids = request_ids(body) or [m.memory_id for u in self.users if u.user_id == user for m in u.memories]
+        reask = REASK_START in body["messages"][-1]["content"]
         if request_step(body) == "persona":
             return reply(persona_content(plan, ids))
         return reply(big_five_content(plan, ids, reask))
@@ -1055,3 +1065,41 @@ def test_ungrounded_failure_records_the_raw_reply_text(tmp_path):
     assert dict(report.outcome.failures_by_kind) == {"ungrounded": 1}
     [failure] = read_jsonl(tmp_path / "infer-persona.failures.jsonl")
     assert failure["raw"] == raw
+
+
+def cites_m1(body: dict, number: int):
+    properties = schema_for_request(body)["properties"]
+    if "depth" in properties:
+        trait = {"aspect": "stress_response", "statement": "Worries before exams.", "evidence": ["m1"]}
+        return {"depth": {"has_depth": True, "reason": "personal"}, "topics": ["exams"], "traits": [trait]}
+    level = {"level": "medium", "evidence": ["m1"], "rationale": "Some signs of it."}
+    return {name: level for name in properties}
+
+
+def test_under_openais_cache_rule_every_user_gets_the_same_untitled_schema(tmp_path):
+    """OpenAI bills the response schema as the prompt's prefix: a schema narrowed to each
+    user's ids kept every request from its cache. Under cache_rule = "openai" the schema is
+    the step's own for every user (parse drops an id the user does not have); with the default
+    rule the ids are narrowed as before."""
+    rows = [
+        make_user(name, [memory(f"m{i}") for i in range(1, count + 1)])
+        for name, count in (("a", 2), ("b", 3))
+    ]
+    source = tmp_path / "filtered.jsonl"
+    source.write_text("".join(u.model_dump_json() + "\n" for u in rows), encoding="utf-8")
+    schemas = {}
+    for rule in ("openai", "deepseek"):
+        # Cites m1, which both users have (the default reply would invent ids: nothing narrows them).
+        with FakeOpenAI(responder=cites_m1, prefix_cache="openai") as server:
+            settings = LLMSettings(
+                base_urls=[server.base_url], model="fake", work_dir=tmp_path / rule, cache_rule=rule
+            )
+            infer_personas(source, tmp_path / f"{rule}.jsonl", settings, console=quiet())
+            schemas[rule] = [
+                json.dumps(r.body["response_format"]["json_schema"]["schema"], sort_keys=True)
+                for r in server.chat_requests
+                if "depth" in r.body["response_format"]["json_schema"]["schema"]["properties"]
+            ]
+    assert len(schemas["openai"]) == 2 and len(set(schemas["openai"])) == 1, "one request per user"
+    assert len(set(schemas["deepseek"])) == 2  # narrowed to each user's ids
+    assert '"title"' not in schemas["openai"][0]

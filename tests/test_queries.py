@@ -277,7 +277,10 @@ class Script:
     def answer_situations(self, user: str, schema: dict, prompt: str) -> dict:
         item = schema["$defs"]["SituationReply"]["properties"]
         categories = item["category"]["enum"]
-        ids = item["memory_ids"]["items"]["enum"]
+        # The schema's enum of the user's ids; shared by every user (OpenAI's cache rule): theirs.
+        ids = item["memory_ids"]["items"].get("enum") or [
+            m["memory_id"] for m in self.users[user]["memories"]
+        ]
         per_category = schema["properties"]["situations"]["maxItems"] // len(categories)
         if user in self.situations:
             situations = self.situations[user]

@@ -224,12 +224,12 @@ def test_per_user_schemas_leave_the_step_schema_as_it_was():
     the step must not pick up one user's ids."""
     from types import SimpleNamespace
 
-    from personaemp.build.persona import PERSONA_STEP, PersonaReply, persona_schema
+    from personaemp.build.persona import PERSONA_STEP, persona_schema
 
     def user(*ids):
         return SimpleNamespace(memories=[SimpleNamespace(memory_id=i) for i in ids])
 
-    before = json.dumps(PersonaReply.model_json_schema())
+    before = json.dumps(PERSONA_STEP.schema)
     first, second = persona_schema(user("m1", "m2")), persona_schema(user("m9"))
     evidence = lambda schema: schema["$defs"]["TraitReply"]["properties"]["evidence"]["items"]  # noqa: E731
     assert evidence(first)["enum"] == ["m1", "m2"] and evidence(second)["enum"] == ["m9"]

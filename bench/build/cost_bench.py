@@ -51,8 +51,11 @@ SENTENCES = {
 ASPECTS = ["emotional_traits", "stress_response", "social_context", "values_motivations"]
 
 
-def _enum(schema: dict, definition: str, field: str) -> list[str]:
-    return schema["$defs"][definition]["properties"][field]["items"].get("enum", ["m1"])
+def _enum(schema: dict, definition: str, field: str, prompt: str) -> list[str]:
+    """The ids a reply may cite: the schema's enum, else (a schema shared by every user) the
+    memory ids listed in the prompt, as a capable model reads them."""
+    listed = schema["$defs"][definition]["properties"][field]["items"].get("enum")
+    return listed or list(dict.fromkeys(re.findall(r"^\[(m\d+)\]", prompt, re.MULTILINE))) or ["m1"]
 
 
 MEMORY_LABELS = (
@@ -93,11 +96,12 @@ def responder(rng: random.Random):
     def answer(body: dict, number: int):
         schema = body["response_format"]["json_schema"]["schema"]
         prompt = body["messages"][-1]["content"]
+        asked = "\n".join(m["content"] for m in body["messages"])
         properties = schema["properties"]
         if "memory_items" in properties:
             return memories_reply(schema, prompt, rng)
         if "depth" in properties:
-            ids = _enum(schema, "TraitReply", "evidence")
+            ids = _enum(schema, "TraitReply", "evidence", asked)
             deep = rng.random() < 0.9
             traits = [
                 {
@@ -115,7 +119,7 @@ def responder(rng: random.Random):
                 "traits": traits,
             }
         if "openness" in properties:
-            ids = _enum(schema, "LevelReply", "evidence")
+            ids = _enum(schema, "LevelReply", "evidence", asked)
             return {
                 trait: {
                     "level": rng.choice(["low", "medium", "high"]),
@@ -125,7 +129,7 @@ def responder(rng: random.Random):
                 for trait in properties
             }
         if "situations" in properties:
-            ids = _enum(schema, "SituationReply", "memory_ids")
+            ids = _enum(schema, "SituationReply", "memory_ids", asked)
             categories = schema["$defs"]["SituationReply"]["properties"]["category"]["enum"]
             return {
                 "situations": [
@@ -139,8 +143,7 @@ def responder(rng: random.Random):
                     for category in categories
                 ]
             }
-        if "messages" in properties:
-            asked = "\n".join(m["content"] for m in body["messages"])  # the language is named anywhere
+        if "messages" in properties:  # the language is named anywhere in `asked`
             language = next((c for c, n in LANGUAGE_NAMES.items() if f"in {n}." in asked), "en")
             moments = re.findall(r"^\d+\. \[(\w+)\]", prompt, re.MULTILINE)
             # The user's own messages, wherever the prompt puts them: a model writing in a

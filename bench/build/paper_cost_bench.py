@@ -334,7 +334,33 @@ def run_ours(source: Path, work: Path, server, rule: str, look: int) -> dict:
             "completion_tokens": sum(p["completion_tokens"] for p in parts),
         },
         "counted_after_estimate": dict(zip(FIGURES, sent, strict=True)),
+        "steps": by_step(server),
     }  # fmt: skip
+
+
+def step_of(body: dict) -> str:
+    """Which step a request is, by its reply schema's fields."""
+    fmt = body.get("response_format") or {}
+    schema = (fmt.get("json_schema") or {}).get("schema") or schema_from_messages(body["messages"]) or {}
+    return "+".join(sorted(schema.get("properties", {}))) or "?"
+
+
+def by_step(server) -> dict[str, Counter]:
+    """The server's figures per step: requests and the tokens it billed."""
+    steps: dict[str, Counter] = {}
+    for record in server.chat_requests:
+        if record.usage is None:
+            continue
+        usage = record.usage
+        cached = usage.get("prompt_cache_hit_tokens") or (usage.get("prompt_tokens_details") or {}).get(
+            "cached_tokens", 0
+        )
+        figures = steps.setdefault(step_of(record.body), Counter())
+        figures.update(
+            requests=1, prompt_tokens=usage["prompt_tokens"], cached_tokens=cached,
+            completion_tokens=usage["completion_tokens"],
+        )  # fmt: skip
+    return steps
 
 
 # --- the table ------------------------------------------------------------------------------------------
@@ -398,6 +424,13 @@ def main() -> None:
                     f"${cost:.4f}"
                 )
             ours = found["personaemp"]
+            for step, figures in sorted(ours["steps"].items(), key=lambda kv: -dollars(kv[1], provider)):
+                share = figures["cached_tokens"] / max(figures["prompt_tokens"], 1)
+                print(
+                    f"{'':18s}   {step[:40]:40s} {figures['requests']:5d} requests · "
+                    f"{figures['prompt_tokens']:9,} prompt ({share:.0%} cached) · "
+                    f"{figures['completion_tokens']:7,} completion · ${dollars(figures, provider):.4f}"
+                )
             print(
                 f"{'':18s} personaemp: {ours['generated']} generated, failed checks {ours['failed_checks']}"
             )

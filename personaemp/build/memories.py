@@ -35,7 +35,7 @@ from personaemp.aio import sync_twin
 from personaemp.build.taxonomy import TAXONOMY, UNMAPPED, label_family
 from personaemp.errors import InputError
 from personaemp.io import ErrorPolicy, file_sha256, iter_jsonl, read_stage_rows
-from personaemp.llm.step import RejectedReply, Step, edit_schema
+from personaemp.llm.step import RejectedReply, Step, edit_schema, id_choice
 from personaemp.prompts import Prompt, load_prompt
 from personaemp.records import Record, Source
 from personaemp.shards import failures_path, sharded_pick
@@ -165,11 +165,12 @@ def build_extraction_messages(unit: Conversations, prompt: Prompt) -> list[dict[
     )
 
 
-def extraction_schema(unit: Conversations) -> dict[str, Any]:
-    """The reply schema with evidence.turn narrowed to this user's message ids."""
+def extraction_schema(unit: Conversations, shared: bool = False) -> dict[str, Any]:
+    """The reply schema with evidence.turn narrowed to this user's message ids (unless
+    `shared`: see id_choice)."""
     ids = [message.turn_id for message in user_messages(unit)]
     path = ("$defs", "EvidenceReply", "properties", "turn")
-    return edit_schema(EXTRACT_STEP.schema, path, {"type": "string", "enum": ids})
+    return edit_schema(EXTRACT_STEP.schema, path, id_choice(ids, shared))
 
 
 # --- parse: the checks ---------------------------------------------------------------------------
@@ -472,7 +473,7 @@ def memory_stage(
             result = await engine.call(
                 EXTRACT_STEP,
                 build_extraction_messages(unit, prompt),
-                schema=extraction_schema(unit),
+                schema=extraction_schema(unit, engine.shared_schemas),
                 parse=lambda reply: parse_extraction(unit, reply),
             )
             items, intents, checks = result.parsed

@@ -29,7 +29,7 @@ from personaemp import checks
 from personaemp.aio import sync_twin
 from personaemp.errors import InputError
 from personaemp.io import ErrorPolicy, StageRows, iter_jsonl, read_stage_rows
-from personaemp.llm.step import RejectedReply, Step, edit_schema
+from personaemp.llm.step import RejectedReply, Step, edit_schema, id_choice
 from personaemp.prompts import Prompt, prompts_per_variant
 from personaemp.records import (
     BIG_FIVE,
@@ -134,10 +134,11 @@ def profile_text(traits: Sequence[Trait]) -> str:
     return "\n".join(f"- {t.aspect.replace('_', ' ')}: {t.statement}" for t in traits)
 
 
-def _ids_enum(step: Step, definition: str, ids: list[str]) -> dict[str, Any]:
-    """The step's schema with `evidence` items narrowed to this user's memory ids."""
+def _ids_enum(step: Step, definition: str, ids: list[str], shared: bool) -> dict[str, Any]:
+    """The step's schema with `evidence` items narrowed to this user's memory ids (unless
+    `shared`: see id_choice)."""
     path = ("$defs", definition, "properties", "evidence", "items")
-    return edit_schema(step.schema, path, {"type": "string", "enum": ids})
+    return edit_schema(step.schema, path, id_choice(ids, shared))
 
 
 # --- step 1: persona -----------------------------------------------------------------------
@@ -147,9 +148,9 @@ def build_persona_messages(user: User, prompt: Prompt) -> list[dict[str, str]]:
     return prompt.render(memories=render_memories(user.memories), turns=render_turns(user))
 
 
-def persona_schema(user: User) -> dict[str, Any]:
+def persona_schema(user: User, shared: bool = False) -> dict[str, Any]:
     ids = [m.memory_id for m in user.memories]
-    return _ids_enum(PERSONA_STEP, "TraitReply", ids)
+    return _ids_enum(PERSONA_STEP, "TraitReply", ids, shared)
 
 
 @dataclass
@@ -210,8 +211,8 @@ def build_big_five_messages(user: User, traits: Sequence[Trait], prompt: Prompt)
     return prompt.render(profile=profile_text(traits), memories=render_memories(user.memories))
 
 
-def big_five_schema(user: User) -> dict[str, Any]:
-    return _ids_enum(BIG_FIVE_STEP, "LevelReply", [m.memory_id for m in user.memories])
+def big_five_schema(user: User, shared: bool = False) -> dict[str, Any]:
+    return _ids_enum(BIG_FIVE_STEP, "LevelReply", [m.memory_id for m in user.memories], shared)
 
 
 def parse_big_five(
@@ -326,7 +327,7 @@ def persona_stage(
             result = await engine.call(
                 PERSONA_STEP,
                 build_persona_messages(user, prompts["persona"]),
-                schema=persona_schema(user),
+                schema=persona_schema(user, engine.shared_schemas),
                 parse=lambda reply: parse_persona(user, reply, require_depth, enforce),
             )
             parsed = result.parsed
@@ -335,7 +336,7 @@ def persona_stage(
                 levels = await engine.call(
                     BIG_FIVE_STEP,
                     build_big_five_messages(user, parsed.traits, prompts["big_five"]),
-                    schema=big_five_schema(user),
+                    schema=big_five_schema(user, engine.shared_schemas),
                     parse=lambda reply: parse_big_five(user, reply, enforce),
                 )
                 big_five, dropped = levels.parsed

@@ -35,7 +35,7 @@ from personaemp.instruments.query_check import (
 )
 from personaemp.io import ErrorPolicy, StageRows, atomic_output, iter_jsonl, read_stage_rows
 from personaemp.language import LANGUAGE_NAMES
-from personaemp.llm.step import Step, edit_schema
+from personaemp.llm.step import Step, edit_schema, id_choice
 from personaemp.prompts import COMPACT, Prompt, prompts_per_variant
 from personaemp.records import (
     CATEGORIES,
@@ -101,12 +101,14 @@ def build_situation_messages(persona: Persona, options: QueryOptions, prompt: Pr
     )
 
 
-def situations_schema(persona: Persona, options: QueryOptions, one_each: bool = False) -> dict[str, Any]:
+def situations_schema(
+    persona: Persona, options: QueryOptions, one_each: bool = False, shared: bool = False
+) -> dict[str, Any]:
     """The reply's schema, memory ids and categories narrowed to this user and these options.
     `one_each` (the compact prompt, for the embedded model, which otherwise writes one moment
     and stops): exactly per_category moments of each category, in order."""
     item = ("$defs", "SituationReply", "properties")
-    ids = {"type": "string", "enum": [m.memory_id for m in persona.memories]}
+    ids = id_choice([m.memory_id for m in persona.memories], shared)
     schema = edit_schema(SITUATIONS.schema, (*item, "memory_ids", "items"), ids)
     schema = edit_schema(schema, (*item, "category"), {"type": "string", "enum": list(options.categories)})
     count = options.per_category * len(options.categories)
@@ -285,7 +287,9 @@ async def queries_for(engine, persona: Persona, options: QueryOptions, prompts, 
     reply = await engine.call(
         SITUATIONS,
         build_situation_messages(persona, options, prompts["situations"]),
-        schema=situations_schema(persona, options, one_each=engine.prompt_variant == COMPACT),
+        schema=situations_schema(
+            persona, options, one_each=engine.prompt_variant == COMPACT, shared=engine.shared_schemas
+        ),
         parse=lambda value: parse_situations(persona, value, options),
     )
     situations, dropped = reply.parsed

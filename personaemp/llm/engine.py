@@ -134,9 +134,14 @@ class Engine:
         budget: Budget | None = None,
         offline=None,
         prompt_variant: str | None = None,
+        shared_schemas: bool = False,
     ):
         self.pool, self.model, self.configured = pool, model, structured
         self.prompt_variant = prompt_variant  # prompts.COMPACT on the embedded model
+        # One schema per step, not narrowed to each unit's ids: under OpenAI's cache rule the
+        # schema is the prompt's cached prefix, and a per-unit enum would keep every request
+        # of the step from being served by the cache (llm/step.py id_choice).
+        self.shared_schemas = shared_schemas
         self.request_extras = request_extras or {}  # sent with every request (the local model's sampler)
         self.budget = budget
         # --estimate (llm.estimate.Estimate) or --batch (llm.batch.BatchQueue): a request the

@@ -74,8 +74,10 @@ def billed_schema(request: dict[str, Any], rule: str) -> str:
     """The schema text a provider bills as prompt beside the messages: OpenAI bills the
     json_schema as the prompt's prefix. (DeepSeek takes no json_schema: the schema is in the
     messages; a server that decodes by the schema, vLLM or llama.cpp, bills none.)"""
-    schema = sent_schema(request) if rule == "openai" else None
-    return json.dumps(schema, ensure_ascii=False) if schema is not None else ""
+    if rule != "openai" or sent_schema(request) is None:
+        return ""
+    fmt = request["response_format"]  # its name comes with it: json_schema is {name, schema}
+    return json.dumps(fmt.get("json_schema") or fmt.get("schema"), ensure_ascii=False)
 
 
 def billed_text(request: dict[str, Any], rule: str) -> str:
@@ -86,8 +88,9 @@ def billed_text(request: dict[str, Any], rule: str) -> str:
 
 
 def billed_chars(request: dict[str, Any], rule: str) -> int:
-    """Characters billed as prompt: the messages and the billed schema."""
-    return sum(len(m["content"]) for m in request["messages"]) + len(billed_schema(request, rule))
+    """Characters billed as prompt: the messages, each with its role (a provider bills a few
+    tokens a message for the chat format), and the billed schema."""
+    return len(billed_text(request, rule))
 
 
 @dataclass

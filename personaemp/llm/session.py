@@ -9,6 +9,7 @@ from personaemp.errors import InputError
 from personaemp.llm.cache import ReplyCache
 from personaemp.llm.endpoints import Endpoint, EndpointPool
 from personaemp.llm.engine import DECISIONS_FILE, Budget, Engine
+from personaemp.llm.estimate import cache_rule
 from personaemp.llm.local import REQUEST_EXTRAS as LOCAL_REQUEST_EXTRAS
 from personaemp.llm.models import EMBEDDED
 from personaemp.llm.settings import LLMSettings
@@ -86,6 +87,7 @@ async def open_engine(
             request_extras=LOCAL_REQUEST_EXTRAS if kind == "local" else None,
             offline=offline,
             prompt_variant=COMPACT if kind == "local" else None,
+            shared_schemas=cache_rule(settings) == "openai",
             budget=Budget(settings.max_cost, settings.price_in, settings.price_out, settings.price_cached)
             if settings.max_cost is not None
             else None,

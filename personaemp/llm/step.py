@@ -36,7 +36,34 @@ class Step:
 
 @functools.lru_cache(maxsize=256)
 def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
-    return model.model_json_schema()
+    return _untitled(model.model_json_schema())
+
+
+def _untitled(schema: Any) -> Any:
+    """A schema without the `title` pydantic gives every model and field ("Memory Ids" for
+    memory_ids): it tells a model nothing the key does not, and a provider bills it (OpenAI as
+    the prompt's prefix, DeepSeek in the prompt text) in every request. A property *named*
+    title is kept."""
+    if isinstance(schema, list):
+        return [_untitled(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    kept = {}
+    for key, value in schema.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key in ("properties", "$defs"):  # names, not keywords: every one is kept
+            kept[key] = {name: _untitled(sub) for name, sub in value.items()}
+        else:
+            kept[key] = _untitled(value)
+    return kept
+
+
+def id_choice(ids: list[str], shared: bool) -> dict[str, Any]:
+    """A string that is one of this unit's ids: an enum of them, or, where the schema must be
+    the same for every unit (`shared`, Engine.shared_schemas), any string (the step's parse
+    drops an id the unit does not have)."""
+    return {"type": "string"} if shared else {"type": "string", "enum": ids}
 
 
 def edit_schema(schema: dict[str, Any], path: tuple[str, ...], value: Any = None, **update: Any) -> dict:
