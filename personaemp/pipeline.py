@@ -290,6 +290,22 @@ def _split_stats_push(options: RunOptions, console: Console, result: PipelineRes
     return result
 
 
+def _share_range(rows: list, coming: int, projected: dict) -> str:
+    """How far the eligible share seen so far may be from the share of the users to come
+    (Wilson 95%), and what that range makes of the projected users and prompt tokens: a look
+    at 20 users that were all eligible does not say that all the others are."""
+    from personaemp.review.agreement import wilson
+
+    share = sum(row.eligible for row in rows) / len(rows)
+    low, high = wilson(sum(row.eligible for row in rows), len(rows))
+    tokens = projected["prompt_tokens"] / share if share else 0
+    return (
+        f"; from {len(rows)} personas the share is 95% likely {low:.0%}-{high:.0%}: "
+        f"{round(coming * low)}-{round(coming * high)} users, "
+        f"{round(tokens * low):,}-{round(tokens * high):,} prompt tokens"
+    )
+
+
 def estimate_pipeline(options: RunOptions, console: Console, env: Mapping[str, str] | None = None):
     """`run` with [llm] estimate: what the LLM stages would send now, writing nothing.
 
@@ -333,7 +349,9 @@ def estimate_pipeline(options: RunOptions, console: Console, env: Mapping[str, s
     summaries.print_estimate(later, console)
     basis = "of the personas written" if rows else "assumed"
     console.print(
-        f"({units} of the {coming} users still without a persona, at the eligible share {share:.0%} {basis})"
+        f"({units} of the {coming} users still without a persona, at the eligible share {share:.0%} {basis}"
+        + (_share_range(rows, coming, projected) if rows else "")
+        + ")"
     )
     parts = [r.estimate for r in result.reports.values()] + [projected]
     tokens_in, tokens_out = sum(p["prompt_tokens"] for p in parts), sum(p["completion_tokens"] for p in parts)

@@ -6,6 +6,7 @@ token make the dollars easy to follow.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,34 @@ def test_run_estimate_sends_and_writes_nothing_and_lands_within_30_percent(tmp_p
         spent = spent_tokens(done.reports["infer-persona"]) + spent_tokens(done.reports["gen-queries"])
     assert abs(guessed - spent) <= 0.3 * spent, (guessed, spent)
     print("run estimated", guessed, "spent", spent)
+
+
+def test_run_estimate_says_how_far_the_eligible_share_of_a_small_look_may_be(tmp_path):
+    """A look at 2 users, both eligible, said "at the eligible share 100%" and projected every
+    other user through gen-queries, as if the look had proved it. The line now gives the Wilson
+    95% range of the share (2 of 2: 34%-100%) and the users and prompt tokens it makes."""
+    from personaemp.config import load_config
+    from personaemp.pipeline import run_pipeline
+
+    processed = tmp_path / "processed"
+    with FakeOpenAI() as server:
+        config = tmp_path / "p.toml"
+        config.write_text(
+            f'[paths]\ninput = "{SAMPLE_TASK1}"\nprocessed = "{processed}"\n'
+            f'[llm]\nbase_url = ["{server.base_url}"]\nmodel = "fake"\nestimate = true\n'
+            "[split]\nood = false\n",
+            encoding="utf-8",
+        )
+        plain = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=processed / ".personaemp")
+        processed.mkdir()
+        filter_users(SAMPLE_TASK1, processed / "filtered.jsonl", console=QUIET)
+        infer_personas(
+            processed / "filtered.jsonl", processed / "personas.jsonl", plain, limit=2, console=QUIET
+        )
+        users = len((processed / "filtered.jsonl").read_text().splitlines())
+        shown = io.StringIO()
+        run_pipeline(load_config(config), Console(file=shown, width=400))
+    line = " ".join(shown.getvalue().split())
+    assert "users still without a persona, at the eligible share 100% of the personas written" in line
+    assert "from 2 personas the share is 95% likely 34%-100%" in line
+    assert f"{round((users - 2) * 0.3424)}-{users - 2} users" in line

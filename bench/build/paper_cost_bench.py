@@ -286,10 +286,11 @@ def first_kept(source: Path, users: int, folder: Path) -> Path:
     return out
 
 
-def run_ours(source: Path, work: Path, server, rule: str, look: int) -> dict:
-    """`personaemp run`'s LLM stages on every user of `source`: a quick look at `look` users,
-    then `--estimate` for the rest (nothing sent), then the run. The figures the server
-    counted, and the estimate beside what the server counted for the same requests."""
+def run_ours(source: Path, work: Path, server, rule: str, look: int, window: int = 0) -> dict:
+    """`personaemp run`'s LLM stages on every user of `source`: a quick look at `look` users
+    (the `window`-th run of `look` users in the filter's order), then `--estimate` for the rest
+    (nothing sent), then the run. The figures the server counted, and the estimate beside what
+    the server counted for the same requests."""
     quiet = Console(quiet=True)
     processed = work / "processed"
     processed.mkdir(parents=True)
@@ -304,8 +305,11 @@ def run_ours(source: Path, work: Path, server, rule: str, look: int) -> dict:
     options = load_config(config)
     settings = llm_settings(options.llm)
     filter_users(str(source), processed / "filtered.jsonl", console=quiet)
+    with (processed / "filtered.jsonl").open(encoding="utf-8") as rows:
+        order = [json.loads(line)["user_id"] for line in rows]
+    looked = order[window * look : (window + 1) * look]
     infer_personas(
-        processed / "filtered.jsonl", processed / "personas.jsonl", settings, limit=look, console=quiet
+        processed / "filtered.jsonl", processed / "personas.jsonl", settings, users=looked, console=quiet
     )
     generate_queries(processed / "personas.jsonl", processed / "queries.jsonl", settings, console=quiet)
     estimating = options.model_copy(update={"llm": options.llm.model_copy(update={"estimate": True})})
@@ -394,6 +398,27 @@ def measure(provider: dict, source: Path, paper: Path, look: int) -> dict:
     return results
 
 
+def estimate_looks(source: Path, provider: dict, look: int, looks: int) -> list[dict]:
+    """--estimate's error against the server for each of `looks` disjoint looks of `look`
+    users (a fresh work folder and server each): its prompt, cached and completion tokens
+    for the other users, minus what the server counted for them, over what it counted."""
+    rule, errors = provider["cache"], []
+    for window in range(looks):
+        with (
+            tempfile.TemporaryDirectory() as folder,
+            FakeOpenAI(
+                responder=layout_free(drawn_per_request(capable)),
+                profile=rule,
+                prefix_cache=rule,
+                reasoning="",
+            ) as server,
+        ):
+            ours = run_ours(source, Path(folder) / "ours", server, rule, look, window)
+        guess, counted = ours["estimate"], ours["counted_after_estimate"]
+        errors.append({name: (guess[name] - counted[name]) / max(counted[name], 1) for name in FIGURES})
+    return errors
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--users", type=int, default=100)
@@ -402,6 +427,10 @@ def main() -> None:
         "--packets", type=Path, help="AlpsBench_task1_3_annotation_data_repo: checkout or git dir"
     )
     parser.add_argument("--paper", type=Path, help="ZhengWwwq/PersonalizedEmpathy: checkout or git dir")
+    parser.add_argument(
+        "--looks", type=int, default=1,
+        help="run --estimate after this many disjoint looks (users 0-19, 20-39, ...): each one's error",
+    )  # fmt: skip
     args = parser.parse_args()
     prices = tomllib.loads(PRICES.read_text(encoding="utf-8"))
     packets = _repository(args.packets, PACKETS_REPO, "alpsbench-packets")
@@ -444,6 +473,15 @@ def main() -> None:
                 )
             )  # fmt: skip
             rows.append((provider, per))
+            if args.looks > 1:
+                errors = estimate_looks(source, provider, args.look, args.looks)
+                for name in FIGURES:
+                    each = [e[name] for e in errors]
+                    print(
+                        f"{'':18s} --estimate {name.replace('_tokens', '')} error over {len(each)} looks of "
+                        f"{args.look} users: " + ", ".join(f"{e:+.1%}" for e in each)
+                        + f" · mean {sum(each) / len(each):+.1%}"
+                    )  # fmt: skip
     print()
     print(f"n = {args.users} users (the same for both), accepted queries as each pipeline's gates say")
     print("| provider, list price ($/1M: input / cached input / output) | paper, $ per 1,000 accepted "
