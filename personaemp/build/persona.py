@@ -212,7 +212,7 @@ def parse_persona(
             "ungrounded", f"none of the {len(reply.traits)} traits cites one of the user's memory ids"
         )
     if reply.big_five is None:
-        raise RejectedReply("no_big_five", "big_five is null for a user with depth: give the five levels")
+        raise RejectedReply("no_big_five", "big_five is null for a user who is kept: give the five levels")
     big_five, dropped, level_failed = _levels(user, reply.big_five)
     grounding.citations_dropped += dropped
     failed = [
