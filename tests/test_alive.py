@@ -1,6 +1,7 @@
 """A long request shows the stage is alive (issue 51): seconds waiting and the model's speed,
 on the bar of a terminal and as a line every few seconds in a log. Against the test server,
-whose replies here take 1.5 s each (two requests: infer-persona's persona and big-five steps)."""
+whose replies here take 1.5 s each (two requests: infer-persona's one request for each of two users,
+one at a time)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def counted(body: dict, number: int):
 
 @pytest.fixture
 def slow_run(tmp_path, monkeypatch):
-    """Runs infer-persona on one user against a slow server, drawing on `console`."""
+    """Runs infer-persona on two users, one at a time, against a slow server, drawing on `console`."""
     monkeypatch.setattr(alive, "ALIVE_AFTER", 0.5)
     monkeypatch.setattr(alive, "HEARTBEAT", 0.25)
     filtered = tmp_path / "filtered.jsonl"
@@ -39,8 +40,8 @@ def slow_run(tmp_path, monkeypatch):
             settings = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=tmp_path / "work",
                                    concurrency=1, max_tokens=200)  # fmt: skip
             output = tmp_path / "personas.jsonl"
-            report, _ = infer_personas(filtered, output, settings, console=console, limit=1)
-        assert report.outcome.done == 1 and server.count == 2
+            report, _ = infer_personas(filtered, output, settings, console=console, limit=2)
+        assert report.outcome.done == 2 and server.count == 2
         return server
 
     return run
@@ -53,10 +54,10 @@ def test_a_log_gets_a_line_while_a_request_is_long(slow_run):
     first = [line for line in lines if "speed not known" in line]
     then = [re.search(r"model ([\d.]+) tokens/s", line) for line in lines if "speed not known" not in line]
     assert first and then, log.getvalue()
-    for line in first:  # the persona request: no reply yet, so no speed
+    for line in first:  # the first user's request: no reply yet, so no speed
         waiting = r"1 request waiting [0-9] s · model speed not known yet \(no reply so far\)"
-        assert re.fullmatch(r"infer-persona: 0/1 units · " + waiting, line), line
-    for found in then:  # the big-five request: the first reply's 40 tokens took >= 1.5 s
+        assert re.fullmatch(r"infer-persona: 0/2 units · " + waiting, line), line
+    for found in then:  # the second user's: the first reply's 40 tokens took >= 1.5 s
         assert found is not None and 0 < float(found[1]) <= TOKENS / SLOW, lines
 
 
@@ -64,7 +65,7 @@ def test_a_terminal_shows_it_on_the_bar(slow_run):
     screen = io.StringIO()
     slow_run(Console(file=screen, width=250, force_terminal=True))
     drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())  # the frames, without styles
-    first = r"infer-persona +0/1 done 0 .* 1 request waiting [0-9] s · model speed not known yet"
+    first = r"infer-persona +0/2 done 0 .* 1 request waiting [0-9] s · model speed not known yet"
     assert re.search(first, drawn), drawn[:2000]
     assert re.search(r"1 request waiting [0-9] s · model [\d.]+ tokens/s", drawn), drawn[-2000:]
 

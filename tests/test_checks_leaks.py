@@ -12,11 +12,11 @@ import pytest
 from conftest import read_jsonl, write_jsonl
 from fake_openai import FakeOpenAI, reply
 from rich.console import Console
-from test_persona import REASK_START, level, make_user, memory, request_step, settings_for
+from test_persona import REASK_START, level, make_user, memory, persona_reply, settings_for, trait
 from test_queries import EN_MESSAGES, ZH_MESSAGES, Script, chinese_user, english_user, persona, run_stage
 
 from personaemp import checks
-from personaemp.build.persona import PERSONA_CHECKS, infer_personas, parse_big_five, parse_persona
+from personaemp.build.persona import PERSONA_CHECKS, infer_personas, parse_persona
 from personaemp.build.stats import compute_stats, sources_in
 from personaemp.instruments.query_check import judge_checks, scaffolding
 from personaemp.llm.step import RejectedReply
@@ -166,22 +166,20 @@ USER = make_user("sess_ab12cd34ef56__7", [memory("m1"), memory("m2"), memory("m3
 
 
 def big_five(**rationales: tuple[str, str]):
-    from personaemp.build.persona import BigFiveReply
-
-    return BigFiveReply.model_validate(
-        {t: level(*rationales.get(t, ("medium", [], "Evidence is thin."))) for t in BIG_FIVE}
-    )
+    """A persona reply with one grounded trait and these levels (else thin medium ones)."""
+    levels = {t: level(*rationales.get(t, ("medium", [], "Evidence is thin."))) for t in BIG_FIVE}
+    return persona_reply([trait(["m3"])], big_five=levels)
 
 
 def test_parse_big_five_refuses_a_contradicting_rationale_and_records_it_when_not_enforced():
     reply_ = big_five(openness=("medium", ["m1"], "A high level of openness: tries new hobbies."))
     with pytest.raises(RejectedReply) as refused:
-        parse_big_five(USER, reply_)
+        parse_persona(USER, reply_)
     assert refused.value.kind == "level_matches_rationale"
     assert "openness's rationale: the rationale says 'high level of openness', the level is medium" in str(
         refused.value
     )
-    levels, _ = parse_big_five(USER, reply_, enforce=("no_internal_ids",))
+    levels = parse_persona(USER, reply_, enforce=("no_internal_ids",)).big_five
     assert levels.openness.checks == {"no_internal_ids": True, "level_matches_rationale": False}
     assert levels.openness.reasons == {
         "level_matches_rationale": "the rationale says 'high level of openness', the level is medium"
@@ -192,8 +190,25 @@ def test_parse_big_five_refuses_a_contradicting_rationale_and_records_it_when_no
 def test_parse_big_five_refuses_an_id_in_a_rationale():
     reply_ = big_five(neuroticism=("high", ["m2"], "Worries a lot, as m2 shows."))
     with pytest.raises(RejectedReply, match="neuroticism's rationale: names an internal id: 'm2'") as refused:
-        parse_big_five(USER, reply_)
+        parse_persona(USER, reply_)
     assert refused.value.kind == "no_internal_ids"
+
+
+def test_a_failing_trait_statement_is_named_before_a_failing_rationale():
+    """One reply, both checks: the re-ask names the first failure, the trait's."""
+    reply_ = persona_reply(
+        [trait(["m1"], "Gets anxious before exams (m1).")],
+        big_five={
+            t: level("medium", [], "A high level of openness." if t == "openness" else "Thin.")
+            for t in BIG_FIVE
+        },
+    )
+    with pytest.raises(RejectedReply, match=r"the statement of trait 1") as refused:
+        parse_persona(USER, reply_)
+    assert refused.value.kind == "no_internal_ids"
+    with pytest.raises(RejectedReply, match="openness's rationale") as refused:
+        parse_persona(USER, reply_, enforce=("level_matches_rationale",))
+    assert refused.value.kind == "level_matches_rationale"
 
 
 def test_parse_persona_refuses_an_id_in_a_statement_and_records_it_when_not_enforced():
@@ -251,34 +266,22 @@ CONTRADICTING = "A high level of openness: keeps trying new hobbies."
 
 
 class PersonaScript:
-    """Grounded traits; a Big Five whose openness rationale says high beside "medium",
+    """Grounded traits and a Big Five whose openness rationale says high beside "medium",
     fixed on a re-ask when `fixes` (else repeated)."""
 
     def __init__(self, fixes: bool):
         self.fixes = fixes
-        self.big_five_requests = 0
+        self.requests = 0
 
     def __call__(self, body: dict, number: int):
-        if request_step(body) == "persona":
-            return reply(
-                {
-                    "depth": {"has_depth": True, "reason": "Shares worries."},
-                    "topics": ["exams"],
-                    "traits": [
-                        {
-                            "aspect": "stress_response",
-                            "statement": "Worries before exams.",
-                            "evidence": ["m1"],
-                        }
-                    ],
-                }
-            )
-        self.big_five_requests += 1
+        self.requests += 1
         reask = REASK_START in body["messages"][-1]["content"]
         openness = "Keeps trying new hobbies." if reask and self.fixes else CONTRADICTING
         levels = {t: level("medium", [], "Evidence is thin.") for t in BIG_FIVE}
         levels["openness"] = level("medium", ["m2"], openness)
-        return reply(levels)
+        traits = [{"aspect": "stress_response", "statement": "Worries before exams.", "evidence": ["m1"]}]
+        depth = {"has_depth": True, "reason": "Shares worries."}
+        return reply({"depth": depth, "topics": ["exams"], "traits": traits, "big_five": levels})
 
 
 def run_personas(tmp_path, script: PersonaScript, **options):
@@ -302,7 +305,7 @@ def run_personas(tmp_path, script: PersonaScript, **options):
 def test_infer_persona_asks_again_for_a_contradicting_level_and_records_the_checks(tmp_path):
     script = PersonaScript(fixes=True)
     _, rows, failures = run_personas(tmp_path, script)
-    assert script.big_five_requests == 2 and failures == []
+    assert script.requests == 2 and failures == []
     (row,) = rows
     assert row["enforced"] == list(PERSONA_CHECKS)
     assert row["big_five"]["openness"]["rationale"] == "Keeps trying new hobbies."
@@ -320,7 +323,7 @@ def test_infer_persona_fails_a_user_whose_levels_stay_contradicting(tmp_path):
 def test_infer_persona_relaxed_keeps_the_level_and_stats_count_the_persona_checks(tmp_path):
     script = PersonaScript(fixes=False)
     _, rows, failures = run_personas(tmp_path, script, enforce=["no_internal_ids"])
-    assert script.big_five_requests == 1 and failures == []
+    assert script.requests == 1 and failures == []
     (row,) = rows
     assert row["enforced"] == ["no_internal_ids"]
     assert row["big_five"]["openness"]["checks"]["level_matches_rationale"] is False

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_openai import KEY_FORMS, FakeOpenAI, huge, reply, server_error, trickle
+from fake_openai import KEY_FORMS, FakeOpenAI, huge, invalid_json_content, reply, server_error, trickle
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -231,7 +231,10 @@ def test_a_reply_far_larger_than_max_tokens_is_cut_off_and_never_stored(tmp_path
 
 
 def test_after_replies_an_oversized_one_fails_its_unit_as_an_endpoint_fault(tmp_path, filtered):
-    with FakeOpenAI(responder=lambda body, n: None if n == 1 else huge(1_000_000)) as server:
+    # One request a user: the first answer is not JSON (re-asked), so the endpoint has replied
+    # before the oversized replies, and every unit meets one.
+    responder = lambda body, n: invalid_json_content() if n == 1 else huge(1_000_000)  # noqa: E731
+    with FakeOpenAI(responder=responder) as server:
         result = infer(tmp_path, filtered, server.base_url, "--max-retries", "0", "--concurrency", "1")
     assert server.count == USERS + 1  # the first answer, then one oversized reply per user
     assert result.returncode == 1, result.stderr  # every unit failed: a failed run

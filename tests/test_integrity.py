@@ -78,7 +78,7 @@ def test_retry_failed_sends_fresh_requests_and_fixes_every_content_failure(tmp_p
         assert again.outcome.failed_before == 6 and server.count == 18  # content failures wait
         retried, _ = infer_personas(filtered, output, settings, retry_failed=True, console=QUIET)
         assert (retried.outcome.done, retried.outcome.failed) == (6, 0)
-        assert retried.totals["requests"] == 12  # persona + big_five per user, all fresh
+        assert retried.totals["requests"] == 6  # one persona request per user (levels in it), all fresh
         assert retried.totals["cache_hits"] == 0
 
         before = server.count
@@ -220,7 +220,7 @@ def test_a_second_writer_stops_at_once_and_no_row_is_lost(tmp_path, sample_rows)
 
 @pytest.mark.parametrize(
     "change",
-    [{"temperature": 0.2}, {"max_tokens": 512}, {"seed": 7}, {"steps": {"big_five": {"temperature": 0.0}}}],
+    [{"temperature": 0.2}, {"max_tokens": 512}, {"seed": 7}, {"steps": {"persona": {"temperature": 0.0}}}],
     ids=["temperature", "max_tokens", "seed", "per-step"],
 )
 def test_changing_a_sampling_parameter_reruns_the_units(tmp_path, sample_rows, change):

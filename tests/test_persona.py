@@ -17,15 +17,11 @@ from typer.testing import CliRunner
 
 from personaemp.build.filter import filter_users
 from personaemp.build.persona import (
-    BIG_FIVE_STEP,
     PERSONA_STEP,
-    BigFiveReply,
+    STEPS,
     PersonaReply,
-    big_five_schema,
-    build_big_five_messages,
     build_persona_messages,
     infer_personas,
-    parse_big_five,
     parse_persona,
     persona_schema,
     profile_text,
@@ -89,12 +85,16 @@ def test_a_checkout_reads_the_prompts_from_its_top_level_prompts_folder(monkeypa
     assert not list((REPO / "personaemp" / "prompts").glob("*.md"))
 
 
-def persona_reply(traits: list[dict], has_depth: bool = True, topics=("work",)) -> PersonaReply:
+def persona_reply(
+    traits: list[dict], has_depth: bool = True, topics=("work",), big_five: dict | None = ...
+) -> PersonaReply:
+    """A reply; its Big Five: five thin medium levels unless given (None: null)."""
     return PersonaReply.model_validate(
         {
             "depth": {"has_depth": has_depth, "reason": "Talks about an ongoing worry."},
             "topics": list(topics),
             "traits": traits,
+            "big_five": {name: level() for name in BIG_FIVE} if big_five is ... else big_five,
         }
     )
 
@@ -207,26 +207,16 @@ def test_persona_messages_golden():
     ]
 
 
-def test_big_five_messages_golden():
-    traits = [
-        Trait(aspect="stress_response", statement="Loses sleep when work piles up.", evidence=["m1"]),
-        Trait(aspect="values_motivations", statement="Finds calm in gardening.", evidence=["m2", "m3"]),
-    ]
-    messages = build_big_five_messages(golden_user(), traits, load_prompt("big_five"))
-    profile = (
-        "- stress response: Loses sleep when work piles up.\n- values motivations: Finds calm in gardening."
-    )
-    key = fence({"profile": profile, "memories": GOLDEN_MEMORIES}, shared=("profile",))["fence"]
-    assert messages == [
-        {"role": "system", "content": section("shared", "preamble")},
-        {"role": "user", "content": section("big_five", "task")},
-        {
-            "role": "user",
-            "content": block("profile", "Profile (grounded traits)", profile, key)
-            + "\n\n"
-            + block("memories", "Memories", GOLDEN_MEMORIES, key),
-        },
-    ]
+def test_one_step_asks_for_the_persona_and_the_big_five():
+    """The Big Five levels come in the persona reply: one step, one prompt (main and compact)
+    that asks for them after the traits, and a schema whose `big_five` follows the traits."""
+    assert STEPS == (PERSONA_STEP,) and PERSONA_STEP.version == 2
+    assert list(PERSONA_STEP.schema["properties"]) == ["depth", "topics", "traits", "big_five"]
+    assert not (REPO / "prompts" / "big_five.md").exists()
+    assert not (REPO / "prompts" / "compact" / "big_five.md").exists()
+    for variant in (None, "compact"):
+        task = load_prompt("persona", variant=variant).user.template
+        assert "big_five" in task and all(trait in task for trait in BIG_FIVE), variant
 
 
 def test_rendering_bounds():
@@ -274,12 +264,12 @@ def test_no_user_turns_render_none(turns):
 
 def test_schemas_narrow_evidence_to_the_users_memory_ids():
     original_persona = PERSONA_STEP.schema
-    original_big_five = BIG_FIVE_STEP.schema
     alice = make_user("alice", [memory("m1"), memory("m2"), memory("m3")])
     bob = make_user("bob", [memory("x9")])
 
-    alice_persona, alice_big_five = persona_schema(alice), big_five_schema(alice)
-    bob_persona, bob_big_five = persona_schema(bob), big_five_schema(bob)
+    # One schema per user: trait and level citations both narrowed.
+    alice_persona = alice_big_five = persona_schema(alice)
+    bob_persona = bob_big_five = persona_schema(bob)
 
     def trait_items(schema):
         return schema["$defs"]["TraitReply"]["properties"]["evidence"]["items"]
@@ -295,20 +285,25 @@ def test_schemas_narrow_evidence_to_the_users_memory_ids():
     assert alice_persona["$defs"]["TraitReply"]["properties"]["evidence"]["minItems"] == 1
     level_enum = alice_big_five["$defs"]["LevelReply"]["properties"]["level"]["enum"]
     assert level_enum == ["low", "medium", "high"]
-    for narrowed, original, name in (
-        (bob_persona, original_persona, "TraitReply"),
-        (bob_big_five, original_big_five, "LevelReply"),
-    ):
-        restored = json.loads(json.dumps(narrowed))
+    restored = json.loads(json.dumps(bob_persona))
+    for name in ("TraitReply", "LevelReply"):
         restored["$defs"][name]["properties"]["evidence"]["items"] = {"type": "string"}
-        assert restored == original
-    # Neither the steps' schemas nor the first user's schema were changed by later calls.
+    assert restored == original_persona
+    # The levels may be null (a user the gate turns away), unless required: under
+    # require_depth=False every grounded user is eligible and must get them.
+    assert original_persona["properties"]["big_five"] == {
+        "anyOf": [{"$ref": "#/$defs/BigFiveReply"}, {"type": "null"}]
+    }
+    required = persona_schema(alice, levels_required=True)
+    assert required["properties"]["big_five"] == {"$ref": "#/$defs/BigFiveReply"}
+    assert {**required, "properties": alice_persona["properties"]} == alice_persona
+    # Neither the step's schema nor the first user's schema were changed by later calls.
     assert PERSONA_STEP.schema == original_persona
-    assert BIG_FIVE_STEP.schema == original_big_five
+    assert original_persona["properties"]["big_five"]["anyOf"][1] == {"type": "null"}
     # Shared (OpenAI's cache rule): one schema for every user, ids checked after the reply.
     assert persona_schema(alice, shared=True) == persona_schema(bob, shared=True)
     assert trait_items(persona_schema(alice, shared=True)) == {"type": "string"}
-    assert big_five_schema(alice, shared=True) == big_five_schema(bob, shared=True)
+    assert level_items(persona_schema(alice, shared=True)) == {"type": "string"}
     assert trait_items(original_persona) == {"type": "string"}
     assert trait_items(alice_persona)["enum"] == ["m1", "m2", "m3"]
 
@@ -388,12 +383,14 @@ def test_parse_persona_gate_false_is_ineligible_not_an_error():
             "depth": {"has_depth": False, "reason": "Only asks for film recommendations."},
             "topics": ["films"],
             "traits": [trait(["m1"], "Should be ignored.")],
+            "big_five": {name: level("high", ["m1"], "Ignored too.") for name in BIG_FIVE},
         }
     )
     parsed = parse_persona(THREE, reply_)
     assert parsed.eligible is False
     assert parsed.gate_reason == "Only asks for film recommendations."
-    assert parsed.traits == []
+    assert parsed.traits == [] and parsed.big_five is None  # levels given anyway are not kept
+    assert parse_persona(THREE, persona_reply([], has_depth=False, big_five=None)).eligible is False
 
 
 def test_parse_persona_without_required_depth_keeps_grounded_traits():
@@ -402,6 +399,7 @@ def test_parse_persona_without_required_depth_keeps_grounded_traits():
             "depth": {"has_depth": False, "reason": "Only asks for films."},
             "topics": ["films"],
             "traits": [trait(["m1"], "Likes calm evenings."), trait(["m9"], "Unsupported.")],
+            "big_five": {name: level() for name in BIG_FIVE},
         }
     )
     parsed = parse_persona(THREE, reply_, require_depth=False)
@@ -409,19 +407,34 @@ def test_parse_persona_without_required_depth_keeps_grounded_traits():
     assert parsed.gate_reason == "depth check not enforced (it said no: Only asks for films.)"
     assert [t.statement for t in parsed.traits] == ["Likes calm evenings."]
     assert parsed.grounding.traits_dropped == 1
+    assert parsed.big_five is not None and parsed.big_five.openness.level == "medium"
+    # Kept, so it needs levels: a reply without them is re-asked.
+    with pytest.raises(RejectedReply) as caught:
+        parse_persona(THREE, reply_.model_copy(update={"big_five": None}), require_depth=False)
+    assert caught.value.kind == "no_big_five"
     empty = PersonaReply.model_validate(
-        {"depth": {"has_depth": False, "reason": "Nothing."}, "topics": [], "traits": []}
+        {"depth": {"has_depth": False, "reason": "Nothing."}, "topics": [], "traits": [], "big_five": None}
     )
     with pytest.raises(RejectedReply) as caught:
         parse_persona(THREE, empty, require_depth=False)
     assert caught.value.kind == "ungrounded"
 
 
-# --- parse_big_five ------------------------------------------------------------------------------
+def test_parse_persona_refuses_an_eligible_reply_without_levels():
+    """The gate said yes, so the user is eligible and later stages need its levels: a reply
+    with `big_five: null` is re-asked with the reason, not kept without them."""
+    with pytest.raises(RejectedReply) as caught:
+        parse_persona(THREE, persona_reply([trait(["m1"])], big_five=None))
+    assert caught.value.kind == "no_big_five" and "five levels" in str(caught.value)
 
 
-def big_five_reply(**levels: dict) -> BigFiveReply:
-    return BigFiveReply.model_validate({name: levels.get(name, level()) for name in BIG_FIVE})
+# --- the Big Five levels of the reply ------------------------------------------------------------
+
+
+def big_five_reply(traits=None, **levels: dict) -> PersonaReply:
+    """A persona reply with one grounded trait (or `traits`) and these levels (else medium)."""
+    chosen = {name: levels.get(name, level()) for name in BIG_FIVE}
+    return persona_reply(traits or [trait(["m2"])], big_five=chosen)
 
 
 def test_parse_big_five_keeps_valid_ids_and_marks_thin_levels():
@@ -430,7 +443,8 @@ def test_parse_big_five_keeps_valid_ids_and_marks_thin_levels():
         conscientiousness=level("low", ["m98"], "Misses deadlines."),
         neuroticism=level("high", ["m3"], "Worries a lot."),
     )
-    big_five, dropped = parse_big_five(THREE, reply_)
+    parsed = parse_persona(THREE, reply_)
+    big_five, dropped = parsed.big_five, parsed.grounding.citations_dropped
     assert dropped == 2  # m99, m98
     assert big_five.openness.level == "high"
     assert big_five.openness.evidence == ["m1"] and big_five.openness.rationale == "Tries new hobbies."
@@ -446,21 +460,16 @@ def test_parse_big_five_keeps_valid_ids_and_marks_thin_levels():
 def test_big_five_reply_rejects_levels_outside_low_medium_high(bad):
     with pytest.raises(ValidationError) as caught:
         big_five_reply(agreeableness=level(bad))
-    assert any(e["loc"][:2] == ("agreeableness", "level") for e in caught.value.errors())
+    assert any(e["loc"][:3] == ("big_five", "agreeableness", "level") for e in caught.value.errors())
 
 
 # --- the stage through the fake server -----------------------------------------------------------
 
 
-def request_step(body: dict) -> str:
-    defs = schema_for_request(body)["$defs"]
-    return "persona" if "TraitReply" in defs else "big_five"
-
-
 def request_ids(body: dict) -> list[str]:
     schema = schema_for_request(body)
-    name = "TraitReply" if "TraitReply" in schema["$defs"] else "LevelReply"
-    return schema["$defs"][name]["properties"]["evidence"]["items"].get("enum", [])
+    assert list(schema["properties"]) == ["depth", "topics", "traits", "big_five"]  # the one step
+    return schema["$defs"]["TraitReply"]["properties"]["evidence"]["items"].get("enum", [])
 
 
 REASK_START = REASK.split("{error}")[0]
@@ -474,6 +483,7 @@ class Script:
         self.rendered = {u.user_id: render_memories(u.memories) for u in self.users}
         assert len(set(self.rendered.values())) == len(self.users)
         self.plans = plans or {}
+        self.answers: dict[str, list] = {}  # per user, the replies it was given, in order
 
     def user_of(self, body: dict) -> str:
         content = body["messages"][1]["content"]
@@ -495,19 +505,15 @@ class Script:
         # lists none, and a model reads them in the prompt: the user's own.
         ids = request_ids(body) or [m.memory_id for u in self.users if u.user_id == user for m in u.memories]
         reask = REASK_START in body["messages"][-1]["content"]
-        if request_step(body) == "persona":
-            return reply(persona_content(plan, ids))
-        return reply(big_five_content(plan, ids, reask))
+        content = persona_content(plan, ids, reask)
+        self.answers.setdefault(user, []).append(content)
+        return reply(content)
 
-    def requests_of(self, server: FakeOpenAI, user_id: str, step: str | None = None) -> list[dict]:
-        return [
-            r.body
-            for r in server.chat_requests
-            if self.user_of(r.body) == user_id and (step is None or request_step(r.body) == step)
-        ]
+    def requests_of(self, server: FakeOpenAI, user_id: str) -> list[dict]:
+        return [r.body for r in server.chat_requests if self.user_of(r.body) == user_id]
 
 
-def persona_content(plan: str, ids: list[str]):
+def persona_content(plan: str, ids: list[str], reask: bool = False):
     depth = {"has_depth": True, "reason": "Shares ongoing worries and how they cope."}
     traits = [
         {"aspect": "emotional_traits", "statement": "Feels things deeply.", "evidence": [ids[0]]},
@@ -531,7 +537,8 @@ def persona_content(plan: str, ids: list[str]):
         traits = []
     elif plan == "list":
         return traits  # the right items, the wrong shape
-    return {"depth": depth, "topics": ["daily life", "people"], "traits": traits}
+    levels = None if plan == "gate" else big_five_content(plan, ids, reask)
+    return {"depth": depth, "topics": ["daily life", "people"], "traits": traits, "big_five": levels}
 
 
 def big_five_content(plan: str, ids: list[str], reask: bool) -> dict:
@@ -610,27 +617,42 @@ def test_stage_outcome_balances_and_rows_follow_input_order(scripted_run):
 
 def test_request_counts_per_user(scripted_run):
     run, script, server = scripted_run, scripted_run["script"], scripted_run["server"]
-    expected = {  # (persona requests, big_five requests); max_reasks = 2
-        "valid": (1, 1),
-        "gate": (1, 0),
-        "hallucinated": (1, 1),
-        "ungrounded": (3, 0),  # an ungrounded reply is re-asked like an invalid one
-        "bad_level_once": (1, 2),
-        "bad_level_always": (1, 3),
-        "list": (3, 0),
-        "empty": (3, 0),
+    expected = {  # persona requests (the levels in the same reply); max_reasks = 2
+        "valid": 1,
+        "gate": 1,
+        "hallucinated": 1,
+        "ungrounded": 3,  # an ungrounded reply is re-asked like an invalid one
+        "bad_level_once": 2,  # a bad level re-asks the whole reply
+        "bad_level_always": 3,
+        "list": 3,
+        "empty": 3,
     }
     for uid in run["users"]:
         plan = run["plans"].get(uid, "valid")
-        got = (
-            len(script.requests_of(server, uid, "persona")),
-            len(script.requests_of(server, uid, "big_five")),
-        )
-        assert got == expected[plan], (uid, plan)
-    assert server.count == 9 * 2 + 1 + 2 + 3 + 3 + 4 + 3 + 3
+        assert len(script.requests_of(server, uid)) == expected[plan], (uid, plan)
+    assert server.count == 9 * 1 + 1 + 1 + 3 + 2 + 3 + 3 + 3
     steps = run["report"].steps
-    assert steps["persona"]["requests"] + steps["big_five"]["requests"] == server.count
-    assert steps["persona"]["reasks"] == 2 + 2 + 2 and steps["big_five"]["reasks"] == 1 + 2
+    assert set(steps) == {"persona"} and steps["persona"]["requests"] == server.count
+    assert steps["persona"]["reasks"] == 2 + 1 + 2 + 2 + 2
+
+
+def test_one_request_per_user_and_the_big_five_comes_from_it(scripted_run):
+    """One request per valid user, not a second one for the Big Five: the levels its row
+    holds are the ones that request's reply gave."""
+    run, script, server = scripted_run, scripted_run["script"], scripted_run["server"]
+    valid = [uid for uid in run["users"] if run["plans"].get(uid, "valid") == "valid"]
+    assert len(valid) == 9
+    for uid in valid:
+        [body] = script.requests_of(server, uid)
+        assert body["response_format"]["json_schema"]["schema"]["properties"]["big_five"]
+        [answer] = script.answers[uid]
+        answered, row = answer["big_five"], run["rows"][uid]
+        assert {t: row["big_five"][t]["level"] for t in BIG_FIVE} == {
+            t: answered[t]["level"] for t in BIG_FIVE
+        }
+        assert {t: row["big_five"][t]["rationale"] for t in BIG_FIVE} == {
+            t: answered[t]["rationale"] for t in BIG_FIVE
+        }
 
 
 def as_sent(messages: list[dict]) -> list[dict]:
@@ -640,26 +662,19 @@ def as_sent(messages: list[dict]) -> list[dict]:
 
 
 def test_requests_carry_the_users_ids_and_messages(scripted_run):
-    run, script, server = scripted_run, scripted_run["script"], scripted_run["server"]
+    script, server = scripted_run["script"], scripted_run["server"]
     persona_prompt = load_prompt("persona")
     for user in script.users:
-        bodies = script.requests_of(server, user.user_id, "persona")
+        bodies = script.requests_of(server, user.user_id)
         assert bodies[0]["messages"] == as_sent(build_persona_messages(user, persona_prompt))
         assert bodies[0]["model"] == "fake"
+        # Trait and level citations narrowed to the user's ids; the levels may be null.
         assert bodies[0]["response_format"]["json_schema"]["schema"] == persona_schema(user)
-    valid = user_with(run, "valid")
-    [big_five_body] = script.requests_of(server, valid, "big_five")
-    user = next(u for u in script.users if u.user_id == valid)
-    traits = [Trait.model_validate(t) for t in run["rows"][valid]["traits"]]
-    assert big_five_body["messages"] == as_sent(
-        build_big_five_messages(user, traits, load_prompt("big_five"))
-    )
-    assert big_five_body["response_format"]["json_schema"]["schema"] == big_five_schema(user)
 
 
 def test_valid_rows_are_grounded_with_profile_big_five_and_provenance(scripted_run):
     run = scripted_run
-    hashes = {"persona": load_prompt("persona").hash, "big_five": load_prompt("big_five").hash}
+    hashes = {"persona": load_prompt("persona").hash}
     for uid, row in run["rows"].items():
         persona = Persona.model_validate(row)
         source = run["inputs"][uid]
@@ -717,7 +732,7 @@ def test_gate_false_row_is_kept_ineligible_without_big_five(scripted_run):
     assert row["eligible"] is False
     assert row["gate_reason"] == "Only factual questions."
     assert row["traits"] == [] and row["profile"] == "" and row["big_five"] is None
-    assert run["script"].requests_of(run["server"], uid, "big_five") == []
+    assert len(run["script"].requests_of(run["server"], uid)) == 1
 
 
 def test_hallucinated_ids_are_dropped_and_counted(scripted_run):
@@ -753,20 +768,20 @@ def test_ungrounded_users_are_failures_not_rows(scripted_run, plan):
         assert [t["evidence"] for t in raw["traits"]] == [["m77"], ["m78"]]
     else:
         assert raw["traits"] == []
-    assert run["script"].requests_of(run["server"], uid, "big_five") == []
+    assert len(run["script"].requests_of(run["server"], uid)) == 3
 
 
 def test_wrong_level_string_is_reasked_then_accepted(scripted_run):
     run = scripted_run
     uid = user_with(run, "bad_level_once")
-    first, second = run["script"].requests_of(run["server"], uid, "big_five")
+    first, second = run["script"].requests_of(run["server"], uid)
     assert len(first["messages"]) == len(second["messages"]) == 2
     assert second["messages"][0] == first["messages"][0]
     original, reask = first["messages"][1]["content"], second["messages"][1]["content"]
     assert reask.startswith(f"{original}\n\n{REASK_START}")
     quoted = reask.split("<<<\n")[1].split("\n>>>")[0]
-    assert json.loads(quoted)["neuroticism"]["level"] == "very high"
-    assert "neuroticism.level" in reask
+    assert json.loads(quoted)["big_five"]["neuroticism"]["level"] == "very high"
+    assert "big_five.neuroticism.level" in reask
     row = run["rows"][uid]
     assert row["eligible"] is True and row["big_five"]["neuroticism"]["level"] == "high"
 
@@ -774,19 +789,19 @@ def test_wrong_level_string_is_reasked_then_accepted(scripted_run):
 def test_wrong_level_string_every_time_fails_invalid(scripted_run):
     run = scripted_run
     uid = user_with(run, "bad_level_always")
-    bodies = run["script"].requests_of(run["server"], uid, "big_five")
+    bodies = run["script"].requests_of(run["server"], uid)
     assert len(bodies) == 3
     assert all(REASK_START in b["messages"][-1]["content"] for b in bodies[1:])
     failure = run["failures"][uid]
     assert failure["kind"] == "invalid"
-    assert json.loads(failure["raw"])["neuroticism"]["level"] == "very high"
-    assert "big_five" in failure["error"]
+    assert json.loads(failure["raw"])["big_five"]["neuroticism"]["level"] == "very high"
+    assert "big_five.neuroticism.level" in failure["error"]
 
 
 def test_reply_in_the_wrong_shape_is_reasked_then_fails(scripted_run):
     run = scripted_run
     uid = user_with(run, "list")
-    bodies = run["script"].requests_of(run["server"], uid, "persona")
+    bodies = run["script"].requests_of(run["server"], uid)
     assert len(bodies) == 3
     reask = bodies[1]["messages"][-1]["content"]
     assert REASK_START in reask
@@ -838,7 +853,7 @@ def test_rerun_makes_no_new_requests_and_cache_serves_a_fresh_output(tmp_path):
 
         # Without the checkpoint files every valid reply (re-asks included) comes from the
         # cache; the bad ones are never served, so those requests are sent again: the
-        # ungrounded user's three and bad_level_once's first big_five request.
+        # ungrounded user's three and bad_level_once's first request.
         output.unlink()
         failures.unlink()
         cached, summary_cached = infer_personas(input_path, output, settings, console=quiet())
@@ -923,7 +938,7 @@ def test_cli_infer_persona_and_show(tmp_path):
             "0",
         )
         assert result.exit_code == 0, result.output
-        assert server.count == 16 * 2 - 1
+        assert server.count == 16  # one request per user, the gated one's included
         auth = {r.headers.get("authorization") for r in server.chat_requests}
         assert auth == {"Bearer sk-cli-test"}
     stderr = result.stderr
@@ -1056,7 +1071,7 @@ def test_ungrounded_failure_records_the_raw_reply_text(tmp_path):
     raw = (
         '{"depth": {"has_depth": true, "reason": "Feels low."}, "topics": ["mood"], '
         '"traits": [{"aspect": "emotional_traits", "statement": "Sad.", "evidence": ["m9"]}], '
-        '"note": "m9 is about the breakup"}'
+        '"big_five": null, "note": "m9 is about the breakup"}'
     )
     with FakeOpenAI(responder=lambda body, number: reply(raw)) as server:
         report, _ = infer_personas(
@@ -1068,12 +1083,12 @@ def test_ungrounded_failure_records_the_raw_reply_text(tmp_path):
 
 
 def cites_m1(body: dict, number: int):
-    properties = schema_for_request(body)["properties"]
-    if "depth" in properties:
-        trait = {"aspect": "stress_response", "statement": "Worries before exams.", "evidence": ["m1"]}
-        return {"depth": {"has_depth": True, "reason": "personal"}, "topics": ["exams"], "traits": [trait]}
+    trait = {"aspect": "stress_response", "statement": "Worries before exams.", "evidence": ["m1"]}
     level = {"level": "medium", "evidence": ["m1"], "rationale": "Some signs of it."}
-    return {name: level for name in properties}
+    return {
+        "depth": {"has_depth": True, "reason": "personal"}, "topics": ["exams"], "traits": [trait],
+        "big_five": dict.fromkeys(BIG_FIVE, level),
+    }  # fmt: skip
 
 
 def test_under_openais_cache_rule_every_user_gets_the_same_untitled_schema(tmp_path):

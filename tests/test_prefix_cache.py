@@ -116,18 +116,18 @@ def test_the_run_report_counts_the_cached_tokens_the_server_served(tmp_path, rul
     from personaemp.summaries import print_stage_report
 
     print_stage_report(report, shown)  # what the command prints: a column when there are any
-    assert (served > 0) == (rule == "deepseek"), "OpenAI serves nothing under 1,024 tokens"
-    assert ("of them prefix-cached" in shown.file.getvalue()) == (served > 0)
+    # Every user's request opens with the same preamble and task (and under OpenAI's rule the
+    # same schema before them): past 1,024 tokens, so OpenAI's cache serves it too.
+    assert served > 0
+    assert "of them prefix-cached" in shown.file.getvalue()
     recorded = json.loads((work / REPORT_FILE).read_text())["stages"]["infer-persona"]
     assert recorded["totals"]["cached_tokens"] == served == report.totals["cached_tokens"]
     assert recorded["totals"]["prompt_tokens"] == prompt
     assert sum(step["cached_tokens"] for step in recorded["steps"].values()) == served
-    if rule == "deepseek":
-        # Every user's Big Five request opens with the same preamble and task.
-        assert (
-            recorded["steps"]["big_five"]["cached_tokens"]
-            > 0.5 * recorded["steps"]["big_five"]["prompt_tokens"]
-        )
+    assert set(recorded["steps"]) == {"persona"}  # the Big Five in the same request
+    # The shared part is a large share of each request under both rules (a third at least:
+    # under OpenAI's, what was sent before the first reply came back found nothing cached).
+    assert recorded["steps"]["persona"]["cached_tokens"] > 0.3 * recorded["steps"]["persona"]["prompt_tokens"]
     expected = dollars(prompt, served, recorded["totals"]["completion_tokens"], 0.28, 0.42, 0.028)
     assert recorded["cost"] == pytest.approx(expected)
 
@@ -174,8 +174,7 @@ def test_estimate_counts_what_the_provider_bills_schema_and_cache_rule_included(
     counts (to within its role tags): the schema is billed (OpenAI: the json_schema as the
     prompt's prefix; DeepSeek refuses json_schema, so the schema is in the prompt) and the
     cache is counted by the provider's rule (OpenAI's serves nothing under 1,024 tokens).
-    Before, the schema went uncounted and every endpoint got DeepSeek's 64-token blocks.
-    The later Big Five step is projected from the look's replies: near, not exact."""
+    Before, the schema went uncounted and every endpoint got DeepSeek's 64-token blocks."""
     from dataclasses import replace
 
     input_path = filtered_users(tmp_path)
@@ -193,11 +192,8 @@ def test_estimate_counts_what_the_provider_bills_schema_and_cache_rule_included(
     assert guessed["persona"]["calls"] == counted["persona"]["calls"] == 8
     assert guessed["persona"]["prompt_tokens"] == pytest.approx(counted["persona"]["prompt_tokens"], rel=0.01)
     assert guessed["persona"]["cached_tokens"] == pytest.approx(counted["persona"]["cached_tokens"], rel=0.01)
-    assert (counted["persona"]["cached_tokens"] > 0) == (rule == "deepseek")
-    both = [sum(steps[s][k] for s in ("persona", "big_five")) for steps in (guessed, counted)
-            for k in ("prompt_tokens", "cached_tokens")]  # fmt: skip
-    assert both[0] == pytest.approx(both[2], rel=0.1)
-    assert both[1] == pytest.approx(both[3], rel=0.1)
+    assert counted["persona"]["cached_tokens"] > 0  # past OpenAI's 1,024 tokens too
+    assert set(guessed) == set(counted) == {"persona"}
 
 
 def test_the_cache_rule_comes_from_the_endpoint_unless_given(tmp_path):

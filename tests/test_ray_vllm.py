@@ -267,7 +267,8 @@ def test_run_with_vllm_rounds_writes_what_one_process_writes(local_ray, sample_b
     asked = 0
     for stage in ("infer-persona", "gen-queries"):
         figures = stages[stage]["notes"]["vllm"]
-        assert figures["rounds"] >= 2 and figures["refused"] == 0
+        # infer-persona: one request a user (its levels in the reply); gen-queries: a chain
+        assert figures["rounds"] >= {"infer-persona": 1, "gen-queries": 2}[stage] and figures["refused"] == 0
         assert figures["answered"] == theirs[stage]["totals"]["requests"], stage  # one process's requests
         assert stages[stage]["endpoint_kind"] == "vllm"
         assert (stages[stage]["done"], stages[stage]["failed"]) == (
@@ -466,7 +467,7 @@ def test_an_invalid_reply_in_a_round_is_asked_again_in_the_next(local_ray, sampl
     outcome = result.report.outcome
     assert (outcome.done, outcome.failed) == (16, 0)
     assert report["totals"]["reasks"] >= 1
-    assert report["notes"]["vllm"]["rounds"] >= 3  # persona, its re-ask, then the levels
+    assert report["notes"]["vllm"]["rounds"] >= 2  # persona (with its levels), then its re-ask
 
 
 def test_a_request_vllm_fails_on_is_one_failure_counted_once(local_ray, sample_build, stand_in, tmp_path):

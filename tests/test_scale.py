@@ -35,9 +35,7 @@ QUIET = Console(quiet=True)
 
 def step_of(body: dict) -> str:
     properties = body["response_format"]["json_schema"]["schema"]["properties"]
-    if "depth" in properties:
-        return "persona"
-    return "big_five" if "openness" in properties else "gen-queries"
+    return "persona" if "depth" in properties else "gen-queries"
 
 
 def comparable(path: Path) -> list[dict]:
@@ -93,7 +91,7 @@ def test_run_starts_gen_queries_before_the_last_persona_and_writes_what_the_stag
         assert report.outcome.balanced and report.outcome.done == report.outcome.units > 0
     steps_of = {name: set(result.reports[name].steps) for name in ("infer-persona", "gen-queries")}
     assert steps_of == {
-        "infer-persona": {"persona", "big_five"},
+        "infer-persona": {"persona"},
         "gen-queries": {"situations", "query", "check"},
     }
     manifest = json.loads((processed / "manifest.json").read_text())

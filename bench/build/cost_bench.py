@@ -3,7 +3,7 @@
 Runs `filter` on ../shared/alpsbench, then infer-persona and gen-queries on the first
 100 kept users against the fake OpenAI server, whose scripted replies are shaped like a
 capable model's (sizes included) and pass the gates about 90% of the time. Tokens are
-counted as characters / 4 over every prompt and reply of every step (persona, Big Five,
+counted as characters / 4 over every prompt and reply of every step (persona with its Big Five,
 situations, queries, checks), so the figure does not depend on an endpoint's tokenizer.
 Target: <= 5,000 tokens per accepted query, Big Five included.
 
@@ -12,6 +12,7 @@ Target: <= 5,000 tokens per accepted query, Big Five included.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
@@ -58,6 +59,14 @@ def _enum(schema: dict, definition: str, field: str, prompt: str) -> list[str]:
     return listed or list(dict.fromkeys(re.findall(r"^\[(m\d+)\]", prompt, re.MULTILINE))) or ["m1"]
 
 
+def _user_draw(prompt: str) -> float:
+    """A number in [0, 1) fixed by the user's memory lines in the prompt: whether a user is
+    deep does not hang on the order the requests of a run draw from the shared rng, so two
+    layouts of the build are compared on the same deep users."""
+    lines = "\n".join(re.findall(r"^\[m\d+\] .*$", prompt, re.MULTILINE))
+    return int.from_bytes(hashlib.sha256(lines.encode()).digest()[:8], "big") / 2**64
+
+
 MEMORY_LABELS = (
     "Social_Relationships/Family",
     "States_Experiences/Mental_State",
@@ -102,7 +111,7 @@ def responder(rng: random.Random):
             return memories_reply(schema, prompt, rng)
         if "depth" in properties:
             ids = _enum(schema, "TraitReply", "evidence", asked)
-            deep = rng.random() < 0.9
+            deep = _user_draw(asked) < 0.9
             traits = [
                 {
                     "aspect": ASPECTS[i % len(ASPECTS)],
@@ -113,20 +122,20 @@ def responder(rng: random.Random):
                 for i in range(3 if deep else 0)
             ]
             reason = "The memories show recurring personal concerns and reactions to them."
-            return {
-                "depth": {"has_depth": deep, "reason": reason},
-                "topics": ["family", "work stress", "self-doubt"],
-                "traits": traits,
-            }
-        if "openness" in properties:
-            ids = _enum(schema, "LevelReply", "evidence", asked)
-            return {
+            levels = {  # the Big Five, for deep users only (the prompt allows null otherwise)
                 trait: {
                     "level": rng.choice(["low", "medium", "high"]),
                     "evidence": rng.sample(ids, 1),
                     "rationale": "Their reactions in the cited memory point this way.",
                 }
-                for trait in properties
+                for trait in schema["$defs"]["BigFiveReply"]["properties"]
+                if deep
+            }
+            return {
+                "depth": {"has_depth": deep, "reason": reason},
+                "topics": ["family", "work stress", "self-doubt"],
+                "traits": traits,
+                "big_five": levels if deep else None,
             }
         if "situations" in properties:
             ids = _enum(schema, "SituationReply", "memory_ids", asked)

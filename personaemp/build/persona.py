@@ -1,9 +1,13 @@
 """`personaemp infer-persona`: evidence-grounded personas and Big Five levels.
 
-Two LLM steps per user (PERSONA_STEP, BIG_FIVE_STEP below), each a messages builder, a reply schema
-and a parser:
-  persona  -> depth gate, topics, traits citing memory ids
-  big_five -> five levels citing memory ids (eligible users with a grounded trait only)
+One LLM step per user (PERSONA_STEP below: a messages builder, a reply schema and a parser):
+the depth gate, topics, traits citing memory ids and the five Big Five levels citing memory
+ids, in one reply. One request, not two: a second request would send the user's memories
+again after another task, where no provider's prefix cache serves them, and the fixed part
+of the two tasks together passes OpenAI's 1,024-token cacheable minimum where neither did.
+A user the gate turns away needs no levels (`big_five` may be null); an eligible user's
+reply without them is re-asked (`no_big_five`), and under require_depth=False, where every
+user with a grounded trait is eligible, the schema requires them.
 Cited ids are constrained by the schema (an enum of the user's memory ids) and then
 checked anyway: a trait with no valid evidence is dropped; a reply left with none is
 re-asked, and the user fails as `ungrounded` if it stays so. The profile text later
@@ -65,12 +69,6 @@ class TraitReply(BaseModel):
     evidence: list[str] = Field(min_length=1)
 
 
-class PersonaReply(BaseModel):
-    depth: DepthCheck
-    topics: list[str] = Field(max_length=5)
-    traits: list[TraitReply] = Field(max_length=8)
-
-
 class LevelReply(BaseModel):
     level: Level
     evidence: list[str]
@@ -85,9 +83,16 @@ class BigFiveReply(BaseModel):
     neuroticism: LevelReply
 
 
-PERSONA_STEP = Step("persona", PersonaReply, prompt="persona")
-BIG_FIVE_STEP = Step("big_five", BigFiveReply, prompt="big_five")
-STEPS = (PERSONA_STEP, BIG_FIVE_STEP)
+class PersonaReply(BaseModel):
+    depth: DepthCheck
+    topics: list[str] = Field(max_length=5)
+    traits: list[TraitReply] = Field(max_length=8)
+    big_five: BigFiveReply | None  # after the traits: the levels are read with them in view
+
+
+# version 2: the Big Five levels come in the persona reply (version 1 asked a second step).
+PERSONA_STEP = Step("persona", PersonaReply, prompt="persona", version=2)
+STEPS = (PERSONA_STEP,)
 
 # Checked on every trait statement and Big Five rationale, and enforced unless `enforce`
 # names fewer (level_matches_rationale: Big Five levels only).
@@ -134,23 +139,30 @@ def profile_text(traits: Sequence[Trait]) -> str:
     return "\n".join(f"- {t.aspect.replace('_', ' ')}: {t.statement}" for t in traits)
 
 
-def _ids_enum(step: Step, definition: str, ids: list[str], shared: bool) -> dict[str, Any]:
-    """The step's schema with `evidence` items narrowed to this user's memory ids (unless
-    `shared`: see id_choice)."""
+def _ids_enum(schema: dict[str, Any], definition: str, ids: list[str], shared: bool) -> dict[str, Any]:
+    """`schema` with `evidence` items of `definition` narrowed to this user's memory ids
+    (unless `shared`: see id_choice)."""
     path = ("$defs", definition, "properties", "evidence", "items")
-    return edit_schema(step.schema, path, id_choice(ids, shared))
+    return edit_schema(schema, path, id_choice(ids, shared))
 
 
-# --- step 1: persona -----------------------------------------------------------------------
+# --- the step: persona and Big Five ---------------------------------------------------------
 
 
 def build_persona_messages(user: User, prompt: Prompt) -> list[dict[str, str]]:
     return prompt.render(memories=render_memories(user.memories), turns=render_turns(user))
 
 
-def persona_schema(user: User, shared: bool = False) -> dict[str, Any]:
+def persona_schema(user: User, shared: bool = False, levels_required: bool = False) -> dict[str, Any]:
+    """The step's schema, trait and level citations narrowed to the user's memory ids;
+    `levels_required` (require_depth=False: every grounded user is eligible): `big_five`
+    may not be null, so an endpoint that enforces the schema always writes the levels."""
     ids = [m.memory_id for m in user.memories]
-    return _ids_enum(PERSONA_STEP, "TraitReply", ids, shared)
+    schema = _ids_enum(PERSONA_STEP.schema, "TraitReply", ids, shared)
+    schema = _ids_enum(schema, "LevelReply", ids, shared)
+    if levels_required:
+        schema = edit_schema(schema, ("properties", "big_five"), {"$ref": "#/$defs/BigFiveReply"})
+    return schema
 
 
 @dataclass
@@ -160,17 +172,21 @@ class PersonaParse:
     topics: list[str]
     traits: list[Trait]
     grounding: Grounding = field(default_factory=Grounding)
+    big_five: BigFive | None = None
 
 
 def parse_persona(
     user: User, reply: PersonaReply, require_depth: bool = True, enforce: Sequence[str] = PERSONA_CHECKS
 ) -> PersonaParse:
-    """Keep only traits with evidence among the user's memories; count what was removed.
+    """Keep only traits and level citations with evidence among the user's memories; count
+    what was removed.
 
     `require_depth=False` (an ablation, and the embedded demo model's setting) keeps users
-    the depth check turned away when they have grounded traits; gate_reason says so.
-    Raises RejectedReply("ungrounded") when no trait is left, and RejectedReply(check) when
-    a statement fails an `enforce`d persona check."""
+    the depth check turned away when they have grounded traits; gate_reason says so. A user
+    turned away gets no levels, whatever the reply holds.
+    Raises RejectedReply("ungrounded") when no trait is left, RejectedReply("no_big_five")
+    when an eligible user's reply has no levels, and RejectedReply(check) when a statement
+    or a rationale fails an `enforce`d persona check."""
     known = {m.memory_id for m in user.memories}
     ids = checks.user_ids(user)
     grounding = Grounding(traits_proposed=len(reply.traits))
@@ -195,31 +211,22 @@ def parse_persona(
         raise RejectedReply(
             "ungrounded", f"none of the {len(reply.traits)} traits cites one of the user's memory ids"
         )
+    if reply.big_five is None:
+        raise RejectedReply("no_big_five", "big_five is null for a user who is kept: give the five levels")
+    big_five, dropped, level_failed = _levels(user, reply.big_five)
+    grounding.citations_dropped += dropped
     failed = [
         (name, f"the statement of trait {number} ({trait.aspect})", reason)
         for number, trait in enumerate(traits, 1)
         for name, reason in trait.reasons.items()
     ]
-    _refuse(failed, enforce)
-    return PersonaParse(True, reason, reply.topics, traits, grounding)
+    _refuse([*failed, *level_failed], enforce)
+    return PersonaParse(True, reason, reply.topics, traits, grounding, big_five)
 
 
-# --- step 2: Big Five ----------------------------------------------------------------------
-
-
-def build_big_five_messages(user: User, traits: Sequence[Trait], prompt: Prompt) -> list[dict[str, str]]:
-    return prompt.render(profile=profile_text(traits), memories=render_memories(user.memories))
-
-
-def big_five_schema(user: User, shared: bool = False) -> dict[str, Any]:
-    return _ids_enum(BIG_FIVE_STEP, "LevelReply", [m.memory_id for m in user.memories], shared)
-
-
-def parse_big_five(
-    user: User, reply: BigFiveReply, enforce: Sequence[str] = PERSONA_CHECKS
-) -> tuple[BigFive, int]:
-    """Levels with only valid citations; returns the record and the citations dropped.
-    Raises RejectedReply(check) when a rationale fails an `enforce`d persona check."""
+def _levels(user: User, reply: BigFiveReply) -> tuple[BigFive, int, list[tuple[str, str, str]]]:
+    """Levels with only valid citations, each checked; returns the record, the citations
+    dropped and the checks that failed as (check, where, why)."""
     known = {m.memory_id for m in user.memories}
     ids = checks.user_ids(user)
     levels, dropped, failed = {}, 0, []
@@ -240,8 +247,7 @@ def parse_big_five(
             **_checked(results),
         )
         failed += [(name, f"{trait}'s rationale", reason) for name, reason in levels[trait].reasons.items()]
-    _refuse(failed, enforce)
-    return BigFive(**levels), dropped
+    return BigFive(**levels), dropped, failed
 
 
 # --- the stage -----------------------------------------------------------------------------
@@ -327,20 +333,10 @@ def persona_stage(
             result = await engine.call(
                 PERSONA_STEP,
                 build_persona_messages(user, prompts["persona"]),
-                schema=persona_schema(user, engine.shared_schemas),
+                schema=persona_schema(user, engine.shared_schemas, levels_required=not require_depth),
                 parse=lambda reply: parse_persona(user, reply, require_depth, enforce),
             )
             parsed = result.parsed
-            big_five, dropped = None, 0
-            if parsed.eligible:
-                levels = await engine.call(
-                    BIG_FIVE_STEP,
-                    build_big_five_messages(user, parsed.traits, prompts["big_five"]),
-                    schema=big_five_schema(user, engine.shared_schemas),
-                    parse=lambda reply: parse_big_five(user, reply, enforce),
-                )
-                big_five, dropped = levels.parsed
-            parsed.grounding.citations_dropped += dropped
             persona = Persona(
                 **user.model_dump(),
                 eligible=parsed.eligible,
@@ -348,7 +344,7 @@ def persona_stage(
                 topics=parsed.topics,
                 traits=parsed.traits,
                 profile=profile_text(parsed.traits),
-                big_five=big_five,
+                big_five=parsed.big_five,
                 grounding=parsed.grounding,
                 enforced=list(enforce),
                 provenance=engine.provenance(made_with),

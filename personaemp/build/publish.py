@@ -570,7 +570,7 @@ def card_facts(
         if path.exists():
             for _, _, user in iter_jsonl(path, ErrorPolicy("fail")):
                 facts["source"] = memory_source(user.get("source"), facts["warnings"])
-                # The persona's provenance (persona, big_five prompts), then the queries'.
+                # The persona's provenance (its prompts), then the queries'.
                 sources = [("infer-persona", user.get("provenance"))]
                 sources += [("gen-queries", q.get("provenance")) for q in user.get("queries", [])[:1]]
                 for stage, prov in sources:

@@ -170,7 +170,7 @@ class Estimate:
                 if share is None or (name == stopped and self.rendered):
                     share = stopped_share
                 # A later step runs for the share of units that got that far in the cache (a
-                # persona without depth asks no Big Five).
+                # persona without depth asks no situations).
                 reach = seen / reached if name != stopped and 0 < seen < reached else 1.0
                 calls = units * per_unit[name] * reach
                 if name == stopped:
