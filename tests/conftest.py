@@ -7,6 +7,7 @@ the small helpers below so a test states only what it cares about.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -37,15 +38,90 @@ def copy_sample(source: Path, target: Path, copies: int, *, mark: bool = False) 
     return target
 
 
-def pytest_collection_modifyitems(items):
-    """`make test` runs pytest -n 3 --dist worksteal on 2 cores: the embedded-model tests
-    (the longest, CPU-bound, one thread each) are handed out first, so no worker is left
-    with one at the end, and an idle worker takes tests from a busy one's queue (measured
-    back to back: 91 s against 113 s with --dist load). They used to be grouped on one
-    worker with --dist loadgroup, which stopped grouping under pytest 9 (xdist renames
-    item._nodeid, which pytest 9 no longer reads); grouped again under pytest 8, the
-    suite measured no faster (85 s against 81 s)."""
-    items.sort(key=lambda item: item.get_closest_marker("embedded") is None)
+# --- the order `make test` runs the tests in -------------------------------------------------
+
+DURATIONS = "personaemp/durations"  # pytest's cache: each test's seconds in the last run
+HEAVY = 5.0  # seconds: a test (or a module sharing a module fixture) this long starts its worker's queue
+GUESS = {"embedded": 60.0, "slow": 10.0, "local_ray": 10.0}  # seconds, for a test the cache does not know
+
+
+class _Seconds:
+    """Each test's seconds (setup + call + teardown), heard where the results come in (the
+    xdist controller, or the one process without xdist), kept in pytest's cache
+    (.pytest_cache/) for the next run's order; a test not run this time keeps its figure."""
+
+    def __init__(self, config) -> None:
+        self.config, self.seconds = config, {}
+
+    def pytest_runtest_logreport(self, report) -> None:
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_sessionfinish(self) -> None:
+        if getattr(self.config, "cache", None) is not None and self.seconds:
+            known = self.config.cache.get(DURATIONS, {})
+            known.update({nodeid: round(seconds, 2) for nodeid, seconds in self.seconds.items()})
+            self.config.cache.set(DURATIONS, known)
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_Seconds(config), "personaemp-seconds")
+
+
+def _unit(item) -> str:
+    """The tests that move together: those sharing the same module fixtures (test_ray_cluster's
+    cluster: built once, not on two workers at once), else each test alone."""
+    info = getattr(item, "_fixtureinfo", None)
+    chains = info.name2fixturedefs.items() if info is not None else ()
+    shared = sorted(name for name, chain in chains if chain and chain[-1].scope == "module")
+    return f"{item.nodeid.split('::')[0]}::{shared}" if shared else item.nodeid
+
+
+@pytest.hookimpl(trylast=True)  # after -m / -k deselect: the thirds are of what runs
+def pytest_collection_modifyitems(config, items):
+    """`make test` runs pytest -n 3 --dist worksteal on 2 cores. worksteal hands each worker a
+    contiguous third of this list, then an idle worker takes the back half of a busy one's
+    queue. The long tests (their seconds in the last run, pytest's cache; else a guess from
+    their marks) are spread over the three thirds, longest first (LPT), each at the head of
+    its third, so no worker is left with a long test at the end; the rest keep their order
+    and fill the thirds. Before: all 8 embedded tests headed the first third and ran one
+    after the other on one worker (about 300 of the run's 454 s)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if workers < 2 or config.getoption("dist", None) != "worksteal":
+        return
+    known = config.cache.get(DURATIONS, {}) if getattr(config, "cache", None) is not None else {}
+
+    def seconds(item) -> float:
+        if item.nodeid in known:
+            return known[item.nodeid]
+        marks = [GUESS[m.name] for m in item.iter_markers() if m.name in GUESS]
+        return max([*marks, GUESS["local_ray"] if "local_ray" in item.fixturenames else 0.1])
+
+    units: dict[str, list] = {}
+    for item in items:
+        units.setdefault(_unit(item), []).append(item)
+    heavy = sorted(
+        (unit for unit in units.values() if sum(map(seconds, unit)) >= HEAVY),
+        key=lambda unit: -sum(map(seconds, unit)),
+    )
+    sizes, left = [], len(items)
+    for worker in range(workers):  # worksteal's first split: len(pending) // nodes remaining
+        sizes.append(left // (workers - worker))
+        left -= sizes[-1]
+    queues: list[list] = [[] for _ in range(workers)]
+    loads = [0.0] * workers
+    for unit in heavy:
+        roomy = [w for w in range(workers) if len(queues[w]) + len(unit) <= sizes[w]]
+        if not roomy:
+            break
+        worker = min(roomy, key=lambda w: loads[w])
+        queues[worker].extend(unit)
+        loads[worker] += sum(map(seconds, unit))
+    placed = {id(item) for queue in queues for item in queue}
+    rest = iter([item for item in items if id(item) not in placed])
+    for worker, queue in enumerate(queues):
+        queue.extend(next(rest) for _ in range(sizes[worker] - len(queue)))
+    items[:] = [item for queue in queues for item in queue]
 
 
 @pytest.fixture(scope="session", autouse=True)
