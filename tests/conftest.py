@@ -406,25 +406,51 @@ def order_free_responder(seed: int = 7):
     return answer
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """A session fixture's `processed/` folder, built by the first xdist worker that asks
+    for it (`build(folder)`) and read by the others: each worker built its own, and the
+    sample's pipeline is about 10 s of CPU (sample_build was built three times per `make
+    test`). Under the run's folder, which its workers share (each has its own below it)."""
+    from personaemp.locks import exclusive
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    folder = root / f"built-{name}"
+    with exclusive(folder, wait=True):  # the others wait while the first builds
+        if not (folder / ".whole").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            build(folder / "processed")
+            (folder / ".whole").touch()
+    return folder / "processed"
+
+
 @pytest.fixture(scope="session")
 def sample_build(tmp_path_factory) -> Path:
     """The shipped sample built end to end (filter -> ... -> push --dry-run) against the fake
-    endpoint's capable model: its processed folder. Shared: tests copy what they change."""
-    from fake_openai import FakeOpenAI
-    from rich.console import Console
+    endpoint's capable model: its processed folder. Shared by every test of the run (all
+    workers): tests copy what they change."""
 
-    from personaemp.options import LLMOptions, PathsOptions
-    from personaemp.pipeline import run_pipeline
-    from personaemp.registry import RunOptions
+    def build(processed: Path) -> None:
+        from fake_openai import FakeOpenAI
+        from rich.console import Console
 
-    processed = tmp_path_factory.mktemp("sample_build") / "processed"
-    with FakeOpenAI(responder=order_free_responder()) as fake, open(processed.parent / "log.txt", "w") as log:
-        options = RunOptions(
-            paths=PathsOptions(input=str(SAMPLE_TASK1), processed=processed),
-            llm=LLMOptions(base_url=[fake.base_url], model="fake"),
-        )
-        run_pipeline(options, Console(file=log))
-    return processed
+        from personaemp.options import LLMOptions, PathsOptions
+        from personaemp.pipeline import run_pipeline
+        from personaemp.registry import RunOptions
+
+        with (
+            FakeOpenAI(responder=order_free_responder()) as fake,
+            open(processed.parent / "log.txt", "w") as log,
+        ):
+            options = RunOptions(
+                paths=PathsOptions(input=str(SAMPLE_TASK1), processed=processed),
+                llm=LLMOptions(base_url=[fake.base_url], model="fake"),
+            )
+            run_pipeline(options, Console(file=log))
+
+    return built_once(tmp_path_factory, "sample_build", build)
 
 
 @pytest.fixture(scope="session")
