@@ -7,6 +7,7 @@ the small helpers below so a test states only what it cares about.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -37,15 +38,114 @@ def copy_sample(source: Path, target: Path, copies: int, *, mark: bool = False) 
     return target
 
 
-def pytest_collection_modifyitems(items):
-    """`make test` runs pytest -n 3 --dist worksteal on 2 cores: the embedded-model tests
-    (the longest, CPU-bound, one thread each) are handed out first, so no worker is left
-    with one at the end, and an idle worker takes tests from a busy one's queue (measured
-    back to back: 91 s against 113 s with --dist load). They used to be grouped on one
-    worker with --dist loadgroup, which stopped grouping under pytest 9 (xdist renames
-    item._nodeid, which pytest 9 no longer reads); grouped again under pytest 8, the
-    suite measured no faster (85 s against 81 s)."""
-    items.sort(key=lambda item: item.get_closest_marker("embedded") is None)
+# --- the order `make test` runs the tests in -------------------------------------------------
+
+DURATIONS = "personaemp/durations"  # pytest's cache: each test's seconds in the last run
+HEAVY = 5.0  # seconds: a test (or a module sharing a module fixture) this long starts its worker's queue
+GUESS = {"embedded": 60.0, "slow": 10.0, "local_ray": 10.0}  # seconds, for a test the cache does not know
+
+
+class _Seconds:
+    """Each test's seconds (setup + call + teardown), heard where the results come in (the
+    xdist controller, or the one process without xdist), kept in pytest's cache
+    (.pytest_cache/) for the next run's order; a test not run this time keeps its figure."""
+
+    def __init__(self, config) -> None:
+        self.config, self.seconds = config, {}
+
+    def pytest_runtest_logreport(self, report) -> None:
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_sessionfinish(self) -> None:
+        if getattr(self.config, "cache", None) is not None and self.seconds:
+            known = self.config.cache.get(DURATIONS, {})
+            known.update({nodeid: round(seconds, 2) for nodeid, seconds in self.seconds.items()})
+            self.config.cache.set(DURATIONS, known)
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_Seconds(config), "personaemp-seconds")
+
+
+def _unit(item) -> str:
+    """The tests that move together: those sharing the same module fixtures (test_ray_cluster's
+    cluster: built once, not on two workers at once), else each test alone."""
+    info = getattr(item, "_fixtureinfo", None)
+    chains = info.name2fixturedefs.items() if info is not None else ()
+    shared = sorted(name for name, chain in chains if chain and chain[-1].scope == "module")
+    return f"{item.nodeid.split('::')[0]}::{shared}" if shared else item.nodeid
+
+
+@pytest.hookimpl(trylast=True)  # after -m / -k deselect: the thirds are of what runs
+def pytest_collection_modifyitems(config, items):
+    """`make test` runs pytest -n 3 --dist worksteal on 2 cores. worksteal hands each worker a
+    contiguous third of this list, then an idle worker takes the back half of a busy one's
+    queue. The long tests (their seconds in the last run, pytest's cache; else a guess from
+    their marks) are spread over the three thirds, longest first (LPT), each at the head of
+    its third, so no worker is left with a long test at the end; the rest keep their order
+    and fill the thirds. The tests on the local Ray count as long (each worker starts its own
+    Ray: its Ray tests run one after the other, first). Before: all 8 embedded tests headed
+    the first third and ran one after the other on one worker (about 300 of the run's 454 s)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if workers < 2 or config.getoption("dist", None) != "worksteal":
+        return
+    known = config.cache.get(DURATIONS, {}) if getattr(config, "cache", None) is not None else {}
+
+    def seconds(item) -> float:
+        if item.nodeid in known:
+            return known[item.nodeid]
+        marks = [GUESS[m.name] for m in item.iter_markers() if m.name in GUESS]
+        return max([*marks, GUESS["local_ray"] if _on_local_ray(item) else 0.1])
+
+    units: dict[str, list] = {}
+    for item in items:
+        units.setdefault(_unit(item), []).append(item)
+    heavy = sorted(
+        (unit for unit in units.values() if sum(map(seconds, unit)) >= HEAVY or _on_local_ray(unit[0])),
+        key=lambda unit: -sum(map(seconds, unit)),
+    )
+    sizes, left = [], len(items)
+    for worker in range(workers):  # worksteal's first split: len(pending) // nodes remaining
+        sizes.append(left // (workers - worker))
+        left -= sizes[-1]
+    queues: list[list] = [[] for _ in range(workers)]
+    loads = [0.0] * workers
+    for unit in heavy:
+        roomy = [w for w in range(workers) if len(queues[w]) + len(unit) <= sizes[w]]
+        if not roomy:
+            break
+        worker = min(roomy, key=lambda w: loads[w])
+        queues[worker].extend(unit)
+        loads[worker] += sum(map(seconds, unit))
+    for queue in queues:  # a worker's tests on the local Ray one after the other, then Ray shut down
+        queue.sort(key=lambda item: not _on_local_ray(item))
+        ray_tests = [item for item in queue if _on_local_ray(item)]
+        if ray_tests:
+            ray_tests[-1].stash[_LAST_ON_RAY] = True
+    placed = {id(item) for queue in queues for item in queue}
+    rest = iter([item for item in items if id(item) not in placed])
+    for worker, queue in enumerate(queues):
+        queue.extend(next(rest) for _ in range(sizes[worker] - len(queue)))
+    items[:] = [item for queue in queues for item in queue]
+
+
+_LAST_ON_RAY = pytest.StashKey[bool]()
+
+
+def _on_local_ray(item) -> bool:
+    return "local_ray" in item.fixturenames
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """The local Ray of `local_ray` is shut down after the last test of this worker's queue
+    that needs it (see pytest_collection_modifyitems), not kept to the session's end: an idle
+    Ray costs about 6 % of a core after a Ray Data job (1.9 s of CPU in 30 s, measured), and
+    the worker has minutes of other tests left. A later test that needs it starts it again."""
+    if item.stash.get(_LAST_ON_RAY, False) and (nextitem is None or not _on_local_ray(nextitem)):
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -306,25 +406,51 @@ def order_free_responder(seed: int = 7):
     return answer
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """A session fixture's `processed/` folder, built by the first xdist worker that asks
+    for it (`build(folder)`) and read by the others: each worker built its own, and the
+    sample's pipeline is about 10 s of CPU (sample_build was built three times per `make
+    test`). Under the run's folder, which its workers share (each has its own below it)."""
+    from personaemp.locks import exclusive
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    folder = root / f"built-{name}"
+    with exclusive(folder, wait=True):  # the others wait while the first builds
+        if not (folder / ".whole").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            build(folder / "processed")
+            (folder / ".whole").touch()
+    return folder / "processed"
+
+
 @pytest.fixture(scope="session")
 def sample_build(tmp_path_factory) -> Path:
     """The shipped sample built end to end (filter -> ... -> push --dry-run) against the fake
-    endpoint's capable model: its processed folder. Shared: tests copy what they change."""
-    from fake_openai import FakeOpenAI
-    from rich.console import Console
+    endpoint's capable model: its processed folder. Shared by every test of the run (all
+    workers): tests copy what they change."""
 
-    from personaemp.options import LLMOptions, PathsOptions
-    from personaemp.pipeline import run_pipeline
-    from personaemp.registry import RunOptions
+    def build(processed: Path) -> None:
+        from fake_openai import FakeOpenAI
+        from rich.console import Console
 
-    processed = tmp_path_factory.mktemp("sample_build") / "processed"
-    with FakeOpenAI(responder=order_free_responder()) as fake, open(processed.parent / "log.txt", "w") as log:
-        options = RunOptions(
-            paths=PathsOptions(input=str(SAMPLE_TASK1), processed=processed),
-            llm=LLMOptions(base_url=[fake.base_url], model="fake"),
-        )
-        run_pipeline(options, Console(file=log))
-    return processed
+        from personaemp.options import LLMOptions, PathsOptions
+        from personaemp.pipeline import run_pipeline
+        from personaemp.registry import RunOptions
+
+        with (
+            FakeOpenAI(responder=order_free_responder()) as fake,
+            open(processed.parent / "log.txt", "w") as log,
+        ):
+            options = RunOptions(
+                paths=PathsOptions(input=str(SAMPLE_TASK1), processed=processed),
+                llm=LLMOptions(base_url=[fake.base_url], model="fake"),
+            )
+            run_pipeline(options, Console(file=log))
+
+    return built_once(tmp_path_factory, "sample_build", build)
 
 
 @pytest.fixture(scope="session")

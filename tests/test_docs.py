@@ -27,7 +27,7 @@ import unittest
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SAMPLE_TASK1, order_free_responder
+from conftest import REPO, SAMPLE_TASK1, built_once, order_free_responder
 from fake_openai import FakeOpenAI
 from sybil import Sybil
 from sybil.parsers.markdown import CodeBlockParser, SkipParser
@@ -361,18 +361,23 @@ def server():
 def demo_build(tmp_path_factory) -> Path:
     """What `make demo` leaves in data/processed (`personaemp run --config personaemp.toml`:
     its three users, the random split alone), the test server's capable model standing in
-    for the embedded one: each page starts from it, as a newcomer after the README's demo."""
+    for the embedded one: each page starts from it, as a newcomer after the README's demo.
+    Built once per run (conftest.built_once), each page copies it."""
     from rich.console import Console
 
     from personaemp.config import load_config
     from personaemp.pipeline import run_pipeline
 
-    processed = tmp_path_factory.mktemp("demo_build") / "processed"
-    with FakeOpenAI(responder=order_free_responder()) as fake, open(processed.parent / "log.txt", "w") as log:
-        given = [f"paths.input={SAMPLE_TASK1}", f"paths.processed={processed}",
-                 f"llm.base_url={fake.base_url}", "llm.model=fake"]  # fmt: skip
-        run_pipeline(load_config(REPO / "personaemp.toml", env={}, settings=given), Console(file=log))
-    return processed
+    def build(processed: Path) -> None:
+        with (
+            FakeOpenAI(responder=order_free_responder()) as fake,
+            open(processed.parent / "log.txt", "w") as log,
+        ):
+            given = [f"paths.input={SAMPLE_TASK1}", f"paths.processed={processed}",
+                     f"llm.base_url={fake.base_url}", "llm.model=fake"]  # fmt: skip
+            run_pipeline(load_config(REPO / "personaemp.toml", env={}, settings=given), Console(file=log))
+
+    return built_once(tmp_path_factory, "demo_build", build)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda path: str(path.relative_to(REPO)))
