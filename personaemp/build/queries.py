@@ -144,9 +144,6 @@ def parse_situations(
     return kept, dropped
 
 
-# --- request 2: the checks (personaemp/instruments/query_check.py) ---------------------------
-
-
 # --- the stage -------------------------------------------------------------------------------
 
 
