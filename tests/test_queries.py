@@ -585,6 +585,7 @@ def test_situations_schema_asks_a_message_with_each_moment():
             assert item["properties"]["message"] == {"type": "string"}
             assert set(item["required"]) == {"category", "topic", "text", "memory_ids", "message"}
             assert list(item["properties"])[-1] == "message"  # written after its moment
+            assert "description" not in item  # nothing billed in every request that says no more
 
 
 def test_reviews_schema_bounds():

@@ -106,9 +106,10 @@ def user_message(asked: str, category: str, number: int) -> str:
     user = sorted({(name, text) for name, text in BLOCK.findall(asked) if name in ("profile", "turns")})
     rng = random.Random(json.dumps([user, number], ensure_ascii=False))
     if language not in SENTENCES:
-        # The user's own messages (and profile lines), once each.
-        lines = [line for _, text in user for line in text.splitlines()]
-        own = " ".join(dict.fromkeys(re.findall(r"^- (.{20,})$", "\n".join(lines), re.MULTILINE))).split()
+        # The user's own messages, once each (not the profile's lines: those are in English).
+        lines = [line for name, text in user if name == "turns" for line in text.splitlines()]
+        said = " ".join(dict.fromkeys(re.findall(r"^- (.{20,})$", "\n".join(lines), re.MULTILINE)))
+        own = [word for word in said.split() if re.fullmatch(r"[^\W\d_]+[.,!?]?", word)]  # words, no formulas
         if own:  # in their language: a new sentence from their words
             return " ".join(rng.sample(own, min(len(own), 16))) + "?"
         language = "en"
