@@ -63,7 +63,7 @@ CHECKS = (
 )  # fmt: skip  # personaemp.instruments.query_check.CHECKS
 PERSONA_CHECKS = ("no_internal_ids", "level_matches_rationale")  # personaemp.build.persona.PERSONA_CHECKS
 STEPS = (
-    "persona", "situations", "query", "check",
+    "persona", "situations", "check",
     "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander", "judge_joint",
     "extract_memories", "hidden_need", "simulate", "in_character",
 )  # fmt: skip  # the stages' Step names (judge_joint: personaemp.training.reward)
@@ -78,7 +78,7 @@ Check = Literal[
 ]  # fmt: skip
 PersonaCheck = Literal["no_internal_ids", "level_matches_rationale"]
 StepName = Literal[
-    "persona", "situations", "query", "check",
+    "persona", "situations", "check",
     "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander", "judge_joint",
     "extract_memories", "hidden_need", "simulate", "in_character",
 ]  # fmt: skip

@@ -96,7 +96,7 @@ def test_both_llm_stages_finish_over_batch_rounds_as_an_online_run_would(tmp_pat
             lambda: generate_queries(personas, queries, batch, console=QUIET), offline / "batches", executor
         )
     print("rounds", persona_rounds, query_rounds, "failed lines", persona_failed, query_failed)
-    assert persona_rounds >= 3 and query_rounds >= 4, "chained steps take a round each, failed lines one more"
+    assert persona_rounds >= 3 and query_rounds >= 3, "chained steps take a round each, failed lines one more"
     assert persona_failed + query_failed > 0, "the executor failed some lines, and they were asked again"
     for name in ("personas.jsonl", "queries.jsonl"):
         assert without_timestamps(read_jsonl(offline / name)) == without_timestamps(read_jsonl(online / name))

@@ -68,7 +68,7 @@ def test_ordinary_queries_hold_no_scaffolding(text):
 
 def test_the_labels_come_from_the_prompts_in_use(tmp_path, monkeypatch):
     """Declared nowhere by hand: a label a new template puts above a slot is checked at once."""
-    for name in ("shared.md", "query.md"):
+    for name in ("shared.md", "situations.md"):
         (tmp_path / name).write_text((prompts_dir() / name).read_text(encoding="utf-8"), encoding="utf-8")
     (tmp_path / "extra.md").write_text("## context\ntask profile\n\n## task\nHidden feelings:\n$feelings\n")
     text = "Hidden feelings:\nI am scared of losing my job."

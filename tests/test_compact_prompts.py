@@ -69,7 +69,7 @@ def test_one_each_fixes_a_moment_per_category_in_order():
     reply = SituationsReply.model_validate(
         {
             "situations": [
-                {"category": c, "topic": "t", "text": "x", "memory_ids": ["m1"]}
+                {"category": c, "topic": "t", "text": "x", "memory_ids": ["m1"], "message": "help?"}
                 for c in ("SS", "SS", "ES", "ES")
             ]
         }

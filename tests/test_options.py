@@ -711,9 +711,10 @@ def test_push_without_repo_id_is_a_dry_run_as_in_run(calls):
 
 
 def test_step_flag_and_toml_steps_reach_the_settings(calls, tmp_path):
-    invoke("infer-persona", "--step", "check.temperature=0", "--step", "query.max_tokens=300", "--seed", "11")
+    steps = ("--step", "check.temperature=0", "--step", "situations.max_tokens=300")
+    invoke("infer-persona", *steps, "--seed", "11")
     settings = calls["persona"][0][2]
-    assert settings.steps == {"check": {"temperature": 0.0}, "query": {"max_tokens": 300}}
+    assert settings.steps == {"check": {"temperature": 0.0}, "situations": {"max_tokens": 300}}
     assert settings.seed == 11
 
     config = tmp_path / "p.toml"

@@ -337,8 +337,27 @@ def without_keys(text: str) -> str:
     return re.sub(r"[0-9a-f]{16}", "KEY", text)
 
 
+# The query step's instructions, now in the situations request (issue 52: one request writes
+# each moment and its message), each said there by these sentences.
+QUERY_NOW = {
+    "You write the message a user sends to an AI assistant at a given moment, for research on "
+    "personalized empathy.": ("With each moment you write the message the user sends at it.",
+                              "for research on personalized empathy."),
+    "Write as this user: first person, their voice and habits (see their real messages), in English.": (
+        "in the first person, in their own voice and habits (their recent messages show both).",
+        "Write every message as this user writes, in English."),
+    "Say only what a person in that moment would type: no background dump, no mention of memories, "
+    "profiles or AI research.": ("Only what they would write then: no account of their background, no "
+                                 "mention of memories, profiles, moments or research.",),
+    "One to four sentences.": ("message: what the user types to the assistant at that moment, one to "
+                               "four sentences,",),
+    "The message should call for an answer with emotional intelligence, not just facts.": (
+        "It should need an answer with emotional intelligence, not only facts.",),
+}  # fmt: skip
+
+
 @pytest.mark.parametrize("layout", ["paper", "shared"])
-@pytest.mark.parametrize("name", sorted(p.stem for p in BEFORE.glob("*.md")))
+@pytest.mark.parametrize("name", sorted(p.stem for p in BEFORE.glob("*.md") if p.stem != "query"))
 def test_every_instruction_of_the_old_prompt_is_in_the_new_request(name, layout):
     """Only the order and the shared preamble changed: each sentence of the old system prompt
     (its instructions, slots filled in) is in the new request, outside the data blocks, and
@@ -356,6 +375,25 @@ def test_every_instruction_of_the_old_prompt_is_in_the_new_request(name, layout)
     assert not missing, missing
     for slot in re.findall(r"\$(\w+)", old.user.template):
         assert " ".join(VALUES[slot].split()) in new_text, slot
+
+
+@pytest.mark.parametrize("layout", ["paper", "shared"])
+def test_every_instruction_of_the_old_query_prompt_is_in_the_situations_request(layout):
+    """The query step is gone (its messages come with the moments): each of its instructions
+    is said in the situations request, outside the data blocks, and the values it read of the
+    user (their profile, their own messages) are in that request."""
+    from fake_openai import outside_blocks
+
+    from personaemp.prompts import load_prompt
+
+    old_text = without_keys(load_prompt("query", BEFORE).render(**VALUES)[0]["content"])
+    assert set(sentences(old_text)) == set(QUERY_NOW)
+    messages = load_prompt("situations").render(layout, **VALUES)
+    new_text = " ".join(outside_blocks("\n".join(m["content"] for m in messages)).split())
+    missing = [said for sentence in QUERY_NOW.values() for said in sentence if said not in new_text]
+    assert not missing, missing
+    values = "\n".join(m["content"] for m in messages)
+    assert VALUES["profile"] in values and VALUES["turns"] in values
 
 
 def test_a_unit_key_is_shared_by_its_requests_but_never_lets_a_value_close_its_block():

@@ -26,17 +26,12 @@ from typer.testing import CliRunner
 
 from personaemp.build.queries import (
     LANGUAGE_NAMES,
-    MessageReply,
-    QueriesReply,
     QueryOptions,
     SituationReply,
     SituationsReply,
-    build_query_messages,
     build_situation_messages,
     generate_queries,
-    parse_queries,
     parse_situations,
-    queries_schema,
     situations_schema,
 )
 from personaemp.cli import app
@@ -202,7 +197,7 @@ def write_personas(path: Path, *rows: dict) -> Path:
     return write_jsonl(path, list(rows))
 
 
-PROMPTS = {name: load_prompt(name) for name in ("situations", "query", "check")}
+PROMPTS = {name: load_prompt(name) for name in ("situations", "check")}
 HASHES = {name: prompt.hash for name, prompt in PROMPTS.items()}
 
 
@@ -228,10 +223,10 @@ MISSING = object()  # a review override that leaves the review out of the judge'
 
 
 class Script:
-    """A cooperative fake model for the three gen-queries steps, with per-user overrides.
+    """A cooperative fake model for the two gen-queries requests, with per-user overrides.
 
     - `situations[user_id]`: the situations list to return instead of the default one
-    - `messages[user_id][n]`: the message text for situation n (1-based)
+    - `messages[user_id][n]`: the message text for situation n (1-based; None: left blank)
     - `reviews[user_id][n]`: fields to change in the review of message n, or MISSING
     - `judge_language[user_id]`: the language the judge names (default: the user's)
     """
@@ -250,13 +245,11 @@ class Script:
         schema = schema_for_request(body)
         prompt = next(m["content"] for m in body["messages"] if m["role"] == "user")  # not a re-ask
         user = self.user_of(prompt)
-        step = next(s for s in ("situations", "messages", "reviews") if s in schema["properties"])
+        step = next(s for s in ("situations", "reviews") if s in schema["properties"])
         with self._lock:
             self.steps.append((step, user))
-        answer = {"situations": self.answer_situations, "messages": self.answer_messages}.get(
-            step, self.answer_reviews
-        )(user, schema, prompt)
-        return reply(answer)
+        answer = self.answer_situations if step == "situations" else self.answer_reviews
+        return reply(answer(user, schema, prompt))
 
     def user_of(self, prompt: str) -> str:
         # Every step of the chain carries the profile as a data block (<profile-KEY> ... </profile-KEY>).
@@ -300,21 +293,17 @@ class Script:
                             "memory_ids": [ids[index % len(ids)]],
                         }
                     )
+        # Each moment with the user's message, in their language (the prompt names it).
+        language = self.users[user]["language"]
+        assert f"as this user writes, in {LANGUAGE_NAMES.get(language, language or 'the user')}" in prompt
+        pool = ZH_MESSAGES if self.users[user]["language"] == "zh" else EN_MESSAGES
+        situations = [
+            {**s, "message": self.messages.get(user, {}).get(n, pool[(n - 1) % len(pool)]) or ""}
+            for n, s in enumerate(situations, 1)
+        ]
         with self._lock:
             self.categories.update({s["text"]: s["category"] for s in situations})
         return {"situations": situations}
-
-    def answer_messages(self, user: str, schema: dict, prompt: str) -> dict:
-        moments = re.findall(r"^(\d+)\. \[(ES|HEQ|SS)\] ", prompt.split("Moments (write", 1)[1], re.M)
-        assert len(moments) == schema["properties"]["messages"]["maxItems"]
-        pool = ZH_MESSAGES if self.users[user]["language"] == "zh" else EN_MESSAGES
-        written = []
-        for number, _category in moments:
-            n = int(number)
-            text = self.messages.get(user, {}).get(n, pool[(n - 1) % len(pool)])
-            if text is not None:
-                written.append({"situation": n, "text": text})
-        return {"messages": written}
 
     def answer_reviews(self, user: str, schema: dict, prompt: str) -> dict:
         lines = re.findall(r"^(\d+)\. \(moment: (.*?)\) ", prompt.split("Messages:\n", 1)[1], re.M)
@@ -380,9 +369,14 @@ def review(message: int = 1, **changes) -> ReviewReply:
 
 
 def situation(
-    category: str = "ES", memory_ids=("m1",), text: str = "Their sister cancelled again."
+    category: str = "ES",
+    memory_ids=("m1",),
+    text: str = "Their sister cancelled again.",
+    message: str = "Why does my sister always leave it all to me?",
 ) -> SituationReply:
-    return SituationReply(category=category, topic="sister", text=text, memory_ids=list(memory_ids))
+    return SituationReply(
+        category=category, topic="sister", text=text, memory_ids=list(memory_ids), message=message
+    )
 
 
 # --- QueryOptions ---------------------------------------------------------------------------------
@@ -451,12 +445,18 @@ def test_situation_messages_golden():
         per_category=1,
         categories="ES, HEQ, SS",
     )
-    # The preamble every step shares, the step's task (shared by every user), then the user's blocks.
+    # The preamble every step shares, the step's task (shared by every user), then the user's
+    # blocks (their own messages too: the moments' messages are written in their voice), and
+    # the user's language last.
     assert messages == [
         {"role": "system", "content": section("shared", "preamble")},
         {"role": "user", "content": task},
-        {"role": "user", "content": blocks(context_key(), "profile", "memories")},
-    ]
+        {
+            "role": "user",
+            "content": blocks(context_key(), "profile", "memories", "turns") + "\n\n"
+            + Template(section("situations", "input")).substitute(language="English"),
+        },
+    ]  # fmt: skip
 
 
 def test_situation_messages_tell_the_model_the_cap_and_the_categories():
@@ -469,42 +469,21 @@ def test_situation_messages_tell_the_model_the_cap_and_the_categories():
     assert "Write at most 2 per category, only for these categories: ES, SS." in text
 
 
-def test_query_messages_golden():
-    situations = [
-        situation("ES", text="Their sister cancelled the hospital visit again."),
-        situation("SS", ["m2"], text="They want to ask their boss about the next promotion."),
-    ]
-    messages = build_query_messages(persona(english_user()), situations, PROMPTS["query"])
-    assert messages == [
-        {"role": "system", "content": section("shared", "preamble")},
-        {"role": "user", "content": section("query", "task")},
-        {
-            "role": "user",
-            "content": blocks(context_key(), "profile", "turns") + "\n\n"
-            + Template(section("query", "input")).substitute(
-                language="English",
-                situations="1. [ES] Their sister cancelled the hospital visit again.\n"
-                "2. [SS] They want to ask their boss about the next promotion.",
-            ),
-        },
-    ]  # fmt: skip
-
-
-def test_query_messages_for_a_user_without_turns_say_none():
+def test_situation_messages_for_a_user_without_turns_say_none():
     row = english_user()
     row["turns"] = [{"role": "assistant", "text": "Hello, how can I help?"}]
-    messages = build_query_messages(persona(row), [situation()], PROMPTS["query"])
+    messages = build_situation_messages(persona(row), QueryOptions(), PROMPTS["situations"])
     assert re.search(
         r"The user's own recent messages:\n<turns-(\w+)>\n\(none\)\n</turns-\1>\n\n", messages[2]["content"]
     )
 
 
 @pytest.mark.parametrize(("row", "name"), [(chinese_user(), "Chinese"), (english_user(), "English")])
-def test_query_messages_name_the_users_language(row, name):
-    """prompts/query.md says "in $language" (in its system section): the model must be told
-    the language by name (LANGUAGE_NAMES), never see the bare slot."""
+def test_situation_messages_name_the_users_language(row, name):
+    """prompts/situations.md says "in $language" (in its input section): the model must be
+    told the language of the messages by name (LANGUAGE_NAMES), never see the bare slot."""
     assert LANGUAGE_NAMES[row["language"]] == name
-    messages = build_query_messages(persona(row), [situation(memory_ids=["c1"])], PROMPTS["query"])
+    messages = build_situation_messages(persona(row), QueryOptions(), PROMPTS["situations"])
     text = "\n".join(m["content"] for m in messages)
     assert "$language" not in text
     assert f"in {name}." in text
@@ -513,11 +492,11 @@ def test_query_messages_name_the_users_language(row, name):
 @pytest.mark.parametrize(
     ("language", "name"), [("zh", "Chinese"), ("sw", "sw"), (None, "the user's language")]
 )
-def test_query_messages_language_name_fallbacks(language, name):
+def test_situation_messages_language_name_fallbacks(language, name):
     row = english_user()
     row["language"] = language
-    messages = build_query_messages(persona(row), [situation()], PROMPTS["query"])
-    assert f"in {name}." in messages[2]["content"]
+    messages = build_situation_messages(persona(row), QueryOptions(), PROMPTS["situations"])
+    assert f"as this user writes, in {name}." in messages[2]["content"]
 
 
 def test_check_messages_golden():
@@ -566,7 +545,10 @@ def test_chinese_memories_and_turns_render_verbatim():
     key = re.match(r"Profile \(grounded traits\):\n<profile-(\w+)>", messages[2]["content"]).group(1)
     assert messages[2]["content"] == (
         f"Profile (grounded traits):\n<profile-{key}>\n{ZH_PROFILE}\n</profile-{key}>\n\n"
-        f"Memories:\n<memories-{key}>\n{memories}\n</memories-{key}>"
+        f"Memories:\n<memories-{key}>\n{memories}\n</memories-{key}>\n\n"
+        f"The user's own recent messages:\n<turns-{key}>\n- 我和她一个月没说话了，好难受。\n"
+        f"</turns-{key}>\n\n"
+        "Write every message as this user writes, in Chinese."
     )
 
 
@@ -593,16 +575,17 @@ def test_situations_schema_is_per_user():
     assert en["$defs"]["SituationReply"]["properties"]["category"]["enum"] == ["ES", "HEQ", "SS"]
 
 
-def test_queries_schema_bounds():
-    before = copy.deepcopy(QueriesReply.model_json_schema())
-    schema = queries_schema(3)
-    assert schema["properties"]["messages"]["minItems"] == 3
-    assert schema["properties"]["messages"]["maxItems"] == 3
-    number = schema["$defs"]["MessageReply"]["properties"]["situation"]
-    assert (number["minimum"], number["maximum"]) == (1, 3)
-    assert number["type"] == "integer"
-    assert QueriesReply.model_json_schema() == before
-    assert "minItems" not in QueriesReply.model_json_schema()["properties"]["messages"]
+def test_situations_schema_asks_a_message_with_each_moment():
+    """One request writes the moments and their messages: each item requires its message."""
+    for one_each in (False, True):
+        schema = situations_schema(persona(english_user()), QueryOptions(), one_each=one_each)
+        listed = schema["properties"]["situations"]
+        items = listed["prefixItems"] if one_each else [schema["$defs"]["SituationReply"]]
+        for item in items:
+            assert item["properties"]["message"] == {"type": "string"}
+            assert set(item["required"]) == {"category", "topic", "text", "memory_ids", "message"}
+            assert list(item["properties"])[-1] == "message"  # written after its moment
+            assert "description" not in item  # nothing billed in every request that says no more
 
 
 def test_reviews_schema_bounds():
@@ -661,25 +644,24 @@ def test_parse_situations_all_kept():
     assert sum(dropped.values()) == 0
 
 
-def test_parse_queries_numbers_first_wins_blanks_ignored():
-    reply_ = QueriesReply(
-        messages=[
-            MessageReply(situation=0, text="number zero is out of range"),
-            MessageReply(situation=4, text="number four is out of range"),
-            MessageReply(situation=2, text="first for two"),
-            MessageReply(situation=2, text="second for two"),
-            MessageReply(situation=1, text="   "),
-            MessageReply(situation=1, text="one, after a blank"),
-            MessageReply(situation=-1, text="negative"),
+def test_parse_situations_strips_messages_and_counts_blank_ones_in_place():
+    """A kept moment without a message is counted (no_query_written) and keeps its place, so
+    the next one keeps its number; a dropped moment is counted for its own reason only."""
+    reply_ = SituationsReply(
+        situations=[
+            situation("ES", ["m1"], "first", message="  \n hello there, friend \n"),
+            situation("HEQ", ["m1"], "second", message="   "),
+            situation("SS", ["m99"], "unknown id, no message", message=""),
+            situation("SS", ["m2"], "third", message="how do I ask my boss?"),
         ]
     )
-    assert parse_queries(reply_, 3) == {2: "first for two", 1: "one, after a blank"}
-
-
-def test_parse_queries_strips_text():
-    reply_ = QueriesReply(messages=[MessageReply(situation=1, text="  \n hello there, friend \n")])
-    assert parse_queries(reply_, 1) == {1: "hello there, friend"}
-    assert parse_queries(QueriesReply(messages=[]), 2) == {}
+    kept, dropped = parse_situations(persona(english_user()), reply_, QueryOptions())
+    assert [(s.text, s.message) for s in kept] == [
+        ("first", "hello there, friend"),
+        ("second", ""),
+        ("third", "how do I ask my boss?"),
+    ]
+    assert dropped == Counter(no_query_written=1, no_valid_memory=1)
 
 
 # --- judge_checks ---------------------------------------------------------------------------------
@@ -818,8 +800,8 @@ def test_stage_all_pass(tmp_path):
 
     output = tmp_path / "out" / "queries.jsonl"
     assert [r["user_id"] for r in read_jsonl(output)] == ["u-en", "u-zh"]  # input order, eligible only
-    assert server.count == 6  # three steps per eligible user
-    assert sorted(script.requests_for("u-en")) == ["messages", "reviews", "situations"]
+    assert server.count == 4  # two requests per eligible user
+    assert script.requests_for("u-en") == ["situations", "reviews"]
     assert not any("spicy noodles" in json.dumps(r.body) for r in server.chat_requests)
 
     for user_id, row in by_user.items():
@@ -841,7 +823,7 @@ def test_stage_all_pass(tmp_path):
             assert query["checks"]["reasons"] == {}
             assert query["checks"]["language"] == source["language"]
             assert query["provenance"]["prompts"] == HASHES
-            assert query["provenance"]["prompts"]["query"] == load_prompt("query").hash
+            assert query["provenance"]["prompts"]["situations"] == load_prompt("situations").hash
             assert query["provenance"]["model"] == "fake"
             assert query["provenance"]["endpoint_kind"] == "remote"
         assert row["situation_counts"]["kept"] == 3
@@ -867,7 +849,8 @@ def test_stage_requests_carry_the_per_user_schemas_and_prompts(tmp_path):
     by_step = {}
     for body in bodies:
         props = schema_for_request(body)["properties"]
-        by_step[next(s for s in ("situations", "messages", "reviews") if s in props)] = body
+        by_step[next(s for s in ("situations", "reviews") if s in props)] = body
+    assert len(bodies) == len(by_step) == 2
     sit = by_step["situations"]
     assert sit["model"] == "fake"
     system, task, context = build_situation_messages(persona(rows[0]), QueryOptions(), PROMPTS["situations"])
@@ -878,15 +861,43 @@ def test_stage_requests_carry_the_per_user_schemas_and_prompts(tmp_path):
     ]
     item = schema_for_request(sit)["$defs"]["SituationReply"]["properties"]
     assert item["memory_ids"]["items"]["enum"] == ["m1", "m2", "m3"]
-    assert schema_for_request(by_step["messages"])["properties"]["messages"]["maxItems"] == 3
+    assert item["message"] == {"type": "string"}
+    assert schema_for_request(sit)["properties"]["situations"]["maxItems"] == 3
     assert schema_for_request(by_step["reviews"])["properties"]["reviews"]["minItems"] == 3
-    query_prompt = by_step["messages"]["messages"][1]["content"]
-    assert "1. [ES] person 1 moment 1 (ES)" in query_prompt
-    assert "3. [SS] person 1 moment 3 (SS)" in query_prompt
+    # The messages are written in the user's voice: their own messages are in the request.
+    assert re.search(
+        r"<turns-(\w+)>\n" + re.escape(EN_TURNS_TEXT) + r"\n</turns-\1>", sit["messages"][1]["content"]
+    )
     check_prompt = by_step["reviews"]["messages"][1]["content"]
     assert f"2. (moment: person 1 moment 2 (HEQ): a hard evening, version 1.) {EN_MESSAGES[1]}" in (
         check_prompt
     )
+
+
+def test_stage_asks_two_requests_per_user_the_moments_with_their_messages_then_the_check(tmp_path):
+    """Issue 52: a separate query request sent the user's profile again after another task,
+    which no prefix cache serves. Now one request writes each moment with its message, and
+    the judge (a request of its own, not the writer's own reply) reads those messages."""
+    rows = [english_user(), chinese_user()]
+    script = Script(*rows)
+    _, funnel, by_user, server = run_stage(tmp_path, script, rows)
+    assert server.count == 4
+    for user_id in ("u-en", "u-zh"):
+        assert script.requests_for(user_id) == ["situations", "reviews"]
+    bodies = {}
+    for request in server.chat_requests:
+        prompt = request.body["messages"][1]["content"]
+        step = next(
+            s for s in ("situations", "reviews") if s in schema_for_request(request.body)["properties"]
+        )
+        bodies[step, script.user_of(prompt)] = request.body
+    for user_id, pool in (("u-en", EN_MESSAGES), ("u-zh", ZH_MESSAGES)):
+        written = by_user[user_id]["queries"]
+        assert [q["query"] for q in written] == pool[:3]  # the situations reply's messages
+        check = bodies["reviews", user_id]["messages"][1]["content"]
+        for number, query in enumerate(written, 1):
+            assert f"{number}. (moment: {query['situation']['text']}) {query['query']}" in check
+    assert funnel.generated == 6 and sum(funnel.accepted.values()) == 6
 
 
 def test_stage_judge_rejection_goes_to_rejected_with_the_reason(tmp_path):
@@ -1210,9 +1221,9 @@ def test_stage_resumes_after_interruption_without_the_cache(tmp_path):
 
     script = Script(*rows)
     report, funnel, by_user, server = run_stage(tmp_path, script, rows)
-    assert server.count == 3
+    assert server.count == 2
     assert script.requests_for("u-en") == []
-    assert sorted(script.requests_for("u-zh")) == ["messages", "reviews", "situations"]
+    assert script.requests_for("u-zh") == ["situations", "reviews"]
     assert report.outcome.done_before == 1 and report.outcome.done == 1
     assert [json.loads(line)["user_id"] for line in output.read_text().splitlines()] == ["u-en", "u-zh"]
     assert funnel.users_done == 2 and funnel.generated == 6
@@ -1226,7 +1237,7 @@ def test_stage_replays_from_the_cache_when_the_output_is_lost(tmp_path):
     report, funnel, again, server = run_stage(tmp_path, Script(*rows), rows)
     assert server.count == 0
     assert report.outcome.done == 2
-    assert report.totals["cache_hits"] == 6
+    assert report.totals["cache_hits"] == 4
 
     def without_times(row):
         return [{**q, "provenance": {**q["provenance"], "created_at": None}} for q in row["queries"]]
@@ -1239,7 +1250,7 @@ def test_stage_changed_options_recompute(tmp_path):
     rows = [english_user()]
     run_stage(tmp_path, Script(*rows), rows)
     _, funnel, by_user, server = run_stage(tmp_path, Script(*rows), rows, QueryOptions(categories=("SS",)))
-    assert server.count == 3
+    assert server.count == 2
     assert [q["category"] for q in by_user["u-en"]["queries"]] == ["SS"]
     assert funnel.accepted == Counter(SS=1)
 
@@ -1309,7 +1320,7 @@ def test_cli_gen_queries(tmp_path):
             "--base-url", server.base_url, "--model", "fake", "--work-dir", tmp_path / "work",
         )  # fmt: skip
         assert result.exit_code == 0, result.output
-        assert server.count == 6
+        assert server.count == 4
     assert "gen-queries funnel" in result.stderr
     assert table_cell(result.stderr, "ineligible personas skipped") == "1"
     assert table_cell(result.stderr, "eligible users in") == "2"

@@ -92,7 +92,7 @@ def test_run_starts_gen_queries_before_the_last_persona_and_writes_what_the_stag
     steps_of = {name: set(result.reports[name].steps) for name in ("infer-persona", "gen-queries")}
     assert steps_of == {
         "infer-persona": {"persona"},
-        "gen-queries": {"situations", "query", "check"},
+        "gen-queries": {"situations", "check"},
     }
     manifest = json.loads((processed / "manifest.json").read_text())
     assert {"infer-persona", "gen-queries"} <= set(manifest)

@@ -4,7 +4,7 @@ Runs `filter` on ../shared/alpsbench, then infer-persona and gen-queries on the 
 100 kept users against the fake OpenAI server, whose scripted replies are shaped like a
 capable model's (sizes included) and pass the gates about 90% of the time. Tokens are
 counted as characters / 4 over every prompt and reply of every step (persona with its Big Five,
-situations, queries, checks), so the figure does not depend on an endpoint's tokenizer.
+situations with their messages, checks), so the figure does not depend on an endpoint's tokenizer.
 Target: <= 5,000 tokens per accepted query, Big Five included.
 
     .venv/bin/python bench/build/cost_bench.py [--users 100]
@@ -101,6 +101,30 @@ def memories_reply(schema: dict, prompt: str, rng: random.Random) -> dict:
     }
 
 
+BLOCK = re.compile(r"<(\w+)-[0-9a-f]{16}>\n(.*?)\n</\1-[0-9a-f]{16}>", re.DOTALL)
+
+
+def user_message(asked: str, category: str, number: int) -> str:
+    """The message of a user's moment `number`, in the language the request names: SENTENCES
+    for it, else a new sentence of the user's own words. Drawn from the user's profile and
+    messages and the moment's number, not from the request: the same message whichever
+    request writes it (a checkout's situations reply, or an older one's query step)."""
+    # The language as the task names it, outside the data blocks (a memory may say "in English.").
+    visible = BLOCK.sub("", asked)
+    language = next((c for c, n in LANGUAGE_NAMES.items() if f"in {n}." in visible), "en")
+    user = sorted({(name, text) for name, text in BLOCK.findall(asked) if name in ("profile", "turns")})
+    rng = random.Random(json.dumps([user, number], ensure_ascii=False))
+    if language not in SENTENCES:
+        # The user's own messages, once each (not the profile's lines: those are in English).
+        lines = [line for name, text in user if name == "turns" for line in text.splitlines()]
+        said = " ".join(dict.fromkeys(re.findall(r"^- (.{20,})$", "\n".join(lines), re.MULTILINE)))
+        own = [word for word in said.split() if re.fullmatch(r"[^\W\d_]+[.,!?]?", word)]  # words, no formulas
+        if own:  # in their language: a new sentence from their words
+            return " ".join(rng.sample(own, min(len(own), 16))) + "?"
+        language = "en"
+    return SENTENCES[language][category].format(topic=f"#{rng.randint(0, 999)}")
+
+
 def responder(rng: random.Random):
     def answer(body: dict, number: int):
         schema = body["response_format"]["json_schema"]["schema"]
@@ -137,37 +161,32 @@ def responder(rng: random.Random):
                 "traits": traits,
                 "big_five": levels if deep else None,
             }
-        if "situations" in properties:
+        if "situations" in properties:  # each moment with the user's message
             ids = _enum(schema, "SituationReply", "memory_ids", asked)
             categories = schema["$defs"]["SituationReply"]["properties"]["category"]["enum"]
+            moments = [
+                {
+                    "category": category,
+                    "topic": f"{category.lower()} topic",
+                    "text": f"{category} moment: after another tense evening the user replays a "
+                    "conversation with someone close and wonders how to handle the next one.",
+                    "memory_ids": rng.sample(ids, 1),
+                }
+                for category in categories
+            ]
+            if "message" not in schema["$defs"]["SituationReply"]["properties"]:
+                return {"situations": moments}  # a checkout with a query step of its own
+            for n, moment in enumerate(moments, 1):
+                moment["message"] = user_message(asked, moment["category"], n)
+            return {"situations": moments}
+        if "messages" in properties:  # the query step of a checkout before issue 52
+            moments = re.findall(r"^\d+\. \[(\w+)\]", prompt, re.MULTILINE)
             return {
-                "situations": [
-                    {
-                        "category": category,
-                        "topic": f"{category.lower()} topic",
-                        "text": f"{category} moment: after another tense evening the user replays a "
-                        "conversation with someone close and wonders how to handle the next one.",
-                        "memory_ids": rng.sample(ids, 1),
-                    }
-                    for category in categories
+                "messages": [
+                    {"situation": n, "text": user_message(asked, category, n)}
+                    for n, category in enumerate(moments, 1)
                 ]
             }
-        if "messages" in properties:  # the language is named anywhere in `asked`
-            language = next((c for c, n in LANGUAGE_NAMES.items() if f"in {n}." in asked), "en")
-            moments = re.findall(r"^\d+\. \[(\w+)\]", prompt, re.MULTILINE)
-            # The user's own messages, wherever the prompt puts them: a model writing in a
-            # language SENTENCES lacks writes a new message from their words.
-            own = " ".join(re.findall(r"^- (.{20,})$", asked, re.MULTILINE)).split()
-            messages = []
-            for n, category in enumerate(moments, 1):
-                if language in SENTENCES:
-                    text = SENTENCES[language][category].format(topic=f"#{rng.randint(0, 999)}")
-                elif own:  # in their language: a new sentence from their words
-                    text = " ".join(rng.sample(own, min(len(own), 16))) + "?"
-                else:
-                    text = SENTENCES["en"][category].format(topic=f"#{rng.randint(0, 999)}")
-                messages.append({"situation": n, "text": text})
-            return {"messages": messages}
         if "reviews" in properties:
             texts = re.findall(r"^\d+\. \(moment: (\w+) moment.*?\) (.*)$", prompt, re.MULTILINE)
             return {

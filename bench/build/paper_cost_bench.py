@@ -9,8 +9,8 @@ json_schema, bills the schema as the prompt's prefix and caches from 1,024 token
 prompt as the cache sees it, schema included), and priced with the cached share at the
 cached price.
 
-- personaemp: filter, infer-persona and gen-queries (persona with the Big Five, situations, query,
-  check), as `personaemp run` does them; accepted = the queries gen-queries keeps.
+- personaemp: filter, infer-persona and gen-queries (persona with the Big Five, situations with
+  their messages, check), as `personaemp run` does them; accepted = the queries gen-queries keeps.
 - paper: `prepare_dataset/query.py` of ZhengWwwq/PersonalizedEmpathy (persona,
   situations, one query per situation, one inspection per query, final_filter), run
   unchanged from a temporary folder on the same users; accepted = final_filter's count.

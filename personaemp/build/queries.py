@@ -1,11 +1,14 @@
-"""`personaemp gen-queries`: situations, one query per situation, then consistency checks.
+"""`personaemp gen-queries`: situations, each with the user's message, then consistency checks.
 
-Three LLM steps per eligible user, each batched over the user's situations so the
-profile and memories are sent once per step, not once per query:
-  situations -> moments before a request, each with a category (ES/HEQ/SS) and memory ids
-  queries    -> one message per situation, in the user's language and voice
+Two LLM requests per eligible user, each over all of the user's situations so the
+profile and memories are sent once per request, not once per query:
+  situations -> moments before a request, each with a category (ES/HEQ/SS), memory ids
+                and the message the user sends then, in their language and voice (one
+                request: a second one would send the profile again after another task,
+                which no prefix cache serves)
   checks     -> an LLM judge per message (EQ needed, consistent, fits the persona,
-                category, language), then deterministic checks (personaemp/checks.py)
+                category, language), then deterministic checks (personaemp/checks.py);
+                a request of its own, so the judge is not the writer's own reply
 Only queries that pass every check are kept; the others are kept apart with reasons.
 """
 
@@ -18,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from personaemp import checks
 from personaemp.aio import sync_twin
@@ -26,11 +29,9 @@ from personaemp.errors import InputError
 from personaemp.instruments.query_check import (
     CHECK,
     CHECKS,
-    SITUATION_LINE,
     SituationReply,
     build_check_messages,
     judge_checks,
-    numbered,
     reviews_schema,
 )
 from personaemp.io import ErrorPolicy, StageRows, atomic_output, iter_jsonl, read_stage_rows
@@ -57,21 +58,12 @@ class SituationsReply(BaseModel):
     situations: list[SituationReply]
 
 
-class MessageReply(BaseModel):
-    situation: int = Field(description="the moment's number")
-    text: str
+# version 2: each moment carries the user's message (the query step is gone)
+SITUATIONS = Step("situations", SituationsReply, prompt="situations", version=2)
+STEPS = (SITUATIONS, CHECK)
 
 
-class QueriesReply(BaseModel):
-    messages: list[MessageReply]
-
-
-SITUATIONS = Step("situations", SituationsReply, prompt="situations")
-QUERY = Step("query", QueriesReply, prompt="query")
-STEPS = (SITUATIONS, QUERY, CHECK)
-
-
-# --- step 1: situations ----------------------------------------------------------------------
+# --- request 1: situations and their messages ------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -93,8 +85,10 @@ class QueryOptions:
 
 def build_situation_messages(persona: Persona, options: QueryOptions, prompt: Prompt) -> list[dict]:
     return prompt.render(
+        language=LANGUAGE_NAMES.get(persona.language or "", persona.language or "the user's language"),
         profile=persona.profile,
         memories=render_memories(persona.memories),
+        turns=render_turns(persona),
         per_category=str(options.per_category),
         categories=", ".join(options.categories),
         category_definitions=category_definitions(options.categories),
@@ -128,7 +122,9 @@ def situations_schema(
 def parse_situations(
     persona: Persona, reply: SituationsReply, options: QueryOptions
 ) -> tuple[list[SituationReply], Counter]:
-    """Situations with valid ids, in allowed categories, at most per_category each."""
+    """Situations with valid ids, in allowed categories, at most per_category each, their
+    messages stripped; a kept one whose message is blank is counted (no_query_written)
+    and stays in the list, so each kept moment keeps its number (the query id's)."""
     known = {m.memory_id for m in persona.memories}
     kept, dropped, per = [], Counter(), Counter()
     for situation in reply.situations:
@@ -141,39 +137,11 @@ def parse_situations(
             dropped["over_per_category"] += 1
         else:
             per[situation.category] += 1
-            kept.append(situation.model_copy(update={"memory_ids": ids}))
+            message = situation.message.strip()
+            if not message:
+                dropped["no_query_written"] += 1
+            kept.append(situation.model_copy(update={"memory_ids": ids, "message": message}))
     return kept, dropped
-
-
-# --- step 2: queries -------------------------------------------------------------------------
-
-
-def build_query_messages(
-    persona: Persona, situations: Sequence[SituationReply], prompt: Prompt
-) -> list[dict]:
-    return prompt.render(
-        language=LANGUAGE_NAMES.get(persona.language or "", persona.language or "the user's language"),
-        profile=persona.profile,
-        turns=render_turns(persona),
-        situations=numbered([SITUATION_LINE.format(category=s.category, text=s.text) for s in situations]),
-    )
-
-
-def queries_schema(count: int) -> dict[str, Any]:
-    schema = edit_schema(QUERY.schema, ("properties", "messages"), minItems=count, maxItems=count)
-    return edit_schema(schema, ("$defs", "MessageReply", "properties", "situation"), minimum=1, maximum=count)
-
-
-def parse_queries(reply: QueriesReply, count: int) -> dict[int, str]:
-    """situation number (1-based) -> message; the first message per number wins."""
-    written: dict[int, str] = {}
-    for message in reply.messages:
-        if 1 <= message.situation <= count and message.text.strip():
-            written.setdefault(message.situation, message.text.strip())
-    return written
-
-
-# --- step 3: checks --------------------------------------------------------------------------
 
 
 # --- the stage -------------------------------------------------------------------------------
@@ -294,22 +262,11 @@ async def queries_for(engine, persona: Persona, options: QueryOptions, prompts, 
     )
     situations, dropped = reply.parsed
     dropped["kept"] = len(situations)
-    if not situations:
-        return [], [], dropped
-    reply = await engine.call(
-        QUERY,
-        build_query_messages(persona, situations, prompts["query"]),
-        schema=queries_schema(len(situations)),
-        parse=lambda value: parse_queries(value, len(situations)),
-    )
-    written = reply.parsed
-    numbers = sorted(written)
-    if len(numbers) < len(situations):
-        dropped["no_query_written"] += len(situations) - len(numbers)
+    numbers = [n for n, situation in enumerate(situations, 1) if situation.message]
     if not numbers:
         return [], [], dropped
     chosen = [situations[n - 1] for n in numbers]
-    texts = [written[n] for n in numbers]
+    texts = [situation.message for situation in chosen]
     reply = await engine.call(
         CHECK,
         build_check_messages(persona, chosen, texts, prompts["check"]),

@@ -32,17 +32,22 @@ CHECKS = (
     "not_copied", "no_scaffolding", "no_internal_ids",
 )  # fmt: skip
 
-# How the query step lists the moments (build/queries.py) and the judge the messages: a
+# How the judge lists the messages, and a moment's category as a tag ("[HEQ]", as moments were
+# once listed to the writer, and as a model writing moments by category may still put it): a
 # query that repeats these frames is made of our prompt (no_scaffolding).
-SITUATION_LINE = "[{category}] {text}"
+CATEGORY_TAG = "[{category}]"
 MESSAGE_LINE = "(moment: {moment}) {query}"
 
 
+# One moment of the situations step (build/queries.py) and the message the user sends at it;
+# the judge reads the moment's category and memory ids. (A comment, not a docstring: pydantic
+# would send a docstring in the schema, billed in every request.)
 class SituationReply(BaseModel):
     category: Category
     topic: str
     text: str
     memory_ids: list[str] = Field(min_length=1)
+    message: str
 
 
 class ReviewReply(BaseModel):
@@ -175,7 +180,7 @@ _SCAFFOLDING: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # prompts
 
 def _scaffolding(root) -> tuple[tuple[str, ...], tuple[str, ...]]:
     frames = [render_memories([Memory(memory_id=_GAP, label=_GAP, value=_GAP, evidence_text=_GAP)])]
-    frames += [SITUATION_LINE.format(category=c, text=_GAP) for c in CATEGORIES]
+    frames += [CATEGORY_TAG.format(category=c) for c in CATEGORIES]
     frames.append(MESSAGE_LINE.format(moment=_GAP, query=_GAP))
     pieces = [piece.strip().strip("\"'").strip() for frame in frames for piece in frame.split(_GAP)]
     markers = [piece for piece in pieces if re.search(r"[A-Za-z]{2}", piece)]

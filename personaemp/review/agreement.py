@@ -603,6 +603,7 @@ async def judge_again(engine, row: dict, prompt) -> dict:
             topic=(query.get("situation") or {}).get("topic", ""),
             text=(query.get("situation") or {}).get("text", ""),
             memory_ids=(query.get("situation") or {}).get("memory_ids") or query.get("memory_ids") or [],
+            message=query["query"],
         )
         for query in generated
     ]
