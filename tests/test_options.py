@@ -731,7 +731,7 @@ def test_step_flag_and_toml_steps_reach_the_settings(calls, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--step", "chek.temperature=0"], "--step chek must be 'persona', 'situations', 'query',"),
+        (["--step", "chek.temperature=0"], "--step chek must be 'persona', 'situations', 'check',"),
         (["--step", "check.temprature=0"], "--step check.temprature is not a known key"),
         (["--step", "check.temperature=hot"], "--step check.temperature must be a number, not 'hot'"),
         (["--step", "check.max_tokens=0"], "--step check.max_tokens must be at least 1"),

@@ -91,12 +91,15 @@ def test_a_node_lost_mid_gen_queries_has_its_units_redone_and_each_written_once(
         killer.join()
     ray.shutdown()
     nodes[0] = made.add_node(num_cpus=1)  # for the next test (here: Ray starts nodes from the main thread)
-    assert killed and killed[0] < 15  # the node died mid-stage
-    assert report.outcome.done == 15 and report.outcome.failed == 0
+    personas = [json.loads(line) for line in (sample_build / "personas.jsonl").read_text().splitlines()]
+    eligible = sum(bool(p["eligible"] and p["traits"]) for p in personas)
+    assert eligible >= 10
+    assert killed and killed[0] < eligible  # the node died mid-stage
+    assert report.outcome.done == eligible and report.outcome.failed == 0
     users = [json.loads(line)["user_id"] for line in output.read_text().splitlines()]
-    assert len(users) == len(set(users)) == 15
+    assert len(users) == len(set(users)) == eligible
     assert queries_of(output) == queries_of(sample_build / "queries.jsonl")
-    print(f"node killed after {killed[0]} of 15 users; requests {fake.count} (45 without a loss)")
+    print(f"node killed after {killed[0]} of {eligible} users; requests {fake.count}")
 
 
 def test_the_driver_killed_then_run_again_sends_only_the_unfinished_units_requests(
@@ -121,11 +124,12 @@ def test_the_driver_killed_then_run_again_sends_only_the_unfinished_units_reques
         again = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
         assert again.returncode == 0, again.stderr
         second = fake.chat_requests[first:]
+    personas = [json.loads(line) for line in (sample_build / "personas.jsonl").read_text().splitlines()]
+    eligible = sum(bool(p["eligible"] and p["traits"]) for p in personas)
     rows = [json.loads(line) for line in output.read_text().splitlines()]
-    assert len(rows) == len({row["user_id"] for row in rows}) == 15
+    assert len(rows) == len({row["user_id"] for row in rows}) == eligible >= 10
     assert queries_of(output) == queries_of(sample_build / "queries.jsonl")
     # No request of the re-run is about a user the killed run had written (named by a memory).
-    personas = [json.loads(line) for line in (sample_build / "personas.jsonl").read_text().splitlines()]
     marks = {
         row["user_id"]: json.dumps(row["memories"][0]["value"], ensure_ascii=False)[1:-1] for row in personas
     }
@@ -136,5 +140,10 @@ def test_the_driver_killed_then_run_again_sends_only_the_unfinished_units_reques
         text = json.dumps(request.body["messages"], ensure_ascii=False)
         assert not {uid for uid in done if marks[uid] in text}
     # At most the requests in flight at the kill (2) are sent twice: the cache answers the rest.
-    assert first + len(second) <= 45 + 2
-    print(f"killed after {len(done)} of 15 users and {first} requests; the re-run sent {len(second)} of 45")
+    # Two requests a user (situations with their messages, then the check), and no re-ask here.
+    whole = 2 * eligible
+    assert first + len(second) <= whole + 2
+    print(
+        f"killed after {len(done)} of {eligible} users and {first} requests; "
+        f"the re-run sent {len(second)} of {whole}"
+    )
