@@ -107,10 +107,12 @@ def test_a_stopped_chain_keeps_what_both_stages_finished(tmp_path):
             llm=LLMOptions(base_url=[server.base_url], model="fake", concurrency=1, max_retries=0),
             split=SplitOptions(ood=False),
         )
-        budget = 30  # requests answered before every later one fails
+        STAGES["filter"].run(options, QUIET)
+        # Requests answered before every later one fails: every persona (one request each) and
+        # three users' queries (two each); the 8 or more users left then fail in a row.
+        budget = len(read_jsonl(processed / "filtered.jsonl")) + 3 * 2
         healthy = server.responder
         server.responder = lambda body, n: healthy(body, n) if n <= budget else server_error(500)
-        STAGES["filter"].run(options, QUIET)
         with pytest.raises(Exception, match="failed 8 requests in a row"):
             persona_and_queries(options, QUIET)
         finished = len(read_jsonl(processed / "personas.jsonl")), len(read_jsonl(processed / "queries.jsonl"))
