@@ -152,14 +152,26 @@ def responder(rng: random.Random):
                     "evidence": rng.sample(ids, 1),
                     "rationale": "Their reactions in the cited memory point this way.",
                 }
-                for trait in schema["$defs"]["BigFiveReply"]["properties"]
+                for trait in schema["$defs"].get("BigFiveReply", {}).get("properties", {})
                 if deep
             }
-            return {
+            answer = {
                 "depth": {"has_depth": deep, "reason": reason},
                 "topics": ["family", "work stress", "self-doubt"],
                 "traits": traits,
-                "big_five": levels if deep else None,
+            }
+            if "BigFiveReply" not in schema["$defs"]:
+                return answer  # a checkout before issue 52 asks the levels in a request of its own
+            return {**answer, "big_five": levels if deep else None}
+        if "openness" in properties:  # that request
+            ids = _enum(schema, "LevelReply", "evidence", asked)
+            return {
+                trait: {
+                    "level": rng.choice(["low", "medium", "high"]),
+                    "evidence": rng.sample(ids, 1),
+                    "rationale": "Their reactions in the cited memory point this way.",
+                }
+                for trait in properties
             }
         if "situations" in properties:  # each moment with the user's message
             ids = _enum(schema, "SituationReply", "memory_ids", asked)
