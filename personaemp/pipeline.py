@@ -290,17 +290,17 @@ def _split_stats_push(options: RunOptions, console: Console, result: PipelineRes
     return result
 
 
-def _share_range(rows: list, coming: int, projected: dict) -> str:
-    """How far the eligible share seen so far may be from the share of the users to come
-    (Wilson 95%), and what that range makes of the projected users and prompt tokens: a look
-    at 20 users that were all eligible does not say that all the others are."""
-    from personaemp.review.agreement import wilson
+def _share_range(eligible: int, seen: int, coming: int, projected: dict) -> str:
+    """How far the eligible share seen so far (`eligible` of `seen` personas) may be from the
+    share of the users to come (Wilson 95%), and what that range makes of the projected users
+    and prompt tokens: a look at 20 users that were all eligible does not say that all the
+    others are."""
+    from personaemp.instruments.judges import wilson
 
-    share = sum(row.eligible for row in rows) / len(rows)
-    low, high = wilson(sum(row.eligible for row in rows), len(rows))
-    tokens = projected["prompt_tokens"] / share if share else 0
+    low, high = wilson(eligible, seen)
+    tokens = projected["prompt_tokens"] * seen / eligible if eligible else 0  # at a share of 100%
     return (
-        f"; from {len(rows)} personas the share is 95% likely {low:.0%}-{high:.0%}: "
+        f"; from {seen} personas the share is 95% likely {low:.0%}-{high:.0%}: "
         f"{round(coming * low)}-{round(coming * high)} users, "
         f"{round(tokens * low):,}-{round(tokens * high):,} prompt tokens"
     )
@@ -334,7 +334,8 @@ def estimate_pipeline(options: RunOptions, console: Console, env: Mapping[str, s
         rule(console, "gen-queries --estimate (personas written)")
         result.add("gen-queries", STAGES["gen-queries"].run(options, console, env=env))
         rows = [Persona.model_validate_json(line) for line in written.read_text().splitlines()]
-    share = sum(row.eligible for row in rows) / len(rows) if rows else 1.0
+    eligible = sum(row.eligible for row in rows)
+    share = eligible / len(rows) if rows else 1.0
     # Personas still to write: those needing requests, and those the cache alone would write.
     coming = persona.estimate["units_pending"] + persona.outcome.done
     units = round(coming * share)
@@ -350,7 +351,7 @@ def estimate_pipeline(options: RunOptions, console: Console, env: Mapping[str, s
     basis = "of the personas written" if rows else "assumed"
     console.print(
         f"({units} of the {coming} users still without a persona, at the eligible share {share:.0%} {basis}"
-        + (_share_range(rows, coming, projected) if rows else "")
+        + (_share_range(eligible, len(rows), coming, projected) if rows else "")
         + ")"
     )
     parts = [r.estimate for r in result.reports.values()] + [projected]

@@ -213,7 +213,7 @@ def parse_persona(
         )
     if reply.big_five is None:
         raise RejectedReply("no_big_five", "big_five is null for a user who is kept: give the five levels")
-    big_five, dropped, level_failed = _levels(user, reply.big_five)
+    big_five, dropped, level_failed = _levels(reply.big_five, known, ids)
     grounding.citations_dropped += dropped
     failed = [
         (name, f"the statement of trait {number} ({trait.aspect})", reason)
@@ -224,11 +224,11 @@ def parse_persona(
     return PersonaParse(True, reason, reply.topics, traits, grounding, big_five)
 
 
-def _levels(user: User, reply: BigFiveReply) -> tuple[BigFive, int, list[tuple[str, str, str]]]:
-    """Levels with only valid citations, each checked; returns the record, the citations
-    dropped and the checks that failed as (check, where, why)."""
-    known = {m.memory_id for m in user.memories}
-    ids = checks.user_ids(user)
+def _levels(
+    reply: BigFiveReply, known: set[str], ids: list[str]
+) -> tuple[BigFive, int, list[tuple[str, str, str]]]:
+    """Levels citing only `known` memory ids, each checked (`ids`: the user's, checks.user_ids);
+    returns the record, the citations dropped and the checks that failed as (check, where, why)."""
     levels, dropped, failed = {}, 0, []
     for trait in BIG_FIVE:
         proposed: LevelReply = getattr(reply, trait)

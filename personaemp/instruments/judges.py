@@ -5,6 +5,7 @@ correlations). `personaemp evaluate` and the training reward use the same ones."
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Sequence
 from typing import Annotated
@@ -212,6 +213,19 @@ def ranks(values: Sequence[float]) -> list[float]:
             found[order[k]] = (start + end) / 2 + 1
         start = end + 1
     return found
+
+
+Z = 1.959964  # the 97.5% normal quantile
+
+
+def wilson(hits: int, n: int) -> list[float] | None:
+    """The Wilson score 95% interval of a proportion."""
+    if not n:
+        return None
+    p = hits / n
+    centre = (p + Z * Z / (2 * n)) / (1 + Z * Z / n)
+    half = Z * math.sqrt(p * (1 - p) / n + Z * Z / (4 * n * n)) / (1 + Z * Z / n)
+    return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:

@@ -21,7 +21,6 @@ so a query labelled by two reviewers counts once per resample, with both its pai
 from __future__ import annotations
 
 import itertools
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 
 from personaemp.errors import InputError
 from personaemp.instruments.judges import spearman as judges_spearman
+from personaemp.instruments.judges import wilson
 from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
 from personaemp.records import DIMENSIONS
 from personaemp.review.dialogues import LABELS_FILE, dialogue_event, read_dialogue_items
@@ -44,7 +44,6 @@ from personaemp.review.page import (
 from personaemp.summaries import NOT_SCORED, interval_text, judges_text, not_scored_text
 
 REPORT_FILE, PLOT_FILE = "agreement.json", "agreement.png"
-Z = 1.959964  # the 97.5% normal quantile
 
 
 # --- the statistics ----------------------------------------------------------------------------
@@ -67,16 +66,6 @@ def kappa_of(cells: Sequence[float]) -> float | None:
     observed = (a + d) / n
     chance = ((a + b) * (a + c) + (c + d) * (b + d)) / (n * n)
     return None if chance >= 1 else (observed - chance) / (1 - chance)
-
-
-def wilson(hits: int, n: int) -> list[float] | None:
-    """The Wilson score 95% interval of a proportion."""
-    if not n:
-        return None
-    p = hits / n
-    centre = (p + Z * Z / (2 * n)) / (1 + Z * Z / n)
-    half = Z * math.sqrt(p * (1 - p) / n + Z * Z / (4 * n * n)) / (1 + Z * Z / n)
-    return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
 
 
 def rogan_gladen(apparent: float, sensitivity: float, specificity: float) -> float | None:
