@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import inspect
 import signal
 import threading
 from collections.abc import Callable, Coroutine
@@ -51,6 +52,7 @@ def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
         except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
             state["error"] = error
         finally:
+            _close_if_unstarted(coroutine)
             started.set()  # also when it failed before starting
             finished.set()
 
@@ -73,6 +75,13 @@ def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
     if "error" in state:
         raise state["error"]
     return state["value"]
+
+
+def _close_if_unstarted(work: Coroutine[Any, Any, Any]) -> None:
+    """Close `work` if Ctrl-C came before its first step: else Python prints "coroutine ... was
+    never awaited" after the run's last line ("Interrupted — run it again to resume")."""
+    if inspect.getcoroutinestate(work) == inspect.CORO_CREATED:
+        work.close()
 
 
 def _wait(event: threading.Event) -> None:
@@ -115,14 +124,17 @@ def run_interruptibly(work: Coroutine[Any, Any, T]) -> T:
             runner.get_loop().call_soon_threadsafe(lambda: None)  # wake the loop's select()
 
         previous = signal.signal(signal.SIGINT, on_sigint)
+        wrapped = main()
         try:
-            result = runner.run(main())
+            result = runner.run(wrapped)
         except BaseException:
             if interrupted:
                 raise KeyboardInterrupt from None
             raise
         finally:
             signal.signal(signal.SIGINT, previous)
+            _close_if_unstarted(wrapped)
+            _close_if_unstarted(work)
         if interrupted:
             raise KeyboardInterrupt
         return result

@@ -10,6 +10,7 @@ temporary file left. (How fast it exits is measured by bench/build/interrupt_ben
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import subprocess
@@ -377,3 +378,26 @@ def test_ctrl_c_as_the_program_ends_is_not_lost(tmp_path):
     )
     assert (done.returncode, done.stderr) == (130, INTERRUPTED + "\n")
     assert done.stdout.strip()  # the version: the command itself ran
+
+
+def test_ctrl_c_before_the_work_starts_leaves_no_never_awaited_warning(monkeypatch):
+    """BUG (a fresh clone's make test, test_ctrl_c_while_the_filter_child_starts): Ctrl-C
+    before the loop ran the work's first step raised KeyboardInterrupt, and the work, never
+    started, was collected later with "RuntimeWarning: coroutine 'arun_llm_chain' was never
+    awaited" printed after the run's last line."""
+    original = asyncio.Runner.run
+
+    def interrupted_first(self, coro, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # handled here: the work has no task yet
+        return original(self, coro, **kwargs)
+
+    async def work():
+        return "ran"
+
+    monkeypatch.setattr(asyncio.Runner, "run", interrupted_first)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(KeyboardInterrupt):
+            run_interruptibly(work())
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
