@@ -324,6 +324,22 @@ REWORDED = {
 }
 
 
+# The check's two sentences changed by issue 52: a reason only for a failed judgment (one for
+# every message was billed as output and read by nobody), and the note on the data blocks cut to
+# the line that names this request's key (what else it said is with the task, before the user's
+# data, where the provider's cache serves it).
+CHECK_NOW = {
+    "Give each judgment a short reason.": (
+        "When a judgment is false, say in reason which one and why, in one sentence; when all "
+        "three are true, reason is null."
+    ),
+    "The profile, the memories and the messages are given as data blocks, each opening with "
+    "<NAME-KEY> and closing with </NAME-KEY>.": (
+        "The data blocks of this request open with <NAME-KEY> and close with </NAME-KEY>."
+    ),
+}
+
+
 def sentences(text: str) -> list[str]:
     """Sentences and list items, paragraph by paragraph."""
     found = []
@@ -370,7 +386,7 @@ def test_every_instruction_of_the_old_prompt_is_in_the_new_request(name, layout)
     new_messages = load_prompt(name).render(layout, **VALUES)
     new_text = " ".join(without_keys("\n".join(m["content"] for m in new_messages)).split())
     old_text = without_keys(old_messages[0]["content"])
-    reworded = REWORDED if layout == "shared" else {}
+    reworded = {**(REWORDED if layout == "shared" else {}), **CHECK_NOW}
     missing = [s for s in sentences(old_text) if reworded.get(s, s) not in new_text]
     assert not missing, missing
     for slot in re.findall(r"\$(\w+)", old.user.template):

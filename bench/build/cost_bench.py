@@ -50,6 +50,39 @@ SENTENCES = {
     },
 }
 ASPECTS = ["emotional_traits", "stress_response", "social_context", "values_motivations"]
+# What a trait is about: a real model writes each user's profile in its own words, so a later
+# request that carries the profile shares no prefix with another user's (one fixed sentence for
+# every user let the provider's cache serve the profile across users: cost counted too low).
+SUBJECTS = (
+    "money", "the new job", "their mother's health", "exams", "a move abroad", "an old friend",
+    "the team lead", "their partner", "a long-distance relationship", "their son's school",
+    "a side project", "the wedding plans", "a lawsuit", "their weight", "the visa", "a breakup",
+    "their father", "the flatmates", "a promotion", "public speaking", "the thesis", "a loan",
+    "the in-laws", "their sister", "a diagnosis", "night shifts", "the startup", "the neighbours",
+    "a custody case", "their grades", "the band", "a debt", "their boss", "the exchange year",
+    "the twins", "an audition", "their stammer", "a pet's illness", "the church group", "a fine",
+)  # fmt: skip
+WAYS = (
+    "at work", "at home", "online", "with family", "with friends", "late at night",
+    "before deadlines", "in groups", "when alone", "after conflicts", "on weekends",
+    "in class", "with strangers", "at meetings", "over the phone", "in public",
+    "on holidays", "in the mornings", "after bad news", "when tired", "with their partner",
+    "with colleagues", "in new places", "under criticism", "when praised",
+)  # fmt: skip
+
+
+def trait_statements(request_text: str, count: int) -> list[str]:
+    """`count` trait sentences of one user's profile, worded for that user: drawn from the
+    request's data blocks (its text when it has none), apart from the run's other draws, so a
+    user gets the same profile whichever provider's format the request has."""
+    about = sorted(BLOCK.findall(request_text)) or request_text
+    rng = random.Random(hashlib.sha256(json.dumps(about, ensure_ascii=False).encode()).hexdigest())
+    picked = rng.sample([(s, w) for s in SUBJECTS for w in WAYS], count)
+    return [
+        f"About {subject} {way}, tends to worry how others see their choices and looks for "
+        "reassurance before acting."
+        for subject, way in picked
+    ]
 
 
 def _enum(schema: dict, definition: str, field: str, prompt: str) -> list[str]:
@@ -139,11 +172,10 @@ def responder(rng: random.Random):
             traits = [
                 {
                     "aspect": ASPECTS[i % len(ASPECTS)],
-                    "statement": "Tends to worry about how others see their choices and looks for "
-                    "reassurance before acting on them.",
+                    "statement": statement,
                     "evidence": rng.sample(ids, min(2, len(ids))),
                 }
-                for i in range(3 if deep else 0)
+                for i, statement in enumerate(trait_statements(asked, 3) if deep else [])
             ]
             reason = "The memories show recurring personal concerns and reactions to them."
             levels = {  # the Big Five, for deep users only (the prompt allows null otherwise)
@@ -201,20 +233,22 @@ def responder(rng: random.Random):
             }
         if "reviews" in properties:
             texts = re.findall(r"^\d+\. \(moment: (\w+) moment.*?\) (.*)$", prompt, re.MULTILINE)
-            return {
-                "reviews": [
-                    {
-                        "message": n,
-                        "emotional_support": rng.random() < 0.95,
-                        "logical_consistency": rng.random() < 0.97,
-                        "role_awareness": True,
-                        "category": category,
-                        "language": detect_language(text) or "en",
-                        "reason": "Fits the moment and the user.",
-                    }
-                    for n, (category, text) in enumerate(texts, 1)
-                ]
-            }
+            reviews = []
+            for n, (category, text) in enumerate(texts, 1):
+                support, consistent = rng.random() < 0.95, rng.random() < 0.97
+                review = {
+                    "message": n, "emotional_support": support, "logical_consistency": consistent,
+                    "role_awareness": True, "category": category,
+                    "language": detect_language(text) or "en",
+                    "reason": "Fits the moment and the user.",
+                }  # fmt: skip
+                nullable = "null" in json.dumps(schema["$defs"]["ReviewReply"]["properties"]["reason"])
+                if nullable and support and consistent:  # as the schema asks since issue 52
+                    review["reason"] = None
+                elif nullable:
+                    review["reason"] = "It reads as a factual request, not one that needs empathy."
+                reviews.append(review)
+            return {"reviews": reviews}
         return {}
 
     return answer

@@ -54,7 +54,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(BENCH), str(ROOT / "bench" / "llm")]
 
-from cost_bench import SENTENCES  # noqa: E402
+from cost_bench import SENTENCES, trait_statements  # noqa: E402
 from cost_bench import responder as capable  # noqa: E402
 from fake_openai import FakeOpenAI, schema_from_messages  # noqa: E402
 from prefix_cache_bench import layout_free  # noqa: E402
@@ -183,14 +183,8 @@ def paper_responder(rng: random.Random):
         text = "\n".join(m.get("content") or "" for m in body["messages"])
         if '"is_deep_persona"' in text:
             deep = rng.random() < 0.9
-            profile = "\n".join(
-                ["# Human Unique Persona", "## Core EQ Traits"]
-                + [
-                    "- Tends to worry about how others see their choices and looks for reassurance "
-                    "before acting on them."
-                ]
-                * 3
-            )
+            traits = [f"- {statement}" for statement in trait_statements(text, 3)]
+            profile = "\n".join(["# Human Unique Persona", "## Core EQ Traits", *traits])
             return _fenced({
                 "is_deep_persona": deep,
                 "gate_reason": "The memories show recurring personal concerns and reactions to them.",
@@ -339,6 +333,7 @@ def run_ours(source: Path, work: Path, server, rule: str, look: int, window: int
         },
         "counted_after_estimate": dict(zip(FIGURES, sent, strict=True)),
         "steps": by_step(server),
+        "floor": floor(server, rule),
     }  # fmt: skip
 
 
@@ -365,6 +360,35 @@ def by_step(server) -> dict[str, Counter]:
             completion_tokens=usage["completion_tokens"],
         )  # fmt: skip
     return steps
+
+
+def floor(server, rule: str) -> dict:
+    """What no layout of these requests can be billed under, with the replies as they are:
+    every distinct data block (a user's memories, turns, profile, messages) read once at the
+    full price, each request's own instructions and schema (its text outside the data blocks)
+    at the cached price (OpenAI: cached only from 1,024 tokens, else at the full price, and
+    never under 1,024 tokens' worth once cached), and the completions as counted."""
+    blocks, static, cached = set(), 0.0, 0.0
+    for record in server.chat_requests:
+        if record.usage is None:
+            continue
+        fmt = record.body.get("response_format") or {}
+        schema = json.dumps(fmt["json_schema"]) if fmt.get("type") == "json_schema" else ""
+        text = "".join(m.get("content") or "" for m in record.body["messages"])
+        found = BLOCK.findall(text)
+        blocks.update(found)
+        own = (len(schema) + len(BLOCK.sub("", text))) / 4
+        if rule == "openai" and own < 1024:
+            static += min(own, 1024 / 2)  # full price, or 1,024 cached at half: whichever is less
+        elif rule == "openai":
+            cached += own
+        else:
+            cached += own
+    return {
+        "prompt_tokens": int(sum(len(content) for _, content in blocks) / 4 + static + cached),
+        "cached_tokens": int(cached),
+        "completion_tokens": server.completion_tokens,
+    }
 
 
 # --- the table ------------------------------------------------------------------------------------------
@@ -462,6 +486,15 @@ def main() -> None:
                 )
             print(
                 f"{'':18s} personaemp: {ours['generated']} generated, failed checks {ours['failed_checks']}"
+            )
+            least = dollars(ours["floor"], provider)
+            paper_each = dollars(found["paper"], provider) / found["paper"]["accepted"]
+            replies = ours["completion_tokens"] * provider["output"] / 1e6
+            print(
+                f"{'':18s} floor (each data block once at full price, instructions cached, these "
+                f"replies): ${least:.4f} = {least / ours['accepted'] * 1000:.3f} per 1,000 accepted = "
+                f"{least / ours['accepted'] / paper_each:.2f}× the paper's; the replies alone "
+                f"{replies / ours['accepted'] / paper_each:.2f}×"
             )
             guess, counted = ours["estimate"], ours["counted_after_estimate"]
             print(

@@ -57,7 +57,8 @@ class ReviewReply(BaseModel):
     role_awareness: bool
     category: Category
     language: str
-    reason: str = Field(description="one sentence; say which judgment failed and why")
+    # null when all three pass: a reason nobody reads is billed as output (issue 52)
+    reason: str | None = Field(description="which judgment failed and why; null when none did")
 
 
 class ReviewsReply(BaseModel):
@@ -112,7 +113,7 @@ def judge_checks(
         for name in JUDGED:
             results[name] = getattr(review, name)
             if not results[name]:
-                reasons[name] = review.reason
+                reasons[name] = review.reason or "the judge gave no reason"
         judged_category, judged_language = review.category, normalize_language(review.language)
     known = {m.memory_id for m in persona.memories}
     deterministic = {
