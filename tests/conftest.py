@@ -69,12 +69,8 @@ def pytest_configure(config):
 
 
 def _unit(item) -> str:
-    """The tests that move together: every test on the local Ray (one worker starts one Ray,
-    whose worker processes have imported Ray Data by the next test: the three Ray files took
-    103 s of CPU in one process, 124 s in three); those sharing the same module fixtures
-    (test_ray_cluster's cluster: built once, not on two workers at once); else each test alone."""
-    if _on_local_ray(item):
-        return "local_ray"
+    """The tests that move together: those sharing the same module fixtures (test_ray_cluster's
+    cluster: built once, not on two workers at once), else each test alone."""
     info = getattr(item, "_fixtureinfo", None)
     chains = info.name2fixturedefs.items() if info is not None else ()
     shared = sorted(name for name, chain in chains if chain and chain[-1].scope == "module")
