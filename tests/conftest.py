@@ -113,8 +113,8 @@ def pytest_collection_modifyitems(config, items):
     loads = [0.0] * workers
     for unit in heavy:
         roomy = [w for w in range(workers) if len(queues[w]) + len(unit) <= sizes[w]]
-        if not roomy:
-            break
+        if not roomy:  # more tests than a third holds (a small selection): they keep their order
+            continue
         worker = min(roomy, key=lambda w: loads[w])
         queues[worker].extend(unit)
         loads[worker] += sum(map(seconds, unit))

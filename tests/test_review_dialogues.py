@@ -13,6 +13,7 @@ import pytest
 from browser import Browser, find_chromium
 from conftest import read_jsonl
 from dialogue_fixture import FINAL, RATING, write_dialogues, write_labels
+from test_review import QUICK_STOP
 from typer.testing import CliRunner
 
 from personaemp.cli import app
@@ -155,7 +156,7 @@ needs_chromium = pytest.mark.skipif(
 def served(dialogues, tmp_path):
     session = open_dialogue_session(dialogues, tmp_path / "labels.jsonl", 6, 0)
     server = review_server(session)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs=QUICK_STOP, daemon=True)
     thread.start()
     yield session, f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
