@@ -38,6 +38,14 @@ def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
     run leaves it) and is raised again here."""
     if not loop_running():
         return run_interruptibly(coroutine)
+    try:
+        return _run_in_thread(coroutine)
+    finally:
+        _close_if_unstarted(coroutine)
+
+
+def _run_in_thread(coroutine: Coroutine[Any, Any, T]) -> T:
+    """run_sync's way inside a running loop: the coroutine on a loop of its own, in a thread."""
     started, finished = threading.Event(), threading.Event()
     state: dict[str, Any] = {}
 
@@ -52,7 +60,6 @@ def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
         except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
             state["error"] = error
         finally:
-            _close_if_unstarted(coroutine)
             started.set()  # also when it failed before starting
             finished.set()
 
@@ -99,6 +106,13 @@ def run_interruptibly(work: Coroutine[Any, Any, T]) -> T:
     another error on the way out returned or raised that instead, and Ctrl-C was lost or
     misreported. Here the first SIGINT cancels the work (its cleanup keeps finished rows),
     a second raises at once, and either way the caller sees KeyboardInterrupt."""
+    try:
+        return _run_interruptibly(work)
+    finally:
+        _close_if_unstarted(work)  # Ctrl-C before its first step
+
+
+def _run_interruptibly(work: Coroutine[Any, Any, T]) -> T:
     if (
         threading.current_thread() is not threading.main_thread()
         or signal.getsignal(signal.SIGINT) is not signal.default_int_handler  # SIGINT is someone else's
@@ -106,38 +120,45 @@ def run_interruptibly(work: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(work)
     interrupted = False
     task: asyncio.Task | None = None
+    loop: asyncio.AbstractEventLoop | None = None
 
     async def main() -> T:
         nonlocal task
         task = asyncio.current_task()
+        if interrupted:  # Ctrl-C came while the loop was being made: the work never starts
+            raise asyncio.CancelledError
         return await work
 
-    with asyncio.Runner() as runner:
-
-        def on_sigint(signum, frame) -> None:
-            nonlocal interrupted
-            if interrupted or task is None or task.done():
-                interrupted = True
-                raise KeyboardInterrupt
+    def on_sigint(signum, frame) -> None:
+        nonlocal interrupted
+        if interrupted or (task is not None and task.done()):
             interrupted = True
-            task.cancel()
-            runner.get_loop().call_soon_threadsafe(lambda: None)  # wake the loop's select()
+            raise KeyboardInterrupt  # a second Ctrl-C, or one after the work: at once
+        interrupted = True
+        if task is None:
+            # Not raised here: that would break off the loop's making half-way (its __del__
+            # then prints a traceback); main() sees the flag as it starts.
+            return
+        task.cancel()
+        if loop is not None:
+            loop.call_soon_threadsafe(lambda: None)  # wake the loop's select()
 
-        previous = signal.signal(signal.SIGINT, on_sigint)
-        wrapped = main()
-        try:
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    wrapped = main()
+    try:
+        with asyncio.Runner() as runner:
+            loop = runner.get_loop()
             result = runner.run(wrapped)
-        except BaseException:
-            if interrupted:
-                raise KeyboardInterrupt from None
-            raise
-        finally:
-            signal.signal(signal.SIGINT, previous)
-            _close_if_unstarted(wrapped)
-            _close_if_unstarted(work)
+    except BaseException:
         if interrupted:
-            raise KeyboardInterrupt
-        return result
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        _close_if_unstarted(wrapped)
+    if interrupted:
+        raise KeyboardInterrupt
+    return result
 
 
 def sync_twin(coroutine_function: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:

@@ -401,3 +401,30 @@ def test_ctrl_c_before_the_work_starts_leaves_no_never_awaited_warning(monkeypat
             run_interruptibly(work())
         gc.collect()
     assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
+
+
+def test_ctrl_c_while_the_event_loop_is_made_ends_quietly(monkeypatch):
+    """BUG (a fresh clone's make test, test_ctrl_c_while_the_filter_child_starts, again): Ctrl-C
+    while asyncio.Runner made its loop broke the loop off half-made; its __del__ printed
+    "Exception ignored ... no attribute '_ssock'" and the work's coroutine was reported never
+    awaited, both after the run's last line."""
+    original = asyncio.events.new_event_loop
+
+    def interrupted_while_made():
+        os.kill(os.getpid(), signal.SIGINT)
+        return original()
+
+    async def work():
+        return "ran"
+
+    unraisable = []
+    monkeypatch.setattr(asyncio.events, "new_event_loop", interrupted_while_made)
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(KeyboardInterrupt):
+            run_interruptibly(work())
+        gc.collect()
+    assert not unraisable, [str(u.exc_value) for u in unraisable]
+    assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
