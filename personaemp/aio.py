@@ -120,7 +120,6 @@ def _run_interruptibly(work: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(work)
     interrupted = False
     task: asyncio.Task | None = None
-    loop: asyncio.AbstractEventLoop | None = None
 
     async def main() -> T:
         nonlocal task
@@ -140,14 +139,12 @@ def _run_interruptibly(work: Coroutine[Any, Any, T]) -> T:
             # then prints a traceback); main() sees the flag as it starts.
             return
         task.cancel()
-        if loop is not None:
-            loop.call_soon_threadsafe(lambda: None)  # wake the loop's select()
+        task.get_loop().call_soon_threadsafe(lambda: None)  # wake the loop's select()
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     wrapped = main()
     try:
         with asyncio.Runner() as runner:
-            loop = runner.get_loop()
             result = runner.run(wrapped)
     except BaseException:
         if interrupted:

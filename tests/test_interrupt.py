@@ -380,6 +380,26 @@ def test_ctrl_c_as_the_program_ends_is_not_lost(tmp_path):
     assert done.stdout.strip()  # the version: the command itself ran
 
 
+def interrupted_quietly(monkeypatch) -> None:
+    """run_interruptibly on work that is interrupted before its first step (the test has
+    patched where the Ctrl-C comes): it raises KeyboardInterrupt, and nothing is printed after
+    it, no coroutine "never awaited", no exception "ignored" in a finalizer."""
+
+    async def work():
+        return "ran"
+
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(KeyboardInterrupt):
+            run_interruptibly(work())
+        gc.collect()
+    assert not unraisable, [str(u.exc_value) for u in unraisable]
+    assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_ctrl_c_before_the_work_starts_leaves_no_never_awaited_warning(monkeypatch):
     """BUG (a fresh clone's make test, test_ctrl_c_while_the_filter_child_starts): Ctrl-C
     before the loop ran the work's first step raised KeyboardInterrupt, and the work, never
@@ -391,16 +411,8 @@ def test_ctrl_c_before_the_work_starts_leaves_no_never_awaited_warning(monkeypat
         os.kill(os.getpid(), signal.SIGINT)  # handled here: the work has no task yet
         return original(self, coro, **kwargs)
 
-    async def work():
-        return "ran"
-
     monkeypatch.setattr(asyncio.Runner, "run", interrupted_first)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with pytest.raises(KeyboardInterrupt):
-            run_interruptibly(work())
-        gc.collect()
-    assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
+    interrupted_quietly(monkeypatch)
 
 
 def test_ctrl_c_while_the_event_loop_is_made_ends_quietly(monkeypatch):
@@ -414,17 +426,5 @@ def test_ctrl_c_while_the_event_loop_is_made_ends_quietly(monkeypatch):
         os.kill(os.getpid(), signal.SIGINT)
         return original()
 
-    async def work():
-        return "ran"
-
-    unraisable = []
     monkeypatch.setattr(asyncio.events, "new_event_loop", interrupted_while_made)
-    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with pytest.raises(KeyboardInterrupt):
-            run_interruptibly(work())
-        gc.collect()
-    assert not unraisable, [str(u.exc_value) for u in unraisable]
-    assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    interrupted_quietly(monkeypatch)

@@ -233,21 +233,22 @@ def responder(rng: random.Random):
             }
         if "reviews" in properties:
             texts = re.findall(r"^\d+\. \(moment: (\w+) moment.*?\) (.*)$", prompt, re.MULTILINE)
+            # Since issue 52 the schema lets the reason be null, and asks it only for a failure.
+            nullable = "null" in json.dumps(schema["$defs"]["ReviewReply"]["properties"]["reason"])
             reviews = []
             for n, (category, text) in enumerate(texts, 1):
                 support, consistent = rng.random() < 0.95, rng.random() < 0.97
-                review = {
+                if not nullable:
+                    reason = "Fits the moment and the user."
+                elif support and consistent:
+                    reason = None
+                else:
+                    reason = "It reads as a factual request, not one that needs empathy."
+                reviews.append({
                     "message": n, "emotional_support": support, "logical_consistency": consistent,
                     "role_awareness": True, "category": category,
-                    "language": detect_language(text) or "en",
-                    "reason": "Fits the moment and the user.",
-                }  # fmt: skip
-                nullable = "null" in json.dumps(schema["$defs"]["ReviewReply"]["properties"]["reason"])
-                if nullable and support and consistent:  # as the schema asks since issue 52
-                    review["reason"] = None
-                elif nullable:
-                    review["reason"] = "It reads as a factual request, not one that needs empathy."
-                reviews.append(review)
+                    "language": detect_language(text) or "en", "reason": reason,
+                })  # fmt: skip
             return {"reviews": reviews}
         return {}
 

@@ -54,7 +54,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(BENCH), str(ROOT / "bench" / "llm")]
 
-from cost_bench import SENTENCES, trait_statements  # noqa: E402
+from cost_bench import BLOCK, SENTENCES, trait_statements  # noqa: E402
 from cost_bench import responder as capable  # noqa: E402
 from fake_openai import FakeOpenAI, schema_from_messages  # noqa: E402
 from prefix_cache_bench import layout_free  # noqa: E402
@@ -149,9 +149,6 @@ OURS = {"Emotional Support": "ES", "High-EQ Interaction": "HEQ", "Social Strateg
 
 def _fenced(value) -> str:
     return "```json\n" + json.dumps(value, ensure_ascii=False, indent=2) + "\n```"
-
-
-BLOCK = re.compile(r"<(\w+)-[0-9a-f]{16}>\n(.*?)\n</\1-[0-9a-f]{16}>", re.DOTALL)
 
 
 def drawn_per_request(make, seed: int = 7):
@@ -375,13 +372,10 @@ def floor(server, rule: str) -> dict:
         fmt = record.body.get("response_format") or {}
         schema = json.dumps(fmt["json_schema"]) if fmt.get("type") == "json_schema" else ""
         text = "".join(m.get("content") or "" for m in record.body["messages"])
-        found = BLOCK.findall(text)
-        blocks.update(found)
+        blocks.update(BLOCK.findall(text))
         own = (len(schema) + len(BLOCK.sub("", text))) / 4
         if rule == "openai" and own < 1024:
             static += min(own, 1024 / 2)  # full price, or 1,024 cached at half: whichever is less
-        elif rule == "openai":
-            cached += own
         else:
             cached += own
     return {
