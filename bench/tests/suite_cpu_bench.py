@@ -24,41 +24,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchlib import ROOT, machine  # noqa: E402
+import pytest
 
 WINDOW = 30  # seconds per line of the utilisation profile
-
-# Loaded into the pytest process with -p: each test's busy CPU (whole machine) and wall time.
-PLUGIN = textwrap.dedent(
-    """
-    import json, os, time, pytest
-
-    def busy():
-        with open("/proc/stat") as stat:
-            fields = [int(value) for value in stat.readline().split()[1:]]
-        return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-    seen = {}
-
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_protocol(item, nextitem):
-        cpu, wall = busy(), time.monotonic()
-        yield
-        ray = "local_ray" in item.fixturenames or item.module.__name__.startswith("test_ray")
-        area = "embedded model" if item.get_closest_marker("embedded") else "Ray" if ray else "the rest"
-        seen[item.nodeid] = (busy() - cpu, time.monotonic() - wall, area)
-
-    def pytest_sessionfinish(session):
-        with open(os.environ["SUITE_CPU_OUT"], "w") as out:
-            json.dump(seen, out)
-    """
-)
 
 
 def ticks() -> tuple[float, float]:
@@ -68,6 +40,23 @@ def ticks() -> tuple[float, float]:
     hz = os.sysconf("SC_CLK_TCK")
     idle = fields[3] + fields[4]
     return (sum(fields) - idle) / hz, idle / hz
+
+
+# --- loaded into pytest with -p (--serial): each test's busy CPU (whole machine), wall and area --
+_seen: dict[str, tuple[float, float, str]] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    cpu, wall = ticks()[0], time.monotonic()
+    yield
+    ray = "local_ray" in item.fixturenames or item.module.__name__.startswith("test_ray")
+    area = "embedded model" if item.get_closest_marker("embedded") else "Ray" if ray else "the rest"
+    _seen[item.nodeid] = (ticks()[0] - cpu, time.monotonic() - wall, area)
+
+
+def pytest_sessionfinish(session):
+    Path(os.environ["SUITE_CPU_OUT"]).write_text(json.dumps(_seen))
 
 
 class Sampler(threading.Thread):
@@ -99,6 +88,9 @@ def profile(samples: list[tuple[float, float, float]]) -> str:
 
 
 def main() -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # here, not when pytest loads this
+    from benchlib import ROOT, machine
+
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     parser.add_argument("--serial", action="store_true", help="one process, each test's CPU by area")
@@ -114,9 +106,9 @@ def main() -> int:
         command = [str(ROOT / ".venv" / "bin" / "pytest"), "-q", "-p", "no:randomly"]
         env = {**os.environ, "SUITE_CPU_OUT": str(Path(scratch) / "tests.json")}
         if args.serial:
-            (Path(scratch) / "suite_cpu_plugin.py").write_text(PLUGIN)
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [scratch, env.get("PYTHONPATH")]))
-            command += ["-p", "no:xdist", "-p", "suite_cpu_plugin"]
+            here = str(Path(__file__).resolve().parent)  # this file is the plugin
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
+            command += ["-p", "no:xdist", "-p", "suite_cpu_bench"]
         else:
             command += ["-n", "3", "--dist", "worksteal"]  # as `make test`
         command += args.pytest_args
