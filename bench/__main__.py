@@ -31,9 +31,9 @@ SAMPLE = "data/raw/alpsbench_sample/task1"
 QUICK: dict[str, tuple[str, tuple[str, ...]]] = {
     "engine": ("bench/llm/engine_bench.py", ("--units", "200", "--median", "0.05")),
     "deadline": ("bench/llm/deadline_bench.py", ()),
-    "cost": ("bench/build/cost_bench.py", ("--users", "20", "--source", SAMPLE)),
-    "copy": ("bench/build/copy_bench.py", ()),
-    "dialogues": ("bench/build/dialogues_bench.py", ("--dialogues", "20", "--median", "0.02")),
+    "cost": ("bench/dataset/cost_bench.py", ("--users", "20", "--source", SAMPLE)),
+    "copy": ("bench/dataset/copy_bench.py", ()),
+    "dialogues": ("bench/dataset/dialogues_bench.py", ("--dialogues", "20", "--median", "0.02")),
     "eval": ("bench/evaluation/eval_bench.py", ("--users", "10", "--source", SAMPLE)),
     "table1-cost": ("bench/evaluation/table1_cost_bench.py", ("--users", "10", "--source", SAMPLE)),
     "agreement": ("bench/review/agreement_bench.py", ("--size", "20")),

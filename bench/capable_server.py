@@ -1,4 +1,4 @@
-"""The fake OpenAI server of the tests, answering like a capable model (bench/build/cost_bench.py's
+"""The fake OpenAI server of the tests, answering like a capable model (bench/dataset/cost_bench.py's
 replies, each drawn from its request so the order requests arrive in does not matter),
 with a log-normal latency. Prints READY <base url> and serves until killed.
 

@@ -158,8 +158,8 @@ def merge_shards(
     (infer-persona or gen-queries) into its output, checking that every user is in exactly
     one shard (a quick look's shards: the users it picked). `input` and `output` default to
     the stage's paths in `config`, as the command's do. Returns the merge's StageResult."""
-    from personaemp.build.merge import from_options
     from personaemp.config import load_config
+    from personaemp.dataset.merge import from_options
 
     paths = {name: Path(value) for name, value in (("input_path", input), ("output", output)) if value}
     with _reporting(progress) as console:

@@ -71,7 +71,7 @@ def duplicates(texts: Sequence[str]) -> dict[int, int]:
 # --- not_copied: the query is not the user's own words ---------------------------------------
 
 # A query may share names and short phrases with what the user wrote; a stretch of this many
-# words is a copy. Chosen on the shipped sample: bench/build/copy_bench.py prints the distribution
+# words is a copy. Chosen on the shipped sample: bench/dataset/copy_bench.py prints the distribution
 # of honest and planted queries, docs/not_copied.md explains the choice.
 COPY_WORDS = 8
 # ... and a short query that is mostly a stretch of theirs (at least COPY_SHORT words and

@@ -460,8 +460,8 @@ def merge_command(
 ):
     """Join the shard files of an LLM stage (--shard I/N) into its output, checking that
     every user is in exactly one shard."""
-    from personaemp.build.merge import from_options
     from personaemp.config import load_config
+    from personaemp.dataset.merge import from_options
 
     return from_options(stage, load_config(config), console, input_path=input, output=output)
 

@@ -1,5 +1,5 @@
 """The columns of each file a build writes, generated from the records that write and read
-them (records.py, splits.py, build/publish.py), so the docs cannot drift from the code:
+them (records.py, splits.py, dataset/publish.py), so the docs cannot drift from the code:
 `python -m personaemp.filedocs docs/files.md` rewrites the generated block of that page.
 """
 
@@ -62,7 +62,7 @@ def table(rows: list[tuple[str, str]]) -> list[str]:
 
 def dataset_columns() -> list[tuple[str, str]]:
     """The published dataset's features (push's columns, with the opt-in ones)."""
-    from personaemp.build.publish import features
+    from personaemp.dataset.publish import features
 
     def kind(feature) -> str:
         if isinstance(feature, dict):

@@ -12,7 +12,7 @@ Two steps:
    over byte n-grams, shipped inside its wheel), limited to ISO 639-1 languages, after a
    writing-system shortcut for the scripts only one language here uses.
 
-`user_language(turns)` chains them. bench/build/language_bench.py measures it against a
+`user_language(turns)` chains them. bench/dataset/language_bench.py measures it against a
 hand-checked list of users (README: "Language detection").
 """
 

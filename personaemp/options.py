@@ -6,7 +6,7 @@ text, the CLI spelling (default `--field-name`), the environment variable and, f
 paths, where its default comes from inside a config and how it is written (path safety).
 
 A stage's section lives beside the stage: `@declare("filter")` on `FilterOptions` in
-personaemp/build/options.py, the options of the build's stages (`personaemp/<product>/options.py`;
+personaemp/dataset/options.py, the options of the build's stages (`personaemp/<product>/options.py`;
 a Stage line of the registry may name another module, as a stage with light code its own).
 Here: the machinery (Opt, Section, declare, the catalogue, introspection, one-line errors,
 the docs tables), the shared sections `[paths]` and `[llm]`, and the option types several
@@ -61,7 +61,7 @@ CHECKS = (
     "category_match", "length_ok", "language_match", "not_duplicate", "not_copied",
     "no_scaffolding", "no_internal_ids",
 )  # fmt: skip  # personaemp.instruments.query_check.CHECKS
-PERSONA_CHECKS = ("no_internal_ids", "level_matches_rationale")  # personaemp.build.persona.PERSONA_CHECKS
+PERSONA_CHECKS = ("no_internal_ids", "level_matches_rationale")  # personaemp.dataset.persona.PERSONA_CHECKS
 STEPS = (
     "persona", "situations", "check",
     "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander", "judge_joint",
@@ -223,7 +223,7 @@ def renamed(model: type[BaseModel]) -> dict[str, str]:
 
 # --- the catalogue -----------------------------------------------------------------------------
 # Every section by its TOML name and every stage command's sections. A section is declared
-# where its stage lives (`@declare("filter")` in personaemp/build/options.py), the
+# where its stage lives (`@declare("filter")` in personaemp/dataset/options.py), the
 # shared ones ([paths], [llm]) here; the registry (personaemp/registry.py) imports each
 # stage's options module, puts the sections in pipeline order and fills COMMANDS and
 # CLI_ONLY from its Stage lines. So a stage is its module(s) plus one registry line.

@@ -72,12 +72,12 @@ def persona_and_queries(
     stream=None,
 ) -> tuple[StageResult, StageResult]:
     """`run`'s two LLM stages on one engine, a user going on to gen-queries as soon as its
-    persona is written (llm.run.run_llm_chain); each stage's files and report as alone.
+    persona is written (llm.stage.run_llm_chain); each stage's files and report as alone.
     `meanwhile` is called once the first requests are going out. `stream`: infer-persona's
     input as the filter writes it (streaming.FilterFeed), whose summary is printed first."""
     from personaemp import summaries
-    from personaemp.build import persona, queries
-    from personaemp.llm.run import run_llm_chain
+    from personaemp.dataset import persona, queries
+    from personaemp.llm.stage import run_llm_chain
 
     # In `run`, a [persona] limit is the size of the build, not a quick look: the card quotes it.
     retry = options.llm.retry_failed
@@ -108,7 +108,7 @@ def persona_and_queries(
 
 def _personas_written(path: Path):
     """The chain's personas; none when every one failed (`run` then stops with that line)."""
-    from personaemp.build import queries
+    from personaemp.dataset import queries
     from personaemp.io import StageRows
 
     if path.exists() and path.stat().st_size == 0:
@@ -132,7 +132,7 @@ def chains(options: RunOptions) -> bool:
 def streams(options: RunOptions) -> bool:
     """Whether `run` can hand infer-persona the filter's users as the filter writes them
     (streaming.py): not when infer-persona picks its users (--limit / --users)."""
-    from personaemp.build.streaming import can_stream
+    from personaemp.dataset.streaming import can_stream
 
     return (
         can_stream()
@@ -213,7 +213,7 @@ def _skipped_chain(options: RunOptions, console: Console, result: PipelineResult
     """A re-run whose filter and LLM stages are all current reads none of their files: one
     line each (the filter's own, then the chain's)."""
     from personaemp import freshness
-    from personaemp.build.filter import filter_args, filter_is_current
+    from personaemp.dataset.filter import filter_args, filter_is_current
 
     if not filter_is_current(filter_args(options.filter)):
         return False
@@ -252,7 +252,7 @@ def _run_stages(
         with result.stage("filter", console):
             result.add("filter", STAGES["filter"].run(options, console))
     if chained:
-        from personaemp.build.filter import filter_args
+        from personaemp.dataset.filter import filter_args
 
         args = filter_args(options.filter)
         title = ("filter → " if streamed else "") + CHAIN
@@ -277,7 +277,7 @@ def _run_stages(
 
 
 def _filter_feed(args: dict[str, Any]):
-    from personaemp.build.streaming import FilterFeed
+    from personaemp.dataset.streaming import FilterFeed
 
     return FilterFeed(args)
 
@@ -315,10 +315,10 @@ def estimate_pipeline(options: RunOptions, console: Console, env: Mapping[str, s
     import tempfile
 
     from personaemp import summaries
-    from personaemp.build import queries as queries_stage
+    from personaemp.dataset import queries as queries_stage
     from personaemp.llm.estimate import project_from_cache
     from personaemp.records import Persona
-    from personaemp.runner import StageOutcome
+    from personaemp.units import StageOutcome
 
     result = PipelineResult()
     with tempfile.TemporaryDirectory() as folder:

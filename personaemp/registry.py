@@ -47,7 +47,7 @@ class Stage:
     fresh: bool = False
     wiring: Callable[[], dict[str, Any]] | None = None  # arguments that come from another product
     # Its TOML sections: its own first, declared in `options_module` (default: its product's
-    # options.py, e.g. build.options);
+    # options.py, e.g. dataset.options);
     # "llm" makes it an LLM stage (the [llm] options, the engine's settings).
     sections: tuple[str, ...] = ()
     options_module: str = ""
@@ -114,7 +114,7 @@ def _push_wiring() -> dict[str, Any]:
 
 
 def print_memory_summary(summary, console: Console) -> None:
-    from personaemp.build.memories import print_summary  # (imported when shown)
+    from personaemp.dataset.memories import print_summary  # (imported when shown)
 
     print_summary(summary, console)
 
@@ -141,55 +141,55 @@ STAGES: dict[str, Stage] = {
     stage.command: stage
     for stage in (
         Stage(
-            "extract-memories", "extract_memories", "build.memories",
+            "extract-memories", "extract_memories", "dataset.memories",
             "Extract AlpsBench-style memories and intents from your own conversation logs (LLM), for "
             "`filter`.",
             _llm_summary(lambda result, console: print_memory_summary(result.summary, console)),
             sections=("extract", "llm"),
         ),
         Stage(
-            "filter", "filter_users", "build.filter",
+            "filter", "filter_users", "dataset.filter",
             "Keep the users whose memories show personality and emotionally relevant experience.",
             lambda result, console: summaries.print_filter_summary(result.report, console),
             sections=("filter",), cli_only={"--show-rules": "Print the default rules file and exit."},
         ),
         Stage(
-            "infer-persona", "infer_personas", "build.persona",
+            "infer-persona", "infer_personas", "dataset.persona",
             "Infer an evidence-grounded persona and Big Five levels for each filtered user (LLM).",
             _llm_summary(lambda result, console: summaries.print_persona_summary(result.summary, console)),
             fresh=True, sections=("persona", "llm"),
             cli_only={"--show": "Print this user's persona next to its evidence and exit."},
         ),
         Stage(
-            "gen-queries", "generate_queries", "build.queries",
+            "gen-queries", "generate_queries", "dataset.queries",
             "Write empathy-seeking queries (ES, HEQ, SS) for each eligible persona and check them (LLM).",
             _llm_summary(lambda result, console: summaries.print_query_funnel(result.summary, console)),
             fresh=True,
             sections=("queries", "llm"),
         ),
         Stage(
-            "gen-dialogues", "generate_dialogues", "build.dialogues",
+            "gen-dialogues", "generate_dialogues", "dataset.dialogues",
             "Simulate multi-turn conversations: each accepted query's user, grounded in their memories\n"
             "    and persona with a hidden need, talks with the supporter under test (LLM).",
             _llm_summary(),
             sections=("dialogues", "llm"),
         ),
         Stage(
-            "split", "split_users", "build.split",
+            "split", "split_users", "dataset.split",
             "Split users into train/test: random 9:1, and (unless --no-ood) a held-out Big Five cluster.",
             lambda result, console: summaries.print_split_report(result.report, result.output, console),
             positional=("input", "out_dir"),
             sections=("split",),
         ),
         Stage(
-            "stats", "write_stats", "build.stats",
+            "stats", "write_stats", "dataset.stats",
             "Describe a build: funnel, Big Five levels, queries, checks, as stats.json, plots and a summary.",
             lambda result, console: summaries.print_stats(result.report, console),
             positional=("processed", "out_dir"),
             sections=("stats",),
         ),
         Stage(
-            "push", "publish", "build.publish",
+            "push", "publish", "dataset.publish",
             "Publish the splits as a Hub dataset (configs random and ood) with a dataset card;\n"
             "    without --repo-id, or with --dry-run, write the same repository to --out-dir.",
             summaries.print_push, positional=("splits",), wiring=_push_wiring,

@@ -53,7 +53,7 @@ class StageResult:
         """The rows of the output (or of `files[name]`) as a polars DataFrame, one row per
         row of the file: nested fields stay structs and lists; a Big Five adds its five
         levels as columns of their own (`openness`, ..., `neuroticism`)."""
-        from personaemp.tables import RECORD_COLUMNS, with_levels
+        from personaemp.frames import RECORD_COLUMNS, with_levels
 
         stage = "split" if name and "/" in name else self.stage
         return _frame(list(with_levels(self.rows(name))), RECORD_COLUMNS.get(stage))
@@ -61,14 +61,14 @@ class StageResult:
     def queries(self, name: str | None = None):
         """One row per accepted query (of gen-queries' output, a split file, a published
         dataset), the user's columns beside it (user id, language, profile, Big Five levels)."""
-        from personaemp.tables import QUERY_COLUMNS, query_rows
+        from personaemp.frames import QUERY_COLUMNS, query_rows
 
         return _frame(list(query_rows(self.rows(name))), QUERY_COLUMNS)
 
     def scores(self, name: str | None = None):
         """evaluate: one row per system and query (each dimension, H, B, status, the user's
         Big Five levels), from its scores file (`name`: "scores 2" for a panel's second judge)."""
-        from personaemp.tables import SCORE_COLUMNS, score_rows
+        from personaemp.frames import SCORE_COLUMNS, score_rows
 
         if name is None:
             name = next((key for key in self.files if key.startswith("scores")), "scores")
@@ -135,7 +135,7 @@ def _frame(rows: list[dict[str, Any]], columns: dict[str, Any] | None = None):
     import polars as pl
 
     if not rows and columns:
-        from personaemp.tables import polars_schema
+        from personaemp.frames import polars_schema
 
         return pl.DataFrame(schema=polars_schema(columns))
     return pl.DataFrame(rows, infer_schema_length=None)

@@ -390,13 +390,13 @@ def files_in(folder: Path) -> list[str]:
 
 
 def order_free_responder(seed: int = 7):
-    """bench/build/cost_bench.py's capable model, with each reply drawn from the request itself,
+    """bench/dataset/cost_bench.py's capable model, with each reply drawn from the request itself,
     so the replies do not depend on the order concurrent requests arrive in."""
     import hashlib
     import random
     import sys
 
-    sys.path.insert(0, str(REPO / "bench" / "build"))
+    sys.path.insert(0, str(REPO / "bench" / "dataset"))
     from cost_bench import responder
 
     def answer(body: dict, number: int):

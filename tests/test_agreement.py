@@ -12,9 +12,9 @@ from conftest import order_free_responder, read_jsonl, write_jsonl
 from fake_openai import FakeOpenAI
 from typer.testing import CliRunner
 
-from personaemp.build.publish import publish
-from personaemp.build.split import split_users
 from personaemp.cli import app
+from personaemp.dataset.publish import publish
+from personaemp.dataset.split import split_users
 from personaemp.review.agreement import (
     card_quality,
     compute_agreement,

@@ -13,8 +13,8 @@ from conftest import SAMPLE_TASK1
 from fake_openai import FakeOpenAI, default_content, reply
 from rich.console import Console
 
-from personaemp.build.filter import filter_users
-from personaemp.build.persona import infer_personas
+from personaemp.dataset.filter import filter_users
+from personaemp.dataset.persona import infer_personas
 from personaemp.llm import alive
 from personaemp.llm.settings import LLMSettings
 

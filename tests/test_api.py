@@ -20,7 +20,7 @@ from fake_openai import FakeOpenAI
 
 import personaemp as pe
 from personaemp.aio import run_sync
-from personaemp.build.options import SplitOptions
+from personaemp.dataset.options import SplitOptions
 from personaemp.options import specs
 from personaemp.registry import COMMANDS
 
@@ -165,7 +165,7 @@ def test_every_command_has_a_function_with_its_defaults(command):
 def test_split_defaults_to_the_ood_split_as_the_command_does(tmp_path):
     assert SplitOptions().ood is True
     assert inspect.signature(pe.split_users).parameters["ood"].default is True
-    from personaemp.build.split import split_users
+    from personaemp.dataset.split import split_users
 
     assert inspect.signature(split_users).parameters["ood"].default is True
 

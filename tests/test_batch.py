@@ -17,9 +17,9 @@ from conftest import SAMPLE_TASK1, read_jsonl
 from fake_openai import FakeOpenAI
 from rich.console import Console
 
-from personaemp.build.filter import filter_users
-from personaemp.build.persona import infer_personas
-from personaemp.build.queries import generate_queries
+from personaemp.dataset.filter import filter_users
+from personaemp.dataset.persona import infer_personas
+from personaemp.dataset.queries import generate_queries
 from personaemp.llm.settings import LLMSettings
 
 QUIET = Console(quiet=True)

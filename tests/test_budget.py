@@ -14,8 +14,8 @@ from conftest import SAMPLE_TASK1, read_jsonl
 from fake_openai import FakeOpenAI, default_content, reply
 from rich.console import Console
 
-from personaemp.build.filter import filter_users
-from personaemp.build.persona import infer_personas
+from personaemp.dataset.filter import filter_users
+from personaemp.dataset.persona import infer_personas
 from personaemp.errors import InputError
 from personaemp.llm.engine import BudgetReached
 from personaemp.llm.settings import LLMSettings
@@ -99,7 +99,7 @@ def spent_tokens(report) -> int:
 def test_estimate_sends_and_writes_nothing_and_lands_within_30_percent(tmp_path, stage):
     """After a quick look (--limit 2, which fills the cache with each step's sizes), the
     estimate for the whole input is compared with what the stage then spends."""
-    from personaemp.build.queries import generate_queries
+    from personaemp.dataset.queries import generate_queries
 
     filtered = tmp_path / "filtered.jsonl"
     filter_users(SAMPLE_TASK1, filtered, console=QUIET)
@@ -134,8 +134,8 @@ def test_estimate_sends_and_writes_nothing_and_lands_within_30_percent(tmp_path,
 def test_run_estimate_sends_and_writes_nothing_and_lands_within_30_percent(tmp_path):
     """After a quick look at two users (both LLM stages), `run` with [llm] estimate is
     compared with what the whole run then spends."""
-    from personaemp.build.queries import generate_queries
     from personaemp.config import load_config
+    from personaemp.dataset.queries import generate_queries
     from personaemp.pipeline import run_pipeline
 
     processed = tmp_path / "processed"

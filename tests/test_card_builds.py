@@ -20,11 +20,11 @@ from rich.console import Console
 from test_publish import front_matter, load, queries_rows, users_of
 from typer.testing import CliRunner
 
-from personaemp.build.card import stats_section
-from personaemp.build.publish import publish
-from personaemp.build.split import split_users
 from personaemp.cli import app
 from personaemp.config import Resolver
+from personaemp.dataset.card import stats_section
+from personaemp.dataset.publish import publish
+from personaemp.dataset.split import split_users
 from personaemp.errors import InputError
 from personaemp.pipeline import run_pipeline
 from personaemp.records import BIG_FIVE, DIMENSIONS
@@ -205,7 +205,7 @@ def test_the_api_pages_signatures_show_defaults_as_python_literals():
 def test_a_build_on_the_embedded_model_and_relaxed_persona_checks_say_so_first():
     """Before: the demo's card named the embedded model only in passing (no word that its content
     is weak) and said nothing of the persona checks `[persona] enforce` left out."""
-    from personaemp.build.card import departures
+    from personaemp.dataset.card import departures
     from personaemp.llm.models import EMBEDDED
 
     facts = {"run": {"stages": {"infer-persona": {"model": EMBEDDED.name}, "gen-queries": {"model": "x"}}}}

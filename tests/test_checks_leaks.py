@@ -16,8 +16,8 @@ from test_persona import REASK_START, level, make_user, memory, persona_reply, s
 from test_queries import EN_MESSAGES, ZH_MESSAGES, Script, chinese_user, english_user, persona, run_stage
 
 from personaemp import checks
-from personaemp.build.persona import PERSONA_CHECKS, infer_personas, parse_persona
-from personaemp.build.stats import compute_stats, sources_in
+from personaemp.dataset.persona import PERSONA_CHECKS, infer_personas, parse_persona
+from personaemp.dataset.stats import compute_stats, sources_in
 from personaemp.instruments.query_check import judge_checks, scaffolding
 from personaemp.llm.step import RejectedReply
 from personaemp.prompts import prompts_dir

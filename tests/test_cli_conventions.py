@@ -200,7 +200,7 @@ def test_an_llm_command_and_run_print_json_and_tables_are_not_cut(tmp_path, monk
 
 
 def test_the_progress_column_shows_a_rate_while_the_total_grows():
-    from personaemp.llm.run import TimeLeftOrRate
+    from personaemp.llm.stage import TimeLeftOrRate
 
     column = TimeLeftOrRate()
     with Progress(column, disable=True) as progress:

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
-from personaemp.build import persona, queries
-from personaemp.build.queries import QueryOptions, SituationsReply, situations_schema
+from personaemp.dataset import persona, queries
+from personaemp.dataset.queries import QueryOptions, SituationsReply, situations_schema
 from personaemp.prompts import COMPACT, load_prompt, step_prompts
 from personaemp.records import Memory
 

@@ -10,7 +10,7 @@ import shutil
 from conftest import read_jsonl, write_jsonl
 from dialogue_fixture import dialogue, write_failures
 
-from personaemp.build.publish import publish
+from personaemp.dataset.publish import publish
 
 
 def test_the_card_says_what_happened_to_the_dialogues(tmp_path, sample_build):

@@ -12,8 +12,8 @@ from test_dialogues import NEED, Script, rows_of
 from test_sessions import Judged
 from typer.testing import CliRunner
 
-from personaemp.build.publish import publish
 from personaemp.cli import app
+from personaemp.dataset.publish import publish
 
 ENV = {"OPENAI_API_KEY": "sk-test", "NO_COLOR": "1"}
 
@@ -81,7 +81,7 @@ def test_the_card_counts_each_rules_pass_rate_over_every_reply_checked(tmp_path,
     dialogues = tmp_path / "dialogues.jsonl"
     from test_dialogues import settings_for
 
-    from personaemp.build.dialogues import generate_dialogues
+    from personaemp.dataset.dialogues import generate_dialogues
 
     with FakeOpenAI(responder=Script(bad=leak_once)) as server:
         generate_dialogues(

@@ -15,8 +15,8 @@ from test_dialogues import rows_of, settings_for
 from test_sessions import Judged, build
 from typer.testing import CliRunner
 
-from personaemp.build.dialogues import read_dialogues
 from personaemp.cli import app
+from personaemp.dataset.dialogues import read_dialogues
 from personaemp.errors import InputError
 from personaemp.io import iter_records
 from personaemp.records import Dialogue
@@ -117,7 +117,7 @@ def test_gen_dialogues_read_and_evaluate_say_a_dialogue_outside_the_split(made, 
     path = tmp_path / "policy.jsonl"
     other = row | {"query_id": "zz-q1", "dialogue_id": "zz-q1-d1"}
     path.write_text(json.dumps(row) + "\n" + json.dumps(other) + "\n", encoding="utf-8")
-    from personaemp.evaluation.sessions import evaluate_dialogues
+    from personaemp.evaluation.dialogues import evaluate_dialogues
 
     with FakeOpenAI(responder=Judged()) as server:
         _, evaluation = evaluate_dialogues(

@@ -15,7 +15,8 @@ import pytest
 from fake_openai import Deterministic, FakeOpenAI, reply
 from typer.testing import CliRunner
 
-from personaemp.build.dialogues import (
+from personaemp.cli import app
+from personaemp.dataset.dialogues import (
     INITIAL_EMOTION,
     DialogueOptions,
     SimulatedUser,
@@ -25,7 +26,6 @@ from personaemp.build.dialogues import (
     read_dialogues,
     read_units,
 )
-from personaemp.cli import app
 from personaemp.errors import InputError
 from personaemp.instruments.policy import RESPOND, build_messages
 from personaemp.llm.settings import LLMSettings

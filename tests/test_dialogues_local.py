@@ -9,7 +9,7 @@ import json
 import pytest
 from test_dialogues import rows_of, user_row, write_queries
 
-from personaemp.build.dialogues import DialogueOptions, generate_dialogues, read_dialogues
+from personaemp.dataset.dialogues import DialogueOptions, generate_dialogues, read_dialogues
 from personaemp.llm.local import MODEL_NAME
 from personaemp.llm.settings import LLMSettings
 

@@ -19,8 +19,8 @@ from fake_openai import PROFILES, FakeOpenAI
 from test_dialogues import SUPPORTER, Script, rows_of, settings_for, step_of, user_row, write_queries
 from typer.testing import CliRunner
 
-from personaemp.build.dialogues import DialogueOptions, generate_dialogues, read_dialogues
 from personaemp.cli import app
+from personaemp.dataset.dialogues import DialogueOptions, generate_dialogues, read_dialogues
 
 MAX_TURNS = 3  # the scripted user leaves after the third reply: 1 + 3 x 3 = 10 requests a dialogue
 

@@ -21,8 +21,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from personaemp import secrets
-from personaemp.build.filter import filter_users
 from personaemp.cli import app
+from personaemp.dataset.filter import filter_users
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "data" / "raw" / "alpsbench_sample" / "task1"

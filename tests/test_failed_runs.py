@@ -17,7 +17,7 @@ from conftest import SAMPLE_TASK1
 from fake_openai import FakeOpenAI, default_content, reply
 from rich.console import Console
 
-from personaemp.build.filter import filter_users
+from personaemp.dataset.filter import filter_users
 from personaemp.results import StageResult
 
 USERS = 3

@@ -193,7 +193,7 @@ def test_default_reply_writes_as_many_situations_as_asked_one_per_category(serve
     writes them all (it wrote one, so a cost per query measured here was off by up to 3x)."""
     from types import SimpleNamespace
 
-    from personaemp.build.queries import SITUATIONS, QueryOptions, situations_schema
+    from personaemp.dataset.queries import SITUATIONS, QueryOptions, situations_schema
 
     persona = SimpleNamespace(memories=[SimpleNamespace(memory_id=f"m{i}") for i in (1, 2)])
     for options, expected in (

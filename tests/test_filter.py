@@ -1,4 +1,4 @@
-"""The filter stage: personaemp.build.filter.filter_users and select_user."""
+"""The filter stage: personaemp.dataset.filter.filter_users and select_user."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from conftest import (
 )
 from rich.console import Console
 
-from personaemp.build.filter import GATES, filter_users, select_user
+from personaemp.dataset.filter import GATES, filter_users, select_user
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy
 from personaemp.records import User
@@ -494,7 +494,7 @@ def test_kept_users_decided_a_batch_at_a_time_are_written_as_one_by_one(tmp_path
     """Languages are decided LANGUAGE_BATCH kept users at a time: the same bytes, in the same
     order, whatever the batch size (2: many batches and a partial one at the end; 1: each
     user alone)."""
-    import personaemp.build.filter as stage
+    import personaemp.dataset.filter as stage
 
     outputs = []
     for size in (1, 2, 1000):
@@ -522,7 +522,7 @@ def language_workers() -> list[int]:
 
 def counted_workers(monkeypatch) -> list:
     """The language workers the filter starts from now on, in a list."""
-    import personaemp.build.filter as stage
+    import personaemp.dataset.filter as stage
     from personaemp.language import LanguageWorker
 
     started = []
@@ -544,7 +544,7 @@ def test_a_big_input_has_its_languages_decided_in_a_second_process(tmp_path, mon
     """Past WORKER_AFTER kept users the languages go to a worker process while the reading
     goes on: the same bytes as in-process, batches back in order, no worker left after.
     Without the history cache, every user is the worker's (as on an input of distinct users)."""
-    import personaemp.build.filter as stage
+    import personaemp.dataset.filter as stage
     import personaemp.sources.normalize as normalize
 
     started = counted_workers(monkeypatch)
@@ -562,7 +562,7 @@ def test_a_big_input_has_its_languages_decided_in_a_second_process(tmp_path, mon
 def test_a_stopped_filter_stops_its_language_worker(tmp_path, monkeypatch):
     """A bad row met after the worker started stops the filter: the worker goes with it and
     nothing is written."""
-    import personaemp.build.filter as stage
+    import personaemp.dataset.filter as stage
 
     started = counted_workers(monkeypatch)
     monkeypatch.setattr(stage, "LANGUAGE_BATCH", 1)

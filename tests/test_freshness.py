@@ -14,8 +14,8 @@ from fake_openai import FakeOpenAI
 from rich.console import Console
 
 from personaemp import freshness
-from personaemp.build import filter as filter_stage
-from personaemp.build.filter import filter_users
+from personaemp.dataset import filter as filter_stage
+from personaemp.dataset.filter import filter_users
 from personaemp.options import LLMOptions, PathsOptions
 from personaemp.pipeline import run_pipeline
 from personaemp.registry import RunOptions
@@ -180,7 +180,7 @@ def test_a_rerun_reads_none_of_the_llm_stages_files_and_an_llm_option_redoes_the
     """The LLM stages of `run` are skipped whole (their files not read: a re-run at 15K users
     spent 26 s re-reading them) when the filter's output, their options, the engine's reply
     options and the code are those of their last finished run."""
-    from personaemp.build import persona, queries
+    from personaemp.dataset import persona, queries
 
     processed = tmp_path / "processed"
     with FakeOpenAI(responder=order_free_responder()) as server:
@@ -227,8 +227,8 @@ def test_infer_persona_and_gen_queries_alone_skip_when_current(tmp_path, monkeyp
     prints one line; an edited input, --force or an option that shapes a reply runs it."""
     from typer.testing import CliRunner
 
-    from personaemp.build import persona, queries
     from personaemp.cli import app
+    from personaemp.dataset import persona, queries
 
     filtered = tmp_path / "filtered.jsonl"
     filter_users(SAMPLE_TASK1, filtered)

@@ -318,12 +318,12 @@ def test_a_split_on_a_layout_without_splits_is_refused(tmp_path):
 
 
 def test_a_genuine_bug_keeps_its_traceback_and_says_it_is_one(monkeypatch, tmp_path):
-    import personaemp.build.filter
+    import personaemp.dataset.filter
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("sk-test in a bug")
 
-    monkeypatch.setattr(personaemp.build.filter, "filter_users", broken)
+    monkeypatch.setattr(personaemp.dataset.filter, "filter_users", broken)
     result = CliRunner().invoke(
         app, ["filter", "--input", str(SAMPLE_TASK1), "--output", str(tmp_path / "f.jsonl")],
         env={"OPENAI_API_KEY": "sk-test"},

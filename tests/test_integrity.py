@@ -18,11 +18,11 @@ import pytest
 from fake_openai import FakeOpenAI, reply
 from rich.console import Console
 
-from personaemp.build.filter import filter_users
-from personaemp.build.persona import infer_personas
-from personaemp.build.publish import publish
-from personaemp.build.queries import QueryOptions, generate_queries
-from personaemp.build.split import split_users
+from personaemp.dataset.filter import filter_users
+from personaemp.dataset.persona import infer_personas
+from personaemp.dataset.publish import publish
+from personaemp.dataset.queries import QueryOptions, generate_queries
+from personaemp.dataset.split import split_users
 from personaemp.errors import InputError
 from personaemp.llm.settings import LLMSettings
 
@@ -163,7 +163,7 @@ import sys
 from pathlib import Path
 from rich.console import Console
 from personaemp.llm.settings import LLMSettings
-from personaemp.build.persona import infer_personas
+from personaemp.dataset.persona import infer_personas
 
 base_url, filtered, output, users = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:]
 settings = LLMSettings(base_urls=[base_url], model="fake", work_dir=output.parent / "work", concurrency=2)

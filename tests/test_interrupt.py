@@ -4,7 +4,7 @@ Each run is its own session, as a terminal's job is; SIGINT goes to its process 
 Ctrl-C sends) or to the run alone. The phase is known from events, not from sleeps: the
 filter child seen in /proc, a request held by the fake endpoint, the plot workers seen in
 /proc. Every case: exit 130, the one line, no traceback, no process of the run left, no
-temporary file left. (How fast it exits is measured by bench/build/interrupt_bench.py.)
+temporary file left. (How fast it exits is measured by bench/dataset/interrupt_bench.py.)
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO
 
 from personaemp import language
-from personaemp.build.filter import filter_users
+from personaemp.dataset.filter import filter_users
 from personaemp.language import detect_language, normalize_language, own_words, user_language
 
 
@@ -194,11 +194,11 @@ def test_filter_writes_the_users_own_language(tmp_path, sample_task1):
 
 
 def test_shipped_users_of_the_hand_checked_list(sample_task1):
-    """bench/build/language_gold.jsonl: the one shipped user read wrongly pastes an English jailbreak
+    """bench/dataset/language_gold.jsonl: the one shipped user read wrongly pastes an English jailbreak
     under two short Spanish questions (see the README's language table)."""
     gold = [
         json.loads(line)
-        for line in (REPO / "bench" / "build" / "language_gold.jsonl").read_text().splitlines()
+        for line in (REPO / "bench" / "dataset" / "language_gold.jsonl").read_text().splitlines()
     ]
     shipped = [g for g in gold if g["source"] == "shipped"]
     assert len(shipped) == 48

@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "personaemp"
 HELP = REPO / "tests" / "data" / "help.txt"
-PRODUCTS = ("build", "evaluation", "review", "training")
+PRODUCTS = ("dataset", "evaluation", "review", "training")
 # Above the products: what derives the commands, pe.* and run from the registry, the docs
 # generated from the products' records (filedocs), and the
 # public aliases of moved modules.
@@ -132,9 +132,9 @@ def test_the_four_products_are_four_folders():
 
 
 def test_the_old_module_paths_import_with_a_warning():
-    import personaemp.build.split as new
+    import personaemp.dataset.split as new
 
-    with pytest.warns(DeprecationWarning, match="personaemp.stages.split moved to personaemp.build.split"):
+    with pytest.warns(DeprecationWarning, match="personaemp.stages.split moved to personaemp.dataset.split"):
         sys.modules.pop("personaemp.stages.split", None)
         import personaemp.stages.split as old
     assert old is new

@@ -16,9 +16,9 @@ import pytest
 from fake_openai import FakeOpenAI
 from rich.console import Console
 
-from personaemp.build.filter import filter_users
-from personaemp.build.persona import infer_personas
-from personaemp.build.queries import QueryOptions, generate_queries
+from personaemp.dataset.filter import filter_users
+from personaemp.dataset.persona import infer_personas
+from personaemp.dataset.queries import QueryOptions, generate_queries
 from personaemp.llm.local import MODEL_NAME
 from personaemp.llm.settings import LLMSettings
 from personaemp.records import Persona, Query

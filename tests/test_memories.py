@@ -13,8 +13,9 @@ from log_shapes import SHAPES, TABLE_COLUMNS, expected_users, regroup, write_sha
 from rich.console import Console
 from typer.testing import CliRunner
 
-from personaemp.build.filter import filter_users
-from personaemp.build.memories import (
+from personaemp.cli import app
+from personaemp.dataset.filter import filter_users
+from personaemp.dataset.memories import (
     EXTRACT_STEP,
     TAXONOMY,
     Conversations,
@@ -25,10 +26,9 @@ from personaemp.build.memories import (
     parse_extraction,
     user_messages,
 )
-from personaemp.build.memory_gold import compare_with_gold, value_overlap
-from personaemp.build.persona import infer_personas
-from personaemp.build.queries import generate_queries
-from personaemp.cli import app
+from personaemp.dataset.memory_gold import compare_with_gold, value_overlap
+from personaemp.dataset.persona import infer_personas
+from personaemp.dataset.queries import generate_queries
 from personaemp.llm.settings import LLMSettings
 from personaemp.llm.step import RejectedReply
 from personaemp.prompts import load_prompt
@@ -295,7 +295,7 @@ def test_a_bad_row_stops_with_file_line_and_overwrites_nothing(tmp_path):
 
 def test_the_options_repeat_the_readers_defaults():
     from personaemp import options
-    from personaemp.build import options as build_options
+    from personaemp.dataset import options as build_options
     from personaemp.sources import logs
 
     extract = build_options.ExtractOptions()

@@ -113,7 +113,7 @@ def test_the_api_key_is_no_option():
 
 
 def test_the_names_options_repeat_agree_with_the_stages():
-    from personaemp.build import persona, queries
+    from personaemp.dataset import persona, queries
     from personaemp.records import CATEGORIES
     from personaemp.sources import FORMATS
 
@@ -121,7 +121,7 @@ def test_the_names_options_repeat_agree_with_the_stages():
     assert opts.CHECKS == queries.CHECKS
     assert opts.PERSONA_CHECKS == persona.PERSONA_CHECKS
     from personaemp import reward
-    from personaemp.build import dialogues, memories
+    from personaemp.dataset import dialogues, memories
     from personaemp.evaluation import criteria, evaluate, respond
 
     stages = (memories, persona, queries, dialogues, criteria, respond, evaluate, reward)
@@ -160,7 +160,7 @@ def test_derived_defaults_match_the_static_ones():
 def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
     """Replace the five stage functions (and the summaries) by recorders."""
     from personaemp import summaries
-    from personaemp.build import filter, persona, publish, queries, split, stats
+    from personaemp.dataset import filter, persona, publish, queries, split, stats
 
     recorded: dict[str, tuple[tuple, dict]] = {}
 
@@ -192,7 +192,7 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
         def __exit__(self, *exc_info):
             pass
 
-    from personaemp.build import streaming
+    from personaemp.dataset import streaming
 
     monkeypatch.setattr(streaming, "FilterFeed", RecordedFeed)
     report = SimpleNamespace(estimate=None)  # what the summaries look at; they are stubbed too
@@ -215,11 +215,11 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
             recorded[stage.stage] = ((*stage.args, settings), stage.kwargs)
         return report, report
 
-    from personaemp.llm import run as llm_run
+    from personaemp.llm import stage as llm_stage
 
     monkeypatch.setattr(persona, "persona_stage", plan("persona"))
     monkeypatch.setattr(queries, "queries_stage", plan("queries"))
-    monkeypatch.setattr(llm_run, "run_llm_chain", chain)
+    monkeypatch.setattr(llm_stage, "run_llm_chain", chain)
     monkeypatch.setattr(persona, "summarize", lambda *args: None)
     monkeypatch.setattr(queries, "funnel", lambda *args: None)
     monkeypatch.setattr(split, "split_users", recorder("split", None))
@@ -899,7 +899,7 @@ def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(mon
             monkeypatch.setattr(summaries, name, lambda *args, **kwargs: None)
     stub_results(monkeypatch)
     config = tmp_path / "bench.toml"
-    # --dialogues is evaluate's other evaluation (evaluation/sessions.py, tests/test_sessions.py)
+    # --dialogues is evaluate's other evaluation (evaluation/dialogues.py, tests/test_sessions.py)
     dialogue_only = ("dialogues", "per_turn", "all_dialogues")
     single = {k: v for k, v in NON_DEFAULT["evaluate"].items() if k not in dialogue_only}
     sections = {"criteria": NON_DEFAULT["criteria"], "respond": NON_DEFAULT["respond"], "evaluate": single}

@@ -15,8 +15,9 @@ from pydantic import ValidationError
 from rich.console import Console
 from typer.testing import CliRunner
 
-from personaemp.build.filter import filter_users
-from personaemp.build.persona import (
+from personaemp.cli import app
+from personaemp.dataset.filter import filter_users
+from personaemp.dataset.persona import (
     PERSONA_STEP,
     STEPS,
     PersonaReply,
@@ -28,7 +29,6 @@ from personaemp.build.persona import (
     read_rows,
     summarize,
 )
-from personaemp.cli import app
 from personaemp.errors import InputError
 from personaemp.io import pick_units
 from personaemp.llm.engine import REASK

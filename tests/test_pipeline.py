@@ -3,7 +3,7 @@
 Parity between the commands and `run` (same options, defaults, env vars and stage
 arguments) is tested in test_options.py.
 
-The end-to-end runs go through the fake OpenAI server with bench/build/cost_bench.py's scripted
+The end-to-end runs go through the fake OpenAI server with bench/dataset/cost_bench.py's scripted
 "capable model" on the shipped AlpsBench sample, into tmp_path, and end with a dataset
 folder that `datasets.load_dataset` opens.
 """
@@ -21,9 +21,9 @@ from fake_openai import FakeOpenAI
 from rich.console import Console
 from typer.testing import CliRunner
 
-from personaemp.build.options import PersonaOptions
 from personaemp.cli import app
 from personaemp.config import llm_settings, load_config
+from personaemp.dataset.options import PersonaOptions
 from personaemp.errors import InputError
 from personaemp.options import LLMOptions, PathsOptions
 from personaemp.pipeline import run_pipeline

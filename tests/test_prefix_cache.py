@@ -14,10 +14,10 @@ from fake_openai import FakeOpenAI, reply, schema_for_request, schema_from_messa
 from rich.console import Console
 from test_persona import Script, filtered_users, quiet, settings_for
 
-from personaemp.build.persona import infer_personas
+from personaemp.dataset.persona import infer_personas
 from personaemp.llm.accounting import Accounting, dollars
 from personaemp.llm.endpoints import cached_tokens
-from personaemp.llm.run import REPORT_FILE
+from personaemp.llm.stage import REPORT_FILE
 
 
 def ask(server: FakeOpenAI, text: str, schema: dict | None = None) -> dict:
@@ -135,7 +135,7 @@ def test_the_run_report_counts_the_cached_tokens_the_server_served(tmp_path, rul
 def test_estimate_prices_what_a_prefix_cache_would_serve_at_price_cached(tmp_path):
     """--estimate renders the requests it would send: those of later users open with the same
     preamble, and each user's later steps with what their own earlier steps sent."""
-    from personaemp.build.queries import generate_queries
+    from personaemp.dataset.queries import generate_queries
     from personaemp.llm.settings import LLMSettings
 
     input_path = filtered_users(tmp_path)
@@ -266,7 +266,7 @@ def test_requests_about_different_users_share_the_task_and_the_schema(tmp_path):
     import json
     import os
 
-    from personaemp.build.persona import persona_schema
+    from personaemp.dataset.persona import persona_schema
     from personaemp.instruments.criteria import CRITERIA, build_messages
     from personaemp.llm.engine import SCHEMA_IN_PROMPT, _with_schema_text
     from personaemp.prompts import load_prompt

@@ -15,9 +15,9 @@ import pytest
 from fake_openai import PROFILES, FakeOpenAI, reply
 from rich.console import Console
 
-from personaemp.build.filter import filter_users
-from personaemp.build.persona import infer_personas
-from personaemp.build.queries import generate_queries
+from personaemp.dataset.filter import filter_users
+from personaemp.dataset.persona import infer_personas
+from personaemp.dataset.queries import generate_queries
 from personaemp.llm.engine import DECISIONS_FILE
 from personaemp.llm.settings import LLMSettings
 

@@ -1,4 +1,4 @@
-"""`personaemp push`: personaemp.build.publish (dataset rows, dry-run repository, card) and the CLI.
+"""`personaemp push`: personaemp.dataset.publish (dataset rows, dry-run repository, card) and the CLI.
 
 The splits are made by the real `split_users` from hand-made queries rows; every dry run
 is loaded back with `datasets.load_dataset` from a fresh cache folder, so what is checked
@@ -19,9 +19,9 @@ import yaml
 from conftest import read_jsonl, write_json, write_jsonl
 from typer.testing import CliRunner
 
-from personaemp.build.publish import COLUMNS, features, publish
-from personaemp.build.split import split_users
 from personaemp.cli import app
+from personaemp.dataset.publish import COLUMNS, features, publish
+from personaemp.dataset.split import split_users
 from personaemp.errors import InputError, PersonaempError
 from personaemp.records import BIG_FIVE
 from personaemp.workspace import record_stage
@@ -151,7 +151,7 @@ def _plots_not_drawn(monkeypatch):
     """The plots are drawn and checked in tests/test_stats.py; drawing them for each of the
     many pushes here would cost about a second each. Their names (so the files, the card's
     links and the export list) are the real ones."""
-    from personaemp.build import stats as stage
+    from personaemp.dataset import stats as stage
 
     monkeypatch.setattr(
         stage, "render_figures", lambda stats: {n: b"\x89PNG" for n in stage.figure_names(stats)}
@@ -841,8 +841,8 @@ def test_card_follows_each_stages_input_across_folders(tmp_path):
 
 def test_card_quotes_the_full_run_not_a_later_quick_look(splits, tmp_path):
     """BUG: a quick look (`--users X`) replaced the stage's entry: the card said "1 users"."""
-    from personaemp.llm.run import append_report
     from personaemp.llm.settings import LLMSettings
+    from personaemp.llm.stage import append_report
 
     run_report = write_reports(splits.parent)
     stored = json.loads(run_report.read_text(encoding="utf-8"))["stages"]["gen-queries"]

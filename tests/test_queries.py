@@ -25,7 +25,8 @@ from rich.console import Console
 from test_persona import section
 from typer.testing import CliRunner
 
-from personaemp.build.queries import (
+from personaemp.cli import app
+from personaemp.dataset.queries import (
     LANGUAGE_NAMES,
     QueryOptions,
     SituationReply,
@@ -35,7 +36,6 @@ from personaemp.build.queries import (
     parse_situations,
     situations_schema,
 )
-from personaemp.cli import app
 from personaemp.errors import InputError
 from personaemp.instruments.query_check import (
     CHECKS,

@@ -17,7 +17,7 @@ from conftest import SAMPLE_TASK1, order_free_responder
 from fake_openai import FakeOpenAI, reply
 from rich.console import Console
 
-from personaemp.build.options import PersonaOptions
+from personaemp.dataset.options import PersonaOptions
 from personaemp.options import LLMOptions, PathsOptions
 from personaemp.pipeline import run_pipeline
 from personaemp.registry import RunOptions

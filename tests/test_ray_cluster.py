@@ -65,7 +65,7 @@ def queries_of(path: Path) -> dict[str, list]:
 def test_a_node_lost_mid_gen_queries_has_its_units_redone_and_each_written_once(
     cluster, sample_build, tmp_path
 ):
-    from personaemp.build.queries import generate_queries
+    from personaemp.dataset.queries import generate_queries
     from personaemp.llm.settings import LLMSettings
 
     made, nodes = cluster

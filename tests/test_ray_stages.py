@@ -34,9 +34,9 @@ from test_ray import rows, workers_started
 from test_sessions import Judged
 from typer.testing import CliRunner
 
-from personaemp.build.dialogues import DialogueOptions, generate_dialogues
-from personaemp.build.memories import extract_memories
 from personaemp.cli import app
+from personaemp.dataset.dialogues import DialogueOptions, generate_dialogues
+from personaemp.dataset.memories import extract_memories
 from personaemp.evaluation.criteria import write_criteria
 from personaemp.evaluation.evaluate import evaluate
 from personaemp.evaluation.respond import write_responses
@@ -50,7 +50,7 @@ QUIET = Console(quiet=True)
 EXECUTORS = ("local", "ray")
 COUNTS = ("units", "done", "failed", "failures_by_kind")
 TOTALS = ("calls", "requests", "cache_hits", "prompt_tokens", "completion_tokens", "reasks")
-CONCURRENCY = 2  # two workers of one request each; four units in flight (llm.run._window)
+CONCURRENCY = 2  # two workers of one request each; four units in flight (llm.stage._window)
 
 
 def workers_up() -> int:

@@ -315,7 +315,7 @@ def test_an_unfinished_round_resumes_with_only_the_unanswered_requests(local_ray
 
 
 def test_gen_dialogues_says_it_cannot_run_in_vllm_rounds(sample_build, tmp_path):
-    from personaemp.build.dialogues import generate_dialogues
+    from personaemp.dataset.dialogues import generate_dialogues
     from personaemp.llm.settings import LLMSettings
 
     settings = LLMSettings(llm="vllm", executor="ray", model="m", work_dir=tmp_path)
@@ -426,7 +426,7 @@ def test_code_that_opens_an_engine_itself_is_told_vllm_has_no_endpoint(tmp_path)
 
 def infer_persona_in_rounds(folder: Path, sample_build: Path) -> tuple:
     """infer-persona on the sample's 16 users with --llm vllm: (its result, its report's figures)."""
-    from personaemp.build.options import PersonaOptions
+    from personaemp.dataset.options import PersonaOptions
     from personaemp.registry import STAGES
 
     folder.mkdir(exist_ok=True)

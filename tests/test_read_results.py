@@ -17,7 +17,7 @@ def test_the_reference_page_is_generated_from_the_functions_it_documents():
     assert text[start:end].removeprefix("\n") == api.reference_markdown(), (
         "run: python -m personaemp.apidocs docs/python-api.md"
     )
-    assert "personaemp.build." not in text and "personaemp.stages" not in text, "internals are not the API"
+    assert "personaemp.dataset." not in text and "personaemp.stages" not in text, "internals are not the API"
     for name in ("merge_shards", "run_pipeline", "StageResult", "infer_personas", "split_users"):
         assert f"pe.{name}" in text or f"api.{name}" in text or f"results.{name}" in text, name
     assert "merge_shards" in dir(pe) and list(inspect.signature(pe.merge_shards).parameters)[:3] == [

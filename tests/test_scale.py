@@ -16,11 +16,11 @@ from fake_openai import FakeOpenAI, server_error
 from rich.console import Console
 from typer.testing import CliRunner
 
-from personaemp.build.filter import filter_users
-from personaemp.build.options import SplitOptions
-from personaemp.build.persona import infer_personas
-from personaemp.build.queries import generate_queries
 from personaemp.cli import app
+from personaemp.dataset.filter import filter_users
+from personaemp.dataset.options import SplitOptions
+from personaemp.dataset.persona import infer_personas
+from personaemp.dataset.queries import generate_queries
 from personaemp.errors import InputError, PersonaempError
 from personaemp.io import read_stage_rows
 from personaemp.llm.settings import LLMSettings
@@ -224,7 +224,7 @@ def test_per_user_schemas_leave_the_step_schema_as_it_was():
     the step must not pick up one user's ids."""
     from types import SimpleNamespace
 
-    from personaemp.build.persona import PERSONA_STEP, persona_schema
+    from personaemp.dataset.persona import PERSONA_STEP, persona_schema
 
     def user(*ids):
         return SimpleNamespace(memories=[SimpleNamespace(memory_id=i) for i in ids])
@@ -375,8 +375,8 @@ def test_the_streamed_filter_stops_cleanly_when_run_was_started_with_sigint_igno
     import signal
     import time
 
-    from personaemp.build.filter import filter_args
-    from personaemp.build.streaming import FilterFeed
+    from personaemp.dataset.filter import filter_args
+    from personaemp.dataset.streaming import FilterFeed
 
     source = copied_sample(tmp_path / "input", 3)
     options = streamed_options(source, tmp_path / "processed", "http://127.0.0.1:9/v1")
@@ -414,7 +414,7 @@ def test_a_stopped_stream_stops_the_filter_before_closing_its_pipe(tmp_path, mon
     while it removed its partial output: a `.filtered.jsonl.*.tmp` was left (a loaded CI run)."""
     import asyncio
 
-    from personaemp.build import streaming
+    from personaemp.dataset import streaming
 
     monkeypatch.setattr(streaming, "_CHILD", STOP_REPORTER)
     monkeypatch.setenv("STOP_REPORT", str(tmp_path / "stop.txt"))

@@ -28,9 +28,9 @@ def sample_build_copy(folder: Path) -> Path:
 def build_outputs(folder: Path) -> dict[str, str]:
     """split, stats and push --dry-run on the build in `folder`: file -> sha256, with the
     folder's path in text files replaced by a placeholder (the report names its input)."""
-    from personaemp.build.publish import publish
-    from personaemp.build.split import split_users
-    from personaemp.build.stats import write_stats
+    from personaemp.dataset.publish import publish
+    from personaemp.dataset.split import split_users
+    from personaemp.dataset.stats import write_stats
 
     split_users(folder / "queries.jsonl", folder / "splits", ood=True)
     write_stats(folder, folder / "stats")
@@ -64,8 +64,8 @@ def test_parquet_written_in_row_groups_is_what_datasets_writes_from_the_whole_ta
     import pyarrow.parquet as pq
     from datasets import Dataset, DatasetInfo, config
 
-    from personaemp.build import publish as push
-    from personaemp.build.split import split_users
+    from personaemp.dataset import publish as push
+    from personaemp.dataset.split import split_users
 
     folder = sample_build_copy(tmp_path / "build")
     split_users(folder / "queries.jsonl", folder / "splits", ood=True)

@@ -14,10 +14,10 @@ from fake_openai import PROFILES, FakeOpenAI, reply
 from test_dialogues import NEED, Script, rows_of, settings_for, step_of, text_of, user_row, write_queries
 from typer.testing import CliRunner
 
-from personaemp.build.dialogues import DialogueOptions, generate_dialogues
 from personaemp.cli import app
+from personaemp.dataset.dialogues import DialogueOptions, generate_dialogues
 from personaemp.errors import InputError
-from personaemp.evaluation.sessions import evaluate_dialogues
+from personaemp.evaluation.dialogues import evaluate_dialogues
 from personaemp.evaluation.table import render, write_table
 from personaemp.instruments.judges import JudgeOptions
 

@@ -12,8 +12,8 @@ from rich.console import Console
 from test_scale import comparable
 from typer.testing import CliRunner
 
-from personaemp.build.filter import filter_users
 from personaemp.cli import app
+from personaemp.dataset.filter import filter_users
 from personaemp.shards import shard_of
 
 QUIET = Console(quiet=True)

@@ -14,8 +14,8 @@ import pytest
 from conftest import read_jsonl, write_jsonl
 from typer.testing import CliRunner
 
-from personaemp.build.split import LEFT_OUT_REASONS, cluster_profiles, elbow, split_users
 from personaemp.cli import app
+from personaemp.dataset.split import LEFT_OUT_REASONS, cluster_profiles, elbow, split_users
 from personaemp.errors import InputError
 from personaemp.records import BIG_FIVE
 from personaemp.splits import LEVELS, REPORT_FILE, profile_of
@@ -796,7 +796,7 @@ def test_the_elbow_sweep_over_forked_workers_clusters_as_one_process_does(monkey
     """Large splits spread the sweep's seeded fits over the cores: same clusters, same costs."""
     import random as stdlib_random
 
-    from personaemp.build import split as split_stage
+    from personaemp.dataset import split as split_stage
 
     rng = stdlib_random.Random(3)
     profiles = [tuple(rng.choice(split_stage.LEVELS) for _ in range(5)) for _ in range(600)]
@@ -820,7 +820,7 @@ def test_the_remembered_dissimilarity_fits_exactly_what_kmodes_alone_fits():
     import numpy as np
     from kmodes.kmodes import KModes
 
-    from personaemp.build.split import _fit
+    from personaemp.dataset.split import _fit
 
     rng = stdlib_random.Random(3)
     data = np.array([[rng.choice((0, 1, 2)) for _ in range(5)] for _ in range(400)])
@@ -837,7 +837,7 @@ def test_the_remembered_dissimilarity_fits_exactly_what_kmodes_alone_fits():
 def test_an_input_rewritten_while_split_decides_is_refused_and_nothing_is_written(tmp_path, monkeypatch):
     """split reads the rows a second time, by offset, to write them: a file changed in
     between would put other rows (or half lines) into the splits."""
-    from personaemp.build import split as split_stage
+    from personaemp.dataset import split as split_stage
 
     path = write_users(tmp_path / "in.jsonl", [user(f"u{i:02d}") for i in range(10)])
     decide = split_stage.random_split
@@ -854,7 +854,7 @@ def test_an_input_rewritten_while_split_decides_is_refused_and_nothing_is_writte
 
 def test_split_holds_five_levels_per_user_not_the_rows(tmp_path):
     """What the split decides on is a Splittable per user (id, offset, levels, count)."""
-    from personaemp.build.split import Splittable, read_users
+    from personaemp.dataset.split import Splittable, read_users
 
     rows = [user(f"u{i:02d}", queries=1 + i % 3) for i in range(5)]
     path = write_users(tmp_path / "in.jsonl", rows)

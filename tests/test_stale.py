@@ -15,8 +15,8 @@ from fake_openai import FakeOpenAI
 from test_evaluation import judge, user_row
 from typer.testing import CliRunner
 
-from personaemp.build.split import split_users
 from personaemp.cli import app
+from personaemp.dataset.split import split_users
 
 
 def build(tmp_path: Path) -> Path:

@@ -1,4 +1,4 @@
-"""`personaemp stats` (personaemp.build.stats) and the statistics in the dataset card.
+"""`personaemp stats` (personaemp.dataset.stats) and the statistics in the dataset card.
 
 A small hand-made build (filter report, personas, queries, real splits) whose figures are
 worked out by hand below; the card is checked against the stats.json published beside it.
@@ -15,10 +15,10 @@ from conftest import write_json, write_jsonl
 from test_publish import load, user_row, write_reports
 from typer.testing import CliRunner
 
-from personaemp.build.publish import publish
-from personaemp.build.split import split_users
-from personaemp.build.stats import compute_stats, sources_in, write_stats
 from personaemp.cli import app
+from personaemp.dataset.publish import publish
+from personaemp.dataset.split import split_users
+from personaemp.dataset.stats import compute_stats, sources_in, write_stats
 from personaemp.options import CHECKS
 from personaemp.records import BIG_FIVE
 from personaemp.workspace import record_stage
@@ -281,7 +281,7 @@ def test_a_second_dry_run_keeps_the_plots_listed_and_drops_stale_ones(processed,
 
 
 def test_plots_drawn_over_the_cores_are_the_bytes_drawn_in_one_process(processed):
-    from personaemp.build import stats as stage
+    from personaemp.dataset import stats as stage
 
     stats = compute_stats(sources_in(processed))
     stage._RENDERED.clear()
@@ -294,7 +294,7 @@ def test_push_after_stats_reuses_the_drawing_until_a_file_changes(processed, mon
     """`run` reads the files and draws the plots once for stats and push; a file written in
     between is read again, and plots whose figures changed are drawn again, so the card
     never shows stale figures."""
-    from personaemp.build import stats as stage
+    from personaemp.dataset import stats as stage
 
     monkeypatch.setattr(stage, "_COMPUTED", {})
     monkeypatch.setattr(stage, "_RENDERED", {})
@@ -321,7 +321,7 @@ def test_a_plot_drawn_once_is_the_png_savefig_makes(processed):
     lay the plot out): the PNG must not change."""
     import io
 
-    from personaemp.build import stats as stage
+    from personaemp.dataset import stats as stage
 
     stats = compute_stats(sources_in(processed))
     for name in ("funnel.png", "big_five_random.png"):  # one panel per kind of plot is enough
@@ -479,7 +479,7 @@ def test_every_plot_is_readable_at_100_and_at_10000_users(users):
     the per-language counts touched ("13265274317761155"), the Big Five plots had no axis
     title and ticks cut to "openn."/"consc.", and checks.png showed 0-1 where the card says
     percent. Every axis has a title; no two tick labels, and no two value labels, overlap."""
-    from personaemp.build import stats as stage
+    from personaemp.dataset import stats as stage
 
     stats = stats_of(users)
     names = stage.figure_names(stats)
@@ -510,7 +510,7 @@ def test_spread_from_counts_is_the_spread_of_the_values():
     import statistics
     from collections import Counter
 
-    from personaemp.build.stats import _spread
+    from personaemp.dataset.stats import _spread
 
     rng = random.Random(5)
     for size in (1, 2, 3, 10, 11, 200, 201):

@@ -27,7 +27,7 @@ def test_infer_persona_on_vllm_writes_cited_personas(sample_build, tmp_path):
     counts the vLLM rounds and their requests."""
     import ray
 
-    from personaemp.build.options import PersonaOptions
+    from personaemp.dataset.options import PersonaOptions
     from personaemp.options import LLMOptions, PathsOptions
     from personaemp.registry import STAGES, RunOptions
 

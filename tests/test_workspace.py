@@ -1,4 +1,4 @@
-"""personaemp.workspace (stage manifests, the lock) and the LLM run report (llm.run.append_report).
+"""personaemp.workspace (stage manifests, the lock) and the LLM run report (llm.stage.append_report).
 
 Concurrency is tested with real processes on real files under tmp_path; nothing is timed.
 """
@@ -14,8 +14,8 @@ import pytest
 from conftest import write_json
 
 from personaemp.errors import InputError
-from personaemp.llm.run import append_report
 from personaemp.llm.settings import LLMSettings
+from personaemp.llm.stage import append_report
 from personaemp.workspace import MANIFEST_FILE, locked, read_manifest, record_stage, stage_chain
 
 # fork where there is one: a spawned child re-imports this module and personaemp (about 1.5 s

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import jsonlines
 
-from personaemp.build.card import cell
+from personaemp.dataset.card import cell
 from personaemp.io import rewrite_generated
 from personaemp.records import CATEGORIES
 

@@ -23,13 +23,13 @@ from rich.console import Console
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "bench" / "build")]  # benchlib, cost_bench
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "bench" / "dataset")]  # benchlib, cost_bench
 
 from benchlib import fake_endpoint, parser  # noqa: E402
 from cost_bench import queries_from  # noqa: E402
 from cost_bench import responder as capable  # noqa: E402
 
-from personaemp.build.split import split_users  # noqa: E402
+from personaemp.dataset.split import split_users  # noqa: E402
 from personaemp.evaluation.criteria import write_criteria  # noqa: E402
 from personaemp.evaluation.evaluate import evaluate  # noqa: E402
 from personaemp.evaluation.respond import write_responses  # noqa: E402

@@ -45,7 +45,7 @@ from fake_openai import FakeOpenAI  # noqa: E402
 from prefix_cache_bench import SAMPLE, SYSTEMS, layout_free  # noqa: E402
 
 import personaemp  # noqa: E402
-from personaemp.build.split import split_users  # noqa: E402
+from personaemp.dataset.split import split_users  # noqa: E402
 from personaemp.evaluation.criteria import write_criteria  # noqa: E402
 from personaemp.evaluation.evaluate import evaluate  # noqa: E402
 from personaemp.evaluation.respond import write_responses  # noqa: E402

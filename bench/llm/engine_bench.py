@@ -27,7 +27,7 @@ from pydantic import BaseModel
 from personaemp.llm.session import open_engine
 from personaemp.llm.settings import LLMSettings
 from personaemp.llm.step import Step
-from personaemp.runner import run_units
+from personaemp.units import run_units
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))

@@ -43,7 +43,7 @@ from eval_bench import RESPONSE, scripted  # noqa: E402
 from fake_openai import FakeOpenAI, schema_from_messages  # noqa: E402
 
 import personaemp  # noqa: E402
-from personaemp.build.split import split_users  # noqa: E402
+from personaemp.dataset.split import split_users  # noqa: E402
 from personaemp.evaluation.criteria import write_criteria  # noqa: E402
 from personaemp.evaluation.evaluate import evaluate  # noqa: E402
 from personaemp.evaluation.respond import write_responses  # noqa: E402

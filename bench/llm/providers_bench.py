@@ -24,9 +24,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from fake_openai import PROFILES, FakeOpenAI, reply  # noqa: E402
 
-from personaemp.build.filter import filter_users  # noqa: E402
-from personaemp.build.persona import infer_personas  # noqa: E402
-from personaemp.build.queries import generate_queries  # noqa: E402
+from personaemp.dataset.filter import filter_users  # noqa: E402
+from personaemp.dataset.persona import infer_personas  # noqa: E402
+from personaemp.dataset.queries import generate_queries  # noqa: E402
 from personaemp.llm.settings import LLMSettings  # noqa: E402
 
 SAMPLE = ROOT / "data" / "raw" / "alpsbench_sample" / "task1"

@@ -1,7 +1,7 @@
 """`personaemp agreement` on a build of the shipped sample against the fake endpoint.
 
 Builds the sample (filter -> ... -> push --dry-run) with the capable fake model of
-bench/build/cost_bench.py, lets two simulated reviewers label a review sample as the page posts
+bench/dataset/cost_bench.py, lets two simulated reviewers label a review sample as the page posts
 labels (each agrees with the judge's verdict with probability --agree, accepts what the
 build accepted likewise, finds a trait supported with probability 0.8), re-runs the check
 step with a second fake judge (another seed, another model name), and prints the figures
@@ -26,8 +26,8 @@ from conftest import SAMPLE_TASK1, order_free_responder  # noqa: E402
 from fake_openai import FakeOpenAI  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from personaemp.build.card import _table, quality_section  # noqa: E402
 from personaemp.config import llm_settings  # noqa: E402
+from personaemp.dataset.card import _table, quality_section  # noqa: E402
 from personaemp.options import LLMOptions, PathsOptions  # noqa: E402
 from personaemp.pipeline import run_pipeline  # noqa: E402
 from personaemp.registry import RunOptions  # noqa: E402

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 from benchlib import machine  # noqa: E402
 
-from personaemp.build.filter import filter_users  # noqa: E402
+from personaemp.dataset.filter import filter_users  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "alpsbench" / "task1"
 

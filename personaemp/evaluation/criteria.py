@@ -73,7 +73,7 @@ async def awrite_criteria(
 ):
     """Criteria for every accepted query of `input_path`; returns the stage report. `layout`:
     the authors' ("paper": each request holds its dimension's standard only) or "shared"."""
-    from personaemp.llm.run import arun_llm_stage
+    from personaemp.llm.stage import arun_llm_stage
 
     units = query_units(input_path, "pass gen-queries' output (queries.jsonl) or a split file")
     selected = pick_queries(units, input_path, limit, users)

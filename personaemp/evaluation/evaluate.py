@@ -82,8 +82,8 @@ from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
 from personaemp.llm.reply import split_reasoning
 from personaemp.prompts import LAYOUTS, load_prompt
 from personaemp.records import BIG_FIVE, DIMENSIONS, Response
-from personaemp.runner import ENDPOINT_KINDS
 from personaemp.splits import LEVELS, split_file
+from personaemp.units import ENDPOINT_KINDS
 
 STAGE = "evaluate"
 
@@ -375,7 +375,7 @@ def checked_criteria(criteria_file: Path | None, queries: list[dict], input_path
 
 async def ajudge_all(settings, units, options, prompts, used, mode, input_path, base, retry_failed, console):
     """One judge over every unit, into `<base>.scores.jsonl`; returns the stage report."""
-    from personaemp.llm.run import arun_llm_stage
+    from personaemp.llm.stage import arun_llm_stage
 
     step = used[0]
 
@@ -562,13 +562,13 @@ def judge_panel(options, settings, env: Mapping[str, str] | None = None) -> list
 
 
 async def from_options(options, console, settings, retry=False, env=None):
-    """`personaemp evaluate` on its options (`--dialogues`: evaluation/sessions.py)."""
+    """`personaemp evaluate` on its options (`--dialogues`: evaluation/dialogues.py)."""
     from personaemp.results import of_evaluate
 
     if options.dialogues:
-        from personaemp.evaluation import sessions
+        from personaemp.evaluation.dialogues import from_options as dialogues_from_options
 
-        return await sessions.from_options(options, console, settings, retry)
+        return await dialogues_from_options(options, console, settings, retry)
 
     report, evaluation = await aevaluate(
         options.splits, [Path(path) for path in options.responses], options.output, settings,

@@ -56,7 +56,7 @@ async def awrite_responses(
 ):
     """A response to every query of `splits/<split>/<part>.jsonl`; returns the stage report."""
     from personaemp.llm.ray_executor import shared_per
-    from personaemp.llm.run import arun_llm_stage
+    from personaemp.llm.stage import arun_llm_stage
 
     input_path, units, policy_view = policy_units(splits, split, part, context, mismatch_seed)
     selected = pick_queries(units, input_path, limit, None)

@@ -22,7 +22,7 @@ from personaemp.instruments.judges import (
 )
 from personaemp.prompts import Prompt
 from personaemp.records import DIMENSIONS
-from personaemp.runner import ENDPOINT_KINDS
+from personaemp.units import ENDPOINT_KINDS
 
 
 async def score_unit(
@@ -30,7 +30,7 @@ async def score_unit(
 ) -> dict:
     """The judgments of one unit under the rules of `options`. `step` and `build` (the judge
     step and its request builder): the single-turn judges by default, the session judges for
-    dialogues (evaluation/sessions.py)."""
+    dialogues (evaluation/dialogues.py)."""
     row: dict[str, Any] = {
         key: unit[key]
         for key in ("unit_id", "system", "query_id", "user_id", "category", "big_five", "status")

@@ -160,7 +160,7 @@ def table_cells(
 
 # --- the multi-turn table (reports of `evaluate --dialogues`) ---------------------------------------
 
-SESSIONS = "dialogues"  # the report kind (evaluation/sessions.py)
+SESSIONS = "dialogues"  # the report kind (evaluation/dialogues.py)
 SESSION_COLUMNS = ("Final", "Met %", "H", "n")
 
 

@@ -39,7 +39,7 @@ CATEGORY_TAG = "[{category}]"
 MESSAGE_LINE = "(moment: {moment}) {query}"
 
 
-# One moment of the situations step (build/queries.py) and the message the user sends at it;
+# One moment of the situations step (dataset/queries.py) and the message the user sends at it;
 # the judge reads the moment's category and memory ids. (A comment, not a docstring: pydantic
 # would send a docstring in the schema, billed in every request.)
 class SituationReply(BaseModel):

@@ -1,6 +1,6 @@
 """The simulated user: who it plays (SimulatedUser: one user's grounding and the moment of one
 query), its steps (the hidden need, its next message, the in-character check) and one checked
-turn (`simulate_user_turn`). gen-dialogues (build/dialogues.py) and the training Interaction
+turn (`simulate_user_turn`). gen-dialogues (dataset/dialogues.py) and the training Interaction
 (training/interaction.py) ask it the same way; the rules it must keep are simulator_rules.py."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ keep its hidden need to itself (a long stretch of it copied into the message giv
 never state its emotion as a number or a score, and not leave after the supporter's first
 reply; not echo the supporter's last reply, its own earlier messages or the prompt's
 text; not say its need is met by a reply that lowered its emotion. Staying in character and
-inventing no facts are judged by an LLM (the in_character step of build/dialogues.py).
+inventing no facts are judged by an LLM (the in_character step of dataset/dialogues.py).
 """
 
 from __future__ import annotations

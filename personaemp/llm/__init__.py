@@ -15,9 +15,9 @@ raises `RejectedReply` (the engine re-asks first). `EndpointError` stops the who
 
 from personaemp.llm.endpoints import LLMError
 from personaemp.llm.engine import CallResult, EndpointError, Engine
-from personaemp.llm.run import StageReport, run_llm_stage
 from personaemp.llm.session import open_engine
 from personaemp.llm.settings import LLMSettings
+from personaemp.llm.stage import StageReport, run_llm_stage
 from personaemp.llm.step import RejectedReply, Step
 
 __all__ = [

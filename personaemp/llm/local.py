@@ -53,7 +53,7 @@ class GrammarLastSampler:
 
     llama-cpp-python 0.3 puts the grammar first in its sampler chain, so every token checks
     all 262,144 gemma-3 tokens (151,936 for Qwen2.5) against the grammar: 10.7 tokens/s on 2 cores against 51
-    without a grammar, 48.6 with this sampler (bench/build/demo_bench.py --sampler). llama.cpp's
+    without a grammar, 48.6 with this sampler (bench/dataset/demo_bench.py --sampler). llama.cpp's
     own server samples first and checks the one token picked; the output is the same
     (greedy: the best allowed token either way). This does that.
 

@@ -548,7 +548,7 @@ def rejudge(queries: Path, output: Path, settings, console=None):
     cached like every LLM stage. Returns the stage report."""
     from personaemp.instruments.query_check import CHECK
     from personaemp.io import read_stage_rows
-    from personaemp.llm.run import LLMStage, run_stage
+    from personaemp.llm.stage import LLMStage, run_stage
     from personaemp.prompts import load_prompt
     from personaemp.records import Persona
 

@@ -3,17 +3,13 @@ imports, with a DeprecationWarning naming the new module, until the next release
 
 from __future__ import annotations
 
-import importlib
-import importlib.abc
-import importlib.util
-import sys
-import warnings
+from personaemp.moved import keep_old_path
 
 MOVED = {
-    "filter": "personaemp.build.filter", "persona": "personaemp.build.persona",
-    "queries": "personaemp.build.queries", "split": "personaemp.build.split",
-    "stats": "personaemp.build.stats", "dataset_card": "personaemp.build.card",
-    "publish": "personaemp.build.publish", "merge": "personaemp.build.merge",
+    "filter": "personaemp.dataset.filter", "persona": "personaemp.dataset.persona",
+    "queries": "personaemp.dataset.queries", "split": "personaemp.dataset.split",
+    "stats": "personaemp.dataset.stats", "dataset_card": "personaemp.dataset.card",
+    "publish": "personaemp.dataset.publish", "merge": "personaemp.dataset.merge",
     "criteria": "personaemp.evaluation.criteria", "respond": "personaemp.evaluation.respond",
     "evaluate": "personaemp.evaluation.evaluate", "table": "personaemp.evaluation.table",
     "review": "personaemp.review.page", "agreement": "personaemp.review.agreement",
@@ -21,23 +17,4 @@ MOVED = {
 }  # fmt: skip
 
 
-class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """`personaemp.stages.<x>` is the module at its new path (the same object)."""
-
-    def find_spec(self, name, path=None, target=None):
-        prefix, _, short = name.rpartition(".")
-        if prefix == __name__ and short in MOVED:
-            return importlib.util.spec_from_loader(name, self)
-        return None
-
-    def create_module(self, spec):
-        new = MOVED[spec.name.rpartition(".")[2]]
-        warnings.warn(f"{spec.name} moved to {new}; import it from there", DeprecationWarning, stacklevel=2)
-        return importlib.import_module(new)
-
-    def exec_module(self, module) -> None:
-        pass  # the module at its new path ran already
-
-
-if not any(isinstance(finder, _Moved) for finder in sys.meta_path):
-    sys.meta_path.insert(0, _Moved())
+keep_old_path(__name__, MOVED.get)

@@ -54,7 +54,7 @@ from typing import Any
 
 from personaemp.errors import InputError, UnitError
 from personaemp.instruments.judges import NEUTRAL, harmonic
-from personaemp.instruments.sessions import ROOM, SESSION_JUDGE_DYNAMIC, dialogue_text, session_messages
+from personaemp.instruments.session_judges import ROOM, SESSION_JUDGE_DYNAMIC, dialogue_text, session_messages
 from personaemp.instruments.simulator import (
     GIVE_UP,
     INITIAL_EMOTION,
@@ -69,7 +69,7 @@ from personaemp.instruments.simulator import (
 from personaemp.llm.reply import split_reasoning
 from personaemp.prompts import load_prompt, prompts_per_variant
 from personaemp.records import DIMENSIONS, DialogueTurn
-from personaemp.runner import ENDPOINT_KINDS
+from personaemp.units import ENDPOINT_KINDS
 
 NAME = "personaemp"  # the interaction's name in verl's YAML and in interaction_kwargs
 CLASS_PATH = "personaemp.training.interaction.SimulatedUserInteraction"

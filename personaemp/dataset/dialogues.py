@@ -223,8 +223,8 @@ async def agenerate_dialogues(
     file; `per_user`, `limit`: the first ones); returns the stage report. The simulator is
     `settings` ([llm]); the supporter too unless `supporter_model` / `supporter_base_url`."""
     from personaemp.llm.ray_executor import EngineBeside, shared_per
-    from personaemp.llm.run import arun_llm_stage
     from personaemp.llm.session import open_engine
+    from personaemp.llm.stage import arun_llm_stage
 
     options = options or DialogueOptions()
     if settings.batch is not None or settings.llm == "vllm":

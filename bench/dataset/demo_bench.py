@@ -12,7 +12,7 @@ Runs the demo config from a clean work folder (nothing cached), then prints:
   (grammar over the whole vocabulary) and with ours (grammar checked after the pick), and
   the same prompt without a grammar.
 
-    .venv/bin/python bench/build/demo_bench.py [--sampler]
+    .venv/bin/python bench/dataset/demo_bench.py [--sampler]
 """
 
 from __future__ import annotations

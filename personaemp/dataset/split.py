@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from personaemp import freshness
-from personaemp.build.options import SplitOptions
+from personaemp.dataset.options import SplitOptions
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, atomic_output, file_stamp, iter_jsonl, read_jsonl_at, write_json_atomic
 from personaemp.parallel import fork_map

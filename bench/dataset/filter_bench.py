@@ -16,7 +16,7 @@ wall time is what a user waits for on 2 cores, and the peak RSS is summed over t
 filter's processes. Prints the machine, users/s, the filter/parse ratios (target <= 2.0)
 and that peak (target <= 500 MB).
 
-    .venv/bin/python bench/build/filter_bench.py [--users 100000] [--source ../shared/alpsbench/task1]
+    .venv/bin/python bench/dataset/filter_bench.py [--users 100000] [--source ../shared/alpsbench/task1]
 """
 
 from __future__ import annotations

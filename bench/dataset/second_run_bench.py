@@ -9,7 +9,7 @@ embedded model; the tour's commands are read from the README's "A five-minute to
 so they cannot drift, and talk to bench/capable_server.py (tests/fake_openai.py answering
 like a capable model) through the variables the README exports.
 
-    .venv/bin/python bench/build/second_run_bench.py
+    .venv/bin/python bench/dataset/second_run_bench.py
 """
 
 from __future__ import annotations

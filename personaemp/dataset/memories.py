@@ -32,7 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from personaemp.aio import sync_twin
-from personaemp.build.taxonomy import TAXONOMY, UNMAPPED, label_family
+from personaemp.dataset.taxonomy import TAXONOMY, UNMAPPED, label_family
 from personaemp.errors import InputError
 from personaemp.io import ErrorPolicy, file_sha256, iter_jsonl, read_stage_rows
 from personaemp.llm.step import RejectedReply, Step, edit_schema, id_choice
@@ -409,7 +409,7 @@ async def aextract_memories(
     memories in the shape AlpsBench's task1 scorer reads."""
     import tempfile
 
-    from personaemp.llm.run import arun_stage
+    from personaemp.llm.stage import arun_stage
 
     input_path, output_path = Path(input_path), Path(output_path)
     with tempfile.TemporaryDirectory(prefix="personaemp-estimate-") as scratch:
@@ -431,13 +431,13 @@ async def aextract_memories(
     waiting = bool(report.batch and report.batch["files"])  # a batch round to come
     if not settings.estimate and not waiting:
         if compare_gold is not None:
-            from personaemp.build.memory_gold import compare_with_gold, write_comparison
+            from personaemp.dataset.memory_gold import compare_with_gold, write_comparison
 
             figures = compare_with_gold(plan.output, Path(compare_gold), match_threshold, plan.picked())
             write_comparison(figures, output_path.with_name("gold_comparison.json"))
             summary.gold = figures
         if alpsbench_predictions:
-            from personaemp.build.memory_gold import write_predictions
+            from personaemp.dataset.memory_gold import write_predictions
 
             gold = Path(compare_gold) if compare_gold is not None else None
             write_predictions(plan.output, output_path.with_name(PREDICTIONS), gold)
@@ -458,7 +458,7 @@ def memory_stage(
     shard: str | None = None,
 ):
     """The stage as an LLMStage over conversations.jsonl (`run` calls this once the log is read)."""
-    from personaemp.llm.run import LLMStage
+    from personaemp.llm.stage import LLMStage
 
     rows = read_stage_rows(units_path, Conversations, kind="conversations")[0]
     name, output_path, rows, selected = sharded_pick(

@@ -7,7 +7,7 @@ counted as characters / 4 over every prompt and reply of every step (persona wit
 situations with their messages, checks), so the figure does not depend on an endpoint's tokenizer.
 Target: <= 5,000 tokens per accepted query, Big Five included.
 
-    .venv/bin/python bench/build/cost_bench.py [--users 100]
+    .venv/bin/python bench/dataset/cost_bench.py [--users 100]
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
 from benchlib import fake_endpoint, parser  # noqa: E402
 
-from personaemp.build.filter import filter_users  # noqa: E402
-from personaemp.build.persona import infer_personas  # noqa: E402
-from personaemp.build.queries import LANGUAGE_NAMES, generate_queries  # noqa: E402
+from personaemp.dataset.filter import filter_users  # noqa: E402
+from personaemp.dataset.persona import infer_personas  # noqa: E402
+from personaemp.dataset.queries import LANGUAGE_NAMES, generate_queries  # noqa: E402
 from personaemp.language import detect_language  # noqa: E402
 
 # One message per category and language; other languages reuse the user's own messages.

@@ -5,7 +5,7 @@ stretch (in words, personaemp.checks.words) a candidate query shares with that u
 turns and memories — the figure the `not_copied` check compares with
 personaemp.checks.COPY_WORDS. Candidates:
 
-- honest, written: the capable fake model's queries (bench/build/cost_bench.py), in the user's
+- honest, written: the capable fake model's queries (bench/dataset/cost_bench.py), in the user's
   language where it has one;
 - honest, human: other users' real messages (clipped to 300 characters): natural text in
   the same languages that owes nothing to this user — what chance overlap looks like;
@@ -13,7 +13,7 @@ personaemp.checks.COPY_WORDS. Candidates:
 - planted, k tokens spliced: an honest query with k consecutive tokens of the user's own message
   spliced in (k = 4..16; a CJK user's k characters are k/2 words): where a partial copy is caught.
 
-    .venv/bin/python bench/build/copy_bench.py [--input DIR]
+    .venv/bin/python bench/dataset/copy_bench.py [--input DIR]
 
 Prints the distributions and the share each threshold would reject; asserts nothing.
 """
@@ -30,11 +30,10 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "bench" / "build")]  # the benches it borrows from
+sys.path[:0] = [str(ROOT / "bench" / "dataset")]  # the benches it borrows from
 
 from cost_bench import SENTENCES  # noqa: E402
 
-from personaemp.build.filter import filter_users  # noqa: E402
 from personaemp.checks import (  # noqa: E402
     COPY_SHARE,
     COPY_SHORT,
@@ -45,6 +44,7 @@ from personaemp.checks import (  # noqa: E402
     tokens,
     words,
 )
+from personaemp.dataset.filter import filter_users  # noqa: E402
 
 
 def clip(text: str, size: int = 300) -> str:

@@ -47,8 +47,8 @@ def merge_shards(stage: str, input_path: Path, output_path: Path, work_dir: Path
     """Join the shard files of `stage` beside `output_path` into `output_path` (see the
     module's docstring). Nothing is written unless every unit is accounted for. The
     summed report goes where the parts' reports are (`work_dir`'s if none was recorded)."""
-    from personaemp.llm.run import REPORT_FILE
-    from personaemp.runner import _scan
+    from personaemp.llm.stage import REPORT_FILE
+    from personaemp.units import _scan
     from personaemp.workspace import locked, read_manifest, record_stage
 
     if stage not in STAGES:
@@ -146,14 +146,14 @@ def _find_parts(output: Path) -> dict[int, Path]:
 def _input_rows(stage: str, input_path: Path):
     """The stage's units as its run reads them (io.StageRows)."""
     if stage == "extract-memories":  # its units: the users read from the log, beside the output
-        from personaemp.build.memories import Conversations
+        from personaemp.dataset.memories import Conversations
 
         return read_stage_rows(input_path, Conversations, kind="conversations")[0]
     if stage == "infer-persona":
-        from personaemp.build.persona import read_rows
+        from personaemp.dataset.persona import read_rows
 
         return read_rows(input_path)
-    from personaemp.build.queries import read_personas
+    from personaemp.dataset.queries import read_personas
 
     return read_personas(input_path)[0]
 
@@ -161,7 +161,7 @@ def _input_rows(stage: str, input_path: Path):
 def _check_fresh(units, parts: dict[int, Path], reports: list, stage: str, input_path: Path) -> None:
     """Stop on a shard made from another version of the input: each row's input_hash must be
     the hash of today's input row with the fingerprint its run recorded (its run report)."""
-    from personaemp.runner import _scan, unit_hash
+    from personaemp.units import _scan, unit_hash
 
     count = len(parts)
     fingerprints: dict[int, str] = {}
@@ -268,7 +268,7 @@ def from_options(stage: str, options, console, input_path: Path | None = None, o
     check_paths([(name, section), ("llm", options.llm)])
     units = section.input
     if stage == "extract-memories":  # its units: the users read from the log, beside its output
-        from personaemp.build.memories import conversations_path, extract_args, write_conversations
+        from personaemp.dataset.memories import conversations_path, extract_args, write_conversations
 
         units = conversations_path(section.output)
         # Read from the log as it is now (left alone when unchanged), so a shard made from

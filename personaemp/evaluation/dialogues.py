@@ -8,7 +8,7 @@ dialogue:
   trajectory  read off the record, no LLM: initial and final emotion, their difference, the
               supporter turn at which the hidden need was first met, how it ended, turns;
   PERM        the three dimensions over the supporter's whole side of the conversation
-              (instruments/sessions.py), H their harmonic mean of score / 5: fixed (the
+              (instruments/session_judges.py), H their harmonic mean of score / 5: fixed (the
               default) against criteria written for the dialogue the paper's way (the
               criteria writer of `personaemp criteria` on the opening message, the moment,
               the persona and the memories: no reply seen, the same request, so the same
@@ -54,7 +54,7 @@ from personaemp.instruments.judges import (
     harmonic,
 )
 from personaemp.instruments.judges import check_sampling as check_sampling
-from personaemp.instruments.sessions import (
+from personaemp.instruments.session_judges import (
     ROOM,
     SESSION_JUDGE,
     SESSION_JUDGE_DYNAMIC,
@@ -261,7 +261,7 @@ async def aevaluate_dialogues(
     by default only the queries every system has a dialogue for (`all_dialogues`: each
     system's own, not comparable); returns (stage report, evaluation), the evaluation None
     after an estimate."""
-    from personaemp.llm.run import arun_llm_stage
+    from personaemp.llm.stage import arun_llm_stage
 
     options = options or JudgeOptions()
     if options.bystander:

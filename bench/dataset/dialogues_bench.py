@@ -8,7 +8,7 @@ and per turn of the training Interaction; and gen-dialogues' wall time against i
 the turns of one dialogue are sequential, so the bound is the larger of the summed latency
 over 32 slots and the longest dialogue's own summed latency (target: wall <= 1.2x bound).
 
-    .venv/bin/python bench/build/dialogues_bench.py [--dialogues 100] [--concurrency 32] [--median 0.1]
+    .venv/bin/python bench/dataset/dialogues_bench.py [--dialogues 100] [--concurrency 32] [--median 0.1]
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from fake_openai import FakeOpenAI, serve_until_killed  # noqa: E402
 from test_dialogues import text_of, user_row, write_queries  # noqa: E402
 from test_sessions import Judged, session_step  # noqa: E402
 
-from personaemp.build.dialogues import DialogueOptions, generate_dialogues  # noqa: E402
-from personaemp.evaluation.sessions import evaluate_dialogues  # noqa: E402
+from personaemp.dataset.dialogues import DialogueOptions, generate_dialogues  # noqa: E402
+from personaemp.evaluation.dialogues import evaluate_dialogues  # noqa: E402
 from personaemp.llm.settings import LLMSettings  # noqa: E402
 from personaemp.training.export import write_export  # noqa: E402
 from personaemp.training.interaction import SimulatedUserInteraction  # noqa: E402

@@ -1,6 +1,6 @@
 """Language of a user: the old guesser against the new detector, on a hand-checked list.
 
-bench/build/language_gold.jsonl names, for each user, the language they write in, as read by a
+bench/dataset/language_gold.jsonl names, for each user, the language they write in, as read by a
 person from their own turns (a note says why for the hard cases: pasted text, code,
 mixed). Users whose language the reader could not decide have `language: null` and are
 left out. `set` is "development" for the users read while the rules of
@@ -8,10 +8,10 @@ personaemp/language.py were written and "held-out" for those read after they wer
 This script reads those users' turns from the shipped sample and the shared one, asks
 both detectors, and prints each one's accuracy and misses:
 
-    .venv/bin/python bench/build/language_bench.py [--shipped DIR] [--shared DIR]
+    .venv/bin/python bench/dataset/language_bench.py [--shipped DIR] [--shared DIR]
 
 "old" is the guesser this project had before (writing system, then common words, on the
-first 1,000 characters of the user's turns), kept in bench/build/language_old.py to be measured;
+first 1,000 characters of the user's turns), kept in bench/dataset/language_old.py to be measured;
 "new" is personaemp.language.user_language. Timings are printed, not asserted.
 """
 
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "bench" / "build")]  # the benches it borrows from
+sys.path[:0] = [str(ROOT / "bench" / "dataset")]  # the benches it borrows from
 
 import language_old  # noqa: E402
 
@@ -57,7 +57,7 @@ def old_language(turns: list[str]) -> str | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gold", type=Path, default=ROOT / "bench" / "build" / "language_gold.jsonl")
+    parser.add_argument("--gold", type=Path, default=ROOT / "bench" / "dataset" / "language_gold.jsonl")
     parser.add_argument("--shipped", type=Path, default=ROOT / "data" / "raw" / "alpsbench_sample" / "task1")
     parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "alpsbench" / "task1")
     args = parser.parse_args()

@@ -5,7 +5,7 @@ One row per accepted query, carrying its user's persona, Big Five levels and mem
 text unless asked for (`include_dialogue`). Configs `random` and `ood`, each with train
 and test. `--dry-run` writes exactly the repository that would be uploaded.
 
-The card's statistics (personaemp.build.stats) are computed once from the same build and
+The card's statistics (personaemp.dataset.stats) are computed once from the same build and
 published three ways: the card's tables, its plots (`figures/*.png`, linked relatively)
 and `stats.json`.
 
@@ -44,8 +44,8 @@ import msgspec
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from personaemp import freshness
-from personaemp.build.card import QUALITY_PLOT, render_card
-from personaemp.build.stats import (
+from personaemp.dataset.card import QUALITY_PLOT, render_card
+from personaemp.dataset.stats import (
     FIGURE_DIR,
     FINAL_EMOTION_PLOT,
     STATS_FILE,
@@ -609,7 +609,7 @@ DIALOGUES = "dialogues"  # the config of gen-dialogues' output, when it exists
 # A published turn: the simulated user's state (and inner thought) stays, its per-reply checks
 # are the card's pass rates.
 TURN_FIELDS = {"role", "text", "emotion", "change", "reason", "need_met", "thought"}
-DIALOGUE_FAILURES = "gen-dialogues.failures.jsonl"  # beside the dialogues file (llm/run.py names it)
+DIALOGUE_FAILURES = "gen-dialogues.failures.jsonl"  # beside the dialogues file (llm/stage.py names it)
 
 
 def dialogue_parts(path: Path, files: dict[str, dict[str, Path]], staging: Path, warnings: list[str]):

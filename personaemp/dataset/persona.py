@@ -277,7 +277,7 @@ async def ainfer_personas(input_path: Path, output_path: Path, settings, *, cons
     (`run` with a limit: yes; a quick look from the command line, the default: no); `shard`
     ("I/N"): only part I of N of the users, into its own files (see personaemp/shards.py);
     `retry_failed`, `require_depth`, `enforce`."""
-    from personaemp.llm.run import arun_stage
+    from personaemp.llm.stage import arun_stage
 
     plan = persona_stage(input_path, output_path, **options)
     report = await arun_stage(plan, settings=settings, console=console)
@@ -305,7 +305,7 @@ def persona_stage(
     `stream`: the input's rows as the filter writes them (`run`, streaming.FilterFeed),
     instead of reading `input_path`; every user then, no shard. `enforce`: the persona
     checks a reply must pass (None: all)."""
-    from personaemp.llm.run import LLMStage
+    from personaemp.llm.stage import LLMStage
 
     enforce = persona_checks(enforce)
     if stream is not None:

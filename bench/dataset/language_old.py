@@ -1,6 +1,6 @@
 """The language guesser personaemp had before py3langid (writing system, then common words).
 
-Kept only for bench/build/language_bench.py to measure against; the toolkit does not use it.
+Kept only for bench/dataset/language_bench.py to measure against; the toolkit does not use it.
 """
 
 from __future__ import annotations

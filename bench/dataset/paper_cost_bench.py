@@ -2,7 +2,7 @@
 
 The same 100 users go through both pipelines against the same logging OpenAI-compatible
 server (tests/fake_openai.py, scripted as a capable model) once per provider in
-bench/build/prices.toml. The server emulates that provider: DeepSeek refuses json_schema (so
+bench/dataset/prices.toml. The server emulates that provider: DeepSeek refuses json_schema (so
 the schema goes into the prompt text) and caches 64-token blocks; OpenAI takes
 json_schema, bills the schema as the prompt's prefix and caches from 1,024 tokens in
 128-token steps. Every billed token is counted by the server (characters / 4 of the
@@ -27,7 +27,7 @@ cached price.
 It also asks `--estimate` (nothing sent) for personaemp's run before making it and says
 how far the estimate's prompt and cached tokens were from what the server counted.
 
-    .venv/bin/python bench/build/paper_cost_bench.py [--users 100] [--look 20] [--packets DIR] [--paper DIR]
+    .venv/bin/python bench/dataset/paper_cost_bench.py [--users 100] [--look 20] [--packets DIR] [--paper DIR]
 
 The figures are the server's, so the bench measures any checkout: with
 `PYTHONPATH=/path/to/other/checkout` it measures that personaemp beside the same paper run.
@@ -60,10 +60,10 @@ from fake_openai import FakeOpenAI, schema_from_messages  # noqa: E402
 from prefix_cache_bench import layout_free  # noqa: E402
 
 import personaemp  # noqa: E402
-from personaemp.build.filter import filter_users  # noqa: E402
-from personaemp.build.persona import infer_personas  # noqa: E402
-from personaemp.build.queries import generate_queries  # noqa: E402
 from personaemp.config import llm_settings, load_config  # noqa: E402
+from personaemp.dataset.filter import filter_users  # noqa: E402
+from personaemp.dataset.persona import infer_personas  # noqa: E402
+from personaemp.dataset.queries import generate_queries  # noqa: E402
 from personaemp.options import LLMOptions  # noqa: E402
 from personaemp.pipeline import run_pipeline  # noqa: E402
 

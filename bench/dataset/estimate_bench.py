@@ -7,7 +7,7 @@ Filters the 1,200 real sessions of ../shared/alpsbench, takes a quick look at th
 scales the estimate per filtered user to the paper's 2,780 users, at DeepSeek-V3's list
 prices ($0.27 / $1.10 per million tokens, cache misses) as an example.
 
-    .venv/bin/python bench/build/estimate_bench.py [--look 10]
+    .venv/bin/python bench/dataset/estimate_bench.py [--look 10]
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ from rich.console import Console
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path[:0] = [str(ROOT / "bench" / "build")]  # the benches it borrows from
+sys.path[:0] = [str(ROOT / "bench" / "dataset")]  # the benches it borrows from
 
 from cost_bench import responder as capable  # noqa: E402
 from fake_openai import FakeOpenAI  # noqa: E402
 
-from personaemp.build.filter import filter_users  # noqa: E402
-from personaemp.build.persona import infer_personas  # noqa: E402
-from personaemp.build.queries import generate_queries  # noqa: E402
 from personaemp.config import load_config  # noqa: E402
+from personaemp.dataset.filter import filter_users  # noqa: E402
+from personaemp.dataset.persona import infer_personas  # noqa: E402
+from personaemp.dataset.queries import generate_queries  # noqa: E402
 from personaemp.llm.settings import LLMSettings  # noqa: E402
 from personaemp.pipeline import run_pipeline  # noqa: E402
 

@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from personaemp.build.taxonomy import label_family
+from personaemp.dataset.taxonomy import label_family
 from personaemp.errors import InputError
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_atomic
 

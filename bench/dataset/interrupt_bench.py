@@ -23,7 +23,7 @@ replies depend only on the request, so every build has the same rows. First a cl
 
 No assertion on speed: figures are printed.
 
-    .venv/bin/python bench/build/interrupt_bench.py [--trials 20] [--copies 3] [--seed 1]
+    .venv/bin/python bench/dataset/interrupt_bench.py [--trials 20] [--copies 3] [--seed 1]
         [--code CHECKOUT] [--sigint-ignored]
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from personaemp.build.stats import FIGURE_DIR, STATS_FILE
+from personaemp.dataset.stats import FIGURE_DIR, STATS_FILE
 from personaemp.records import BIG_FIVE
 from personaemp.summaries import interval_text, judges_text, not_scored_text
 
@@ -170,7 +170,7 @@ def _image(name: str, text: str, figures: list[str]) -> list[str]:
 
 
 def stats_section(stats: dict[str, Any], figures: list[str]) -> str:
-    """The card's statistics: every figure from `stats` (personaemp.build.stats.compute_stats,
+    """The card's statistics: every figure from `stats` (personaemp.dataset.stats.compute_stats,
     the dict published as stats.json beside the card), and its plots (`figures`: their paths)."""
     out = ["## Statistics", "", f"The same figures are in `{STATS_FILE}` (from `personaemp stats`).", ""]
     funnel = stats.get("funnel") or {}
@@ -446,7 +446,7 @@ def dialogues_section(found: dict[str, Any], figures: list[str] | None = None) -
     """The `dialogues` config: who played whom and that it is model-written, per language and
     supporter what was kept and lost, how they ended, the final emotions, each check's pass
     rate over every reply it judged ("not checked" where it never ran), the checks relaxed."""
-    from personaemp.build.stats import FINAL_EMOTION_PLOT
+    from personaemp.dataset.stats import FINAL_EMOTION_PLOT
 
     turns = found["turns"]
     judged = found.get("judged") or {}

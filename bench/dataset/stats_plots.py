@@ -6,8 +6,8 @@ plausible spreads (three categories, a dozen languages, 0-6 queries a user, leng
 20-1,000 characters, checks passing 60-99%), runs `personaemp stats` on it and prints
 where the PNGs are and how long it took.
 
-    .venv/bin/python bench/build/stats_plots.py --users 100 --out bench/out/stats-100
-    .venv/bin/python bench/build/stats_plots.py --users 10000 --out bench/out/stats-10000
+    .venv/bin/python bench/dataset/stats_plots.py --users 100 --out bench/out/stats-100
+    .venv/bin/python bench/dataset/stats_plots.py --users 10000 --out bench/out/stats-10000
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from personaemp.build.stats import write_stats  # noqa: E402
+from personaemp.dataset.stats import write_stats  # noqa: E402
 from personaemp.options import CHECKS  # noqa: E402
 from personaemp.records import BIG_FIVE  # noqa: E402
 

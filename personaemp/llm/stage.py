@@ -38,7 +38,7 @@ from personaemp.llm.session import open_engine
 from personaemp.llm.settings import LLMSettings
 from personaemp.llm.step import Step
 from personaemp.progress import emit
-from personaemp.runner import Link, StageOutcome, StageRun, Work, run_chain, run_units
+from personaemp.units import Link, StageOutcome, StageRun, Work, run_chain, run_units
 from personaemp.workspace import locked, record_stage
 
 REPORT_FILE = "run_report.json"

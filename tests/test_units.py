@@ -16,10 +16,10 @@ from fake_openai import FakeOpenAI, reply
 from pydantic import BaseModel
 
 from personaemp.errors import UnitError
-from personaemp.llm.run import run_llm_stage
 from personaemp.llm.settings import LLMSettings
+from personaemp.llm.stage import run_llm_stage
 from personaemp.llm.step import Step
-from personaemp.runner import run_units
+from personaemp.units import run_units
 
 TESTS = Path(__file__).parent
 
@@ -168,7 +168,7 @@ DRIVER = """
 import sys
 from pathlib import Path
 from pydantic import BaseModel
-from personaemp.llm.run import run_llm_stage
+from personaemp.llm.stage import run_llm_stage
 from personaemp.llm.settings import LLMSettings
 from personaemp.llm.step import Step
 
@@ -280,7 +280,7 @@ def test_a_chain_whose_streamed_input_fails_keeps_the_rows_of_users_it_never_saw
     """The stream (run's filter) fails after one new unit was done: the first stage must not
     rewrite its file from that one alone; the rows of an earlier run stay."""
     from personaemp.errors import InputError
-    from personaemp.runner import Link, StageRun, run_chain
+    from personaemp.units import Link, StageRun, run_chain
 
     output, failures = tmp_path / "first.jsonl", tmp_path / "first.failures.jsonl"
     second_out = tmp_path / "second.jsonl"
@@ -335,7 +335,7 @@ def test_a_chain_whose_streamed_input_fails_keeps_the_rows_of_users_it_never_saw
 def test_a_chain_finishes_the_first_stage_while_the_second_still_works(tmp_path):
     """The first stage's rewrite (and the reading of the second's whole input) is done as
     soon as its last unit ends, beside the second's last units, not after them."""
-    from personaemp.runner import Link, StageRun, run_chain
+    from personaemp.units import Link, StageRun, run_chain
 
     output = tmp_path / "first.jsonl"
     output.write_text(json.dumps({"id": "gone", "value": "stale", "input_hash": "x"}) + "\n")

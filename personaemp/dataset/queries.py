@@ -159,7 +159,7 @@ async def agenerate_queries(input_path: Path, output_path: Path, settings, *, co
 
     `options` are queries_stage's (`options`, `limit`, `users`, `retry_failed`, `full`,
     `shard`, as for `infer_personas`)."""
-    from personaemp.llm.run import arun_stage
+    from personaemp.llm.stage import arun_stage
 
     plan = queries_stage(input_path, output_path, **options)
     report = await arun_stage(plan, settings=settings, console=console)
@@ -185,7 +185,7 @@ def queries_stage(
 ):
     """The stage as an LLMStage. `chained`: its input is still being written (by
     infer-persona in the same run, see `handoff`), so it is not read now."""
-    from personaemp.llm.run import LLMStage
+    from personaemp.llm.stage import LLMStage
 
     options = options or QueryOptions()
     rows, ineligible, selected, name = [], 0, None, STAGE

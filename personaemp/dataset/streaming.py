@@ -42,7 +42,7 @@ _CHILD = (
     "signal.signal(signal.SIGTERM, stop)\n"
     "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
     "try:\n"
-    "    from personaemp.build.streaming import filter_child, tie_to_parent\n"
+    "    from personaemp.dataset.streaming import filter_child, tie_to_parent\n"
     "    tie_to_parent()\n"
     "    from personaemp.language import load_in_background\n"
     "    load_in_background()\n"
@@ -167,7 +167,7 @@ def filter_child() -> None:
     outcome, as frames on stdout."""
     from rich.console import Console
 
-    from personaemp.build.filter import filter_users
+    from personaemp.dataset.filter import filter_users
 
     filter_args = pickle.load(sys.stdin.buffer)
     out = sys.stdout.buffer
