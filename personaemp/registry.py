@@ -28,7 +28,7 @@ from typing import Any
 
 from rich.console import Console
 
-from personaemp import freshness, results, summaries
+from personaemp import manifest, results, summaries
 from personaemp.aio import run_sync
 from personaemp.options import CLI_COMMON, CLI_ONLY, COMMANDS, SECTIONS, markdown_tables, run_options
 from personaemp.training import options as training_options  # [reward] too (no command)
@@ -43,7 +43,7 @@ class Stage:
     summary: Callable[[Any, Console], None] | None = None  # (result, console): after the stage
     positional: tuple[str, ...] = ("input", "output")  # the Python function's positional arguments
     progress: bool = False  # the Python function's default: print progress and the summary
-    # An LLM stage skipped when current (freshness.py): its section has `force` and `shard`.
+    # An LLM stage skipped when current (manifest.py): its section has `force` and `shard`.
     fresh: bool = False
     wiring: Callable[[], dict[str, Any]] | None = None  # arguments that come from another product
     # Its TOML sections: its own first, declared in `options_module` (default: its product's
@@ -79,23 +79,21 @@ class Stage:
         return self._shown(self.call(self.options(options), console, **extra), console)
 
     async def arun(self, options, console: Console, llm=None, env: Mapping[str, str] | None = None, **extra):
-        """`run` of an LLM stage, awaited."""
+        """`run` of an LLM stage, awaited: resolve its options, skip it if current, run it,
+        record it, print its summary."""
         if llm is None:
             from personaemp.config import llm_settings
 
             llm = llm_settings(options.llm, env)
         section = self.options(options)
-        sections = [(self.sections[0], section)]
-        stamp = freshness.llm_stamp(sections, options.llm) if self.fresh else None
-        last = freshness.current(self.command, section.output, stamp, section.force) if stamp else None
+        books = manifest.LLMBooks(self.command, [(self.sections[0], section)], options.llm, kept=self.fresh)
+        last = books.current(section.force) if self.fresh else None  # a stage never skipped has no --force
         if last is not None:
-            console.print(freshness.unchanged(self.command, last))
+            console.print(books.unchanged(last))
             return results.StageResult(self.command, section.output, counts=last["result"])
         made = await self.call(section, console, llm, retry=options.llm.retry_failed, **extra)
-        self._shown(made, console)  # the summary first: a failed print records nothing
-        if stamp is not None:
-            freshness.llm_finished(self.command, sections, stamp, [made], made.counts)
-        return made
+        books.record([made], made.counts)
+        return self._shown(made, console)
 
     def _shown(self, result, console: Console):
         if self.summary is not None:

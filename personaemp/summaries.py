@@ -13,7 +13,7 @@ from personaemp.io import ErrorPolicy, iter_jsonl
 
 
 def print_filter_summary(report, console: Console) -> None:
-    if report.unchanged_since:  # skipped (personaemp.freshness): its one line
+    if report.unchanged_since:  # skipped (personaemp.manifest): its one line
         return console.print(report.unchanged_since)
     funnel = Table(title="filter funnel", title_justify="left")
     funnel.add_column("step")
@@ -451,7 +451,7 @@ def judges_text(figures: dict[str, Any]) -> str:
 
 def print_push(made, console: Console) -> None:
     result = made.report
-    if getattr(result, "unchanged_since", None):  # a dry run skipped (freshness.py): its one line
+    if getattr(result, "unchanged_since", None):  # a dry run skipped (manifest.py): its one line
         return console.print(result.unchanged_since)
     for setting, parts in result.rows.items():
         console.print(f"[bold]{setting}[/]: " + ", ".join(f"{split} {n} rows" for split, n in parts.items()))

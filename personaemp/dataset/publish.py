@@ -11,7 +11,7 @@ and `stats.json`.
 
 Every input is checked before anything is written or sent: the split files row by row
 (file:line and the field), split_report.json, and the reports the card quotes, which are
-found by following the split's input back through the stages' manifests (workspace.py).
+found by following the split's input back through the stages' manifests (manifest.py).
 
 A dry run lists what it wrote in `<out>/.personaemp-export.json`; the next export into
 the same folder removes only files of that list it no longer writes, never other files.
@@ -43,7 +43,7 @@ from typing import Any
 import msgspec
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from personaemp import freshness
+from personaemp import manifest
 from personaemp.dataset.card import QUALITY_PLOT, render_card
 from personaemp.dataset.stats import (
     FIGURE_DIR,
@@ -55,9 +55,9 @@ from personaemp.dataset.stats import (
 )
 from personaemp.errors import InputError, PersonaempError, RowError, first_problem
 from personaemp.io import ErrorPolicy, atomic_output, file_sha256, iter_jsonl, iter_records, write_json_atomic
+from personaemp.manifest import stage_chain
 from personaemp.records import BIG_FIVE, DIMENSIONS, REJECTED_KEYS
 from personaemp.splits import REPORT_FILE, SETTINGS_WRITTEN, check_queries_row, profile_of
-from personaemp.workspace import stage_chain
 
 SETTINGS = SETTINGS_WRITTEN  # the configs, one per split setting
 COLUMNS = (
@@ -144,7 +144,7 @@ class PublishResult:
     card: Path | None = None
     # Facts the card could not include (a report named by a manifest is gone, ...).
     warnings: list[str] = field(default_factory=list)
-    unchanged_since: str | None = None  # a dry run skipped: its one line (freshness.py)
+    unchanged_since: str | None = None  # a dry run skipped: its one line (manifest.py)
 
 
 # --- reading the splits ------------------------------------------------------------------------
@@ -245,6 +245,7 @@ def read_split_report(splits_dir: Path, present: list[str]) -> dict[str, Any]:
         _SplitReport.model_validate(report)
     except ValidationError as exc:
         raise InputError(f"{path}: not a split report ({first_problem(exc)})", SPLIT_HINT) from None
+    report["input"] = manifest.resolved(report.get("input"), splits_dir)  # stored relative to it
     if sorted(report["settings"]) != sorted(present):
         raise InputError(
             f"{path}: describes the settings {', '.join(sorted(report['settings'])) or 'none'}, "
@@ -458,7 +459,7 @@ def stage_reports(split_report: dict[str, Any]) -> tuple[dict[str, Any], list[st
         if not isinstance(run, dict) or run.get("full") is False:
             warnings.append(f"{path}: no full run of {stage}: it is left out of the card")
             continue
-        if run.get("output") and os.path.abspath(run["output"]) != os.path.abspath(entry["output"]):
+        if run.get("output") and not manifest.names(run["output"], path.parent, entry["output"]):
             warnings.append(
                 f"{path}: the last full run of {stage} wrote {run['output']}, not {entry['output']}: "
                 "it is left out of the card"
@@ -538,7 +539,7 @@ def _full_run(entry: dict[str, Any], stage: str) -> dict[str, Any]:
     run = ((report if isinstance(report, dict) else {}).get("stages") or {}).get(stage)
     if not isinstance(run, dict) or run.get("full") is False:
         return {}
-    if run.get("output") and os.path.abspath(run["output"]) != os.path.abspath(entry["output"]):
+    if run.get("output") and not manifest.names(run["output"], path.parent, entry["output"]):
         return {}
     return run
 
@@ -888,13 +889,13 @@ def publish(
             "dialogues": dialogues,
         }  # fmt: skip
         read = [*_read_by_push(splits_dir, split_report, criteria), *([Path(dialogues)] if dialogues else [])]
-        fingerprint = freshness.fingerprint(read, options)
-        last = freshness.current("push", out, fingerprint, force)
+        fingerprint = manifest.fingerprint(read, options)
+        last = manifest.current("push", out, fingerprint, force)
         if last is not None:
             result = last["result"]
             return PublishResult(
                 target=result["target"], rows=result["rows"], card=Path(result["card"]),
-                warnings=result["warnings"], unchanged_since=freshness.unchanged("push", last),
+                warnings=result["warnings"], unchanged_since=manifest.unchanged("push", last),
             )  # fmt: skip
     left_out: list[str] = []
     found = None
@@ -952,7 +953,7 @@ def publish(
                 "card": str(result.card),
                 "warnings": result.warnings,
             }
-            freshness.record("push", out, fingerprint, written, saved)
+            manifest.record("push", out, fingerprint, written, saved)
             return result
         _push(
             repository,

@@ -8,7 +8,7 @@ figures, its plots and stats.json cannot disagree. `push` calls both for the car
 What it reads, all optional but at least one (a build that stopped early is described
 as far as it went): the filter's report, personas.jsonl, queries.jsonl and the splits.
 Where they are: `sources_in(processed)` asks the manifest of the processed folder (each
-stage notes its output there, workspace.py), falling back to the default file names;
+stage notes its output there, manifest.py), falling back to the default file names;
 `sources_of_split(report)` follows the split's input back through the manifests.
 
 Figures (the paper describes its dataset with user personality distributions and query
@@ -37,13 +37,13 @@ from typing import Any
 
 import msgspec
 
-from personaemp import freshness
+from personaemp import manifest
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_atomic
+from personaemp.manifest import read_manifest, stage_chain
 from personaemp.options import CHECKS, PERSONA_CHECKS
 from personaemp.parallel import fork_map
 from personaemp.records import BIG_FIVE
-from personaemp.workspace import read_manifest, stage_chain
 
 STATS_FILE = "stats.json"
 FIGURE_DIR = "figures"
@@ -65,7 +65,15 @@ class StatsSources:
     splits: Path | None = None
 
     def found(self) -> dict[str, str | None]:
-        return {name: str(path) if path else None for name, path in vars(self).items()}
+        """Each file as the user named the build: relative to the current folder when it lies
+        there (a build names its files relative to itself; the machine's paths stay out)."""
+        return {name: _shown(path) if path else None for name, path in vars(self).items()}
+
+
+def _shown(path: Path) -> str:
+    here = Path.cwd()
+    absolute = Path(path).absolute()
+    return absolute.relative_to(here).as_posix() if absolute.is_relative_to(here) else str(path)
 
 
 @dataclass
@@ -74,7 +82,7 @@ class StatsResult:
     sources: StatsSources
     out: Path
     files: list[str] = field(default_factory=list)
-    unchanged_since: str | None = None  # set when skipped: its one line (freshness.py)
+    unchanged_since: str | None = None  # set when skipped: its one line (manifest.py)
 
 
 # --- where the files are -------------------------------------------------------------------------
@@ -89,10 +97,10 @@ def sources_in(processed: Path) -> StatsSources:
     processed = Path(processed)
     if not processed.is_dir():
         raise InputError(f"{processed}: no such folder", "pass the folder the stages wrote to (--processed)")
-    manifest = read_manifest(processed)
+    entries = read_manifest(processed)
 
     def entry(stage: str, key: str, default: str) -> Path | None:
-        return _existing((manifest.get(stage) or {}).get(key) or processed / default)
+        return _existing((entries.get(stage) or {}).get(key) or processed / default)
 
     sources = StatsSources(
         filter_report=entry("filter", "report", "filter_report.json"),
@@ -728,11 +736,11 @@ def write_stats(processed: Path, out: Path, force: bool = False) -> StatsResult:
     wrote is as it left it (`force`: never)."""
     sources = sources_in(Path(processed))
     out = Path(out)
-    fingerprint = freshness.fingerprint(list(vars(sources).values()), {"out": out})
-    last = freshness.current("stats", out, fingerprint, force)
+    fingerprint = manifest.fingerprint(list(vars(sources).values()), {"out": out})
+    last = manifest.current("stats", out, fingerprint, force)
     if last is not None:
         stats, files = last["result"]["stats"], last["result"]["files"]
-        line = freshness.unchanged("stats", last)
+        line = manifest.unchanged("stats", last)
         return StatsResult(stats=stats, sources=sources, out=out, files=files, unchanged_since=line)
     stats, figures = stats_and_figures(sources)
     if out.exists() and not out.is_dir():
@@ -744,7 +752,7 @@ def write_stats(processed: Path, out: Path, force: bool = False) -> StatsResult:
         files.append(f"{FIGURE_DIR}/{name}")
     write_json_atomic(out / STATS_FILE, stats)
     files.append(STATS_FILE)
-    freshness.record(
+    manifest.record(
         "stats", out, fingerprint, [out / name for name in files], {"stats": stats, "files": files}
     )
     return StatsResult(stats=stats, sources=sources, out=out, files=files)

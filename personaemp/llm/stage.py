@@ -37,9 +37,9 @@ from personaemp.llm.ray_vllm import rounds, uses_vllm
 from personaemp.llm.session import open_engine
 from personaemp.llm.settings import LLMSettings
 from personaemp.llm.step import Step
+from personaemp.manifest import locked, record_stage, report_entry
 from personaemp.progress import emit
 from personaemp.units import Link, StageOutcome, StageRun, Work, run_chain, run_units
-from personaemp.workspace import locked, record_stage
 
 REPORT_FILE = "run_report.json"
 logger = logging.getLogger("personaemp")
@@ -510,7 +510,7 @@ def append_report(path: Path, entry: dict[str, Any], settings: LLMSettings, full
         entries = report.get(section)
         if not isinstance(entries, dict):
             entries = report[section] = {}
-        entries[entry["stage"]] = {**entry, "full": full, "settings": settings.public()}
+        entries[entry["stage"]] = {**report_entry(entry, path), "full": full, "settings": settings.public()}
         write_json_atomic(path, report)
 
 
