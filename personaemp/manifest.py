@@ -383,12 +383,12 @@ class LLMBooks:
     under `stage` beside the last one's output: their stamp, taken when made; whether their
     last run is current; the record of a run that finished every unit."""
 
-    def __init__(self, stage: str, sections: list[tuple[str, Any]], llm, *, kept: bool = True):
-        """`sections`: the stages' (section name, resolved options); `llm`: the [llm] options;
-        `kept`: False for a stage that is never skipped (then nothing is stamped)."""
+    def __init__(self, stage: str, sections: list[tuple[str, Any]], llm):
+        """`sections`: the stages' (section name, resolved options, with `output`, `force` and
+        `shard`); `llm`: the [llm] options."""
         self.stage, self.sections = stage, list(sections)
         self.output = Path(self.sections[-1][1].output)
-        self.stamp = llm_stamp(self.sections, llm) if kept else None
+        self.stamp = llm_stamp(self.sections, llm)
 
     def current(self, force: bool = False) -> dict[str, Any] | None:
         """The last run's record when it is current (see `current`)."""

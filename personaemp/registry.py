@@ -86,13 +86,18 @@ class Stage:
 
             llm = llm_settings(options.llm, env)
         section = self.options(options)
-        books = manifest.LLMBooks(self.command, [(self.sections[0], section)], options.llm, kept=self.fresh)
-        last = books.current(section.force) if self.fresh else None  # a stage never skipped has no --force
+        books = (
+            manifest.LLMBooks(self.command, [(self.sections[0], section)], options.llm)
+            if self.fresh
+            else None
+        )
+        last = books.current(section.force) if books else None
         if last is not None:
             console.print(books.unchanged(last))
             return results.StageResult(self.command, section.output, counts=last["result"])
         made = await self.call(section, console, llm, retry=options.llm.retry_failed, **extra)
-        books.record([made], made.counts)
+        if books:
+            books.record([made], made.counts)
         return self._shown(made, console)
 
     def _shown(self, result, console: Console):
