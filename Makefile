@@ -16,7 +16,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DCMAKE_PROJECT_llama.cp
 # every CLI subprocess compiled openai, pydantic, datasets... again (make test: 130 s vs 93 s).
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: demo test test-fast lint format chromium docs bench
+.PHONY: demo test test-fast record-embedded lint format chromium docs bench
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,12 @@ test: $(BIN)/.installed chromium
 test-fast: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q -n 3 --dist worksteal -m "not embedded and not slow"
+
+# The embedded model's replies that the stage tests on `--llm local` replay (tests/cassettes.py,
+# tests/cassettes/embedded/), recorded again on the real model, one thread, temperature 0: after a
+# change of the model, llama-cpp-python or a prompt (tests/test_cassettes.py says which). Minutes.
+record-embedded: $(BIN)/.installed
+	PERSONAEMP_RECORD_EMBEDDED=1 $(BIN)/pytest -q -n 0 -p no:cacheprovider -m recorded
 
 format: $(BIN)/.installed
 	$(BIN)/ruff check --fix .

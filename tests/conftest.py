@@ -158,6 +158,31 @@ def _one_thread_for_the_embedded_model():
         yield
 
 
+@pytest.fixture
+def embedded_replies(request, monkeypatch):
+    """`--llm local` answered from this test's cassette (tests/cassettes.py): the engine path
+    whole, the model's decoding not repeated. PERSONAEMP_RECORD_EMBEDDED=1 (`make
+    record-embedded`): the real embedded server answers, and the cassette is written anew.
+    A request the cassette does not hold fails the test, naming that command."""
+    from cassettes import CASSETTES, RERECORD, StandIn, recording, write
+
+    import personaemp.llm.local as local
+
+    path = CASSETTES / f"{Path(str(request.node.fspath)).stem}.{request.node.name}.jsonl"
+    servers: list[StandIn] = []
+
+    def stand_in(**options):
+        servers.append(StandIn(path, record=recording(), **options))
+        return servers[-1]
+
+    monkeypatch.setattr(local, "LocalServer", stand_in)
+    yield servers
+    if recording():
+        write(path, {key: entry for server in servers for key, entry in server.seen.items()})
+    misses = [body for server in servers for body in server.misses]
+    assert not misses, f"{len(misses)} request(s) not in {path.name}: record again with `{RERECORD}`"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_hf_cache(tmp_path_factory):
     """Keep `datasets` (imported lazily by the hf reader) out of the user's ~/.cache."""
