@@ -159,6 +159,16 @@ def _one_thread_for_the_embedded_model():
 
 
 @pytest.fixture
+def pool_double(monkeypatch):
+    """`--executor ray`'s WorkerPool on two in-process UnitWorkers, everything they are sent
+    and answer going through cloudpickle (tests/ray_double.py): no Ray started."""
+    pytest.importorskip("ray")
+    from ray_double import PoolDouble
+
+    return PoolDouble().install(monkeypatch)
+
+
+@pytest.fixture
 def embedded_replies(request, monkeypatch):
     """`--llm local` answered from this test's cassette (tests/cassettes.py): the engine path
     whole, the model's decoding not repeated. PERSONAEMP_RECORD_EMBEDDED=1 (`make
