@@ -6,10 +6,13 @@ the small helpers below so a test states only what it cares about.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import subprocess
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -210,6 +213,27 @@ def _plain_console(monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
     monkeypatch.delenv("FORCE_COLOR", raising=False)
     monkeypatch.setenv("COLUMNS", "200")
+
+
+def cli_here(args: list[str], env: dict[str, str | None], cwd: Path) -> subprocess.CompletedProcess:
+    """`python -m personaemp ARGS` in this process (Typer's runner), read as the child's
+    CompletedProcess: the exit code, stdout and stderr. For the variants of a failure whose
+    family keeps one real child process (what is printed at the interpreter's exit, asyncio's
+    "never retrieved" lines): a launch costs 1.2-1.5 core-s. An exception the CLI did not turn
+    into its exit (a child's traceback) fails here. The keys registered for redaction are
+    this run's alone, as in a new process."""
+    from typer.testing import CliRunner
+
+    from personaemp import secrets
+    from personaemp.cli import app
+
+    with pytest.MonkeyPatch.context() as patch, contextlib.chdir(cwd):
+        patch.setattr(secrets, "_registered", set())
+        result = CliRunner().invoke(app, args, env=env)
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        "".join(traceback.format_exception(result.exception)) + result.output
+    )
+    return subprocess.CompletedProcess(["personaemp", *args], result.exit_code, result.stdout, result.stderr)
 
 
 # --- generic file helpers ---------------------------------------------------------------
