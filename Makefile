@@ -53,11 +53,12 @@ test: $(BIN)/.installed chromium
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 	$(BIN)/pytest -q -n 3 --dist worksteal  # 3 workers on 2 cores: see tests/conftest.py
 
-# The edit loop: every test but the embedded model's and those marked slow (a wheel built and
-# installed, the browser, child processes, a simulated Ray cluster). `make test` runs them all.
+# The edit loop: every test but those that need a heavy resource (markers in pyproject.toml: the
+# embedded model decoding, a real Ray, the browser, a wheel built and installed). `make test`
+# runs them all.
 test-fast: $(BIN)/.installed
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q -n 3 --dist worksteal -m "not embedded and not slow"
+	$(BIN)/pytest -q -n 3 --dist worksteal -m "not requires_model and not requires_ray and not requires_browser and not requires_wheel"
 
 # The embedded model's replies that the stage tests on `--llm local` replay (tests/cassettes.py,
 # tests/cassettes/embedded/), recorded again on the real model, one thread, temperature 0: after a

@@ -45,7 +45,12 @@ def copy_sample(source: Path, target: Path, copies: int, *, mark: bool = False) 
 
 DURATIONS = "personaemp/durations"  # pytest's cache: each test's seconds in the last run
 HEAVY = 5.0  # seconds: a test (or a module sharing a module fixture) this long starts its worker's queue
-GUESS = {"embedded": 60.0, "slow": 10.0, "local_ray": 10.0}  # seconds, for a test the cache does not know
+GUESS = {
+    "requires_model": 30.0,
+    "requires_browser": 10.0,
+    "requires_wheel": 10.0,
+    "local_ray": 10.0,
+}  # seconds, unknown test
 
 
 class _Seconds:
@@ -64,6 +69,13 @@ class _Seconds:
             known = self.config.cache.get(DURATIONS, {})
             known.update({nodeid: round(seconds, 2) for nodeid, seconds in self.seconds.items()})
             self.config.cache.set(DURATIONS, known)
+
+
+def pytest_itemcollected(item):
+    """A test on the local Ray (the local_ray fixture) is marked requires_ray, as
+    test_ray_cluster's are by hand: `-m "not requires_ray"` leaves Ray unstarted."""
+    if "local_ray" in item.fixturenames:
+        item.add_marker(pytest.mark.requires_ray)
 
 
 def pytest_configure(config):

@@ -33,7 +33,7 @@ from personaemp.llm.session import open_engine
 from personaemp.llm.settings import LLMSettings
 from personaemp.llm.step import Step
 
-pytestmark = pytest.mark.embedded
+pytestmark = pytest.mark.requires_model
 REPO = Path(__file__).resolve().parent.parent
 
 

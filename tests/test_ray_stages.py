@@ -7,9 +7,9 @@ failures file (one unit of each stage is made to fail) and the run report's coun
 the same, and the Ray run must have started its two UnitWorker actors. The workers are the
 pool double's (tests/ray_double.py: the stage's work and every call through cloudpickle to
 two in-process UnitWorkers, the routing WorkerPool's own), except for the supporter test,
-which runs on the local Ray (as test_ray.py): a second engine opened on a real worker. The models are the scripted responders of the stages' own
-tests, order-free: a reply depends on the request alone, never on the order the workers
-send them in.
+which runs on the local Ray (as test_ray.py): a second engine opened on a real worker.
+The models are the scripted responders of the stages' own tests, order-free: a reply
+depends on the request alone, never on the order the workers send them in.
 
 These inputs are small: a worker starts in about a second, by which time the first one up
 would hold every unit. So the runs go at --concurrency 2 (four units in flight) and the Ray
