@@ -51,14 +51,14 @@ test: $(BIN)/.installed chromium
 	$(BIN)/ruff format --check .
 	# The docs site (docs/, mkdocs.yml): a broken link, anchor or API reference fails (2 s).
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
-	$(BIN)/pytest -q -n 3 --dist worksteal  # 3 workers on 2 cores: see tests/conftest.py
+	$(BIN)/pytest -q -n 3 --dist loadgroup  # 3 workers on 2 cores, one of them the Ray group: see tests/conftest.py
 
 # The edit loop: every test but those that need a heavy resource (markers in pyproject.toml: the
 # embedded model decoding, a real Ray, the browser, a wheel built and installed). `make test`
 # runs them all.
 test-fast: $(BIN)/.installed
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q -n 3 --dist worksteal -m "not requires_model and not requires_ray and not requires_browser and not requires_wheel"
+	$(BIN)/pytest -q -n 3 --dist loadgroup -m "not requires_model and not requires_ray and not requires_browser and not requires_wheel"
 
 # The embedded model's replies that the stage tests on `--llm local` replay (tests/cassettes.py,
 # tests/cassettes/embedded/), recorded again on the real model, one thread, temperature 0: after a

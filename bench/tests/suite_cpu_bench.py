@@ -110,7 +110,7 @@ def main() -> int:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
             command += ["-p", "no:xdist", "-p", "suite_cpu_bench"]
         else:
-            command += ["-n", "3", "--dist", "worksteal"]  # as `make test`
+            command += ["-n", "3", "--dist", "loadgroup"]  # as `make test`
         command += args.pytest_args
         print("$ pytest", " ".join(command[1:]))
         sampler = Sampler()
