@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -181,39 +182,27 @@ def publish(
     revision: str | None = None,
     include_dialogue: bool = False,
     criteria: Path | None = None,
-    criteria_asked: bool = True,
     dialogues: Path | None = None,
-    dialogues_asked: bool = False,
     force: bool = False,
     quality: Callable[[Path | None], tuple[dict[str, Any] | None, bytes | None]] | None = None,
+    notes: Sequence[str] = (),
 ) -> PublishResult:
     """Push both configs to `repo_id`, or write the same repository to `out` (dry run).
 
     `criteria`: a `personaemp criteria` file; when it exists, each row gets its query's
-    criteria as a `criteria` column (queries it lacks get empty lists, and a warning).
-    `criteria_asked`: False when `criteria` is only the default place: a file there that
-    cannot serve these queries (a leftover, made for other queries) is left out with one
-    warning instead of stopping the push.
+    criteria as a `criteria` column (queries it lacks get empty lists, and a warning). A file
+    that cannot serve these queries (made for other queries) stops the push: UnusableCriteria.
+    `dialogues`: a gen-dialogues file; when it exists, a `dialogues` config (its rows in the
+    split of the random setting that holds their query) and a section of the card.
     `quality`: queries file -> (agreement report, plot) of the people's labels beside it
     (the review product's `card_quality`); without it the card says nobody measured the judge.
-    `dialogues`: a gen-dialogues file; when it exists, a `dialogues` config (its rows in the
-    split of the random setting that holds their query) and a section of the card;
-    `dialogues_asked`: it was named (not the default place), so it must exist."""
-    if dialogues_asked and dialogues is not None and not Path(dialogues).is_file():
-        raise InputError(
-            f"{dialogues}: no such dialogues file", "pass gen-dialogues' output, or leave --dialogues out"
-        )
-    if (repo_id is None) == (out is None):
-        raise InputError("give either --repo-id OWNER/NAME or --dry-run --out-dir DIR")
-    if repo_id is not None and repo_id.count("/") != 1:
-        raise InputError(f"--repo-id must look like OWNER/NAME, not {repo_id!r}")
-    files = split_files(splits_dir)
-    split_report = read_split_report(splits_dir, list(files))
+    `notes`: what the caller says of its inputs (a file it left out), among the warnings."""
+    files, split_report = _checked(splits_dir, repo_id, out)
     fingerprint = None
     if out is not None:  # a dry run can be skipped; a push always goes out (the Hub may have changed)
         options = {
-            "out": out, "include_dialogue": include_dialogue, "criteria": criteria, "asked": criteria_asked,
-            "dialogues": dialogues,
+            "out": out, "include_dialogue": include_dialogue, "criteria": criteria, "dialogues": dialogues,
+            "notes": list(notes),
         }  # fmt: skip
         read = [*_read_by_push(splits_dir, split_report, criteria), *([Path(dialogues)] if dialogues else [])]
         fingerprint = freshness.fingerprint(read, options)
@@ -224,89 +213,113 @@ def publish(
                 target=result["target"], rows=result["rows"], card=Path(result["card"]),
                 warnings=result["warnings"], unchanged_since=freshness.unchanged("push", last),
             )  # fmt: skip
-    left_out: list[str] = []
-    found = None
-    if criteria is not None and Path(criteria).exists():
-        found = _criteria(Path(criteria), files, criteria_asked, left_out)
+    found = _criteria(Path(criteria), files) if criteria is not None and Path(criteria).exists() else None
+    dialogues = dialogues if dialogues is not None and Path(dialogues).is_file() else None
     with _staging(out) as staging:
-        parts = write_parts(files, staging, include_dialogue, found)
-        facts = card_facts(splits_dir, parts, split_report)
-        facts["warnings"] += left_out
-        if found is not None:
-            published = {
-                qid for written in parts.values() for part in written.values() for qid in part.query_ids
-            }
-            lacking = len(published - found.keys())
-            if lacking:
-                facts["warnings"].append(
-                    f"{criteria}: no criteria for {lacking} published queries (empty lists)"
-                )
-        facts["data_files"] = {
-            s: {sp: part.name for sp, part in written.items()} for s, written in parts.items()
-        }
-        rows = {s: {split: part.rows for split, part in written.items()} for s, written in parts.items()}
-        staged_dialogues: dict[str, tuple[str, Path]] = {}
-        if dialogues is not None and Path(dialogues).is_file():
-            staged_dialogues, facts["dialogues"] = dialogue_parts(
-                Path(dialogues), files, staging, facts["warnings"]
-            )
-            facts["dialogue_files"] = {split: name for split, (name, _) in staged_dialogues.items()}
-            rows[DIALOGUES] = facts["dialogues"]["rows"]
-        # The build's statistics, computed once: the card's tables, its plots and stats.json.
-        stats, figures = stats_and_figures(sources_of_split(splits_dir, split_report))
-        repository: dict[str, bytes | Path] = {f"{FIGURE_DIR}/{name}": png for name, png in figures.items()}
-        if facts.get("dialogues") and facts["dialogues"]["final_emotions"]:
-            starts = facts["dialogues"]["initial_emotions"]
-            finals = facts["dialogues"]["final_emotions"]
-            plot = final_emotion_plot(finals, starts[0] if len(starts) == 1 else None)
-            repository[f"{FIGURE_DIR}/{FINAL_EMOTION_PLOT}"] = plot
-        queries = sources_of_split(splits_dir, split_report).queries
-        report, plot = quality(queries) if quality else (None, None)
-        if plot is not None:
-            repository[f"{FIGURE_DIR}/{QUALITY_PLOT}"] = plot
-        card = render_card(facts, include_dialogue, stats, list(repository), quality=report)
-        repository[STATS_FILE] = msgspec.json.format(msgspec.json.encode(stats), indent=2) + b"\n"
-        repository.update({part.name: part.path for written in parts.values() for part in written.values()})
-        repository.update(dict(staged_dialogues.values()))
+        built = _assemble(
+            splits_dir, files, split_report, staging, include_dialogue=include_dialogue,
+            criteria=criteria, found=found, dialogues=dialogues, quality=quality, notes=notes,
+        )  # fmt: skip
         if out is not None:
-            write_repository(out, repository, card)
-            result = PublishResult(
-                target=str(out), rows=rows, card=out / CARD_FILE, warnings=facts["warnings"]
-            )
-            written = [out / name for name in [*repository, CARD_FILE, EXPORT_MANIFEST]]
-            saved = {
-                "target": result.target,
-                "rows": rows,
-                "card": str(result.card),
-                "warnings": result.warnings,
-            }
-            freshness.record("push", out, fingerprint, written, saved)
-            return result
-        _push(
-            repository,
-            card,
-            repo_id,
-            private,
-            revision,
-            configs=list(parts) + list(facts.get("dialogue_files") and [DIALOGUES] or []),
-        )
+            return _write_locally(out, built, fingerprint)
+        _push(built.files, built.card, repo_id, private, revision, configs=built.configs)
     target = f"https://huggingface.co/datasets/{repo_id}"
-    return PublishResult(target=target, rows=rows, warnings=facts["warnings"])
+    return PublishResult(target=target, rows=built.rows, warnings=built.warnings)
 
 
-def _criteria(path: Path, files: dict[str, dict[str, Path]], asked: bool, warnings: list[str]):
-    """The criteria file's rows, checked to be made for the split's queries; a file nobody
-    asked for that cannot serve them (a leftover at the default place, made for other
-    queries) is left out, with one warning that says why."""
+class UnusableCriteria(InputError):
+    """The criteria file cannot serve the split's queries (made for other queries, or a bad
+    row): the message and hint of what `personaemp criteria`'s check found."""
+
+
+@dataclass
+class _Built:
+    """The repository as assembled: its files (name -> bytes or a staged file), the card, the
+    rows per config and split, the warnings and the configs it holds."""
+
+    files: dict[str, bytes | Path]
+    card: str
+    rows: dict[str, dict[str, int]]
+    warnings: list[str]
+    configs: list[str]
+
+
+def _checked(splits_dir: Path, repo_id: str | None, out: Path | None):
+    """The target checked, then the splits read: (split files, split report)."""
+    if (repo_id is None) == (out is None):
+        raise InputError("give either --repo-id OWNER/NAME or --dry-run --out-dir DIR")
+    if repo_id is not None and repo_id.count("/") != 1:
+        raise InputError(f"--repo-id must look like OWNER/NAME, not {repo_id!r}")
+    files = split_files(splits_dir)
+    return files, read_split_report(splits_dir, list(files))
+
+
+def _assemble(
+    splits_dir, files, split_report, staging, *, include_dialogue, criteria, found, dialogues, quality, notes
+) -> _Built:
+    """The repository: the data files staged, the statistics and figures, the card
+    (`found`: the criteria file's rows, None when it is not published)."""
+    parts = write_parts(files, staging, include_dialogue, found)
+    facts = card_facts(splits_dir, parts, split_report)
+    facts["warnings"] += notes
+    if found is not None:
+        published = {qid for written in parts.values() for part in written.values() for qid in part.query_ids}
+        lacking = len(published - found.keys())
+        if lacking:
+            facts["warnings"].append(f"{criteria}: no criteria for {lacking} published queries (empty lists)")
+    facts["data_files"] = {s: {sp: part.name for sp, part in written.items()} for s, written in parts.items()}
+    rows = {s: {split: part.rows for split, part in written.items()} for s, written in parts.items()}
+    staged_dialogues: dict[str, tuple[str, Path]] = {}
+    if dialogues is not None:
+        staged_dialogues, facts["dialogues"] = dialogue_parts(
+            Path(dialogues), files, staging, facts["warnings"]
+        )
+        facts["dialogue_files"] = {split: name for split, (name, _) in staged_dialogues.items()}
+        rows[DIALOGUES] = facts["dialogues"]["rows"]
+    # The build's statistics, computed once: the card's tables, its plots and stats.json.
+    stats, figures = stats_and_figures(sources_of_split(splits_dir, split_report))
+    repository: dict[str, bytes | Path] = {f"{FIGURE_DIR}/{name}": png for name, png in figures.items()}
+    if facts.get("dialogues") and facts["dialogues"]["final_emotions"]:
+        starts = facts["dialogues"]["initial_emotions"]
+        finals = facts["dialogues"]["final_emotions"]
+        plot = final_emotion_plot(finals, starts[0] if len(starts) == 1 else None)
+        repository[f"{FIGURE_DIR}/{FINAL_EMOTION_PLOT}"] = plot
+    queries = sources_of_split(splits_dir, split_report).queries
+    report, plot = quality(queries) if quality else (None, None)
+    if plot is not None:
+        repository[f"{FIGURE_DIR}/{QUALITY_PLOT}"] = plot
+    card = render_card(facts, include_dialogue, stats, list(repository), quality=report)
+    repository[STATS_FILE] = msgspec.json.format(msgspec.json.encode(stats), indent=2) + b"\n"
+    repository.update({part.name: part.path for written in parts.values() for part in written.values()})
+    repository.update(dict(staged_dialogues.values()))
+    configs = list(parts) + list(facts.get("dialogue_files") and [DIALOGUES] or [])
+    return _Built(repository, card, rows, facts["warnings"], configs)
+
+
+def _write_locally(out: Path, built: _Built, fingerprint) -> PublishResult:
+    """The dry run: the repository written to `out`, and its stamp for the next run."""
+    write_repository(out, built.files, built.card)
+    result = PublishResult(target=str(out), rows=built.rows, card=out / CARD_FILE, warnings=built.warnings)
+    written = [out / name for name in [*built.files, CARD_FILE, EXPORT_MANIFEST]]
+    saved = {
+        "target": result.target,
+        "rows": built.rows,
+        "card": str(result.card),
+        "warnings": result.warnings,
+    }
+    freshness.record("push", out, fingerprint, written, saved)
+    return result
+
+
+def _criteria(path: Path, files: dict[str, dict[str, Path]]):
+    """The criteria file's rows, checked to be made for the split's queries (UnusableCriteria
+    when they cannot serve them, with the check's own message and hint)."""
     from personaemp.instruments.criteria import fresh_criteria
 
     try:
         return fresh_criteria(path, [p for parts in files.values() for p in parts.values()])
     except InputError as error:
-        if asked:
-            raise
-        warnings.append(f"{error.message}: left out of the dataset (pass --criteria to require it)")
-        return None
+        raise UnusableCriteria(error.message, error.hint) from error
 
 
 def _read_by_push(splits_dir: Path, split_report: dict[str, Any], criteria: Path | None) -> list[Path]:
@@ -386,19 +399,34 @@ def _push(
 
 
 def from_options(options, console, quality=None):
-    """`personaemp push` on its options; `quality` as publish's (wired by the registry)."""
+    """`personaemp push` on its options; `quality` as publish's (wired by the registry).
+
+    A file named (by a flag, env var or TOML key) must serve: dialogues must exist, criteria
+    must be made for these queries (publish checks them). At its default place, a file is
+    published only when it serves: criteria made for other queries (a leftover) are left out,
+    and the push goes on and says so."""
     from personaemp.results import of_publish
 
     dry = options.is_dry_run
-    made = of_publish(
-        publish(
-            options.splits, repo_id=None if dry else options.repo_id, out=options.out_dir if dry else None,
-            private=options.private, revision=options.revision, include_dialogue=options.include_dialogue,
-            criteria=options.criteria, criteria_asked=not options.derived("criteria"), quality=quality,
-            dialogues=options.dialogues, dialogues_asked=not options.derived("dialogues"),
-            force=options.force,
+    dialogues = options.dialogues
+    if dialogues is not None and not options.derived("dialogues") and not Path(dialogues).is_file():
+        raise InputError(
+            f"{dialogues}: no such dialogues file", "pass gen-dialogues' output, or leave --dialogues out"
         )
+    push = functools.partial(
+        publish, options.splits,
+        repo_id=None if dry else options.repo_id, out=options.out_dir if dry else None,
+        private=options.private, revision=options.revision, include_dialogue=options.include_dialogue,
+        quality=quality, dialogues=dialogues, force=options.force,
     )  # fmt: skip
+    try:
+        result = push(criteria=options.criteria)
+    except UnusableCriteria as error:
+        if not options.derived("criteria"):
+            raise
+        left_out = f"{error.message}: left out of the dataset (pass --criteria to require it)"
+        result = push(criteria=None, notes=[left_out])
+    made = of_publish(result)
     if dry and not options.dry_run and not getattr(made.report, "unchanged_since", None):
         console.print("no repo_id: a dry run, the repository that would be pushed goes to a folder")
     return made
