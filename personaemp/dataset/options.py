@@ -318,6 +318,13 @@ class DialoguesOptions(Section):
     character_check: Annotated[
         bool, Opt("Check each simulated turn with the LLM: in character, no invented facts.")
     ] = True
+    seeker: Annotated[
+        Literal["cooperative", "guarded", "resistant", "validation-seeking", "escalating", "auto"],
+        Opt(
+            "How hard the simulated user is to help (prompts/seekers.md); auto: by its Big Five "
+            "levels (the card shows the table).",
+        ),
+    ] = "cooperative"
 
 
 @declare("split")
