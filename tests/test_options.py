@@ -492,6 +492,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "responses": ["a.jsonl", "b.jsonl"],
         "dialogues": ["d1.jsonl"],
         "per_turn": True,
+        "behaviours": False,
         "all_dialogues": True,
         "criteria": "e/criteria.jsonl",
         "judge_model": "judge",
@@ -901,7 +902,7 @@ def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(mon
     stub_results(monkeypatch)
     config = tmp_path / "bench.toml"
     # --dialogues is evaluate's other evaluation (evaluation/dialogues.py, tests/test_sessions.py)
-    dialogue_only = ("dialogues", "per_turn", "all_dialogues")
+    dialogue_only = ("dialogues", "per_turn", "all_dialogues", "behaviours")
     single = {k: v for k, v in NON_DEFAULT["evaluate"].items() if k not in dialogue_only}
     sections = {"criteria": NON_DEFAULT["criteria"], "respond": NON_DEFAULT["respond"], "evaluate": single}
     config.write_text(toml_text(sections), encoding="utf-8")
