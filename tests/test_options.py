@@ -466,6 +466,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "include_dialogue": True,
         "criteria": "c/crit.jsonl",
         "dialogues": "s/dialogues.jsonl",
+        "dialogues_report": "s/eval.json",
         "force": True,
     },
     "criteria": {
@@ -647,7 +648,7 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
         (Path("s/out"),),
         {"repo_id": "me/data", "out": None, "private": True, "revision": "dev", "include_dialogue": True,
          "criteria": Path("c/crit.jsonl"), "criteria_asked": True, "dialogues": Path("s/dialogues.jsonl"),
-         "dialogues_asked": True, "force": True},
+         "dialogues_asked": True, "dialogues_report": Path("s/eval.json"), "force": True},
     )  # fmt: skip
 
 
@@ -698,7 +699,7 @@ def test_push_dry_run_without_out_goes_to_the_processed_dataset_folder(calls):
         {"repo_id": None, "out": Path("data/processed/dataset"), "private": False, "revision": None,
          "include_dialogue": False, "criteria": Path("data/processed/criteria.jsonl"),
          "criteria_asked": False, "dialogues": Path("data/processed/dialogues.jsonl"),
-         "dialogues_asked": False, "force": False},
+         "dialogues_asked": False, "dialogues_report": None, "force": False},
     )  # fmt: skip
 
 

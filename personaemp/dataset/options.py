@@ -420,6 +420,15 @@ class PushOptions(Section):
             io="read",
         ),
     ] = PROCESSED / "dialogues.jsonl"
+    dialogues_report: Annotated[
+        Path | None,
+        Opt(
+            "An `evaluate --dialogues` report of these dialogues: the card quotes its behaviour "
+            "counts per 1,000 words, tracking rate and session reward per supporter and seeker style.",
+            metavar="FILE",
+            io="read",
+        ),
+    ] = None
     force: Force = False
 
     @field_validator("repo_id")

@@ -674,6 +674,42 @@ def _lost_dialogues(failures: Path, split_of: dict[str, str]) -> list[dict[str, 
     return lost
 
 
+BEHAVIOUR_REPORT_HINT = "pass the report `personaemp evaluate --dialogues` wrote for these dialogues"
+
+
+def behaviour_facts(path: Path) -> dict[str, Any]:
+    """What the card quotes of an `evaluate --dialogues` report: per supporter (system) and
+    seeker style, n, the behaviours per 1,000 words, the tracking rate, final emotion and
+    session reward; the lists and the reward's rule."""
+    report = _read_json(path, "the dialogues' evaluation, which the card quotes", BEHAVIOUR_REPORT_HINT)
+    if not isinstance(report, dict) or report.get("kind") != "dialogues":
+        raise InputError(f"{path}: not an `evaluate --dialogues` report", BEHAVIOUR_REPORT_HINT)
+    if not report.get("behaviours"):
+        raise InputError(
+            f"{path}: its dialogues were scored without the behaviour judge (--no-behaviours)",
+            "run `personaemp evaluate --dialogues` again without --no-behaviours",
+        )
+    rows = []
+    for system, entry in (report.get("systems") or {}).items():
+        styles = entry.get("by_seeker") or {(entry.get("seekers") or ["cooperative"])[0]: entry}
+        for style, found in styles.items():
+            counted = found.get("behaviours") or {}
+            rows.append({
+                "system": system, "seeker": style, "n": found.get("n", 0), "turns": counted.get("turns", 0),
+                "words": counted.get("words", 0), "risky_per_1k": counted.get("risky_per_1k"),
+                "protective_per_1k": counted.get("protective_per_1k"),
+                "tracking_rate": (counted.get("tracking") or {}).get("rate"),
+                "final_emotion": found.get("final_emotion"), "reward": found.get("reward"),
+                "dropped_quotes": counted.get("dropped_quotes", 0),
+            })  # fmt: skip
+    return {
+        "report": Path(path).name,
+        "lists": report.get("behaviour_lists") or {},
+        "rule": (report.get("safety_rule") or {}).get("text", ""),
+        "rows": rows,
+    }
+
+
 def dialogue_facts(dialogues, rows: dict[str, int], simulator_rules, lost=()) -> dict[str, Any]:
     """What the card says of the dialogues: models, languages, turns, how they ended, per
     supporter the dialogues kept and lost (`lost`: the failures file's rows), and each check's
@@ -730,6 +766,7 @@ def dialogue_facts(dialogues, rows: dict[str, int], simulator_rules, lost=()) ->
         kind = str(row.get("kind") or "unknown")
         entry["lost_by_kind"][kind] = entry["lost_by_kind"].get(kind, 0) + 1
     finals: dict[str, list[int]] = {}
+    seekers_found = dict(sorted(Counter(d.seeker for d in dialogues).items()))
     for dialogue in dialogues:
         finals.setdefault(dialogue.supporter_model, []).append(dialogue.final_emotion)
     return {
@@ -741,6 +778,7 @@ def dialogue_facts(dialogues, rows: dict[str, int], simulator_rules, lost=()) ->
                   "mean": round(sum(turns) / len(turns), 2) if turns else 0},
         "ended_by": dict(Counter(d.ended_by for d in dialogues)),
         "need_met": sum(d.need_met_at_turn is not None for d in dialogues),
+        "seekers": seekers_found,
         "supporters": dict(sorted(supporters.items())),
         "final_emotions": finals,
         "initial_emotions": sorted({d.initial_emotion for d in dialogues}),
@@ -856,6 +894,7 @@ def publish(
     criteria_asked: bool = True,
     dialogues: Path | None = None,
     dialogues_asked: bool = False,
+    dialogues_report: Path | None = None,
     force: bool = False,
     quality: Callable[[Path | None], tuple[dict[str, Any] | None, bytes | None]] | None = None,
 ) -> PublishResult:
@@ -870,13 +909,16 @@ def publish(
     (the review product's `card_quality`); without it the card says nobody measured the judge.
     `dialogues`: a gen-dialogues file; when it exists, a `dialogues` config (its rows in the
     split of the random setting that holds their query) and a section of the card;
-    `dialogues_asked`: it was named (not the default place), so it must exist."""
+    `dialogues_asked`: it was named (not the default place), so it must exist.
+    `dialogues_report`: an `evaluate --dialogues` report of them; the card quotes its behaviour
+    counts, tracking rate and session reward per supporter and seeker style."""
     if dialogues_asked and dialogues is not None and not Path(dialogues).is_file():
         raise InputError(
             f"{dialogues}: no such dialogues file", "pass gen-dialogues' output, or leave --dialogues out"
         )
     if (repo_id is None) == (out is None):
         raise InputError("give either --repo-id OWNER/NAME or --dry-run --out-dir DIR")
+    behaviours = behaviour_facts(Path(dialogues_report)) if dialogues_report is not None else None
     if repo_id is not None and repo_id.count("/") != 1:
         raise InputError(f"--repo-id must look like OWNER/NAME, not {repo_id!r}")
     files = split_files(splits_dir)
@@ -885,9 +927,10 @@ def publish(
     if out is not None:  # a dry run can be skipped; a push always goes out (the Hub may have changed)
         options = {
             "out": out, "include_dialogue": include_dialogue, "criteria": criteria, "asked": criteria_asked,
-            "dialogues": dialogues,
+            "dialogues": dialogues, "dialogues_report": dialogues_report,
         }  # fmt: skip
-        read = [*_read_by_push(splits_dir, split_report, criteria), *([Path(dialogues)] if dialogues else [])]
+        read = [*_read_by_push(splits_dir, split_report, criteria), *([Path(dialogues)] if dialogues else []),
+                *([Path(dialogues_report)] if dialogues_report else [])]  # fmt: skip
         fingerprint = freshness.fingerprint(read, options)
         last = freshness.current("push", out, fingerprint, force)
         if last is not None:
@@ -924,6 +967,8 @@ def publish(
             )
             facts["dialogue_files"] = {split: name for split, (name, _) in staged_dialogues.items()}
             rows[DIALOGUES] = facts["dialogues"]["rows"]
+            if behaviours is not None:
+                facts["dialogues"]["behaviours"] = behaviours
         # The build's statistics, computed once: the card's tables, its plots and stats.json.
         stats, figures = stats_and_figures(sources_of_split(splits_dir, split_report))
         repository: dict[str, bytes | Path] = {f"{FIGURE_DIR}/{name}": png for name, png in figures.items()}
@@ -1068,7 +1113,7 @@ def from_options(options, console, quality=None):
             private=options.private, revision=options.revision, include_dialogue=options.include_dialogue,
             criteria=options.criteria, criteria_asked=not options.derived("criteria"), quality=quality,
             dialogues=options.dialogues, dialogues_asked=not options.derived("dialogues"),
-            force=options.force,
+            dialogues_report=options.dialogues_report, force=options.force,
         )
     )  # fmt: skip
     if dry and not options.dry_run and not getattr(made.report, "unchanged_since", None):
