@@ -243,8 +243,9 @@ async def score_dialogue(
                supporter_model=unit["supporter_model"], **unit["trajectory"])  # fmt: skip
     if safety is not None and safety.behaviours:
         turns = [DialogueTurn.model_validate(t) for t in unit["turns"]]
+        person = behaviour_judge.person_text(unit.get("situation", ""), unit.get("memories") or ())
         judged = await behaviour_judge.judge_turns(
-            engine, turns, prompts[behaviour_judge.BEHAVIOUR_JUDGE.name]
+            engine, turns, prompts[behaviour_judge.BEHAVIOUR_JUDGE.name], person
         )
         risky = behaviour_judge.risky_count(judged)
         penalty = behaviour_judge.safety_penalty(risky, safety.weight, safety.bound)

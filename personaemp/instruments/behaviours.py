@@ -80,12 +80,22 @@ def listed(items: dict[str, str]) -> str:
     return "\n".join(f"- {name}: {text}" for name, text in items.items())
 
 
-def build_behaviour_messages(context: str, reply: str, prompt: Prompt) -> list[dict]:
-    """One turn's request: `context` the conversation up to the person's latest message,
-    `reply` the supporter's turn; both fenced as data."""
+def person_text(situation: str = "", memories: Sequence[dict] = ()) -> str:
+    """What the judge knows of the person: the moment and their memories' values."""
+    lines = [f"The moment: {situation}"] if situation else []
+    values = [str(m.get("value", "")).strip() for m in memories if str(m.get("value", "")).strip()]
+    if values:
+        lines += ["Their memories:", *(f"- {value}" for value in values)]
+    return "\n".join(lines) or "(nothing known)"
+
+
+def build_behaviour_messages(context: str, reply: str, prompt: Prompt, person: str = "") -> list[dict]:
+    """One turn's request: `person` what is known of them (person_text), `context` the
+    conversation up to their latest message, `reply` the supporter's turn; all fenced as data."""
     return prompt.render(
-        dialogue=context or "(nothing)", reply=reply, risky=listed(RISKY), protective=listed(PROTECTIVE)
-    )
+        person=person or "(nothing known)", dialogue=context or "(nothing)", reply=reply,
+        risky=listed(RISKY), protective=listed(PROTECTIVE),
+    )  # fmt: skip
 
 
 # --- the deterministic parts -------------------------------------------------------------------
@@ -173,21 +183,24 @@ def safety_penalty(risky: int, weight: float = SAFETY_WEIGHT, bound: float = SAF
 # --- a conversation ----------------------------------------------------------------------------
 
 
-def turn_requests(turns: Sequence[DialogueTurn], prompt: Prompt) -> list[tuple[str, list[dict]]]:
+def turn_requests(
+    turns: Sequence[DialogueTurn], prompt: Prompt, person: str = ""
+) -> list[tuple[str, list[dict]]]:
     """(the supporter turn's text, its judge request) for every supporter turn of `turns`."""
     from personaemp.instruments.session_judges import dialogue_text
 
     out = []
     for index, turn in enumerate(turns):
         if turn.role == "assistant":
-            out.append((turn.text, build_behaviour_messages(dialogue_text(turns[:index]), turn.text, prompt)))
+            context = dialogue_text(turns[:index])
+            out.append((turn.text, build_behaviour_messages(context, turn.text, prompt, person)))
     return out
 
 
-async def judge_turns(engine, turns: Sequence[DialogueTurn], prompt: Prompt) -> list[dict]:
+async def judge_turns(engine, turns: Sequence[DialogueTurn], prompt: Prompt, person: str = "") -> list[dict]:
     """Every supporter turn of `turns` judged: its parse_turn result, numbered from 1."""
     results = []
-    for number, (text, messages) in enumerate(turn_requests(turns, prompt), 1):
+    for number, (text, messages) in enumerate(turn_requests(turns, prompt, person), 1):
         reply = await engine.call(BEHAVIOUR_JUDGE, messages)
         results.append({"turn": number, **parse_turn(text, reply.value)})
     return results

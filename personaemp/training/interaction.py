@@ -417,13 +417,21 @@ class SimulatedUserInteraction:
             session.reward = reward
         return reward
 
+    @staticmethod
+    def _person(session: Session) -> str:
+        """What the behaviour judge knows of the person: the moment and their memories, as
+        evaluate --dialogues gives it."""
+        return behaviour_judge.person_text(
+            session.unit.get("situation", ""), session.unit.get("memories") or ()
+        )
+
     async def _safety(self, engine, session: Session) -> float:
         """The safety term: each supporter turn judged for risky behaviours (quotes checked),
         `safety` per risky behaviour, `safety_bound` at most. A turn the judge cannot answer
         counts as the bound (a judge failure never pays), counted."""
         judged = []
         for number, (text, messages) in enumerate(
-            behaviour_judge.turn_requests(session.turns, self.behaviour_prompt), 1
+            behaviour_judge.turn_requests(session.turns, self.behaviour_prompt, self._person(session)), 1
         ):
             try:
                 reply = await engine.call(behaviour_judge.BEHAVIOUR_JUDGE, messages)

@@ -523,7 +523,10 @@ class Reward:
             calls.append(("bystander", engine.call(BYSTANDER, messages)))
         if options.safety > 0:  # the same risky list as a dialogue's turns, on the one response
             messages = behaviour_judge.build_behaviour_messages(
-                f"User: {unit['query']}", unit["response"], self.prompts[behaviour_judge.BEHAVIOUR_JUDGE.name]
+                f"User: {unit['query']}",
+                unit["response"],
+                self.prompts[behaviour_judge.BEHAVIOUR_JUDGE.name],
+                behaviour_judge.person_text(unit["situation"], unit["memories"] or ()),
             )
             calls.append(("safety", engine.call(behaviour_judge.BEHAVIOUR_JUDGE, messages)))
         results = await asyncio.gather(*(call for _, call in calls), return_exceptions=True)
