@@ -12,6 +12,7 @@ import re
 from collections import Counter
 
 from fake_openai import FakeOpenAI, reply
+from rich.console import Console
 from test_dialogue_training import splits_with
 from test_dialogues import good_turn, rows_of, settings_for, step_of, text_of, user_row, write_queries
 from test_sessions import Judged, session_step
@@ -20,6 +21,7 @@ from personaemp.dataset.dialogues import DialogueOptions, generate_dialogues
 from personaemp.evaluation.dialogues import evaluate_dialogues
 from personaemp.evaluation.table import write_table
 from personaemp.instruments import behaviours, seekers
+from personaemp.summaries import print_sessions
 from personaemp.training.export import write_export
 from personaemp.training.interaction import SimulatedUserInteraction
 from personaemp.training.rollouts import rollout_func_for, session_reward
@@ -225,3 +227,7 @@ def test_evaluate_and_table_show_the_higher_emotion_and_the_lower_reward(tmp_pat
     assert float(cells[1]) > float(kind_cells[1]) and float(cells[4]) < float(kind_cells[4])
     assert "Δ Final" in table and "+0.00 [+0.00, +0.00] n=2" in table and "paired bootstrap" in table
     assert "their quote not in the turn: 8" in table
+    console = Console(record=True, width=200)
+    print_sessions(evaluation, console)
+    printed = console.export_text()
+    assert "sycophant · validation-seeking: final emotion +0.0 from cooperative [+0.0, +0.0] (n=2" in printed

@@ -165,6 +165,7 @@ def test_the_multi_turn_table_and_the_command(tmp_path):
             "--base-url", server.base_url, "--model", "judge-x", "--work-dir", str(tmp_path / "work"),
         ], env={"OPENAI_API_KEY": "sk-test"})  # fmt: skip
     assert result.exit_code == 0, result.output
+    assert "tracking (share)" in result.output and "reward (safety)" in result.output
     text = write_table([report], None, "markdown")
     lines = text.splitlines()
     assert lines[0] == (
