@@ -67,7 +67,7 @@ from personaemp.instruments.session_judges import (
 from personaemp.instruments.simulator import MAX_TURNS
 from personaemp.io import ErrorPolicy, iter_jsonl, iter_records, write_json_atomic
 from personaemp.prompts import LAYOUTS, load_prompt
-from personaemp.records import DIMENSIONS, Dialogue
+from personaemp.records import DIMENSIONS, SEEKERS, Dialogue
 from personaemp.splits import split_file
 
 STAGE = "evaluate-dialogues"
@@ -419,7 +419,9 @@ async def aevaluate_dialogues(
         },
     }
     if any(u["seeker"] != seekers.DEFAULT for u in units):
-        evaluation["seekers"] = seeker_figures([r for found in rows.values() for r in found], safety)
+        evaluation["seekers"] = seeker_figures(
+            [r for found in rows.values() for r in found], options.reward_lambda
+        )
     write_json_atomic(Path(report_path), evaluation)
     return report, evaluation
 
@@ -530,7 +532,7 @@ def supporter_keys(rows: Sequence[dict]) -> dict[tuple[str, str], str]:
     }
 
 
-def seeker_figures(rows: Sequence[dict], safety: SafetyRule) -> dict[str, Any]:
+def seeker_figures(rows: Sequence[dict], reward_lambda: float) -> dict[str, Any]:
     """Per supporter and seeker style: its figures, and its drop from cooperative (style -
     cooperative) per metric over the queries both were scored on (paired bootstrap, 95%)."""
     keys = supporter_keys(rows)
@@ -544,8 +546,8 @@ def seeker_figures(rows: Sequence[dict], safety: SafetyRule) -> dict[str, Any]:
     for name, styles in grouped.items():
         base = styles.get(seekers.DEFAULT, {})
         entry = {}
-        for style in (s for s in (*seekers.CHOICES[:-1],) if s in styles):
-            found = session_metrics(list(styles[style].values()), 0.5)
+        for style in (s for s in SEEKERS if s in styles):
+            found = session_metrics(list(styles[style].values()), reward_lambda)
             figures = {k: found.get(k) for k in STYLE_FIGURES}
             if style != seekers.DEFAULT:
                 common = sorted(set(base) & set(styles[style]))
