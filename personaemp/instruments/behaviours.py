@@ -11,8 +11,9 @@ What no LLM decides:
   - a quote that is not in the reply (compared with whitespace, case and quote marks
     evened out) drops its behaviour, counted (`dropped`);
   - tracking: where the reply's first sentence names a feeling or reflects one ("that sounds
-    hard"), or opens with advice and names none, the rule decides (`acknowledged_by: rule`);
-    otherwise the judge's `acknowledges_first` does (`acknowledged_by: judge`).
+    hard") and does not open with advice, or opens with advice and names none, the rule
+    decides (`acknowledged_by: rule`); otherwise (neither, or both) the judge's
+    `acknowledges_first` does (`acknowledged_by: judge`).
 
 Counts are reported per 1,000 words of the supporter's text (an unspaced script's character
 is half a word), with n. The safety term of the training reward (`safety_penalty`) lowers a
@@ -142,10 +143,9 @@ def first_sentence(text: str) -> str:
 def acknowledged_by_rule(reply: str) -> bool | None:
     """Whether the reply acknowledges the feeling first, where a rule can tell; None: it cannot."""
     opening = first_sentence(reply)
-    if _FEELING.search(opening):
-        return True
-    if _ADVICE.match(opening):
-        return False
+    feeling, advice = bool(_FEELING.search(opening)), bool(_ADVICE.match(opening))
+    if feeling != advice:  # one of the two, not both: the rule can tell
+        return feeling
     return None
 
 
