@@ -163,3 +163,42 @@ def test_a_row_from_before_styles_reads_as_cooperative_and_a_bad_style_is_refuse
     assert DialogueOptions().tag() == DialogueOptions(seeker="cooperative").tag()
     assert DialogueOptions().tag() != DialogueOptions(seeker="guarded").tag()
     assert json.dumps(rows[0]).count('"seeker"') == 1
+
+
+def test_the_training_interaction_plays_the_style_its_row_or_config_names(tmp_path):
+    import asyncio
+
+    from test_dialogue_training import splits_with
+
+    from personaemp.training.export import write_export
+    from personaemp.training.interaction import SimulatedUserInteraction
+
+    output = tmp_path / "train.jsonl"
+    write_export(splits_with(tmp_path / "export"), output, format="trl", dialogues=True)
+    kwargs = json.loads(output.read_text().splitlines()[0])["interaction_kwargs"]
+    kwargs["user"]["big_five"] = {
+        **kwargs["user"]["big_five"],
+        "neuroticism": "high",
+        "agreeableness": "high",
+    }
+    guarded = {**kwargs, "user": {**kwargs["user"], "seeker": "guarded"}}
+
+    async def first_turn(agent, given) -> None:
+        instance = await agent.start_interaction(None, **given)
+        messages = [
+            {"role": "user", "content": given["user"]["query"]},
+            {"role": "assistant", "content": "Hm."},
+        ]
+        await agent.generate_response(instance, messages)
+        await agent.finalize_interaction(instance)
+
+    with FakeOpenAI(responder=Script()) as server:
+        agent = SimulatedUserInteraction(
+            {"seeker": "auto", "safety": 0}, settings=settings_for(server, tmp_path / "w")
+        )
+        asyncio.run(first_turn(agent, kwargs))
+        asyncio.run(first_turn(agent, guarded))
+    simulated = [text_of(r.body) for r in server.chat_requests if step_of(r.body) == "simulate"]
+    style = seekers.style_text()
+    assert style.part("validation-seeking", "turn") in simulated[0], "auto: by its Big Five levels"
+    assert style.part("guarded", "turn") in simulated[1], "the row's own style first"
