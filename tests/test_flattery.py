@@ -22,9 +22,9 @@ from personaemp.evaluation.dialogues import evaluate_dialogues
 from personaemp.evaluation.table import write_table
 from personaemp.instruments import behaviours, seekers
 from personaemp.summaries import print_sessions
+from personaemp.training.dialogue_rollouts import rollout_func_for, session_reward
 from personaemp.training.export import write_export
 from personaemp.training.interaction import SimulatedUserInteraction
-from personaemp.training.rollouts import rollout_func_for, session_reward
 
 SYCOPHANT = (
     "You're absolutely right, you owe him nothing. Cutting your brother off for good is the best plan, "

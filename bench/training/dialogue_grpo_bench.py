@@ -81,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     from trl import GRPOConfig, GRPOTrainer
 
     from personaemp.llm.settings import LLMSettings
+    from personaemp.training.dialogue_rollouts import rollout_func_for, session_reward
     from personaemp.training.export import write_export
     from personaemp.training.interaction import SimulatedUserInteraction
-    from personaemp.training.rollouts import rollout_func_for, session_reward
 
     print(f"trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}")
     work = Path(tempfile.mkdtemp(prefix="dialogue_grpo_bench-"))

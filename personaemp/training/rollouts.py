@@ -1,112 +1,98 @@
-"""TRL's `rollout_func` with the simulated user (GRPOTrainer(rollout_func=...), TRL >= 1.16,
-experimental): per prompt the policy answers, `SimulatedUserInteraction` answers as the user,
-until the session ends; the function returns the token ids, the environment mask (1 over the
-policy's tokens, 0 over the user's) and the session reward, which reaches the reward function
-as the `session_reward` column. The session reward is the Interaction's: the emotion (or
-PereGRM) less the safety term, as in verl (training/interaction.py).
-
-    users = {json.dumps(row["prompt"], sort_keys=True): row["interaction_kwargs"] for row in dataset}
-    rollout_func = rollout_func_for(SimulatedUserInteraction({"config": "personaemp.toml"}), users)
-    GRPOTrainer(..., reward_funcs=[session_reward], rollout_func=rollout_func)
-
-TRL hands each prompt as many times as it wants completions, and only the prompt: the user is
-found by the prompt. `generate(trainer, token_ids) -> new token ids` is the policy's turn; by
-default the trainer's model samples `max_new_tokens` (torch is imported only then).
-"""
+"""From the trainers' arguments to rollouts: a completion (text, TRL's conversational
+messages, verl's numpy-typed extra_info) and its dataset row as the one `Rollout` the
+reward judges."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections import Counter
-from collections.abc import Callable, Mapping
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
-
-def model_generate(max_new_tokens: int) -> Callable[[Any, list[int]], list[int]]:
-    """The policy's turn with the trainer's model (transformers' generate, sampling)."""
-
-    def generate(trainer, context: list[int]) -> list[int]:
-        import torch
-
-        tokenizer = trainer.processing_class
-        ids = torch.tensor([context])
-        with torch.no_grad():
-            out = trainer.model.generate(ids, max_new_tokens=max_new_tokens, do_sample=True,
-                                         pad_token_id=tokenizer.pad_token_id)  # fmt: skip
-        return out[0, ids.shape[1] :].tolist()
-
-    return generate
+from personaemp.errors import InputError
 
 
-def rollout_func_for(
-    interaction,
-    users: Mapping[str, Mapping[str, Any]],
-    *,
-    max_new_tokens: int = 256,
-    generate: Callable[[Any, list[int]], list[int]] | None = None,
-    counts: Counter | None = None,
-):
-    """TRL's rollout_func: (prompts, trainer) -> prompt_ids, completion_ids, logprobs (None),
-    env_mask and session_reward per prompt; `users`: the prompt (canonical JSON) -> its
-    interaction_kwargs (`personaemp export --format trl --dialogues`)."""
-    generate = generate or model_generate(max_new_tokens)
-    counts = counts if counts is not None else Counter()
-    loop = asyncio.new_event_loop()  # one loop for the run: the Interaction's coroutines run on it
+@dataclasses.dataclass
+class Rollout:
+    """One completion to score and what the judge reads about its query."""
 
-    def tokens(tokenizer, messages: list[dict]) -> list[int]:
-        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                  return_dict=False))  # fmt: skip
-
-    async def session(prompt: list[dict], trainer) -> dict:
-        tokenizer = trainer.processing_class
-        instance = await interaction.start_interaction(None, **users[json.dumps(prompt, sort_keys=True)])
-        messages = list(prompt)
-        prompt_ids = tokens(tokenizer, messages)
-        completion: list[int] = []
-        mask: list[int] = []
-        try:
-            while True:
-                policy = list(generate(trainer, prompt_ids + completion))
-                if policy[-1:] != [tokenizer.eos_token_id]:
-                    policy.append(tokenizer.eos_token_id)  # the turn closes where the budget cut it
-                completion += policy
-                mask += [1] * len(policy)
-                counts["supporter_turns"] += 1
-                text = tokenizer.decode(policy, skip_special_tokens=True)
-                messages.append({"role": "assistant", "content": text})
-                ends, reply, _, extra = await interaction.generate_response(instance, messages)
-                if ends:
-                    counts[f"ended_by_{extra.get('ended_by')}"] += 1
-                    break
-                messages.append({"role": "user", "content": reply})
-                user = tokens(tokenizer, [{"role": "user", "content": reply}])
-                completion += user
-                mask += [0] * len(user)
-            reward = await interaction.calculate_score(instance)
-        finally:
-            await interaction.finalize_interaction(instance)
-        return {"prompt_ids": prompt_ids, "completion_ids": completion, "env_mask": mask, "reward": reward}
-
-    def rollout_func(prompts: list, trainer) -> dict:
-        counts["prompts_handed"] += len(prompts)
-        counts["distinct_prompts_handed"] += len({json.dumps(p, sort_keys=True) for p in prompts})
-        done = [loop.run_until_complete(session(prompt, trainer)) for prompt in prompts]
-        return {
-            "prompt_ids": [d["prompt_ids"] for d in done],
-            "completion_ids": [d["completion_ids"] for d in done],
-            "logprobs": None,  # only vLLM's importance-sampling correction reads them
-            "env_mask": [d["env_mask"] for d in done],
-            "session_reward": [d["reward"] for d in done],
-        }
-
-    return rollout_func
+    query_id: str
+    query: str
+    situation: str
+    profile: str
+    memories: list[dict]
+    completion: str
+    user_id: str = ""
+    category: str = ""
+    criteria: dict | None = None
 
 
-def session_reward(completions, session_reward, **kwargs) -> list[float | None]:
-    """The reward function: the session reward rollout_func returned beside each completion
-    (None: the simulator failed that session; TRL leaves it out)."""
-    return [None if r is None else float(r) for r in session_reward]
+def _plain(value: Any) -> Any:
+    """numpy arrays and scalars (verl's non-tensor batch, pandas-read parquet) as lists and numbers."""
+    if hasattr(value, "tolist") and not isinstance(value, str | bytes):
+        return _plain(value.tolist())
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
-__all__ = ["model_generate", "rollout_func_for", "session_reward"]
+def completion_text(completion: Any) -> str:
+    """A completion as text: a string, or a conversational completion (a list of messages,
+    the assistant's content joined; TRL's shape), or one message."""
+    completion = _plain(completion)
+    if completion is None:
+        return ""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Mapping):
+        completion = [completion]
+    if isinstance(completion, list):
+        parts = []
+        for message in completion:
+            if not isinstance(message, Mapping):
+                raise InputError(f"a completion message is not a dict with content: {message!r:.80}")
+            if message.get("role", "assistant") == "assistant":
+                content = message.get("content") or ""
+                parts.append(content if isinstance(content, str) else _text_parts(content))
+        return "\n".join(parts)
+    raise InputError(f"a completion is neither text nor a list of messages: {completion!r:.80}")
+
+
+def _text_parts(content: list) -> str:
+    # Multimodal message content: [{"type": "text", "text": ...}, ...]
+    return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+
+
+NEEDED = ("query_id", "query", "situation", "memories")
+
+
+def rollout_from(completion: Any, info: Mapping[str, Any], where: str) -> Rollout:
+    """A rollout from a completion and its row (TRL columns or verl extra_info)."""
+    info = _plain(info) or {}
+    lacking = [key for key in NEEDED if key not in info]
+    if "persona" not in info and "profile" not in info:
+        lacking.append("persona")
+    if lacking:
+        raise InputError(
+            f"{where}: no {', '.join(lacking)} for the judge",
+            "train on rows written by `personaemp export` (they carry what the reward needs)",
+        )
+    memories = info["memories"] or []
+    memories = [
+        m if isinstance(m, Mapping) else {"memory_id": f"m{n}", "value": str(m)}
+        for n, m in enumerate(memories, 1)
+    ]
+    return Rollout(
+        query_id=str(info["query_id"]),
+        query=str(info["query"]),
+        situation=str(info["situation"] or ""),
+        profile=str(info.get("persona", info.get("profile")) or ""),
+        memories=[
+            {"memory_id": str(m.get("memory_id", "")), "value": str(m.get("value", ""))} for m in memories
+        ],
+        completion=completion_text(completion),
+        user_id=str(info.get("user_id") or ""),
+        category=str(info.get("category") or ""),
+        criteria=info.get("criteria") or None,
+    )
