@@ -24,9 +24,11 @@ from typing import Any
 from rich.console import Console
 
 from personaemp.aio import sync_twin
+from personaemp.catalogue import COMMANDS
 from personaemp.config import Resolver
 from personaemp.errors import python_caller
-from personaemp.options import COMMANDS, SECTIONS, renamed, spec, specs
+from personaemp.options import renamed, spec, specs
+from personaemp.options import sections as declared_sections
 from personaemp.progress import listening
 from personaemp.registry import STAGES, Stage, signature_parameters
 from personaemp.results import StageResult
@@ -39,15 +41,15 @@ def _resolve(command: str, given: dict[str, Any], config: str | Path | None) -> 
     """The command's sections from keyword arguments (routed by name), env vars and config."""
     from personaemp.paths import check_command
 
-    sections = COMMANDS[command]
-    owner = {key: (name, renamed(SECTIONS[name]).get(key, key)) for name in reversed(sections)  # first wins
-             for key in [*SECTIONS[name].model_fields, *renamed(SECTIONS[name])]}  # fmt: skip
-    flags: dict[str, dict[str, Any]] = {name: {} for name in sections}
+    names, models = COMMANDS[command], declared_sections()
+    owner = {key: (name, renamed(models[name]).get(key, key)) for name in reversed(names)  # first wins
+             for key in [*models[name].model_fields, *renamed(models[name])]}  # fmt: skip
+    flags: dict[str, dict[str, Any]] = {name: {} for name in names}
     for key, value in given.items():
         if value is None:
             continue  # "not given": the default (or the config's value) applies
         if key not in owner:
-            known = sorted({field for name in sections for field in SECTIONS[name].model_fields})
+            known = sorted({field for name in names for field in models[name].model_fields})
             raise TypeError(f"{command}: unknown option {key!r}; the options are {', '.join(known)}")
         section, field = owner[key]
         if isinstance(value, os.PathLike) and spec(section, field).base is str:
@@ -175,9 +177,10 @@ def run_pipeline(
     from personaemp import pipeline
 
     flags = {name: dict(values) for name, values in sections.items()}
-    unknown = sorted(set(flags) - set(SECTIONS))
+    known = declared_sections()
+    unknown = sorted(set(flags) - set(known))
     if unknown:
-        raise TypeError(f"run_pipeline: unknown section(s) {', '.join(unknown)}; use {', '.join(SECTIONS)}")
+        raise TypeError(f"run_pipeline: unknown section(s) {', '.join(unknown)}; use {', '.join(known)}")
     resolver = Resolver(Path(config) if config is not None else None, flags=flags, style="python")
     options = resolver.all()
     with _reporting(progress) as console:

@@ -15,13 +15,11 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
+from personaemp.catalogue import CLI_ONLY, COMMANDS, OUTPUT_OPTIONS, RUN_COMMANDS
 from personaemp.config import Resolver
 from personaemp.errors import PersonaempError
 from personaemp.options import (
-    CLI_ONLY,
-    COMMANDS,
     LLM_PANEL,
-    OUTPUT_OPTIONS,
     OptionSpec,
     notice_renamed,
     show_default,
@@ -61,8 +59,6 @@ class _Command(TyperCommand):
 
 def run_takes(flag: str) -> str:
     """What `run --limit` means: the keys of the sections run reads that have that flag."""
-    from personaemp.registry import RUN_COMMANDS
-
     sections = dict.fromkeys(s for c in ("extract-memories", *RUN_COMMANDS) for s in COMMANDS[c])
     keys = [
         f"{section}.{option.name}" for section in sections for option in specs(section)

@@ -23,6 +23,7 @@ This module and the options modules stay light (pydantic only): `personaemp --he
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 import sys
@@ -221,36 +222,49 @@ def renamed(model: type[BaseModel]) -> dict[str, str]:
     }
 
 
-# --- the catalogue -----------------------------------------------------------------------------
-# Every section by its TOML name and every stage command's sections. A section is declared
-# where its stage lives (`@declare("filter")` in personaemp/dataset/options.py), the
-# shared ones ([paths], [llm]) here; the registry (personaemp/registry.py) imports each
-# stage's options module, puts the sections in pipeline order and fills COMMANDS and
-# CLI_ONLY from its Stage lines. So a stage is its module(s) plus one registry line.
-SECTIONS: dict[str, type[Section]] = {}  # TOML section -> its model, in pipeline order
-COMMANDS: dict[str, tuple[str, ...]] = {}  # stage command -> its sections (the first is its own)
-
-
-def catalogue() -> dict[str, type[Section]]:
-    """SECTIONS, whole: the products declare their sections and the registry gathers them, so a
-    caller below it (config, the reward in a trainer's worker) has the registry loaded here, by
-    name, as a host loads its plugins (an import of it here would point up the layers)."""
-    if "personaemp.registry" not in sys.modules:  # (while it loads, it is filling SECTIONS)
-        importlib.import_module("personaemp.registry")
-    return SECTIONS
+# --- the sections, by name ---------------------------------------------------------------------
+# A section is declared where its stage lives (`@declare("filter")` in
+# personaemp/dataset/options.py), the shared ones ([paths], [llm]) here. personaemp.catalogue
+# names the module of each; `sections()` loads them, in pipeline order, on first use.
 
 
 def declare(name: str) -> Callable[[type[Section]], type[Section]]:
-    """Class decorator: `model` is the TOML section [name] (also importable on its own, as
-    personaemp.reward's from_config does with [reward])."""
+    """Class decorator: `model` is the TOML section [name]. It only marks the class; the
+    catalogue's module list (personaemp.catalogue.SECTION_MODULES) is how it is found."""
 
-    def register(model: type[Section]) -> type[Section]:
-        if SECTIONS.get(name, model) is not model:
-            raise TypeError(f"[{name}] is declared twice: {SECTIONS[name].__name__} and {model.__name__}")
-        SECTIONS[name] = model
+    def mark(model: type[Section]) -> type[Section]:
+        model.__section__ = name
         return model
 
-    return register
+    return mark
+
+
+def declared(module: types.ModuleType) -> dict[str, type[Section]]:
+    """{section: model} of the `@declare`d sections a module defines."""
+    found: dict[str, type[Section]] = {}
+    for value in vars(module).values():
+        name = getattr(value, "__section__", None) if isinstance(value, type) else None
+        if name is None or value.__module__ != module.__name__:
+            continue
+        if found.get(name, value) is not value:
+            raise TypeError(f"[{name}] is declared twice: {found[name].__name__} and {value.__name__}")
+        found[name] = value
+    return found
+
+
+@functools.cache
+def sections() -> dict[str, type[Section]]:
+    """Every TOML section -> its model, in pipeline order, from the modules the catalogue names
+    (imported now: a plugin host's loading, driven by data, so no module here names a product)."""
+    from personaemp.catalogue import SECTION_MODULES
+
+    found: dict[str, type[Section]] = {}
+    for name, module in SECTION_MODULES.items():
+        models = declared(importlib.import_module(f"personaemp.{module}"))
+        if name not in models:
+            raise TypeError(f"[{name}]: no @declare({name!r}) in personaemp.{module}")
+        found[name] = models[name]
+    return found
 
 
 # --- the sections ------------------------------------------------------------------------------
@@ -565,9 +579,9 @@ _RUN_OPTIONS: dict[tuple[str, ...], type[RunSections]] = {}
 def run_options() -> type[RunSections]:
     """personaemp.toml as one model: every declared section, in pipeline order (the file may
     leave any out). personaemp.registry.RunOptions is this, once every stage is declared."""
-    key = tuple(SECTIONS)
+    key = tuple(sections())
     if key not in _RUN_OPTIONS:
-        fields: dict[str, Any] = {name: (model, model()) for name, model in SECTIONS.items()}
+        fields: dict[str, Any] = {name: (model, model()) for name, model in sections().items()}
         _RUN_OPTIONS[key] = create_model("RunOptions", __base__=RunSections, __module__=__name__, **fields)
         _RUN_OPTIONS[key].__doc__ = "personaemp.toml: every section (the file may leave any out)."
     return _RUN_OPTIONS[key]
@@ -579,20 +593,6 @@ def derive(rule: str, section: Callable[[str], Any]) -> Any:
         return section("paths").processed / rule.split(":", 1)[1]
     name, field = rule.split(".")
     return getattr(section(name), field)
-
-
-# What every stage command, `run` and `merge` print: declared once (personaemp.cli.output_options).
-OUTPUT_OPTIONS: dict[str, str] = {
-    "--quiet": "No summaries or progress on stderr (errors are still shown).",
-    "--json": "Print the command's result (files, counts, cost, report) as JSON on stdout.",
-}
-# Options of the stage commands that are not stage settings: no TOML key. Every command's
-# are CLI_COMMON's; the registry adds each Stage's own (`Stage.cli_only`).
-CLI_COMMON: dict[str, str] = {
-    "--config": "personaemp.toml to read the command's sections from (flags and env vars win).",
-    **OUTPUT_OPTIONS,
-}
-CLI_ONLY: dict[str, dict[str, str]] = {}
 
 
 # --- introspection -----------------------------------------------------------------------------
@@ -681,7 +681,7 @@ class OptionSpec:
 
 
 def specs(section: str) -> list[OptionSpec]:
-    model = SECTIONS[section]
+    model = sections()[section]
     found = []
     for name, info in model.model_fields.items():
         opt = next((m for m in info.metadata if isinstance(m, Opt)), None)
@@ -841,12 +841,14 @@ def markdown_tables() -> str:
         "<!-- generated from the options modules: python -m personaemp.registry docs/options.md -->",
         "",
     ]
-    for command, sections in COMMANDS.items():
-        out.append(f"#### `personaemp {command}` — TOML `[{sections[0]}]`")
+    from personaemp.catalogue import CLI_ONLY, COMMANDS
+
+    for command, names in COMMANDS.items():
+        out.append(f"#### `personaemp {command}` — TOML `[{names[0]}]`")
         out.append("")
-        out.extend(_table(specs(sections[0])))
+        out.extend(_table(specs(names[0])))
         out.append("")
-        if "llm" in sections:
+        if "llm" in names:
             out.append("And the LLM options below (TOML `[llm]`).")
         only = "; ".join(
             f"`{flag}`: {text[0].lower() + text[1:].rstrip('.')}" for flag, text in CLI_ONLY[command].items()

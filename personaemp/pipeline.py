@@ -18,8 +18,9 @@ from typing import Any
 from rich.console import Console
 
 from personaemp import results
+from personaemp.catalogue import RUN_COMMANDS
 from personaemp.config import llm_settings
-from personaemp.registry import RUN_COMMANDS, STAGES, RunOptions
+from personaemp.registry import STAGES, RunOptions
 from personaemp.results import StageResult, stop_if_failed
 from personaemp.summaries import waits_for_a_batch
 

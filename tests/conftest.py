@@ -183,9 +183,9 @@ def _plain_console(monkeypatch):
 def personaemp_environment() -> tuple[str, ...]:
     """The variables a test must not inherit from the shell: every option's (options.py), the
     endpoint's and the key."""
-    from personaemp.options import SECTIONS, specs
+    from personaemp.options import sections, specs
 
-    declared = {option.opt.env for section in SECTIONS for option in specs(section) if option.opt.env}
+    declared = {option.opt.env for section in sections() for option in specs(section) if option.opt.env}
     return ("OPENAI_BASE_URL", "OPENAI_API_KEY", "HF_TOKEN", *sorted(declared))
 
 

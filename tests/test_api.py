@@ -20,9 +20,9 @@ from fake_openai import FakeOpenAI
 
 import personaemp as pe
 from personaemp.aio import run_sync
+from personaemp.catalogue import COMMANDS
 from personaemp.dataset.options import SplitOptions
 from personaemp.options import specs
-from personaemp.registry import COMMANDS
 
 
 @pytest.fixture(autouse=True)

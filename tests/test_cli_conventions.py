@@ -18,8 +18,9 @@ from fake_openai import FakeOpenAI
 from rich.progress import Progress
 from typer.testing import CliRunner
 
+from personaemp.catalogue import COMMANDS
 from personaemp.cli import app
-from personaemp.options import COMMANDS, specs
+from personaemp.options import specs
 
 COMMAND_NAMES = sorted(typer.main.get_command(app).commands)
 

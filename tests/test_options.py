@@ -19,11 +19,12 @@ from conftest import REPO, clean_environment
 from typer.testing import CliRunner
 
 from personaemp import options as opts
+from personaemp.catalogue import CLI_ONLY, COMMANDS
 from personaemp.cli import app
 from personaemp.config import llm_settings, load_config
 from personaemp.llm.settings import LLMSettings
-from personaemp.options import LLMOptions, show_default, specs
-from personaemp.registry import CLI_ONLY, COMMANDS, SECTIONS, RunOptions
+from personaemp.options import LLMOptions, sections, show_default, specs
+from personaemp.registry import RunOptions
 
 STAGE_OF = {
     "filter": "filter",
@@ -54,13 +55,13 @@ def click_options(name: str) -> dict[str, Any]:
 
 
 def test_every_stage_option_is_a_toml_key_and_back():
-    for command, sections in COMMANDS.items():
+    for command, names in COMMANDS.items():
         params = click_options(command)
         cli_only = {p.name for p in params.values() if set(p.opts) & set(CLI_ONLY[command])}
         assert len(cli_only) == len(CLI_ONLY[command]), command  # each listed CLI-only option exists
-        keys = {option.name for section in sections for option in specs(section)}
+        keys = {option.name for section in names for option in specs(section)}
         assert set(params) - cli_only == keys, command
-        assert keys == {name for section in sections for name in SECTIONS[section].model_fields}
+        assert keys == {name for section in names for name in sections()[section].model_fields}
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
@@ -132,10 +133,10 @@ def test_the_names_options_repeat_agree_with_the_stages():
     from personaemp.training import export
 
     assert get_args(opts.Context) == policy.CONTEXTS
-    assert get_args(SECTIONS["export"].model_fields["format"].annotation) == export.FORMATS
+    assert get_args(sections()["export"].model_fields["format"].annotation) == export.FORMATS
     from personaemp import reward
 
-    assert get_args(SECTIONS["reward"].model_fields["fallback"].annotation) == tuple(reward.FALLBACKS)
+    assert get_args(sections()["reward"].model_fields["fallback"].annotation) == tuple(reward.FALLBACKS)
     assert RunOptions().queries.categories == list(CATEGORIES)
     assert set(opts.STEP_KEYS) == set(opts.StepSampling.model_fields)
 
@@ -148,7 +149,7 @@ def test_llm_settings_defaults_are_the_options_defaults():
 def test_derived_defaults_match_the_static_ones():
     """A field's default is what its derivation gives under the default [paths]."""
     defaults = RunOptions()
-    for section in SECTIONS:
+    for section in sections():
         for option in specs(section):
             assert getattr(getattr(defaults, section), option.name) == option.default, option.name
 
@@ -572,7 +573,7 @@ def test_the_non_default_values_cover_every_option():
     defaults = RunOptions()
     for section in COMMANDS.values():
         for name in section:
-            assert set(NON_DEFAULT[name]) == set(SECTIONS[name].model_fields), name
+            assert set(NON_DEFAULT[name]) == set(sections()[name].model_fields), name
     for name, values in NON_DEFAULT.items():
         for key, value in values.items():
             # dry_run keeps its default (with a repo_id); estimate (`run` refuses it) and batch
@@ -849,7 +850,7 @@ def test_the_docs_option_tables_are_generated_from_the_models():
 
 def test_the_tables_list_every_option_with_its_flag_key_env_and_default():
     tables = opts.markdown_tables()
-    for section in SECTIONS:
+    for section in sections():
         for option in specs(section):
             assert f"`{option.name}`" in tables
             if section not in ("paths", "reward"):  # TOML only: no command has their flags
