@@ -48,41 +48,19 @@ from pydantic.fields import FieldInfo
 
 from personaemp.errors import InputError
 from personaemp.records import Category
+from personaemp.vocabulary import (
+    STEP_KEYS,
+    STEP_NAMES,
+    Check,
+    LayoutName,
+    PersonaCheck,
+    SplitName,
+    StepName,
+)
 
 PROCESSED = Path("data/processed")
 RAW_INPUT = "data/raw/alpsbench_sample/task1"
 LLM_PANEL = "LLM endpoint and engine"
-
-# Names the stages define; options.py repeats them so `--help` does not import the stages
-# (tests/test_options.py checks they agree).
-FORMATS = ("auto", "task1", "raw", "hf")  # personaemp.sources.FORMATS
-LOG_FORMATS = ("auto", "wildchat", "messages", "sharegpt", "table", "task1")  # personaemp.sources.logs
-CHECKS = (
-    "emotional_support", "logical_consistency", "role_awareness", "memory_ids_valid",
-    "category_match", "length_ok", "language_match", "not_duplicate", "not_copied",
-    "no_scaffolding", "no_internal_ids",
-)  # fmt: skip  # personaemp.instruments.query_check.CHECKS
-PERSONA_CHECKS = ("no_internal_ids", "level_matches_rationale")  # personaemp.dataset.persona.PERSONA_CHECKS
-STEPS = (
-    "persona", "situations", "check",
-    "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander", "judge_joint",
-    "extract_memories", "hidden_need", "simulate", "in_character",
-)  # fmt: skip  # the stages' Step names (judge_joint: personaemp.training.reward)
-STEP_KEYS = ("temperature", "max_tokens")
-
-Format = Literal["auto", "task1", "raw", "hf"]
-LogFormat = Literal["auto", "wildchat", "messages", "sharegpt", "table", "task1"]
-Check = Literal[
-    "emotional_support", "logical_consistency", "role_awareness", "memory_ids_valid",
-    "category_match", "length_ok", "language_match", "not_duplicate", "not_copied",
-    "no_scaffolding", "no_internal_ids",
-]  # fmt: skip
-PersonaCheck = Literal["no_internal_ids", "level_matches_rationale"]
-StepName = Literal[
-    "persona", "situations", "check",
-    "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander", "judge_joint",
-    "extract_memories", "hidden_need", "simulate", "in_character",
-]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -332,7 +310,7 @@ class LLMOptions(Section):
         dict[StepName, StepSampling],
         Opt(
             "Sampling of one step over the run's: STEP.KEY=VALUE, repeatable; STEP: "
-            f"{', '.join(STEPS)}; KEY: {', '.join(STEP_KEYS)} (TOML: [llm.steps.STEP]).",
+            f"{', '.join(STEP_NAMES)}; KEY: {', '.join(STEP_KEYS)} (TOML: [llm.steps.STEP]).",
             ("--step",),
             metavar="STEP.KEY=VALUE",
         ),
@@ -510,9 +488,9 @@ SplitsFolder = Annotated[
 ]
 
 
-# personaemp.prompts.LAYOUTS: where a request about one PERM dimension holds its standard
+# Where a request about one PERM dimension holds its standard (vocabulary.LAYOUTS).
 Layout = Annotated[
-    Literal["paper", "shared"],
+    LayoutName,
     Opt(
         "paper: as the authors' prompts, each request holds only its dimension's standard, before "
         "the context and the reply; shared: the three standards in a task every request shares "
@@ -539,12 +517,6 @@ class JudgeDefaults:
 JUDGE_DEFAULTS = JudgeDefaults()
 
 
-SplitName = Literal["random", "ood"]
-Part = Literal["train", "test"]
-
-
-# personaemp.instruments.policy.CONTEXTS: what a policy sees (respond, and export's prompts)
-Context = Literal["none", "memory", "memory-summary", "rag", "mismatch", "persona"]
 SplitSetting = Annotated[SplitName, Opt("Split setting.")]
 RagK = Annotated[int, Field(ge=1), Opt("Memories given with --context rag (the paper: 3).")]
 MismatchSeed = Annotated[

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import typer.main
@@ -113,32 +113,38 @@ def test_the_api_key_is_no_option():
     assert not any("key" in name for name in LLMOptions.model_fields)
 
 
-def test_the_names_options_repeat_agree_with_the_stages():
-    from personaemp.dataset import persona, queries
-    from personaemp.records import CATEGORIES
-    from personaemp.sources import FORMATS
-
-    assert opts.FORMATS == FORMATS
-    assert opts.CHECKS == queries.CHECKS
-    assert opts.PERSONA_CHECKS == persona.PERSONA_CHECKS
-    from personaemp import reward
-    from personaemp.dataset import dialogues, memories
+def test_every_step_is_named_in_the_vocabulary():
+    """The names themselves are declared once (personaemp/vocabulary.py); what is checked here is
+    that the stages' Steps, the reward's fallback table and [llm.steps] use exactly them."""
+    from personaemp import reward, vocabulary
+    from personaemp.dataset import dialogues, memories, persona, queries
     from personaemp.evaluation import criteria, evaluate, respond
+    from personaemp.records import CATEGORIES
 
     stages = (memories, persona, queries, dialogues, criteria, respond, evaluate, reward)
-    assert set(opts.STEPS) == {step.name for stage in stages for step in stage.STEPS}
-    from typing import get_args
-
-    from personaemp.instruments import policy
-    from personaemp.training import export
-
-    assert get_args(opts.Context) == policy.CONTEXTS
-    assert get_args(sections()["export"].model_fields["format"].annotation) == export.FORMATS
-    from personaemp import reward
-
-    assert get_args(sections()["reward"].model_fields["fallback"].annotation) == tuple(reward.FALLBACKS)
+    assert set(vocabulary.STEP_NAMES) == {step.name for stage in stages for step in stage.STEPS}
+    assert set(reward.FALLBACKS) == set(get_args(vocabulary.Fallback))
+    assert set(vocabulary.STEP_KEYS) == set(opts.StepSampling.model_fields)
     assert RunOptions().queries.categories == list(CATEGORIES)
-    assert set(opts.STEP_KEYS) == set(opts.StepSampling.model_fields)
+
+
+def test_each_vocabulary_is_one_literal_and_its_tuple_derived():
+    """No tuple of names is written twice: a module that needs one imports it from the vocabulary."""
+    import ast
+
+    from personaemp import vocabulary
+
+    for name, value in vars(vocabulary).items():
+        if name.isupper() and isinstance(value, tuple):
+            assert any(get_args(literal) == value for literal in vars(vocabulary).values()), name
+    known = {value for value in vars(vocabulary).values() if isinstance(value, tuple) and len(value) > 1}
+    copies = []
+    for path in (REPO / "personaemp").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            written = isinstance(node, ast.Tuple) and all(isinstance(e, ast.Constant) for e in node.elts)
+            if written and tuple(e.value for e in node.elts) in known and path.name != "vocabulary.py":
+                copies.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert copies == []
 
 
 def test_llm_settings_defaults_are_the_options_defaults():

@@ -11,16 +11,11 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from personaemp.options import (
-    CHECKS,
-    PERSONA_CHECKS,
     PROCESSED,
     RAW_INPUT,
     Categories,
     Checks,
-    Context,
     Force,
-    Format,
-    LogFormat,
     MismatchSeed,
     Names,
     Opt,
@@ -33,6 +28,7 @@ from personaemp.options import (
     _some_checks,
     declare,
 )
+from personaemp.vocabulary import CHECKS, PERSONA_CHECKS, Context, Format, LogFormat
 
 
 @declare("extract")

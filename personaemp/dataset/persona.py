@@ -51,6 +51,7 @@ from personaemp.render import (
     render_turns,
 )
 from personaemp.shards import failures_path, sharded_pick
+from personaemp.vocabulary import PERSONA_CHECKS
 
 STAGE = "infer-persona"
 
@@ -95,8 +96,7 @@ PERSONA_STEP = Step("persona", PersonaReply, prompt="persona", version=2)
 STEPS = (PERSONA_STEP,)
 
 # Checked on every trait statement and Big Five rationale, and enforced unless `enforce`
-# names fewer (level_matches_rationale: Big Five levels only).
-PERSONA_CHECKS = ("no_internal_ids", "level_matches_rationale")
+# names fewer (level_matches_rationale: Big Five levels only): vocabulary.PERSONA_CHECKS.
 
 
 def persona_checks(enforce: Sequence[str] | None) -> tuple[str, ...]:

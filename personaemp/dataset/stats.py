@@ -40,9 +40,9 @@ import msgspec
 from personaemp import freshness
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_atomic
-from personaemp.options import CHECKS, PERSONA_CHECKS
 from personaemp.parallel import fork_map
 from personaemp.records import BIG_FIVE
+from personaemp.vocabulary import CHECKS, PERSONA_CHECKS
 from personaemp.workspace import read_manifest, stage_chain
 
 STATS_FILE = "stats.json"

@@ -13,19 +13,18 @@ from personaemp.options import (
     DEFAULT_LAYOUT,
     JUDGE_DEFAULTS,
     PROCESSED,
-    Context,
     Layout,
     MismatchSeed,
     Names,
     Opt,
     OptionProblem,
-    Part,
     RagK,
     Section,
     SplitSetting,
     SplitsFolder,
     declare,
 )
+from personaemp.vocabulary import Context, Part, TableFormat
 
 
 @declare("criteria")
@@ -253,7 +252,7 @@ class TableOptions(Section):
             io="read",
         ),
     ] = []
-    format: Annotated[Literal["markdown", "csv", "latex"], Opt("Output format.")] = "markdown"
+    format: Annotated[TableFormat, Opt("Output format.")] = "markdown"
     output: Annotated[
         Path | None, Opt("Write the table here (default: print it).", ("--output", "-o"), io="write")
     ] = None

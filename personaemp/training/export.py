@@ -30,8 +30,9 @@ from personaemp.instruments.criteria import check_made_for, made_for, read_crite
 from personaemp.instruments.policy import RESPOND, build_messages, policy_units
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl
 from personaemp.prompts import load_prompt
+from personaemp.vocabulary import EXPORT_FORMATS
 
-FORMATS = ("trl", "verl")
+FORMATS = EXPORT_FORMATS
 ABILITY = "empathy"
 
 
