@@ -161,8 +161,8 @@ CLI_ONLY = {line.command: {**CLI_COMMON, **line.cli_only} for line in LINES}
 # TOML section -> the module (under personaemp/) that declares it, in pipeline order: [paths],
 # each stage's own, then the shared [llm] and the stage-less [reward] (personaemp.reward).
 SECTION_MODULES = {
-    "paths": "options",
+    "paths": "shared_options",
     **{line.sections[0]: line.options_from for line in LINES},
-    "llm": "options",
+    "llm": "shared_options",
     "reward": "training.options",
 }

@@ -18,15 +18,10 @@ from typer.core import TyperCommand, TyperGroup
 from personaemp.catalogue import CLI_ONLY, COMMANDS, OUTPUT_OPTIONS, RUN_COMMANDS
 from personaemp.config import Resolver
 from personaemp.errors import PersonaempError
-from personaemp.options import (
-    LLM_PANEL,
-    OptionSpec,
-    notice_renamed,
-    show_default,
-    specs,
-)
+from personaemp.options import OptionSpec, notice_renamed, show_default, specs
 from personaemp.registry import STAGES
 from personaemp.results import stop_if_failed
+from personaemp.shared_options import LLM_PANEL
 
 
 def _clean_help(params: list) -> list:

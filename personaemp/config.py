@@ -22,7 +22,6 @@ from pydantic import ValidationError
 
 from personaemp.errors import InputError
 from personaemp.options import (
-    LLMOptions,
     RunSections,
     Section,
     derive,
@@ -36,6 +35,7 @@ from personaemp.options import (
     spec,
     specs,
 )
+from personaemp.shared_options import LLMOptions
 
 SECRET_WORDS = ("key", "token", "secret", "password")
 NOT_SECRETS = {"max_tokens"}

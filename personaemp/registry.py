@@ -28,7 +28,8 @@ from rich.console import Console
 from personaemp import freshness, results, summaries
 from personaemp.aio import run_sync
 from personaemp.catalogue import LINES, StageLine
-from personaemp.options import markdown_tables, run_options
+from personaemp.options import run_options
+from personaemp.options_page import markdown_tables
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ def signature_parameters(stage: Stage) -> list[inspect.Parameter]:
 
 if __name__ == "__main__":  # python -m personaemp.registry docs/options.md: the Options page's tables
     if len(sys.argv) > 1:
-        from personaemp.options import update_readme
+        from personaemp.options_page import update_readme
 
         changed = update_readme(Path(sys.argv[1]))
         print(f"{sys.argv[1]}: {'updated' if changed else 'up to date'}")

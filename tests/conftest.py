@@ -436,9 +436,9 @@ def sample_build(tmp_path_factory) -> Path:
         from fake_openai import FakeOpenAI
         from rich.console import Console
 
-        from personaemp.options import LLMOptions, PathsOptions
         from personaemp.pipeline import run_pipeline
         from personaemp.registry import RunOptions
+        from personaemp.shared_options import LLMOptions, PathsOptions
 
         with (
             FakeOpenAI(responder=order_free_responder()) as fake,

@@ -18,13 +18,14 @@ import typer.main
 from conftest import REPO, clean_environment
 from typer.testing import CliRunner
 
-from personaemp import options as opts
+from personaemp import options_page as page
 from personaemp.catalogue import CLI_ONLY, COMMANDS
 from personaemp.cli import app
 from personaemp.config import llm_settings, load_config
 from personaemp.llm.settings import LLMSettings
-from personaemp.options import LLMOptions, sections, show_default, specs
+from personaemp.options import sections, show_default, specs
 from personaemp.registry import RunOptions
+from personaemp.shared_options import LLMOptions, StepSampling
 
 STAGE_OF = {
     "filter": "filter",
@@ -124,7 +125,7 @@ def test_every_step_is_named_in_the_vocabulary():
     stages = (memories, persona, queries, dialogues, criteria, respond, evaluate, reward)
     assert set(vocabulary.STEP_NAMES) == {step.name for stage in stages for step in stage.STEPS}
     assert set(reward.FALLBACKS) == set(get_args(vocabulary.Fallback))
-    assert set(vocabulary.STEP_KEYS) == set(opts.StepSampling.model_fields)
+    assert set(vocabulary.STEP_KEYS) == set(StepSampling.model_fields)
     assert RunOptions().queries.categories == list(CATEGORIES)
 
 
@@ -847,15 +848,15 @@ def test_a_flag_overrides_a_bad_file_value_only_for_its_own_key(calls, tmp_path)
 
 def test_the_docs_option_tables_are_generated_from_the_models():
     text = (REPO / "docs" / "options.md").read_text(encoding="utf-8")
-    assert text.count(opts.BEGIN) == 1 and text.count(opts.END) == 1
+    assert text.count(page.BEGIN) == 1 and text.count(page.END) == 1
     hint = "run: python -m personaemp.registry docs/options.md"
-    assert opts.readme_block(text) == opts.markdown_tables(), hint
+    assert page.readme_block(text) == page.markdown_tables(), hint
     # One copy of the tables: the README (the PyPI page) links to the docs instead.
-    assert opts.BEGIN not in (REPO / "README.md").read_text(encoding="utf-8")
+    assert page.BEGIN not in (REPO / "README.md").read_text(encoding="utf-8")
 
 
 def test_the_tables_list_every_option_with_its_flag_key_env_and_default():
-    tables = opts.markdown_tables()
+    tables = page.markdown_tables()
     for section in sections():
         for option in specs(section):
             assert f"`{option.name}`" in tables
@@ -870,12 +871,12 @@ def test_the_tables_list_every_option_with_its_flag_key_env_and_default():
 
 def test_update_readme_rewrites_only_the_block(tmp_path):
     readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{opts.BEGIN}\nstale\n{opts.END}\noutro\n", encoding="utf-8")
-    assert opts.update_readme(readme) is True
+    readme.write_text(f"intro\n{page.BEGIN}\nstale\n{page.END}\noutro\n", encoding="utf-8")
+    assert page.update_readme(readme) is True
     text = readme.read_text(encoding="utf-8")
-    assert text.startswith(f"intro\n{opts.BEGIN}\n") and text.endswith(f"{opts.END}\noutro\n")
-    assert opts.readme_block(text) == opts.markdown_tables()
-    assert opts.update_readme(readme) is False
+    assert text.startswith(f"intro\n{page.BEGIN}\n") and text.endswith(f"{page.END}\noutro\n")
+    assert page.readme_block(text) == page.markdown_tables()
+    assert page.update_readme(readme) is False
 
 
 def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(monkeypatch, tmp_path):

@@ -10,7 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from personaemp.options import (
+from personaemp.options import Opt, OptionProblem, Section, declare
+from personaemp.shared_options import (
     PROCESSED,
     RAW_INPUT,
     Categories,
@@ -18,15 +19,11 @@ from personaemp.options import (
     Force,
     MismatchSeed,
     Names,
-    Opt,
-    OptionProblem,
     PersonaChecks,
     RagK,
-    Section,
     Shard,
     SplitsFolder,
     _some_checks,
-    declare,
 )
 from personaemp.vocabulary import CHECKS, PERSONA_CHECKS, Context, Format, LogFormat
 

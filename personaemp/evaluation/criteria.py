@@ -26,9 +26,9 @@ from personaemp.instruments.criteria import (
     query_units,
     with_room,
 )
-from personaemp.options import DEFAULT_LAYOUT
 from personaemp.prompts import LAYOUTS, load_prompt
 from personaemp.records import DIMENSIONS
+from personaemp.shared_options import DEFAULT_LAYOUT
 
 STAGE = "criteria"
 

@@ -9,20 +9,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from personaemp.options import (
+from personaemp.options import Opt, OptionProblem, Section, declare
+from personaemp.shared_options import (
     DEFAULT_LAYOUT,
     JUDGE_DEFAULTS,
     PROCESSED,
     Layout,
     MismatchSeed,
     Names,
-    Opt,
-    OptionProblem,
     RagK,
-    Section,
     SplitSetting,
     SplitsFolder,
-    declare,
 )
 from personaemp.vocabulary import Context, Part, TableFormat
 

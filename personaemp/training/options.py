@@ -8,18 +8,15 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from personaemp.options import (
+from personaemp.options import Opt, OptionProblem, Section, declare
+from personaemp.shared_options import (
     DEFAULT_LAYOUT,
     PROCESSED,
     Layout,
     MismatchSeed,
-    Opt,
-    OptionProblem,
     RagK,
-    Section,
     SplitSetting,
     SplitsFolder,
-    declare,
 )
 from personaemp.vocabulary import Context, ExportFormat, Fallback, Part
 
