@@ -12,7 +12,9 @@ from typing import Literal, get_args
 # Input readers (personaemp.sources) and conversation-log readers (personaemp.sources.logs).
 Format = Literal["auto", "task1", "raw", "hf"]
 FORMATS: tuple[str, ...] = get_args(Format)
-LogFormat = Literal["auto", "wildchat", "messages", "sharegpt", "table", "task1"]
+LogReader = Literal["wildchat", "messages", "sharegpt", "table"]
+LOG_READERS: tuple[str, ...] = get_args(LogReader)
+LogFormat = Literal["auto", LogReader, "task1"]  # extract-memories --format
 LOG_FORMATS: tuple[str, ...] = get_args(LogFormat)
 
 # The checks of a generated query (personaemp.instruments.query_check): the judge's first.
