@@ -390,7 +390,7 @@ def infer_persona_command(
     show: only("infer-persona", "--show", str, "USER") = None,
 ):
     if show is not None:
-        from personaemp.summaries import print_persona
+        from personaemp.dataset.persona import print_persona
 
         print_persona(options.persona.output, show, console_for(stderr=False))
         return None
@@ -399,7 +399,7 @@ def infer_persona_command(
 
 @stage_command("evaluate")
 def evaluate_command(options: Resolver, console: Console, json_output: bool = False):
-    from personaemp.summaries import print_evaluation
+    from personaemp.evaluation.scoreboard import print_evaluation
 
     result = STAGES["evaluate"].run(options, console)
     if result.summary is not None:  # None after --estimate

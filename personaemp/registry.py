@@ -18,14 +18,14 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from personaemp import freshness, results, summaries
+from personaemp import freshness, results
 from personaemp.aio import run_sync
 from personaemp.catalogue import LINES, StageLine
 from personaemp.options import run_options
@@ -74,14 +74,15 @@ class Stage(StageLine):
         return made
 
     def _shown(self, result, console: Console):
-        show = SUMMARIES.get(self.command)
-        if show is not None:
-            show(result, console)
+        self.summary(result, console)
         return result
 
     def summary(self, result, console: Console) -> None:
-        """The stage's summary of `result` on `console` (what `run` prints after it)."""
-        self._shown(result, console)
+        """The stage's summary of `result` on `console`: its module's `print_summary(result,
+        console)`, found as `from_options` is (a stage without one prints nothing)."""
+        show = getattr(importlib.import_module(f"personaemp.{self.module}"), "print_summary", None)
+        if show is not None:
+            show(result, console)
 
 
 def _push_wiring() -> dict[str, Any]:
@@ -91,53 +92,6 @@ def _push_wiring() -> dict[str, Any]:
     return {"quality": card_quality}
 
 
-# --- the summaries a command and `run` print ------------------------------------------------------
-
-
-def print_memory_summary(summary, console: Console) -> None:
-    from personaemp.dataset.memories import print_summary  # (imported when shown)
-
-    print_summary(summary, console)
-
-
-def _llm_summary(then: Callable[[Any, Console], None] | None = None):
-    """An LLM stage's report, then `then(result, console)` if it wrote rows."""
-
-    def show(result, console: Console) -> None:
-        summaries.print_stage_report(result.report, console)
-        if then is not None and summaries.wrote_rows(result.report):
-            then(result, console)
-
-    return show
-
-
-def _evaluate_summary(result, console: Console) -> None:
-    for report in result.judges or [result.report]:  # a panel: one per judge
-        summaries.print_stage_report(report, console)
-
-
-# --- the stages ----------------------------------------------------------------------------------
-
-SUMMARIES: dict[str, Callable[[Any, Console], None]] = {
-    "extract-memories": _llm_summary(lambda result, console: print_memory_summary(result.summary, console)),
-    "filter": lambda result, console: summaries.print_filter_summary(result.report, console),
-    "infer-persona": _llm_summary(
-        lambda result, console: summaries.print_persona_summary(result.summary, console)
-    ),
-    "gen-queries": _llm_summary(
-        lambda result, console: summaries.print_query_funnel(result.summary, console)
-    ),
-    "gen-dialogues": _llm_summary(),
-    "split": lambda result, console: summaries.print_split_report(result.report, result.output, console),
-    "stats": lambda result, console: summaries.print_stats(result.report, console),
-    "push": summaries.print_push,
-    "criteria": _llm_summary(),
-    "respond": _llm_summary(),  # its last line says what it wrote
-    "export": lambda made, console: console.print(
-        f"wrote {made['rows']} rows ({made['format']}) to {made['output']}"
-    ),
-    "evaluate": _evaluate_summary,
-}
 WIRING = {"push": _push_wiring}  # arguments that come from another product
 
 STAGES: dict[str, Stage] = {line.command: Stage(**vars(line)) for line in LINES}

@@ -182,6 +182,22 @@ def test_a_missing_section_is_named_with_its_module(monkeypatch):
         options.sections.cache_clear()
 
 
+def test_each_stage_prints_its_own_summary():
+    """A stage's summary is `print_summary(result, console)` in its own module, found by
+    convention; the registry wires none (no lambda in it) and summaries.py keeps shared pieces."""
+    from personaemp import summaries
+    from personaemp.registry import STAGES
+
+    tree = ast.parse((PACKAGE / "registry.py").read_text(encoding="utf-8"))
+    assert not [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Lambda)]
+    silent = {"table", "review", "agreement"}  # their output is the command's (a file, a page)
+    for stage in STAGES.values():
+        module = importlib.import_module(f"personaemp.{stage.module}")
+        assert callable(getattr(module, "print_summary", None)) != (stage.command in silent), stage.command
+    shared = {name for name in dir(summaries) if name.startswith("print_")}
+    assert shared == {"print_stage_report", "print_estimate", "print_run_report", "print_batch_round"}
+
+
 def test_the_old_module_paths_import_with_a_warning():
     import personaemp.dataset.split as new
 

@@ -167,7 +167,6 @@ def test_derived_defaults_match_the_static_ones():
 @pytest.fixture
 def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
     """Replace the five stage functions (and the summaries) by recorders."""
-    from personaemp import summaries
     from personaemp.dataset import filter, persona, publish, queries, split, stats
 
     recorded: dict[str, tuple[tuple, dict]] = {}
@@ -234,11 +233,25 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
     monkeypatch.setattr(stats, "write_stats", recorder("stats", None))
     pushed = SimpleNamespace(rows={}, target="somewhere", warnings=[])
     monkeypatch.setattr(publish, "publish", recorder("push", pushed))
+    quiet_summaries(monkeypatch)
+    stub_results(monkeypatch)
+    return recorded
+
+
+def quiet_summaries(monkeypatch) -> None:
+    """No summaries: the stages' `print_summary` (and the shared pieces) print nothing."""
+    import importlib
+
+    from personaemp import catalogue, summaries
+    from personaemp.dataset import filter as filter_stage
+
+    for line in catalogue.LINES:
+        module = importlib.import_module(f"personaemp.{line.module}")
+        monkeypatch.setattr(module, "print_summary", lambda *args, **kwargs: None, raising=False)
+    monkeypatch.setattr(filter_stage, "print_funnel", lambda *args, **kwargs: None)
     for name in dir(summaries):
         if name.startswith("print_"):
             monkeypatch.setattr(summaries, name, lambda *args, **kwargs: None)
-    stub_results(monkeypatch)
-    return recorded
 
 
 def with_twin(monkeypatch, module, name: str, record) -> None:
@@ -883,7 +896,6 @@ def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(mon
     """criteria, respond and evaluate are not part of `run`; their flags and their TOML
     sections must still reach the stage function identically."""
     monkeypatch.setenv("JUDGE_A_KEY", "sk-judge-a")
-    from personaemp import summaries
     from personaemp.evaluation import criteria, evaluate, respond
 
     calls: dict[str, tuple] = {}
@@ -902,9 +914,7 @@ def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(mon
     with_twin(monkeypatch, criteria, "write_criteria", recorder("criteria", report))
     with_twin(monkeypatch, respond, "write_responses", recorder("respond", report))
     with_twin(monkeypatch, evaluate, "evaluate", recorder("evaluate", (None, evaluation)))
-    for name in dir(summaries):
-        if name.startswith("print_"):
-            monkeypatch.setattr(summaries, name, lambda *args, **kwargs: None)
+    quiet_summaries(monkeypatch)
     stub_results(monkeypatch)
     config = tmp_path / "bench.toml"
     # --dialogues is evaluate's other evaluation (evaluation/dialogues.py, tests/test_sessions.py)

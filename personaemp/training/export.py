@@ -174,3 +174,8 @@ def from_options(options, console) -> dict:
         mismatch_seed=options.mismatch_seed, summaries=options.summaries,
         criteria_file=options.criteria, data_source=options.data_source, dialogues=options.dialogues,
     )  # fmt: skip
+
+
+def print_summary(made, console) -> None:
+    """`personaemp export`'s one line: rows, format, where."""
+    console.print(f"wrote {made['rows']} rows ({made['format']}) to {made['output']}")
