@@ -198,6 +198,23 @@ def test_each_stage_prints_its_own_summary():
     assert shared == {"print_stage_report", "print_estimate", "print_run_report", "print_batch_round"}
 
 
+def test_no_module_writes_into_globals():
+    """A module's names are the ones its code defines: none written through globals() or vars()."""
+    writes = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = node.func.value
+                if (isinstance(owner, ast.Call) and getattr(owner.func, "id", None) in ("globals", "vars")
+                        and node.func.attr in ("update", "__setitem__", "setdefault")):  # fmt: skip
+                    writes.append(f"{path.relative_to(REPO)}:{node.lineno}")
+            if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
+                owner = node.value
+                if isinstance(owner, ast.Call) and getattr(owner.func, "id", None) in ("globals", "vars"):
+                    writes.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert writes == []
+
+
 def test_the_old_module_paths_import_with_a_warning():
     import personaemp.dataset.split as new
 

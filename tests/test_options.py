@@ -117,10 +117,11 @@ def test_the_api_key_is_no_option():
 def test_every_step_is_named_in_the_vocabulary():
     """The names themselves are declared once (personaemp/vocabulary.py); what is checked here is
     that the stages' Steps, the reward's fallback table and [llm.steps] use exactly them."""
-    from personaemp import reward, vocabulary
+    from personaemp import vocabulary
     from personaemp.dataset import dialogues, memories, persona, queries
     from personaemp.evaluation import criteria, evaluate, respond
     from personaemp.records import CATEGORIES
+    from personaemp.training import reward
 
     stages = (memories, persona, queries, dialogues, criteria, respond, evaluate, reward)
     assert set(vocabulary.STEP_NAMES) == {step.name for stage in stages for step in stage.STEPS}
