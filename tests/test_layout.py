@@ -215,6 +215,19 @@ def test_no_module_writes_into_globals():
     assert writes == []
 
 
+def test_no_signature_surgery():
+    """Commands and functions are made by code a reader can follow: nothing assigns a
+    function's __signature__ or __annotations__ (cli.py builds click objects from the specs)."""
+    assigned = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            for target in targets:
+                if isinstance(target, ast.Attribute) and target.attr in ("__signature__", "__annotations__"):
+                    assigned.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert assigned == []
+
+
 def test_the_old_module_paths_import_with_a_warning():
     import personaemp.dataset.split as new
 
