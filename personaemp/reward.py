@@ -1,7 +1,16 @@
 """The PereGRM training reward under its public name: `personaemp.reward` (TRL, verl's
 `custom_reward_function.path` or `pkg://personaemp.reward`). The code lives in
-personaemp/training/reward.py; this file re-exports its public names (its `__all__`), so that
-verl's file loader, which runs a file under a fresh module name, gets the real module's objects."""
+personaemp/training/reward.py; this file only hands its names on, so that verl's file
+loader, which runs a file under a fresh module name, gets the real module's objects."""
 
-from personaemp.training.reward import *  # noqa: F403 - the public names, listed in its __all__
-from personaemp.training.reward import __all__, __doc__  # noqa: F401
+import personaemp.training.reward as _reward
+from personaemp.training.reward import *  # noqa: F403  (its __all__: the reward's public names)
+from personaemp.training.reward import (  # noqa: F401  (what a verl worker or a script may also use)
+    CONFIG_VAR,
+    completion_text,
+    default_reward,
+    rollout_from,
+)
+
+__doc__ = _reward.__doc__
+__all__ = [*_reward.__all__, "CONFIG_VAR", "completion_text", "default_reward", "rollout_from"]
