@@ -20,8 +20,8 @@ from personaemp.dataset.publish import publish
 from personaemp.dataset.split import split_users
 from personaemp.dataset.stats import compute_stats, sources_in, write_stats
 from personaemp.manifest import record_stage
-from personaemp.options import CHECKS
 from personaemp.records import BIG_FIVE
+from personaemp.vocabulary import CHECKS
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

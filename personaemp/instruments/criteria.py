@@ -17,9 +17,9 @@ from personaemp.errors import InputError, RowError, first_problem
 from personaemp.io import ErrorPolicy, iter_jsonl
 from personaemp.llm.step import RejectedReply, Step
 from personaemp.manifest import resolved
-from personaemp.options import DEFAULT_LAYOUT
 from personaemp.prompts import Prompt
 from personaemp.records import BIG_FIVE, DIMENSION_DEFINITIONS, DIMENSIONS, Criterion
+from personaemp.shared_options import DEFAULT_LAYOUT
 
 
 class CriterionReply(BaseModel):

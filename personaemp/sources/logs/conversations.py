@@ -11,7 +11,6 @@ from typing import Any
 
 from personaemp.errors import RowError
 
-LOG_FORMATS = ("wildchat", "messages", "sharegpt", "table")
 TABLE_SUFFIXES = (".csv", ".tsv", ".parquet")
 USER_FIELDS = ("user_id", "user")  # the messages format's user id, unless --user-field names one
 CONVERSATION_FIELDS = ("conversation_id", "id")
