@@ -304,9 +304,9 @@ def test_a_copied_build_reads_its_own_folder_once_the_original_is_gone(tmp_path,
 
     from personaemp.cli import app
     from personaemp.dataset.options import PersonaOptions
-    from personaemp.options import LLMOptions, PathsOptions
     from personaemp.pipeline import run_pipeline
     from personaemp.registry import RunOptions
+    from personaemp.shared_options import LLMOptions, PathsOptions
 
     original, copy = tmp_path / "first", tmp_path / "copy"
     with FakeOpenAI(responder=order_free_responder()) as fake:

@@ -30,7 +30,6 @@ from typing import Any
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, iter_json_array, iter_jsonl
 from personaemp.sources.logs.conversations import (
-    LOG_FORMATS,
     TABLE_SUFFIXES,
     Bounds,
     LogSession,
@@ -44,6 +43,7 @@ from personaemp.sources.logs.conversations import (
 )
 from personaemp.sources.logs.jsonl import _PARSERS, read_jsonl_log
 from personaemp.sources.logs.tables import DEFAULT_COLUMNS, read_table, read_wildchat_parquet, table_columns
+from personaemp.vocabulary import LOG_READERS as LOG_FORMATS  # the readers here, declared once
 
 __all__ = [
     "DEFAULT_COLUMNS", "LOG_FORMATS", "TABLE_SUFFIXES", "Bounds", "LogSession", "LogTurn", "LogUser",
