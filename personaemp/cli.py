@@ -50,6 +50,20 @@ class _Command(TyperCommand):
     def get_params(self, ctx):
         return _clean_help(super().get_params(ctx))
 
+    def make_parser(self, ctx):
+        """The parser, refusing an option of one value given twice: click keeps the last one and
+        drops the others without a word (`push --dialogues A --dialogues B` published B only)."""
+        parser = super().make_parser(ctx)
+        parse = parser.parse_args
+
+        def parse_once(args):
+            opts, rest, order = parse(args=args)
+            refuse_repeated(ctx, order)
+            return opts, rest, order
+
+        parser.parse_args = parse_once
+        return parser
+
     def parse_args(self, ctx, args):
         try:
             return super().parse_args(ctx, args)
@@ -57,6 +71,21 @@ class _Command(TyperCommand):
             if type(error).__name__ == "NoSuchOption" and self.name == "run":  # a stage's flag: which key
                 error.message += run_takes(error.option_name)
             raise
+
+
+def refuse_repeated(ctx, order: list) -> None:
+    """One line for an option that takes one value, given more than once (the parser's `order`
+    holds each occurrence); a repeatable option (a list) and an on/off flag are left alone."""
+    from collections import Counter
+
+    counts = Counter(
+        param for param in order
+        if getattr(param, "param_type_name", "") == "option" and not param.multiple and not param.is_flag
+        and not param.count
+    )  # fmt: skip
+    for param, times in counts.items():
+        if times > 1:
+            ctx.fail(f"{param.opts[0]} takes one value and was given {times} times: give it once")
 
 
 def run_takes(flag: str) -> str:

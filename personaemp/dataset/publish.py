@@ -612,10 +612,13 @@ TURN_FIELDS = {"role", "text", "emotion", "change", "reason", "need_met", "thoug
 DIALOGUE_FAILURES = "gen-dialogues.failures.jsonl"  # beside the dialogues file (llm/stage.py names it)
 
 
-def dialogue_parts(path: Path, files: dict[str, dict[str, Path]], staging: Path, warnings: list[str]):
+def dialogue_parts(paths: list[Path], files: dict[str, dict[str, Path]], staging: Path, warnings: list[str]):
     """(split -> (repository name, staged file), the card's facts) of the dialogues config:
-    each dialogue in the split of the random setting (else the first) that holds its query;
-    one whose query is in no split is left out, counted in a warning."""
+    the dialogues of every file in `paths` (one gen-dialogues run each, e.g. one per
+    supporter), together, their `supporter_model` column telling them apart; each dialogue in
+    the split of the random setting (else the first) that holds its query; one whose query is
+    in no split is left out, counted in a warning. A dialogue id is one dialogue per
+    supporter: the same (supporter, dialogue id) twice, in one file or two, is refused."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -631,25 +634,43 @@ def dialogue_parts(path: Path, files: dict[str, dict[str, Path]], staging: Path,
     }
     rows: dict[str, list[dict]] = {split: [] for split in SPLITS}
     dialogues: list[Dialogue] = []
-    seen: set[str] = set()
-    outside, left_out = 0, []
-    for lineno, dialogue in iter_records(path, Dialogue, "a dialogue", "pass gen-dialogues' output"):
-        if dialogue.dialogue_id in seen:
-            raise InputError(f"{path}:{lineno}: dialogue {dialogue.dialogue_id} appears twice")
-        seen.add(dialogue.dialogue_id)
-        split = split_of.get(dialogue.query_id)
-        if split is None:
-            outside += 1
-            left_out.append(f"{dialogue.dialogue_id} (line {lineno})")
-            continue
-        published = dialogue.model_dump(mode="json", exclude={"provenance", "turns"})
-        published["turns"] = [turn.model_dump(mode="json", include=TURN_FIELDS) for turn in dialogue.turns]
-        rows[split].append(published)
-        dialogues.append(dialogue)
-    if outside:
-        named = ", ".join(left_out[:5]) + (f" and {outside - 5} more" if outside > 5 else "")
-        warnings.append(f"{path}: {outside} dialogues of queries in no split were left out: {named}")
-    lost = _lost_dialogues(path.with_name(DIALOGUE_FAILURES), split_of)
+    seen: dict[tuple[str, str], str] = {}
+    lost: list[dict[str, Any]] = []
+    for path in paths:
+        outside, left_out = 0, []
+        supporters: set[str] = set()
+        for lineno, dialogue in iter_records(path, Dialogue, "a dialogue", "pass gen-dialogues' output"):
+            key = (dialogue.supporter_model, dialogue.dialogue_id)
+            if key in seen:
+                raise InputError(
+                    f"{path}:{lineno}: dialogue {dialogue.dialogue_id} of {dialogue.supporter_model} "
+                    f"appears twice (also at {seen[key]})",
+                    "pass each gen-dialogues run once",
+                )
+            seen[key] = f"{path}:{lineno}"
+            supporters.add(dialogue.supporter_model)
+            split = split_of.get(dialogue.query_id)
+            if split is None:
+                outside += 1
+                left_out.append(f"{dialogue.dialogue_id} (line {lineno})")
+                continue
+            published = dialogue.model_dump(mode="json", exclude={"provenance", "turns"})
+            published["turns"] = [
+                turn.model_dump(mode="json", include=TURN_FIELDS) for turn in dialogue.turns
+            ]
+            rows[split].append(published)
+            dialogues.append(dialogue)
+        if outside:
+            named = ", ".join(left_out[:5]) + (f" and {outside - 5} more" if outside > 5 else "")
+            warnings.append(f"{path}: {outside} dialogues of queries in no split were left out: {named}")
+        # a failures row that names no supporter is its run's (a file of one supporter)
+        only = next(iter(supporters)) if len(supporters) == 1 else None
+        lost += [
+            {**row, "supporter_model": row.get("supporter_model") or only}
+            if only and not row.get("supporter_model")
+            else row
+            for row in _lost_dialogues(path.with_name(DIALOGUE_FAILURES), split_of)
+        ]
     written = {}
     for split, found in rows.items():
         if not found:
@@ -854,7 +875,7 @@ def publish(
     include_dialogue: bool = False,
     criteria: Path | None = None,
     criteria_asked: bool = True,
-    dialogues: Path | None = None,
+    dialogues: Path | list[Path] | None = None,
     dialogues_asked: bool = False,
     force: bool = False,
     quality: Callable[[Path | None], tuple[dict[str, Any] | None, bytes | None]] | None = None,
@@ -868,13 +889,21 @@ def publish(
     warning instead of stopping the push.
     `quality`: queries file -> (agreement report, plot) of the people's labels beside it
     (the review product's `card_quality`); without it the card says nobody measured the judge.
-    `dialogues`: a gen-dialogues file; when it exists, a `dialogues` config (its rows in the
-    split of the random setting that holds their query) and a section of the card;
-    `dialogues_asked`: it was named (not the default place), so it must exist."""
-    if dialogues_asked and dialogues is not None and not Path(dialogues).is_file():
-        raise InputError(
-            f"{dialogues}: no such dialogues file", "pass gen-dialogues' output, or leave --dialogues out"
-        )
+    `dialogues`: gen-dialogues files (one per run, e.g. per supporter); those that exist make
+    one `dialogues` config (its rows in the split of the random setting that holds their query)
+    and a section of the card; `dialogues_asked`: they were named (not the default place), so
+    each must exist."""
+    dialogue_files = [Path(dialogues)] if isinstance(dialogues, str | Path) else list(dialogues or [])
+    if dialogues_asked:
+        for named in dialogue_files:
+            if not named.is_file():
+                raise InputError(
+                    f"{named}: no such dialogues file", "pass gen-dialogues' output, or leave --dialogues out"
+                )
+    if len(set(dialogue_files)) < len(dialogue_files):
+        twice = next(p for p in dialogue_files if dialogue_files.count(p) > 1)
+        raise InputError(f"--dialogues {twice} is given twice", "name each dialogues file once")
+    dialogue_files = [p for p in dialogue_files if p.is_file()]
     if (repo_id is None) == (out is None):
         raise InputError("give either --repo-id OWNER/NAME or --dry-run --out-dir DIR")
     if repo_id is not None and repo_id.count("/") != 1:
@@ -885,9 +914,9 @@ def publish(
     if out is not None:  # a dry run can be skipped; a push always goes out (the Hub may have changed)
         options = {
             "out": out, "include_dialogue": include_dialogue, "criteria": criteria, "asked": criteria_asked,
-            "dialogues": dialogues,
+            "dialogues": dialogue_files,
         }  # fmt: skip
-        read = [*_read_by_push(splits_dir, split_report, criteria), *([Path(dialogues)] if dialogues else [])]
+        read = [*_read_by_push(splits_dir, split_report, criteria), *dialogue_files]
         fingerprint = freshness.fingerprint(read, options)
         last = freshness.current("push", out, fingerprint, force)
         if last is not None:
@@ -918,9 +947,9 @@ def publish(
         }
         rows = {s: {split: part.rows for split, part in written.items()} for s, written in parts.items()}
         staged_dialogues: dict[str, tuple[str, Path]] = {}
-        if dialogues is not None and Path(dialogues).is_file():
+        if dialogue_files:
             staged_dialogues, facts["dialogues"] = dialogue_parts(
-                Path(dialogues), files, staging, facts["warnings"]
+                dialogue_files, files, staging, facts["warnings"]
             )
             facts["dialogue_files"] = {split: name for split, (name, _) in staged_dialogues.items()}
             rows[DIALOGUES] = facts["dialogues"]["rows"]
