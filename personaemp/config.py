@@ -363,4 +363,5 @@ def llm_settings(options: LLMOptions, env: Mapping[str, str] | None = None):
     )
     if key is not None:  # from the variable, though handed over as an argument
         settings.key_source = f"${KEY_ENV}"
+    settings.check_installed()  # before any stage starts
     return settings
