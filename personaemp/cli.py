@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -89,10 +90,12 @@ def refuse_repeated(ctx, order: list) -> None:
 
 
 def run_takes(flag: str) -> str:
-    """What `run --limit` means: the keys of the sections run reads that have that flag."""
+    """What `run --limit` means: the keys of the sections run reads that have that flag, in the
+    order run meets them on the usual input (AlpsBench: filter, infer-persona, gen-queries...);
+    extract-memories, which runs only on a conversation log, last."""
     from personaemp.registry import RUN_COMMANDS
 
-    sections = dict.fromkeys(s for c in ("extract-memories", *RUN_COMMANDS) for s in COMMANDS[c])
+    sections = dict.fromkeys(s for c in (*RUN_COMMANDS, "extract-memories") for s in COMMANDS[c])
     keys = [
         f"{section}.{option.name}" for section in sections for option in specs(section)
         if flag in "/".join(option.flags).split("/")
@@ -568,5 +571,16 @@ _COMMANDS.update(
 ORDER = ("extract-memories", "filter", "infer-persona", "gen-queries", "merge", "serve-local", "split",
          "stats", "push", "run", "gen-dialogues", "criteria", "respond", "export", "evaluate", "table",
          "review", "agreement")  # fmt: skip
+
+
+def _paragraphs(text: str | None) -> str | None:
+    """A command's help as --help shows it: a line break inside a paragraph (a docstring's
+    wrapping) is a space, or rich keeps it and the line breaks mid-sentence."""
+    if text is None:
+        return None
+    paragraphs = re.split(r"\n\s*\n", inspect.cleandoc(text))
+    return "\n\n".join(" ".join(part.split()) for part in paragraphs)
+
+
 for _name in [*ORDER, *(name for name in _COMMANDS if name not in ORDER)]:  # a new stage: last
-    app.command(_name, cls=_Command)(_COMMANDS[_name])
+    app.command(_name, cls=_Command, help=_paragraphs(_COMMANDS[_name].__doc__))(_COMMANDS[_name])

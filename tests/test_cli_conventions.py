@@ -142,6 +142,17 @@ def test_old_benchmark_split_flag_reaches_the_reader(tmp_path):
 # --- -q, --json, wide output ---------------------------------------------------------------------
 
 
+def test_no_help_line_breaks_mid_sentence():
+    """Issue 63: a command's help kept its docstring's line breaks, so `--help` and the command
+    list broke mid-sentence ("checking that / every user is in exactly one shard")."""
+    commands = typer.main.get_command(app).commands
+    broken = {name: c.help for name, c in commands.items() if re.search(r"[^\n]\n[^\n]", c.help or "")}
+    assert not broken, broken
+    listed = invoke("--help", env={"COLUMNS": "100", "TERMINAL_WIDTH": "100"}).output
+    assert "checking that every user" in " ".join(listed.replace("│", " ").split())
+    assert not re.search(r"│ merge .*that\s+│", listed), listed
+
+
 @pytest.mark.parametrize("command", COMMAND_NAMES)
 def test_an_option_of_one_value_given_twice_is_refused_on_every_command(command):
     """Issue 63: click keeps the last of a one-value option given twice and drops the others

@@ -72,6 +72,14 @@ def test_a_check_that_never_ran_is_not_checked_not_a_pass(tmp_path, sample_build
     card = (tmp_path / "ds" / "README.md").read_text(encoding="utf-8")
     assert "in_character not checked, grounded not checked" in card
     assert "in_character 100" not in card
+    # issue 63 item 12: nothing lost, no explanation of losses; every declared check listed
+    from personaemp.instruments.simulator_rules import JUDGED, MEANINGS, RULES
+
+    assert "(every dialogue finished):" in card and "lost to the simulator" not in card
+    assert set(MEANINGS) == {*RULES, *JUDGED}
+    listed = card[card.index("- The simulator's checks") :].split("\n")[0]
+    for name in (*RULES, *JUDGED):
+        assert f"{name} ({MEANINGS[name]})" in listed, name
 
 
 def test_push_publishes_every_dialogues_file_given(tmp_path, sample_build):
@@ -108,6 +116,9 @@ def test_push_publishes_every_dialogues_file_given(tmp_path, sample_build):
     card = (out / "README.md").read_text(encoding="utf-8")
     assert "`policy-a`, `policy-b`" in card
     assert "| `policy-a` | 3 | 0 |" in card and "| `policy-b` | 3 | 1 | simulator_rules 1 |" in card
+    # issue 63 item 12: one lost dialogue is one (not "1 lost dialogues")
+    assert "(1 of 7 not finished, 1 of them lost to the simulator: it broke its rules" in card
+    assert "The replies of 1 lost dialogue are not in these rates" in card
     # the same file twice, or one run's dialogue twice, is refused in one line
     again = [*args[:-2], "--dialogues", files[0]]
     result = CliRunner().invoke(app, [str(a) for a in again], env={"NO_COLOR": "1"})

@@ -145,6 +145,33 @@ def test_cli_agreement_prints_the_three_figures(dialogues, tmp_path):
     assert result.exit_code == 2 and "dialogue_labels.jsonl: no labels" in result.stderr
 
 
+def test_the_page_says_where_the_labels_go(dialogues):
+    """Issue 63: the help said the labels go to the build's folder; dialogue labels go beside
+    the first dialogues file. The page is told the file, and the help shows it."""
+    from importlib import resources
+    from urllib.request import Request, urlopen
+
+    from personaemp.review.options import ReviewOptions
+    from personaemp.review.page import review_labels
+
+    labels = review_labels(ReviewOptions(dialogues=[str(p) for p in dialogues]))
+    assert labels == dialogues[0].with_name("dialogue_labels.jsonl")
+    session = open_dialogue_session(dialogues, labels, 6, 0)
+    server = review_server(session)
+    thread = threading.Thread(target=server.serve_forever, kwargs=QUICK_STOP, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/api/items"
+        with urlopen(Request(url, headers={"X-Review-Token": session.token})) as answer:
+            assert json.loads(answer.read())["labels"] == str(labels)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    page = resources.files("personaemp").joinpath("assets", "review", "index.html").read_text()
+    assert "build's folder" not in page and 'class="labels-file"' in page
+
+
 # --- in a real browser -------------------------------------------------------------------------
 
 needs_chromium = pytest.mark.skipif(
@@ -179,6 +206,8 @@ def test_a_reviewer_labels_a_dialogue_with_the_keyboard_alone(served, tmp_path):
         page.key("Enter")
         page.wait_for("document.body.dataset.ready === 'true'")
         assert page.evaluate("document.body.dataset.mode") == "dialogue"
+        # the help names the labels file the labels go to (it said "the build's folder")
+        assert page.evaluate("document.querySelector('#help .labels-file').textContent") == str(path)
         # the dialogue and the other supporter's of the same query side by side, nothing wider
         # than the window; the emotion drawn as a line for each
         left = page.evaluate("document.getElementById('dialogue-panel').getBoundingClientRect().right")
