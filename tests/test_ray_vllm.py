@@ -27,8 +27,8 @@ from personaemp.llm import ray_vllm
 from personaemp.llm import settings as settings_module
 from personaemp.llm.batch import import_answers
 from personaemp.llm.cache import ReplyCache
-from personaemp.options import LLMOptions, PathsOptions
 from personaemp.registry import RunOptions
+from personaemp.shared_options import LLMOptions, PathsOptions
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("aiohttp")  # ray.data.llm imports it

@@ -262,7 +262,7 @@ def test_two_supporters_are_scored_on_the_same_dialogues_and_the_left_out_are_na
     assert "queries without a dialogue: policy-a 0, policy-b 1." in table
     from rich.console import Console
 
-    from personaemp.summaries import print_sessions
+    from personaemp.evaluation.scoreboard import print_sessions
 
     shown = Console(width=200, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
     print_sessions(evaluation, shown)
