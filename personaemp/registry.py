@@ -175,6 +175,14 @@ STAGES: dict[str, Stage] = {
             sections=("dialogues", "llm"),
         ),
         Stage(
+            "fidelity", "measure_fidelity", "dataset.fidelity",
+            "Measure the simulated user against the real person: the next real message held out, each\n"
+            "    context variant between the self and other controls, deterministic style metrics (LLM).",
+            _llm_summary(lambda result, console: importlib.import_module("personaemp.dataset.fidelity")
+                         .print_report(result.summary, console)),
+            sections=("fidelity", "llm"), options_module="dataset.fidelity",
+        ),
+        Stage(
             "split", "split_users", "dataset.split",
             "Split users into train/test: random 9:1, and (unless --no-ood) a held-out Big Five cluster.",
             lambda result, console: summaries.print_split_report(result.report, result.output, console),

@@ -508,6 +508,16 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "reward_lambda": 0.25,
         "output": "e/report.json",
     },
+    "fidelity": {
+        "input": "d/users.jsonl",
+        "output": "d/fidelity.jsonl",
+        "cuts": 2,
+        "cut_seed": 3,
+        "context": ["none", "full"],
+        "voice": 0,
+        "discriminator": True,
+        "limit": 4,
+    },
     "dialogues": {
         "input": "d/queries.jsonl",
         "output": "d/dialogues.jsonl",
