@@ -531,6 +531,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "supporter_base_url": ["http://s.example/v1"],
         "turn_attempts": 2,
         "character_check": False,
+        "voice": 0,
     },
     "export": {
         "splits": "x/splits",

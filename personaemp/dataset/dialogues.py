@@ -52,6 +52,7 @@ from personaemp.instruments.simulator import (  # the simulated user, shared wit
     transcript,
     write_hidden_need,
 )
+from personaemp.instruments.voice import VOICE
 from personaemp.io import iter_records
 from personaemp.prompts import Prompt, prompts_per_variant
 from personaemp.records import Dialogue, DialogueTurn
@@ -100,6 +101,7 @@ class DialogueOptions:
     mismatch_seed: int = 0
     turn_attempts: int = TURN_ATTEMPTS
     character_check: bool = True
+    voice: int = VOICE  # the user's own messages shown (instruments/voice.py); 0: none
 
     def __post_init__(self) -> None:
         if self.context not in CONTEXTS:
@@ -232,7 +234,7 @@ async def agenerate_dialogues(
             f"gen-dialogues cannot work {'from batch files' if settings.batch else 'in vLLM rounds'}",
             "each turn waits for the one before it: serve the model (e.g. `vllm serve`) and give --base-url",
         )
-    units = read_units(Path(input_path))
+    units = read_units(Path(input_path), voice=options.voice)
     selected = pick_dialogues(units, limit, per_user)
     stand_in = (
         mismatched(units, options.mismatch_seed, Path(input_path)) if options.context == "mismatch" else {}
@@ -355,7 +357,7 @@ async def from_options(options, console, settings, retry=False):
         options=DialogueOptions(
             max_turns=options.max_turns, context=options.context, rag_k=options.rag_k,
             mismatch_seed=options.mismatch_seed, turn_attempts=options.turn_attempts,
-            character_check=options.character_check,
+            character_check=options.character_check, voice=options.voice,
         ),
         limit=options.limit, per_user=options.per_user, supporter_model=options.supporter_model,
         supporter_base_url=options.supporter_base_url, retry_failed=retry, console=console,

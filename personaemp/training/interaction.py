@@ -100,6 +100,9 @@ class InteractionOptions:
     samples: int = 1  # k of the dynamic session judge
     turn_attempts: int = TURN_ATTEMPTS
     character_check: bool = True
+    # The user's real messages shown as their voice: the newest `voice` of those export wrote
+    # (instruments/voice.py's rule); 0: none; None: all export wrote.
+    voice: int | None = None
 
     def __post_init__(self) -> None:
         if self.session_reward not in SESSION_REWARDS:
@@ -110,6 +113,8 @@ class InteractionOptions:
             raise InputError(f"weight must be between 0 and 1, not {self.weight}")
         if self.max_turns < 1 or self.samples < 1 or self.turn_attempts < 1:
             raise InputError("max_turns, samples and turn_attempts must be at least 1")
+        if self.voice is not None and self.voice < 0:
+            raise InputError(f"voice must be 0 or more, not {self.voice}")
 
     @classmethod
     def of(cls, config: Mapping[str, Any]) -> InteractionOptions:
@@ -134,6 +139,7 @@ def _typed(key: str, value: Any, kind: str) -> Any:
         if "None" in kind:
             return None
         raise wrong
+    kind = kind.replace(" | None", "")
     if kind == "bool":
         if isinstance(value, bool):
             return value
@@ -278,6 +284,9 @@ class SimulatedUserInteraction:
                 f"interaction_kwargs: the simulated user has no {', '.join(missing)}",
                 "write the data with `personaemp export --dialogues`",
             )
+        if self.options.voice is not None:
+            shown = unit["voice"].splitlines()[-self.options.voice :] if self.options.voice else []
+            unit = {**unit, "voice": "\n".join(shown)}
         user = SimulatedUser.of_unit(unit)
         need = await self.service.call(
             lambda engine: write_hidden_need(engine, user, self.prompts(engine.prompt_variant)[0])
