@@ -236,3 +236,31 @@ def test_voice_rule_is_recent_distinct_and_trimmed():
 def test_bad_variant_is_refused():
     with pytest.raises(InputError, match="--context takes"):
         FidelityOptionsUsed(variants=("none", "all"))
+
+
+def test_seeker_realism_by_hand():
+    """Two users, one dialogue each: the figures worked out by hand."""
+
+    def turn(text, change):
+        return {"role": "user", "text": text, "change": change}
+
+    dialogues = [
+        {"user_id": "a", "language": "en", "need_met_at_turn": 2, "turns": [
+            {"role": "user", "text": "opening query left out"}, {"role": "assistant", "text": "r"},
+            turn("thank you so much, could you please say more?", 6), {"role": "assistant", "text": "r"},
+            turn("please go on", 4)]},
+        {"user_id": "b", "language": "en", "need_met_at_turn": None, "turns": [
+            {"role": "user", "text": "q"}, {"role": "assistant", "text": "r"}, turn("ok fine", -2)]},
+    ]  # fmt: skip
+    real = {"a": ["hi", "why so"], "b": ["no", "what now?"]}
+    found = realism.seeker_realism(dialogues, real)
+    assert found["users"] == 2 and found["dialogues"] == 2 and found["turns_with_change"] == 3
+    sim, own = found["simulated"], found["real"]
+    assert sim["messages"] == 3 and own["messages"] == 4
+    assert sim["words"] == pytest.approx((9 + 3 + 2) / 3) and own["words"] == pytest.approx(6 / 4)
+    assert found["length_ratio"] == pytest.approx((14 / 3) / 1.5)
+    assert sim["politeness"] == pytest.approx(2 / 3) and own["politeness"] == 0
+    assert sim["question_rate"] == pytest.approx(1 / 3) and own["question_rate"] == 0.25
+    assert found["relief_by_turn_2"] == 0.5 and found["mean_change_per_turn"] == pytest.approx(8 / 3)
+    assert own["length_cv_across_users"] == 0  # both users 1.5 words a message: alike
+    assert sim["length_cv_across_users"] == pytest.approx(0.5)  # 6 and 2 words: sd 2 over mean 4

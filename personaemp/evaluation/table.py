@@ -161,7 +161,7 @@ def table_cells(
 # --- the multi-turn table (reports of `evaluate --dialogues`) ---------------------------------------
 
 SESSIONS = "dialogues"  # the report kind (evaluation/dialogues.py)
-SESSION_COLUMNS = ("Final", "Met %", "H", "n")
+SESSION_COLUMNS = ("Final", "Len ×", "Relief@2 %", "Met %", "H", "n")
 
 
 def session_cells(reports: Sequence[dict], digits: int, judge: str | None, systems: Sequence[str] | None):
@@ -181,7 +181,11 @@ def session_cells(reports: Sequence[dict], digits: int, judge: str | None, syste
         for _, _, found, _ in chosen:
             entry = found.get(system) or {}
             met = entry.get("need_met_share")
-            values = (entry.get("final_emotion"), None if met is None else 100 * met, entry.get("harmonic"))
+            real = entry.get("realism") or {}  # how real the seekers are (instruments/realism.py)
+            relief = real.get("relief_by_turn_2")
+            values = (entry.get("final_emotion"), real.get("length_ratio"),
+                      None if relief is None else 100 * relief, None if met is None else 100 * met,
+                      entry.get("harmonic"))  # fmt: skip
             cells.extend("—" if v is None else f"{v:.{digits}f}" for v in values)
             cells.append(str(entry.get("n", 0)))
         body.append(cells)
@@ -227,9 +231,37 @@ def session_notes(chosen, systems: list[str], titles: list[str]) -> list[str]:
         for name in systems:
             for dropped in (entries.get(name) or {}).get("left_out", ()):
                 lines.append(f"{title}: {name} left out {dropped['dialogue_id']}: {dropped['reason']}.")
-    lines.append("Final: mean final emotion of the simulated user (0-100, starts at 40); Met %: dialogues "
-                 "whose hidden need was met; H: harmonic mean of the session's PERM scores / 5.")  # fmt: skip
+    lines.append("Final: mean final emotion of the simulated user (0-100, starts at 40); Len ×: words per "
+                 "simulated user turn over words per message of the same users' real messages; Relief@2 %: "
+                 "dialogues whose hidden need was met by supporter turn 2; Met %: dialogues whose hidden "
+                 "need was met; H: harmonic mean of the session's PERM scores / 5.")  # fmt: skip
+    for title, (_, _, entries, _) in zip(titles, chosen, strict=True):
+        for name in systems:
+            real = (entries.get(name) or {}).get("realism")
+            if real and real.get("users"):
+                lines.append(f"{title}: {name}: {realism_line(real)}.")
     return lines
+
+
+def realism_line(real: dict) -> str:
+    """How real the simulated seekers are, in one line with its n (instruments/realism.py)."""
+
+    def pct(value):
+        return "—" if value is None else f"{100 * value:.0f}%"
+
+    def num(value, digits=2):
+        return "—" if value is None else f"{value:.{digits}f}"
+
+    sim, own = real["simulated"], real["real"]
+    return (
+        f"how real the seekers are ({real['users']} users, {sim['messages']} simulated turns, "
+        f"{own['messages']} real messages): words per message {num(sim['words'], 1)} vs real "
+        f"{num(own['words'], 1)}; politeness {pct(sim['politeness'])} vs {pct(own['politeness'])}; "
+        f"questions {pct(sim['question_rate'])} vs {pct(own['question_rate'])}; length CV across users "
+        f"{num(sim['length_cv_across_users'])} vs {num(own['length_cv_across_users'])}; need met by turn 2 "
+        f"in {pct(real['relief_by_turn_2'])} of {real['dialogues']} dialogues; mean emotion change per turn "
+        f"{num(real['mean_change_per_turn'], 1)} (n={real['turns_with_change']})"
+    )
 
 
 # How a report's rules read under a table; a report older than the rule's key predates it.

@@ -257,3 +257,71 @@ def numeric(value: Any) -> float | None:
     if isinstance(value, int | float):
         return float(value)
     return None
+
+
+# --- how real a dialogues file's simulated users are ------------------------------------------------
+
+RELIEF_TURN = 2  # "need met by supporter turn 2": the speed of relief
+
+
+def _turn_fields(turn: Any) -> dict[str, Any]:
+    return turn if isinstance(turn, dict) else turn.model_dump(mode="json")
+
+
+def seeker_realism(dialogues: Sequence[Any], real: dict[str, Sequence[str]]) -> dict[str, Any]:
+    """The simulated user turns of `dialogues` (Dialogue records or their rows; the opening
+    query is the generated one, left out) against the same users' real messages (`real`:
+    user id -> their own messages): words per message and its ratio, politeness and question
+    rates, uniformity (the coefficient of variation across users of their mean length), and
+    the speed of relief: the share of dialogues whose need is met by supporter turn
+    RELIEF_TURN, and the mean emotion change per simulated turn. Each with its n."""
+    simulated: dict[str, list[str]] = {}
+    changes, relieved, dialogues_n = [], 0, 0
+    for dialogue in dialogues:
+        row = _turn_fields(dialogue)
+        dialogues_n += 1
+        met = row.get("need_met_at_turn")
+        relieved += met is not None and met <= RELIEF_TURN
+        for turn in row["turns"][1:]:
+            if turn["role"] != "user":
+                continue
+            simulated.setdefault(row["user_id"], []).append(turn["text"])
+            if turn.get("change") is not None:
+                changes.append(turn["change"])
+    users = [u for u in simulated if real.get(u)]
+    languages = {}
+    for dialogue in dialogues:
+        row = _turn_fields(dialogue)
+        languages[row["user_id"]] = row.get("language")
+
+    def side(texts_of: dict[str, Sequence[str]]) -> dict[str, Any]:
+        texts = [(u, t) for u in users for t in texts_of[u]]
+        words = [w for _, t in texts if (w := word_count(t)) is not None]
+        polite = [p for u, t in texts if (p := _has_marker(t, languages.get(u), POLITE)) is not None]
+        means = []
+        for u in users:
+            counts = [w for t in texts_of[u] if (w := word_count(t)) is not None]
+            if counts:
+                means.append(sum(counts) / len(counts))
+        return {
+            "messages": len(texts),
+            "words": sum(words) / len(words) if words else None,
+            "politeness": sum(polite) / len(polite) if polite else None,
+            "question_rate": sum(bool(_QUESTION.search(t)) for _, t in texts) / len(texts) if texts else None,
+            "length_cv_across_users": variation(means),
+        }
+
+    sim, own = side(simulated), side({u: list(real[u]) for u in users})
+    ratio = sim["words"] / own["words"] if sim["words"] and own["words"] else None
+    return {
+        "users": len(users),
+        "dialogues": dialogues_n,
+        "simulated": sim,
+        "real": own,
+        "length_ratio": ratio,
+        "relief_by_turn_2": relieved / dialogues_n if dialogues_n else None,
+        "mean_change_per_turn": sum(changes) / len(changes) if changes else None,
+        "turns_with_change": len(changes),
+        "rule": f"simulated user turns (the opening query left out) against the same users' real messages; "
+        f"relief: need met by supporter turn {RELIEF_TURN}",
+    }
