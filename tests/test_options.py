@@ -564,6 +564,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "host": "0.0.0.0",
         "port": 9001,
         "dialogues": ["v/a.jsonl", "v/b.jsonl"],
+        "fidelity": "d/fidelity.jsonl",
     },  # fmt: skip
     "agreement": {
         "input": "g/q.jsonl",
@@ -575,6 +576,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "resamples": 500,
         "bootstrap_seed": 3,
         "dialogues": ["g/a.jsonl", "g/b.jsonl"],
+        "fidelity": "d/fidelity.jsonl",
     },
 }
 

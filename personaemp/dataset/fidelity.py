@@ -584,6 +584,7 @@ def measured(unit: dict, messages: dict[str, dict], persona: dict | None) -> dic
     return {
         "cut_id": unit["cut_id"], "user_id": unit["user_id"], "language": language,
         "position": unit["position"],
+        "dialogue": unit["dialogue"], "reply": unit["reply"],  # what the simulator saw (review --fidelity)
         "real": unit["real"], "real_stops": unit["real_stops"],
         "simulated": messages, "self": unit["self"], "other": unit["other"], "other_user": unit["other_user"],
         "memories_given": [m["memory_id"] for m in unit["memories"]],

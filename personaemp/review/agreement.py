@@ -750,6 +750,10 @@ def run_agreement(options, settings, console) -> dict[str, Any]:
 
     if options.dialogues:
         return run_dialogue_agreement(options, console)
+    if getattr(options, "fidelity", None):
+        from personaemp.review.fidelity import run_fidelity_agreement
+
+        return run_fidelity_agreement(options, console)
     labels, second_judge, out = options.paths()
     if options.judge_model:
         from personaemp.summaries import print_stage_report
