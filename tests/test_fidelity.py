@@ -192,6 +192,8 @@ def test_the_command_writes_the_rows_the_report_and_a_table_then_resumes(tmp_pat
         assert picked[source]["share"] == 0.5 and picked[source]["n"] == 12
         assert picked[source]["real_first"]["share"] == 1.0 and picked[source]["real_second"]["share"] == 0.0
     assert "Wasserstein" in report["population"]["distance"]
+    assert "the voice (full minus full-novoice" in first.output
+    assert set(report["not_applicable"]) == {m.name for m in realism.METRICS}  # counted per metric
     assert set(report["population"]["length_cv_across_users"]) >= {"real", "full", "self"}
 
 

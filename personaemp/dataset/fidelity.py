@@ -670,6 +670,12 @@ def summarize(rows: Sequence[dict], options: FidelityOptionsUsed, skipped: Skipp
             "memories_given_per_cut": realism.mean_ci([len(row["memories_given"]) for row in rows]),
         },  # fmt: skip
         "skipped": dict(skipped.counts),
+        # per metric, the cuts whose real message it cannot read (no token, no marker list for the
+        # language, no cased letter): left out of that metric's figures, counted here
+        "not_applicable": {
+            metric.name: sum(row["features"]["real"][metric.name] is None for row in rows)
+            for metric in realism.METRICS
+        },
         "metrics": metrics,
         "between_controls": placed,
         "population": population(rows, sources),
@@ -778,6 +784,16 @@ def print_report(summary: dict | None, console) -> None:
             for s, f in summary["discriminator"].items() if f["share"] is not None
         ]  # fmt: skip
         console.print("discriminator picked the real message (0.5: indistinguishable): " + "; ".join(parts))
+    effect = summary["voice"].get("effect")
+    if effect:
+        parts = [f"{m} {f['mean']:+.2f} [{f['low']:+.2f},{f['high']:+.2f}]" for m, f in effect.items()
+                 if f["mean"] is not None]  # fmt: skip
+        n = max(f["n"] for f in effect.values())
+        console.print(f"the voice (full minus full-novoice, same cuts, n={n}): " + "; ".join(parts))
+    missing = {m: n for m, n in summary["not_applicable"].items() if n}
+    if missing:
+        console.print("real messages a metric cannot read (left out of it): "
+                      + ", ".join(f"{m} {n}" for m, n in missing.items()))  # fmt: skip
     leak = summary["leakage"]["memories_withheld_per_cut"]
     if leak["mean"] is not None:
         console.print(f"memories withheld per cut (evidence from the cut on): {leak['mean']:.2f} "
