@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 from personaemp.cli import app
 from personaemp.dataset.fidelity import FidelityOptionsUsed, measure_fidelity
 from personaemp.errors import InputError
-from personaemp.review.fidelity import fidelity_agreement, kappa, read_fidelity_items
+from personaemp.review.agreement import fidelity_agreement
+from personaemp.review.fidelity import kappa, read_fidelity_items
 from personaemp.review.page import make_event, open_fidelity_session, read_label_events, review_server
 
 needs_chromium = pytest.mark.skipif(find_chromium() is None, reason="no chromium (apt-get install chromium)")

@@ -96,17 +96,12 @@ def kappa(pairs: Sequence[tuple[bool, bool]]) -> float | None:
     return None if expected == 1 else (observed - expected) / (1 - expected)
 
 
-def fidelity_agreement(path: Path, labels: Path) -> dict[str, Any]:
+def fidelity_figures(rows: dict[str, dict[str, Any]], state: dict[str, dict[str, dict[str, Any]]],
+                     labels: Path) -> dict[str, Any]:  # fmt: skip
     """People's accuracy per source (Wilson 95% CI) and Cohen's kappa between the LLM
     discriminator and people on whether the real message was picked, each pair in the order
-    the person saw it (the discriminator answered both)."""
-    from personaemp.io import ErrorPolicy, iter_jsonl
-    from personaemp.review.page import current_labels, read_label_events
-
-    if not Path(labels).exists():
-        raise InputError(f"{labels}: no labels", "label pairs with `personaemp review --fidelity`")
-    rows = {row["cut_id"]: row for _, _, row in iter_jsonl(Path(path), ErrorPolicy("fail"))}
-    state = current_labels(read_label_events(Path(labels)))
+    the person saw it (the discriminator answered both). `rows`: the fidelity rows by cut id;
+    `state`: the current labels (page.current_labels)."""
     people: dict[str, list[bool]] = {}
     matched: list[tuple[bool, bool]] = []
     for fields_of in state.values():
@@ -139,22 +134,3 @@ def agreement_lines(report: dict[str, Any]) -> list[str]:
     value = "—" if k["kappa"] is None else f"{k['kappa']:.2f}"
     lines.append(f"kappa, LLM discriminator vs people: {value} (n={k['n']} pairs)")
     return lines
-
-
-def run_fidelity_agreement(options, console) -> dict[str, Any]:
-    """`personaemp agreement --fidelity FILE`: the figures, written to --out-dir (default:
-    agreement/ beside the file) and printed."""
-    from rich.markup import escape
-
-    from personaemp.io import write_json_atomic
-
-    path = Path(options.fidelity)
-    labels = options.labels or path.with_name(LABELS_FILE)
-    report = fidelity_agreement(path, labels)
-    out = options.out or path.with_name("agreement")
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / REPORT_FILE, report)
-    for line in agreement_lines(report):
-        console.print(escape(line))
-    console.print(f"wrote {escape(str(out / REPORT_FILE))}")
-    return report
