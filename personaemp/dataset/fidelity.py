@@ -55,6 +55,9 @@ TURN_TEXT = 600  # characters of one earlier turn in the conversation shown
 DIALOGUE_TEXT = 4000  # characters of the conversation shown (its newest turns)
 REPLY_TEXT = 2000  # characters of the assistant's latest reply
 NOT_GIVEN = "(not given)"
+# The rows' shape: bumped when a row gains a field, so that rows of an older shape are made
+# again (from the reply cache: no request) rather than reused.
+ROWS = 2  # 2: the conversation shown (dialogue, reply), for review --fidelity
 LEAKAGE_RULE = (
     "nothing from the cut on reaches a prompt: the conversation stops before the cut; the voice and the "
     "persona's messages are from before it; a memory is given only when its evidence is found before the "
@@ -419,7 +422,7 @@ class FidelityOptionsUsed:
         self.variants = tuple(dict.fromkeys(self.variants))
 
     def tag(self) -> str:
-        return f"variants={','.join(self.variants)}|voice={self.voice}|disc={self.discriminator}"
+        return f"rows={ROWS}|variants={','.join(self.variants)}|voice={self.voice}|disc={self.discriminator}"
 
 
 async def ameasure_fidelity(

@@ -38,7 +38,7 @@ def read_fidelity_items(path: Path, seed: int = 0) -> list[dict[str, Any]]:
                              "pass the output of `personaemp fidelity`")  # fmt: skip
         if "dialogue" not in row:
             raise InputError(f"{path}:{lineno}: a fidelity row without its conversation",
-                             "run `personaemp fidelity` again (older rows lack it)")  # fmt: skip
+                             "run `personaemp fidelity` again: it remakes them from its cache")  # fmt: skip
         candidates = {source: made["text"] for source, made in row["simulated"].items()}
         if row.get("self"):
             candidates["self"] = row["self"]
