@@ -40,17 +40,23 @@ async function pick(value) {
   show();
   state.pending += 1;
   document.body.dataset.pending = String(state.pending);
-  try {
-    const response = await api("/api/label", {
-      method: "POST",
-      headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ reviewer: state.reviewer, item: item.item, field: "pick", value: sent }),
-    });
-    $("status").textContent = response.ok ? "saved" : `not saved: ${(await response.json()).error}`;
-  } finally {
-    state.pending -= 1;
-    document.body.dataset.pending = String(state.pending);
-  }
+  // One POST at a time, in the order of the keys: quick presses must not reach the server
+  // reordered (the last event is the label).
+  const body = JSON.stringify({ reviewer: state.reviewer, item: item.item, field: "pick", value: sent });
+  state.chain = (state.chain || Promise.resolve()).then(async () => {
+    try {
+      const response = await api("/api/label", {
+        method: "POST", headers: { "Content-Type": "application/json" }, body,
+      });
+      $("status").textContent = response.ok ? "saved" : `not saved: ${(await response.json()).error}`;
+    } catch (error) {
+      $("status").textContent = `not saved: ${error}`;
+    } finally {
+      state.pending -= 1;
+      document.body.dataset.pending = String(state.pending);
+    }
+  });
+  await state.chain;
 }
 
 function move(step) {
