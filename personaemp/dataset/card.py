@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from personaemp.dataset.card_quality import quality_section
 from personaemp.dataset.stats import FIGURE_DIR, STATS_FILE
 from personaemp.records import BIG_FIVE
-from personaemp.summaries import interval_text, judges_text, not_scored_text
 
 QUALITY_PLOT = "agreement.png"  # the agreement plot among the card's figures
 
@@ -520,6 +520,7 @@ def dialogues_section(found: dict[str, Any], figures: list[str] | None = None) -
             f"- The replies of {found['lost_replies_not_kept']} lost dialogues are not in these rates: "
             "their failures rows do not keep them."
         )
+    out += seekers_lines(found)
     if (found.get("realism") or {}).get("users"):
         out += ["", *realism_lines(found["realism"])]
     out += [
@@ -527,6 +528,7 @@ def dialogues_section(found: dict[str, Any], figures: list[str] | None = None) -
         *_image(FINAL_EMOTION_PLOT, "Final emotion of the simulated user, per supporter", figures or []),
     ]
     out += [_table(["split", "dialogues"], rows)]
+    out += behaviour_lines(found.get("behaviours"))
     return out
 
 
@@ -566,6 +568,74 @@ def realism_lines(real: dict[str, Any]) -> list[str]:
         f"- Speed of relief: hidden need met by supporter turn 2 in {pct(real['relief_by_turn_2'])} of "
         f"{real['dialogues']} dialogues; mean emotion change per simulated turn "
         f"{num(real['mean_change_per_turn'])} (n = {real['turns_with_change']} turns).",
+        "",
+    ]
+
+
+def seekers_lines(found: dict[str, Any]) -> list[str]:
+    """How hard the simulated users were to help (`gen-dialogues --seeker`), and the table by
+    which `auto` picks a style from a user's Big Five levels."""
+    from personaemp.instruments.seekers import auto_table_text
+
+    styles = found.get("seekers") or {"cooperative": sum(found["rows"].values())}
+    return [
+        "- Seeker styles (how hard the simulated user is to help, `gen-dialogues --seeker`): "
+        + ", ".join(f"{style} {n}" for style, n in styles.items())
+        + ". A style is a few lines added to the simulator's task (prompts/seekers.md); cooperative "
+        "adds none. guarded and escalating also hold each turn to a rule (seeker_style); every style "
+        "is judged by the in-character check.",
+        "- With `--seeker auto` a user's style follows their Big Five levels, the first row that "
+        "matches: " + "; ".join(auto_table_text()) + ".",
+    ]
+
+
+def behaviour_lines(found: dict[str, Any] | None) -> list[str]:
+    """The supporters' risky and protective behaviours per 1,000 words, their tracking rate,
+    final emotion and session reward, per seeker style, from an `evaluate --dialogues` report."""
+    if not found:
+        return [
+            "",
+            "Behaviours of the supporters (risky, protective) were not counted for this card: pass "
+            "`--dialogues-report`, the report of `personaemp evaluate --dialogues` on these dialogues.",
+        ]
+    lists = found.get("lists") or {}
+
+    def figure(value: Any, scale: float = 1, unit: str = "") -> str:
+        return "—" if value is None else f"{scale * value:.1f}{unit}" if unit else f"{value:g}"
+
+    rows = [
+        [f"`{r['system']}`", r["seeker"], r["n"], r["turns"], figure(r["risky_per_1k"]),
+         figure(r["protective_per_1k"]), figure(r["tracking_rate"], 100, "%"), figure(r["final_emotion"]),
+         figure(r["reward"]), r["dropped_quotes"]]
+        for r in found["rows"]
+    ]  # fmt: skip
+    return [
+        "",
+        "### Behaviours of the supporters",
+        "",
+        "A judge read every supporter turn and named the behaviours it shows from two declared lists, "
+        "each with a quote of the turn; a behaviour whose quote is not in the turn was dropped and "
+        f"counted. Risky: {', '.join(lists.get('risky', ()))}. Protective: "
+        f"{', '.join(lists.get('protective', ()))}. Counts are per 1,000 words of the supporter's text; "
+        "tracking is the share of supporter turns that acknowledge the emotion the user had just shown "
+        f"before anything else (a rule on the first sentence where it can tell, else the judge). "
+        f"Reward: {found.get('rule', '')}. From `{found['report']}`.",
+        "",
+        _table(
+            [
+                "supporter",
+                "seeker",
+                "n",
+                "turns",
+                "risky / 1k words",
+                "protective / 1k words",
+                "tracking",
+                "final emotion",
+                "reward",
+                "quotes dropped",
+            ],
+            rows,
+        ),  # fmt: skip
     ]
 
 
@@ -676,86 +746,6 @@ def license_lines(facts: dict[str, Any]) -> list[str]:
         "WildChat. Keep the attribution when you redistribute. Please cite:\n",
         PERSONAEMP_CITATION + ALPSBENCH_CITATIONS,
     ]
-
-
-def quality_section(report: dict[str, Any] | None, table) -> str:
-    """The card's "Quality" section, from an agreement report (None: no labels exist)."""
-    out = ["## Quality", ""]
-    labels = (report or {}).get("labels") or {}
-    if not report or not labels.get("events"):
-        out.append(
-            "No human labels exist for this build: how often its LLM judge is right is not "
-            "measured (`personaemp review`, then `personaemp agreement`)."
-        )
-        return "\n".join(out)
-    reviewers, imported = labels["reviewers"], labels.get("label_studio_reviewers", 0)
-    tools = [
-        ("on the review page (`personaemp review`)", len(reviewers) > imported),
-        ("in Label Studio (imported by `personaemp review --import-label-studio`)", imported),
-    ]
-    out.append(
-        f"{len(reviewers)} reviewer{'s' if len(reviewers) != 1 else ''} labelled "
-        f"{labels['queries_labelled']} of the {report['queries']} generated queries "
-        f"{' and '.join(tool for tool, used in tools if used)} (a sample balanced over category, "
-        "language and check outcomes). Kappa is "
-        "Cohen's, with a bootstrap 95% interval over queries; raw agreement is shown beside what "
-        "always giving the most common answer would score."
-    )
-    out.append("")
-    rows = []
-    for check, figures in report["judge_vs_people"].items():
-        judges = ((report.get("judge_vs_judge") or {}).get("checks") or {}).get(check) or {}
-        raw = (
-            "—" if figures["agreement"] is None else f"{figures['agreement']:.1%} ({figures['constant']:.1%})"
-        )
-        rows.append(
-            [
-                check, figures["pairs"], interval_text(figures, "kappa"), raw,
-                interval_text(figures, "precision", True),
-                "—" if figures["apparent_pass"] is None else f"{figures['apparent_pass']:.1%}",
-                interval_text(figures, "corrected_pass", True), judges_text(judges),
-            ]
-        )  # fmt: skip
-    out.append(
-        table(
-            [
-                "LLM check", "labelled", "judge vs people κ", "agreement (constant)", "precision of passes",
-                "judge's pass share", "corrected pass share", "judge vs judge κ",
-            ],
-            rows,
-        )
-    )  # fmt: skip
-    out.append("")
-    acceptance, traits = report["acceptance"], report["traits"]
-    lines = []
-    if acceptance["pairs"]:
-        lines.append(
-            f"- Of the accepted queries people labelled, {interval_text(acceptance, 'precision', True)} were "
-            "accepted by them (Wilson interval); acceptance κ, build vs people: "
-            f"{interval_text(acceptance, 'kappa')}."
-        )
-    if traits["labelled"]:
-        lines.append(
-            f"- Persona traits people found supported by their cited memories: "
-            f"{interval_text(traits, 'share', True)} of {traits['labelled']}."
-        )
-    people = (report.get("people_vs_people") or {}).get("fields") or {}
-    if people:
-        shown = ", ".join(
-            f"{kind} {interval_text(f, 'kappa')} (n={f['pairs']})" for kind, f in people.items()
-        )
-        lines.append(f"- People vs people (queries two reviewers labelled), κ: {shown}.")
-    second = report.get("judge_vs_judge")
-    if second:
-        lines.append(f"- Second judge: `{second.get('model') or 'unknown'}` on {second['queries']} queries.")
-    if not_scored_text(report):
-        lines.append(f"- Not scored: {not_scored_text(report)}.")
-    lines.append(
-        "- The corrected pass share applies the judge's sensitivity and specificity against "
-        "people to its pass share over every generated query (Rogan–Gladen)."
-    )
-    out += lines
-    return "\n".join(out)
 
 
 def _embedded(model) -> str:

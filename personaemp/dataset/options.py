@@ -324,6 +324,13 @@ class DialoguesOptions(Section):
         Opt("The user's own real messages the simulated user is shown as how they write (0: none): the K "
             "newest, skipping code, pasted text and near-duplicates, each trimmed to 200 characters."),
     ] = 5  # fmt: skip
+    seeker: Annotated[
+        Literal["cooperative", "guarded", "resistant", "validation-seeking", "escalating", "auto"],
+        Opt(
+            "How hard the simulated user is to help (prompts/seekers.md); auto: by its Big Five "
+            "levels (the card shows the table).",
+        ),
+    ] = "cooperative"
 
 
 @declare("split")
@@ -419,6 +426,15 @@ class PushOptions(Section):
             io="read",
         ),
     ] = PROCESSED / "dialogues.jsonl"
+    dialogues_report: Annotated[
+        Path | None,
+        Opt(
+            "An `evaluate --dialogues` report of these dialogues: the card quotes its behaviour "
+            "counts per 1,000 words, tracking rate and session reward per supporter and seeker style.",
+            metavar="FILE",
+            io="read",
+        ),
+    ] = None
     force: Force = False
 
     @field_validator("repo_id")

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from personaemp.errors import UnitError
-from personaemp.instruments import simulator_rules
+from personaemp.instruments import seekers, simulator_rules
 from personaemp.instruments.criteria import query_units
 from personaemp.instruments.voice import VOICE, pick_voice, render_voice
 from personaemp.language import LANGUAGE_NAMES
@@ -79,6 +79,7 @@ class SimulatedUser:
     situation: str
     query: str
     voice: str  # their own recent messages, for how they write
+    seeker: str = seekers.DEFAULT  # how hard they are to help (instruments/seekers.py)
 
     @classmethod
     def of_unit(cls, unit: dict[str, Any]) -> SimulatedUser:
@@ -89,6 +90,7 @@ class SimulatedUser:
             big_five=unit["big_five"], cited=tuple(m for m in memories if m.memory_id in cited),
             background=tuple(m for m in memories if m.memory_id not in cited),
             situation=unit["situation"], query=unit["query"], voice=unit["voice"],
+            seeker=unit.get("seeker") or seekers.DEFAULT,
         )  # fmt: skip
 
     def values(self) -> dict[str, str]:
@@ -116,7 +118,9 @@ def transcript(turns: Sequence[DialogueTurn], user: str = "User", assistant: str
 
 def build_need_messages(user: SimulatedUser, prompt: Prompt) -> list[dict]:
     # In the user's language: no_need_leak compares it with what they write.
-    return prompt.render(**user.values(), big_five=user.levels(), language=user.language_name())
+    messages = prompt.render(**user.values(), big_five=user.levels(), language=user.language_name())
+    added = seekers.style_text().part(user.seeker, "need", user.language)
+    return seekers.with_style(messages, added, seekers.NEED_HEADING)
 
 
 def build_user_turn_messages(
@@ -124,14 +128,18 @@ def build_user_turn_messages(
 ) -> list[dict]:
     """The simulator's request for its next message: `turns` end with the supporter's reply."""
     supporter_turn = sum(t.role == "assistant" for t in turns)
-    return prompt.render(
+    messages = prompt.render(
         **user.values(), big_five=user.levels(), need=hidden_need, dialogue=transcript(turns[:-1]),
         reply=turns[-1].text, emotion=str(emotion), turn=str(supporter_turn), language=user.language_name(),
     )  # fmt: skip
+    added = seekers.style_text().part(user.seeker, "turn", user.language)
+    return seekers.with_style(messages, added, seekers.TURN_HEADING)
 
 
 def build_check_messages(user: SimulatedUser, turns: Sequence[DialogueTurn], text: str, prompt: Prompt):
-    return prompt.render(**user.values(), dialogue=transcript(turns), message=text)
+    messages = prompt.render(**user.values(), dialogue=transcript(turns), message=text)
+    added = seekers.style_text().part(user.seeker, "check")
+    return seekers.with_style(messages, added, seekers.CHECK_HEADING)
 
 
 # The need prompt's example (prompts/dialogue_need.md): a need that copies it was not written
@@ -202,6 +210,9 @@ async def simulate_user_turn(
     # the voice block: a turn that copies one of the person's real messages is asked again
     echoes.update({f"their real message {n}": line.removeprefix("- ")
                    for n, line in enumerate(user.voice.splitlines(), 1)})  # fmt: skip
+    style = seekers.style_text().part(user.seeker, "turn", user.language)
+    if style:
+        echoes["the seeker style's text"] = style
     messages, rejected = asked, []
     text = ""
     for sample in range(attempts):
@@ -213,6 +224,9 @@ async def simulate_user_turn(
             text, language=user.language, hidden_need=hidden_need, ends=value.end,
             supporter_turn=supporter_turn, need_met=value.need_met, change=change, echoes=echoes,
         )  # fmt: skip
+        kept = seekers.style_kept(user.seeker, text, need_met=value.need_met, change=change)
+        if kept is not None:
+            found[seekers.RULE] = kept
         failed = {name: reason for name, (passed, reason) in found.items() if not passed}
         outcome = {name: passed for name, (passed, _) in found.items()}
         if not failed and character_check:

@@ -79,7 +79,7 @@ import statistics
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -87,6 +87,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from personaemp.errors import InputError, UnitError, python_caller
+from personaemp.instruments import behaviours as behaviour_judge
 from personaemp.instruments.criteria import numbered_memories, read_criteria, with_room
 from personaemp.instruments.judges import (
     BYSTANDER,
@@ -106,6 +107,10 @@ from personaemp.llm.step import Step
 from personaemp.prompts import LAYOUTS, Prompt, load_prompt
 from personaemp.records import DIMENSIONS
 from personaemp.training.options import RewardConfig
+from personaemp.training.reward_log import StepResult, agreement, summarise, summarise_log
+from personaemp.training.rollouts import Rollout, rollout_from
+from personaemp.training.rollouts import completion_text as completion_text  # its old home
+from personaemp.training.verl_reward import _Shared
 
 log = logging.getLogger("personaemp.reward")
 
@@ -154,6 +159,8 @@ class RewardOptions:
     fallback: str = _DEFAULT.fallback
     criteria_file: Path | None = _DEFAULT.criteria
     layout: str = _DEFAULT.layout  # where a request holds its dimension's standard (prompts.LAYOUTS)
+    safety: float = _DEFAULT.safety  # off per risky behaviour the behaviour judge quotes; 0: off
+    safety_bound: float = _DEFAULT.safety_bound  # the most it takes off
 
     @property
     def mode(self) -> str:
@@ -168,104 +175,7 @@ class RewardOptions:
     def calls_per_rollout(self) -> int:
         """Judge calls one judged rollout asks for (before cache and de-duplication)."""
         per_sample = 1 if self.joint else len(DIMENSIONS)
-        return per_sample * (self.samples if self.dynamic else 1) + int(self.bystander)
-
-
-@dataclasses.dataclass
-class Rollout:
-    """One completion to score and what the judge reads about its query."""
-
-    query_id: str
-    query: str
-    situation: str
-    profile: str
-    memories: list[dict]
-    completion: str
-    user_id: str = ""
-    category: str = ""
-    criteria: dict | None = None
-
-
-@dataclasses.dataclass
-class StepResult:
-    rewards: list[float]
-    rows: list[dict]  # per rollout: status, scores, samples, bystander, harmonic, reward, fallbacks
-    record: dict  # the step's accounting line
-
-
-# --- from the trainers' arguments to rollouts --------------------------------------------------
-
-
-def _plain(value: Any) -> Any:
-    """numpy arrays and scalars (verl's non-tensor batch, pandas-read parquet) as lists and numbers."""
-    if hasattr(value, "tolist") and not isinstance(value, str | bytes):
-        return _plain(value.tolist())
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
-
-
-def completion_text(completion: Any) -> str:
-    """A completion as text: a string, or a conversational completion (a list of messages,
-    the assistant's content joined; TRL's shape), or one message."""
-    completion = _plain(completion)
-    if completion is None:
-        return ""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, Mapping):
-        completion = [completion]
-    if isinstance(completion, list):
-        parts = []
-        for message in completion:
-            if not isinstance(message, Mapping):
-                raise InputError(f"a completion message is not a dict with content: {message!r:.80}")
-            if message.get("role", "assistant") == "assistant":
-                content = message.get("content") or ""
-                parts.append(content if isinstance(content, str) else _text_parts(content))
-        return "\n".join(parts)
-    raise InputError(f"a completion is neither text nor a list of messages: {completion!r:.80}")
-
-
-def _text_parts(content: list) -> str:
-    # Multimodal message content: [{"type": "text", "text": ...}, ...]
-    return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
-
-
-NEEDED = ("query_id", "query", "situation", "memories")
-
-
-def rollout_from(completion: Any, info: Mapping[str, Any], where: str) -> Rollout:
-    """A rollout from a completion and its row (TRL columns or verl extra_info)."""
-    info = _plain(info) or {}
-    lacking = [key for key in NEEDED if key not in info]
-    if "persona" not in info and "profile" not in info:
-        lacking.append("persona")
-    if lacking:
-        raise InputError(
-            f"{where}: no {', '.join(lacking)} for the judge",
-            "train on rows written by `personaemp export` (they carry what the reward needs)",
-        )
-    memories = info["memories"] or []
-    memories = [
-        m if isinstance(m, Mapping) else {"memory_id": f"m{n}", "value": str(m)}
-        for n, m in enumerate(memories, 1)
-    ]
-    return Rollout(
-        query_id=str(info["query_id"]),
-        query=str(info["query"]),
-        situation=str(info["situation"] or ""),
-        profile=str(info.get("persona", info.get("profile")) or ""),
-        memories=[
-            {"memory_id": str(m.get("memory_id", "")), "value": str(m.get("value", ""))} for m in memories
-        ],
-        completion=completion_text(completion),
-        user_id=str(info.get("user_id") or ""),
-        category=str(info.get("category") or ""),
-        criteria=info.get("criteria") or None,
-    )
+        return per_sample * (self.samples if self.dynamic else 1) + int(self.bystander) + int(self.safety > 0)
 
 
 # --- running a coroutine from any caller -------------------------------------------------------
@@ -308,14 +218,19 @@ class Reward:
             raise InputError("samples and joint apply to the dynamic (PereGRM) judge")
         if options.layout not in LAYOUTS:
             raise InputError(f"layout takes {', '.join(LAYOUTS)}, not {options.layout!r}")
+        if not (0 <= options.safety <= 1 and 0 <= options.safety_bound <= 1):
+            raise InputError("safety and safety_bound must be between 0 and 1")
         self.options = options
         self.__name__ = name  # TRL names a reward function's column and metrics after it
-        room = {**ROOM, **JOINT_ROOM}
+        room = {**ROOM, **JOINT_ROOM, **behaviour_judge.ROOM}
         self.settings = with_room(settings, room)
         self.step = JUDGE_JOINT if options.joint else JUDGE_DYNAMIC if options.dynamic else JUDGE
         with python_caller():
             check_sampling(self.settings, self.step, _judge_view(options))
-        used = [self.step, *([BYSTANDER] if options.bystander else [])]
+        used = [
+            self.step, *([BYSTANDER] if options.bystander else []),
+            *([behaviour_judge.BEHAVIOUR_JUDGE] if options.safety > 0 else []),
+        ]  # fmt: skip
         self.prompts: dict[str, Prompt] = {step.name: load_prompt(step.prompt) for step in used}
         self.criteria = read_criteria(Path(options.criteria_file)) if options.criteria_file else {}
         self.log_path = Path(log_path) if log_path is not None else None
@@ -513,17 +428,28 @@ class Reward:
         if options.bystander:
             messages = self.prompts[BYSTANDER.name].render(query=unit["query"], response=unit["response"])
             calls.append(("bystander", engine.call(BYSTANDER, messages)))
+        if options.safety > 0:  # the same risky list as a dialogue's turns, on the one response
+            messages = behaviour_judge.build_behaviour_messages(
+                f"User: {unit['query']}",
+                unit["response"],
+                self.prompts[behaviour_judge.BEHAVIOUR_JUDGE.name],
+                behaviour_judge.person_text(unit["situation"], unit["memories"] or ()),
+            )
+            calls.append(("safety", engine.call(behaviour_judge.BEHAVIOUR_JUDGE, messages)))
         results = await asyncio.gather(*(call for _, call in calls), return_exceptions=True)
         failures: Counter = Counter()
         got: dict[str, list[float]] = {d: [] for d in DIMENSIONS}
         bystander = None
+        safety = None
         for (what, _), result in zip(calls, results, strict=True):
             if isinstance(result, BaseException):
                 if not isinstance(result, UnitError):
                     raise result  # the endpoint is gone, the budget is spent, or a bug: stop
                 failures[result.kind] += 1
                 continue
-            if what == "bystander":
+            if what == "safety":
+                safety = behaviour_judge.parse_turn(unit["response"], result.value)
+            elif what == "bystander":
                 bystander = sum(result.value.model_dump().values()) / 100
             elif what == "joint":
                 for dimension in DIMENSIONS:
@@ -540,6 +466,16 @@ class Reward:
         if options.bystander and bystander is None:
             bystander = fallback_b
             row["fallbacks"].append("bystander")
+        if options.safety > 0:
+            if safety is None:  # a judge failure never pays: the whole bound
+                row["fallbacks"].append("safety")
+                row["safety_penalty"] = options.safety_bound
+            else:
+                row["behaviours"] = safety
+                row["risky"] = behaviour_judge.risky_count([safety])
+                row["safety_penalty"] = behaviour_judge.safety_penalty(
+                    row["risky"], options.safety, options.safety_bound
+                )
         row.update(scores=scores, samples=got, bystander=bystander, failures=dict(failures))
         row["unparsed_samples"] = (
             sum(k - len(got[d]) for d in DIMENSIONS if got[d]) if not options.joint else 0
@@ -552,7 +488,7 @@ class Reward:
             row["harmonic"] + self.options.reward_lambda * (row["bystander"] - 1)
             if self.options.bystander
             else row["harmonic"]
-        )
+        ) - row.get("safety_penalty", 0.0)
         return row
 
     def _joint_messages(self, unit: dict) -> list[dict]:
@@ -587,7 +523,7 @@ class Reward:
             # which instruments made these numbers, as evaluate's report names them
             "instruments": {
                 step.name: f"v{step.version}/{self.prompts[step.name].hash}"
-                for step in (self.step, BYSTANDER)
+                for step in (self.step, BYSTANDER, behaviour_judge.BEHAVIOUR_JUDGE)
                 if step.name in self.prompts
             },
             "rollouts": len(rows),
@@ -612,6 +548,14 @@ class Reward:
             "authors_calls_per_rollout": 3 * (self.options.samples if self.options.dynamic else 1)
             + int(self.options.bystander),
             "reward_mean": round(statistics.fmean(row["reward"] for row in rows), 4) if rows else None,
+            "safety": {
+                "weight": self.options.safety,
+                "bound": self.options.safety_bound,
+                "risky": sum(row.get("risky", 0) for row in rows),
+                "penalty_mean": round(statistics.fmean(row.get("safety_penalty", 0.0) for row in rows), 4)
+                if rows
+                else None,
+            },  # fmt: skip
             "harmonic_mean": round(statistics.fmean(row["harmonic"] for row in rows), 4) if rows else None,
         }
         if fallbacks:
@@ -650,223 +594,11 @@ def _cap_at_lowest(rows: list[dict]) -> None:
             row["reward"] = min(row["reward"], min(whole))
 
 
-# --- verl's per-rollout calls: one engine per process ----------------------------------------
-
-
-def _since(now, base):
-    """The engine's totals now, less those at a step's start: what the step cost."""
-    delta = dataclasses.replace(now, failures=Counter(now.failures))
-    for field in dataclasses.fields(now):
-        if field.name not in ("failures", "slowest"):
-            setattr(delta, field.name, getattr(now, field.name) - getattr(base, field.name))
-    delta.failures.subtract(base.failures)
-    delta.failures = +delta.failures
-    return delta
-
-
-class _Shared:
-    """The engine of a reward's per-rollout calls (`compute_score`, `compute_score_async`).
-
-    verl's reward loop scores a step one rollout a call, from executor threads (a sync
-    function) or as tasks on its loop (an async one). Were each call to open its own engine,
-    every call would bring its own HTTP client and concurrency cap (so requests in flight
-    would add up past [llm] concurrency), and identical rollouts would all be judged. Here one
-    event loop, in a daemon thread of this process, holds one engine (endpoints, HTTP client,
-    cache, cap) for every per-rollout call of the reward: a call from any thread or loop hands
-    its rollout over and waits for the score. An identical rollout already in flight is not
-    judged again: its caller waits for the same judgment.
-
-    A step (one line of the log) is the rollouts scored from the first call until no call has
-    been in flight for `step_gap` seconds: verl scores a step's rollouts together, then
-    updates the policy, so the reward is idle between steps. `flush()` ends a step at once.
-    A forked child starts its own (`Reward._service` checks the process id)."""
-
-    def __init__(self, reward: Reward):
-        self.reward = reward
-        self.pid = os.getpid()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self._run, name="personaemp-reward", daemon=True)
-        self.engine = None
-        self._stack: contextlib.AsyncExitStack | None = None
-        self._opening: asyncio.Lock | None = None
-        self._judging: dict[str, asyncio.Future] = {}  # rollout key -> its judgment in flight
-        self._step: dict | None = None  # the open step: rows, keys, start, engine totals then
-        self._active = 0  # calls in flight
-        self._closer: asyncio.TimerHandle | None = None
-        self.thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def submit(self, rollout: Rollout) -> concurrent.futures.Future:
-        return asyncio.run_coroutine_threadsafe(self._score(rollout), self.loop)
-
-    async def _open(self):
-        if self.engine is None:
-            from personaemp.llm.session import open_engine
-
-            self._opening = self._opening or asyncio.Lock()
-            async with self._opening:
-                if self.engine is None:
-                    stack = contextlib.AsyncExitStack()
-                    engine = await stack.enter_async_context(
-                        open_engine(self.reward.settings, notify=log.warning)
-                    )
-                    engine.answered = engine.answered or self.reward._answered
-                    self._stack, self.engine = stack, engine
-        return self.engine
-
-    async def _score(self, rollout: Rollout) -> float:
-        unit = self.reward._unit(rollout)
-        engine = await self._open()
-        step = self._begin(engine)
-        try:
-            key = unit["key"]
-            task = self._judging.get(key)
-            if task is None:
-                task = asyncio.ensure_future(self.reward._judge(engine, unit))
-                self._judging[key] = task
-                task.add_done_callback(lambda _, key=key: self._judging.pop(key, None))
-            step["keys"].add(key)
-            judged = await asyncio.shield(task)
-            step["rows"].append({"query_id": unit["query_id"], **judged})
-            self.reward._answered = self.reward._answered or engine.answered
-            return judged["reward"]
-        finally:
-            self._end(step)
-
-    def _begin(self, engine) -> dict:
-        if self._closer is not None:
-            self._closer.cancel()
-            self._closer = None
-        if self._step is None:
-            self._step = {"rows": [], "keys": set(), "started": time.perf_counter(),
-                          "ended": None, "base": engine.accounting.totals()}  # fmt: skip
-        self._active += 1
-        return self._step
-
-    def _end(self, step: dict) -> None:
-        self._active -= 1
-        step["ended"] = time.perf_counter()
-        if self._active == 0 and self._step is step:
-            self._closer = self.loop.call_later(self.reward.step_gap, self._close_step)
-
-    def _close_step(self) -> None:
-        step, self._step, self._closer = self._step, None, None
-        if step is None or not step["rows"]:
-            return
-        totals = _since(self.engine.accounting.totals(), step["base"])
-        seconds = (step["ended"] or time.perf_counter()) - step["started"]
-        self.reward._record(step["rows"], len(step["keys"]), totals, seconds, None)
-
-    async def _flush(self) -> None:
-        while self._active:  # the step ends once its rollouts in flight are done
-            await asyncio.sleep(0.01)
-        if self._closer is not None:
-            self._closer.cancel()
-        self._close_step()
-
-    def flush(self) -> None:
-        if self.thread.is_alive():
-            asyncio.run_coroutine_threadsafe(self._flush(), self.loop).result()
-
-    async def _shutdown(self) -> None:
-        await self._flush()
-        if self._stack is not None:
-            await self._stack.aclose()
-        self._stack = self.engine = None
-
-    def close(self) -> None:
-        if not self.thread.is_alive():
-            return
-        try:
-            asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result()
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join()
-            self.loop.close()
-
-
 def _judge_view(options: RewardOptions):
     """check_sampling reads `samples` as evaluate's options carry it."""
     from personaemp.instruments.judges import JudgeOptions
 
     return JudgeOptions(dynamic=options.dynamic, samples=options.samples, bystander=options.bystander)
-
-
-def summarise(records: Iterable[dict]) -> dict:
-    """Steps' accounting lines added up: totals, and calls and tokens per judged rollout."""
-    records = list(records)
-    total: dict[str, Any] = {"steps": len(records)}
-    summed = ("rollouts", "distinct", "judged", "empty", "cut_in_reasoning", "calls", "requests",
-              "cache_hits", "reasks", "prompt_tokens", "completion_tokens", "unparsed_samples")  # fmt: skip
-    for key in summed:
-        total[key] = sum(record.get(key, 0) for record in records)
-    cached = [record.get("cached_tokens") for record in records]
-    total["cached_tokens"] = sum(cached) if cached and all(c is not None for c in cached) else None
-    total["seconds"] = round(sum(record.get("seconds", 0.0) for record in records), 3)
-    for key in ("failures", "fallbacks"):
-        counter: Counter = Counter()
-        for record in records:
-            counter.update(record.get(key, {}))
-        total[key] = dict(counter)
-    judged = total["judged"]
-    total["calls_per_rollout"] = round(total["calls"] / judged, 3) if judged else 0.0
-    total["requests_per_rollout"] = round(total["requests"] / judged, 3) if judged else 0.0
-    tokens = total["prompt_tokens"] + total["completion_tokens"]
-    total["tokens_per_rollout"] = round(tokens / judged, 1) if judged else 0.0
-    if records:
-        total["mode"] = records[-1].get("mode")
-        total["authors_calls_per_rollout"] = records[-1].get("authors_calls_per_rollout")
-    return total
-
-
-def agreement(first: StepResult, second: StepResult) -> dict:
-    """How far two instruments agree on the same rollouts (e.g. per-dimension vs joint):
-    per dimension, on H and on the reward, the rank correlation (Spearman) and the mean
-    absolute difference, over the rollouts both judged."""
-    from personaemp.instruments.judges import spearman
-
-    if len(first.rows) != len(second.rows):
-        raise InputError(f"{len(first.rows)} rollouts against {len(second.rows)}: not the same batch")
-    pairs = [
-        (a, b) for a, b in zip(first.rows, second.rows, strict=True) if a["status"] == b["status"] == "judged"
-    ]
-    pick = {d: (lambda row, d=d: row["scores"][d]) for d in DIMENSIONS}
-    pick["harmonic"] = lambda row: row["harmonic"]
-    pick["reward"] = lambda row: row["reward"]
-    found: dict[str, Any] = {"rollouts": len(pairs)}
-    for name, value in pick.items():
-        a, b = [value(x) for x, _ in pairs], [value(y) for _, y in pairs]
-        rho = spearman(a, b)
-        found[name] = {
-            "spearman": None if rho is None else round(rho, 4),
-            "mean_abs_diff": round(statistics.fmean(abs(x - y) for x, y in zip(a, b, strict=True)), 4)
-            if pairs
-            else None,
-        }
-    return found
-
-
-def summarise_log(path: Path | str) -> dict:
-    """`summarise` over a reward log (JSONL, one line per step)."""
-    path = Path(path)
-    records = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise InputError(
-            f"{path}: cannot read the reward log ({exc.strerror or type(exc).__name__})"
-        ) from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except ValueError as exc:
-            raise InputError(f"{path}:{number}: not a JSON line ({exc})") from None
-    return summarise(records)
 
 
 class PereGRM(Reward):
@@ -875,8 +607,10 @@ class PereGRM(Reward):
     def __init__(self, settings, *, samples: int = 1, bystander: bool = True, reward_lambda: float = 0.5,
                  joint: bool = False, fallback: str = _DEFAULT.fallback, log_path=None,
                  name: str = "peregrm", layout: str = _DEFAULT.layout,
-                 step_gap: float = STEP_GAP):  # fmt: skip
-        options = RewardOptions(True, samples, bystander, reward_lambda, joint, fallback, layout=layout)
+                 step_gap: float = STEP_GAP, safety: float = _DEFAULT.safety,
+                 safety_bound: float = _DEFAULT.safety_bound):  # fmt: skip
+        options = RewardOptions(True, samples, bystander, reward_lambda, joint, fallback, layout=layout,
+                                safety=safety, safety_bound=safety_bound)  # fmt: skip
         super().__init__(settings, options, log_path=log_path, name=name, step_gap=step_gap)
 
 
@@ -885,8 +619,10 @@ class FixedCriteriaReward(Reward):
 
     def __init__(self, settings, *, criteria_file=None, bystander: bool = True, reward_lambda: float = 0.5,
                  fallback: str = _DEFAULT.fallback, log_path=None, name: str = "perm",
-                 layout: str = _DEFAULT.layout, step_gap: float = STEP_GAP):  # fmt: skip
-        options = RewardOptions(False, 1, bystander, reward_lambda, False, fallback, criteria_file, layout)
+                 layout: str = _DEFAULT.layout, step_gap: float = STEP_GAP, safety: float = _DEFAULT.safety,
+                 safety_bound: float = _DEFAULT.safety_bound):  # fmt: skip
+        options = RewardOptions(False, 1, bystander, reward_lambda, False, fallback, criteria_file, layout,
+                                safety, safety_bound)  # fmt: skip
         super().__init__(settings, options, log_path=log_path, name=name, step_gap=step_gap)
 
 
@@ -918,6 +654,8 @@ def from_config(path: Path | str | None = None, env: Mapping[str, str] | None = 
         fallback=config.fallback,
         criteria_file=config.criteria,
         layout=config.layout,
+        safety=config.safety,
+        safety_bound=config.safety_bound,
     )
     return Reward(settings, options, log_path=config.log)
 
