@@ -39,7 +39,8 @@ from personaemp.aio import sync_twin
 from personaemp.errors import InputError
 from personaemp.instruments import realism, simulator_rules
 from personaemp.instruments.voice import VOICE, VOICE_RULE, pick_voice, render_voice
-from personaemp.options import PROCESSED, Opt, Section, _split_commas, declare
+from personaemp.options import Opt, Section, declare
+from personaemp.shared_options import PROCESSED, _split_commas
 
 STAGE = "fidelity"
 VARIANTS = ("none", "persona", "memories", "full", "full-novoice")
@@ -804,6 +805,14 @@ def print_report(summary: dict | None, console) -> None:
                       "persona and Big Five re-inferred from what precedes each cut")  # fmt: skip
     if summary["skipped"]:
         console.print("skipped: " + "; ".join(f"{n} {r}" for r, n in summary["skipped"].items()))
+
+
+def print_summary(result, console) -> None:
+    """`personaemp fidelity`'s summary: its run report, then the table when it wrote rows."""
+    from personaemp.summaries import print_run_report
+
+    if print_run_report(result, console):
+        print_report(result.summary, console)
 
 
 # --- from options (the command and pe.*) ----------------------------------------------------------
