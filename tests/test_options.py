@@ -532,6 +532,16 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "reward_lambda": 0.25,
         "output": "e/report.json",
     },
+    "fidelity": {
+        "input": "d/users.jsonl",
+        "output": "d/fidelity.jsonl",
+        "cuts": 2,
+        "cut_seed": 3,
+        "context": ["none", "full"],
+        "voice": 0,
+        "discriminator": True,
+        "limit": 4,
+    },
     "dialogues": {
         "input": "d/queries.jsonl",
         "output": "d/dialogues.jsonl",
@@ -545,6 +555,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "supporter_base_url": ["http://s.example/v1"],
         "turn_attempts": 2,
         "character_check": False,
+        "voice": 0,
         "seeker": "auto",
     },
     "export": {
@@ -578,6 +589,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "host": "0.0.0.0",
         "port": 9001,
         "dialogues": ["v/a.jsonl", "v/b.jsonl"],
+        "fidelity": "d/fidelity.jsonl",
     },  # fmt: skip
     "agreement": {
         "input": "g/q.jsonl",
@@ -589,6 +601,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "resamples": 500,
         "bootstrap_seed": 3,
         "dialogues": ["g/a.jsonl", "g/b.jsonl"],
+        "fidelity": "d/fidelity.jsonl",
     },
 }
 

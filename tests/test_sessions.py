@@ -182,6 +182,8 @@ def test_the_multi_turn_table_and_the_command(tmp_path):
     table = CliRunner().invoke(app, ["table", "-r", str(report)])
     assert table.exit_code == 0 and "| policy-a | 55.00 | 100.00 | 0.80 | 0.55 |" in table.output
     assert "(6 decided by rule, 0 by the judge)" in table.output
+    # how real the seekers are, beside the final emotion (instruments/realism.py), with n
+    assert "how real the seekers are (" in text and "need met by turn 2 in 100% of 2 dialogues" in text
 
 
 # --- bad input ---------------------------------------------------------------------------------------
