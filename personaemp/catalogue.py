@@ -76,6 +76,12 @@ LINES = (
         sections=("dialogues", "llm"),
     ),
     StageLine(
+        "fidelity", "measure_fidelity", "dataset.fidelity",
+        "Measure the simulated user against the real person: the next real message held out, each\n"
+        "    context variant between the self and other controls, deterministic style metrics (LLM).",
+        sections=("fidelity", "llm"), options_module="dataset.fidelity",
+    ),
+    StageLine(
         "split", "split_users", "dataset.split",
         "Split users into train/test: random 9:1, and (unless --no-ood) a held-out Big Five cluster.",
         positional=("input", "out_dir"), sections=("split",),

@@ -487,7 +487,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "revision": "dev",
         "include_dialogue": True,
         "criteria": "c/crit.jsonl",
-        "dialogues": "s/dialogues.jsonl",
+        "dialogues": ["s/dialogues.jsonl"],
         "dialogues_report": "s/eval.json",
         "force": True,
     },
@@ -532,6 +532,16 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "reward_lambda": 0.25,
         "output": "e/report.json",
     },
+    "fidelity": {
+        "input": "d/users.jsonl",
+        "output": "d/fidelity.jsonl",
+        "cuts": 2,
+        "cut_seed": 3,
+        "context": ["none", "full"],
+        "voice": 0,
+        "discriminator": True,
+        "limit": 4,
+    },
     "dialogues": {
         "input": "d/queries.jsonl",
         "output": "d/dialogues.jsonl",
@@ -545,6 +555,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "supporter_base_url": ["http://s.example/v1"],
         "turn_attempts": 2,
         "character_check": False,
+        "voice": 0,
         "seeker": "auto",
     },
     "export": {
@@ -578,6 +589,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "host": "0.0.0.0",
         "port": 9001,
         "dialogues": ["v/a.jsonl", "v/b.jsonl"],
+        "fidelity": "d/fidelity.jsonl",
     },  # fmt: skip
     "agreement": {
         "input": "g/q.jsonl",
@@ -589,6 +601,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "resamples": 500,
         "bootstrap_seed": 3,
         "dialogues": ["g/a.jsonl", "g/b.jsonl"],
+        "fidelity": "d/fidelity.jsonl",
     },
 }
 
@@ -671,7 +684,7 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
     assert by_run["push"] == (
         (Path("s/out"),),
         {"repo_id": "me/data", "out": None, "private": True, "revision": "dev", "include_dialogue": True,
-         "criteria": Path("c/crit.jsonl"), "dialogues": Path("s/dialogues.jsonl"),
+         "criteria": Path("c/crit.jsonl"), "dialogues": [Path("s/dialogues.jsonl")],
          "dialogues_report": Path("s/eval.json"), "force": True},
     )  # fmt: skip
 
@@ -722,7 +735,7 @@ def test_push_dry_run_without_out_goes_to_the_processed_dataset_folder(calls):
         (Path("data/processed/splits"),),
         {"repo_id": None, "out": Path("data/processed/dataset"), "private": False, "revision": None,
          "include_dialogue": False, "criteria": Path("data/processed/criteria.jsonl"),
-         "dialogues": Path("data/processed/dialogues.jsonl"), "dialogues_report": None, "force": False},
+         "dialogues": [Path("data/processed/dialogues.jsonl")], "dialogues_report": None, "force": False},
     )  # fmt: skip
 
 

@@ -497,30 +497,42 @@ def dialogues_section(found: dict[str, Any], figures: list[str] | None = None) -
         f"ended by: {ended}; hidden need met in {found['need_met']} of {published}.",
     ]
     if supporter_rows:
+        if not lost:
+            why = "every dialogue finished"
+        else:
+            why = f"{lost} of {published + lost} not finished" + (
+                f", {by_simulator} of them lost to the simulator: it broke its rules on every try, the "
+                "simulator's failure, not the supporter's" if by_simulator else ""
+            ) + (
+                "; the others: the supporter's request failed" if by_simulator and by_simulator < lost
+                else ": the supporter's request failed" if not by_simulator else ""
+            )  # fmt: skip
         out += [
-            f"- Dialogues kept and lost per supporter ({lost} of {published + lost} not finished, "
-            f"{by_simulator} of them lost to the simulator: it broke its rules on every try, the "
-            "simulator's failure, not the supporter's; the others: the supporter's request failed):",
+            f"- Dialogues kept and lost per supporter ({why}):",
             "",
             _table(["supporter", "kept", "lost", "lost, by reason"], supporter_rows),
             "",
         ]
+    from personaemp.instruments import simulator_rules
+
+    def meant(names) -> str:
+        return ", ".join(f"{name} ({simulator_rules.MEANINGS[name]})" for name in names)
+
     out += [
         "- The simulator's checks, run on every reply it wrote (a failing reply was asked again): "
-        "language_match (the user's language), length_ok (a chat message's length), no_need_leak (no "
-        "six words in a row of the hidden need), no_emotion_number (no emotion stated as a number or "
-        "score), no_early_end (no leaving after the first reply), and by an LLM check in_character "
-        "(reads as this person) and grounded (no fact beyond the memories and the conversation).",
+        f"{meant(simulator_rules.RULES)}, and by an LLM check {meant(simulator_rules.JUDGED)}.",
         f"- Pass rates over the {replies} replies judged, kept and asked again: {rates}.",
     ]
     if relaxed:
         out.append(f"- Checks relaxed: {'; '.join(relaxed)}.")
     if found.get("lost_replies_not_kept"):
         out.append(
-            f"- The replies of {found['lost_replies_not_kept']} lost dialogues are not in these rates: "
+            f"- The replies of {_dialogues(found['lost_replies_not_kept'])} are not in these rates: "
             "their failures rows do not keep them."
         )
     out += seekers_lines(found)
+    if (found.get("realism") or {}).get("users"):
+        out += ["", *realism_lines(found["realism"])]
     out += [
         "",
         *_image(FINAL_EMOTION_PLOT, "Final emotion of the simulated user, per supporter", figures or []),
@@ -528,6 +540,46 @@ def dialogues_section(found: dict[str, Any], figures: list[str] | None = None) -
     out += [_table(["split", "dialogues"], rows)]
     out += behaviour_lines(found.get("behaviours"))
     return out
+
+
+def realism_lines(real: dict[str, Any]) -> list[str]:
+    """How real the seekers are: the simulated user turns against the same users' real messages
+    (instruments/realism.py's seeker_realism), with n."""
+
+    def pct(value: Any) -> str:
+        return "—" if value is None else f"{100 * value:.0f}%"
+
+    def num(value: Any, digits: int = 1) -> str:
+        return "—" if value is None else f"{value:.{digits}f}"
+
+    sim, own = real["simulated"], real["real"]
+    return [
+        "### How real the seekers are",
+        "",
+        f"The simulated user turns ({sim['messages']}, the opening queries left out) against the same "
+        f"{real['users']} users' real messages ({own['messages']}); LLM-played users are known to write "
+        "longer, more alike and more politely than people, and to feel better sooner.",
+        "",
+        _table(
+            ["", "simulated", "real"],
+            [
+                ["words per message", num(sim["words"]), num(own["words"])],
+                ["politeness markers", pct(sim["politeness"]), pct(own["politeness"])],
+                ["question rate", pct(sim["question_rate"]), pct(own["question_rate"])],
+                [
+                    "length CV across users",
+                    num(sim["length_cv_across_users"], 2),
+                    num(own["length_cv_across_users"], 2),
+                ],
+            ],
+        ),  # fmt: skip
+        "",
+        f"- Length ratio (simulated / real): {num(real['length_ratio'], 2)}.",
+        f"- Speed of relief: hidden need met by supporter turn 2 in {pct(real['relief_by_turn_2'])} of "
+        f"{real['dialogues']} dialogues; mean emotion change per simulated turn "
+        f"{num(real['mean_change_per_turn'])} (n = {real['turns_with_change']} turns).",
+        "",
+    ]
 
 
 def seekers_lines(found: dict[str, Any]) -> list[str]:
@@ -595,6 +647,11 @@ def behaviour_lines(found: dict[str, Any] | None) -> list[str]:
             rows,
         ),  # fmt: skip
     ]
+
+
+def _dialogues(n: int) -> str:
+    """'1 lost dialogue', '2 lost dialogues'."""
+    return f"{n} lost dialogue{'' if n == 1 else 's'}"
 
 
 def render_card(

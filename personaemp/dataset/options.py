@@ -16,6 +16,7 @@ from personaemp.shared_options import (
     RAW_INPUT,
     Categories,
     Checks,
+    Files,
     Force,
     MismatchSeed,
     Names,
@@ -311,6 +312,12 @@ class DialoguesOptions(Section):
     character_check: Annotated[
         bool, Opt("Check each simulated turn with the LLM: in character, no invented facts.")
     ] = True
+    voice: Annotated[
+        int,
+        Field(ge=0, le=20),
+        Opt("The user's own real messages the simulated user is shown as how they write (0: none): the K "
+            "newest, skipping code, pasted text and near-duplicates, each trimmed to 200 characters."),
+    ] = 5  # fmt: skip
     seeker: Annotated[
         Literal["cooperative", "guarded", "resistant", "validation-seeking", "escalating", "auto"],
         Opt(
@@ -406,13 +413,16 @@ class PushOptions(Section):
         ),
     ] = PROCESSED / "criteria.jsonl"
     dialogues: Annotated[
-        Path,
+        Files,
         Opt(
-            "Dialogues (`personaemp gen-dialogues`); published as a `dialogues` config when the file exists.",
+            "Dialogues (`personaemp gen-dialogues`), published as one `dialogues` config (its "
+            "`supporter_model` column names the supporter); repeat for several supporters' runs. "
+            "Without the flag: the default file, when it exists.",
+            metavar="FILE",
             derive="processed:dialogues.jsonl",
             io="read",
         ),
-    ] = PROCESSED / "dialogues.jsonl"
+    ] = [PROCESSED / "dialogues.jsonl"]
     dialogues_report: Annotated[
         Path | None,
         Opt(

@@ -306,7 +306,35 @@ def session_notes(chosen, systems: list[str], titles: list[str]) -> list[str]:
             lines.append(f"{title}: " + behaviour_note(report, [entries[n] for n in systems if n in entries]))
     lines.append("Final: mean final emotion of the simulated user (0-100, starts at 40); Met %: dialogues "
                  "whose hidden need was met; H: harmonic mean of the session's PERM scores / 5.")  # fmt: skip
+    for title, (_, _, entries, _) in zip(titles, chosen, strict=True):
+        for name in systems:
+            real = (entries.get(name) or {}).get("realism")
+            if real and real.get("users"):
+                lines.append(f"{title}: {name}: {realism_line(real)}.")
     return lines
+
+
+def realism_line(real: dict) -> str:
+    """How real the simulated seekers are, beside the final emotion: one line with its n
+    (the report's `realism`, instruments/realism.py's seeker_realism)."""
+
+    def pct(value):
+        return "—" if value is None else f"{100 * value:.0f}%"
+
+    def num(value, digits=2):
+        return "—" if value is None else f"{value:.{digits}f}"
+
+    sim, own = real["simulated"], real["real"]
+    return (
+        f"how real the seekers are ({real['users']} users, {sim['messages']} simulated turns, "
+        f"{own['messages']} real messages): length ratio {num(real['length_ratio'])} (words per message "
+        f"{num(sim['words'], 1)} vs real {num(own['words'], 1)}); politeness {pct(sim['politeness'])} vs "
+        f"{pct(own['politeness'])}; questions {pct(sim['question_rate'])} vs {pct(own['question_rate'])}; "
+        f"length CV across users {num(sim['length_cv_across_users'])} vs "
+        f"{num(own['length_cv_across_users'])}; need met by turn 2 in {pct(real['relief_by_turn_2'])} of "
+        f"{real['dialogues']} dialogues; mean emotion change per turn "
+        f"{num(real['mean_change_per_turn'], 1)} (n={real['turns_with_change']})"
+    )
 
 
 def behaviour_note(report: dict, entries: Sequence[dict]) -> str:

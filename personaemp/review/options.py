@@ -23,7 +23,8 @@ class ReviewOptions(Section):
         Path | None,
         Opt(
             "Labels file: every click is appended to it at once (JSON lines; several reviewers share "
-            "it). Default: labels.jsonl beside --input, where `agreement` and the card look.",
+            "it). Default: labels.jsonl beside --input (with --dialogues: dialogue_labels.jsonl beside "
+            "the first dialogues file), where `agreement` and the card look.",
             ("--labels",),
             io="update",
         ),
@@ -55,6 +56,15 @@ class ReviewOptions(Section):
             io="read",
         ),
     ] = []
+    fidelity: Annotated[
+        Path | None,
+        Opt(
+            "Review blinded pairs of `personaemp fidelity`'s output instead: which of two messages did "
+            "this person write next? Labels default to fidelity_labels.jsonl beside it.",
+            metavar="FILE",
+            io="read",
+        ),
+    ] = None
 
 
 @declare("agreement")
@@ -71,7 +81,8 @@ class AgreementOptions(Section):
     labels: Annotated[
         Path | None,
         Opt("Labels of `personaemp review` (or imported from Label Studio). Default: labels.jsonl "
-            "beside --input.", ("--labels",), io="read"),
+            "beside --input (with --dialogues: dialogue_labels.jsonl beside the first dialogues "
+            "file).", ("--labels",), io="read"),
     ] = None  # fmt: skip
     second_judge: Annotated[
         Path | None,
@@ -116,6 +127,17 @@ class AgreementOptions(Section):
             io="read",
         ),
     ] = []
+
+    fidelity: Annotated[
+        Path | None,
+        Opt(
+            "A fidelity file people labelled (`personaemp review --fidelity`): their accuracy (Wilson "
+            "95% CI) and kappa between the LLM discriminator and them. Labels default to "
+            "fidelity_labels.jsonl beside it.",
+            metavar="FILE",
+            io="read",
+        ),
+    ] = None
 
     def paths(self) -> tuple[Path, Path, Path]:
         """(labels, second judge, out), the defaults beside the input."""

@@ -107,6 +107,9 @@ class InteractionOptions:
     samples: int = 1  # k of the dynamic session judge
     turn_attempts: int = TURN_ATTEMPTS
     character_check: bool = True
+    # The user's real messages shown as their voice: the newest `voice` of those export wrote
+    # (instruments/voice.py's rule); 0: none; None: all export wrote.
+    voice: int | None = None
     # the safety term ([reward] safety / safety_bound of the config when not given here)
     safety: float | None = None
     safety_bound: float | None = None
@@ -127,6 +130,8 @@ class InteractionOptions:
             raise InputError(f"weight must be between 0 and 1, not {self.weight}")
         if self.max_turns < 1 or self.samples < 1 or self.turn_attempts < 1:
             raise InputError("max_turns, samples and turn_attempts must be at least 1")
+        if self.voice is not None and self.voice < 0:
+            raise InputError(f"voice must be 0 or more, not {self.voice}")
 
     @classmethod
     def of(cls, config: Mapping[str, Any]) -> InteractionOptions:
@@ -317,6 +322,9 @@ class SimulatedUserInteraction:
                 f"interaction_kwargs: the simulated user has no {', '.join(missing)}",
                 "write the data with `personaemp export --dialogues`",
             )
+        if self.options.voice is not None:
+            shown = unit["voice"].splitlines()[-self.options.voice :] if self.options.voice else []
+            unit = {**unit, "voice": "\n".join(shown)}
         user = SimulatedUser.of_unit(unit)
         need = await self.service.call(
             lambda engine: write_hidden_need(engine, user, self.prompts(engine.prompt_variant)[0])
