@@ -177,7 +177,9 @@ def _some_checks(value: list[str] | None) -> list[str] | None:
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # allow_inf_nan: an infinite or NaN number (temperature=inf, timeout=nan) is refused here,
+    # at option time, not sent to the server after the filter has run.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     def with_derived(self, names) -> Section:
         """Note which options hold the value of their `Opt.derive` rule, not the user's: push
@@ -454,6 +456,20 @@ class LLMOptions(Section):
                 "is 'vllm', which works in rounds through the cache",
                 "leave out {no_cache} and {refresh}",
             )
+        return self
+
+    @model_validator(mode="after")
+    def _endpoints_speak_http(self) -> LLMOptions:
+        for url in self.base_url:
+            scheme = url.partition("://")[0].lower() if "://" in url else ""
+            if scheme not in ("http", "https"):
+                from personaemp.secrets import redact_url
+
+                raise OptionProblem(
+                    "base_url",
+                    f"takes an http:// or https:// endpoint, not {redact_url(url)!r}",
+                    "e.g. http://127.0.0.1:8000/v1 or https://api.openai.com/v1",
+                )
         return self
 
     @model_validator(mode="after")

@@ -26,6 +26,7 @@ from personaemp.options import (
     SplitsFolder,
     declare,
 )
+from personaemp.secrets import secret_name, shown_assignment
 
 
 @declare("criteria")
@@ -115,9 +116,12 @@ def _judge_specs(value: Any) -> Any:
             for part in filter(None, (p.strip() for p in item.split(";"))):
                 key, sep, text = part.partition("=")
                 if not sep:
+                    shown = ";".join(shown_assignment(p.strip()) for p in item.split(";"))
                     raise OptionProblem(
-                        "judges", f"takes name=NAME;model=MODEL;base_url=URL;key_env=VAR, not {item!r}"
+                        "judges", f"takes name=NAME;model=MODEL;base_url=URL;key_env=VAR, not {shown!r}"
                     )
+                if secret_name(key):
+                    shown_assignment(part)  # remembered: masked wherever the refusal shows it
                 table[key.strip()] = text.strip()
             item = table
         found.append(item)
