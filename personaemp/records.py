@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictBool, model_validator
 from pydantic_core import PydanticCustomError
 
 
@@ -240,6 +240,19 @@ class Response(Record):
 ENDINGS = ("max_turns", "user", "satisfied", "gave_up")  # a dialogue's ended_by
 EMOTION_MAX = 100  # a simulated emotion is 0..EMOTION_MAX
 MAX_CHANGE = 10  # a turn moves the emotion by at most this much either way (SAGE's clamp)
+# The simulated user leaves satisfied at SATISFIED and gives up below GIVE_UP: a dialogue ends
+# on the first simulated turn that reaches either (gen-dialogues and the training Interaction).
+SATISFIED, GIVE_UP = EMOTION_MAX, 10
+
+
+def _no_bool(value: Any) -> Any:
+    """A number field given true/false (which pydantic would read as 1/0) is refused."""
+    if isinstance(value, bool):
+        raise PydanticCustomError("dialogue_invalid", "a boolean where a number belongs")
+    return value
+
+
+Score = Annotated[int, BeforeValidator(_no_bool)]  # an emotion, a change, a turn number
 REJECTED_KEYS = ("text", "thought")  # a rejected entry's reserved keys beside its failed rules
 
 
@@ -249,10 +262,10 @@ class DialogueTurn(Record):
 
     role: Literal["user", "assistant"]
     text: str
-    emotion: int | None = None  # 0-100
-    change: int | None = None  # clamped to the step bound (MAX_CHANGE)
+    emotion: Score | None = None  # 0-100
+    change: Score | None = None  # clamped to the step bound (MAX_CHANGE)
     reason: str | None = None
-    need_met: bool | None = None
+    need_met: StrictBool | None = None
     thought: str | None = None  # the simulated user's inner thought, never shown (as SAGE keeps it)
     # The checks that ran on the reply kept (user turns the simulator wrote): a check that did
     # not run (the LLM's under --no-character-check) is absent, never True.
@@ -276,9 +289,9 @@ class Dialogue(Record):
     category: Category
     language: str | None
     hidden_need: str  # never in a supporter request
-    initial_emotion: int
-    final_emotion: int
-    need_met_at_turn: int | None  # the supporter turn after which the need was first met
+    initial_emotion: Score
+    final_emotion: Score
+    need_met_at_turn: Score | None  # the supporter turn after which the need was first met
     ended_by: Literal["max_turns", "user", "satisfied", "gave_up"]
     supporter_model: str
     simulator_model: str
@@ -318,12 +331,45 @@ class Dialogue(Record):
                     raise _invalid(f"the opening turn's emotion {turn.emotion} is not {self.initial_emotion}")
             elif turn.change is not None and turn.emotion != max(0, min(EMOTION_MAX, emotion + turn.change)):
                 raise _invalid(f"turn {number}'s emotion {turn.emotion} is not {emotion} {turn.change:+d}")
+            elif turn.change is None and abs(turn.emotion - emotion) > MAX_CHANGE:
+                raise _invalid(
+                    f"turn {number}'s emotion {turn.emotion} moves {turn.emotion - emotion:+d} "
+                    f"from {emotion} with no change, beyond ±{MAX_CHANGE}"
+                )
+            if emotion is not None and number < len(self.turns) and not GIVE_UP <= turn.emotion < SATISFIED:
+                raise _invalid(
+                    f"the dialogue goes on after turn {number}'s emotion {turn.emotion}: it ends at "
+                    f"{SATISFIED} (satisfied) or below {GIVE_UP} (gave up)"
+                )
             emotion = turn.emotion
+        if self.turns[-1].role != "user":
+            raise _invalid("it ends on the supporter's turn: the simulated user answers every supporter turn")
         if self.final_emotion != emotion:
             raise _invalid(f"final_emotion {self.final_emotion} is not the last user turn's {emotion}")
+        self._ending_fits(emotion)
         supporter = self.supporter_turns()
         if self.need_met_at_turn is not None and not 1 <= self.need_met_at_turn <= supporter:
             raise _invalid(
                 f"need_met_at_turn {self.need_met_at_turn} is beyond its {supporter} supporter turns"
             )
+        # the supporter turn whose reply first says the need was met (turn 2k+1 answers turn 2k)
+        met = next((n // 2 for n, t in enumerate(self.turns) if n and t.role == "user" and t.need_met), None)
+        if self.need_met_at_turn != met:
+            said = f"turn {2 * met + 1} is the first with need_met" if met else "no turn has need_met true"
+            raise _invalid(f"need_met_at_turn {self.need_met_at_turn} disagrees with its turns ({said})")
+        query_owner, _, number = self.query_id.rpartition("-q")
+        if query_owner and number.isdigit() and query_owner != self.user_id:
+            raise _invalid(f"user_id {self.user_id!r} is not the user of query {self.query_id!r}")
         return self
+
+    def _ending_fits(self, final: int) -> None:
+        """ended_by as the final emotion allows: satisfied at SATISFIED, gave_up below GIVE_UP,
+        max_turns between them; `user` (the simulated user said goodbye) at any emotion."""
+        fits = {
+            "satisfied": final >= SATISFIED,
+            "gave_up": final < GIVE_UP,
+            "max_turns": GIVE_UP <= final < SATISFIED,
+            "user": True,
+        }
+        if not fits[self.ended_by]:
+            raise _invalid(f"ended_by {self.ended_by!r} contradicts final_emotion {final}")

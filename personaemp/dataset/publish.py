@@ -875,6 +875,11 @@ def publish(
         raise InputError(
             f"{dialogues}: no such dialogues file", "pass gen-dialogues' output, or leave --dialogues out"
         )
+    if dialogues_asked and dialogues is not None and not Path(dialogues).read_bytes().strip():
+        # named, so meant to be published: an empty file would publish no dialogues config, silently
+        raise InputError(
+            f"{dialogues}: no dialogues in it", "pass gen-dialogues' output, or leave --dialogues out"
+        )
     if (repo_id is None) == (out is None):
         raise InputError("give either --repo-id OWNER/NAME or --dry-run --out-dir DIR")
     if repo_id is not None and repo_id.count("/") != 1:
