@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictBool, model_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 
@@ -252,7 +252,15 @@ def _no_bool(value: Any) -> Any:
     return value
 
 
-Score = Annotated[int, BeforeValidator(_no_bool)]  # an emotion, a change, a turn number
+def _only_bool(value: Any) -> Any:
+    """need_met given a number or text (which pydantic would read as a boolean) is refused."""
+    if value is not None and not isinstance(value, bool):
+        raise PydanticCustomError(
+            "dialogue_invalid", "need_met is true or false, not {value}", {"value": repr(value)}
+        )
+    return value
+
+
 REJECTED_KEYS = ("text", "thought")  # a rejected entry's reserved keys beside its failed rules
 
 
@@ -262,16 +270,19 @@ class DialogueTurn(Record):
 
     role: Literal["user", "assistant"]
     text: str
-    emotion: Score | None = None  # 0-100
-    change: Score | None = None  # clamped to the step bound (MAX_CHANGE)
+    emotion: int | None = None  # 0-100
+    change: int | None = None  # clamped to the step bound (MAX_CHANGE)
     reason: str | None = None
-    need_met: StrictBool | None = None
+    need_met: bool | None = None
     thought: str | None = None  # the simulated user's inner thought, never shown (as SAGE keeps it)
     # The checks that ran on the reply kept (user turns the simulator wrote): a check that did
     # not run (the LLM's under --no-character-check) is absent, never True.
     checks: dict[str, bool] | None = None
     # Replies asked again, each: failed rule -> why, plus "text" (the reply) and "thought".
     rejected: list[dict[str, str]] = []
+
+    _numbers = field_validator("emotion", "change", mode="before")(_no_bool)
+    _booleans = field_validator("need_met", mode="before")(_only_bool)
 
 
 def _invalid(message: str):
@@ -289,9 +300,9 @@ class Dialogue(Record):
     category: Category
     language: str | None
     hidden_need: str  # never in a supporter request
-    initial_emotion: Score
-    final_emotion: Score
-    need_met_at_turn: Score | None  # the supporter turn after which the need was first met
+    initial_emotion: int
+    final_emotion: int
+    need_met_at_turn: int | None  # the supporter turn after which the need was first met
     ended_by: Literal["max_turns", "user", "satisfied", "gave_up"]
     supporter_model: str
     simulator_model: str
@@ -300,6 +311,10 @@ class Dialogue(Record):
     context: str  # what the supporter saw besides the conversation (respond's --context)
     turns: list[DialogueTurn]
     provenance: Provenance  # the simulator's (its prompts' hashes, the supporter's prompt too)
+
+    _numbers = field_validator("initial_emotion", "final_emotion", "need_met_at_turn", mode="before")(
+        _no_bool
+    )
 
     def supporter_turns(self) -> int:
         return sum(t.role == "assistant" for t in self.turns)

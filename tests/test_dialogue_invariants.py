@@ -85,7 +85,7 @@ BROKEN = {
     early_need: "need_met_at_turn 3 disagrees with its turns (turn 3 is the first with need_met)",
     boolean_number: "a boolean where a number belongs",
     boolean_emotion: "a boolean where a number belongs",
-    number_boolean: "valid boolean",
+    number_boolean: "need_met is true or false, not 0",
     other_user: "user_id 'u2' is not the user of query 'u1-q1'",
 }
 
