@@ -2,7 +2,11 @@
 replies, each drawn from its request so the order requests arrive in does not matter),
 with a log-normal latency. Prints READY <base url> and serves until killed.
 
-    .venv/bin/python bench/capable_server.py [--latency-median 0.3] [--latency-sigma 0.6]
+    .venv/bin/python bench/capable_server.py [--port 8765] [--latency-median 0.3] [--latency-sigma 0.6]
+
+It is also the README's stand-in endpoint for trying the tour without a key: every command
+runs and writes its files, but the text is scripted and every judge's score the same, so no
+figure of quality it gives means anything.
 """
 
 from __future__ import annotations
@@ -15,8 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from conftest import order_free_responder  # noqa: E402
-from fake_openai import FakeOpenAI, lognormal_latency, serve_until_killed  # noqa: E402
+from fake_openai import FakeOpenAI, lognormal_latency, order_free_responder, serve_until_killed  # noqa: E402
 
 
 def every_step(build):
@@ -34,6 +37,8 @@ def every_step(build):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0: any free port (READY names it)")
     parser.add_argument("--latency-median", type=float, default=0.0, help="seconds; 0 = no latency")
     parser.add_argument("--latency-sigma", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=1)
@@ -46,7 +51,8 @@ def main() -> None:
     from personaemp.language import detect_language
 
     detect_language("A sentence long enough for the model to be asked about it.")
-    server = FakeOpenAI(responder=every_step(order_free_responder()), latency=latency, seed=args.seed)
+    server = FakeOpenAI(responder=every_step(order_free_responder()), latency=latency, seed=args.seed,
+                        host=args.host, port=args.port)  # fmt: skip
     serve_until_killed(server)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_openai import order_free_responder  # noqa: F401 - the tests import it from here
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_TASK1 = REPO / "data" / "raw" / "alpsbench_sample" / "task1"
@@ -444,23 +445,6 @@ def files_in(folder: Path) -> list[str]:
     return sorted(
         p.name for p in folder.iterdir() if not (p.name.startswith(".") and p.name.endswith(".lock"))
     )
-
-
-def order_free_responder(seed: int = 7):
-    """bench/dataset/cost_bench.py's capable model, with each reply drawn from the request itself,
-    so the replies do not depend on the order concurrent requests arrive in."""
-    import hashlib
-    import random
-    import sys
-
-    sys.path.insert(0, str(REPO / "bench" / "dataset"))
-    from cost_bench import responder
-
-    def answer(body: dict, number: int):
-        digest = hashlib.sha256(json.dumps(body["messages"], sort_keys=True).encode()).hexdigest()
-        return responder(random.Random(f"{seed}:{digest}"))(body, number)
-
-    return answer
 
 
 def built_once(tmp_path_factory, name: str, build) -> Path:

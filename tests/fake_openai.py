@@ -117,6 +117,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -1260,6 +1261,21 @@ def fault_responder(fault_rate: float, seed: int) -> Callable[[dict, int], Actio
         return Action("reply")
 
     return respond
+
+
+def order_free_responder(seed: int = 7):
+    """bench/dataset/cost_bench.py's capable model, with each reply drawn from the request
+    itself, so the replies do not depend on the order concurrent requests arrive in. Here, not
+    in conftest, because bench/capable_server.py serves it to readers who installed only the
+    package (no pytest)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "dataset"))
+    from cost_bench import responder
+
+    def answer(body: dict, number: int):
+        digest = hashlib.sha256(json.dumps(body["messages"], sort_keys=True).encode()).hexdigest()
+        return responder(random.Random(f"{seed}:{digest}"))(body, number)
+
+    return answer
 
 
 def serve_until_killed(server: FakeOpenAI) -> None:

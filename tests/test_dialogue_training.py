@@ -201,8 +201,9 @@ def test_the_documented_yaml_names_a_class_verl_can_load(tmp_path):
 
 
 def documented_agent_loops() -> list[dict]:
-    """The agent-loop YAML docs/multi-turn.md gives for verl 0.9."""
-    page = (Path(__file__).resolve().parents[1] / "docs" / "multi-turn.md").read_text(encoding="utf-8")
+    """The agent-loop YAML docs/multi-turn-training.md gives for verl 0.9."""
+    page = Path(__file__).resolve().parents[1] / "docs" / "multi-turn-training.md"
+    page = page.read_text(encoding="utf-8")
     blocks = re.findall(r"```yaml\n(.*?)```", page, re.S)
     return yaml.safe_load(next(b for b in blocks if "SimulatedUserAgentLoop" in b))
 

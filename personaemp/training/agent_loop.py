@@ -94,7 +94,7 @@ class SimulatedUserAgentLoop(AgentLoopBase):
             await agent.finalize_interaction(instance)
         if failed:
             # The simulator failed, not the policy: verl has no per-sample "no reward", so the
-            # session's tokens leave the loss (mask 0) and it is flagged (docs/multi-turn.md).
+            # session's tokens leave the loss (mask 0) and it is flagged (docs/multi-turn-training.md).
             mask, reward = [0] * len(mask), 0.0
         response = tokens[len(tokens) - len(mask) :]
         metrics.setdefault("num_preempted", -1)

@@ -342,7 +342,7 @@ class SimulatedUserInteraction:
                 raise  # an endpoint that cannot be used stops the step, as in the reward
             # No reply kept the rules: the simulator failed, not the policy. The session ends,
             # marked, with no reward (None: verl keeps no turn score, TRL leaves the rollout
-            # out of its group's baseline and gives it no advantage; docs/multi-turn.md).
+            # out of its group's baseline and gives it no advantage; docs/multi-turn-training.md).
             self.counts["simulator_failures"] += 1
             session.ended_by = "simulator_failed"
             session.turns.pop()
