@@ -332,8 +332,8 @@ def cli_args(section: str, values: dict[str, Any]) -> list[str]:
 
 def test_run_with_the_default_toml_calls_the_stages_as_the_commands_do(calls, tmp_path):
     defaults = RunOptions().model_dump()
-    del defaults["push"]["criteria"]  # a file named is one push must publish (criteria_asked)
-    del defaults["push"]["dialogues"]  # ... and must exist (dialogues_asked)
+    del defaults["push"]["criteria"]  # a file named is one push must publish
+    del defaults["push"]["dialogues"]  # ... and must exist
     config = tmp_path / "defaults.toml"
     config.write_text(toml_text(defaults), encoding="utf-8")
     assert load_config(config) == RunOptions()
@@ -586,6 +586,8 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
     one side only."""
     config = tmp_path / "all.toml"
     config.write_text(toml_text(NON_DEFAULT), encoding="utf-8")
+    (tmp_path / "s").mkdir()  # the cwd: push checks that a dialogues file named exists
+    (tmp_path / "s" / "dialogues.jsonl").write_text("", encoding="utf-8")
 
     by_run = run_all(calls, config)
     by_config = each_command(calls, "--config", config)
@@ -644,8 +646,7 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
     assert by_run["push"] == (
         (Path("s/out"),),
         {"repo_id": "me/data", "out": None, "private": True, "revision": "dev", "include_dialogue": True,
-         "criteria": Path("c/crit.jsonl"), "criteria_asked": True, "dialogues": Path("s/dialogues.jsonl"),
-         "dialogues_asked": True, "force": True},
+         "criteria": Path("c/crit.jsonl"), "dialogues": Path("s/dialogues.jsonl"), "force": True},
     )  # fmt: skip
 
 
@@ -695,8 +696,7 @@ def test_push_dry_run_without_out_goes_to_the_processed_dataset_folder(calls):
         (Path("data/processed/splits"),),
         {"repo_id": None, "out": Path("data/processed/dataset"), "private": False, "revision": None,
          "include_dialogue": False, "criteria": Path("data/processed/criteria.jsonl"),
-         "criteria_asked": False, "dialogues": Path("data/processed/dialogues.jsonl"),
-         "dialogues_asked": False, "force": False},
+         "dialogues": Path("data/processed/dialogues.jsonl"), "force": False},
     )  # fmt: skip
 
 

@@ -64,6 +64,7 @@ def test_parquet_written_in_row_groups_is_what_datasets_writes_from_the_whole_ta
     import pyarrow.parquet as pq
     from datasets import Dataset, DatasetInfo, config
 
+    from personaemp.dataset import data_files
     from personaemp.dataset import publish as push
     from personaemp.dataset.split import split_users
 
@@ -75,7 +76,7 @@ def test_parquet_written_in_row_groups_is_what_datasets_writes_from_the_whole_ta
     monkeypatch.setattr(
         config, "DEFAULT_CDC_OPTIONS", {"min_chunk_size": 256, "max_chunk_size": 1024, "norm_level": 0}
     )
-    monkeypatch.setattr(push, "ROW_BATCH", 3)
+    monkeypatch.setattr(data_files, "ROW_BATCH", 3)  # where the rows are turned into Arrow
     result = push.publish(folder / "splits", out=folder / "dataset")
     columns = push.features(False)
     for setting, parts in result.rows.items():

@@ -22,18 +22,31 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from personaemp.errors import InputError
-from personaemp.instruments.judges import spearman as judges_spearman
 from personaemp.instruments.judges import wilson
 from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
-from personaemp.records import DIMENSIONS
-from personaemp.review.dialogues import LABELS_FILE, dialogue_event, read_dialogue_items
+from personaemp.review.dialogue_agreement import (  # noqa: F401  (their old home: still importable from here)
+    DIALOGUE_REPORT_FILE,
+    compute_dialogue_agreement,
+    dialogue_agreement_lines,
+    run_dialogue_agreement,
+    spearman,
+)
+from personaemp.review.figures import (
+    Bootstrap,
+    _round,
+    agreement_figures,
+    confusion,
+    labels_held,
+    rogan_gladen,
+)
+from personaemp.review.figures import (
+    kappa_of as kappa_of,  # its old home: still importable from here
+)
 from personaemp.review.page import (
-    LABEL_STUDIO_REVIEWER,
     LLM_CHECKS,
     UnknownTarget,
     current_labels,
@@ -44,91 +57,6 @@ from personaemp.review.page import (
 from personaemp.summaries import NOT_SCORED, interval_text, judges_text, not_scored_text
 
 REPORT_FILE, PLOT_FILE = "agreement.json", "agreement.png"
-
-
-# --- the statistics ----------------------------------------------------------------------------
-
-
-def confusion(pairs: Sequence[tuple[bool, bool]]) -> list[int]:
-    """[both pass, first passes only, second passes only, both fail] of (first, second) pairs."""
-    cells = [0, 0, 0, 0]
-    for first, second in pairs:
-        cells[(0 if second else 1) if first else (2 if second else 3)] += 1
-    return cells
-
-
-def kappa_of(cells: Sequence[float]) -> float | None:
-    """Cohen's kappa of a 2x2 confusion; None when chance agreement is total (one answer only)."""
-    a, b, c, d = cells
-    n = a + b + c + d
-    if not n:
-        return None
-    observed = (a + d) / n
-    chance = ((a + b) * (a + c) + (c + d) * (b + d)) / (n * n)
-    return None if chance >= 1 else (observed - chance) / (1 - chance)
-
-
-def rogan_gladen(apparent: float, sensitivity: float, specificity: float) -> float | None:
-    """The true share from an apparent one and the test's error rates (clipped to [0, 1]);
-    None when the judge does no better than chance (Se + Sp <= 1)."""
-    youden = sensitivity + specificity - 1
-    if youden <= 0:
-        return None
-    return min(1.0, max(0.0, (apparent + specificity - 1) / youden))
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)
-
-
-class Bootstrap:
-    """Percentile intervals from resampling clusters (queries) with replacement."""
-
-    def __init__(self, resamples: int, seed: int):
-        import numpy as np
-
-        self.np, self.resamples, self.rng = np, resamples, np.random.default_rng(seed)
-
-    def cells(self, clusters: Sequence[Sequence[int]]):
-        """(resamples, 4) confusion counts of resampled clusters, each a confusion of its own."""
-        counts = self.np.asarray(clusters, dtype=float).reshape(-1, 4)
-        picks = self.rng.integers(0, len(counts), size=(self.resamples, len(counts)))
-        return counts[picks].sum(axis=1)
-
-    def interval(self, values) -> list[float] | None:
-        values = self.np.asarray(values, dtype=float)
-        values = values[~self.np.isnan(values)]
-        if len(values) < self.resamples / 2:  # mostly undefined: no honest interval
-            return None
-        low, high = self.np.percentile(values, [2.5, 97.5])
-        return [round(float(low), 4), round(float(high), 4)]
-
-    def kappa(self, cells):
-        np = self.np
-        a, b, c, d = cells.T
-        n = a + b + c + d
-        with np.errstate(divide="ignore", invalid="ignore"):
-            observed = (a + d) / n
-            chance = ((a + b) * (a + c) + (c + d) * (b + d)) / (n * n)
-            return np.where(chance < 1, (observed - chance) / (1 - chance), np.nan)
-
-
-def agreement_figures(clusters: dict[str, list[int]], boot: Bootstrap) -> dict[str, Any]:
-    """Kappa (with interval), raw agreement and a constant answer's score, of the pairs
-    grouped per query (`clusters`: query -> confusion). Pairs: (reference, other)."""
-    cells = [sum(column) for column in zip(*clusters.values(), strict=True)] if clusters else [0, 0, 0, 0]
-    n = sum(cells)
-    passes = cells[0] + cells[2]  # the second's pass answers
-    figures: dict[str, Any] = {"pairs": n, "queries": len(clusters), "confusion": cells}
-    if not n:
-        return {**figures, "kappa": None, "kappa_ci": None, "agreement": None, "constant": None}
-    figures["kappa"] = _round(kappa_of(cells))
-    # resampled in query order: the figures follow from the seed alone, never from hash order
-    figures["kappa_ci"] = boot.interval(boot.kappa(boot.cells([clusters[q] for q in sorted(clusters)])))
-    figures["agreement"] = round((cells[0] + cells[3]) / n, 4)
-    # always answering what the second (people) says most often
-    figures["constant"] = round(max(passes, n - passes) / n, 4)
-    return figures
 
 
 # --- from the files ----------------------------------------------------------------------------
@@ -150,18 +78,6 @@ def read_second_judge(path: Path) -> tuple[dict[str, dict[str, Any]], str | None
         for query in row.get("queries") or []:
             verdicts[query["query_id"]] = query["checks"]
     return verdicts, model
-
-
-def labels_held(events, state: dict, not_scored, items: str) -> dict[str, Any]:
-    """What the labels file held, for a report: its events, reviewers and `items` labelled
-    (queries or dialogues), the reviewers who came from Label Studio, what was not scored."""
-    return {
-        "events": len(events),
-        "reviewers": sorted(state),
-        f"{items}_labelled": len({key for labelled in state.values() for key in labelled}),
-        "label_studio_reviewers": sum(name.startswith(LABEL_STUDIO_REVIEWER) for name in state),
-        "not_scored": not_scored,
-    }
 
 
 class AgreementReport(dict):
@@ -342,198 +258,6 @@ def _answer(event: dict[str, Any]) -> bool | None:
     if value in ("reject", "unsupported"):
         return False
     return human_verdict(event)
-
-
-# --- dialogues (review --dialogues): people beside the simulator ------------------------------
-
-DIALOGUE_REPORT_FILE = "dialogue_agreement.json"
-
-
-def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
-    """Spearman's rho (instruments.judges.spearman); None with fewer than 3 pairs as well."""
-    return None if len(xs) < 3 else judges_spearman(xs, ys)
-
-
-def people_ratings(state: dict[str, dict[str, dict[str, Any]]]) -> dict[str, float]:
-    """item -> people's rating: per reviewer the mean of the three PERM scores (only a
-    reviewer who scored all three counts), then the mean over reviewers."""
-    per_item: dict[str, list[float]] = defaultdict(list)
-    for fields_of in state.values():
-        for item, fields in fields_of.items():
-            scores = [fields.get(f"perm:{d}", {}).get("value") for d in DIMENSIONS]
-            if all(isinstance(s, int) for s in scores):
-                per_item[item].append(sum(scores) / len(scores))
-    return {item: sum(s) / len(s) for item, s in per_item.items()}
-
-
-def scored_dialogue_labels(state, items: dict[str, dict[str, Any]]):
-    """The current labels the figures count, and how many were left out by reason (checked as
-    the page checks a click, against these dialogues)."""
-    kept: dict[str, dict[str, dict[str, Any]]] = {}
-    left_out = dict.fromkeys(NOT_SCORED, 0)
-    for reviewer, fields_of in state.items():
-        for key, fields in fields_of.items():
-            item = items.get(key)
-            for name, event in fields.items():
-                if item is None:
-                    left_out["unknown_query"] += 1
-                    continue
-                try:
-                    checked = dialogue_event({"field": name, "value": event.get("value")}, item, reviewer)
-                except UnknownTarget:
-                    left_out["unknown_target"] += 1
-                    continue
-                except InputError:
-                    left_out["invalid"] += 1
-                    continue
-                kept.setdefault(reviewer, {}).setdefault(key, {})[name] = checked
-    return kept, left_out
-
-
-def compute_dialogue_agreement(
-    paths: Sequence[Path], labels: Path | None, *, resamples: int = 2000, seed: int = 0
-) -> dict[str, Any]:
-    """The three figures, each with n and a 95% interval:
-
-    - `in_character`: people's "in character?" vs the simulator's check, Cohen's kappa over
-      (reviewer, turn) pairs where the check ran, bootstrap interval over dialogues;
-    - `emotion_vs_people`: Spearman's rho of the final emotion with people's rating (the mean
-      PERM score), over the dialogues rated, bootstrap interval over dialogues;
-    - `ranking`: over the queries whose dialogues of two systems were both rated, the share of
-      system pairs that the final emotion orders as people's rating does (ties left out and
-      counted), Wilson interval; and the systems' rankings by mean final emotion and by mean
-      rating over the queries rated for every system.
-    """
-    items = {item["item"]: item for item in read_dialogue_items(paths)}
-    events = read_label_events(labels) if labels is not None and Path(labels).exists() else []
-    state, not_scored = scored_dialogue_labels(current_labels(events), items)
-    boot = Bootstrap(resamples, seed)
-    report: dict[str, Any] = {
-        "dialogues": len(items),
-        "systems": sorted({item["system"] for item in items.values()}),
-        "labels": labels_held(events, state, not_scored, "dialogues"),
-        "resamples": resamples,
-        "seed": seed,
-    }
-
-    # (a) people vs the in_character check
-    clusters: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-    not_checked = 0
-    for fields_of in state.values():
-        for key, fields in fields_of.items():
-            for name, event in fields.items():
-                if not name.startswith("character:"):
-                    continue
-                if "check" not in event:
-                    not_checked += 1
-                    continue
-                cell = confusion([(event["check"], event["value"] == "in")])
-                clusters[key] = [x + y for x, y in zip(clusters[key], cell, strict=True)]
-    figures = agreement_figures(dict(clusters), boot)
-    figures["dialogues"] = figures.pop("queries")
-    figures["labelled_not_checked"] = not_checked  # turns people labelled where the check did not run
-    report["in_character"] = figures
-
-    # (b) final emotion vs people's rating
-    rated = people_ratings(state)
-    keys = sorted(rated)
-    emotion = [items[k]["final_emotion"] for k in keys]
-    rating = [rated[k] for k in keys]
-    rho = spearman(emotion, rating)
-    ci = None
-    if rho is not None:
-        np = boot.np
-        picks = boot.rng.integers(0, len(keys), size=(boot.resamples, len(keys)))
-        values = [spearman([emotion[i] for i in row], [rating[i] for i in row]) for row in picks.tolist()]
-        ci = boot.interval([np.nan if v is None else v for v in values])
-    report["emotion_vs_people"] = {"n": len(keys), "rho": _round(rho), "rho_ci": ci}
-
-    # (c) the supporters' ranking
-    by_query: dict[str, dict[str, str]] = defaultdict(dict)
-    for key in keys:
-        by_query[items[key]["query_id"]][items[key]["system"]] = key
-    agree = pairs = ties = 0
-    for systems in by_query.values():
-        for first, second in itertools.combinations(sorted(systems), 2):
-            a, b = systems[first], systems[second]
-            by_emotion = _sign(items[a]["final_emotion"] - items[b]["final_emotion"])
-            by_people = _sign(rated[a] - rated[b])
-            if not by_emotion or not by_people:
-                ties += 1
-                continue
-            pairs += 1
-            agree += by_emotion == by_people
-    every = sorted({item["system"] for item in items.values()})
-    common = [q for q, systems in by_query.items() if len(every) > 1 and set(systems) == set(every)]
-    mean_emotion = {s: _mean([items[by_query[q][s]]["final_emotion"] for q in common]) for s in every}
-    mean_rating = {s: _mean([rated[by_query[q][s]] for q in common]) for s in every}
-    ranked = lambda means: sorted(every, key=lambda s: (-(means[s] or 0), s))  # noqa: E731
-    report["ranking"] = {
-        "pairs": pairs, "ties": ties, "agree": agree,
-        "share": _round(agree / pairs) if pairs else None, "share_ci": wilson(agree, pairs),
-        "queries": len(common), "mean_final_emotion": mean_emotion, "mean_rating": mean_rating,
-        "by_final_emotion": ranked(mean_emotion) if common else [],
-        "by_people": ranked(mean_rating) if common else [],
-    }  # fmt: skip
-    ranking = report["ranking"]
-    ranking["same"] = bool(common) and ranking["by_final_emotion"] == ranking["by_people"]
-    return report
-
-
-def _sign(value: float) -> int:
-    return (value > 0) - (value < 0)
-
-
-def _mean(values: Sequence[float]) -> float | None:
-    return round(sum(values) / len(values), 4) if values else None
-
-
-def dialogue_agreement_lines(report: dict[str, Any]) -> list[str]:
-    """The three figures as the terminal (and the docs) show them, each with n and its rule."""
-    a, b, c = report["in_character"], report["emotion_vs_people"], report["ranking"]
-    unchecked = a["labelled_not_checked"]
-    ties = c["ties"]
-    lines = [
-        f"people vs the in_character check: κ {interval_text(a, 'kappa')}, agreement "
-        + ("—" if a["agreement"] is None else f"{a['agreement']:.1%} (constant {a['constant']:.1%})")
-        + f", n={a['pairs']} turns of {a['dialogues']} dialogues"
-        + (f" ({unchecked} labelled turns not checked, left out)" if unchecked else ""),
-        f"final emotion vs people's rating (mean PERM 1-5): Spearman ρ {interval_text(b, 'rho')}, "
-        f"n={b['n']} dialogues",
-        f"supporter pairs ordered alike by final emotion and by people: {interval_text(c, 'share', True)}, "
-        f"n={c['pairs']} pairs" + (f" ({ties} tie{'s' if ties != 1 else ''} left out)" if ties else ""),
-    ]  # fmt: skip
-    if c["queries"]:
-        lines.append(
-            f"ranking over the {c['queries']} queries rated for every supporter: by final emotion "
-            f"{' > '.join(c['by_final_emotion'])}; by people {' > '.join(c['by_people'])} "
-            f"({'the same' if c['same'] else 'different'})"
-        )
-    left_out = not_scored_text(report)
-    if left_out:
-        lines.append(f"not scored: {left_out}")
-    return lines
-
-
-def run_dialogue_agreement(options, console) -> dict[str, Any]:
-    """`personaemp agreement --dialogues A [--dialogues B]`: the figures, written to --out-dir
-    (default: agreement/ beside the first file) and printed."""
-    from rich.markup import escape
-
-    paths = [Path(p) for p in options.dialogues]
-    labels = options.labels or paths[0].with_name(LABELS_FILE)
-    if not labels.exists():
-        raise InputError(f"{labels}: no labels", "label dialogues with `personaemp review --dialogues`")
-    report = compute_dialogue_agreement(
-        paths, labels, resamples=options.resamples, seed=options.bootstrap_seed
-    )
-    out = options.out or paths[0].with_name("agreement")
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / DIALOGUE_REPORT_FILE, report)
-    for line in dialogue_agreement_lines(report):
-        console.print(escape(line))
-    console.print(f"wrote {escape(str(out / DIALOGUE_REPORT_FILE))}")
-    return report
 
 
 # --- the second judge --------------------------------------------------------------------------

@@ -79,7 +79,7 @@ import statistics
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -106,6 +106,10 @@ from personaemp.llm.step import Step
 from personaemp.prompts import LAYOUTS, Prompt, load_prompt
 from personaemp.records import DIMENSIONS
 from personaemp.training.options import RewardConfig, checked_arguments
+from personaemp.training.reward_log import StepResult, agreement, summarise, summarise_log
+from personaemp.training.rollouts import Rollout, rollout_from
+from personaemp.training.rollouts import completion_text as completion_text  # its old home
+from personaemp.training.verl_reward import _Shared
 
 log = logging.getLogger("personaemp.reward")
 
@@ -184,103 +188,6 @@ def checked_options(options: RewardOptions, caller: str = "Reward") -> RewardOpt
         options, dynamic=checked.dynamic, samples=checked.samples, bystander=checked.bystander,
         reward_lambda=checked.reward_lambda, joint=checked.joint,
     )  # fmt: skip
-
-
-@dataclasses.dataclass
-class Rollout:
-    """One completion to score and what the judge reads about its query."""
-
-    query_id: str
-    query: str
-    situation: str
-    profile: str
-    memories: list[dict]
-    completion: str
-    user_id: str = ""
-    category: str = ""
-    criteria: dict | None = None
-
-
-@dataclasses.dataclass
-class StepResult:
-    rewards: list[float]
-    rows: list[dict]  # per rollout: status, scores, samples, bystander, harmonic, reward, fallbacks
-    record: dict  # the step's accounting line
-
-
-# --- from the trainers' arguments to rollouts --------------------------------------------------
-
-
-def _plain(value: Any) -> Any:
-    """numpy arrays and scalars (verl's non-tensor batch, pandas-read parquet) as lists and numbers."""
-    if hasattr(value, "tolist") and not isinstance(value, str | bytes):
-        return _plain(value.tolist())
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
-
-
-def completion_text(completion: Any) -> str:
-    """A completion as text: a string, or a conversational completion (a list of messages,
-    the assistant's content joined; TRL's shape), or one message."""
-    completion = _plain(completion)
-    if completion is None:
-        return ""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, Mapping):
-        completion = [completion]
-    if isinstance(completion, list):
-        parts = []
-        for message in completion:
-            if not isinstance(message, Mapping):
-                raise InputError(f"a completion message is not a dict with content: {message!r:.80}")
-            if message.get("role", "assistant") == "assistant":
-                content = message.get("content") or ""
-                parts.append(content if isinstance(content, str) else _text_parts(content))
-        return "\n".join(parts)
-    raise InputError(f"a completion is neither text nor a list of messages: {completion!r:.80}")
-
-
-def _text_parts(content: list) -> str:
-    # Multimodal message content: [{"type": "text", "text": ...}, ...]
-    return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
-
-
-NEEDED = ("query_id", "query", "situation", "memories")
-
-
-def rollout_from(completion: Any, info: Mapping[str, Any], where: str) -> Rollout:
-    """A rollout from a completion and its row (TRL columns or verl extra_info)."""
-    info = _plain(info) or {}
-    lacking = [key for key in NEEDED if key not in info]
-    if "persona" not in info and "profile" not in info:
-        lacking.append("persona")
-    if lacking:
-        raise InputError(
-            f"{where}: no {', '.join(lacking)} for the judge",
-            "train on rows written by `personaemp export` (they carry what the reward needs)",
-        )
-    memories = info["memories"] or []
-    memories = [
-        m if isinstance(m, Mapping) else {"memory_id": f"m{n}", "value": str(m)}
-        for n, m in enumerate(memories, 1)
-    ]
-    return Rollout(
-        query_id=str(info["query_id"]),
-        query=str(info["query"]),
-        situation=str(info["situation"] or ""),
-        profile=str(info.get("persona", info.get("profile")) or ""),
-        memories=[
-            {"memory_id": str(m.get("memory_id", "")), "value": str(m.get("value", ""))} for m in memories
-        ],
-        completion=completion_text(completion),
-        user_id=str(info.get("user_id") or ""),
-        category=str(info.get("category") or ""),
-        criteria=info.get("criteria") or None,
-    )
 
 
 # --- running a coroutine from any caller -------------------------------------------------------
@@ -661,223 +568,11 @@ def _cap_at_lowest(rows: list[dict]) -> None:
             row["reward"] = min(row["reward"], min(whole))
 
 
-# --- verl's per-rollout calls: one engine per process ----------------------------------------
-
-
-def _since(now, base):
-    """The engine's totals now, less those at a step's start: what the step cost."""
-    delta = dataclasses.replace(now, failures=Counter(now.failures))
-    for field in dataclasses.fields(now):
-        if field.name not in ("failures", "slowest"):
-            setattr(delta, field.name, getattr(now, field.name) - getattr(base, field.name))
-    delta.failures.subtract(base.failures)
-    delta.failures = +delta.failures
-    return delta
-
-
-class _Shared:
-    """The engine of a reward's per-rollout calls (`compute_score`, `compute_score_async`).
-
-    verl's reward loop scores a step one rollout a call, from executor threads (a sync
-    function) or as tasks on its loop (an async one). Were each call to open its own engine,
-    every call would bring its own HTTP client and concurrency cap (so requests in flight
-    would add up past [llm] concurrency), and identical rollouts would all be judged. Here one
-    event loop, in a daemon thread of this process, holds one engine (endpoints, HTTP client,
-    cache, cap) for every per-rollout call of the reward: a call from any thread or loop hands
-    its rollout over and waits for the score. An identical rollout already in flight is not
-    judged again: its caller waits for the same judgment.
-
-    A step (one line of the log) is the rollouts scored from the first call until no call has
-    been in flight for `step_gap` seconds: verl scores a step's rollouts together, then
-    updates the policy, so the reward is idle between steps. `flush()` ends a step at once.
-    A forked child starts its own (`Reward._service` checks the process id)."""
-
-    def __init__(self, reward: Reward):
-        self.reward = reward
-        self.pid = os.getpid()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self._run, name="personaemp-reward", daemon=True)
-        self.engine = None
-        self._stack: contextlib.AsyncExitStack | None = None
-        self._opening: asyncio.Lock | None = None
-        self._judging: dict[str, asyncio.Future] = {}  # rollout key -> its judgment in flight
-        self._step: dict | None = None  # the open step: rows, keys, start, engine totals then
-        self._active = 0  # calls in flight
-        self._closer: asyncio.TimerHandle | None = None
-        self.thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def submit(self, rollout: Rollout) -> concurrent.futures.Future:
-        return asyncio.run_coroutine_threadsafe(self._score(rollout), self.loop)
-
-    async def _open(self):
-        if self.engine is None:
-            from personaemp.llm.session import open_engine
-
-            self._opening = self._opening or asyncio.Lock()
-            async with self._opening:
-                if self.engine is None:
-                    stack = contextlib.AsyncExitStack()
-                    engine = await stack.enter_async_context(
-                        open_engine(self.reward.settings, notify=log.warning)
-                    )
-                    engine.answered = engine.answered or self.reward._answered
-                    self._stack, self.engine = stack, engine
-        return self.engine
-
-    async def _score(self, rollout: Rollout) -> float:
-        unit = self.reward._unit(rollout)
-        engine = await self._open()
-        step = self._begin(engine)
-        try:
-            key = unit["key"]
-            task = self._judging.get(key)
-            if task is None:
-                task = asyncio.ensure_future(self.reward._judge(engine, unit))
-                self._judging[key] = task
-                task.add_done_callback(lambda _, key=key: self._judging.pop(key, None))
-            step["keys"].add(key)
-            judged = await asyncio.shield(task)
-            step["rows"].append({"query_id": unit["query_id"], **judged})
-            self.reward._answered = self.reward._answered or engine.answered
-            return judged["reward"]
-        finally:
-            self._end(step)
-
-    def _begin(self, engine) -> dict:
-        if self._closer is not None:
-            self._closer.cancel()
-            self._closer = None
-        if self._step is None:
-            self._step = {"rows": [], "keys": set(), "started": time.perf_counter(),
-                          "ended": None, "base": engine.accounting.totals()}  # fmt: skip
-        self._active += 1
-        return self._step
-
-    def _end(self, step: dict) -> None:
-        self._active -= 1
-        step["ended"] = time.perf_counter()
-        if self._active == 0 and self._step is step:
-            self._closer = self.loop.call_later(self.reward.step_gap, self._close_step)
-
-    def _close_step(self) -> None:
-        step, self._step, self._closer = self._step, None, None
-        if step is None or not step["rows"]:
-            return
-        totals = _since(self.engine.accounting.totals(), step["base"])
-        seconds = (step["ended"] or time.perf_counter()) - step["started"]
-        self.reward._record(step["rows"], len(step["keys"]), totals, seconds, None)
-
-    async def _flush(self) -> None:
-        while self._active:  # the step ends once its rollouts in flight are done
-            await asyncio.sleep(0.01)
-        if self._closer is not None:
-            self._closer.cancel()
-        self._close_step()
-
-    def flush(self) -> None:
-        if self.thread.is_alive():
-            asyncio.run_coroutine_threadsafe(self._flush(), self.loop).result()
-
-    async def _shutdown(self) -> None:
-        await self._flush()
-        if self._stack is not None:
-            await self._stack.aclose()
-        self._stack = self.engine = None
-
-    def close(self) -> None:
-        if not self.thread.is_alive():
-            return
-        try:
-            asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result()
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join()
-            self.loop.close()
-
-
 def _judge_view(options: RewardOptions):
     """check_sampling reads `samples` as evaluate's options carry it."""
     from personaemp.instruments.judges import JudgeOptions
 
     return JudgeOptions(dynamic=options.dynamic, samples=options.samples, bystander=options.bystander)
-
-
-def summarise(records: Iterable[dict]) -> dict:
-    """Steps' accounting lines added up: totals, and calls and tokens per judged rollout."""
-    records = list(records)
-    total: dict[str, Any] = {"steps": len(records)}
-    summed = ("rollouts", "distinct", "judged", "empty", "cut_in_reasoning", "calls", "requests",
-              "cache_hits", "reasks", "prompt_tokens", "completion_tokens", "unparsed_samples")  # fmt: skip
-    for key in summed:
-        total[key] = sum(record.get(key, 0) for record in records)
-    cached = [record.get("cached_tokens") for record in records]
-    total["cached_tokens"] = sum(cached) if cached and all(c is not None for c in cached) else None
-    total["seconds"] = round(sum(record.get("seconds", 0.0) for record in records), 3)
-    for key in ("failures", "fallbacks"):
-        counter: Counter = Counter()
-        for record in records:
-            counter.update(record.get(key, {}))
-        total[key] = dict(counter)
-    judged = total["judged"]
-    total["calls_per_rollout"] = round(total["calls"] / judged, 3) if judged else 0.0
-    total["requests_per_rollout"] = round(total["requests"] / judged, 3) if judged else 0.0
-    tokens = total["prompt_tokens"] + total["completion_tokens"]
-    total["tokens_per_rollout"] = round(tokens / judged, 1) if judged else 0.0
-    if records:
-        total["mode"] = records[-1].get("mode")
-        total["authors_calls_per_rollout"] = records[-1].get("authors_calls_per_rollout")
-    return total
-
-
-def agreement(first: StepResult, second: StepResult) -> dict:
-    """How far two instruments agree on the same rollouts (e.g. per-dimension vs joint):
-    per dimension, on H and on the reward, the rank correlation (Spearman) and the mean
-    absolute difference, over the rollouts both judged."""
-    from personaemp.instruments.judges import spearman
-
-    if len(first.rows) != len(second.rows):
-        raise InputError(f"{len(first.rows)} rollouts against {len(second.rows)}: not the same batch")
-    pairs = [
-        (a, b) for a, b in zip(first.rows, second.rows, strict=True) if a["status"] == b["status"] == "judged"
-    ]
-    pick = {d: (lambda row, d=d: row["scores"][d]) for d in DIMENSIONS}
-    pick["harmonic"] = lambda row: row["harmonic"]
-    pick["reward"] = lambda row: row["reward"]
-    found: dict[str, Any] = {"rollouts": len(pairs)}
-    for name, value in pick.items():
-        a, b = [value(x) for x, _ in pairs], [value(y) for _, y in pairs]
-        rho = spearman(a, b)
-        found[name] = {
-            "spearman": None if rho is None else round(rho, 4),
-            "mean_abs_diff": round(statistics.fmean(abs(x - y) for x, y in zip(a, b, strict=True)), 4)
-            if pairs
-            else None,
-        }
-    return found
-
-
-def summarise_log(path: Path | str) -> dict:
-    """`summarise` over a reward log (JSONL, one line per step)."""
-    path = Path(path)
-    records = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise InputError(
-            f"{path}: cannot read the reward log ({exc.strerror or type(exc).__name__})"
-        ) from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except ValueError as exc:
-            raise InputError(f"{path}:{number}: not a JSON line ({exc})") from None
-    return summarise(records)
 
 
 class PereGRM(Reward):
