@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from personaemp.cli import app
 from personaemp.errors import InputError
 from personaemp.records import DIMENSIONS
-from personaemp.review.agreement import people_ratings, scored_dialogue_labels
+from personaemp.review.dialogue_agreement import people_ratings, scored_dialogue_labels
 from personaemp.review.dialogues import read_dialogue_items
 from personaemp.review.page import (
     LabelFile,
