@@ -71,7 +71,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 def foreign_environment(base_url: str, *, invalid: bool = True) -> dict[str, str]:
     """The README's exports pointing at `base_url`; with `invalid`, an invalid value in every
-    other PERSONAEMP_* variable an option declares, and a proxy."""
+    other PERSONAEMP_* variable an option declares. (No proxy: `make test`'s own steps, pip
+    and apt for chromium when missing, would send their requests to it, not the tests.)"""
     readme = {"OPENAI_API_KEY": FOREIGN_KEY, "OPENAI_BASE_URL": base_url, "PERSONAEMP_MODEL": FOREIGN_MODEL}
     if not invalid:
         return readme
@@ -85,7 +86,6 @@ def foreign_environment(base_url: str, *, invalid: bool = True) -> dict[str, str
         "PERSONAEMP_CONFIG": "/nonexistent/personaemp.toml",
         "PERSONAEMP_PROMPTS": "/nonexistent/prompts", "PERSONAEMP_CONCURRENCY": "-3",
         "PERSONAEMP_WORK_DIR": "/nonexistent/work", "PERSONAEMP_REWARD_LOG": "/nonexistent/reward.log",
-        "HTTPS_PROXY": base_url, "HTTP_PROXY": base_url,
     })  # fmt: skip
     return env
 
