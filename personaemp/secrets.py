@@ -76,13 +76,11 @@ def secret_name(name: str) -> bool:
 
 
 def shown_assignment(item: str, separator: str = "=") -> str:
-    """`name=value` as an error may show it: the value masked (and remembered, so `redact`
-    masks it anywhere else) when the name is a credential's."""
-    name, equals, value = item.partition(separator)
-    if equals and secret_name(name):
-        register(value.strip())
-        return f"{name}{equals}{MASK}"
-    return item
+    """`name=value` as an error may show it: the value masked when the name is a credential's.
+    (Not registered for `redact`: a refused value may be any word, "none" or "true", which
+    would then be masked in every later line of the process.)"""
+    name, equals, _ = item.partition(separator)
+    return f"{name}{equals}{MASK}" if equals and secret_name(name) else item
 
 
 # Query parameters that carry a credential (Azure's api-key, Google's key, signed URLs...).

@@ -16,7 +16,6 @@ from conftest import REPO, SAMPLE_TASK1
 
 from personaemp.config import load_config, set_flags
 from personaemp.errors import InputError
-from personaemp.secrets import redact
 
 
 def personaemp(cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -42,7 +41,6 @@ def test_set_never_shows_a_value_given_for_a_key_like_name(item):
     assert "SECRET-9f8e" not in str(caught.value)
     assert "secrets do not belong on the command line" in str(caught.value)
     assert "[redacted]" in str(caught.value)
-    assert redact(f"echoed: {item.partition('=')[2]}") == "echoed: [redacted]"  # masked anywhere later
 
 
 def test_the_cli_refusal_of_a_key_on_the_command_line_does_not_print_it(tmp_path):

@@ -26,7 +26,7 @@ from personaemp.options import (
     SplitsFolder,
     declare,
 )
-from personaemp.secrets import secret_name, shown_assignment
+from personaemp.secrets import shown_assignment
 
 
 @declare("criteria")
@@ -120,8 +120,6 @@ def _judge_specs(value: Any) -> Any:
                     raise OptionProblem(
                         "judges", f"takes name=NAME;model=MODEL;base_url=URL;key_env=VAR, not {shown!r}"
                     )
-                if secret_name(key):
-                    shown_assignment(part)  # remembered: masked wherever the refusal shows it
                 table[key.strip()] = text.strip()
             item = table
         found.append(item)
