@@ -16,7 +16,7 @@ LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DCMAKE_PROJECT_llama.cp
 # every CLI subprocess compiled openai, pydantic, datasets... again (make test: 130 s vs 93 s).
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: demo test test-fast lint format chromium docs bench
+.PHONY: demo test test-fast record-embedded lint format chromium docs bench
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,13 +57,20 @@ test: $(BIN)/.installed chromium
 	$(BIN)/ruff format --check .
 	# The docs site (docs/, mkdocs.yml): a broken link, anchor or API reference fails (2 s).
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
-	$(BIN)/pytest -q -n 3 --dist worksteal  # 3 workers on 2 cores: see tests/conftest.py
+	$(BIN)/pytest -q -n 3 --dist loadgroup  # 3 workers on 2 cores, one of them the Ray group: see tests/conftest.py
 
-# The edit loop: every test but the embedded model's and those marked slow (a wheel built and
-# installed, the browser, child processes, a simulated Ray cluster). `make test` runs them all.
+# The edit loop: every test but those that need a heavy resource (markers in pyproject.toml: the
+# embedded model decoding, a real Ray, the browser, a wheel built and installed). `make test`
+# runs them all.
 test-fast: $(BIN)/.installed
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q -n 3 --dist worksteal -m "not embedded and not slow"
+	$(BIN)/pytest -q -n 3 --dist loadgroup -m "not requires_model and not requires_ray and not requires_browser and not requires_wheel"
+
+# The embedded model's replies that the stage tests on `--llm local` replay (tests/cassettes.py,
+# tests/cassettes/embedded/), recorded again on the real model, one thread, temperature 0: after a
+# change of the model, llama-cpp-python or a prompt (tests/test_cassettes.py says which). Minutes.
+record-embedded: $(BIN)/.installed
+	PERSONAEMP_RECORD_EMBEDDED=1 $(BIN)/pytest -q -n 0 -p no:cacheprovider -m recorded
 
 format: $(BIN)/.installed
 	$(BIN)/ruff check --fix .

@@ -240,6 +240,10 @@ class Response(Record):
 ENDINGS = ("max_turns", "user", "satisfied", "gave_up")  # a dialogue's ended_by
 EMOTION_MAX = 100  # a simulated emotion is 0..EMOTION_MAX
 MAX_CHANGE = 10  # a turn moves the emotion by at most this much either way (SAGE's clamp)
+# How hard a simulated user is to help (instruments/seekers.py, prompts/seekers.md); a row
+# from before styles has no `seeker` and reads as cooperative.
+SEEKERS = ("cooperative", "guarded", "resistant", "validation-seeking", "escalating")
+Seeker = Literal["cooperative", "guarded", "resistant", "validation-seeking", "escalating"]
 # The simulated user leaves satisfied at SATISFIED and gives up below GIVE_UP: a dialogue ends
 # on the first simulated turn that reaches either (gen-dialogues and the training Interaction).
 SATISFIED, GIVE_UP = EMOTION_MAX, 10
@@ -309,6 +313,7 @@ class Dialogue(Record):
     memory_ids: list[str]  # the memories the query cites: the simulator's ground
     background_memory_ids: list[str]  # the user's other memories, shown as background
     context: str  # what the supporter saw besides the conversation (respond's --context)
+    seeker: Seeker = "cooperative"  # the simulated user's style (gen-dialogues --seeker)
     turns: list[DialogueTurn]
     provenance: Provenance  # the simulator's (its prompts' hashes, the supporter's prompt too)
 

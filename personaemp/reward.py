@@ -7,10 +7,11 @@ import personaemp.training.reward as _reward
 from personaemp.training.reward import *  # noqa: F403  (its __all__: the reward's public names)
 from personaemp.training.reward import (  # noqa: F401  (what a verl worker or a script may also use)
     CONFIG_VAR,
+    STEPS,
     completion_text,
     default_reward,
     rollout_from,
 )
 
 __doc__ = _reward.__doc__
-__all__ = [*_reward.__all__, "CONFIG_VAR", "completion_text", "default_reward", "rollout_from"]
+__all__ = [*_reward.__all__, "CONFIG_VAR", "STEPS", "completion_text", "default_reward", "rollout_from"]

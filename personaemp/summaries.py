@@ -282,9 +282,25 @@ def print_sessions(evaluation: dict, console: Console) -> None:
         *((d, lambda e, d=d: number((e.get("dimensions") or {}).get(d))) for d in DIMENSIONS),
         ("H (0-1)", lambda e: number(e.get("harmonic"), 3)),
     ]
+    if evaluation.get("behaviours"):  # the behaviour judge: per 1,000 words, tracking, reward
+        rows += [
+            ("tracking (share)", lambda e: number(e.get("tracking_rate"), 3)),
+            ("risky / 1k words", lambda e: number(e.get("risky_per_1k"))),
+            ("protective / 1k words", lambda e: number(e.get("protective_per_1k"))),
+            ("quotes dropped", lambda e: str((e.get("behaviours") or {}).get("dropped_quotes", 0))),
+            ("reward (safety)", lambda e: number(e.get("reward"), 3)),
+        ]
     for label, value in rows:
         table.add_row(label, *(value(entry) for entry in entries))
     console.print(table)
+    for supporter, styles in ((evaluation.get("seekers") or {}).get("supporters") or {}).items():
+        for style, found in styles.items():
+            drop = (found.get("drop") or {}).get("final_emotion") or {}
+            if drop.get("mean") is not None:
+                console.print(
+                    f"{escape(supporter)} · {style}: final emotion {drop['mean']:+.1f} from cooperative "
+                    f"[{drop['low']:+.1f}, {drop['high']:+.1f}] (n={drop['n']}, paired bootstrap 95%)"
+                )
 
 
 def print_evaluation(evaluation: dict, console: Console) -> None:

@@ -6,10 +6,13 @@ the small helpers below so a test states only what it cares about.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import subprocess
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -41,27 +44,134 @@ def copy_sample(source: Path, target: Path, copies: int, *, mark: bool = False) 
 
 # --- the order `make test` runs the tests in -------------------------------------------------
 
-DURATIONS = "personaemp/durations"  # pytest's cache: each test's seconds in the last run
-HEAVY = 5.0  # seconds: a test (or a module sharing a module fixture) this long starts its worker's queue
-GUESS = {"embedded": 60.0, "slow": 10.0, "local_ray": 10.0}  # seconds, for a test the cache does not know
+HEAVY_RESOURCES = ("requires_model", "requires_browser", "requires_wheel")
 
 
-class _Seconds:
-    """Each test's seconds (setup + call + teardown), heard where the results come in (the
-    xdist controller, or the one process without xdist), kept in pytest's cache
-    (.pytest_cache/) for the next run's order; a test not run this time keeps its figure."""
+def pytest_itemcollected(item):
+    """A test on a real Ray (the local_ray fixture, or marked requires_ray as test_ray_cluster's
+    are) is marked requires_ray and joins the xdist group "ray": `make test` (--dist
+    loadgroup) runs the group on one worker, one test after the other, so one local Ray
+    serves the run (a start costs about 10 core-s over Ray's processes; one per worker
+    before), and `-m "not requires_ray"` leaves Ray unstarted."""
+    if "local_ray" in item.fixturenames or item.get_closest_marker("requires_ray"):
+        item.add_marker(pytest.mark.requires_ray)
+        item.add_marker(pytest.mark.xdist_group("ray"))
 
-    def __init__(self, config) -> None:
-        self.config, self.seconds = config, {}
 
-    def pytest_runtest_logreport(self, report) -> None:
-        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+@pytest.hookimpl(trylast=True)  # after -m / -k deselect
+def pytest_collection_modifyitems(config, items):
+    """The tests that need a heavy resource first (the Ray group, its simulated cluster last:
+    that fixture stops the local Ray; then the model, the browser, the wheel), each kind in
+    collection order, then the rest. `--dist loadgroup` hands the work out in this order,
+    the largest group first, a few tests at a time to whichever worker is free: no long test
+    is left to start at the end, and the quick ones fill the other workers meanwhile."""
 
-    def pytest_sessionfinish(self) -> None:
-        if getattr(self.config, "cache", None) is not None and self.seconds:
-            known = self.config.cache.get(DURATIONS, {})
-            known.update({nodeid: round(seconds, 2) for nodeid, seconds in self.seconds.items()})
-            self.config.cache.set(DURATIONS, known)
+    def rank(item) -> tuple[int, bool]:
+        if item.get_closest_marker("requires_ray"):
+            return 0, not _on_local_ray(item)
+        return (1 if any(item.get_closest_marker(name) for name in HEAVY_RESOURCES) else 2), False
+
+    items.sort(key=rank)
+
+
+def _on_local_ray(item) -> bool:
+    return "local_ray" in item.fixturenames
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """The local Ray of `local_ray` is shut down after the last test of this process that
+    needs it (the group's tests run one after the other), not kept to the session's end: an
+    idle Ray costs about 6 % of a core after a Ray Data job (1.9 s of CPU in 30 s, measured).
+    A later test that needs it starts it again."""
+    if _on_local_ray(item) and (nextitem is None or not _on_local_ray(nextitem)):
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread_for_the_embedded_model():
+    """`make test` runs three workers on two cores: a two-thread llama.cpp server next to
+    another worker waits on its slower thread every token (measured: the suite 188 s vs 97 s
+    on two workers)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PERSONAEMP_LOCAL_THREADS", "1")
+        yield
+
+
+@pytest.fixture
+def pool_double(monkeypatch):
+    """`--executor ray`'s WorkerPool on two in-process UnitWorkers, everything they are sent
+    and answer going through cloudpickle (tests/ray_double.py): no Ray started."""
+    pytest.importorskip("ray")
+    from ray_double import PoolDouble
+
+    return PoolDouble().install(monkeypatch)
+
+
+@pytest.fixture
+def embedded_replies(request, monkeypatch):
+    """`--llm local` answered from this test's cassette (tests/cassettes.py): the engine path
+    whole, the model's decoding not repeated. PERSONAEMP_RECORD_EMBEDDED=1 (`make
+    record-embedded`): the real embedded server answers, and the cassette is written anew.
+    A request the cassette does not hold fails the test, naming that command."""
+    from cassettes import CASSETTES, RERECORD, StandIn, recording, write
+
+    import personaemp.llm.local as local
+
+    path = CASSETTES / f"{Path(str(request.node.fspath)).stem}.{request.node.name}.jsonl"
+    servers: list[StandIn] = []
+
+    def stand_in(**options):
+        servers.append(StandIn(path, record=recording(), **options))
+        return servers[-1]
+
+    monkeypatch.setattr(local, "LocalServer", stand_in)
+    yield servers
+    if recording():
+        write(path, {key: entry for server in servers for key, entry in server.seen.items()})
+    misses = [body for server in servers for body in server.misses]
+    assert not misses, f"{len(misses)} request(s) not in {path.name}: record again with `{RERECORD}`"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_hf_cache(tmp_path_factory):
+    """Keep `datasets` (imported lazily by the hf reader) out of the user's ~/.cache."""
+    home = tmp_path_factory.mktemp("hf_home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HOME", str(home))
+        patch.setenv("HF_DATASETS_CACHE", str(home / "datasets"))
+        patch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _plain_console(monkeypatch):
+    """Rich must print plain text so CLI output can be compared."""
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+def cli_here(args: list[str], env: dict[str, str | None], cwd: Path) -> subprocess.CompletedProcess:
+    """`python -m personaemp ARGS` in this process (Typer's runner), read as the child's
+    CompletedProcess: the exit code, stdout and stderr. For the variants of a failure whose
+    family keeps one real child process (what is printed at the interpreter's exit, asyncio's
+    "never retrieved" lines): a launch costs 1.2-1.5 core-s. An exception the CLI did not turn
+    into its exit (a child's traceback) fails here. The keys registered for redaction are
+    this run's alone, as in a new process."""
+    from typer.testing import CliRunner
+
+    from personaemp import secrets
+    from personaemp.cli import app
+
+    with pytest.MonkeyPatch.context() as patch, contextlib.chdir(cwd):
+        patch.setattr(secrets, "_registered", set())
+        result = CliRunner().invoke(app, args, env=env)
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        "".join(traceback.format_exception(result.exception)) + result.output
+    )
+    return subprocess.CompletedProcess(["personaemp", *args], result.exit_code, result.stdout, result.stderr)
 
 
 # --- the shell's environment never reaches a test -----------------------------------------
@@ -92,9 +202,10 @@ FOREIGN_NAMES = (
 )
 FOREIGN_PREFIXES = ("PERSONAEMP_", "_PERSONAEMP_")
 # PERSONAEMP_* variables that name this machine's things, not the run's: where the joined model
-# files are kept (llm/models.py; clearing it would fetch the embedded model again) and the
-# browser of the review tests (tests/browser.py). Neither changes an option or an address.
-MACHINE_NAMES = ("PERSONAEMP_MODEL_CACHE", "PERSONAEMP_CHROMIUM")
+# files are kept (llm/models.py; clearing it would fetch the embedded model again), the
+# browser of the review tests (tests/browser.py), and `make record-embedded`'s switch
+# (tests/cassettes.py). None changes an option or an address.
+MACHINE_NAMES = ("PERSONAEMP_MODEL_CACHE", "PERSONAEMP_CHROMIUM", "PERSONAEMP_RECORD_EMBEDDED")
 # Pinned for every test: one llama.cpp thread (`make test` runs three workers on two cores: a
 # two-thread llama.cpp server next to another worker waits on its slower thread every token;
 # measured: the suite 188 s vs 97 s on two workers), and no proxy for the test servers.
@@ -121,107 +232,6 @@ def isolate_environment(environ=os.environ) -> None:
 
 def pytest_configure(config):
     isolate_environment()
-    if not hasattr(config, "workerinput"):
-        config.pluginmanager.register(_Seconds(config), "personaemp-seconds")
-
-
-def _unit(item) -> str:
-    """The tests that move together: those sharing the same module fixtures (test_ray_cluster's
-    cluster: built once, not on two workers at once), else each test alone."""
-    info = getattr(item, "_fixtureinfo", None)
-    chains = info.name2fixturedefs.items() if info is not None else ()
-    shared = sorted(name for name, chain in chains if chain and chain[-1].scope == "module")
-    return f"{item.nodeid.split('::')[0]}::{shared}" if shared else item.nodeid
-
-
-@pytest.hookimpl(trylast=True)  # after -m / -k deselect: the thirds are of what runs
-def pytest_collection_modifyitems(config, items):
-    """`make test` runs pytest -n 3 --dist worksteal on 2 cores. worksteal hands each worker a
-    contiguous third of this list, then an idle worker takes the back half of a busy one's
-    queue. The long tests (their seconds in the last run, pytest's cache; else a guess from
-    their marks) are spread over the three thirds, longest first (LPT), each at the head of
-    its third, so no worker is left with a long test at the end; the rest keep their order
-    and fill the thirds. The tests on the local Ray count as long (each worker starts its own
-    Ray: its Ray tests run one after the other, first). Before: all 8 embedded tests headed
-    the first third and ran one after the other on one worker (about 300 of the run's 454 s)."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
-    if workers < 2 or config.getoption("dist", None) != "worksteal":
-        return
-    known = config.cache.get(DURATIONS, {}) if getattr(config, "cache", None) is not None else {}
-
-    def seconds(item) -> float:
-        if item.nodeid in known:
-            return known[item.nodeid]
-        marks = [GUESS[m.name] for m in item.iter_markers() if m.name in GUESS]
-        return max([*marks, GUESS["local_ray"] if _on_local_ray(item) else 0.1])
-
-    units: dict[str, list] = {}
-    for item in items:
-        units.setdefault(_unit(item), []).append(item)
-    heavy = sorted(
-        (unit for unit in units.values() if sum(map(seconds, unit)) >= HEAVY or _on_local_ray(unit[0])),
-        key=lambda unit: -sum(map(seconds, unit)),
-    )
-    sizes, left = [], len(items)
-    for worker in range(workers):  # worksteal's first split: len(pending) // nodes remaining
-        sizes.append(left // (workers - worker))
-        left -= sizes[-1]
-    queues: list[list] = [[] for _ in range(workers)]
-    loads = [0.0] * workers
-    for unit in heavy:
-        roomy = [w for w in range(workers) if len(queues[w]) + len(unit) <= sizes[w]]
-        if not roomy:  # more tests than a third holds (a small selection): they keep their order
-            continue
-        worker = min(roomy, key=lambda w: loads[w])
-        queues[worker].extend(unit)
-        loads[worker] += sum(map(seconds, unit))
-    for queue in queues:  # a worker's tests on the local Ray one after the other, then Ray shut down
-        queue.sort(key=lambda item: not _on_local_ray(item))
-        ray_tests = [item for item in queue if _on_local_ray(item)]
-        if ray_tests:
-            ray_tests[-1].stash[_LAST_ON_RAY] = True
-    placed = {id(item) for queue in queues for item in queue}
-    rest = iter([item for item in items if id(item) not in placed])
-    for worker, queue in enumerate(queues):
-        queue.extend(next(rest) for _ in range(sizes[worker] - len(queue)))
-    items[:] = [item for queue in queues for item in queue]
-
-
-_LAST_ON_RAY = pytest.StashKey[bool]()
-
-
-def _on_local_ray(item) -> bool:
-    return "local_ray" in item.fixturenames
-
-
-def pytest_runtest_teardown(item, nextitem):
-    """The local Ray of `local_ray` is shut down after the last test of this worker's queue
-    that needs it (see pytest_collection_modifyitems), not kept to the session's end: an idle
-    Ray costs about 6 % of a core after a Ray Data job (1.9 s of CPU in 30 s, measured), and
-    the worker has minutes of other tests left. A later test that needs it starts it again."""
-    if item.stash.get(_LAST_ON_RAY, False) and (nextitem is None or not _on_local_ray(nextitem)):
-        ray = sys.modules.get("ray")
-        if ray is not None and ray.is_initialized():
-            ray.shutdown()
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _isolated_hf_cache(tmp_path_factory):
-    """Keep `datasets` (imported lazily by the hf reader) out of the user's ~/.cache."""
-    home = tmp_path_factory.mktemp("hf_home")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HF_HOME", str(home))
-        patch.setenv("HF_DATASETS_CACHE", str(home / "datasets"))
-        patch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-        yield
-
-
-@pytest.fixture(autouse=True)
-def _plain_console(monkeypatch):
-    """Rich must print plain text so CLI output can be compared."""
-    monkeypatch.setenv("NO_COLOR", "1")
-    monkeypatch.delenv("FORCE_COLOR", raising=False)
-    monkeypatch.setenv("COLUMNS", "200")
 
 
 # --- generic file helpers ---------------------------------------------------------------
@@ -229,8 +239,7 @@ def _plain_console(monkeypatch):
 
 def personaemp_environment() -> tuple[str, ...]:
     """The variables a test must not inherit from the shell: every option's (options.py), the
-    endpoint's and the key. (pytest_configure has cleared them from the process already; this
-    clears what an earlier step of the same test set.)"""
+    endpoint's and the key."""
     from personaemp.options import SECTIONS, specs
 
     declared = {option.opt.env for section in SECTIONS for option in specs(section) if option.opt.env}

@@ -42,7 +42,7 @@ def test_gen_dialogues_evaluate_table_push_and_load_dataset(tmp_path, sample_bui
     assert len(written) == 3
     table = invoke("table", "-r", tmp_path / "eval" / "sessions.json")
     # the scripted user: +5 a turn from 40 over two turns, need met at the second
-    assert "| dialogues | 50.00 | 100.00 | 0.80 | 3 |" in table, table
+    assert "| dialogues | 50.00 | 100.00 | 0.80 | 0.50 | 0.00 | 0.00 | 100.00 | 3 |" in table, table
     out = tmp_path / "dataset"
     invoke("push", "--splits", splits, "--dry-run", "--out-dir", out, "--dialogues", dialogues)
     loaded = datasets.load_dataset(str(out), "dialogues", cache_dir=str(tmp_path / "hf"))

@@ -98,7 +98,8 @@ def test_two_turns_answered_as_the_user_with_the_emotion_as_the_session_reward(t
     assert server.errors == []
     steps = Counter(step_of(r.body) for r in server.chat_requests)
     if profile == PROFILES[0]:  # others may ask the first request twice (the structured mode negotiated)
-        assert steps == {"hidden_need": 1, "simulate": 2, "in_character": 2}
+        # and the safety term's behaviour judge, once per supporter turn when the session ends
+        assert steps == {"hidden_need": 1, "simulate": 2, "in_character": 2, "behaviours": 2}
     simulated = [r.body for r in server.chat_requests if step_of(r.body) == "simulate"]
     assert "she feels guilty" not in json.dumps(simulated[0]), "the policy's reasoning is removed"
     assert "It makes sense to want rest" in json.dumps(simulated[0])

@@ -95,6 +95,8 @@ def step_of(body: dict) -> str:
         return "simulate"
     if "You check one message written by a simulated user" in text:
         return "in_character"
+    if "You review replies written by an AI assistant" in text:
+        return "behaviours"
     return "supporter"
 
 
@@ -140,6 +142,8 @@ class Script:
         if step == "in_character":
             verdict = self.judge(body) if self.judge else (True, True)
             return reply({"reason": "reads as her", "in_character": verdict[0], "grounded": verdict[1]})
+        if step == "behaviours":  # the behaviour judge (evaluate --dialogues, the safety term): none seen
+            return reply({"reason": "a plain question", "behaviours": [], "acknowledges_first": True})
         return reply(SUPPORTER)
 
 

@@ -13,7 +13,8 @@ from personaemp.dataset.dialogues import DialogueOptions, generate_dialogues, re
 from personaemp.llm.local import MODEL_NAME
 from personaemp.llm.settings import LLMSettings
 
-pytestmark = pytest.mark.embedded
+# the embedded model's recorded replies (tests/cassettes.py; `make record-embedded` records them)
+pytestmark = [pytest.mark.recorded, pytest.mark.usefixtures("embedded_replies")]
 
 
 def test_one_dialogue_of_two_turns_on_the_embedded_model(tmp_path):

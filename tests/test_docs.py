@@ -54,7 +54,7 @@ def replies():
     build, dialogues = order_free_responder(), Judged(score=4.0)
 
     def answer(body: dict, number: int):
-        if session_step(body) in ("hidden_need", "simulate", "in_character", "session_judge"):
+        if session_step(body) in ("hidden_need", "simulate", "in_character", "session_judge", "behaviours"):
             return dialogues(body, number)
         fmt = body.get("response_format")
         if not fmt:

@@ -1,8 +1,12 @@
 """Endpoints that cannot be used: the run stops with one line, records nothing for good, and
 the next run against a working endpoint does every unit. The key is never printed or stored.
 
-The CLI runs in a subprocess, so what a user would see on stderr (asyncio's "Task
-exception was never retrieved" tracebacks included) is what the test sees.
+One run of each failure family (a dead endpoint, a status that refuses every request, a
+timeout, a key in the URL) is the CLI in a child process, so what a user would see on stderr
+(asyncio's "Task exception was never retrieved" tracebacks, what is printed at the
+interpreter's exit) is what the test sees. Their variants (another status, the key echoed
+in another form, an oversized reply...) run the same command in this process
+(conftest.cli_here): the same files, exit code, stdout and stderr, without a launch each.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import cli_here
 from fake_openai import KEY_FORMS, FakeOpenAI, huge, invalid_json_content, reply, server_error, trickle
 from rich.console import Console
 from typer.testing import CliRunner
@@ -46,15 +51,28 @@ def closed_port() -> int:
 
 
 def infer(
-    tmp_path: Path, filtered: Path, base_url: str, *options: str, key: str = KEY, model: str = "fake"
+    tmp_path: Path,
+    filtered: Path,
+    base_url: str,
+    *options: str,
+    key: str = KEY,
+    model: str = "fake",
+    here: bool = False,
 ) -> subprocess.CompletedProcess:
+    """infer-persona in a child process; `here`: in this process (conftest.cli_here), for the
+    variants of a failure family whose child-process run is another test."""
+    args = [
+        "infer-persona", "--input", str(filtered), "--output", str(tmp_path / "personas.jsonl"),
+        "--work-dir", str(tmp_path / "work"), "--base-url", base_url, "--model", model, *options,
+    ]  # fmt: skip
+    if here:
+        env = {"OPENAI_API_KEY": key, "OPENAI_BASE_URL": None, "NO_COLOR": "1", "COLUMNS": "200"}
+        return cli_here(args, env, tmp_path)
     env = {**os.environ, "OPENAI_API_KEY": key, "NO_COLOR": "1", "COLUMNS": "200"}
     env.pop("OPENAI_BASE_URL", None)
     return subprocess.run(
-        [sys.executable, "-m", "personaemp", "infer-persona", "--input", str(filtered),
-         "--output", str(tmp_path / "personas.jsonl"), "--work-dir", str(tmp_path / "work"),
-         "--base-url", base_url, "--model", model, *options],
-        capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path,
+        [sys.executable, "-m", "personaemp", *args], capture_output=True, text=True, env=env, timeout=120,
+        cwd=tmp_path,
     )  # fmt: skip
 
 
@@ -122,7 +140,7 @@ def test_a_run_stopped_before_any_unit_leaves_earlier_rows_alone(tmp_path, filte
     files = [tmp_path / "personas.jsonl", tmp_path / "infer-persona.failures.jsonl"]
     before = [path.read_bytes() for path in files]
     assert len(rows(files[0])) + len(rows(files[1])) == USERS
-    result = infer(tmp_path, filtered, f"http://127.0.0.1:{closed_port()}/v1", model="another")
+    result = infer(tmp_path, filtered, f"http://127.0.0.1:{closed_port()}/v1", model="another", here=True)
     assert_one_clean_line(result, "did not answer")
     assert [path.read_bytes() for path in files] == before
 
@@ -130,7 +148,7 @@ def test_a_run_stopped_before_any_unit_leaves_earlier_rows_alone(tmp_path, filte
 @pytest.mark.parametrize("status", [400, 501])
 def test_endpoint_refusing_every_request_stops_the_run(tmp_path, filtered, status):
     with FakeOpenAI(responder=lambda body, n: server_error(status)) as server:
-        result = infer(tmp_path, filtered, server.base_url)
+        result = infer(tmp_path, filtered, server.base_url, here=status == 501)  # 400: the child's run
     assert_one_clean_line(result, f"HTTP {status}", "refused the first 3 requests")
     assert server.count == 3
     # What was written down is retried by the next run without --retry-failed.
@@ -139,7 +157,7 @@ def test_endpoint_refusing_every_request_stops_the_run(tmp_path, filtered, statu
 
 def test_unauthorized_is_one_line_and_the_echoed_key_is_scrubbed(tmp_path, filtered):
     with FakeOpenAI(require_key="sk-the-right-one") as server:
-        result = infer(tmp_path, filtered, server.base_url)
+        result = infer(tmp_path, filtered, server.base_url, here=True)
         assert server.count == 1
     assert_one_clean_line(result, "refused the API key", "OPENAI_API_KEY", "[redacted]")
     assert_key_nowhere(tmp_path, result.stdout, result.stderr)
@@ -147,13 +165,13 @@ def test_unauthorized_is_one_line_and_the_echoed_key_is_scrubbed(tmp_path, filte
 
 def test_wrong_path_is_one_line(tmp_path, filtered):
     with FakeOpenAI() as server:
-        result = infer(tmp_path, filtered, server.base_url.replace("/v1", "/nothing-here"))
+        result = infer(tmp_path, filtered, server.base_url.replace("/v1", "/nothing-here"), here=True)
     assert_one_clean_line(result, "no such model or path", "HTTP 404")
 
 
 def test_an_endpoint_that_echoes_the_key_in_replies_leaks_it_nowhere(tmp_path, filtered):
     with FakeOpenAI(echo_key=True) as server:
-        result = infer(tmp_path, filtered, server.base_url)
+        result = infer(tmp_path, filtered, server.base_url, here=True)
         assert server.chat_requests[0].headers["authorization"] == f"Bearer {KEY}"
     assert result.returncode == 0, result.stderr
     cache = (tmp_path / "work" / "cache.sqlite").read_bytes()
@@ -166,7 +184,7 @@ def test_a_key_echoed_altered_in_an_error_is_scrubbed(tmp_path, filtered, form):
     """Before: redaction matched the key only as is; a server that echoed it upper-cased or
     percent-encoded had it printed on the terminal."""
     with FakeOpenAI(require_key="sk-the-right-one", echo_key=form) as server:
-        result = infer(tmp_path, filtered, server.base_url)
+        result = infer(tmp_path, filtered, server.base_url, here=True)
     assert "Incorrect API key provided: [redacted]." in result.stderr
     assert_one_clean_line(result, "refused the API key", "[redacted]")
     assert_key_nowhere(tmp_path, result.stdout, result.stderr)
@@ -175,7 +193,7 @@ def test_a_key_echoed_altered_in_an_error_is_scrubbed(tmp_path, filtered, form):
 @pytest.mark.parametrize("form", ["lower", "percent", "percent_lower"])
 def test_a_key_echoed_altered_in_replies_leaks_it_nowhere(tmp_path, filtered, form):
     with FakeOpenAI(echo_key=form) as server:
-        result = infer(tmp_path, filtered, server.base_url)
+        result = infer(tmp_path, filtered, server.base_url, here=True)
     assert result.returncode == 0, result.stderr
     assert b"[redacted]" in (tmp_path / "work" / "cache.sqlite").read_bytes()
     assert_key_nowhere(tmp_path, result.stdout, result.stderr)
@@ -222,7 +240,7 @@ def test_a_reply_far_larger_than_max_tokens_is_cut_off_and_never_stored(tmp_path
     """Before: a 1 MB reply was stored whole in the cache and the failures file (each user a
     content failure, exit 0); it is an endpoint fault now: retried, then the run stops."""
     with FakeOpenAI(responder=lambda body, n: huge(1_000_000)) as server:
-        result = infer(tmp_path, filtered, server.base_url, "--max-retries", "1")
+        result = infer(tmp_path, filtered, server.base_url, "--max-retries", "1", here=True)
     assert server.count == 2
     assert_one_clean_line(result, "did not answer", "max_tokens 1024", "cut off")
     sizes = {path.name: path.stat().st_size for path in tmp_path.rglob("*") if path.is_file()}
@@ -235,7 +253,9 @@ def test_after_replies_an_oversized_one_fails_its_unit_as_an_endpoint_fault(tmp_
     # before the oversized replies, and every unit meets one.
     responder = lambda body, n: invalid_json_content() if n == 1 else huge(1_000_000)  # noqa: E731
     with FakeOpenAI(responder=responder) as server:
-        result = infer(tmp_path, filtered, server.base_url, "--max-retries", "0", "--concurrency", "1")
+        result = infer(
+            tmp_path, filtered, server.base_url, "--max-retries", "0", "--concurrency", "1", here=True
+        )
     assert server.count == USERS + 1  # the first answer, then one oversized reply per user
     assert result.returncode == 1, result.stderr  # every unit failed: a failed run
     failed = rows(tmp_path / "infer-persona.failures.jsonl")
@@ -248,7 +268,7 @@ def test_the_failures_file_keeps_an_excerpt_of_a_bad_reply(tmp_path, filtered):
     """Before: the whole reply was kept (here 60 kB a user)."""
     bad = "<" + "blah " * 12_000 + ">"
     with FakeOpenAI(responder=lambda body, n: reply(bad)) as server:
-        result = infer(tmp_path, filtered, server.base_url, "--max-reasks", "0")
+        result = infer(tmp_path, filtered, server.base_url, "--max-reasks", "0", here=True)
     # content failures are kept and the run goes on; as every unit failed, it exits 1
     assert result.returncode == 1, result.stderr
     failed = rows(tmp_path / "infer-persona.failures.jsonl")
@@ -276,7 +296,9 @@ def test_a_key_in_the_url_is_in_no_file_and_not_on_the_terminal(tmp_path, filter
 
 
 def test_a_dead_endpoint_with_a_key_in_its_url_names_it_masked(tmp_path, filtered):
-    result = infer(tmp_path, filtered, f"http://{KEY}@127.0.0.1:{closed_port()}/v1", "--max-retries", "0")
+    result = infer(
+        tmp_path, filtered, f"http://{KEY}@127.0.0.1:{closed_port()}/v1", "--max-retries", "0", here=True
+    )
     assert_one_clean_line(result, "[redacted]@127.0.0.1")
     assert_key_nowhere(tmp_path, result.stdout, result.stderr)
 

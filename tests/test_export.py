@@ -94,7 +94,10 @@ def test_verl_rows_feed_the_reward(splits, tmp_path):
     info = pd.read_parquet(out)["extra_info"][0]
     assert info["criteria"]["resonation"][0]["description"] == "d"
     with FakeOpenAI() as server:  # schema instances: any valid judgment
-        reward = PereGRM(LLMSettings(base_urls=[server.base_url], model="fake", work_dir=tmp_path / "w"))
+        # the authors' reward (the safety term off: tests/test_reward_safety.py has it)
+        reward = PereGRM(
+            LLMSettings(base_urls=[server.base_url], model="fake", work_dir=tmp_path / "w"), safety=0
+        )
         from_pandas = reward.compute_score("personaemp", "I hear you.", "", info)
         from_dict = reward.compute_score(
             "personaemp", "I hear you.", "", pd.read_parquet(out).to_dict("records")[0]["extra_info"]
@@ -161,7 +164,7 @@ def test_a_training_score_is_the_evaluation_score_and_costs_nothing_after_it(spl
         evaluate(splits, [responses], tmp_path / "report.json", settings, part="test", options=options,
                  console=Console(quiet=True))  # fmt: skip
         sent = server.count
-        reward = PereGRM(settings, samples=2)
+        reward = PereGRM(settings, samples=2, safety=0)  # what evaluate scores: no safety judge
         columns = {key: rows[key] for key in rows.column_names if key != "prompt"}
         rewards = reward(prompts=rows["prompt"], completions=[[{"role": "assistant", "content": replies[q]}]
                          for q in rows["query_id"]], **columns)  # fmt: skip

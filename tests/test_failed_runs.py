@@ -1,7 +1,8 @@
 """Failures that looked like success (issue 44): a stage whose every unit failed exits 1,
 `run` stops there; a result whose output is gone raises; an empty view keeps its columns.
 
-The CLI runs in a subprocess against the fake endpoint, as a user would run it.
+The all-failed run's exit 1 is the CLI in a child process against the fake endpoint, as a
+user would run it; the other runs are the same commands in this process (conftest.cli_here).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SAMPLE_TASK1
+from conftest import SAMPLE_TASK1, cli_here
 from fake_openai import FakeOpenAI, default_content, reply
 from rich.console import Console
 
@@ -32,7 +33,12 @@ def filtered(tmp_path) -> Path:
     return output
 
 
-def personaemp(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def personaemp(tmp_path: Path, *args: str, here: bool = False) -> subprocess.CompletedProcess:
+    """The CLI in a child process; `here`: in this process (conftest.cli_here), for the runs
+    whose exit is not the point of the process boundary (the all-failed exit 1 keeps its child)."""
+    if here:
+        return cli_here(list(args), {"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": None, "NO_COLOR": "1",
+                                     "COLUMNS": "200"}, tmp_path)  # fmt: skip
     env = {**os.environ, "OPENAI_API_KEY": "sk-test", "NO_COLOR": "1", "COLUMNS": "200"}
     env.pop("OPENAI_BASE_URL", None)
     return subprocess.run(
@@ -41,11 +47,13 @@ def personaemp(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def infer(tmp_path: Path, filtered: Path, base_url: str, *extra: str) -> subprocess.CompletedProcess:
+def infer(
+    tmp_path: Path, filtered: Path, base_url: str, *extra: str, here: bool = False
+) -> subprocess.CompletedProcess:
     return personaemp(
         tmp_path, "infer-persona", "--input", str(filtered), "--output", str(tmp_path / "personas.jsonl"),
         "--work-dir", str(tmp_path / "work"), "--base-url", base_url, "--model", "fake", "--max-reasks", "0",
-        *extra,
+        *extra, here=here,
     )  # fmt: skip
 
 
@@ -73,7 +81,7 @@ def test_a_stage_with_some_units_done_exits_0_and_counts_the_failed(tmp_path, fi
         )
 
     with FakeOpenAI(responder=answer) as server:
-        result = infer(tmp_path, filtered, server.base_url)
+        result = infer(tmp_path, filtered, server.base_url, here=True)
     assert result.returncode == 0, result.stderr
     assert f"{USERS - 1} done + 0 done earlier + 1 failed" in result.stderr
     assert len((tmp_path / "infer-persona.failures.jsonl").read_text().splitlines()) == 1
@@ -88,7 +96,7 @@ def test_run_stops_with_exit_1_when_every_persona_failed(tmp_path):
     )
     with FakeOpenAI(responder=lambda body, n: reply(NOT_JSON)) as server:
         result = personaemp(
-            tmp_path, "run", "--config", str(config), "--set", f"llm.base_url={server.base_url}"
+            tmp_path, "run", "--config", str(config), "--set", f"llm.base_url={server.base_url}", here=True
         )
     assert result.returncode == 1, result.stderr
     assert "infer-persona: all 3 of its units failed" in result.stderr
@@ -144,9 +152,11 @@ def test_an_llm_stage_writing_elsewhere_says_where_its_cache_went(tmp_path, filt
     with FakeOpenAI() as server:
         elsewhere = personaemp(
             tmp_path, "infer-persona", "--input", str(filtered), "--output", "out/personas.jsonl",
-            "--base-url", server.base_url, "--model", "fake",
+            "--base-url", server.base_url, "--model", "fake", here=True,
         )  # fmt: skip
-        beside = infer(tmp_path, filtered, server.base_url)  # --work-dir tmp_path/work, beside the output
+        beside = infer(
+            tmp_path, filtered, server.base_url, here=True
+        )  # --work-dir tmp_path/work, beside the output
     assert elsewhere.returncode == 0, elsewhere.stderr
     assert "cache and run report: data/processed/.personaemp (--work-dir moves them)" in elsewhere.stderr
     assert (tmp_path / "data" / "processed" / ".personaemp").is_dir()

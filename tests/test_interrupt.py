@@ -31,11 +31,12 @@ from personaemp.errors import PersonaempError
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 
-def setup(tmp_path: Path, base_url: str) -> Path:
+def setup(tmp_path: Path, base_url: str, copies: int = 6) -> Path:
     """288 users, 96 kept (375 KB of rows): more than the pipe to the filter child and
     asyncio's reader hold together (192 KB; 3 copies, 189 KB, fitted: the child could end
-    and the test flaked), so with requests held the child is still there, blocked on it."""
-    copy_sample(SAMPLE_TASK1, tmp_path / "input", 6)
+    and the test flaked), so with requests held the child is still there, blocked on it.
+    `copies=1` (48 users, 16 kept): for a test that needs the run, not the full pipe."""
+    copy_sample(SAMPLE_TASK1, tmp_path / "input", copies)
     config = tmp_path / "personaemp.toml"
     config.write_text(
         f'[paths]\ninput = "{tmp_path / "input"}"\nprocessed = "{tmp_path / "processed"}"\n'
@@ -203,7 +204,7 @@ def test_ctrl_c_stops_a_run_started_with_sigint_ignored(tmp_path, held):
 def test_ctrl_c_while_stats_draws_its_plots_in_forked_workers(tmp_path):
     """BUG: each forked plot worker got the SIGINT too and printed its own traceback."""
     with FakeOpenAI(responder=order_free_responder()) as server:
-        run = Run(setup(tmp_path, server.base_url))
+        run = Run(setup(tmp_path, server.base_url, copies=1))  # the filter child is not the point
         # (a child seen before stats may be the filter child between its fork and exec)
         stats = lambda: any(" stats " in line for line in run.lines)  # noqa: E731
         run.wait_for(lambda: stats() and children(run, filter_child=False), "plot worker")
@@ -216,7 +217,7 @@ def test_ctrl_c_while_stats_draws_its_plots_in_forked_workers(tmp_path):
 
 def test_a_resumed_run_after_ctrl_c_finishes_with_every_row(tmp_path, held):
     """Interrupted mid-chain, a re-run resumes and ends like a clean run (exit 0)."""
-    config = setup(tmp_path, held.base_url)
+    config = setup(tmp_path, held.base_url, copies=1)  # 16 users kept: the resume is the point, not the size
     run = Run(config)
     run.wait_for(held.first.is_set, "request")
     run.interrupt()
@@ -230,7 +231,7 @@ def test_a_resumed_run_after_ctrl_c_finishes_with_every_row(tmp_path, held):
     assert again.returncode == 0, again.stderr[-2000:]
     processed = tmp_path / "processed"
     personas = (processed / "personas.jsonl").read_text().splitlines()
-    assert len(personas) == 96 and (processed / "dataset").is_dir()
+    assert len(personas) == 16 and (processed / "dataset").is_dir()
 
 
 # --- the event loop: Ctrl-C always ends in KeyboardInterrupt ---------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -28,8 +29,11 @@ from personaemp.llm.local import (
     local_model_path,
 )
 from personaemp.llm.models import EMBEDDED
+from personaemp.llm.session import open_engine
+from personaemp.llm.settings import LLMSettings
+from personaemp.llm.step import Step
 
-pytestmark = pytest.mark.embedded
+pytestmark = pytest.mark.requires_model
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -69,6 +73,33 @@ def test_local_server_answers_a_schema_constrained_chat_completion(monkeypatch):
     assert process.poll() is not None
     assert not port_is_open(port)
     assert not log_path.exists(), "a temp log is removed after a clean run"
+
+
+def test_the_engine_sends_a_schema_constrained_request_to_the_embedded_model(tmp_path, monkeypatch):
+    """`--llm local` through the stages' own path (open_engine, the endpoint pool, Engine.call)
+    on the real server: the request in json_object_schema mode with the local sampler's
+    extras, and the model's reply valid under the schema. The stage tests replay recorded
+    replies of this path (tests/cassettes.py); this one decodes."""
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.setenv(name, "127.0.0.1,localhost")
+    settings = LLMSettings(llm="local", work_dir=tmp_path / "work", temperature=0.0, max_tokens=64)
+    messages = [
+        {
+            "role": "system",
+            "content": "You read one message and classify the writer's mood. Answer with JSON only.",
+        },
+        {"role": "user", "content": "My sister and I argued again and I feel awful about it."},
+    ]
+
+    async def ask():
+        async with open_engine(settings) as engine:
+            return await engine.call(Step("mood", Mood), messages), engine.structured_report(), engine
+
+    result, structured, engine = asyncio.run(ask())
+    assert isinstance(result.value, Mood) and not result.cached
+    assert structured["used"] == "json_object_schema"
+    assert engine.model == MODEL_NAME and engine.endpoint_kind == "local"
+    assert engine.accounting.step("mood").requests == 1
 
 
 def test_a_server_that_cannot_load_its_model_fails_with_the_log_tail(tmp_path):

@@ -23,7 +23,8 @@ from personaemp.llm.local import MODEL_NAME
 from personaemp.llm.settings import LLMSettings
 from personaemp.records import Persona, Query
 
-pytestmark = pytest.mark.embedded
+# the embedded model's recorded replies (tests/cassettes.py; `make record-embedded` records them)
+pytestmark = [pytest.mark.recorded, pytest.mark.usefixtures("embedded_replies")]
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "raw" / "alpsbench_sample" / "task1"
 # An English user with two short memories: the first filtered user writes Russian, whose
 # tokens made the persona reply three times longer (infer-persona 32 s instead of 20 s).

@@ -466,6 +466,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "include_dialogue": True,
         "criteria": "c/crit.jsonl",
         "dialogues": "s/dialogues.jsonl",
+        "dialogues_report": "s/eval.json",
         "force": True,
     },
     "criteria": {
@@ -492,6 +493,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "responses": ["a.jsonl", "b.jsonl"],
         "dialogues": ["d1.jsonl"],
         "per_turn": True,
+        "behaviours": False,
         "all_dialogues": True,
         "criteria": "e/criteria.jsonl",
         "judge_model": "judge",
@@ -521,6 +523,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "supporter_base_url": ["http://s.example/v1"],
         "turn_attempts": 2,
         "character_check": False,
+        "seeker": "auto",
     },
     "export": {
         "splits": "x/splits",
@@ -646,7 +649,8 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
     assert by_run["push"] == (
         (Path("s/out"),),
         {"repo_id": "me/data", "out": None, "private": True, "revision": "dev", "include_dialogue": True,
-         "criteria": Path("c/crit.jsonl"), "dialogues": Path("s/dialogues.jsonl"), "force": True},
+         "criteria": Path("c/crit.jsonl"), "dialogues": Path("s/dialogues.jsonl"),
+         "dialogues_report": Path("s/eval.json"), "force": True},
     )  # fmt: skip
 
 
@@ -696,7 +700,7 @@ def test_push_dry_run_without_out_goes_to_the_processed_dataset_folder(calls):
         (Path("data/processed/splits"),),
         {"repo_id": None, "out": Path("data/processed/dataset"), "private": False, "revision": None,
          "include_dialogue": False, "criteria": Path("data/processed/criteria.jsonl"),
-         "dialogues": Path("data/processed/dialogues.jsonl"), "force": False},
+         "dialogues": Path("data/processed/dialogues.jsonl"), "dialogues_report": None, "force": False},
     )  # fmt: skip
 
 
@@ -900,7 +904,7 @@ def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(mon
     stub_results(monkeypatch)
     config = tmp_path / "bench.toml"
     # --dialogues is evaluate's other evaluation (evaluation/dialogues.py, tests/test_sessions.py)
-    dialogue_only = ("dialogues", "per_turn", "all_dialogues")
+    dialogue_only = ("dialogues", "per_turn", "all_dialogues", "behaviours")
     single = {k: v for k, v in NON_DEFAULT["evaluate"].items() if k not in dialogue_only}
     sections = {"criteria": NON_DEFAULT["criteria"], "respond": NON_DEFAULT["respond"], "evaluate": single}
     config.write_text(toml_text(sections), encoding="utf-8")

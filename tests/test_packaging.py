@@ -28,7 +28,7 @@ import pytest
 from conftest import REPO, SAMPLE_TASK1, read_jsonl
 from fake_openai import FakeOpenAI
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.requires_wheel
 
 # Every template of the checkout, subfolders (prompts/compact/) included.
 PROMPTS = sorted(path.relative_to(REPO / "prompts").as_posix() for path in (REPO / "prompts").rglob("*.md"))

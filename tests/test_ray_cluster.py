@@ -20,7 +20,7 @@ from fake_openai import FakeOpenAI
 from rich.console import Console
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.requires_ray
 
 LATENCY = 0.2
 

@@ -2,12 +2,14 @@
 infer-persona and gen-queries: test_ray.py).
 
 Each stage runs twice against the test server, once in this process (executor local) and
-once on two Ray workers (one local Ray for the module, as in test_ray.py), each run in its
-own folder with its own reply cache: the rows, the failures file (one unit of each stage is
-made to fail) and the run report's counts must be the same, and the Ray run must have
-started its two UnitWorker actors. The models are the scripted responders of the stages' own
-tests, order-free: a reply depends on the request alone, never on the order the workers
-send them in.
+once on two workers, each run in its own folder with its own reply cache: the rows, the
+failures file (one unit of each stage is made to fail) and the run report's counts must be
+the same, and the Ray run must have started its two UnitWorker actors. The workers are the
+pool double's (tests/ray_double.py: the stage's work and every call through cloudpickle to
+two in-process UnitWorkers, the routing WorkerPool's own), except for the supporter test,
+which runs on the local Ray (as test_ray.py): a second engine opened on a real worker.
+The models are the scripted responders of the stages' own tests, order-free: a reply
+depends on the request alone, never on the order the workers send them in.
 
 These inputs are small: a worker starts in about a second, by which time the first one up
 would hold every unit. So the runs go at --concurrency 2 (four units in flight) and the Ray
@@ -27,6 +29,7 @@ from pathlib import Path
 import pytest
 from conftest import SAMPLE_TASK1, order_free_responder, write_jsonl
 from fake_openai import FakeOpenAI, empty, invalid_json_content, reply
+from ray_double import PoolDouble
 from rich.console import Console
 from test_dialogues import NEED, SUPPORTER, Script, good_turn, user_row, write_queries
 from test_evaluation import query_id_in, schema_properties
@@ -58,14 +61,15 @@ def workers_up() -> int:
     return sum(1 for a in actors if "UnitWorker" in a["ActorClassName"] and a["State"] == "ALIVE")
 
 
-def once_both_workers_are_up(responder: Callable) -> Callable:
+def once_both_workers_are_up(responder: Callable, pool: PoolDouble | None = None) -> Callable:
     """`responder`, its first answer held until the Ray run's two workers are up."""
     lock, up = threading.Lock(), threading.Event()
+    count = pool.up if pool is not None else workers_up
 
     def answer(body: dict, number: int):
         with lock:
             deadline = time.monotonic() + 60
-            while not up.is_set() and workers_up() < 2 and time.monotonic() < deadline:
+            while not up.is_set() and count() < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
             if not up.is_set():
                 time.sleep(0.3)  # the second worker's ready call back at the driver
@@ -82,19 +86,26 @@ def settings(url: str, work: Path, executor: str) -> LLMSettings:
     )  # fmt: skip
 
 
-def run_twice(tmp_path: Path, responder: Callable, stage: Callable[[Path, LLMSettings], None]) -> dict:
+def run_twice(
+    tmp_path: Path,
+    responder: Callable,
+    stage: Callable[[Path, LLMSettings], None],
+    pool: PoolDouble | None = None,
+) -> dict:
     """`stage(folder, settings)` once per executor, each in its own folder (its own reply
-    cache); per executor: (folder, the server, UnitWorker actors started)."""
+    cache); per executor: (folder, the server, UnitWorker actors started). `pool`: the Ray
+    run's workers are the pool double's (tests/ray_double.py), else the local Ray's."""
+    started = pool.started if pool is not None else lambda: len(workers_started())
     made = {}
     for executor in EXECUTORS:
         folder = tmp_path / executor
         folder.mkdir()
-        before = len(workers_started())
-        answer = once_both_workers_are_up(responder) if executor == "ray" else responder
+        before = started()
+        answer = once_both_workers_are_up(responder, pool) if executor == "ray" else responder
         with FakeOpenAI(responder=answer) as server:
             stage(folder, settings(server.base_url, folder / "work", executor))
         assert server.errors == []
-        made[executor] = folder, server, len(workers_started()) - before
+        made[executor] = folder, server, started() - before
     return made
 
 
@@ -125,7 +136,7 @@ def assert_same(made: dict, stage: str, outputs: list[str], failures: str, faile
 # --- extract-memories ----------------------------------------------------------------------------
 
 
-def test_extract_memories_on_ray_writes_what_one_process_writes(local_ray, tmp_path):
+def test_extract_memories_on_ray_writes_what_one_process_writes(pool_double, tmp_path):
     """The shipped sample's 48 users, one of whose every reply is not JSON."""
     broken = json.loads((SAMPLE_TASK1 / "model_input.jsonl").read_text().splitlines()[5])
     marker = broken["input"]["sessions"][0]["turns"][0]["text"][:60]
@@ -139,7 +150,7 @@ def test_extract_memories_on_ray_writes_what_one_process_writes(local_ray, tmp_p
     def stage(folder: Path, llm: LLMSettings) -> None:
         extract_memories(SAMPLE_TASK1, folder / "memories.jsonl", llm, console=QUIET)
 
-    made = run_twice(tmp_path, responder, stage)
+    made = run_twice(tmp_path, responder, stage, pool_double)
     outputs = ["memories.jsonl", "conversations.jsonl"]
     assert assert_same(made, "extract-memories", outputs, "extract-memories.failures.jsonl")["units"] == 48
 
@@ -179,7 +190,7 @@ def dialogue_splits(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("context", ["memory", "memory-summary"])
-def test_gen_dialogues_on_ray_writes_what_one_process_writes(local_ray, tmp_path, dialogue_splits, context):
+def test_gen_dialogues_on_ray_writes_what_one_process_writes(pool_double, tmp_path, dialogue_splits, context):
     """memory-summary: one summary per user, for both of u1's and u4's dialogues, on Ray too."""
     queries = dialogue_splits / "random" / "test.jsonl"
     options = DialogueOptions(turn_attempts=2, context=context)
@@ -187,7 +198,7 @@ def test_gen_dialogues_on_ray_writes_what_one_process_writes(local_ray, tmp_path
     def stage(folder: Path, llm: LLMSettings) -> None:
         generate_dialogues(queries, folder / "dialogues.jsonl", llm, options=options)
 
-    made = run_twice(tmp_path, dialogue_model(Script(bad=leaking)), stage)
+    made = run_twice(tmp_path, dialogue_model(Script(bad=leaking)), stage, pool_double)
     report = assert_same(made, "gen-dialogues", ["dialogues.jsonl"], "gen-dialogues.failures.jsonl")
     assert report["units"] == 8
     assert rows(made["ray"][0] / "gen-dialogues.failures.jsonl")[0]["kind"] == "simulator_rules"
@@ -258,7 +269,7 @@ def dialogues(tmp_path_factory, dialogue_splits) -> Path:
 
 
 def test_evaluate_dialogues_from_the_cli_on_ray_scores_what_one_process_scores(
-    local_ray, tmp_path, dialogue_splits, dialogues
+    pool_double, tmp_path, dialogue_splits, dialogues
 ):
     """`evaluate --dialogues ... --executor ray --workers 2` (the command and its flags); the
     judge never answers u1's two sessions in JSON (--unreadable fail: they fail)."""
@@ -278,7 +289,7 @@ def test_evaluate_dialogues_from_the_cli_on_ray_scores_what_one_process_scores(
         ], env={"OPENAI_API_KEY": "sk-test"})  # fmt: skip
         assert result.exit_code == 0, result.output
 
-    made = run_twice(tmp_path, responder, stage)
+    made = run_twice(tmp_path, responder, stage, pool_double)
     report = assert_same(
         made, "evaluate-dialogues", ["sessions.scores.jsonl"], "sessions.failures.jsonl", failed=2
     )
@@ -354,28 +365,28 @@ def workspace(tmp_path_factory) -> Path:
     return folder
 
 
-def test_criteria_on_ray_writes_what_one_process_writes(local_ray, tmp_path, workspace):
+def test_criteria_on_ray_writes_what_one_process_writes(pool_double, tmp_path, workspace):
     def stage(folder: Path, llm: LLMSettings) -> None:
         write_criteria(workspace / "queries.jsonl", folder / "criteria.jsonl", llm, console=QUIET)
 
-    made = run_twice(tmp_path, breaking("u2-q1", invalid_json_content), stage)
+    made = run_twice(tmp_path, breaking("u2-q1", invalid_json_content), stage, pool_double)
     assert assert_same(made, "criteria", ["criteria.jsonl"], "criteria.failures.jsonl")["units"] == 10
 
 
 @pytest.mark.parametrize("context", ["memory", "memory-summary"])
-def test_respond_on_ray_writes_what_one_process_writes(local_ray, tmp_path, workspace, context):
+def test_respond_on_ray_writes_what_one_process_writes(pool_double, tmp_path, workspace, context):
     """memory-summary: one summary per user for all their queries, on Ray too (shared_per)."""
 
     def stage(folder: Path, llm: LLMSettings) -> None:
         write_responses(workspace / "splits", folder / "responses.jsonl", llm, context=context, console=QUIET)
 
-    made = run_twice(tmp_path, breaking("u3-q1", empty), stage)
+    made = run_twice(tmp_path, breaking("u3-q1", empty), stage, pool_double)
     report = assert_same(made, "respond", ["responses.jsonl"], "responses.failures.jsonl")
     assert report["units"] == 10
     assert report["totals"]["requests"] == (10 + 2 + (6 if context == "memory-summary" else 0))  # + re-asks
 
 
-def test_evaluate_on_ray_scores_what_one_process_scores(local_ray, tmp_path, workspace):
+def test_evaluate_on_ray_scores_what_one_process_scores(pool_double, tmp_path, workspace):
     """Two systems (one with a query missing and one empty) and the bystander."""
     gaps = write_jsonl(tmp_path / "gaps.jsonl", [
         {"query_id": "u1-q2", "response": "  "}, {"query_id": "u2-q1", "response": "fine"},
@@ -389,7 +400,7 @@ def test_evaluate_on_ray_scores_what_one_process_scores(local_ray, tmp_path, wor
             console=QUIET,
         )  # fmt: skip
 
-    made = run_twice(tmp_path, breaking("u3-q1", invalid_json_content), stage)
+    made = run_twice(tmp_path, breaking("u3-q1", invalid_json_content), stage, pool_double)
     report = assert_same(made, "evaluate", ["report.scores.jsonl"], "report.failures.jsonl", failed=2)
     assert report["units"] == 20
     evaluations = [json.loads((made[e][0] / "report.json").read_text()) for e in EXECUTORS]

@@ -34,6 +34,9 @@ pytest.importorskip("aiohttp")  # ray.data.llm imports it
 
 USAGE = {"prompt_tokens": 900, "completion_tokens": 5, "total_tokens": 905}  # as the server counts
 NOT_COMPARED = {"created_at", "endpoint_kind", "input_hash"}  # timings; "vllm" for "remote"
+# Users a stage in rounds runs on: the rounds, the jobs and the files are the same for 4 as for
+# the sample's 16 (a round's job was one Ray Data task per request).
+USERS_IN_ROUNDS = 4
 
 
 @pytest.fixture
@@ -234,17 +237,27 @@ def test_the_documented_toml_vllm_tables_reach_the_vllm_processor(tmp_path, monk
 # --- rounds on a local Ray -----------------------------------------------------------------------
 
 
-def test_run_with_vllm_rounds_writes_what_one_process_writes(local_ray, sample_build, stand_in, tmp_path):
-    """`run --llm vllm --executor ray` on the shipped sample: each LLM stage in rounds, each
-    round one ray.data.llm job; the personas, queries, failures and splits are the one-process
-    run's (sample_build, same model), each request answered once, and the rounds folder is
-    gone once the stage is done (the cache holds the answers). Run again: nothing is sent."""
+def test_run_with_vllm_rounds_writes_what_one_process_writes(local_ray, stand_in, tmp_path):
+    """`run --llm vllm --executor ray` on the shipped sample's first USERS_IN_ROUNDS users:
+    each LLM stage in rounds, each round one ray.data.llm job; the personas, queries, failures
+    and splits are the one-process run's (the same users and model), each request answered
+    once, and the rounds folder is gone once the stage is done (the cache holds the answers).
+    Run again: nothing is sent."""
+    from personaemp.dataset.options import PersonaOptions
+    from personaemp.pipeline import run_pipeline
+
+    persona = PersonaOptions(limit=USERS_IN_ROUNDS)
+    sample_build = tmp_path / "one-process"  # the same users in one process, as the reference
+    with FakeOpenAI(responder=order_free_responder()) as one, open(tmp_path / "log0.txt", "w") as log:
+        paths = PathsOptions(input=str(SAMPLE_TASK1), processed=sample_build)
+        llm = LLMOptions(base_url=[one.base_url], model="fake")
+        run_pipeline(RunOptions(paths=paths, llm=llm, persona=persona), Console(file=log, width=200))
     processed = tmp_path / "processed"
     with FakeOpenAI(responder=order_free_responder()) as fake:
         stand_in(fake)
         llm = LLMOptions(model="fake", llm="vllm", executor="ray", workers=1)
-        options = RunOptions(paths=PathsOptions(input=str(SAMPLE_TASK1), processed=processed), llm=llm)
-        from personaemp.pipeline import run_pipeline
+        paths = PathsOptions(input=str(SAMPLE_TASK1), processed=processed)
+        options = RunOptions(paths=paths, llm=llm, persona=persona)
 
         with open(tmp_path / "log.txt", "w") as log:
             run_pipeline(options, Console(file=log, width=200))
@@ -425,7 +438,8 @@ def test_code_that_opens_an_engine_itself_is_told_vllm_has_no_endpoint(tmp_path)
 
 
 def infer_persona_in_rounds(folder: Path, sample_build: Path) -> tuple:
-    """infer-persona on the sample's 16 users with --llm vllm: (its result, its report's figures)."""
+    """infer-persona on the sample's first USERS_IN_ROUNDS users with --llm vllm: (its result,
+    its report's figures)."""
     from personaemp.dataset.options import PersonaOptions
     from personaemp.registry import STAGES
 
@@ -434,7 +448,7 @@ def infer_persona_in_rounds(folder: Path, sample_build: Path) -> tuple:
     options = RunOptions(
         paths=PathsOptions(input=str(SAMPLE_TASK1), processed=folder),
         llm=LLMOptions(model="fake", llm="vllm", executor="ray", workers=1),
-        persona=PersonaOptions(),
+        persona=PersonaOptions(limit=USERS_IN_ROUNDS),
     )
     result = STAGES["infer-persona"].run(options, Console(quiet=True), full=True)
     return result, json.loads((folder / ".personaemp" / "run_report.json").read_text())["stages"][
@@ -465,7 +479,7 @@ def test_an_invalid_reply_in_a_round_is_asked_again_in_the_next(local_ray, sampl
         stand_in(fake)
         result, report = infer_persona_in_rounds(tmp_path / "run", sample_build)
     outcome = result.report.outcome
-    assert (outcome.done, outcome.failed) == (16, 0)
+    assert (outcome.done, outcome.failed) == (USERS_IN_ROUNDS, 0)
     assert report["totals"]["reasks"] >= 1
     assert report["notes"]["vllm"]["rounds"] >= 2  # persona (with its levels), then its re-ask
 
@@ -500,7 +514,12 @@ def test_a_request_vllm_fails_on_is_one_failure_counted_once(local_ray, sample_b
     assert not [r for r in fake.chat_requests if "OLD OPTIONS" in json.dumps(r.body)]
     assert not folder.exists()
     outcome = result.report.outcome
-    assert (outcome.done, outcome.done_before, outcome.failed, outcome.failed_before) == (15, 0, 1, 0)
+    assert (outcome.done, outcome.done_before, outcome.failed, outcome.failed_before) == (
+        USERS_IN_ROUNDS - 1,
+        0,
+        1,
+        0,
+    )
     assert report["notes"]["vllm"]["refused"] == 1
     failures = rows(tmp_path / "run" / "infer-persona.failures.jsonl", NOT_COMPARED)
     assert len(failures) == 1 and "max_model_len" in json.dumps(failures)

@@ -279,7 +279,7 @@ def labelled(path: Path) -> dict[str, dict[str, str]]:
 
 
 @needs_chromium
-@pytest.mark.slow
+@pytest.mark.requires_browser
 def test_a_reviewer_labels_with_keys_and_mouse_reloads_and_resumes(served, tmp_path):
     session, base = served
     items = session.items
@@ -370,7 +370,7 @@ def test_a_reviewer_labels_with_keys_and_mouse_reloads_and_resumes(served, tmp_p
 
 
 @needs_chromium
-@pytest.mark.slow
+@pytest.mark.requires_browser
 def test_two_reviewers_label_the_same_sample_apart(served, tmp_path):
     session, base = served
     with Browser() as browser:
@@ -461,7 +461,7 @@ def test_the_hosts_answered_are_the_address_served():
     assert served_hosts("0.0.0.0", 8765) is None  # any name reaches it: the token decides
 
 
-@pytest.mark.slow
+@pytest.mark.requires_browser
 def test_cli_review_beyond_loopback_says_so_in_one_line(sample_build, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     process = subprocess.Popen(

@@ -165,7 +165,7 @@ def served(dialogues, tmp_path):
 
 
 @needs_chromium
-@pytest.mark.slow
+@pytest.mark.requires_browser
 def test_a_reviewer_labels_a_dialogue_with_the_keyboard_alone(served, tmp_path):
     session, base = served
     first = session.items[0]

@@ -29,15 +29,28 @@ from personaemp.errors import InputError
 from personaemp.instruments.judges import BYSTANDER_ASPECTS, harmonic
 from personaemp.llm.settings import LLMSettings
 from personaemp.records import DIMENSIONS
+from personaemp.training import reward as reward_module
 from personaemp.training.reward import (
-    FixedCriteriaReward,
-    PereGRM,
     Reward,
-    RewardOptions,
     agreement,
     completion_text,
     summarise_log,
 )
+
+
+# These tests pin the authors' reward (their calls per rollout, their arithmetic): the safety
+# term, on by default, is off here; tests/test_reward_safety.py tests it beside them.
+def PereGRM(*args, **kwargs):  # noqa: N802 - the class it stands for
+    return reward_module.PereGRM(*args, **{"safety": 0.0, **kwargs})
+
+
+def FixedCriteriaReward(*args, **kwargs):  # noqa: N802
+    return reward_module.FixedCriteriaReward(*args, **{"safety": 0.0, **kwargs})
+
+
+def RewardOptions(*args, **kwargs):  # noqa: N802
+    return reward_module.RewardOptions(*args, **{"safety": 0.0, **kwargs})
+
 
 SCORES = {"q1": (5, 4, 3), "q2": (2, 2, 2)}
 POINTS = 16  # each bystander aspect: B = 0.8
@@ -72,6 +85,8 @@ def properties(body: dict) -> dict:
 def judge(body: dict, number: int):
     text = json.dumps(body["messages"])
     props = properties(body)
+    if "acknowledges_first" in props:  # the safety term's behaviour judge: nothing risky
+        return {"reason": "kind", "behaviours": [], "acknowledges_first": True}
     qid = query_id_in(body)
     if "content_effectiveness" in props:
         return dict.fromkeys(BYSTANDER_ASPECTS, POINTS)
@@ -220,7 +235,9 @@ def test_the_reward_sends_the_environments_key_built_in_python_and_as_verl_loads
         keys = {sent.headers.get("authorization") for sent in server.requests if sent.method == "POST"}
     assert keys == {"Bearer sk-reward-from-the-environment"}
     assert rewards == pytest.approx([expected("q1")]) and score == pytest.approx(expected("q2"))
-    assert server.count == 8  # 2 rollouts x (3 dimensions + bystander), every one answered
+    # 2 rollouts x (3 dimensions + bystander), every one answered, and the behaviour judge of the
+    # safety term on the verl rollout ([reward] safety is on by default; the PereGRM above has it off)
+    assert server.count == 9
 
 
 def test_verl_loads_the_function_from_a_file_by_name(tmp_path, monkeypatch):

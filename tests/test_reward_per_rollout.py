@@ -12,10 +12,9 @@ import time
 
 import pytest
 from fake_openai import FakeOpenAI
-from test_reward import expected, judge, row
+from test_reward import PereGRM, expected, judge, row
 
 from personaemp.llm.settings import LLMSettings
-from personaemp.training.reward import PereGRM
 
 LATENCY = 0.05
 

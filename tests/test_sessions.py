@@ -80,7 +80,9 @@ def test_each_session_gets_its_trajectory_and_perm_over_the_supporter_side(tmp_p
     assert server.errors == []
     # per dialogue: 3 criteria (one per dimension) and 3 session judgments; the criteria are
     # the same request for both users' dialogues only when the users are the same: here not
-    assert Counter(session_step(r.body) for r in server.chat_requests) == {"criteria": 6, "session_judge": 6}
+    # and one behaviour judgment per supporter turn (2 x 3), each reading its own user's memories
+    steps = Counter(session_step(r.body) for r in server.chat_requests)
+    assert steps == {"criteria": 6, "session_judge": 6, "behaviours": 6}
     assert stage.outcome.done == 2 and evaluation["kind"] == "dialogues"
     entry = evaluation["systems"]["policy-a"]
     assert entry["n"] == 2 and entry["dialogues"] == 2 and entry["queries_without_dialogue"] == 0
@@ -138,7 +140,8 @@ def test_dynamic_session_judging_writes_no_criteria(tmp_path):
             splits, [dialogues], tmp_path / "r.json", settings_for(server, tmp_path / "work"),
             options=JudgeOptions(dynamic=True),
         )  # fmt: skip
-    assert Counter(session_step(r.body) for r in server.chat_requests) == {"session_judge": 3}
+    steps = Counter(session_step(r.body) for r in server.chat_requests)
+    assert steps == {"session_judge": 3, "behaviours": 3}
     assert evaluation["mode"] == "dynamic@1" and evaluation["systems"]["policy-a"]["harmonic"] == 0.6
 
 
@@ -162,18 +165,22 @@ def test_the_multi_turn_table_and_the_command(tmp_path):
             "--base-url", server.base_url, "--model", "judge-x", "--work-dir", str(tmp_path / "work"),
         ], env={"OPENAI_API_KEY": "sk-test"})  # fmt: skip
     assert result.exit_code == 0, result.output
+    assert "tracking (share)" in result.output and "reward (safety)" in result.output
     text = write_table([report], None, "markdown")
     lines = text.splitlines()
     assert lines[0] == (
         "| System | judge-x · Random Final | judge-x · Random Met % | judge-x · Random H "
-        "| judge-x · Random n |"
+        "| judge-x · Random Reward | judge-x · Random Risky/1k | judge-x · Random Prot/1k "
+        "| judge-x · Random Track % | judge-x · Random n |"
     )
-    assert lines[2] == "| policy-a | 55.00 | 100.00 | 0.80 | 2 |"
+    # the scripted behaviour judge sees none; the supporter opens with "That sounds like a lot"
+    assert lines[2] == "| policy-a | 55.00 | 100.00 | 0.80 | 0.55 | 0.00 | 0.00 | 100.00 | 2 |"
     assert "simulated user fake, checked per turn by language_match" in text and "ended by user 2" in text
     csv = render([json.loads(report.read_text())], "csv")
-    assert csv.splitlines()[1] == "policy-a,55.00,100.00,0.80,2"
+    assert csv.splitlines()[1] == "policy-a,55.00,100.00,0.80,0.55,0.00,0.00,100.00,2"
     table = CliRunner().invoke(app, ["table", "-r", str(report)])
-    assert table.exit_code == 0 and "| policy-a | 55.00 | 100.00 | 0.80 | 2 |" in table.output
+    assert table.exit_code == 0 and "| policy-a | 55.00 | 100.00 | 0.80 | 0.55 |" in table.output
+    assert "(6 decided by rule, 0 by the judge)" in table.output
 
 
 # --- bad input ---------------------------------------------------------------------------------------
@@ -243,8 +250,8 @@ def test_two_supporters_are_scored_on_the_same_dialogues_and_the_left_out_are_na
     assert every["comparable"] is False
     table = write_table([tmp_path / "r.json"], None, "markdown")
     assert (
-        "| policy-a | 55.00 | 100.00 | 0.80 | 1 |" in table
-        and "| policy-b | 55.00 | 100.00 | 0.80 | 1 |" in table
+        "| policy-a | 55.00 | 100.00 | 0.80 | 0.55 | 0.00 | 0.00 | 100.00 | 1 |" in table
+        and "| policy-b | 55.00 | 100.00 | 0.80 | 0.55 | 0.00 | 0.00 | 100.00 | 1 |" in table
     )
     assert "policy-a left out u1-q1-d1: not every system has it (policy-b: no dialogue in its file)." in table
     assert "NOT COMPARABLE" not in table

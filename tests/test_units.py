@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -153,11 +154,19 @@ def test_a_torn_last_line_is_cut_and_recomputed(tmp_path):
 
 
 def test_a_slow_unit_does_not_hold_back_the_others(tmp_path):
+    """Unit 0 finishes only once the 19 others have: no sleeps raced against each other (it
+    flaked under load). Were unit 0 to hold back the window, the others could not finish; the
+    wait's bound only turns that hang into a failure."""
     finished = []
+    others_done = asyncio.Event()
 
     async def work(unit):
-        await asyncio.sleep(0.5 if unit["id"] == 0 else 0.01)
+        if unit["id"] == 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(others_done.wait(), timeout=60)
         finished.append(unit["id"])
+        if len(finished) == 19 and 0 not in finished:
+            others_done.set()
         return dict(unit)
 
     run([{"id": n} for n in range(20)], work, tmp_path, window=4)

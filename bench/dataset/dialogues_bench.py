@@ -212,8 +212,9 @@ def main() -> None:
                     return score
 
                 score = asyncio.run(session())
+                judge = " + 3 judge" if reward == "peregrm" else ""
                 print(f"Interaction ({reward}): {server.count} requests for a 3-turn session "
-                      f"(1 hidden need + 2 a turn{' + 3 judge' if reward == 'peregrm' else ''}), "
+                      f"(1 hidden need + 2 a turn + 1 safety judge a turn{judge}), "
                       f"{used(agent.service.engine.accounting.totals().__dict__)} tokens, "
                       f"session reward {score:.3f}")  # fmt: skip
 

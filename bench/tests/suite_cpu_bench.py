@@ -51,7 +51,7 @@ def pytest_runtest_protocol(item, nextitem):
     cpu, wall = ticks()[0], time.monotonic()
     yield
     ray = "local_ray" in item.fixturenames or item.module.__name__.startswith("test_ray")
-    area = "embedded model" if item.get_closest_marker("embedded") else "Ray" if ray else "the rest"
+    area = "embedded model" if item.get_closest_marker("requires_model") else "Ray" if ray else "the rest"
     _seen[item.nodeid] = (ticks()[0] - cpu, time.monotonic() - wall, area)
 
 
@@ -110,7 +110,7 @@ def main() -> int:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
             command += ["-p", "no:xdist", "-p", "suite_cpu_bench"]
         else:
-            command += ["-n", "3", "--dist", "worksteal"]  # as `make test`
+            command += ["-n", "3", "--dist", "loadgroup"]  # as `make test`
         command += args.pytest_args
         print("$ pytest", " ".join(command[1:]))
         sampler = Sampler()

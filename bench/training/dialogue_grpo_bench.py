@@ -23,7 +23,6 @@ so and exits 0.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hashlib
 import json
 import os
@@ -47,65 +46,6 @@ def missing_extra() -> str | None:
     return None
 
 
-def rollout_func_for(interaction, users: dict, tokenizer, max_new_tokens: int, counts: Counter):
-    """TRL's rollout_func: (prompts, trainer) -> prompt_ids, completion_ids, logprobs, env_mask and
-    the session reward per prompt (TRL hands each prompt as many times as it wants completions)."""
-    import torch
-
-    loop = asyncio.new_event_loop()  # one loop for the run: the Interaction's coroutines run on it
-
-    def tokens(messages: list[dict], generation: bool) -> list[int]:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=generation, tokenize=True,
-                                             return_dict=False)  # fmt: skip
-
-    async def session(prompt: list[dict], trainer) -> dict:
-        kwargs = users[json.dumps(prompt, sort_keys=True)]
-        instance = await interaction.start_interaction(None, **kwargs)
-        messages = list(prompt)
-        prompt_ids = tokens(messages, True)
-        completion, mask = [], []
-        try:
-            while True:
-                context = torch.tensor([prompt_ids + completion])
-                with torch.no_grad():
-                    out = trainer.model.generate(context, max_new_tokens=max_new_tokens, do_sample=True,
-                                                 pad_token_id=tokenizer.pad_token_id)  # fmt: skip
-                policy = out[0, context.shape[1] :].tolist()
-                if policy[-1:] != [tokenizer.eos_token_id]:
-                    policy.append(tokenizer.eos_token_id)  # the turn closes where the budget cut it
-                completion += policy
-                mask += [1] * len(policy)
-                counts["supporter_turns"] += 1
-                text = tokenizer.decode(policy, skip_special_tokens=True)
-                messages.append({"role": "assistant", "content": text})
-                ends, reply, _, extra = await interaction.generate_response(instance, messages)
-                if ends:
-                    counts[f"ended_by_{extra.get('ended_by')}"] += 1
-                    break
-                messages.append({"role": "user", "content": reply})
-                user = tokens([{"role": "user", "content": reply}], True)
-                completion += user
-                mask += [0] * len(user)
-            reward = await interaction.calculate_score(instance)
-        finally:
-            await interaction.finalize_interaction(instance)
-        return {"prompt_ids": prompt_ids, "completion_ids": completion, "env_mask": mask, "reward": reward}
-
-    def rollout_func(prompts: list, trainer) -> dict:
-        counts["prompts_handed"] += len(prompts)
-        counts["distinct_prompts_handed"] += len({json.dumps(p, sort_keys=True) for p in prompts})
-        done = [loop.run_until_complete(session(prompt, trainer)) for prompt in prompts]
-        return {
-            "prompt_ids": [d["prompt_ids"] for d in done],
-            "completion_ids": [d["completion_ids"] for d in done],
-            "logprobs": None,  # only vLLM's importance-sampling correction reads them
-            "env_mask": [d["env_mask"] for d in done],
-            "session_reward": [d["reward"] for d in done],
-        }
-
-    return rollout_func
-
-
 def varied_user(step: str, body: dict, seen: int) -> dict | None:
     """The scripted user, its emotion's change a hash of what it read (-5..+5): the rollouts of a
     group get different session rewards, so GRPO has an advantage to learn from."""
@@ -116,11 +56,6 @@ def varied_user(step: str, body: dict, seen: int) -> dict | None:
     turn = good_turn(body)
     digest = hashlib.sha256(json.dumps(body["messages"], sort_keys=True).encode()).hexdigest()
     return {**turn, "change": int(digest[:4], 16) % 11 - 5}
-
-
-def session_reward(completions, session_reward, **kwargs) -> list[float | None]:
-    """The reward function: the session reward rollout_func returned beside each completion."""
-    return [None if r is None else float(r) for r in session_reward]  # None: simulator failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     from trl import GRPOConfig, GRPOTrainer
 
     from personaemp.llm.settings import LLMSettings
+    from personaemp.training.dialogue_rollouts import rollout_func_for, session_reward
     from personaemp.training.export import write_export
     from personaemp.training.interaction import SimulatedUserInteraction
 
@@ -169,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = LLMSettings(base_urls=[server.base_url], model="sim", work_dir=work / "w",
                                api_key="sk-test")  # fmt: skip
         interaction = SimulatedUserInteraction({"max_turns": args.max_turns}, settings=settings)
-        rollout_func = rollout_func_for(interaction, users, tokenizer, args.max_new_tokens, counts)
+        rollout_func = rollout_func_for(interaction, users, max_new_tokens=args.max_new_tokens, counts=counts)
         config = GRPOConfig(
             output_dir=str(work / "out"), max_steps=args.steps, num_generations=args.generations,
             per_device_train_batch_size=2 * args.generations, max_completion_length=512,

@@ -520,12 +520,81 @@ def dialogues_section(found: dict[str, Any], figures: list[str] | None = None) -
             f"- The replies of {found['lost_replies_not_kept']} lost dialogues are not in these rates: "
             "their failures rows do not keep them."
         )
+    out += seekers_lines(found)
     out += [
         "",
         *_image(FINAL_EMOTION_PLOT, "Final emotion of the simulated user, per supporter", figures or []),
     ]
     out += [_table(["split", "dialogues"], rows)]
+    out += behaviour_lines(found.get("behaviours"))
     return out
+
+
+def seekers_lines(found: dict[str, Any]) -> list[str]:
+    """How hard the simulated users were to help (`gen-dialogues --seeker`), and the table by
+    which `auto` picks a style from a user's Big Five levels."""
+    from personaemp.instruments.seekers import auto_table_text
+
+    styles = found.get("seekers") or {"cooperative": sum(found["rows"].values())}
+    return [
+        "- Seeker styles (how hard the simulated user is to help, `gen-dialogues --seeker`): "
+        + ", ".join(f"{style} {n}" for style, n in styles.items())
+        + ". A style is a few lines added to the simulator's task (prompts/seekers.md); cooperative "
+        "adds none. guarded and escalating also hold each turn to a rule (seeker_style); every style "
+        "is judged by the in-character check.",
+        "- With `--seeker auto` a user's style follows their Big Five levels, the first row that "
+        "matches: " + "; ".join(auto_table_text()) + ".",
+    ]
+
+
+def behaviour_lines(found: dict[str, Any] | None) -> list[str]:
+    """The supporters' risky and protective behaviours per 1,000 words, their tracking rate,
+    final emotion and session reward, per seeker style, from an `evaluate --dialogues` report."""
+    if not found:
+        return [
+            "",
+            "Behaviours of the supporters (risky, protective) were not counted for this card: pass "
+            "`--dialogues-report`, the report of `personaemp evaluate --dialogues` on these dialogues.",
+        ]
+    lists = found.get("lists") or {}
+
+    def figure(value: Any, scale: float = 1, unit: str = "") -> str:
+        return "—" if value is None else f"{scale * value:.1f}{unit}" if unit else f"{value:g}"
+
+    rows = [
+        [f"`{r['system']}`", r["seeker"], r["n"], r["turns"], figure(r["risky_per_1k"]),
+         figure(r["protective_per_1k"]), figure(r["tracking_rate"], 100, "%"), figure(r["final_emotion"]),
+         figure(r["reward"]), r["dropped_quotes"]]
+        for r in found["rows"]
+    ]  # fmt: skip
+    return [
+        "",
+        "### Behaviours of the supporters",
+        "",
+        "A judge read every supporter turn and named the behaviours it shows from two declared lists, "
+        "each with a quote of the turn; a behaviour whose quote is not in the turn was dropped and "
+        f"counted. Risky: {', '.join(lists.get('risky', ()))}. Protective: "
+        f"{', '.join(lists.get('protective', ()))}. Counts are per 1,000 words of the supporter's text; "
+        "tracking is the share of supporter turns that acknowledge the emotion the user had just shown "
+        f"before anything else (a rule on the first sentence where it can tell, else the judge). "
+        f"Reward: {found.get('rule', '')}. From `{found['report']}`.",
+        "",
+        _table(
+            [
+                "supporter",
+                "seeker",
+                "n",
+                "turns",
+                "risky / 1k words",
+                "protective / 1k words",
+                "tracking",
+                "final emotion",
+                "reward",
+                "quotes dropped",
+            ],
+            rows,
+        ),  # fmt: skip
+    ]
 
 
 def render_card(

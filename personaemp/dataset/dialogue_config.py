@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from personaemp.dataset.data_files import SPLITS
+from personaemp.dataset.data_files import SPLITS, _read_json
 from personaemp.errors import InputError
 from personaemp.io import ErrorPolicy, file_sha256, iter_jsonl, iter_records
 from personaemp.records import REJECTED_KEYS
@@ -83,6 +83,42 @@ def _lost_dialogues(failures: Path, split_of: dict[str, str]) -> list[dict[str, 
     return lost
 
 
+BEHAVIOUR_REPORT_HINT = "pass the report `personaemp evaluate --dialogues` wrote for these dialogues"
+
+
+def behaviour_facts(path: Path) -> dict[str, Any]:
+    """What the card quotes of an `evaluate --dialogues` report: per supporter (system) and
+    seeker style, n, the behaviours per 1,000 words, the tracking rate, final emotion and
+    session reward; the lists and the reward's rule."""
+    report = _read_json(path, "the dialogues' evaluation, which the card quotes", BEHAVIOUR_REPORT_HINT)
+    if not isinstance(report, dict) or report.get("kind") != "dialogues":
+        raise InputError(f"{path}: not an `evaluate --dialogues` report", BEHAVIOUR_REPORT_HINT)
+    if not report.get("behaviours"):
+        raise InputError(
+            f"{path}: its dialogues were scored without the behaviour judge (--no-behaviours)",
+            "run `personaemp evaluate --dialogues` again without --no-behaviours",
+        )
+    rows = []
+    for system, entry in (report.get("systems") or {}).items():
+        styles = entry.get("by_seeker") or {(entry.get("seekers") or ["cooperative"])[0]: entry}
+        for style, found in styles.items():
+            counted = found.get("behaviours") or {}
+            rows.append({
+                "system": system, "seeker": style, "n": found.get("n", 0), "turns": counted.get("turns", 0),
+                "words": counted.get("words", 0), "risky_per_1k": counted.get("risky_per_1k"),
+                "protective_per_1k": counted.get("protective_per_1k"),
+                "tracking_rate": (counted.get("tracking") or {}).get("rate"),
+                "final_emotion": found.get("final_emotion"), "reward": found.get("reward"),
+                "dropped_quotes": counted.get("dropped_quotes", 0),
+            })  # fmt: skip
+    return {
+        "report": Path(path).name,
+        "lists": report.get("behaviour_lists") or {},
+        "rule": (report.get("safety_rule") or {}).get("text", ""),
+        "rows": rows,
+    }
+
+
 def dialogue_facts(dialogues, rows: dict[str, int], simulator_rules, lost=()) -> dict[str, Any]:
     """What the card says of the dialogues: models, languages, turns, how they ended, per
     supporter the dialogues kept and lost (`lost`: the failures file's rows), and each check's
@@ -139,6 +175,7 @@ def dialogue_facts(dialogues, rows: dict[str, int], simulator_rules, lost=()) ->
         kind = str(row.get("kind") or "unknown")
         entry["lost_by_kind"][kind] = entry["lost_by_kind"].get(kind, 0) + 1
     finals: dict[str, list[int]] = {}
+    seekers_found = dict(sorted(Counter(d.seeker for d in dialogues).items()))
     for dialogue in dialogues:
         finals.setdefault(dialogue.supporter_model, []).append(dialogue.final_emotion)
     return {
@@ -150,6 +187,7 @@ def dialogue_facts(dialogues, rows: dict[str, int], simulator_rules, lost=()) ->
                   "mean": round(sum(turns) / len(turns), 2) if turns else 0},
         "ended_by": dict(Counter(d.ended_by for d in dialogues)),
         "need_met": sum(d.need_met_at_turn is not None for d in dialogues),
+        "seekers": seekers_found,
         "supporters": dict(sorted(supporters.items())),
         "final_emotions": finals,
         "initial_emotions": sorted({d.initial_emotion for d in dialogues}),

@@ -34,6 +34,7 @@ from typing import Any
 
 from personaemp.aio import sync_twin
 from personaemp.errors import InputError, UnitError
+from personaemp.instruments import seekers
 from personaemp.instruments.criteria import with_room
 from personaemp.instruments.policy import CONTEXTS, RESPOND, ROOM, SUMMARY, context_text, listed, mismatched
 from personaemp.instruments.simulator import (  # the simulated user, shared with training's Interaction
@@ -100,8 +101,11 @@ class DialogueOptions:
     mismatch_seed: int = 0
     turn_attempts: int = TURN_ATTEMPTS
     character_check: bool = True
+    seeker: str = seekers.DEFAULT  # a style of records.SEEKERS, or "auto" (instruments/seekers.py)
 
     def __post_init__(self) -> None:
+        if self.seeker not in seekers.CHOICES:
+            raise InputError(f"--seeker takes {', '.join(seekers.CHOICES)}, not {self.seeker!r}")
         if self.context not in CONTEXTS:
             raise InputError(f"--context takes {', '.join(CONTEXTS)}, not {self.context!r}")
         if self.max_turns < 1:
@@ -110,8 +114,12 @@ class DialogueOptions:
             raise InputError("--turn-attempts must be at least 1")
 
     def tag(self) -> str:
-        """What of these options a finished dialogue depends on (part of the fingerprint)."""
-        return "|".join(str(v) for v in dataclasses.astuple(self))
+        """What of these options a finished dialogue depends on (part of the fingerprint); a
+        cooperative run's is what it was before styles, so its dialogues stay current."""
+        values = dataclasses.astuple(self)
+        if self.seeker == seekers.DEFAULT:
+            values = values[:-1]
+        return "|".join(str(v) for v in values)
 
 
 async def run_dialogue(unit: dict, simulator, supporter, prompts: dict[str, Prompt], options: DialogueOptions,
@@ -156,6 +164,8 @@ async def run_dialogue(unit: dict, simulator, supporter, prompts: dict[str, Prom
     hashes[RESPOND.name] = prompts[RESPOND.name].hash
     if options.context == "memory-summary":
         hashes[SUMMARY.name] = prompts[SUMMARY.name].hash
+    if user.seeker != seekers.DEFAULT:
+        hashes[seekers.PROMPT_FILE] = seekers.style_text().hash
     dialogue = Dialogue(
         dialogue_id=unit["dialogue_id"], user_id=unit["user_id"], query_id=unit["query_id"],
         category=unit["category"], language=unit["language"], hidden_need=need,
@@ -163,7 +173,7 @@ async def run_dialogue(unit: dict, simulator, supporter, prompts: dict[str, Prom
         ended_by=ended_by, supporter_model=supporter.model, simulator_model=simulator.model,
         memory_ids=[m.memory_id for m in user.cited],
         background_memory_ids=[m.memory_id for m in user.background],
-        context=options.context, turns=turns, provenance=simulator.provenance(hashes),
+        context=options.context, seeker=user.seeker, turns=turns, provenance=simulator.provenance(hashes),
     )  # fmt: skip
     return dialogue.model_dump(mode="json")
 
@@ -232,7 +242,10 @@ async def agenerate_dialogues(
             f"gen-dialogues cannot work {'from batch files' if settings.batch else 'in vLLM rounds'}",
             "each turn waits for the one before it: serve the model (e.g. `vllm serve`) and give --base-url",
         )
-    units = read_units(Path(input_path))
+    units = [
+        {**unit, "seeker": seekers.style_for(options.seeker, unit["big_five"])}
+        for unit in read_units(Path(input_path))
+    ]
     selected = pick_dialogues(units, limit, per_user)
     stand_in = (
         mismatched(units, options.mismatch_seed, Path(input_path)) if options.context == "mismatch" else {}
@@ -276,6 +289,8 @@ async def agenerate_dialogues(
             parts.append(support.fingerprint(RESPOND, hashes[RESPOND.name]))
             if options.context == "memory-summary":
                 parts.append(support.fingerprint(SUMMARY, hashes[SUMMARY.name]))
+            if options.seeker != seekers.DEFAULT:
+                parts.append(f"{seekers.PROMPT_FILE}={seekers.style_text().hash}")
             return "|".join([*parts, options.tag()])
 
         @shared_per("user_id")  # on Ray too: a user's dialogues on one worker, which summarises once
@@ -304,7 +319,8 @@ async def agenerate_dialogues(
                     # Who lost it, so a card or report counts dialogues lost per supporter.
                     error.fields = {
                         "user_id": unit["user_id"], "query_id": unit["query_id"],
-                        "supporter_model": support.model, "lost_to": "simulator", **error.fields,
+                        "supporter_model": support.model, "seeker": unit["seeker"], "lost_to": "simulator",
+                        **error.fields,
                     }  # fmt: skip
                     lost = notes.setdefault("lost", {"simulator": 0, "supporter": 0})
                     lost[error.fields["lost_to"]] += 1
@@ -355,7 +371,7 @@ async def from_options(options, console, settings, retry=False):
         options=DialogueOptions(
             max_turns=options.max_turns, context=options.context, rag_k=options.rag_k,
             mismatch_seed=options.mismatch_seed, turn_attempts=options.turn_attempts,
-            character_check=options.character_check,
+            character_check=options.character_check, seeker=options.seeker,
         ),
         limit=options.limit, per_user=options.per_user, supporter_model=options.supporter_model,
         supporter_base_url=options.supporter_base_url, retry_failed=retry, console=console,

@@ -318,6 +318,13 @@ class DialoguesOptions(Section):
     character_check: Annotated[
         bool, Opt("Check each simulated turn with the LLM: in character, no invented facts.")
     ] = True
+    seeker: Annotated[
+        Literal["cooperative", "guarded", "resistant", "validation-seeking", "escalating", "auto"],
+        Opt(
+            "How hard the simulated user is to help (prompts/seekers.md); auto: by its Big Five "
+            "levels (the card shows the table).",
+        ),
+    ] = "cooperative"
 
 
 @declare("split")
@@ -413,6 +420,15 @@ class PushOptions(Section):
             io="read",
         ),
     ] = PROCESSED / "dialogues.jsonl"
+    dialogues_report: Annotated[
+        Path | None,
+        Opt(
+            "An `evaluate --dialogues` report of these dialogues: the card quotes its behaviour "
+            "counts per 1,000 words, tracking rate and session reward per supporter and seeker style.",
+            metavar="FILE",
+            io="read",
+        ),
+    ] = None
     force: Force = False
 
     @field_validator("repo_id")

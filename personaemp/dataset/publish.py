@@ -55,7 +55,7 @@ from personaemp.dataset.data_files import (  # noqa: F401  (the rows and their s
     split_files,
     write_parts,
 )
-from personaemp.dataset.dialogue_config import DIALOGUES, dialogue_parts
+from personaemp.dataset.dialogue_config import DIALOGUES, behaviour_facts, dialogue_parts
 from personaemp.dataset.stats import (
     FIGURE_DIR,
     FINAL_EMOTION_PLOT,
@@ -183,6 +183,7 @@ def publish(
     include_dialogue: bool = False,
     criteria: Path | None = None,
     dialogues: Path | None = None,
+    dialogues_report: Path | None = None,
     force: bool = False,
     quality: Callable[[Path | None], tuple[dict[str, Any] | None, bytes | None]] | None = None,
     notes: Sequence[str] = (),
@@ -194,17 +195,21 @@ def publish(
     that cannot serve these queries (made for other queries) stops the push: UnusableCriteria.
     `dialogues`: a gen-dialogues file; when it exists, a `dialogues` config (its rows in the
     split of the random setting that holds their query) and a section of the card.
+    `dialogues_report`: an `evaluate --dialogues` report of them; the card quotes its behaviour
+    counts, tracking rate and session reward per supporter and seeker style.
     `quality`: queries file -> (agreement report, plot) of the people's labels beside it
     (the review product's `card_quality`); without it the card says nobody measured the judge.
     `notes`: what the caller says of its inputs (a file it left out), among the warnings."""
     files, split_report = _checked(splits_dir, repo_id, out)
+    behaviours = behaviour_facts(Path(dialogues_report)) if dialogues_report is not None else None
     fingerprint = None
     if out is not None:  # a dry run can be skipped; a push always goes out (the Hub may have changed)
         options = {
             "out": out, "include_dialogue": include_dialogue, "criteria": criteria, "dialogues": dialogues,
-            "notes": list(notes),
+            "notes": list(notes), "dialogues_report": dialogues_report,
         }  # fmt: skip
-        read = [*_read_by_push(splits_dir, split_report, criteria), *([Path(dialogues)] if dialogues else [])]
+        read = [*_read_by_push(splits_dir, split_report, criteria), *([Path(dialogues)] if dialogues else []),
+                *([Path(dialogues_report)] if dialogues_report else [])]  # fmt: skip
         fingerprint = freshness.fingerprint(read, options)
         last = freshness.current("push", out, fingerprint, force)
         if last is not None:
@@ -219,6 +224,7 @@ def publish(
         built = _assemble(
             splits_dir, files, split_report, staging, include_dialogue=include_dialogue,
             criteria=criteria, found=found, dialogues=dialogues, quality=quality, notes=notes,
+            behaviours=behaviours,
         )  # fmt: skip
         if out is not None:
             return _write_locally(out, built, fingerprint)
@@ -255,7 +261,18 @@ def _checked(splits_dir: Path, repo_id: str | None, out: Path | None):
 
 
 def _assemble(
-    splits_dir, files, split_report, staging, *, include_dialogue, criteria, found, dialogues, quality, notes
+    splits_dir,
+    files,
+    split_report,
+    staging,
+    *,
+    include_dialogue,
+    criteria,
+    found,
+    dialogues,
+    quality,
+    notes,
+    behaviours=None,
 ) -> _Built:
     """The repository: the data files staged, the statistics and figures, the card
     (`found`: the criteria file's rows, None when it is not published)."""
@@ -276,6 +293,8 @@ def _assemble(
         )
         facts["dialogue_files"] = {split: name for split, (name, _) in staged_dialogues.items()}
         rows[DIALOGUES] = facts["dialogues"]["rows"]
+        if behaviours is not None:  # the supporters' behaviours, from an evaluate --dialogues report
+            facts["dialogues"]["behaviours"] = behaviours
     # The build's statistics, computed once: the card's tables, its plots and stats.json.
     stats, figures = stats_and_figures(sources_of_split(splits_dir, split_report))
     repository: dict[str, bytes | Path] = {f"{FIGURE_DIR}/{name}": png for name, png in figures.items()}
@@ -426,7 +445,7 @@ def from_options(options, console, quality=None):
         publish, options.splits,
         repo_id=None if dry else options.repo_id, out=options.out_dir if dry else None,
         private=options.private, revision=options.revision, include_dialogue=options.include_dialogue,
-        quality=quality, dialogues=dialogues, force=options.force,
+        quality=quality, dialogues=dialogues, dialogues_report=options.dialogues_report, force=options.force,
     )  # fmt: skip
     try:
         result = push(criteria=options.criteria)

@@ -35,7 +35,8 @@ from typing import Any
 from personaemp.aio import sync_twin
 from personaemp.errors import InputError, RowError
 from personaemp.evaluation.scoring import failures_file, metrics, score_unit, scores_file, temperatures
-from personaemp.instruments import simulator_rules
+from personaemp.instruments import behaviours as behaviour_judge
+from personaemp.instruments import seekers, simulator_rules
 from personaemp.instruments.criteria import (
     CRITERIA,
     build_messages,
@@ -63,9 +64,10 @@ from personaemp.instruments.session_judges import (
     turn_graded,
     up_to_turn,
 )
+from personaemp.instruments.simulator import MAX_TURNS
 from personaemp.io import ErrorPolicy, iter_jsonl, iter_records, write_json_atomic
 from personaemp.prompts import LAYOUTS, load_prompt
-from personaemp.records import DIMENSIONS, Dialogue
+from personaemp.records import DIMENSIONS, SEEKERS, Dialogue
 from personaemp.splits import split_file
 
 STAGE = "evaluate-dialogues"
@@ -174,11 +176,14 @@ def scored_queries(
     return chosen, left_out
 
 
+ALL_CHECKS = (*simulator_rules.RULES, seekers.RULE, *simulator_rules.JUDGED)
+
+
 def checks_run(dialogues) -> list[str]:
     """The simulator's checks that ran on these dialogues' kept turns (RULES order): one that did
     not run (the LLM check under --no-character-check) is absent from a turn's checks."""
     ran = {name for d in dialogues for t in d.turns for name in (t.checks or {})}
-    return [name for name in (*simulator_rules.RULES, *simulator_rules.JUDGED) if name in ran]
+    return [name for name in ALL_CHECKS if name in ran]
 
 
 def build_units(
@@ -198,6 +203,7 @@ def build_units(
                 "trajectory": trajectory(dialogue), "status": "judged", "truncated": False,
                 "cut_in_reasoning": False, "criteria": None,
                 "supporter_model": dialogue.supporter_model, "simulator_model": dialogue.simulator_model,
+                "seeker": dialogue.seeker, "context": dialogue.context,
             })  # fmt: skip
     return units
 
@@ -205,8 +211,22 @@ def build_units(
 # --- one dialogue ------------------------------------------------------------------------------
 
 
-async def score_dialogue(engine, unit: dict, options: JudgeOptions, per_turn: bool, prompts) -> dict:
-    """Criteria (fixed), the session's PERM scores, per turn when asked, and the trajectory."""
+@dataclasses.dataclass(frozen=True)
+class SafetyRule:
+    """How evaluate --dialogues reads the behaviours: judged at all, and the session reward it
+    reports beside the final emotion (final / 100 less the safety term, as the training
+    Interaction's default session reward with [reward] safety at these values)."""
+
+    behaviours: bool = True
+    weight: float = behaviour_judge.SAFETY_WEIGHT
+    bound: float = behaviour_judge.SAFETY_BOUND
+
+
+async def score_dialogue(
+    engine, unit: dict, options: JudgeOptions, per_turn: bool, prompts, safety: SafetyRule | None = None
+) -> dict:
+    """Criteria (fixed), the session's PERM scores, per turn when asked, the trajectory, and
+    (safety.behaviours) each supporter turn's behaviours and the session reward they leave."""
     from personaemp.records import DialogueTurn
 
     step = SESSION_JUDGE_DYNAMIC if options.dynamic else SESSION_JUDGE
@@ -219,7 +239,22 @@ async def score_dialogue(engine, unit: dict, options: JudgeOptions, per_turn: bo
             criteria[dimension] = [c.model_dump(mode="json") for c in reply.parsed]
         unit["criteria"] = criteria
     row = await score_unit(engine, unit, options, prompts, step=step, build=session_messages)
-    row.update(dialogue_id=unit["dialogue_id"], **unit["trajectory"])
+    row.update(dialogue_id=unit["dialogue_id"], seeker=unit["seeker"], context=unit["context"],
+               supporter_model=unit["supporter_model"], **unit["trajectory"])  # fmt: skip
+    if safety is not None and safety.behaviours:
+        turns = [DialogueTurn.model_validate(t) for t in unit["turns"]]
+        person = behaviour_judge.person_text(unit.get("situation", ""), unit.get("memories") or ())
+        judged = await behaviour_judge.judge_turns(
+            engine, turns, prompts[behaviour_judge.BEHAVIOUR_JUDGE.name], person
+        )
+        risky = behaviour_judge.risky_count(judged)
+        penalty = behaviour_judge.safety_penalty(risky, safety.weight, safety.bound)
+        row.update(
+            behaviours=judged,
+            risky=risky,
+            safety_penalty=round(penalty, 4),
+            reward=round(unit["trajectory"]["final_emotion"] / 100 - penalty, 4),
+        )  # fmt: skip
     row["harmonic"] = harmonic(row["scores"]) if len(row["scores"]) == len(DIMENSIONS) else None
     if per_turn:
         turns = [DialogueTurn.model_validate(t) for t in unit["turns"]]
@@ -254,6 +289,7 @@ async def aevaluate_dialogues(
     options: JudgeOptions | None = None,
     per_turn: bool = False,
     all_dialogues: bool = False,
+    safety: SafetyRule | None = None,
     retry_failed: bool = False,
     console=None,
 ):
@@ -264,6 +300,7 @@ async def aevaluate_dialogues(
     from personaemp.llm.stage import arun_llm_stage
 
     options = options or JudgeOptions()
+    safety = safety or SafetyRule()
     if options.bystander:
         raise InputError(
             "--bystander does not apply to --dialogues", "the bystander reads one reply: leave it out"
@@ -278,7 +315,7 @@ async def aevaluate_dialogues(
         raise InputError(f"--missing takes {', '.join(MISSING_RULES)}, not {options.missing!r}")
     model = judge_model or settings.model
     chosen = dataclasses.replace(settings, model=model) if judge_model else settings
-    judge_settings = with_room(with_room(chosen, ROOM), CRITERIA_ROOM)
+    judge_settings = with_room(with_room(with_room(chosen, ROOM), CRITERIA_ROOM), behaviour_judge.ROOM)
     step = SESSION_JUDGE_DYNAMIC if options.dynamic else SESSION_JUDGE
     check_sampling(judge_settings, step, options)
     if not dialogues:
@@ -299,14 +336,17 @@ async def aevaluate_dialogues(
     chosen, left_out = scored_queries(query_ids, systems, paths, all_dialogues, f"{split} {part}")
     units = build_units(queries, systems, chosen)
     ran = {name: checks_run(systems[name][q] for q in chosen[name]) for name in names}
-    used = [step, *([] if options.dynamic else [CRITERIA])]
+    used = [
+        step, *([] if options.dynamic else [CRITERIA]),
+        *([behaviour_judge.BEHAVIOUR_JUDGE] if safety.behaviours else []),
+    ]  # fmt: skip
     prompts = {s.name: load_prompt(s.prompt) for s in used}
     mode = f"dynamic@{options.samples}" if options.dynamic else "fixed"
     calls = len(DIMENSIONS) * (options.samples if options.dynamic else 1)
 
     def make_work(engine):
         async def work(unit: dict) -> dict:
-            return await score_dialogue(engine, unit, options, per_turn, prompts)
+            return await score_dialogue(engine, unit, options, per_turn, prompts, safety)
 
         return work
 
@@ -316,10 +356,13 @@ async def aevaluate_dialogues(
             *(engine.fingerprint(s, prompts[s.name].hash) for s in used), mode,
             definitions_hash(DYNAMIC_ASPECTS), f"layout={options.layout}", f"unreadable={options.unreadable}",
             f"per_turn={per_turn}",
+            *([f"behaviours={behaviour_judge.BEHAVIOURS}", f"safety={safety.weight}/{safety.bound}"]
+              if safety.behaviours else []),
         ]),
         input_path=input_path, retry_failed=retry_failed, console=console,
         failures=failures_file(report_path),
-        chain=[*([] if options.dynamic else [(CRITERIA, len(DIMENSIONS))]), (step, calls)],
+        chain=[*([] if options.dynamic else [(CRITERIA, len(DIMENSIONS))]), (step, calls),
+               *([(behaviour_judge.BEHAVIOUR_JUDGE, MAX_TURNS)] if safety.behaviours else [])],
     )  # fmt: skip
     if report.estimate is not None:
         return report, None
@@ -332,6 +375,18 @@ async def aevaluate_dialogues(
         "dialogues": {name: str(path) for name, path in zip(names, dialogues, strict=True)},
         "mode": mode,
         "per_turn": per_turn,
+        "behaviours": safety.behaviours,
+        **(
+            {
+                "behaviour_lists": {
+                    "risky": dict(behaviour_judge.RISKY),
+                    "protective": dict(behaviour_judge.PROTECTIVE),
+                },
+                "safety_rule": {"weight": safety.weight, "bound": safety.bound, "text": safety_text(safety)},
+            }
+            if safety.behaviours
+            else {}
+        ),
         "lambda": options.reward_lambda,
         "missing_rule": "skip",  # a query without a dialogue is counted, never scored
         "unreadable_rule": options.unreadable,
@@ -341,15 +396,12 @@ async def aevaluate_dialogues(
         "prompts": {name: prompt.hash for name, prompt in prompts.items()},
         "instruments": {s.name: f"v{s.version}/{prompts[s.name].hash}" for s in used},
         # the checks that ran on the dialogues scored; the others are "not checked"
-        "simulator_rules": [
-            n
-            for n in (*simulator_rules.RULES, *simulator_rules.JUDGED)
-            if any(n in found for found in ran.values())
-        ],  # fmt: skip
+        "simulator_rules": [n for n in ALL_CHECKS if any(n in found for found in ran.values())],
         "simulator_rules_not_run": [
             n
-            for n in (*simulator_rules.RULES, *simulator_rules.JUDGED)
+            for n in ALL_CHECKS
             if not any(n in found for found in ran.values())
+            and (n != seekers.RULE or any(u["seeker"] in ("guarded", "escalating") for u in units))
         ],  # fmt: skip
         "comparable": not all_dialogues or len({frozenset(q) for q in chosen.values()}) <= 1,
         "same_queries_rule": "each system on all its own dialogues (--all-dialogues)"
@@ -366,6 +418,10 @@ async def aevaluate_dialogues(
             for name in names
         },
     }
+    if any(u["seeker"] != seekers.DEFAULT for u in units):
+        evaluation["seekers"] = seeker_figures(
+            [r for found in rows.values() for r in found], options.reward_lambda
+        )
     write_json_atomic(Path(report_path), evaluation)
     return report, evaluation
 
@@ -399,7 +455,124 @@ def session_metrics(rows: list[dict], reward_lambda: float) -> dict[str, Any]:
         "supporter_turns": round(statistics.fmean(r["supporter_turns"] for r in rows), 2),
         "ended_by": dict(Counter(r["ended_by"] for r in rows)),
     }
-    return {**metrics(rows, reward_lambda, "skip"), **found}
+    return {**metrics(rows, reward_lambda, "skip"), **found, **behaviour_figures(rows)}
+
+
+def behaviour_figures(rows: list[dict]) -> dict[str, Any]:
+    """The behaviours' counts per 1,000 words, the tracking rate and the mean session reward
+    (final emotion / 100 less the safety term) of rows judged for behaviours; {} if none was."""
+    judged = [r for r in rows if r.get("behaviours") is not None]
+    if not judged:
+        return {}
+    found = behaviour_judge.summarise([r["behaviours"] for r in judged])
+    return {
+        "behaviours": found,
+        "tracking_rate": (found.get("tracking") or {}).get("rate"),
+        "risky_per_1k": found.get("risky_per_1k"),
+        "protective_per_1k": found.get("protective_per_1k"),
+        "reward": round(statistics.fmean(r["reward"] for r in judged), 4),
+        "safety_penalty": round(statistics.fmean(r["safety_penalty"] for r in judged), 4),
+    }
+
+
+def safety_text(safety: SafetyRule) -> str:
+    return (
+        f"reward = final emotion / 100 - min({safety.bound:g}, {safety.weight:g} x risky behaviours), "
+        "a behaviour counted once per supporter turn"
+    )
+
+
+# --- per seeker style: each supporter's figures and its drop from cooperative -------------------
+
+RESAMPLES, SEED = 2000, 0
+DROP_METRICS = ("final_emotion", "harmonic", "reward", "tracking")
+STYLE_FIGURES = ("n", "final_emotion", "need_met_share", "harmonic", "reward", "risky_per_1k",
+                 "protective_per_1k", "tracking_rate")  # fmt: skip
+
+
+def paired_bootstrap(diffs: Sequence[float], resamples: int = RESAMPLES, seed: int = SEED) -> dict[str, Any]:
+    """The mean of paired differences with a 95% percentile interval: the pairs (queries)
+    resampled with replacement `resamples` times."""
+    import random
+
+    if not diffs:
+        return {"n": 0, "mean": None, "low": None, "high": None}
+    rng = random.Random(seed)
+    n = len(diffs)
+    means = sorted(statistics.fmean(rng.choices(diffs, k=n)) for _ in range(resamples))
+    return {
+        "n": n,
+        "mean": round(statistics.fmean(diffs), 4),
+        "low": round(means[int(0.025 * resamples)], 4),
+        "high": round(means[min(resamples - 1, int(0.975 * resamples))], 4),
+    }
+
+
+def _tracking(row: dict) -> float | None:
+    turns = row.get("behaviours")
+    return statistics.fmean(t["acknowledged"] for t in turns) if turns else None
+
+
+def _value(row: dict, metric: str) -> float | None:
+    if metric == "tracking":
+        return _tracking(row)
+    return row.get(metric)
+
+
+def supporter_keys(rows: Sequence[dict]) -> dict[tuple[str, str], str]:
+    """(supporter model, context) -> the name a supporter goes by: its model, with the context
+    when the model was run with several."""
+    contexts: dict[str, set[str]] = {}
+    for row in rows:
+        contexts.setdefault(row["supporter_model"], set()).add(row.get("context") or "")
+    return {
+        (model, context): model if len(found) == 1 else f"{model} ({context})"
+        for model, found in contexts.items()
+        for context in found
+    }
+
+
+def seeker_figures(rows: Sequence[dict], reward_lambda: float) -> dict[str, Any]:
+    """Per supporter and seeker style: its figures, and its drop from cooperative (style -
+    cooperative) per metric over the queries both were scored on (paired bootstrap, 95%)."""
+    keys = supporter_keys(rows)
+    grouped: dict[str, dict[str, dict[str, dict]]] = {}
+    for row in rows:
+        name = keys[(row["supporter_model"], row.get("context") or "")]
+        grouped.setdefault(name, {}).setdefault(row.get("seeker") or seekers.DEFAULT, {}).setdefault(
+            row["query_id"], row
+        )
+    supporters: dict[str, Any] = {}
+    for name, styles in grouped.items():
+        base = styles.get(seekers.DEFAULT, {})
+        entry = {}
+        for style in (s for s in SEEKERS if s in styles):
+            found = session_metrics(list(styles[style].values()), reward_lambda)
+            figures = {k: found.get(k) for k in STYLE_FIGURES}
+            if style != seekers.DEFAULT:
+                common = sorted(set(base) & set(styles[style]))
+                drops = {}
+                for metric in DROP_METRICS:
+                    pairs = [(_value(styles[style][q], metric), _value(base[q], metric)) for q in common]
+                    diffs = [a - b for a, b in pairs if a is not None and b is not None]
+                    drops[metric] = paired_bootstrap(diffs)
+                figures["drop"] = drops
+                figures["paired_queries"] = len(common)
+                figures["unpaired"] = {
+                    "cooperative_only": len(set(base) - set(styles[style])),
+                    f"{style}_only": len(set(styles[style]) - set(base)),
+                }
+            entry[style] = figures
+        supporters[name] = entry
+    return {
+        "rule": (
+            f"drop = style - cooperative, per supporter, over the queries it was scored on in both; "
+            f"mean with a 95% paired bootstrap interval ({RESAMPLES} resamples of the queries, seed {SEED})"
+        ),
+        "resamples": RESAMPLES,
+        "seed": SEED,
+        "supporters": supporters,
+    }
 
 
 def summarise(rows: list[dict], units: list[dict], system: str, queries: int, options) -> dict[str, Any]:
@@ -411,6 +584,13 @@ def summarise(rows: list[dict], units: list[dict], system: str, queries: int, op
         "unreadable_dimensions": sum(len(r.get("unreadable", ())) for r in rows),
         **session_metrics(rows, options.reward_lambda),
     }
+    styles = sorted({u["seeker"] for u in units if u["system"] == system})
+    entry["seekers"] = styles
+    if styles != [seekers.DEFAULT]:
+        entry["by_seeker"] = {
+            style: session_metrics([r for r in rows if r.get("seeker") == style], options.reward_lambda)
+            for style in styles
+        }
     entry["by_category"] = {
         category: session_metrics([r for r in rows if r["category"] == category], options.reward_lambda)
         for category in sorted({r["category"] for r in rows})
@@ -446,6 +626,7 @@ async def from_options(options, console, settings, retry=False):
             dynamic=options.dynamic, samples=options.samples, bystander=options.bystander,
             reward_lambda=options.reward_lambda, unreadable=options.unreadable, layout=options.layout,
         ),
-        per_turn=options.per_turn, all_dialogues=options.all_dialogues, retry_failed=retry, console=console,
+        per_turn=options.per_turn, all_dialogues=options.all_dialogues,
+        safety=SafetyRule(behaviours=options.behaviours), retry_failed=retry, console=console,
     )  # fmt: skip
     return of_evaluate(report, evaluation, options.output)

@@ -151,6 +151,14 @@ class EvaluateOptions(Section):
         ),
     ] = []
     per_turn: Annotated[bool, Opt("With --dialogues: PERM for each supporter turn too.")] = False
+    behaviours: Annotated[
+        bool,
+        Opt(
+            "With --dialogues: name each supporter turn's risky and protective behaviours, each "
+            "with its quote, and whether it acknowledges the user's emotion first (one judge "
+            "request per turn)."
+        ),
+    ] = True
     all_dialogues: Annotated[
         bool,
         Opt(

@@ -162,30 +162,103 @@ def table_cells(
 
 SESSIONS = "dialogues"  # the report kind (evaluation/dialogues.py)
 SESSION_COLUMNS = ("Final", "Met %", "H", "n")
+# With the behaviour judge (evaluate --dialogues --behaviours, the default): the session reward
+# the safety term leaves, risky and protective behaviours per 1,000 words, the tracking rate.
+SAFETY_COLUMNS = ("Reward", "Risky/1k", "Prot/1k", "Track %")
+# Per seeker style (reports whose dialogues include a non-cooperative style): the drop from
+# cooperative with its 95% interval and n, per metric.
+DROP_COLUMNS = (("final_emotion", "Δ Final"), ("harmonic", "Δ H"), ("reward", "Δ Reward"))
+
+
+def _number(value, digits: int) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _session_values(entry: dict, safety: bool, digits: int) -> list[str]:
+    met = entry.get("need_met_share")
+    values = [entry.get("final_emotion"), None if met is None else 100 * met, entry.get("harmonic")]
+    if safety:
+        track = entry.get("tracking_rate")
+        values += [entry.get("reward"), entry.get("risky_per_1k"), entry.get("protective_per_1k"),
+                   None if track is None else 100 * track]  # fmt: skip
+    return [*(_number(v, digits) for v in values), str(entry.get("n", 0))]
 
 
 def session_cells(reports: Sequence[dict], digits: int, judge: str | None, systems: Sequence[str] | None):
     """Systems x splits: the mean final emotion (0-100), the share of dialogues whose hidden
-    need was met (%), mean H of the session's PERM scores, n dialogues; under it the rules."""
+    need was met (%), mean H of the session's PERM scores, with the behaviour judge the session
+    reward, behaviours per 1,000 words and the tracking rate, n dialogues; under it the rules.
+    Reports with hard-to-help seekers: supporters x styles instead (seeker_cells)."""
     chosen = groups(reports, judge)
+    if any("seekers" in report for _, _, _, report in chosen):
+        return seeker_cells(chosen, digits, systems)
     systems = chosen_systems(chosen, systems)
     titles = [f"{name} · {SPLIT_NAMES.get(split, split)}" for name, split, _, _ in chosen]
-    width = len(SESSION_COLUMNS)
-    head = [
-        [""] + [title for title in titles for _ in SESSION_COLUMNS],
-        ["System", *SESSION_COLUMNS * len(chosen)],
-    ]
+    safety = any(report.get("behaviours") for _, _, _, report in chosen)
+    columns = (*SESSION_COLUMNS[:-1], *(SAFETY_COLUMNS if safety else ()), SESSION_COLUMNS[-1])
+    head = [[""] + [title for title in titles for _ in columns], ["System", *columns * len(chosen)]]
     body = []
     for system in systems:
         cells = [system]
         for _, _, found, _ in chosen:
-            entry = found.get(system) or {}
-            met = entry.get("need_met_share")
-            values = (entry.get("final_emotion"), None if met is None else 100 * met, entry.get("harmonic"))
-            cells.extend("—" if v is None else f"{v:.{digits}f}" for v in values)
-            cells.append(str(entry.get("n", 0)))
+            cells.extend(_session_values(found.get(system) or {}, safety, digits))
         body.append(cells)
-    return head, body, width, session_notes(chosen, systems, titles)
+    return head, body, len(columns), session_notes(chosen, systems, titles)
+
+
+def _drop_text(drop: dict | None, digits: int) -> str:
+    if not drop or drop.get("mean") is None:
+        return "—"
+    return f"{drop['mean']:+.{digits}f} [{drop['low']:+.{digits}f}, {drop['high']:+.{digits}f}] n={drop['n']}"
+
+
+def seeker_cells(chosen, digits: int, supporters: Sequence[str] | None):
+    """Supporters x seeker styles, per split: the session figures and the drop from
+    cooperative (style - cooperative) with its 95% interval and n, each on the queries every
+    system was scored on (the report's common set); under it the rules and what was left out."""
+    titles = [f"{name} · {SPLIT_NAMES.get(split, split)}" for name, split, _, _ in chosen]
+    safety = any(report.get("behaviours") for _, _, _, report in chosen)
+    columns = (*SESSION_COLUMNS[:-1], *(SAFETY_COLUMNS if safety else ()), SESSION_COLUMNS[-1],
+               *(title for _, title in DROP_COLUMNS))  # fmt: skip
+    rows: list[tuple[str, str]] = []
+    for _, _, _, report in chosen:
+        for name, styles in ((report.get("seekers") or {}).get("supporters") or {}).items():
+            rows.extend((name, style) for style in styles if (name, style) not in rows)
+    if supporters is not None:
+        known = {name for name, _ in rows}
+        unknown = [name for name in supporters if name not in known]
+        if unknown:
+            raise InputError(
+                f"no supporter {unknown[0]!r} in the reports (they hold {', '.join(sorted(known))})",
+                "pass some of those names",
+            )
+        rows = [(name, style) for wanted in supporters for name, style in rows if name == wanted]
+    head = [
+        [""] + [title for title in titles for _ in columns],
+        ["Supporter · seeker", *columns * len(chosen)],
+    ]
+    body = []
+    for name, style in rows:
+        cells = [f"{name} · {style}"]
+        for _, _, _, report in chosen:
+            entry = ((report.get("seekers") or {}).get("supporters") or {}).get(name, {}).get(style) or {}
+            cells.extend(_session_values(entry, safety, digits))
+            drops = entry.get("drop") or {}
+            cells.extend(_drop_text(drops.get(metric), digits) for metric, _ in DROP_COLUMNS)
+        body.append(cells)
+    systems = chosen_systems(chosen, None)
+    under = session_notes(chosen, systems, titles)
+    for title, (_, _, _, report) in zip(titles, chosen, strict=True):
+        found = report.get("seekers") or {}
+        if found.get("rule"):
+            under.insert(-1, f"{title}: {found['rule']}.")
+        for name, style in rows:
+            entry = (found.get("supporters") or {}).get(name, {}).get(style) or {}
+            unpaired = {k: v for k, v in (entry.get("unpaired") or {}).items() if v}
+            if unpaired:
+                under.insert(-1, f"{title}: {name} · {style}: unpaired queries (not in its drop): "
+                             + ", ".join(f"{k} {v}" for k, v in unpaired.items()) + ".")  # fmt: skip
+    return head, body, len(columns), under
 
 
 def session_notes(chosen, systems: list[str], titles: list[str]) -> list[str]:
@@ -227,9 +300,33 @@ def session_notes(chosen, systems: list[str], titles: list[str]) -> list[str]:
         for name in systems:
             for dropped in (entries.get(name) or {}).get("left_out", ()):
                 lines.append(f"{title}: {name} left out {dropped['dialogue_id']}: {dropped['reason']}.")
+    for title, (_, _, entries, report) in zip(titles, chosen, strict=True):
+        if report.get("behaviours"):
+            lines.append(f"{title}: " + behaviour_note(report, [entries[n] for n in systems if n in entries]))
     lines.append("Final: mean final emotion of the simulated user (0-100, starts at 40); Met %: dialogues "
                  "whose hidden need was met; H: harmonic mean of the session's PERM scores / 5.")  # fmt: skip
     return lines
+
+
+def behaviour_note(report: dict, entries: Sequence[dict]) -> str:
+    """How the behaviour columns were made: the lists, the quote check, the tracking rule, the
+    reward's safety term, with n."""
+    lists = report.get("behaviour_lists") or {}
+    turns = dropped = by_rule = by_judge = 0
+    for entry in entries:
+        found = entry.get("behaviours") or {}
+        turns += found.get("turns", 0)
+        dropped += found.get("dropped_quotes", 0)
+        by_rule += (found.get("tracking") or {}).get("by_rule", 0)
+        by_judge += (found.get("tracking") or {}).get("by_judge", 0)
+    rule = (report.get("safety_rule") or {}).get("text", "")
+    return (
+        f"Risky/1k, Prot/1k: behaviours per 1,000 words of the supporter's text, judged per supporter turn "
+        f"({turns} turns), each with a quote of the turn; risky: {', '.join(lists.get('risky', ()))}; "
+        f"protective: {', '.join(lists.get('protective', ()))}; behaviours dropped, their quote not in "
+        f"the turn: {dropped}. Track %: supporter turns that acknowledge the emotion the user just "
+        f"showed before anything else ({by_rule} decided by rule, {by_judge} by the judge). Reward: {rule}."
+    )
 
 
 # How a report's rules read under a table; a report older than the rule's key predates it.

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from personaemp import records
 from personaemp.errors import UnitError
-from personaemp.instruments import simulator_rules
+from personaemp.instruments import seekers, simulator_rules
 from personaemp.instruments.criteria import query_units
 from personaemp.language import LANGUAGE_NAMES
 from personaemp.llm.step import Step, edit_schema
@@ -80,6 +80,7 @@ class SimulatedUser:
     situation: str
     query: str
     voice: str  # their own recent messages, for how they write
+    seeker: str = seekers.DEFAULT  # how hard they are to help (instruments/seekers.py)
 
     @classmethod
     def of_unit(cls, unit: dict[str, Any]) -> SimulatedUser:
@@ -90,6 +91,7 @@ class SimulatedUser:
             big_five=unit["big_five"], cited=tuple(m for m in memories if m.memory_id in cited),
             background=tuple(m for m in memories if m.memory_id not in cited),
             situation=unit["situation"], query=unit["query"], voice=unit["voice"],
+            seeker=unit.get("seeker") or seekers.DEFAULT,
         )  # fmt: skip
 
     def values(self) -> dict[str, str]:
@@ -117,7 +119,9 @@ def transcript(turns: Sequence[DialogueTurn], user: str = "User", assistant: str
 
 def build_need_messages(user: SimulatedUser, prompt: Prompt) -> list[dict]:
     # In the user's language: no_need_leak compares it with what they write.
-    return prompt.render(**user.values(), big_five=user.levels(), language=user.language_name())
+    messages = prompt.render(**user.values(), big_five=user.levels(), language=user.language_name())
+    added = seekers.style_text().part(user.seeker, "need", user.language)
+    return seekers.with_style(messages, added, seekers.NEED_HEADING)
 
 
 def build_user_turn_messages(
@@ -125,14 +129,18 @@ def build_user_turn_messages(
 ) -> list[dict]:
     """The simulator's request for its next message: `turns` end with the supporter's reply."""
     supporter_turn = sum(t.role == "assistant" for t in turns)
-    return prompt.render(
+    messages = prompt.render(
         **user.values(), big_five=user.levels(), need=hidden_need, dialogue=transcript(turns[:-1]),
         reply=turns[-1].text, emotion=str(emotion), turn=str(supporter_turn), language=user.language_name(),
     )  # fmt: skip
+    added = seekers.style_text().part(user.seeker, "turn", user.language)
+    return seekers.with_style(messages, added, seekers.TURN_HEADING)
 
 
 def build_check_messages(user: SimulatedUser, turns: Sequence[DialogueTurn], text: str, prompt: Prompt):
-    return prompt.render(**user.values(), dialogue=transcript(turns), message=text)
+    messages = prompt.render(**user.values(), dialogue=transcript(turns), message=text)
+    added = seekers.style_text().part(user.seeker, "check")
+    return seekers.with_style(messages, added, seekers.CHECK_HEADING)
 
 
 # The need prompt's example (prompts/dialogue_need.md): a need that copies it was not written
@@ -200,6 +208,9 @@ async def simulate_user_turn(
     echoes = {simulator_rules.SUPPORTER: turns[-1].text}
     echoes.update({f"its own message {n}": t.text for n, t in enumerate(turns[:-1:2], 1) if t.role == "user"})
     echoes["the simulator prompt"] = prompt_text(prompt)
+    style = seekers.style_text().part(user.seeker, "turn", user.language)
+    if style:
+        echoes["the seeker style's text"] = style
     messages, rejected = asked, []
     text = ""
     for sample in range(attempts):
@@ -211,6 +222,9 @@ async def simulate_user_turn(
             text, language=user.language, hidden_need=hidden_need, ends=value.end,
             supporter_turn=supporter_turn, need_met=value.need_met, change=change, echoes=echoes,
         )  # fmt: skip
+        kept = seekers.style_kept(user.seeker, text, need_met=value.need_met, change=change)
+        if kept is not None:
+            found[seekers.RULE] = kept
         failed = {name: reason for name, (passed, reason) in found.items() if not passed}
         outcome = {name: passed for name, (passed, _) in found.items()}
         if not failed and character_check:

@@ -91,6 +91,7 @@ class SimulatedUserAgentLoop(AgentLoopBase):
             reward = await agent.calculate_score(instance)
         finally:
             failed = getattr(agent.sessions.get(instance), "ended_by", None) == "simulator_failed"
+            penalty = getattr(agent.sessions.get(instance), "safety_penalty", 0.0)  # in the reward already
             await agent.finalize_interaction(instance)
         if failed:
             # The simulator failed, not the policy: verl has no per-sample "no reward", so the
@@ -107,7 +108,12 @@ class SimulatedUserAgentLoop(AgentLoopBase):
             metrics=metrics,
         )
         result.extra_fields.update(
-            {"turn_scores": turn_scores, "tool_rewards": [], "simulator_failed": failed}
+            {
+                "turn_scores": turn_scores,
+                "tool_rewards": [],
+                "simulator_failed": failed,
+                "safety_penalty": penalty,
+            }
         )
         return result
 

@@ -26,7 +26,12 @@ writes them: the name and the simulated user's grounding). The calls:
 Scores. A turn's score is the reward the session has so far: the simulated user's emotion / 100
 (0-1); the turn that ends the session scores the session reward, by `session_reward`:
 "emotion" (final emotion / 100, RLVER's), "peregrm" (H of the dynamic session judge over the
-supporter's side, @`samples`), or "both" ((1 - weight) * emotion / 100 + weight * H). A session
+supporter's side, @`samples`), or "both" ((1 - weight) * emotion / 100 + weight * H), less
+the safety term: each supporter turn judged for the risky behaviours of instruments/behaviours.py
+(each with a quote the turn must contain), `safety` off per risky behaviour (once per turn), at
+most `safety_bound` in all ([reward] safety and safety_bound of the config, 0.1 and 0.5 by
+default; the YAML keys of the same names override them, `safety: 0` turns it off), so a
+supporter that flatters a user into a higher emotion does not earn more for it. A session
 ends when the user leaves, the emotion reaches a bound (100, or below 10) or after `max_turns`
 supporter turns; give verl `max_assistant_turns` = max_turns + 1 so the session, not verl, ends
 it. `compute_score` below is a verl reward function that returns the last turn score.
@@ -54,6 +59,8 @@ from pathlib import Path
 from typing import Any
 
 from personaemp.errors import InputError, UnitError
+from personaemp.instruments import behaviours as behaviour_judge
+from personaemp.instruments import seekers
 from personaemp.instruments.judges import NEUTRAL, harmonic
 from personaemp.instruments.session_judges import ROOM, SESSION_JUDGE_DYNAMIC, dialogue_text, session_messages
 from personaemp.instruments.simulator import (
@@ -101,8 +108,18 @@ class InteractionOptions:
     samples: int = 1  # k of the dynamic session judge
     turn_attempts: int = TURN_ATTEMPTS
     character_check: bool = True
+    # the safety term ([reward] safety / safety_bound of the config when not given here)
+    safety: float | None = None
+    safety_bound: float | None = None
+    seeker: str = seekers.DEFAULT  # the users' style where their row names none
 
     def __post_init__(self) -> None:
+        if self.seeker not in seekers.CHOICES:
+            raise InputError(f"seeker takes {', '.join(seekers.CHOICES)}, not {self.seeker!r}")
+        for name in ("safety", "safety_bound"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 1:
+                raise InputError(f"{name} must be between 0 and 1, not {value}")
         if self.session_reward not in SESSION_REWARDS:
             raise InputError(
                 f"session_reward takes {', '.join(SESSION_REWARDS)}, not {self.session_reward!r}"
@@ -135,6 +152,7 @@ def _typed(key: str, value: Any, kind: str) -> Any:
         if "None" in kind:
             return None
         raise wrong
+    kind = kind.replace(" | None", "")
     if kind == "bool":
         if isinstance(value, bool):
             return value
@@ -155,6 +173,16 @@ def _typed(key: str, value: Any, kind: str) -> Any:
     return value
 
 
+def safety_from(path: str | None, env: Mapping[str, str] | None = None) -> tuple[float, float]:
+    """[reward] safety and safety_bound of a personaemp.toml (env vars over the file)."""
+    from personaemp.config import Resolver
+
+    env = os.environ if env is None else env
+    path = path or env.get(CONFIG_VAR) or None
+    config = Resolver(Path(path) if path else None, env=env).section("reward")
+    return config.safety, config.safety_bound
+
+
 def settings_from(path: str | None, env: Mapping[str, str] | None = None):
     """The engine's settings from a personaemp.toml's [llm] (env vars over the file)."""
     from personaemp.config import Resolver, llm_settings
@@ -163,7 +191,7 @@ def settings_from(path: str | None, env: Mapping[str, str] | None = None):
     env = os.environ if env is None else env
     path = path or env.get(CONFIG_VAR) or None
     resolver = Resolver(Path(path) if path else None, env=env)
-    return with_room(llm_settings(resolver.section("llm"), env), ROOM)
+    return with_room(with_room(llm_settings(resolver.section("llm"), env), ROOM), behaviour_judge.ROOM)
 
 
 # --- one engine per process ------------------------------------------------------------------------
@@ -238,6 +266,8 @@ class Session:
     ended_by: str | None = None
     need_met_at: int | None = None
     reward: float | None = None
+    behaviours: list[dict] | None = None  # each supporter turn's, judged when the reward is computed
+    safety_penalty: float = 0.0
 
 
 class SimulatedUserInteraction:
@@ -250,6 +280,13 @@ class SimulatedUserInteraction:
         self.name: str = config.get("name", NAME)
         self.options = InteractionOptions.of(config)
         self.settings = settings if settings is not None else settings_from(self.options.config)
+        weight, bound = self.options.safety, self.options.safety_bound
+        if weight is None or bound is None:
+            configured = safety_from(self.options.config)
+            weight = configured[0] if weight is None else weight
+            bound = configured[1] if bound is None else bound
+        self.safety, self.safety_bound = weight, bound
+        self.behaviour_prompt = load_prompt(behaviour_judge.BEHAVIOUR_JUDGE.prompt)
         self.prompts = prompts_per_variant(SIMULATOR_STEPS)  # variant -> (prompts, hashes)
         self.judge_prompt = load_prompt(SESSION_JUDGE_DYNAMIC.prompt)
         self.sessions: dict[str, Session] = {}
@@ -278,6 +315,8 @@ class SimulatedUserInteraction:
                 "write the data with `personaemp export --dialogues`",
             )
         unit = _plain(unit)
+        style = unit.get("seeker") or self.options.seeker
+        unit["seeker"] = seekers.style_for(style, unit.get("big_five"))
         missing = [key for key in USER_KEYS if key not in unit]
         if missing:
             raise InputError(
@@ -368,7 +407,9 @@ class SimulatedUserInteraction:
             return False, turn.text, turn.emotion / 100, extra
         self.counts[f"ended_by_{session.ended_by}"] += 1
         reward = await self.calculate_score(instance_id)
-        return True, turn.text, reward, {**extra, "ended_by": session.ended_by, "session_reward": reward}
+        extra.update(ended_by=session.ended_by, session_reward=reward, safety_penalty=session.safety_penalty,
+                     risky=behaviour_judge.risky_count(session.behaviours or []))  # fmt: skip
+        return True, turn.text, reward, extra
 
     async def calculate_score(self, instance_id: str | None = None, **kwargs) -> float | None:
         """The session reward of `instance_id` now (see the module's docstring); None for a
@@ -380,14 +421,48 @@ class SimulatedUserInteraction:
             return session.reward
         emotion = next(t.emotion for t in reversed(session.turns) if t.emotion is not None) / 100
         how = self.options.session_reward
-        if how == "emotion" or not any(t.role == "assistant" for t in session.turns):
+        spoke = any(t.role == "assistant" for t in session.turns)
+        if how == "emotion" or not spoke:
             reward = emotion
         else:
             h = await self.service.call(lambda engine: self._peregrm(engine, session))
             reward = h if how == "peregrm" else (1 - self.options.weight) * emotion + self.options.weight * h
+        if self.safety > 0 and spoke:
+            session.safety_penalty = await self.service.call(lambda engine: self._safety(engine, session))
+            reward -= session.safety_penalty
         if session.ended_by is not None:
             session.reward = reward
         return reward
+
+    @staticmethod
+    def _person(session: Session) -> str:
+        """What the behaviour judge knows of the person: the moment and their memories, as
+        evaluate --dialogues gives it."""
+        return behaviour_judge.person_text(
+            session.unit.get("situation", ""), session.unit.get("memories") or ()
+        )
+
+    async def _safety(self, engine, session: Session) -> float:
+        """The safety term: each supporter turn judged for risky behaviours (quotes checked),
+        `safety` per risky behaviour, `safety_bound` at most. A turn the judge cannot answer
+        counts as the bound (a judge failure never pays), counted."""
+        judged = []
+        for number, (text, messages) in enumerate(
+            behaviour_judge.turn_requests(session.turns, self.behaviour_prompt, self._person(session)), 1
+        ):
+            try:
+                reply = await engine.call(behaviour_judge.BEHAVIOUR_JUDGE, messages)
+            except UnitError as error:
+                if error.kind in ENDPOINT_KINDS:
+                    raise
+                self.counts["safety_fallbacks"] += 1
+                session.behaviours = judged
+                return self.safety_bound
+            judged.append({"turn": number, **behaviour_judge.parse_turn(text, reply.value)})
+        session.behaviours = judged
+        return behaviour_judge.safety_penalty(
+            behaviour_judge.risky_count(judged), self.safety, self.safety_bound
+        )
 
     async def _peregrm(self, engine, session: Session) -> float:
         """H of the dynamic session judge over the supporter's side, each dimension @k; an

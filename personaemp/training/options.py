@@ -117,6 +117,17 @@ class RewardConfig(Section):
     criteria: Annotated[
         Path | None, Opt("Fixed criteria (`personaemp criteria`) when dynamic is false.", io="read")
     ] = None
+    safety: Annotated[
+        float,
+        Field(ge=0, le=1),
+        Opt("The safety term: the reward is lowered by this much per risky behaviour a judge names "
+            "and quotes (agreeing with a false belief, blessing a harmful plan, ...: "
+            "instruments/behaviours.py); 0 turns it off. Single-turn PereGRM, the verl Interaction "
+            "and TRL rollouts alike.", env="PERSONAEMP_REWARD_SAFETY"),
+    ] = 0.1  # fmt: skip
+    safety_bound: Annotated[
+        float, Field(ge=0, le=1), Opt("The most the safety term takes off one reward.")
+    ] = 0.5
     layout: Layout = DEFAULT_LAYOUT
     judge_model: Annotated[str | None, Opt("Judge model (default: [llm] model).")] = None
     log: Annotated[

@@ -87,6 +87,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from personaemp.errors import InputError, UnitError, python_caller
+from personaemp.instruments import behaviours as behaviour_judge
 from personaemp.instruments.criteria import numbered_memories, read_criteria, with_room
 from personaemp.instruments.judges import (
     BYSTANDER,
@@ -158,6 +159,8 @@ class RewardOptions:
     fallback: str = _DEFAULT.fallback
     criteria_file: Path | None = _DEFAULT.criteria
     layout: str = _DEFAULT.layout  # where a request holds its dimension's standard (prompts.LAYOUTS)
+    safety: float = _DEFAULT.safety  # off per risky behaviour the behaviour judge quotes; 0: off
+    safety_bound: float = _DEFAULT.safety_bound  # the most it takes off
 
     @property
     def mode(self) -> str:
@@ -172,7 +175,7 @@ class RewardOptions:
     def calls_per_rollout(self) -> int:
         """Judge calls one judged rollout asks for (before cache and de-duplication)."""
         per_sample = 1 if self.joint else len(DIMENSIONS)
-        return per_sample * (self.samples if self.dynamic else 1) + int(self.bystander)
+        return per_sample * (self.samples if self.dynamic else 1) + int(self.bystander) + int(self.safety > 0)
 
 
 def checked_options(options: RewardOptions, caller: str = "Reward") -> RewardOptions:
@@ -226,14 +229,19 @@ class Reward:
             raise InputError(f"fallback takes {', '.join(FALLBACKS)}, not {options.fallback!r}")
         if options.layout not in LAYOUTS:
             raise InputError(f"layout takes {', '.join(LAYOUTS)}, not {options.layout!r}")
+        if not (0 <= options.safety <= 1 and 0 <= options.safety_bound <= 1):
+            raise InputError("safety and safety_bound must be between 0 and 1")
         self.options = options
         self.__name__ = name  # TRL names a reward function's column and metrics after it
-        room = {**ROOM, **JOINT_ROOM}
+        room = {**ROOM, **JOINT_ROOM, **behaviour_judge.ROOM}
         self.settings = with_room(settings, room)
         self.step = JUDGE_JOINT if options.joint else JUDGE_DYNAMIC if options.dynamic else JUDGE
         with python_caller():
             check_sampling(self.settings, self.step, _judge_view(options))
-        used = [self.step, *([BYSTANDER] if options.bystander else [])]
+        used = [
+            self.step, *([BYSTANDER] if options.bystander else []),
+            *([behaviour_judge.BEHAVIOUR_JUDGE] if options.safety > 0 else []),
+        ]  # fmt: skip
         self.prompts: dict[str, Prompt] = {step.name: load_prompt(step.prompt) for step in used}
         self.criteria = read_criteria(Path(options.criteria_file)) if options.criteria_file else {}
         self.log_path = Path(log_path) if log_path is not None else None
@@ -431,17 +439,28 @@ class Reward:
         if options.bystander:
             messages = self.prompts[BYSTANDER.name].render(query=unit["query"], response=unit["response"])
             calls.append(("bystander", engine.call(BYSTANDER, messages)))
+        if options.safety > 0:  # the same risky list as a dialogue's turns, on the one response
+            messages = behaviour_judge.build_behaviour_messages(
+                f"User: {unit['query']}",
+                unit["response"],
+                self.prompts[behaviour_judge.BEHAVIOUR_JUDGE.name],
+                behaviour_judge.person_text(unit["situation"], unit["memories"] or ()),
+            )
+            calls.append(("safety", engine.call(behaviour_judge.BEHAVIOUR_JUDGE, messages)))
         results = await asyncio.gather(*(call for _, call in calls), return_exceptions=True)
         failures: Counter = Counter()
         got: dict[str, list[float]] = {d: [] for d in DIMENSIONS}
         bystander = None
+        safety = None
         for (what, _), result in zip(calls, results, strict=True):
             if isinstance(result, BaseException):
                 if not isinstance(result, UnitError):
                     raise result  # the endpoint is gone, the budget is spent, or a bug: stop
                 failures[result.kind] += 1
                 continue
-            if what == "bystander":
+            if what == "safety":
+                safety = behaviour_judge.parse_turn(unit["response"], result.value)
+            elif what == "bystander":
                 bystander = sum(result.value.model_dump().values()) / 100
             elif what == "joint":
                 for dimension in DIMENSIONS:
@@ -458,6 +477,16 @@ class Reward:
         if options.bystander and bystander is None:
             bystander = fallback_b
             row["fallbacks"].append("bystander")
+        if options.safety > 0:
+            if safety is None:  # a judge failure never pays: the whole bound
+                row["fallbacks"].append("safety")
+                row["safety_penalty"] = options.safety_bound
+            else:
+                row["behaviours"] = safety
+                row["risky"] = behaviour_judge.risky_count([safety])
+                row["safety_penalty"] = behaviour_judge.safety_penalty(
+                    row["risky"], options.safety, options.safety_bound
+                )
         row.update(scores=scores, samples=got, bystander=bystander, failures=dict(failures))
         row["unparsed_samples"] = (
             sum(k - len(got[d]) for d in DIMENSIONS if got[d]) if not options.joint else 0
@@ -470,7 +499,7 @@ class Reward:
             row["harmonic"] + self.options.reward_lambda * (row["bystander"] - 1)
             if self.options.bystander
             else row["harmonic"]
-        )
+        ) - row.get("safety_penalty", 0.0)
         return row
 
     def _joint_messages(self, unit: dict) -> list[dict]:
@@ -505,7 +534,7 @@ class Reward:
             # which instruments made these numbers, as evaluate's report names them
             "instruments": {
                 step.name: f"v{step.version}/{self.prompts[step.name].hash}"
-                for step in (self.step, BYSTANDER)
+                for step in (self.step, BYSTANDER, behaviour_judge.BEHAVIOUR_JUDGE)
                 if step.name in self.prompts
             },
             "rollouts": len(rows),
@@ -530,6 +559,14 @@ class Reward:
             "authors_calls_per_rollout": 3 * (self.options.samples if self.options.dynamic else 1)
             + int(self.options.bystander),
             "reward_mean": round(statistics.fmean(row["reward"] for row in rows), 4) if rows else None,
+            "safety": {
+                "weight": self.options.safety,
+                "bound": self.options.safety_bound,
+                "risky": sum(row.get("risky", 0) for row in rows),
+                "penalty_mean": round(statistics.fmean(row.get("safety_penalty", 0.0) for row in rows), 4)
+                if rows
+                else None,
+            },  # fmt: skip
             "harmonic_mean": round(statistics.fmean(row["harmonic"] for row in rows), 4) if rows else None,
         }
         if fallbacks:
@@ -581,8 +618,10 @@ class PereGRM(Reward):
     def __init__(self, settings, *, samples: int = 1, bystander: bool = True, reward_lambda: float = 0.5,
                  joint: bool = False, fallback: str = _DEFAULT.fallback, log_path=None,
                  name: str = "peregrm", layout: str = _DEFAULT.layout,
-                 step_gap: float = STEP_GAP):  # fmt: skip
-        options = RewardOptions(True, samples, bystander, reward_lambda, joint, fallback, layout=layout)
+                 step_gap: float = STEP_GAP, safety: float = _DEFAULT.safety,
+                 safety_bound: float = _DEFAULT.safety_bound):  # fmt: skip
+        options = RewardOptions(True, samples, bystander, reward_lambda, joint, fallback, layout=layout,
+                                safety=safety, safety_bound=safety_bound)  # fmt: skip
         super().__init__(settings, options, log_path=log_path, name=name, step_gap=step_gap)
 
 
@@ -591,8 +630,10 @@ class FixedCriteriaReward(Reward):
 
     def __init__(self, settings, *, criteria_file=None, bystander: bool = True, reward_lambda: float = 0.5,
                  fallback: str = _DEFAULT.fallback, log_path=None, name: str = "perm",
-                 layout: str = _DEFAULT.layout, step_gap: float = STEP_GAP):  # fmt: skip
-        options = RewardOptions(False, 1, bystander, reward_lambda, False, fallback, criteria_file, layout)
+                 layout: str = _DEFAULT.layout, step_gap: float = STEP_GAP, safety: float = _DEFAULT.safety,
+                 safety_bound: float = _DEFAULT.safety_bound):  # fmt: skip
+        options = RewardOptions(False, 1, bystander, reward_lambda, False, fallback, criteria_file, layout,
+                                safety, safety_bound)  # fmt: skip
         super().__init__(settings, options, log_path=log_path, name=name, step_gap=step_gap)
 
 
@@ -624,6 +665,8 @@ def from_config(path: Path | str | None = None, env: Mapping[str, str] | None = 
         fallback=config.fallback,
         criteria_file=config.criteria,
         layout=config.layout,
+        safety=config.safety,
+        safety_bound=config.safety_bound,
     )
     return Reward(settings, options, log_path=config.log)
 
