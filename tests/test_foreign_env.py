@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import sys
 
-import pytest
 from conftest import REPO, foreign_environment, isolate_environment
 
 sys.path.insert(0, str(REPO / "bench"))
@@ -33,10 +32,10 @@ def test_the_isolation_clears_every_personaemp_variable_the_key_and_the_endpoint
     assert not foreign_environment(os.environ)  # this process: isolated by pytest_configure
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("invalid", [False, True], ids=["readme-exports", "invalid-values"])
-def test_a_slice_of_the_suite_sends_nothing_to_the_shells_endpoint(invalid):
+def test_a_slice_of_the_suite_sends_nothing_to_the_shells_endpoint():
+    """The README's three exports (valid values: before, 108 requests reached the endpoint).
+    Invalid PERSONAEMP_* values are bench/foreign_env.py's default, for the whole suite."""
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *SLICE]
-    status, requests = run_foreign(command, cwd=REPO, timeout=600, invalid=invalid)
+    status, requests = run_foreign(command, cwd=REPO, timeout=600, invalid=False)
     assert requests == []
     assert status == 0
