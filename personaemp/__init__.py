@@ -43,14 +43,12 @@ __all__ = ["__version__", *_EXPORTS]
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None and not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is None:
-        module = "personaemp.api"  # a stage's function not listed above: api.py makes one per Stage
+        module = "personaemp.api"  # a stage just added to the catalogue: api.py makes its function
         if not hasattr(importlib.import_module(module), name):
             module = None
     if module is None:
         raise AttributeError(f"module 'personaemp' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # loaded once
-    return value
+    return getattr(importlib.import_module(module), name)
 
 
 def __dir__() -> list[str]:

@@ -19,19 +19,25 @@ import inspect
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from personaemp.aio import sync_twin
+from personaemp.aio import run_sync
+from personaemp.catalogue import COMMANDS
 from personaemp.config import Resolver
 from personaemp.errors import python_caller
-from personaemp.options import COMMANDS, SECTIONS, renamed, spec, specs
+from personaemp.options import renamed, spec
+from personaemp.options import sections as declared_sections
 from personaemp.progress import listening
-from personaemp.registry import STAGES, Stage, signature_parameters
+from personaemp.registry import STAGES
 from personaemp.results import StageResult
 
+if TYPE_CHECKING:
+    from personaemp.llm.settings import LLMSettings
+
 Progress = bool | Callable[[str, int, "int | None"], object]
+PathLike = str | Path | None
 PATH = "str | Path | None"
 
 
@@ -39,15 +45,15 @@ def _resolve(command: str, given: dict[str, Any], config: str | Path | None) -> 
     """The command's sections from keyword arguments (routed by name), env vars and config."""
     from personaemp.paths import check_command
 
-    sections = COMMANDS[command]
-    owner = {key: (name, renamed(SECTIONS[name]).get(key, key)) for name in reversed(sections)  # first wins
-             for key in [*SECTIONS[name].model_fields, *renamed(SECTIONS[name])]}  # fmt: skip
-    flags: dict[str, dict[str, Any]] = {name: {} for name in sections}
+    names, models = COMMANDS[command], declared_sections()
+    owner = {key: (name, renamed(models[name]).get(key, key)) for name in reversed(names)  # first wins
+             for key in [*models[name].model_fields, *renamed(models[name])]}  # fmt: skip
+    flags: dict[str, dict[str, Any]] = {name: {} for name in names}
     for key, value in given.items():
         if value is None:
             continue  # "not given": the default (or the config's value) applies
         if key not in owner:
-            known = sorted({field for name in sections for field in SECTIONS[name].model_fields})
+            known = sorted({field for name in names for field in models[name].model_fields})
             raise TypeError(f"{command}: unknown option {key!r}; the options are {', '.join(known)}")
         section, field = owner[key]
         if isinstance(value, os.PathLike) and spec(section, field).base is str:
@@ -81,69 +87,407 @@ def _llm_settings(settings, resolver: Resolver):
     return settings
 
 
-# --- the stages: one function each, derived from registry.STAGES --------------------------------
+# --- the stages: one function each, written out; each resolves its options, then runs the stage --
 
 
-def _function(stage: Stage):
-    """`pe.<stage.function>`: the stage's options as keyword arguments (its first ones also
-    positional), resolved as the command resolves its flags; returns what the stage returns."""
+def _run(command: str, given: dict[str, Any], options: dict[str, Any], config, progress: Progress):
+    """A stage on its options: positional `given` and keyword `options`, resolved as the command's."""
+    with python_caller():
+        resolver = _resolve(command, {**given, **options}, config)
+        with _reporting(progress) as console:
+            return STAGES[command].run(resolver, console)
 
-    def bound(args: tuple, options: dict[str, Any]) -> dict[str, Any]:
-        if len(args) > len(stage.positional):
-            raise TypeError(f"{stage.function}() takes {len(stage.positional)} positional arguments")
-        return {**dict(zip(stage.positional, args, strict=False)), **options}
 
-    if stage.llm:
+async def _arun(
+    command: str, given: dict[str, Any], options: dict[str, Any], settings, config, progress: Progress
+):
+    """An LLM stage on its options (the endpoint: LLM options, or `settings`), awaited."""
+    with python_caller():
+        resolver = _resolve(command, {**given, **options}, config)
+        engine = _llm_settings(settings, resolver)
+        with _reporting(progress) as console:
+            return await STAGES[command].arun(resolver, console, llm=engine)
 
-        async def function(*args, settings=None, config=None, progress=stage.progress, **options):
-            with python_caller():
-                resolver = _resolve(stage.command, bound(args, options), config)
-                engine = _llm_settings(settings, resolver)
-                with _reporting(progress) as console:
-                    return await stage.arun(resolver, console, llm=engine)
 
-    else:
+def __getattr__(name: str):
+    """A stage of the catalogue not written out below yet (one just added): its function,
+    made from its line (tests/test_api.py asks for every stage's to be written out)."""
+    from personaemp.catalogue import LINES
 
-        def function(*args, config=None, progress=stage.progress, **options):
-            with python_caller():
-                resolver = _resolve(stage.command, bound(args, options), config)
-                with _reporting(progress) as console:
-                    return stage.run(resolver, console)
+    for line in LINES:
+        if name in (line.function, "a" + line.function) and line.function not in _WRITTEN:
+            return _made_for(line, asynchronous=name.startswith("a") and name != line.function)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    keyword = inspect.Parameter.KEYWORD_ONLY
-    parameters = [
-        *(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=PATH)
-          for name in stage.positional),
-        *([inspect.Parameter("settings", keyword, default=None)] if stage.llm else []),
-        inspect.Parameter("config", keyword, default=None, annotation="str | Path | None"),
-        inspect.Parameter("progress", keyword, default=stage.progress, annotation="Progress"),
-        *signature_parameters(stage),
-    ]  # fmt: skip
-    function.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
-    function.__name__ = function.__qualname__ = ("a" if stage.llm else "") + stage.function
-    lines = [
-        f"        {option.name}: {option.help}" for section in stage.sections for option in specs(section)
-    ]
-    function.__doc__ = (
-        f"`personaemp {stage.command}`: {inspect.cleandoc(stage.help)}"
-        + ("\n\n    The endpoint: LLM options (`base_url=`, `model=`, ...) or `settings=pe.LLMSettings(...)`."
-           if stage.llm else "")
-        + f"\n\n    Options (as `personaemp {stage.command}`):\n" + "\n".join(lines)
-    )  # fmt: skip
+
+def _made_for(line, asynchronous: bool):
+    def function(*args, config=None, progress=line.progress, settings=None, **options):
+        if len(args) > len(line.positional):
+            raise TypeError(f"{line.function}() takes {len(line.positional)} positional arguments")
+        given = dict(zip(line.positional, args, strict=False))
+        if not line.llm:
+            return _run(line.command, given, options, config, progress)
+        coroutine = _arun(line.command, given, options, settings, config, progress)
+        return coroutine if asynchronous else run_sync(coroutine)
+
+    function.__doc__ = f"`personaemp {line.command}`: {inspect.cleandoc(line.help)}"
     return function
 
 
-for _stage in STAGES.values():
-    _made = _function(_stage)
-    globals()[_made.__name__] = _made
-    if _stage.llm:  # the sync twin, which works in a running loop too (personaemp.aio.run_sync)
-        _twin = sync_twin(_made)
-        _twin.__name__ = _twin.__qualname__ = _stage.function
-        _twin.__signature__ = _made.__signature__  # type: ignore[attr-defined]
-        _twin.__doc__ = (
-            f"{_made.__doc__}\n\n    The sync twin of `{_made.__name__}` (works in a running loop too)."
-        )
-        globals()[_stage.function] = _twin
+_WRITTEN = {
+    "extract_memories",
+    "filter_users",
+    "infer_personas",
+    "generate_queries",
+    "generate_dialogues",
+    "split_users",
+    "write_stats",
+    "publish",
+    "write_criteria",
+    "write_responses",
+    "export_split",
+    "evaluate",
+    "write_table",
+    "serve_review",
+    "measure_agreement",
+}  # the stages written out below
+
+
+async def aextract_memories(
+    input: PathLike = None,
+    output: PathLike = None,
+    *,
+    settings: LLMSettings | None = None,
+    config: PathLike = None,
+    progress: Progress = False,
+    **options: Any,
+) -> StageResult:
+    """`personaemp extract-memories`: Extract AlpsBench-style memories and intents from your own
+    conversation logs (LLM), for `filter`.
+
+    Options: the keys of [extract] and [llm] (docs/options.md), as keywords; or `settings=`."""
+    return await _arun(
+        "extract-memories", {"input": input, "output": output}, options, settings, config, progress
+    )
+
+
+def extract_memories(
+    input: PathLike = None,
+    output: PathLike = None,
+    *,
+    settings: LLMSettings | None = None,
+    config: PathLike = None,
+    progress: Progress = False,
+    **options: Any,
+) -> StageResult:
+    """The sync twin of `aextract_memories` (works in a running loop too)."""
+    return run_sync(
+        aextract_memories(input, output, settings=settings, config=config, progress=progress, **options)
+    )
+
+
+def filter_users(
+    input: PathLike = None,
+    output: PathLike = None,
+    *,
+    config: PathLike = None,
+    progress: Progress = False,
+    **options: Any,
+) -> StageResult:
+    """`personaemp filter`: Keep the users whose memories show personality and emotionally relevant
+    experience.
+
+    Options: the keys of [filter] (docs/options.md), as keywords."""
+    return _run("filter", {"input": input, "output": output}, options, config, progress)
+
+
+async def ainfer_personas(
+    input: PathLike = None,
+    output: PathLike = None,
+    *,
+    settings: LLMSettings | None = None,
+    config: PathLike = None,
+    progress: Progress = False,
+    **options: Any,
+) -> StageResult:
+    """`personaemp infer-persona`: Infer an evidence-grounded persona and Big Five levels for each filtered
+    user (LLM).
+
+    Options: the keys of [persona] and [llm] (docs/options.md), as keywords; or `settings=`."""
+    return await _arun(
+        "infer-persona", {"input": input, "output": output}, options, settings, config, progress
+    )
+
+
+def infer_personas(
+    input: PathLike = None,
+    output: PathLike = None,
+    *,
+    settings: LLMSettings | None = None,
+    config: PathLike = None,
+    progress: Progress = False,
+    **options: Any,
+) -> StageResult:
+    """The sync twin of `ainfer_personas` (works in a running loop too)."""
+    return run_sync(
+        ainfer_personas(input, output, settings=settings, config=config, progress=progress, **options)
+    )
+
+
+async def agenerate_queries(
+    input: PathLike = None,
+    output: PathLike = None,
+    *,
+    settings: LLMSettings | None = None,
+    config: PathLike = None,
+    progress: Progress = False,
+    **options: Any,
+) -> StageResult:
+    """`personaemp gen-queries`: Write empathy-seeking queries (ES, HEQ, SS) for each eligible persona and
+    check them (LLM).
+
+    Options: the keys of [queries] and [llm] (docs/options.md), as keywords; or `settings=`."""
+    return await _arun("gen-queries", {"input": input, "output": output}, options, settings, config, progress)
+
+
+def generate_queries(
+    input: PathLike = None,
+    output: PathLike = None,
+    *,
+    settings: LLMSettings | None = None,
+    config: PathLike = None,
+    progress: Progress = False,
+    **options: Any,
+) -> StageResult:
+    """The sync twin of `agenerate_queries` (works in a running loop too)."""
+    return run_sync(
+        agenerate_queries(input, output, settings=settings, config=config, progress=progress, **options)
+    )
+
+
+async def agenerate_dialogues(
+    input: PathLike = None,
+    output: PathLike = None,
+    *,
+    settings: LLMSettings | None = None,
+    config: PathLike = None,
+    progress: Progress = False,
+    **options: Any,
+) -> StageResult:
+    """`personaemp gen-dialogues`: Simulate multi-turn conversations: each accepted query's user, grounded
+    in their memories and persona with a hidden need, talks with the supporter under test (LLM).
+
+    Options: the keys of [dialogues] and [llm] (docs/options.md), as keywords; or `settings=`."""
+    return await _arun(
+        "gen-dialogues", {"input": input, "output": output}, options, settings, config, progress
+    )
+
+
+def generate_dialogues(
+    input: PathLike = None,
+    output: PathLike = None,
+    *,
+    settings: LLMSettings | None = None,
+    config: PathLike = None,
+    progress: Progress = False,
+    **options: Any,
+) -> StageResult:
+    """The sync twin of `agenerate_dialogues` (works in a running loop too)."""
+    return run_sync(
+        agenerate_dialogues(input, output, settings=settings, config=config, progress=progress, **options)
+    )
+
+
+def split_users(
+    input: PathLike = None,
+    out_dir: PathLike = None,
+    *,
+    config: PathLike = None,
+    progress: Progress = False,
+    **options: Any,
+) -> StageResult:
+    """`personaemp split`: Split users into train/test: random 9:1, and (unless --no-ood) a held-out Big
+    Five cluster.
+
+    Options: the keys of [split] (docs/options.md), as keywords."""
+    return _run("split", {"input": input, "out_dir": out_dir}, options, config, progress)
+
+
+def write_stats(
+    processed: PathLike = None,
+    out_dir: PathLike = None,
+    *,
+    config: PathLike = None,
+    progress: Progress = False,
+    **options: Any,
+) -> StageResult:
+    """`personaemp stats`: Describe a build: funnel, Big Five levels, queries, checks, as stats.json, plots
+    and a summary.
+
+    Options: the keys of [stats] (docs/options.md), as keywords."""
+    return _run("stats", {"processed": processed, "out_dir": out_dir}, options, config, progress)
+
+
+def publish(
+    splits: PathLike = None, *, config: PathLike = None, progress: Progress = False, **options: Any
+) -> StageResult:
+    """`personaemp push`: Publish the splits as a Hub dataset (configs random and ood) with a dataset card;
+    without --repo-id, or with --dry-run, write the same repository to --out-dir.
+
+    Options: the keys of [push] (docs/options.md), as keywords."""
+    return _run("push", {"splits": splits}, options, config, progress)
+
+
+async def awrite_criteria(
+    input: PathLike = None,
+    output: PathLike = None,
+    *,
+    settings: LLMSettings | None = None,
+    config: PathLike = None,
+    progress: Progress = False,
+    **options: Any,
+) -> StageResult:
+    """`personaemp criteria`: Write 4-6 weighted evaluation criteria per query and PERM dimension, seeing
+    no response (LLM).
+
+    Options: the keys of [criteria] and [llm] (docs/options.md), as keywords; or `settings=`."""
+    return await _arun("criteria", {"input": input, "output": output}, options, settings, config, progress)
+
+
+def write_criteria(
+    input: PathLike = None,
+    output: PathLike = None,
+    *,
+    settings: LLMSettings | None = None,
+    config: PathLike = None,
+    progress: Progress = False,
+    **options: Any,
+) -> StageResult:
+    """The sync twin of `awrite_criteria` (works in a running loop too)."""
+    return run_sync(
+        awrite_criteria(input, output, settings=settings, config=config, progress=progress, **options)
+    )
+
+
+async def awrite_responses(
+    splits: PathLike = None,
+    output: PathLike = None,
+    *,
+    settings: LLMSettings | None = None,
+    config: PathLike = None,
+    progress: Progress = False,
+    **options: Any,
+) -> StageResult:
+    """`personaemp respond`: Have a policy model answer every query of a split, with the chosen context
+    (LLM).
+
+    Options: the keys of [respond] and [llm] (docs/options.md), as keywords; or `settings=`."""
+    return await _arun("respond", {"splits": splits, "output": output}, options, settings, config, progress)
+
+
+def write_responses(
+    splits: PathLike = None,
+    output: PathLike = None,
+    *,
+    settings: LLMSettings | None = None,
+    config: PathLike = None,
+    progress: Progress = False,
+    **options: Any,
+) -> StageResult:
+    """The sync twin of `awrite_responses` (works in a running loop too)."""
+    return run_sync(
+        awrite_responses(splits, output, settings=settings, config=config, progress=progress, **options)
+    )
+
+
+def export_split(
+    splits: PathLike = None,
+    output: PathLike = None,
+    *,
+    config: PathLike = None,
+    progress: Progress = False,
+    **options: Any,
+) -> StageResult:
+    """`personaemp export`: Write a split as training files: TRL's conversational prompts (JSON lines) or
+    verl's parquet, with the prompts `respond` sends and what the PereGRM reward reads.
+
+    Options: the keys of [export] (docs/options.md), as keywords."""
+    return _run("export", {"splits": splits, "output": output}, options, config, progress)
+
+
+async def aevaluate(
+    splits: PathLike = None,
+    *,
+    settings: LLMSettings | None = None,
+    config: PathLike = None,
+    progress: Progress = False,
+    **options: Any,
+) -> StageResult:
+    """`personaemp evaluate`: Score systems' responses per PERM dimension (fixed criteria, or dynamic @k),
+    side by side (LLM); with --dialogues, whole dialogues: the emotion trajectory and PERM over the
+    supporter's side.
+
+    Options: the keys of [evaluate] and [llm] (docs/options.md), as keywords; or `settings=`."""
+    return await _arun("evaluate", {"splits": splits}, options, settings, config, progress)
+
+
+def evaluate(
+    splits: PathLike = None,
+    *,
+    settings: LLMSettings | None = None,
+    config: PathLike = None,
+    progress: Progress = False,
+    **options: Any,
+) -> StageResult:
+    """The sync twin of `aevaluate` (works in a running loop too)."""
+    return run_sync(aevaluate(splits, settings=settings, config=config, progress=progress, **options))
+
+
+def write_table(*, config: PathLike = None, progress: Progress = False, **options: Any) -> StageResult:
+    """`personaemp table`: Render the paper's Table 1 (systems x judge x split: Res, Exp, Rec, Avg) from
+    evaluate reports; from evaluate --dialogues reports, the multi-turn table (final emotion, need
+    met, H, n).
+
+    Options: the keys of [table] (docs/options.md), as keywords."""
+    return _run("table", {}, options, config, progress)
+
+
+def serve_review(
+    input: PathLike = None, *, config: PathLike = None, progress: Progress = True, **options: Any
+) -> StageResult:
+    """`personaemp review`: Serve a local page to label a stratified sample of queries: accept/reject,
+    agree with the judge or not, traits supported or not, a note; every click goes to the labels
+    file.
+
+    Options: the keys of [review] (docs/options.md), as keywords."""
+    return _run("review", {"input": input}, options, config, progress)
+
+
+async def ameasure_agreement(
+    input: PathLike = None,
+    *,
+    settings: LLMSettings | None = None,
+    config: PathLike = None,
+    progress: Progress = False,
+    **options: Any,
+) -> StageResult:
+    """`personaemp agreement`: How far the LLM judge agrees with people (kappa, intervals, precision,
+    corrected pass shares) and, with --judge-model, with a second judge re-running the check step.
+
+    Options: the keys of [agreement] and [llm] (docs/options.md), as keywords; or `settings=`."""
+    return await _arun("agreement", {"input": input}, options, settings, config, progress)
+
+
+def measure_agreement(
+    input: PathLike = None,
+    *,
+    settings: LLMSettings | None = None,
+    config: PathLike = None,
+    progress: Progress = False,
+    **options: Any,
+) -> StageResult:
+    """The sync twin of `ameasure_agreement` (works in a running loop too)."""
+    return run_sync(ameasure_agreement(input, settings=settings, config=config, progress=progress, **options))
 
 
 def merge_shards(
@@ -175,9 +519,10 @@ def run_pipeline(
     from personaemp import pipeline
 
     flags = {name: dict(values) for name, values in sections.items()}
-    unknown = sorted(set(flags) - set(SECTIONS))
+    known = declared_sections()
+    unknown = sorted(set(flags) - set(known))
     if unknown:
-        raise TypeError(f"run_pipeline: unknown section(s) {', '.join(unknown)}; use {', '.join(SECTIONS)}")
+        raise TypeError(f"run_pipeline: unknown section(s) {', '.join(unknown)}; use {', '.join(known)}")
     resolver = Resolver(Path(config) if config is not None else None, flags=flags, style="python")
     options = resolver.all()
     with _reporting(progress) as console:

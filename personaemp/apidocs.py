@@ -1,5 +1,5 @@
-"""The Python API page's reference (docs/python-api.md), generated from the functions
-`import personaemp as pe` derives from registry.STAGES:
+"""The Python API page's reference (docs/python-api.md), generated from the functions of
+`import personaemp as pe` (personaemp/api.py) and their stages' options:
 `python -m personaemp.apidocs docs/python-api.md` rewrites its block."""
 
 from __future__ import annotations
@@ -9,11 +9,18 @@ from pathlib import Path
 
 from personaemp import api
 from personaemp.options import specs
-from personaemp.registry import STAGES, Stage
+from personaemp.registry import STAGES, Stage, signature_parameters
 
 COMMAND = "python -m personaemp.apidocs docs/python-api.md"
 
 BEGIN, END = "<!-- api:begin -->", "<!-- api:end -->"
+
+
+def documented_parameters(function, stage: Stage) -> list[inspect.Parameter]:
+    """`pe.<function>`'s parameters as a reader calls it: its own, then, for its `**options`,
+    each option of the stage's sections with the command's default (registry.signature_parameters)."""
+    own = [p for p in inspect.signature(function).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    return [*own, *signature_parameters(stage)]
 
 
 def _signature(function, stage: Stage) -> str:
@@ -21,7 +28,7 @@ def _signature(function, stage: Stage) -> str:
     the same for every LLM function, named once below the functions."""
     parts, star = [], False
     llm = {option.name for option in specs("llm")} if stage.llm else set()
-    for parameter in inspect.signature(function).parameters.values():
+    for parameter in documented_parameters(function, stage):
         if parameter.name in llm:
             if not parts[-1].startswith("#"):
                 parts.append("# ... and every LLM option (see below)")

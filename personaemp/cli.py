@@ -1,4 +1,5 @@
-"""The `personaemp` command line: one thin function per stage."""
+"""The `personaemp` command line: the Typer app (group, --version, completion) and its
+commands, click objects built below from the option specs (`stage_command`, `commands()`)."""
 
 from __future__ import annotations
 
@@ -15,20 +16,13 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
+from personaemp.catalogue import CLI_ONLY, COMMANDS, OUTPUT_OPTIONS, RUN_COMMANDS
 from personaemp.config import Resolver
 from personaemp.errors import PersonaempError
-from personaemp.options import (
-    CLI_ONLY,
-    COMMANDS,
-    LLM_PANEL,
-    OUTPUT_OPTIONS,
-    OptionSpec,
-    notice_renamed,
-    show_default,
-    specs,
-)
+from personaemp.options import OptionSpec, notice_renamed, show_default, specs
 from personaemp.registry import STAGES
 from personaemp.results import stop_if_failed
+from personaemp.shared_options import LLM_PANEL
 
 
 def _clean_help(params: list) -> list:
@@ -42,6 +36,13 @@ def _clean_help(params: list) -> list:
 
 
 class _Group(TyperGroup):
+    """The app's group: the commands are click objects (`commands()` below), added as it is made."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name, command in commands().items():
+            self.add_command(command, name)
+
     def get_params(self, ctx):
         return _clean_help(super().get_params(ctx))
 
@@ -61,8 +62,6 @@ class _Command(TyperCommand):
 
 def run_takes(flag: str) -> str:
     """What `run --limit` means: the keys of the sections run reads that have that flag."""
-    from personaemp.registry import RUN_COMMANDS
-
     sections = dict.fromkeys(s for c in ("extract-memories", *RUN_COMMANDS) for s in COMMANDS[c])
     keys = [
         f"{section}.{option.name}" for section in sections for option in specs(section)
@@ -177,24 +176,6 @@ def stderr_console(quiet: bool = False) -> Console:
     return console_for(stderr=True, quiet=quiet)
 
 
-def _keyword(name: str, annotation: Any, default: Any = None) -> inspect.Parameter:
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
-
-
-def output_options() -> list[inspect.Parameter]:
-    """-q/--quiet and --json, declared once for every stage command, `run` and `merge`."""
-    flags = {"quiet": ("--quiet", "-q"), "json_output": ("--json",)}
-    return [_keyword(name, Annotated[bool, typer.Option(*given, help=OUTPUT_OPTIONS[given[0]])], False)
-            for name, given in flags.items()]  # fmt: skip
-
-
-def only(command: str, flag: str, kind: Any = bool, metavar: str | None = None) -> Any:
-    """A command-only flag (options.CLI_ONLY): its annotation, evaluated by stage_command (eval_str)."""
-    if kind is bool:
-        return Annotated[bool, typer.Option(flag, help=CLI_ONLY[command][flag])]
-    return Annotated[kind | None, typer.Option(flag, metavar=metavar, help=CLI_ONLY[command][flag])]
-
-
 def print_json(result: Any) -> None:
     """A command's result on stdout (StageResult, or `run`'s results): one JSON document."""
     import json
@@ -203,24 +184,6 @@ def print_json(result: Any) -> None:
         return
     plain = result.as_dict() if hasattr(result, "as_dict") else result  # agreement, export: a dict
     sys.stdout.write(json.dumps(plain, ensure_ascii=False, indent=2, default=str) + "\n")
-
-
-def with_output_options(command):
-    """`command(console, ...)` -> the Typer command with --quiet/--json: it gets the
-    console the flags ask for and returns a result, printed as JSON with --json."""
-    signature = inspect.signature(command, eval_str=True)
-    parameters = [p for name, p in signature.parameters.items() if name != "console"]
-
-    @functools.wraps(command)
-    def wrapper(*args, quiet: bool = False, json_output: bool = False, **kwargs):
-        result = command(*args, console=stderr_console(quiet), **kwargs)
-        if json_output:
-            print_json(result)
-        stop_if_failed(result)
-
-    wrapper.__signature__ = signature.replace(parameters=[*parameters, *output_options()])  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {}
-    return wrapper
 
 
 INTERRUPTED = "Interrupted — run it again to resume"
@@ -273,117 +236,141 @@ def _report_bug() -> None:
     )
 
 
-# --- stage commands: their options are generated from personaemp.options ----------------------
+# --- the commands: click objects, their parameters made from the option specs -----------------
 
 
-def _typer_parameter(option: OptionSpec, section: str) -> inspect.Parameter:
-    """One option of a model as a Typer parameter. Values reach the model unparsed (as
-    text), so a bad flag, env var or TOML value gets the same one-line error."""
-    default = option.default
+def param(name: str, kind: Any, info: Any):
+    """One click parameter, as Typer makes it from a function's parameter `name: kind = info`
+    (a typer.Option or typer.Argument): the same object, so --help renders as Typer renders it."""
+    from typer.models import ParamMeta
+
+    meta = ParamMeta(name=name, default=info, annotation=kind)
+    make = getattr(typer.main, "_get_param", None)  # typer 0.29; earlier releases: get_click_param
+    return make(meta) if make is not None else typer.main.get_click_param(meta)[0]
+
+
+def option(name: str, kind: Any, *flags: str, default: Any = None, **info: Any):
+    """`--flag` of type `kind` (flags default to --name), its value passed on as `name`."""
+    return param(name, kind, typer.Option(default, *flags, **info))
+
+
+def output_params() -> list:
+    """-q/--quiet and --json, declared once for every stage command, `run` and `merge`."""
+    return [
+        option("quiet", bool, "--quiet", "-q", default=False, help=OUTPUT_OPTIONS["--quiet"]),
+        option("json_output", bool, "--json", default=False, help=OUTPUT_OPTIONS["--json"]),
+    ]
+
+
+def spec_param(spec: OptionSpec, section: str):
+    """One option of a section as a flag. Values reach the model unparsed (as text), so a bad
+    flag, env var or TOML value gets the same one-line error."""
     common = {
-        "help": escape(option.help),
+        "help": escape(spec.help),
         "rich_help_panel": LLM_PANEL if section == "llm" else None,
-        "envvar": option.opt.env,  # shown in --help; the value itself is read by the resolver
-        "show_envvar": bool(option.opt.env),
+        "envvar": spec.opt.env,  # shown in --help; the value itself is read by the resolver
+        "show_envvar": bool(spec.opt.env),
     }
-    if option.kind == "bool":
-        annotation: Any = Annotated[bool, typer.Option(*option.flags, **common)]
-        value: Any = default
-    else:
-        multiple = option.kind in ("list", "dict")
-        annotation = Annotated[
-            list[str] | None if multiple else str | None,
-            typer.Option(*option.flags, metavar=option.metavar, **common),
-        ]
-        if multiple:
-            value = ([str(item) for item in default] or None) if isinstance(default, list) else None
-        else:
-            value = show_default(default) or None
-    return _keyword(option.name, annotation, value)
+    if spec.kind == "bool":
+        return option(spec.name, bool, *spec.flags, default=spec.default, **common)
+    if spec.kind in ("list", "dict"):
+        default = [str(item) for item in spec.default] or None if isinstance(spec.default, list) else None
+        return option(
+            spec.name, list[str] | None, *spec.flags, default=default, metavar=spec.metavar, **common
+        )
+    return option(spec.name, str | None, *spec.flags, default=show_default(spec.default) or None,
+                  metavar=spec.metavar, **common)  # fmt: skip
 
 
-def _old_parameter(option: OptionSpec) -> inspect.Parameter:
-    """The option's earlier flag (Opt.renamed_from), hidden: it works, with a notice."""
-    assert option.kind == "value", "only value options were renamed"
-    return _keyword(f"old_{option.name}", Annotated[str | None, typer.Option(option.old_flag, hidden=True)])
+def section_params(sections: tuple[str, ...]) -> tuple[list, list]:
+    """The flags of every option of `sections`, and the hidden ones of their earlier names
+    (Opt.renamed_from: they work, with a notice)."""
+    specs_of = [(section, spec) for section in sections for spec in specs(section)]
+    flags = [spec_param(spec, section) for section, spec in specs_of]
+    earlier = [option(f"old_{spec.name}", str | None, spec.old_flag, hidden=True) for _, spec in specs_of
+               if spec.old_flag]  # fmt: skip
+    return flags, earlier
 
 
-def section_parameters(sections: tuple[str, ...]) -> tuple[list[inspect.Parameter], list[inspect.Parameter]]:
-    """The Typer parameters of every option of `sections`, and the hidden ones of their earlier flags."""
-    options = [(section, option) for section in sections for option in specs(section)]
-    generated = [_typer_parameter(option, section) for section, option in options]
-    return generated, [_old_parameter(option) for _, option in options if option.old_flag]
-
-
-def given_flags(ctx: typer.Context, sections: tuple[str, ...], values: dict[str, Any]) -> dict[str, dict]:
+def given_flags(ctx, sections: tuple[str, ...], values: dict[str, Any]) -> dict[str, dict]:
     """{section: {option: value}} of the options of `sections` given on the command line (or by
     their earlier flag, with a notice), as the resolver takes them; their values leave `values`."""
     from personaemp.config import cli_flags
 
     flags: dict[str, dict[str, Any]] = {section: {} for section in sections}
     for section in sections:
-        for option in specs(section):
-            value = values.pop(option.name)
-            earlier = values.pop(f"old_{option.name}", None) if option.old_flag else None
-            source = ctx.get_parameter_source(option.name)  # (by name: typer may bundle its own click)
+        for spec in specs(section):
+            value = values.pop(spec.name)
+            earlier = values.pop(f"old_{spec.name}", None) if spec.old_flag else None
+            source = ctx.get_parameter_source(spec.name)  # (by name: typer may bundle its own click)
             if source is not None and source.name == "COMMANDLINE":
-                flags[section][option.name] = value
+                flags[section][spec.name] = list(value) if isinstance(value, tuple) else value
             elif earlier is not None:
-                notice_renamed(option.old_flag, option.flag)
-                flags[section][option.name] = earlier
+                notice_renamed(spec.old_flag, spec.flag)
+                flags[section][spec.name] = earlier
     return {section: cli_flags(section, given) for section, given in flags.items()}
 
 
-_COMMANDS: dict[str, Callable] = {}  # name -> command, registered on `app` in ORDER at the end
+def _plain(values: dict[str, Any]) -> dict[str, Any]:
+    """click's values as Python takes them: a repeated option's tuple a list, none given None."""
+    return {
+        name: (list(value) or None) if isinstance(value, tuple) else value for name, value in values.items()
+    }
 
 
-def stage_command(name: str):
-    """Register `func(options: Resolver, console: Console, **cli_only)` as the stage command
-    `name`; it returns its StageResult (printed with --json) or None.
+class OutputCommand(_Command):
+    """A command with --quiet/--json: `act(console, **values)` returns its result, printed as
+    JSON with --json; a failed result exits 1; errors are one line (reports_errors)."""
 
-    The command's options are the fields of its sections (personaemp.options.COMMANDS),
-    plus --config and the command-only parameters `func` declares itself. Only the
-    options given on the command line are passed on: env vars, the config file and the
-    defaults are layered under them by the resolver, exactly as `personaemp run` does."""
+    def __init__(self, name: str, act: Callable, params: list, help: str):  # noqa: A002 - click's
+        super().__init__(name, params=[*params, *output_params()], help=inspect.cleandoc(help))
+        self.act = act
+
+    def invoke(self, ctx):
+        return reports_errors(self._invoke)(ctx)
+
+    def _invoke(self, ctx):
+        values = _plain(ctx.params)
+        quiet, json_output = values.pop("quiet"), values.pop("json_output")
+        result = self.act(ctx, stderr_console(quiet), json_output=json_output, **values)
+        if json_output:
+            print_json(result)
+        stop_if_failed(result)
+
+
+def stage_command(name: str, act: Callable | None = None, own: tuple = ()) -> OutputCommand:
+    """The command of stage `name`: --config, the flags of its sections
+    (personaemp.catalogue.COMMANDS: each option of personaemp.options' specs), its command-only
+    flags `own`, --quiet/--json. Only the options given on the command line are passed on: env
+    vars, the config file and the defaults are layered under them by the resolver, exactly as
+    `personaemp run` does. `act(options, console, json_output, **own)` returns its StageResult
+    (printed with --json) or None; by default the stage's run."""
     sections = COMMANDS[name]
+    flags, earlier = section_params(sections)
+    config = option("config", Path | None, "--config", "-c", metavar="FILE", help=CLI_ONLY[name]["--config"])
 
-    def register(func):
-        declared = list(inspect.signature(func, eval_str=True).parameters.values())[2:]
-        wants_json = any(parameter.name == "json_output" for parameter in declared)  # told of --json
-        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in declared if p.name != "json_output"]
-        generated, old = section_parameters(sections)
-        config_flag = typer.Option("--config", "-c", metavar="FILE", help=CLI_ONLY[name]["--config"])
-        config = _keyword("config", Annotated[Path | None, config_flag])
+    def run(ctx, console: Console, json_output: bool, config: Path | None = None, **values):
+        from personaemp.paths import check_command
 
-        def command(ctx: typer.Context, config: Path | None = None, quiet=False, json_output=False, **values):
-            from personaemp.paths import check_command
+        options = Resolver(config and Path(config), flags=given_flags(ctx, sections, values), style="cli")
+        check_command(name, options.section)
+        if act is None:
+            return STAGES[name].run(options, console)
+        return act(options, console, json_output=json_output, **values)
 
-            resolver = Resolver(config, flags=given_flags(ctx, sections, values), style="cli")
-            check_command(name, resolver.section)
-            if wants_json:
-                values["json_output"] = json_output
-            result = func(resolver, stderr_console(quiet), **values)
-            if json_output:
-                print_json(result)
-            stop_if_failed(result)
-
-        context = _keyword("ctx", typer.Context, inspect.Parameter.empty)
-        parameters = [context, config, *generated, *own, *output_options(), *old]
-        command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
-        command.__name__, command.__doc__ = func.__name__, func.__doc__ or STAGES[name].help
-        command.__annotations__ = {}
-        _COMMANDS[name] = reports_errors(command)
-        return func
-
-    return register
+    command = OutputCommand(name, run, [config, *flags, *own], STAGES[name].help)
+    command.params += earlier  # hidden, after --quiet/--json as before
+    return command
 
 
-@stage_command("filter")
-def filter_command(
-    options: Resolver,
-    console: Console,
-    show_rules: only("filter", "--show-rules") = False,
-):
+def only(command: str, name: str, flag: str, kind: Any = bool, metavar: str | None = None):
+    """A command-only flag (catalogue.CLI_ONLY: no TOML key)."""
+    if kind is bool:
+        return option(name, bool, flag, default=False, help=CLI_ONLY[command][flag])
+    return option(name, kind | None, flag, metavar=metavar, help=CLI_ONLY[command][flag])
+
+
+def show_rules_or_filter(options: Resolver, console: Console, json_output: bool, show_rules: bool):
     if show_rules:
         from personaemp.rules import default_rules_text
 
@@ -392,23 +379,17 @@ def filter_command(
     return STAGES["filter"].run(options, console)
 
 
-@stage_command("infer-persona")
-def infer_persona_command(
-    options: Resolver,
-    console: Console,
-    show: only("infer-persona", "--show", str, "USER") = None,
-):
+def show_or_infer_personas(options: Resolver, console: Console, json_output: bool, show: str | None):
     if show is not None:
-        from personaemp.summaries import print_persona
+        from personaemp.dataset.persona import print_persona
 
         print_persona(options.persona.output, show, console_for(stderr=False))
         return None
     return STAGES["infer-persona"].run(options, console)
 
 
-@stage_command("evaluate")
-def evaluate_command(options: Resolver, console: Console, json_output: bool = False):
-    from personaemp.summaries import print_evaluation
+def evaluate_and_print(options: Resolver, console: Console, json_output: bool):
+    from personaemp.evaluation.scoreboard import print_evaluation
 
     result = STAGES["evaluate"].run(options, console)
     if result.summary is not None:  # None after --estimate
@@ -417,8 +398,7 @@ def evaluate_command(options: Resolver, console: Console, json_output: bool = Fa
     return result
 
 
-@stage_command("table")
-def table_command(options: Resolver, console: Console):
+def write_table(options: Resolver, console: Console, json_output: bool):
     text = STAGES["table"].run(options, console)
     if options.section("table").output is None:
         print(text, end="")
@@ -427,51 +407,38 @@ def table_command(options: Resolver, console: Console):
     return text
 
 
-@stage_command("review")
-def review_command(
-    options: Resolver,
-    console: Console,
-    export_label_studio: only("review", "--export-label-studio", Path, "DIR") = None,
-    import_label_studio: only("review", "--import-label-studio", Path, "FILE") = None,
-):
+def review_or_exchange(options: Resolver, console: Console, json_output: bool, export_label_studio,
+                       import_label_studio):  # fmt: skip
     if export_label_studio or import_label_studio:
         from personaemp.review.label_studio import exchange_label_studio
 
-        return exchange_label_studio(
-            options.section("review"), export_label_studio, import_label_studio, console
-        )
+        exported = export_label_studio and Path(export_label_studio)
+        imported = import_label_studio and Path(import_label_studio)
+        return exchange_label_studio(options.section("review"), exported, imported, console)
     return STAGES["review"].run(options, console)
 
 
-# fmt: off
-@with_output_options
-def merge_command(
-    stage: Annotated[str, typer.Argument(
-        metavar="STAGE", help="The stage run as shards: extract-memories, infer-persona or gen-queries.")],
-    config: Annotated[Path | None, typer.Option(
-        "--config", "-c", metavar="FILE", help="personaemp.toml to read the stage's paths from.")] = None,
-    input: Annotated[Path | None, typer.Option(  # noqa: A002 - the flag's name
-        "--input", "-i", metavar="PATH", help="The stage's input (default: from the config).")] = None,
-    output: Annotated[Path | None, typer.Option(
-        "--output", "-o", metavar="PATH",
-        help="The stage's output; the shards are beside it (default: config).")] = None,
-    *,
-    console: Console,
-):
-    """Join the shard files of an LLM stage (--shard I/N) into its output, checking that
-    every user is in exactly one shard."""
+def merge(ctx, console: Console, json_output: bool, stage: str, config=None, input=None, output=None):  # noqa: A002
     from personaemp.config import load_config
     from personaemp.dataset.merge import from_options
 
-    return from_options(stage, load_config(config), console, input_path=input, output=output)
+    paths = {"input_path": input and Path(input), "output": output and Path(output)}
+    return from_options(stage, load_config(config and Path(config)), console, **paths)
 
 
-def serve_local_command(
-    host: Annotated[str, typer.Option(metavar="ADDRESS", help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(metavar="INTEGER", help="Port to listen on.")] = 8011,
-    n_ctx: Annotated[int, typer.Option(metavar="INTEGER", help="Context size in tokens.")] = 8192,
-) -> None:
-    """Serve the embedded model (OpenAI-compatible, foreground) for other tools; Ctrl-C stops it."""
+MERGE = [
+    param("stage", str, typer.Argument(..., metavar="STAGE", help="The stage run as shards: "
+                                       "extract-memories, infer-persona or gen-queries.")),
+    option("config", Path | None, "--config", "-c", metavar="FILE",
+           help="personaemp.toml to read the stage's paths from."),
+    option("input", Path | None, "--input", "-i", metavar="PATH",
+           help="The stage's input (default: from the config)."),
+    option("output", Path | None, "--output", "-o", metavar="PATH",
+           help="The stage's output; the shards are beside it (default: config)."),
+]  # fmt: skip
+
+
+def serve_local(host: str, port: int, n_ctx: int) -> None:
     from personaemp.llm.local import serve_local
 
     code = serve_local(host=host, port=port, n_ctx=n_ctx)
@@ -479,65 +446,79 @@ def serve_local_command(
         raise typer.Exit(code)
 
 
+def serve_local_command() -> _Command:
+    return _Command(
+        "serve-local",
+        params=[
+            option("host", str, default="127.0.0.1", metavar="ADDRESS", help="Address to listen on."),
+            option("port", int, default=8011, metavar="INTEGER", help="Port to listen on."),
+            option("n_ctx", int, default=8192, metavar="INTEGER", help="Context size in tokens."),
+        ],
+        callback=reports_errors(serve_local),
+        help="Serve the embedded model (OpenAI-compatible, foreground) for other tools; Ctrl-C stops it.",
+    )
+
+
 # `run`'s flags: every LLM stage's [llm] options (endpoint, model, concurrency, executor...),
 # as the stages declare them; a stage's own keys (several share --limit, --input) go by --set.
 RUN_SECTIONS = ("llm",)
 
 
-def run_command(
-    ctx: typer.Context,
-    config: Annotated[Path | None, typer.Option(
-        "--config", "-c", metavar="FILE", help="personaemp.toml (default: built-in settings).")] = None,
-    settings: Annotated[list[str] | None, typer.Option(
-        "--set", metavar="SECTION.KEY=VALUE",
-        help="Any key of the config for this run, its value as in the file (repeatable): --set "
-        "persona.limit=8 --set 'persona.users=[\"a\", \"b\"]' --set llm.vllm.engine.max_model_len=8192. "
-        "Wins over the file and env vars.")] = None,
-    *,
-    console: Console,
-    **values: Any,
-):
-    """Run (extract-memories ->) filter -> infer-persona -> gen-queries -> split -> stats -> push from
-    one config, resuming. A stage's options are keys of its section (--set or the file); the LLM
-    options are flags, as for every LLM stage."""
+def run_pipeline(ctx, console: Console, json_output: bool, config=None, settings=None, **values):
     from personaemp.config import load_config
     from personaemp.pipeline import run_pipeline
 
     flags = given_flags(ctx, RUN_SECTIONS, values)
-    options = load_config(config, settings=settings, flags=flags)  # every section: a bad value stops here
+    options = load_config(config and Path(config), settings=settings, flags=flags)  # a bad value stops here
     return run_pipeline(options, console)
-# fmt: on
 
 
-def _run_signature() -> inspect.Signature:
-    """run_command's own parameters, then the flags of RUN_SECTIONS (generated, as a stage's)."""
-    own = [p for p in inspect.signature(run_command, eval_str=True).parameters.values() if p.name != "values"]
-    generated, old = section_parameters(RUN_SECTIONS)
-    return inspect.Signature([*own, *generated, *old])
+def run_command() -> OutputCommand:
+    flags, earlier = section_params(RUN_SECTIONS)
+    own = [
+        option("config", Path | None, "--config", "-c", metavar="FILE",
+               help="personaemp.toml (default: built-in settings)."),
+        option("settings", list[str] | None, "--set", metavar="SECTION.KEY=VALUE",
+               help="Any key of the config for this run, its value as in the file (repeatable): --set "
+               "persona.limit=8 --set 'persona.users=[\"a\", \"b\"]' --set "
+               "llm.vllm.engine.max_model_len=8192. Wins over the file and env vars."),
+    ]  # fmt: skip
+    return OutputCommand(
+        "run", run_pipeline, [*own, *flags, *earlier],
+        """Run (extract-memories ->) filter -> infer-persona -> gen-queries -> split -> stats -> push from
+        one config, resuming. A stage's options are keys of its section (--set or the file); the LLM
+        options are flags, as for every LLM stage.""",
+    )  # fmt: skip
 
 
-run_command.__signature__ = _run_signature()  # type: ignore[attr-defined]
-run_command = with_output_options(run_command)
-
-
-def _runs(name: str):
-    """The command of a stage that needs nothing but its options."""
-
-    def command(options: Resolver, console: Console):
-        return STAGES[name].run(options, console)
-
-    return command
-
-
-for _name in STAGES:
-    if _name not in _COMMANDS:
-        stage_command(_name)(_runs(_name))
-_COMMANDS.update(
-    {name: reports_errors(command) for name, command in
-     (("merge", merge_command), ("serve-local", serve_local_command), ("run", run_command))}
-)  # fmt: skip
-ORDER = ("extract-memories", "filter", "infer-persona", "gen-queries", "merge", "serve-local", "split",
-         "stats", "push", "run", "gen-dialogues", "criteria", "respond", "export", "evaluate", "table",
-         "review", "agreement")  # fmt: skip
-for _name in [*ORDER, *(name for name in _COMMANDS if name not in ORDER)]:  # a new stage: last
-    app.command(_name, cls=_Command)(_COMMANDS[_name])
+def commands() -> dict[str, _Command]:
+    """Every command by name, in the order --help lists them (a new stage: last). Made anew for
+    each group, as Typer makes its commands: click keeps a command's help option from the first
+    context it sees (-h comes from the group's), so a command is never shared between groups."""
+    made = {
+        "filter": stage_command(
+            "filter", show_rules_or_filter, (only("filter", "show_rules", "--show-rules"),)
+        ),
+        "infer-persona": stage_command(
+            "infer-persona", show_or_infer_personas, (only("infer-persona", "show", "--show", str, "USER"),)
+        ),
+        "evaluate": stage_command("evaluate", evaluate_and_print),
+        "table": stage_command("table", write_table),
+        "review": stage_command("review", review_or_exchange, (
+            only("review", "export_label_studio", "--export-label-studio", Path, "DIR"),
+            only("review", "import_label_studio", "--import-label-studio", Path, "FILE"),
+        )),
+        "merge": OutputCommand(
+            "merge", merge, MERGE,
+            """Join the shard files of an LLM stage (--shard I/N) into its output, checking that
+            every user is in exactly one shard.""",
+        ),
+        "serve-local": serve_local_command(),
+        "run": run_command(),
+    }  # fmt: skip
+    for name in STAGES:
+        made.setdefault(name, stage_command(name))
+    order = ("extract-memories", "filter", "infer-persona", "gen-queries", "merge", "serve-local", "split",
+             "stats", "push", "run", "gen-dialogues", "criteria", "respond", "export", "evaluate", "table",
+             "review", "agreement")  # fmt: skip
+    return {name: made[name] for name in [*order, *(name for name in made if name not in order)]}

@@ -22,10 +22,8 @@ from pydantic import ValidationError
 
 from personaemp.errors import InputError
 from personaemp.options import (
-    LLMOptions,
     RunSections,
     Section,
-    catalogue,
     derive,
     describe,
     env_values,
@@ -33,9 +31,11 @@ from personaemp.options import (
     parse_assignments,
     renamed,
     run_options,
+    sections,
     spec,
     specs,
 )
+from personaemp.shared_options import LLMOptions
 
 SECRET_WORDS = ("key", "token", "secret", "password")
 NOT_SECRETS = {"max_tokens"}
@@ -63,7 +63,7 @@ def read_config(path: Path) -> dict[str, Any]:
             "set OPENAI_API_KEY / HF_TOKEN in the environment instead",
         )
     for name, value in data.items():
-        if name not in catalogue():
+        if name not in sections():
             raise InputError(f"{path}: [{name}] is not a known section", _section_hint(value))
         if not isinstance(value, dict):
             raise InputError(f"{path}: {name} must be a table ([{name}]), not {value!r}")
@@ -121,7 +121,7 @@ class Resolver:
 
     def all(self) -> RunSections:
         """Every section, resolved now: a bad value anywhere stops before any stage runs."""
-        return run_options().model_construct(**{name: self.section(name) for name in catalogue()})
+        return run_options().model_construct(**{name: self.section(name) for name in sections()})
 
     paths = property(lambda self: self.section("paths"))
     filter = property(lambda self: self.section("filter"))
@@ -136,7 +136,7 @@ class Resolver:
     evaluate = property(lambda self: self.section("evaluate"))
 
     def _resolve(self, name: str) -> Section:
-        model = catalogue()[name]
+        model = sections()[name]
         values: dict[str, Any] = {}
         sources: dict[str, tuple[str, str]] = {}  # field -> (name with the file, short name)
         renames = renamed(model)
@@ -216,12 +216,12 @@ def _section_hint(table: Any) -> str:
     homes = {
         f"[{section}] {key}"
         for key in keys
-        for section in catalogue()
+        for section in sections()
         if key in {option.name for option in specs(section)}
     }
     if 0 < len(homes) <= 3:  # a key of many sections (input, output) says nothing
         return f"write {', '.join(sorted(homes))}"
-    return f"use {', '.join(catalogue())}"
+    return f"use {', '.join(sections())}"
 
 
 def set_flags(items: list[str]) -> dict[str, dict[str, Any]]:
@@ -239,9 +239,9 @@ def set_flags(items: list[str]) -> dict[str, dict[str, Any]]:
         if not (equals and len(path) >= 2 and all(path)):
             raise InputError(f"--set takes SECTION.KEY=VALUE (e.g. persona.limit=8), not {item!r}")
         section, key, inner = path[0], path[1], path[2:]
-        if section not in catalogue():
+        if section not in sections():
             raise InputError(
-                f"--set {item}: [{section}] is not a known section", f"use {', '.join(catalogue())}"
+                f"--set {item}: [{section}] is not a known section", f"use {', '.join(sections())}"
             )
         options = {option.name: option for option in specs(section)}
         if key not in options:

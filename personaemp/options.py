@@ -7,15 +7,16 @@ paths, where its default comes from inside a config and how it is written (path 
 
 A stage's section lives beside the stage: `@declare("filter")` on `FilterOptions` in
 personaemp/dataset/options.py, the options of the build's stages (`personaemp/<product>/options.py`;
-a Stage line of the registry may name another module, as a stage with light code its own).
-Here: the machinery (Opt, Section, declare, the catalogue, introspection, one-line errors,
-the docs tables), the shared sections `[paths]` and `[llm]`, and the option types several
-stages share. From the declarations follow:
+a catalogue line may name another module, as a stage with light code its own). The shared
+sections ([paths], [llm]) and the option types several stages share are in
+personaemp/shared_options.py; the docs' Options page tables in personaemp/options_page.py.
+Here: the machinery (Opt, Section, declare, `sections()`, introspection, one-line errors).
+From the declarations follow:
 
-- the Typer options of each stage command (`personaemp.cli`),
+- the options of each stage command (`personaemp.cli`),
 - the sections of personaemp.toml and their resolution, flag > env var > file > default
   (`personaemp.config`),
-- the option tables of the docs' Options page (`markdown_tables`,
+- the option tables of the docs' Options page (`personaemp.options_page`,
   `python -m personaemp.registry docs/options.md`).
 
 This module and the options modules stay light (pydantic only): `personaemp --help` imports them.
@@ -23,6 +24,7 @@ This module and the options modules stay light (pydantic only): `personaemp --he
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 import sys
@@ -33,55 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    create_model,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model, model_validator
 from pydantic.fields import FieldInfo
 
 from personaemp.errors import InputError
-from personaemp.records import Category
-
-PROCESSED = Path("data/processed")
-RAW_INPUT = "data/raw/alpsbench_sample/task1"
-LLM_PANEL = "LLM endpoint and engine"
-
-# Names the stages define; options.py repeats them so `--help` does not import the stages
-# (tests/test_options.py checks they agree).
-FORMATS = ("auto", "task1", "raw", "hf")  # personaemp.sources.FORMATS
-LOG_FORMATS = ("auto", "wildchat", "messages", "sharegpt", "table", "task1")  # personaemp.sources.logs
-CHECKS = (
-    "emotional_support", "logical_consistency", "role_awareness", "memory_ids_valid",
-    "category_match", "length_ok", "language_match", "not_duplicate", "not_copied",
-    "no_scaffolding", "no_internal_ids",
-)  # fmt: skip  # personaemp.instruments.query_check.CHECKS
-PERSONA_CHECKS = ("no_internal_ids", "level_matches_rationale")  # personaemp.dataset.persona.PERSONA_CHECKS
-STEPS = (
-    "persona", "situations", "check",
-    "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander", "judge_joint",
-    "extract_memories", "hidden_need", "simulate", "in_character",
-)  # fmt: skip  # the stages' Step names (judge_joint: personaemp.training.reward)
-STEP_KEYS = ("temperature", "max_tokens")
-
-Format = Literal["auto", "task1", "raw", "hf"]
-LogFormat = Literal["auto", "wildchat", "messages", "sharegpt", "table", "task1"]
-Check = Literal[
-    "emotional_support", "logical_consistency", "role_awareness", "memory_ids_valid",
-    "category_match", "length_ok", "language_match", "not_duplicate", "not_copied",
-    "no_scaffolding", "no_internal_ids",
-]  # fmt: skip
-PersonaCheck = Literal["no_internal_ids", "level_matches_rationale"]
-StepName = Literal[
-    "persona", "situations", "check",
-    "criteria", "respond", "summary", "judge", "judge_dynamic", "bystander", "judge_joint",
-    "extract_memories", "hidden_need", "simulate", "in_character",
-]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -113,67 +70,6 @@ class OptionProblem(ValueError):
     def __init__(self, field: str, message: str, hint: str | None = None):
         super().__init__(message)
         self.field, self.message, self.hint = field, message, hint
-
-
-def _split_commas(value: Any) -> Any:
-    """A list option takes a list, a comma-separated string, or both (repeated flags)."""
-    if isinstance(value, str):
-        value = [value]
-    if isinstance(value, list | tuple):
-        parts: list[Any] = []
-        for item in value:
-            if isinstance(item, str):
-                parts.extend(part.strip() for part in item.split(",") if part.strip())
-            else:
-                parts.append(item)
-        return parts
-    return value
-
-
-def _upper(value: Any) -> Any:
-    value = _split_commas(value)
-    return [v.upper() if isinstance(v, str) else v for v in value] if isinstance(value, list) else value
-
-
-Names = Annotated[list[str], BeforeValidator(_split_commas)]
-
-
-def _shard(value: str | None) -> str | None:
-    """I/N with 1 <= I <= N: one line for every bad form (`a/b`, `2`, `0/2`), as parse_shard gives."""
-    match = re.fullmatch(r"\s*(\d+)/(\d+)\s*", value) if value is not None else None
-    if value is not None and (match is None or not 1 <= int(match[1]) <= int(match[2])):
-        raise OptionProblem("shard", f"is {value!r}: expected I/N with 1 <= I <= N, e.g. 2/3")
-    return value
-
-
-Shard = Annotated[
-    str | None,
-    AfterValidator(_shard),
-    Opt(
-        "Work on part I of N of the users (by a hash of the id; many machines, one part each) "
-        "into <output>.shard-I-of-N.jsonl; `personaemp merge` joins the parts.",
-        metavar="I/N",
-    ),
-]
-Categories = Annotated[list[Category], BeforeValidator(_upper)]
-Force = Annotated[
-    bool,
-    Opt(
-        "Redo the stage even when its inputs, options and code are those of its last finished "
-        "run and its outputs are as that run left them (it is skipped then)."
-    ),
-]
-Checks = Annotated[list[Check], BeforeValidator(_split_commas)]
-PersonaChecks = Annotated[list[PersonaCheck], BeforeValidator(_split_commas)]
-
-
-def _some_checks(value: list[str] | None) -> list[str] | None:
-    """An `enforce` option names at least one check, or is left out (all of them)."""
-    if value is not None and not value:
-        raise OptionProblem(
-            "enforce", "is empty", "name the checks to enforce, or leave it out for all of them"
-        )
-    return value
 
 
 class Section(BaseModel):
@@ -221,321 +117,49 @@ def renamed(model: type[BaseModel]) -> dict[str, str]:
     }
 
 
-# --- the catalogue -----------------------------------------------------------------------------
-# Every section by its TOML name and every stage command's sections. A section is declared
-# where its stage lives (`@declare("filter")` in personaemp/dataset/options.py), the
-# shared ones ([paths], [llm]) here; the registry (personaemp/registry.py) imports each
-# stage's options module, puts the sections in pipeline order and fills COMMANDS and
-# CLI_ONLY from its Stage lines. So a stage is its module(s) plus one registry line.
-SECTIONS: dict[str, type[Section]] = {}  # TOML section -> its model, in pipeline order
-COMMANDS: dict[str, tuple[str, ...]] = {}  # stage command -> its sections (the first is its own)
-
-
-def catalogue() -> dict[str, type[Section]]:
-    """SECTIONS, whole: the products declare their sections and the registry gathers them, so a
-    caller below it (config, the reward in a trainer's worker) has the registry loaded here, by
-    name, as a host loads its plugins (an import of it here would point up the layers)."""
-    if "personaemp.registry" not in sys.modules:  # (while it loads, it is filling SECTIONS)
-        importlib.import_module("personaemp.registry")
-    return SECTIONS
+# --- the sections, by name ---------------------------------------------------------------------
+# A section is declared where its stage lives (`@declare("filter")` in
+# personaemp/dataset/options.py), the shared ones ([paths], [llm]) here. personaemp.catalogue
+# names the module of each; `sections()` loads them, in pipeline order, on first use.
 
 
 def declare(name: str) -> Callable[[type[Section]], type[Section]]:
-    """Class decorator: `model` is the TOML section [name] (also importable on its own, as
-    personaemp.reward's from_config does with [reward])."""
+    """Class decorator: `model` is the TOML section [name]. It only marks the class; the
+    catalogue's module list (personaemp.catalogue.SECTION_MODULES) is how it is found."""
 
-    def register(model: type[Section]) -> type[Section]:
-        if SECTIONS.get(name, model) is not model:
-            raise TypeError(f"[{name}] is declared twice: {SECTIONS[name].__name__} and {model.__name__}")
-        SECTIONS[name] = model
+    def mark(model: type[Section]) -> type[Section]:
+        model.__section__ = name
         return model
 
-    return register
+    return mark
 
 
-# --- the sections ------------------------------------------------------------------------------
+def declared(module: types.ModuleType) -> dict[str, type[Section]]:
+    """{section: model} of the `@declare`d sections a module defines."""
+    found: dict[str, type[Section]] = {}
+    for value in vars(module).values():
+        name = getattr(value, "__section__", None) if isinstance(value, type) else None
+        if name is None or value.__module__ != module.__name__:
+            continue
+        if found.get(name, value) is not value:
+            raise TypeError(f"[{name}] is declared twice: {found[name].__name__} and {value.__name__}")
+        found[name] = value
+    return found
 
 
-@declare("paths")
-class PathsOptions(Section):
-    """[paths]: a config's input and the folder its stages write to (TOML only)."""
+@functools.cache
+def sections() -> dict[str, type[Section]]:
+    """Every TOML section -> its model, in pipeline order, from the modules the catalogue names
+    (imported now: a plugin host's loading, driven by data, so no module here names a product)."""
+    from personaemp.catalogue import SECTION_MODULES
 
-    input: Annotated[str, Opt("Default input of `filter` (its --input).")] = RAW_INPUT
-    processed: Annotated[Path, Opt("Folder of every stage's default output, the cache and the dataset.")] = (
-        PROCESSED
-    )
-
-
-class StepSampling(Section):
-    """[llm.steps.<step>]: sampling of one LLM step over the step's and the run's defaults."""
-
-    temperature: Annotated[float | None, Field(ge=0)] = None
-    max_tokens: Annotated[int | None, Field(ge=1)] = None
-
-
-@declare("llm")
-class LLMOptions(Section):
-    """[llm]: the options every LLM command shares. The API key is not one of
-    them: it comes from OPENAI_API_KEY only (a flag would land in shell history)."""
-
-    base_url: Annotated[
-        Names,
-        Opt(
-            "OpenAI-compatible endpoint; repeat or comma-separate for several (requests go to the "
-            "least busy one).",
-            env="OPENAI_BASE_URL",
-            metavar="URL",
-        ),
-    ] = []
-    model: Annotated[
-        str | None, Opt("Model name (required for a remote endpoint).", env="PERSONAEMP_MODEL")
-    ] = None
-    llm: Annotated[
-        Literal["auto", "local", "remote", "vllm"],
-        Opt(
-            "auto: the embedded local model unless an endpoint is set; local; remote; vllm: --model "
-            "in vLLM engines on the Ray cluster's GPUs (ray.data.llm, with --executor ray), no endpoint."
-        ),
-    ] = "auto"
-    structured: Annotated[
-        Literal["auto", "json_schema", "json_object_schema", "json_object", "none"],
-        Opt(
-            "Structured output. auto: json_schema, stepping down to json_object, then none, if the "
-            "endpoint refuses it (remembered per endpoint); json_object_schema on the local server."
-        ),
-    ] = "auto"
-    concurrency: Annotated[
-        int,
-        Field(ge=1),
-        Opt("Requests in flight per endpoint (the local server takes 1).", env="PERSONAEMP_CONCURRENCY"),
-    ] = 16
-    rpm: Annotated[float | None, Field(gt=0), Opt("Requests per minute per endpoint.")] = None
-    timeout: Annotated[float, Field(gt=0), Opt("Seconds per request.")] = 120.0
-    max_tokens: Annotated[int, Field(ge=1), Opt("max_tokens sent with every request.")] = 1024
-    temperature: Annotated[float, Field(ge=0), Opt("Sampling temperature.")] = 0.7
-    seed: Annotated[int | None, Opt("Sampling seed sent with every request.")] = None
-    steps: Annotated[
-        dict[StepName, StepSampling],
-        Opt(
-            "Sampling of one step over the run's: STEP.KEY=VALUE, repeatable; STEP: "
-            f"{', '.join(STEPS)}; KEY: {', '.join(STEP_KEYS)} (TOML: [llm.steps.STEP]).",
-            ("--step",),
-            metavar="STEP.KEY=VALUE",
-        ),
-    ] = {}
-    max_retries: Annotated[
-        int,
-        Field(ge=0),
-        Opt("Network/HTTP retries per request (429, 408, 409, 5xx, timeouts), with backoff."),
-    ] = 6
-    max_reasks: Annotated[int, Field(ge=0), Opt("Re-asks after an invalid, empty or cut-off reply.")] = 2
-    work_dir: Annotated[
-        Path,
-        Opt(
-            "Cache and run report folder.",
-            env="PERSONAEMP_WORK_DIR",
-            derive="processed:.personaemp",
-            io="folder",
-        ),
-    ] = PROCESSED / ".personaemp"
-    no_cache: Annotated[bool, Opt("Neither read nor write the cache.", ("--no-cache/--cache",))] = False
-    refresh: Annotated[bool, Opt("Ignore cached replies and overwrite them.")] = False
-    retry_failed: Annotated[bool, Opt("Ask again for content failures (invalid, cut, ungrounded...).")] = (
-        False
-    )
-    price_in: Annotated[float | None, Field(ge=0), Opt("Price per million prompt tokens.")] = None
-    price_out: Annotated[float | None, Field(ge=0), Opt("Price per million completion tokens.")] = None
-    price_cached: Annotated[
-        float | None,
-        Field(ge=0),
-        Opt(
-            "Price per million prompt tokens the provider's prefix cache serves (reported as "
-            "cached or cache-hit tokens); unset: priced at --price-in."
-        ),
-    ] = None
-    cache_rule: Annotated[
-        Literal["auto", "deepseek", "openai", "none"],
-        Opt(
-            "How the provider's prefix cache bills a prompt, for --estimate: deepseek (64-token "
-            "blocks, the schema stated in the prompt), openai (from 1,024 tokens in 128-token "
-            "steps, the schema its prefix), none (nothing cached); auto: openai for api.openai.com, "
-            "none for a local server, else deepseek."
-        ),
-    ] = "auto"
-    batch: Annotated[
-        Path | None,
-        Opt(
-            "Work from batch files in this folder instead of an endpoint: import the answer files "
-            "found there, go as far as they allow, write the requests still needed as the next "
-            "round's input (OpenAI Batch / vllm run-batch format).",
-            metavar="DIR",
-        ),
-    ] = None
-    estimate: Annotated[
-        bool,
-        Opt(
-            "Print the requests, tokens and cost this command would send now (from the cache and "
-            "the rendered prompts), and send and write nothing."
-        ),
-    ] = False
-    max_cost: Annotated[
-        float | None,
-        Field(gt=0),
-        Opt(
-            "Stop (resumable) before this run's spend, counted from the endpoint's usage at "
-            "--price-in/--price-out (cached prompt tokens at --price-cached), could exceed this "
-            "many dollars (each stage of `run` its own).",
-            metavar="USD",
-        ),
-    ] = None
-    executor: Annotated[
-        Literal["local", "ray"],
-        Opt(
-            "local: this process sends every request; ray: the units run on a pool of Ray workers, "
-            "each with its share of --concurrency, and this process writes the files (needs the "
-            "[ray] extra; --estimate and --batch run locally).",
-            env="PERSONAEMP_EXECUTOR",
-        ),
-    ] = "local"
-    workers: Annotated[
-        int, Field(ge=1), Opt("Ray workers (--executor ray): one engine each, at most --concurrency.")
-    ] = 2
-    ray_address: Annotated[
-        str | None,
-        Opt(
-            "The Ray cluster to run on (--executor ray), e.g. ray://head:10001; unset: a local Ray "
-            "is started (inside `ray job submit`, the job's cluster).",
-            env="RAY_ADDRESS",
-            metavar="ADDRESS",
-        ),
-    ] = None
-
-    vllm: Annotated[
-        dict[Literal["engine", "processor"], dict[str, Any]],
-        Opt(
-            "--llm vllm: engine.KEY=VALUE goes to vLLM's engine (e.g. engine.max_model_len=8192, "
-            "engine.tensor_parallel_size=2), processor.KEY=VALUE to ray.data.llm's processor "
-            "(e.g. processor.batch_size=64, processor.accelerator_type=H100); repeatable "
-            "(TOML: [llm.vllm.engine], [llm.vllm.processor]).",
-            ("--vllm",),
-            metavar="PART.KEY=VALUE",
-        ),
-    ] = {}
-
-    @model_validator(mode="after")
-    def _a_batch_needs_the_cache(self) -> LLMOptions:
-        if self.batch is not None and (self.no_cache or self.refresh):
-            raise OptionProblem("batch", "works through the cache", "leave out {no_cache} and {refresh}")
-        if self.batch is not None and not self.model:
-            raise OptionProblem("batch", "needs {model}: every request in a batch file names it")
-        if self.batch is not None and self.estimate:
-            raise OptionProblem("batch", "and {estimate} exclude each other", "give one of them")
-        return self
-
-    @model_validator(mode="after")
-    def _a_budget_needs_prices(self) -> LLMOptions:
-        if self.max_cost is not None and self.price_in is None and self.price_out is None:
-            raise OptionProblem("max_cost", "needs a price to count with", "give {price_in} and {price_out}")
-        return self
-
-    @model_validator(mode="after")
-    def _vllm_runs_on_ray(self) -> LLMOptions:
-        if self.llm != "vllm":
-            return self
-        if self.executor != "ray":
-            raise OptionProblem("llm", "is 'vllm', which runs on Ray", "add {executor} ray")
-        if not self.model:
-            raise OptionProblem("llm", "is 'vllm' but no {model} is set", "give a Hugging Face id or a path")
-        if self.base_url:
-            raise OptionProblem("llm", "is 'vllm' (no endpoint) but {base_url} is set", "give one of them")
-        if self.no_cache or self.refresh:
-            raise OptionProblem(
-                "llm",
-                "is 'vllm', which works in rounds through the cache",
-                "leave out {no_cache} and {refresh}",
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _ray_needs_an_endpoint(self) -> LLMOptions:
-        if self.executor == "ray" and self.llm != "vllm" and (self.llm == "local" or not self.base_url):
-            raise OptionProblem(
-                "executor", "is 'ray' but no endpoint is set (the embedded model is one process)",
-                "give {base_url}: the workers share its endpoints",
-            )  # fmt: skip
-        return self
-
-    @model_validator(mode="after")
-    def _local_has_no_endpoint(self) -> LLMOptions:
-        if self.llm == "local" and self.base_url:
-            raise OptionProblem(
-                "llm", "is 'local' (the embedded model) but {base_url} is set", "give one of them"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _remote_needs_an_endpoint(self) -> LLMOptions:
-        if self.llm == "remote" and not self.base_url:
-            raise OptionProblem(
-                "llm", "is 'remote' but no endpoint is set", "give {base_url} or set OPENAI_BASE_URL"
-            )
-        return self
-
-    def step_sampling(self) -> dict[str, dict[str, float | int]]:
-        """`steps` as the engine takes it: only what was set."""
-        return {
-            name: chosen
-            for name, step in self.steps.items()
-            if (chosen := step.model_dump(exclude_none=True))
-        }
-
-
-# Options several sections share, declared once.
-SplitsFolder = Annotated[
-    Path, Opt("Folder written by `personaemp split`.", ("--splits",), derive="split.out_dir", io="read")
-]
-
-
-# personaemp.prompts.LAYOUTS: where a request about one PERM dimension holds its standard
-Layout = Annotated[
-    Literal["paper", "shared"],
-    Opt(
-        "paper: as the authors' prompts, each request holds only its dimension's standard, before "
-        "the context and the reply; shared: the three standards in a task every request shares "
-        "(a provider's prefix cache serves it), the dimension named last. Named in every report."
-    ),
-]
-DEFAULT_LAYOUT = "paper"  # the authors' (criteria, evaluate and the reward alike)
-
-
-@dataclass(frozen=True)
-class JudgeDefaults:
-    """The judge instrument's defaults (personaemp.instruments.judges.JudgeOptions), which
-    [evaluate] declares its options with (personaemp/evaluation/options.py)."""
-
-    dynamic: bool = False
-    samples: int = 1
-    bystander: bool = False
-    reward_lambda: float = 0.5
-    missing: str = "skip"
-    unreadable: str = "authors"
-    layout: str = DEFAULT_LAYOUT
-
-
-JUDGE_DEFAULTS = JudgeDefaults()
-
-
-SplitName = Literal["random", "ood"]
-Part = Literal["train", "test"]
-
-
-# personaemp.instruments.policy.CONTEXTS: what a policy sees (respond, and export's prompts)
-Context = Literal["none", "memory", "memory-summary", "rag", "mismatch", "persona"]
-SplitSetting = Annotated[SplitName, Opt("Split setting.")]
-RagK = Annotated[int, Field(ge=1), Opt("Memories given with --context rag (the paper: 3).")]
-MismatchSeed = Annotated[
-    int, Opt("Seed choosing whose memories each user gets with --context mismatch (never their own).")
-]
+    found: dict[str, type[Section]] = {}
+    for name, module in SECTION_MODULES.items():
+        models = declared(importlib.import_module(f"personaemp.{module}"))
+        if name not in models:
+            raise TypeError(f"[{name}]: no @declare({name!r}) in personaemp.{module}")
+        found[name] = models[name]
+    return found
 
 
 class RunSections(Section):
@@ -565,9 +189,9 @@ _RUN_OPTIONS: dict[tuple[str, ...], type[RunSections]] = {}
 def run_options() -> type[RunSections]:
     """personaemp.toml as one model: every declared section, in pipeline order (the file may
     leave any out). personaemp.registry.RunOptions is this, once every stage is declared."""
-    key = tuple(SECTIONS)
+    key = tuple(sections())
     if key not in _RUN_OPTIONS:
-        fields: dict[str, Any] = {name: (model, model()) for name, model in SECTIONS.items()}
+        fields: dict[str, Any] = {name: (model, model()) for name, model in sections().items()}
         _RUN_OPTIONS[key] = create_model("RunOptions", __base__=RunSections, __module__=__name__, **fields)
         _RUN_OPTIONS[key].__doc__ = "personaemp.toml: every section (the file may leave any out)."
     return _RUN_OPTIONS[key]
@@ -579,20 +203,6 @@ def derive(rule: str, section: Callable[[str], Any]) -> Any:
         return section("paths").processed / rule.split(":", 1)[1]
     name, field = rule.split(".")
     return getattr(section(name), field)
-
-
-# What every stage command, `run` and `merge` print: declared once (personaemp.cli.output_options).
-OUTPUT_OPTIONS: dict[str, str] = {
-    "--quiet": "No summaries or progress on stderr (errors are still shown).",
-    "--json": "Print the command's result (files, counts, cost, report) as JSON on stdout.",
-}
-# Options of the stage commands that are not stage settings: no TOML key. Every command's
-# are CLI_COMMON's; the registry adds each Stage's own (`Stage.cli_only`).
-CLI_COMMON: dict[str, str] = {
-    "--config": "personaemp.toml to read the command's sections from (flags and env vars win).",
-    **OUTPUT_OPTIONS,
-}
-CLI_ONLY: dict[str, dict[str, str]] = {}
 
 
 # --- introspection -----------------------------------------------------------------------------
@@ -681,7 +291,7 @@ class OptionSpec:
 
 
 def specs(section: str) -> list[OptionSpec]:
-    model = SECTIONS[section]
+    model = sections()[section]
     found = []
     for name, info in model.model_fields.items():
         opt = next((m for m in info.metadata if isinstance(m, Opt)), None)
@@ -782,116 +392,6 @@ def describe(exc: ValidationError, name: Callable[[str, bool], str]) -> str:
 
 def _placeholders(*texts: str | None) -> set[str]:
     return {m for text in texts if text for m in re.findall(r"{(\w+)}", text)}
-
-
-# --- Options page tables ---------------------------------------------------------------------
-
-BEGIN, END = "<!-- options:begin -->", "<!-- options:end -->"
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-def _flag_cell(option: OptionSpec) -> str:
-    shown = " ".join(f"`{flag}`" for part in option.flags for flag in part.split("/"))
-    return shown + (" (repeatable)" if option.kind in ("list", "dict") else "")
-
-
-def _formerly(option: OptionSpec) -> str:
-    old = option.opt.renamed_from
-    return f" Formerly `{option.old_flag}` / `{old}` (still read, with a notice)." if old else ""
-
-
-def _table(options: list[OptionSpec]) -> list[str]:
-    lines = ["| option | TOML key | env var | default | meaning |", "|---|---|---|---|---|"]
-    for option in options:
-        default = show_default(option.default)
-        derived = option.opt.derive
-        if derived:
-            source = (
-                f"`<processed>/{derived.split(':', 1)[1]}`"
-                if derived.startswith("processed:")
-                else f"`[{derived.split('.')[0]}] {derived.split('.')[1]}`"
-            )
-            default = f"`{default}`; in a config: {source}"
-        elif default:
-            default = f"`{default}`"
-        else:
-            default = "—"
-        lines.append(
-            "| "
-            + " | ".join(
-                [
-                    _flag_cell(option),
-                    f"`{option.name}`",
-                    f"`{option.opt.env}`" if option.opt.env else "",
-                    _cell(default),
-                    _cell(option.help + _formerly(option)),
-                ]
-            )
-            + " |"
-        )
-    return lines
-
-
-def markdown_tables() -> str:
-    """The option tables, from the models (between BEGIN and END in docs/options.md)."""
-    out: list[str] = [
-        "<!-- generated from the options modules: python -m personaemp.registry docs/options.md -->",
-        "",
-    ]
-    for command, sections in COMMANDS.items():
-        out.append(f"#### `personaemp {command}` — TOML `[{sections[0]}]`")
-        out.append("")
-        out.extend(_table(specs(sections[0])))
-        out.append("")
-        if "llm" in sections:
-            out.append("And the LLM options below (TOML `[llm]`).")
-        only = "; ".join(
-            f"`{flag}`: {text[0].lower() + text[1:].rstrip('.')}" for flag, text in CLI_ONLY[command].items()
-        )
-        out.append(f"Command-only (no TOML key): {only}.")
-        out.append("")
-    out.append("#### LLM options of every LLM command — TOML `[llm]`")
-    out.append("")
-    out.extend(_table(specs("llm")))
-    out.append("")
-    out.append("#### The training reward (`personaemp.reward.from_config`) — TOML `[reward]`")
-    out.append("")
-    out.append("| TOML key | env var | default | meaning |")
-    out.append("|---|---|---|---|")
-    for option in specs("reward"):
-        default = show_default(option.default)
-        out.append(
-            f"| `{option.name}` | {f'`{option.opt.env}`' if option.opt.env else ''} | "
-            f"{f'`{default}`' if default else '—'} | {_cell(option.help)} |"
-        )
-    out.append("")
-    out.append("#### `personaemp run` — TOML `[paths]`")
-    out.append("")
-    out.append("| TOML key | default | meaning |")
-    out.append("|---|---|---|")
-    for option in specs("paths"):
-        out.append(f"| `{option.name}` | `{show_default(option.default)}` | {_cell(option.help)} |")
-    return "\n".join(out) + "\n"
-
-
-def update_readme(path: Path) -> bool:
-    """Rewrite the block between the markers of the options page (docs/options.md, which
-    the README links to; the name is older than the page); True if the file changed."""
-    text = path.read_text(encoding="utf-8")
-    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    new = text[:start] + "\n" + markdown_tables() + text[end:]
-    if new != text:
-        path.write_text(new, encoding="utf-8")
-    return new != text
-
-
-def readme_block(text: str) -> str:
-    """What the options page (docs/options.md) holds between the markers."""
-    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    return text[start:end].removeprefix("\n")
 
 
 def env_values(section: str, env: Mapping[str, str]) -> dict[str, tuple[str, str]]:

@@ -125,9 +125,9 @@ def check_paths(
 
 
 def check_command(command: str, section: Callable[[str], Any], *, toml: bool = False) -> None:
-    """`check_paths` over the sections of a stage command (personaemp.options.COMMANDS);
+    """`check_paths` over the sections of a stage command (personaemp.catalogue.COMMANDS);
     `section(name)` gives a resolved section. Options are named by flag, or by TOML key."""
-    from personaemp.options import COMMANDS
+    from personaemp.catalogue import COMMANDS
 
     label = (lambda name, key, flag: f"{name}.{key}") if toml else None
     check_paths(((name, section(name)) for name in COMMANDS[command]), label)

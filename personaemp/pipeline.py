@@ -18,8 +18,9 @@ from typing import Any
 from rich.console import Console
 
 from personaemp import results
+from personaemp.catalogue import RUN_COMMANDS
 from personaemp.config import llm_settings
-from personaemp.registry import RUN_COMMANDS, STAGES, RunOptions
+from personaemp.registry import STAGES, RunOptions
 from personaemp.results import StageResult, stop_if_failed
 from personaemp.summaries import waits_for_a_batch
 
@@ -75,7 +76,7 @@ def persona_and_queries(
     persona is written (llm.stage.run_llm_chain); each stage's files and report as alone.
     `meanwhile` is called once the first requests are going out. `stream`: infer-persona's
     input as the filter writes it (streaming.FilterFeed), whose summary is printed first."""
-    from personaemp import summaries
+    from personaemp.dataset import filter as filter_stage
     from personaemp.dataset import persona, queries
     from personaemp.llm.stage import run_llm_chain
 
@@ -97,7 +98,7 @@ def persona_and_queries(
     if written.cache_info().currsize:  # read as the chain ended: the funnel counts over it
         second.units, second.skipped = written()
     if stream is not None:
-        summaries.print_filter_summary(stream.report, console)
+        filter_stage.print_funnel(stream.report, console)
     personas = results.of_llm_stage(reports[0], persona.summarize(first.output, first.picked()))
     STAGES["infer-persona"].summary(personas, console)
     stop_if_failed(personas)  # gen-queries had no persona to work on

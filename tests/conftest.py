@@ -180,9 +180,9 @@ def cli_here(args: list[str], env: dict[str, str | None], cwd: Path) -> subproce
 def personaemp_environment() -> tuple[str, ...]:
     """The variables a test must not inherit from the shell: every option's (options.py), the
     endpoint's and the key."""
-    from personaemp.options import SECTIONS, specs
+    from personaemp.options import sections, specs
 
-    declared = {option.opt.env for section in SECTIONS for option in specs(section) if option.opt.env}
+    declared = {option.opt.env for section in sections() for option in specs(section) if option.opt.env}
     return ("OPENAI_BASE_URL", "OPENAI_API_KEY", "HF_TOKEN", *sorted(declared))
 
 
@@ -416,9 +416,9 @@ def sample_build(tmp_path_factory) -> Path:
         from fake_openai import FakeOpenAI
         from rich.console import Console
 
-        from personaemp.options import LLMOptions, PathsOptions
         from personaemp.pipeline import run_pipeline
         from personaemp.registry import RunOptions
+        from personaemp.shared_options import LLMOptions, PathsOptions
 
         with (
             FakeOpenAI(responder=order_free_responder()) as fake,

@@ -20,9 +20,9 @@ from fake_openai import FakeOpenAI
 
 import personaemp as pe
 from personaemp.aio import run_sync
+from personaemp.catalogue import COMMANDS
 from personaemp.dataset.options import SplitOptions
 from personaemp.options import specs
-from personaemp.registry import COMMANDS
 
 
 @pytest.fixture(autouse=True)
@@ -136,23 +136,37 @@ def test_import_is_light_and_names_load_on_use():
 
 
 API = {
-    "filter": ["filter_users"], "infer-persona": ["infer_personas", "ainfer_personas"],
+    "filter": ["filter_users"], "agreement": ["measure_agreement", "ameasure_agreement"],
+    "infer-persona": ["infer_personas", "ainfer_personas"],
     "gen-queries": ["generate_queries", "agenerate_queries"], "split": ["split_users"],
     "stats": ["write_stats"], "push": ["publish"], "criteria": ["write_criteria", "awrite_criteria"],
     "respond": ["write_responses", "awrite_responses"], "evaluate": ["evaluate", "aevaluate"],
-    "table": ["write_table"], "export": ["export_split"], "agreement": ["measure_agreement"],
+    "table": ["write_table"], "export": ["export_split"],
     "review": ["serve_review"], "extract-memories": ["extract_memories", "aextract_memories"],
     "gen-dialogues": ["generate_dialogues", "agenerate_dialogues"],
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_every_command_has_a_function_with_its_defaults(command):
-    """The functions take the command's options with the command's defaults (the options model)."""
+def test_every_command_has_a_function_written_out_as_its_catalogue_line_says(command):
+    """pe.<function> is written out in api.py (not made at import): its positional arguments
+    are the line's, then settings (an LLM stage), config, progress (the line's default) and
+    the stage's options as keywords, with the command's defaults (the options model)."""
+    from personaemp import api
+    from personaemp.apidocs import documented_parameters
+    from personaemp.registry import STAGES
+
+    stage = STAGES[command]
     for name in API[command]:
         function = getattr(pe, name)
+        assert name in vars(api) and function.__module__ == "personaemp.api", name  # written out
         assert inspect.iscoroutinefunction(function) == name.startswith("a")
-        parameters = inspect.signature(function).parameters
+        own = inspect.signature(function).parameters
+        keywords = [*(["settings"] if stage.llm else []), "config", "progress", "options"]
+        assert list(own) == [*stage.positional, *keywords], name
+        assert own["progress"].default is stage.progress and own["options"].kind is own["options"].VAR_KEYWORD
+        assert all(own[p].kind is own[p].POSITIONAL_OR_KEYWORD for p in stage.positional), name
+        parameters = {p.name: p for p in documented_parameters(function, stage)}
         for section in COMMANDS[command]:
             for option in specs(section):
                 assert option.name in parameters, (name, option.name)
@@ -164,7 +178,10 @@ def test_every_command_has_a_function_with_its_defaults(command):
 
 def test_split_defaults_to_the_ood_split_as_the_command_does(tmp_path):
     assert SplitOptions().ood is True
-    assert inspect.signature(pe.split_users).parameters["ood"].default is True
+    from personaemp.apidocs import documented_parameters
+    from personaemp.registry import STAGES
+
+    assert {p.name: p for p in documented_parameters(pe.split_users, STAGES["split"])}["ood"].default is True
     from personaemp.dataset.split import split_users
 
     assert inspect.signature(split_users).parameters["ood"].default is True

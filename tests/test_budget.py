@@ -19,7 +19,7 @@ from personaemp.dataset.persona import infer_personas
 from personaemp.errors import InputError
 from personaemp.llm.engine import BudgetReached
 from personaemp.llm.settings import LLMSettings
-from personaemp.options import LLMOptions
+from personaemp.shared_options import LLMOptions
 
 QUIET = Console(quiet=True)
 PRICES = {"price_in": 1e6, "price_out": 1e6}  # $1 per token

@@ -18,8 +18,9 @@ from fake_openai import FakeOpenAI
 from rich.progress import Progress
 from typer.testing import CliRunner
 
+from personaemp.catalogue import COMMANDS
 from personaemp.cli import app
-from personaemp.options import COMMANDS, specs
+from personaemp.options import specs
 
 COMMAND_NAMES = sorted(typer.main.get_command(app).commands)
 
@@ -277,3 +278,12 @@ def test_dead_ends_name_the_next_step(tmp_path):
     assert shown.exit_code == 2 and "personaemp infer-persona --users ghost" in shown.stderr
     missing = invoke("run", "--config", tmp_path / "nowhere.toml")
     assert missing.exit_code == 2 and "copy personaemp.toml" in missing.stderr
+
+
+def test_dash_h_survives_a_command_first_used_outside_its_group():
+    """click keeps a command's help option from the first context it sees: a command used alone
+    first (as docs checks do) must not cost the next `personaemp split -h` its -h."""
+    alone = typer.main.get_command(app).commands["split"]
+    alone.get_help_option(alone.context_class(alone))  # its help option now: --help only
+    result = CliRunner().invoke(app, ["split", "-h"])
+    assert result.exit_code == 0 and "Usage:" in result.output, result.output

@@ -200,7 +200,7 @@ def option_problems(given: dict[tuple[str, str], object], from_set: bool = False
 
     from personaemp.config import cli_flags
     from personaemp.errors import InputError
-    from personaemp.options import SECTIONS
+    from personaemp.options import sections
 
     problems = []
     for (section, name), value in given.items():
@@ -208,7 +208,8 @@ def option_problems(given: dict[tuple[str, str], object], from_set: bool = False
         if any(isinstance(text, str) and _unknown(text) for text in texts):
             continue
         try:
-            SECTIONS[section].model_validate({name: value} if from_set else cli_flags(section, {name: value}))
+            model = sections()[section]
+            model.model_validate({name: value} if from_set else cli_flags(section, {name: value}))
         except InputError as error:
             problems.append(str(error))
         except ValidationError as error:
@@ -224,9 +225,10 @@ def command_problems(words: list[str]) -> list[str]:
     import typer.main
 
     from personaemp import cli
+    from personaemp.catalogue import COMMANDS
     from personaemp.config import set_flags
     from personaemp.errors import InputError
-    from personaemp.options import COMMANDS, specs
+    from personaemp.options import specs
 
     group = typer.main.get_command(cli.app)
     if len(words) < 2 or words[1].startswith("-"):

@@ -19,9 +19,9 @@ from test_sessions import Judged, session_step
 
 from personaemp.dataset.dialogues import DialogueOptions, generate_dialogues
 from personaemp.evaluation.dialogues import evaluate_dialogues
+from personaemp.evaluation.scoreboard import print_sessions
 from personaemp.evaluation.table import write_table
 from personaemp.instruments import behaviours, seekers
-from personaemp.summaries import print_sessions
 from personaemp.training.dialogue_rollouts import rollout_func_for, session_reward
 from personaemp.training.export import write_export
 from personaemp.training.interaction import SimulatedUserInteraction

@@ -16,9 +16,9 @@ from rich.console import Console
 from personaemp import freshness
 from personaemp.dataset import filter as filter_stage
 from personaemp.dataset.filter import filter_users
-from personaemp.options import LLMOptions, PathsOptions
 from personaemp.pipeline import run_pipeline
 from personaemp.registry import RunOptions
+from personaemp.shared_options import LLMOptions, PathsOptions
 
 QUIET = Console(quiet=True)
 

@@ -294,13 +294,13 @@ def test_a_bad_row_stops_with_file_line_and_overwrites_nothing(tmp_path):
 
 
 def test_the_options_repeat_the_readers_defaults():
-    from personaemp import options
+    from personaemp import vocabulary
     from personaemp.dataset import options as build_options
     from personaemp.sources import logs
 
     extract = build_options.ExtractOptions()
     assert {name: getattr(extract, f"{name}_column") for name in DEFAULT_COLUMNS} == DEFAULT_COLUMNS
-    assert ("auto", *logs.LOG_FORMATS, "task1") == options.LOG_FORMATS
+    assert ("auto", *logs.LOG_FORMATS, "task1") == vocabulary.LOG_FORMATS
     bounds = logs.Bounds()
     assert (extract.max_sessions, extract.max_turns, extract.max_turn_chars, extract.max_user_chars) == (
         bounds.max_sessions, bounds.max_turns, bounds.max_turn_chars, bounds.max_user_chars,

@@ -1,5 +1,5 @@
-"""A stage is its module plus one registry line: a toy stage added to a copy of the package
-touches two files (a new dataset/wordcount.py and one Stage line in registry.py), and gets its
+"""A stage is its module plus one catalogue line: a toy stage added to a copy of the package
+touches two files (a new dataset/wordcount.py and one StageLine in catalogue.py), and gets its
 command, flags, TOML section, env vars, path checks, docs table and `pe.` function from them
 (docs/development.md, "Adding a stage", walks through the same stage)."""
 
@@ -45,20 +45,20 @@ def from_options(section: WordcountOptions, console) -> StageResult:
     return count_words(section.input, section.output, field=section.field)
 '''
 LINE = (
-    '        Stage("wordcount", "count_words", "dataset.wordcount", "Count the words of each row.", '
+    '    StageLine("wordcount", "count_words", "dataset.wordcount", "Count the words of each row.", '
     'sections=("wordcount",), options_module="dataset.wordcount"),\n'
 )
 
 
 def _with_toy_stage(root: Path) -> Path:
-    """A copy of the package with the toy stage added: the new module and one registry line."""
+    """A copy of the package with the toy stage added: the new module and one catalogue line."""
     package = root / "personaemp"
     shutil.copytree(REPO / "personaemp", package, ignore=shutil.ignore_patterns("__pycache__"))
     (package / "dataset" / "wordcount.py").write_text(TOY, encoding="utf-8")
-    registry = package / "registry.py"
-    text = registry.read_text(encoding="utf-8")
-    end = text.index("    )\n}  # fmt: skip")  # the end of the STAGES tuple
-    registry.write_text(text[:end] + LINE + text[end:], encoding="utf-8")
+    catalogue = package / "catalogue.py"
+    text = catalogue.read_text(encoding="utf-8")
+    end = text.index(")  # fmt: skip")  # the end of the LINES tuple
+    catalogue.write_text(text[:end] + LINE + text[end:], encoding="utf-8")
     return package
 
 
@@ -82,11 +82,11 @@ def _run(root: Path, *args: str, cwd: Path, env: dict[str, str] | None = None) -
     )
 
 
-def test_a_toy_stage_is_its_module_and_one_registry_line(tmp_path):
+def test_a_toy_stage_is_its_module_and_one_catalogue_line(tmp_path):
     package = _with_toy_stage(tmp_path / "src")
-    assert _changed(REPO / "personaemp", package) == ["dataset/wordcount.py", "registry.py"]
-    old = (REPO / "personaemp" / "registry.py").read_text(encoding="utf-8").splitlines()
-    assert len((package / "registry.py").read_text(encoding="utf-8").splitlines()) == len(old) + 1
+    assert _changed(REPO / "personaemp", package) == ["catalogue.py", "dataset/wordcount.py"]
+    old = (REPO / "personaemp" / "catalogue.py").read_text(encoding="utf-8").splitlines()
+    assert len((package / "catalogue.py").read_text(encoding="utf-8").splitlines()) == len(old) + 1
     root, work = tmp_path / "src", tmp_path / "work"
     work.mkdir()
     (work / "rows.jsonl").write_text(

@@ -11,19 +11,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import typer.main
 from conftest import REPO, clean_environment
 from typer.testing import CliRunner
 
-from personaemp import options as opts
+from personaemp import options_page as page
+from personaemp.catalogue import CLI_ONLY, COMMANDS
 from personaemp.cli import app
 from personaemp.config import llm_settings, load_config
 from personaemp.llm.settings import LLMSettings
-from personaemp.options import LLMOptions, show_default, specs
-from personaemp.registry import CLI_ONLY, COMMANDS, SECTIONS, RunOptions
+from personaemp.options import sections, show_default, specs
+from personaemp.registry import RunOptions
+from personaemp.shared_options import LLMOptions, StepSampling
 
 STAGE_OF = {
     "filter": "filter",
@@ -54,13 +56,13 @@ def click_options(name: str) -> dict[str, Any]:
 
 
 def test_every_stage_option_is_a_toml_key_and_back():
-    for command, sections in COMMANDS.items():
+    for command, names in COMMANDS.items():
         params = click_options(command)
         cli_only = {p.name for p in params.values() if set(p.opts) & set(CLI_ONLY[command])}
         assert len(cli_only) == len(CLI_ONLY[command]), command  # each listed CLI-only option exists
-        keys = {option.name for section in sections for option in specs(section)}
+        keys = {option.name for section in names for option in specs(section)}
         assert set(params) - cli_only == keys, command
-        assert keys == {name for section in sections for name in SECTIONS[section].model_fields}
+        assert keys == {name for section in names for name in sections()[section].model_fields}
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
@@ -112,32 +114,39 @@ def test_the_api_key_is_no_option():
     assert not any("key" in name for name in LLMOptions.model_fields)
 
 
-def test_the_names_options_repeat_agree_with_the_stages():
-    from personaemp.dataset import persona, queries
-    from personaemp.records import CATEGORIES
-    from personaemp.sources import FORMATS
-
-    assert opts.FORMATS == FORMATS
-    assert opts.CHECKS == queries.CHECKS
-    assert opts.PERSONA_CHECKS == persona.PERSONA_CHECKS
-    from personaemp import reward
-    from personaemp.dataset import dialogues, memories
+def test_every_step_is_named_in_the_vocabulary():
+    """The names themselves are declared once (personaemp/vocabulary.py); what is checked here is
+    that the stages' Steps, the reward's fallback table and [llm.steps] use exactly them."""
+    from personaemp import vocabulary
+    from personaemp.dataset import dialogues, memories, persona, queries
     from personaemp.evaluation import criteria, evaluate, respond
+    from personaemp.records import CATEGORIES
+    from personaemp.training import reward
 
     stages = (memories, persona, queries, dialogues, criteria, respond, evaluate, reward)
-    assert set(opts.STEPS) == {step.name for stage in stages for step in stage.STEPS}
-    from typing import get_args
-
-    from personaemp.instruments import policy
-    from personaemp.training import export
-
-    assert get_args(opts.Context) == policy.CONTEXTS
-    assert get_args(SECTIONS["export"].model_fields["format"].annotation) == export.FORMATS
-    from personaemp import reward
-
-    assert get_args(SECTIONS["reward"].model_fields["fallback"].annotation) == tuple(reward.FALLBACKS)
+    assert set(vocabulary.STEP_NAMES) == {step.name for stage in stages for step in stage.STEPS}
+    assert set(reward.FALLBACKS) == set(get_args(vocabulary.Fallback))
+    assert set(vocabulary.STEP_KEYS) == set(StepSampling.model_fields)
     assert RunOptions().queries.categories == list(CATEGORIES)
-    assert set(opts.STEP_KEYS) == set(opts.StepSampling.model_fields)
+
+
+def test_each_vocabulary_is_one_literal_and_its_tuple_derived():
+    """No tuple of names is written twice: a module that needs one imports it from the vocabulary."""
+    import ast
+
+    from personaemp import vocabulary
+
+    for name, value in vars(vocabulary).items():
+        if name.isupper() and isinstance(value, tuple):
+            assert any(get_args(literal) == value for literal in vars(vocabulary).values()), name
+    known = {value for value in vars(vocabulary).values() if isinstance(value, tuple) and len(value) > 1}
+    copies = []
+    for path in (REPO / "personaemp").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            written = isinstance(node, ast.Tuple) and all(isinstance(e, ast.Constant) for e in node.elts)
+            if written and tuple(e.value for e in node.elts) in known and path.name != "vocabulary.py":
+                copies.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert copies == []
 
 
 def test_llm_settings_defaults_are_the_options_defaults():
@@ -148,7 +157,7 @@ def test_llm_settings_defaults_are_the_options_defaults():
 def test_derived_defaults_match_the_static_ones():
     """A field's default is what its derivation gives under the default [paths]."""
     defaults = RunOptions()
-    for section in SECTIONS:
+    for section in sections():
         for option in specs(section):
             assert getattr(getattr(defaults, section), option.name) == option.default, option.name
 
@@ -159,7 +168,6 @@ def test_derived_defaults_match_the_static_ones():
 @pytest.fixture
 def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
     """Replace the five stage functions (and the summaries) by recorders."""
-    from personaemp import summaries
     from personaemp.dataset import filter, persona, publish, queries, split, stats
 
     recorded: dict[str, tuple[tuple, dict]] = {}
@@ -226,11 +234,25 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
     monkeypatch.setattr(stats, "write_stats", recorder("stats", None))
     pushed = SimpleNamespace(rows={}, target="somewhere", warnings=[])
     monkeypatch.setattr(publish, "publish", recorder("push", pushed))
+    quiet_summaries(monkeypatch)
+    stub_results(monkeypatch)
+    return recorded
+
+
+def quiet_summaries(monkeypatch) -> None:
+    """No summaries: the stages' `print_summary` (and the shared pieces) print nothing."""
+    import importlib
+
+    from personaemp import catalogue, summaries
+    from personaemp.dataset import filter as filter_stage
+
+    for line in catalogue.LINES:
+        module = importlib.import_module(f"personaemp.{line.module}")
+        monkeypatch.setattr(module, "print_summary", lambda *args, **kwargs: None, raising=False)
+    monkeypatch.setattr(filter_stage, "print_funnel", lambda *args, **kwargs: None)
     for name in dir(summaries):
         if name.startswith("print_"):
             monkeypatch.setattr(summaries, name, lambda *args, **kwargs: None)
-    stub_results(monkeypatch)
-    return recorded
 
 
 def with_twin(monkeypatch, module, name: str, record) -> None:
@@ -575,7 +597,7 @@ def test_the_non_default_values_cover_every_option():
     defaults = RunOptions()
     for section in COMMANDS.values():
         for name in section:
-            assert set(NON_DEFAULT[name]) == set(SECTIONS[name].model_fields), name
+            assert set(NON_DEFAULT[name]) == set(sections()[name].model_fields), name
     for name, values in NON_DEFAULT.items():
         for key, value in values.items():
             # dry_run keeps its default (with a repo_id); estimate (`run` refuses it) and batch
@@ -844,16 +866,16 @@ def test_a_flag_overrides_a_bad_file_value_only_for_its_own_key(calls, tmp_path)
 
 def test_the_docs_option_tables_are_generated_from_the_models():
     text = (REPO / "docs" / "options.md").read_text(encoding="utf-8")
-    assert text.count(opts.BEGIN) == 1 and text.count(opts.END) == 1
+    assert text.count(page.BEGIN) == 1 and text.count(page.END) == 1
     hint = "run: python -m personaemp.registry docs/options.md"
-    assert opts.readme_block(text) == opts.markdown_tables(), hint
+    assert page.readme_block(text) == page.markdown_tables(), hint
     # One copy of the tables: the README (the PyPI page) links to the docs instead.
-    assert opts.BEGIN not in (REPO / "README.md").read_text(encoding="utf-8")
+    assert page.BEGIN not in (REPO / "README.md").read_text(encoding="utf-8")
 
 
 def test_the_tables_list_every_option_with_its_flag_key_env_and_default():
-    tables = opts.markdown_tables()
-    for section in SECTIONS:
+    tables = page.markdown_tables()
+    for section in sections():
         for option in specs(section):
             assert f"`{option.name}`" in tables
             if section not in ("paths", "reward"):  # TOML only: no command has their flags
@@ -867,19 +889,18 @@ def test_the_tables_list_every_option_with_its_flag_key_env_and_default():
 
 def test_update_readme_rewrites_only_the_block(tmp_path):
     readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{opts.BEGIN}\nstale\n{opts.END}\noutro\n", encoding="utf-8")
-    assert opts.update_readme(readme) is True
+    readme.write_text(f"intro\n{page.BEGIN}\nstale\n{page.END}\noutro\n", encoding="utf-8")
+    assert page.update_readme(readme) is True
     text = readme.read_text(encoding="utf-8")
-    assert text.startswith(f"intro\n{opts.BEGIN}\n") and text.endswith(f"{opts.END}\noutro\n")
-    assert opts.readme_block(text) == opts.markdown_tables()
-    assert opts.update_readme(readme) is False
+    assert text.startswith(f"intro\n{page.BEGIN}\n") and text.endswith(f"{page.END}\noutro\n")
+    assert page.readme_block(text) == page.markdown_tables()
+    assert page.update_readme(readme) is False
 
 
 def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(monkeypatch, tmp_path):
     """criteria, respond and evaluate are not part of `run`; their flags and their TOML
     sections must still reach the stage function identically."""
     monkeypatch.setenv("JUDGE_A_KEY", "sk-judge-a")
-    from personaemp import summaries
     from personaemp.evaluation import criteria, evaluate, respond
 
     calls: dict[str, tuple] = {}
@@ -898,9 +919,7 @@ def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(mon
     with_twin(monkeypatch, criteria, "write_criteria", recorder("criteria", report))
     with_twin(monkeypatch, respond, "write_responses", recorder("respond", report))
     with_twin(monkeypatch, evaluate, "evaluate", recorder("evaluate", (None, evaluation)))
-    for name in dir(summaries):
-        if name.startswith("print_"):
-            monkeypatch.setattr(summaries, name, lambda *args, **kwargs: None)
+    quiet_summaries(monkeypatch)
     stub_results(monkeypatch)
     config = tmp_path / "bench.toml"
     # --dialogues is evaluate's other evaluation (evaluation/dialogues.py, tests/test_sessions.py)

@@ -11,9 +11,10 @@ import pytest
 from conftest import write_jsonl
 from typer.testing import CliRunner
 
+from personaemp.catalogue import COMMANDS
 from personaemp.cli import app
 from personaemp.paths import check_command
-from personaemp.registry import COMMANDS, RunOptions
+from personaemp.registry import RunOptions
 
 
 def invoke(*args):

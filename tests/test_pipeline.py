@@ -25,9 +25,9 @@ from personaemp.cli import app
 from personaemp.config import llm_settings, load_config
 from personaemp.dataset.options import PersonaOptions
 from personaemp.errors import InputError
-from personaemp.options import LLMOptions, PathsOptions
 from personaemp.pipeline import run_pipeline
 from personaemp.registry import RunOptions
+from personaemp.shared_options import LLMOptions, PathsOptions
 
 SECRET = "sk-test-SecretKeyThatMustNotLeak-42"
 

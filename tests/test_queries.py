@@ -36,6 +36,7 @@ from personaemp.dataset.queries import (
     parse_situations,
     situations_schema,
 )
+from personaemp.dataset.queries import print_funnel as print_query_funnel
 from personaemp.errors import InputError
 from personaemp.instruments.query_check import (
     CHECKS,
@@ -49,7 +50,6 @@ from personaemp.instruments.query_check import (
 from personaemp.llm.settings import LLMSettings
 from personaemp.prompts import fence, load_prompt
 from personaemp.records import CATEGORY_DEFINITIONS, Persona, category_definitions
-from personaemp.summaries import print_query_funnel
 
 # --- hand-made persona rows -----------------------------------------------------------------------
 

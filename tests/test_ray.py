@@ -18,9 +18,9 @@ from fake_openai import FakeOpenAI, reply
 from rich.console import Console
 
 from personaemp.dataset.options import PersonaOptions
-from personaemp.options import LLMOptions, PathsOptions
 from personaemp.pipeline import run_pipeline
 from personaemp.registry import RunOptions
+from personaemp.shared_options import LLMOptions, PathsOptions
 
 ray = pytest.importorskip("ray")
 

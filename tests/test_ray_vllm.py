@@ -26,8 +26,8 @@ from personaemp.errors import InputError
 from personaemp.llm import ray_vllm
 from personaemp.llm.batch import import_answers
 from personaemp.llm.cache import ReplyCache
-from personaemp.options import LLMOptions, PathsOptions
 from personaemp.registry import RunOptions
+from personaemp.shared_options import LLMOptions, PathsOptions
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("aiohttp")  # ray.data.llm imports it

@@ -24,11 +24,11 @@ from personaemp.dataset.queries import generate_queries
 from personaemp.errors import InputError, PersonaempError
 from personaemp.io import read_stage_rows
 from personaemp.llm.settings import LLMSettings
-from personaemp.options import LLMOptions, PathsOptions
 from personaemp.pipeline import persona_and_queries, run_pipeline
 from personaemp.records import User
 from personaemp.registry import STAGES, RunOptions
 from personaemp.shards import shard_of
+from personaemp.shared_options import LLMOptions, PathsOptions
 
 QUIET = Console(quiet=True)
 

@@ -19,8 +19,8 @@ from personaemp.cli import app
 from personaemp.dataset.publish import publish
 from personaemp.dataset.split import split_users
 from personaemp.dataset.stats import compute_stats, sources_in, write_stats
-from personaemp.options import CHECKS
 from personaemp.records import BIG_FIVE
+from personaemp.vocabulary import CHECKS
 from personaemp.workspace import record_stage
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -28,8 +28,8 @@ def test_infer_persona_on_vllm_writes_cited_personas(sample_build, tmp_path):
     import ray
 
     from personaemp.dataset.options import PersonaOptions
-    from personaemp.options import LLMOptions, PathsOptions
     from personaemp.registry import STAGES, RunOptions
+    from personaemp.shared_options import LLMOptions, PathsOptions
 
     shutil.copy(sample_build / "filtered.jsonl", tmp_path / "filtered.jsonl")
     options = RunOptions(

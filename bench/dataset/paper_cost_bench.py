@@ -64,8 +64,8 @@ from personaemp.config import llm_settings, load_config  # noqa: E402
 from personaemp.dataset.filter import filter_users  # noqa: E402
 from personaemp.dataset.persona import infer_personas  # noqa: E402
 from personaemp.dataset.queries import generate_queries  # noqa: E402
-from personaemp.options import LLMOptions  # noqa: E402
 from personaemp.pipeline import run_pipeline  # noqa: E402
+from personaemp.shared_options import LLMOptions  # noqa: E402
 
 PRICES = BENCH / "prices.toml"
 CACHE = Path.home() / ".cache" / "personaemp"

@@ -22,8 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from personaemp.dataset.stats import write_stats  # noqa: E402
-from personaemp.options import CHECKS  # noqa: E402
 from personaemp.records import BIG_FIVE  # noqa: E402
+from personaemp.vocabulary import CHECKS  # noqa: E402
 
 LANGUAGES = {"en": 60, "zh": 12, "ru": 8, "es": 5, "fr": 4, "de": 3, "pt": 2, "ja": 2, "ko": 1, "it": 1,
              "tr": 1, "ar": 1}  # fmt: skip

@@ -28,11 +28,11 @@ from rich.console import Console  # noqa: E402
 
 from personaemp.config import llm_settings  # noqa: E402
 from personaemp.dataset.card import _table, quality_section  # noqa: E402
-from personaemp.options import LLMOptions, PathsOptions  # noqa: E402
 from personaemp.pipeline import run_pipeline  # noqa: E402
 from personaemp.registry import RunOptions  # noqa: E402
 from personaemp.review.agreement import agreement_table, compute_agreement, rejudge  # noqa: E402
 from personaemp.review.page import LLM_CHECKS, make_event, open_session  # noqa: E402
+from personaemp.shared_options import LLMOptions, PathsOptions  # noqa: E402
 
 
 def main() -> None:

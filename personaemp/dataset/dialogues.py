@@ -56,6 +56,7 @@ from personaemp.instruments.simulator import (  # the simulated user, shared wit
 from personaemp.io import iter_records
 from personaemp.prompts import Prompt, prompts_per_variant
 from personaemp.records import Dialogue, DialogueTurn
+from personaemp.summaries import print_run_report
 
 STAGE = "gen-dialogues"
 
@@ -377,3 +378,8 @@ async def from_options(options, console, settings, retry=False):
         supporter_base_url=options.supporter_base_url, retry_failed=retry, console=console,
     )  # fmt: skip
     return of_llm_stage(report)
+
+
+def print_summary(result, console) -> None:
+    """`personaemp gen-dialogues`'s summary: its run report (its last line says what it wrote)."""
+    print_run_report(result, console)

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from personaemp import freshness, locks
 from personaemp.errors import InputError, RowError
@@ -337,3 +339,37 @@ def from_options(options, console):
 
     args = filter_args(options)
     return of_filter(filter_users(**args, console=console), args["report_path"])
+
+
+def print_summary(result, console) -> None:
+    """`personaemp filter`'s summary: the funnel, the labels kept, where it wrote."""
+    print_funnel(result.report, console)
+
+
+def print_funnel(report, console) -> None:
+    """The filter funnel of a FilterReport (also what `run` prints for its streamed filter)."""
+    if report.unchanged_since:  # skipped (personaemp.freshness): its one line
+        return console.print(report.unchanged_since)
+    funnel = Table(title="filter funnel", title_justify="left")
+    funnel.add_column("step")
+    funnel.add_column("users", justify="right")
+    funnel.add_row("users read", str(report.users_in))
+    for gate, count in report.dropped.items():
+        funnel.add_row(f"  dropped by {gate}", str(count))
+    funnel.add_row("[bold]kept[/]", f"[bold]{report.kept}[/]")
+    console.print(funnel)
+    console.print(
+        f"bad rows skipped: {report.bad_rows_skipped} · users without intents (passed the "
+        f"intent gate): {report.users_without_intents} · flagged false memories dropped: "
+        f"{report.flagged_memories_dropped} of {report.memories_in}"
+    )
+    if report.top_labels_kept:
+        labels = Table(title="most frequent matched labels", title_justify="left")
+        labels.add_column("label")
+        labels.add_column("memories", justify="right")
+        for label, count in report.top_labels_kept.items():
+            labels.add_row(label, str(count))
+        console.print(labels)
+    if report.nobody_kept:
+        console.print(f"[yellow]{escape(report.nobody_kept)}[/]")
+    console.print(f"wrote {report.output}")

@@ -40,6 +40,7 @@ from personaemp.prompts import Prompt, load_prompt
 from personaemp.records import Record, Source
 from personaemp.shards import failures_path, sharded_pick
 from personaemp.sources.logs import Bounds, bound_user, read_log
+from personaemp.summaries import print_run_report
 
 STAGE = "extract-memories"
 CONVERSATIONS = "conversations.jsonl"  # the units, beside the output
@@ -564,7 +565,8 @@ def warn_about_reading(read: ReadReport, console) -> None:
         )
 
 
-def print_summary(summary: MemorySummary, console) -> None:
+def print_memories(summary: MemorySummary, console) -> None:
+    """What extract-memories read, the memories it made and how they compare to the gold."""
     read = summary.read
     if read is not None:
         cut = ", ".join(
@@ -604,3 +606,9 @@ async def from_options(options, console, settings, retry=False, full=None):
         full=full, console=console,
     )  # fmt: skip
     return extract_result(options, *made)
+
+
+def print_summary(result, console) -> None:
+    """`personaemp extract-memories`' summary: the run report, then what it read and made."""
+    if print_run_report(result, console):
+        print_memories(result.summary, console)

@@ -10,29 +10,22 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from personaemp.options import (
-    CHECKS,
-    PERSONA_CHECKS,
+from personaemp.options import Opt, OptionProblem, Section, declare
+from personaemp.shared_options import (
     PROCESSED,
     RAW_INPUT,
     Categories,
     Checks,
-    Context,
     Force,
-    Format,
-    LogFormat,
     MismatchSeed,
     Names,
-    Opt,
-    OptionProblem,
     PersonaChecks,
     RagK,
-    Section,
     Shard,
     SplitsFolder,
     _some_checks,
-    declare,
 )
+from personaemp.vocabulary import CHECKS, PERSONA_CHECKS, Context, Format, LogFormat
 
 
 @declare("extract")

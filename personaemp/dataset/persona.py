@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
+from rich.markup import escape
 
 from personaemp import checks
 from personaemp.aio import sync_twin
@@ -51,6 +52,8 @@ from personaemp.render import (
     render_turns,
 )
 from personaemp.shards import failures_path, sharded_pick
+from personaemp.summaries import print_run_report
+from personaemp.vocabulary import PERSONA_CHECKS
 
 STAGE = "infer-persona"
 
@@ -95,8 +98,7 @@ PERSONA_STEP = Step("persona", PersonaReply, prompt="persona", version=2)
 STEPS = (PERSONA_STEP,)
 
 # Checked on every trait statement and Big Five rationale, and enforced unless `enforce`
-# names fewer (level_matches_rationale: Big Five levels only).
-PERSONA_CHECKS = ("no_internal_ids", "level_matches_rationale")
+# names fewer (level_matches_rationale: Big Five levels only): vocabulary.PERSONA_CHECKS.
 
 
 def persona_checks(enforce: Sequence[str] | None) -> tuple[str, ...]:
@@ -401,3 +403,56 @@ async def from_options(options, console, settings, retry=False, full=None):
         options.input, options.output, settings, **persona_args(options, retry), full=full, console=console
     )
     return of_llm_stage(*made)
+
+
+def print_summary(result, console) -> None:
+    """`personaemp infer-persona`'s summary: the run report, then the personas' counts."""
+    if not print_run_report(result, console):
+        return
+    summary = result.summary
+    console.print(
+        f"personas: {summary.eligible} eligible + {summary.ineligible} failed the depth gate "
+        f"(kept, eligible: false) of {summary.users_in} users · traits kept {summary.traits_kept}, "
+        f"dropped for lack of valid evidence {summary.traits_dropped} · citations of unknown "
+        f"memories removed {summary.citations_dropped} · Big Five levels on thin evidence "
+        f"{summary.thin_levels}"
+    )
+
+
+def print_persona(path, user_id: str, console) -> None:
+    """One persona with each trait and level next to the memories it cites, for auditing."""
+    from personaemp.records import BIG_FIVE, Persona
+
+    for _, _, row in iter_jsonl(path, ErrorPolicy("fail")):
+        if str(row.get("user_id")) == user_id:
+            persona = Persona.model_validate(row)
+            break
+    else:
+        raise InputError(
+            f"{path}: no persona for user {user_id!r}",
+            f"run `personaemp infer-persona --users {user_id}` first, or check the id",
+        )
+    memories = {m.memory_id: m for m in persona.memories}
+
+    def cite(ids: list[str]) -> str:
+        return "\n".join(f"    [dim]{i}[/] {escape(memories[i].value)}" for i in ids if i in memories)
+
+    console.print(
+        f"[bold]{escape(persona.user_id)}[/] · language {persona.language} · eligible {persona.eligible}"
+    )
+    console.print(f"gate: {escape(persona.gate_reason)}")
+    console.print(f"topics: {escape(', '.join(persona.topics))}")
+    for trait in persona.traits:
+        console.print(f"[bold]{trait.aspect}[/]: {escape(trait.statement)}")
+        console.print(cite(trait.evidence))
+    if persona.big_five:
+        for name in BIG_FIVE:
+            level = getattr(persona.big_five, name)
+            thin = " [yellow](thin evidence)[/]" if level.thin_evidence else ""
+            console.print(f"[bold]{name}[/] {level.level}{thin}: {escape(level.rationale)}")
+            if level.evidence:
+                console.print(cite(level.evidence))
+    console.print(
+        f"[dim]model {persona.provenance.model} ({persona.provenance.endpoint_kind}) · prompts "
+        f"{persona.provenance.prompts} · {persona.provenance.created_at}[/]"
+    )

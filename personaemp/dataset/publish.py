@@ -39,6 +39,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import msgspec
+from rich.markup import escape
 
 from personaemp import freshness
 from personaemp.dataset.card import QUALITY_PLOT, render_card
@@ -449,3 +450,15 @@ def from_options(options, console, quality=None):
     if dry and not options.dry_run and not getattr(made.report, "unchanged_since", None):
         console.print("no repo_id: a dry run, the repository that would be pushed goes to a folder")
     return made
+
+
+def print_summary(made, console) -> None:
+    """`personaemp push`'s summary: rows per setting and split, warnings, where it wrote."""
+    result = made.report
+    if getattr(result, "unchanged_since", None):  # a dry run skipped (freshness.py): its one line
+        return console.print(result.unchanged_since)
+    for setting, parts in result.rows.items():
+        console.print(f"[bold]{setting}[/]: " + ", ".join(f"{split} {n} rows" for split, n in parts.items()))
+    for warning in result.warnings:  # e.g. a stage report the card could not find
+        console.print(f"[yellow]warning:[/] {escape(warning)}")
+    console.print(f"wrote {result.target}")

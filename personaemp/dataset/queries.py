@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 from pydantic import BaseModel
+from rich.table import Table
 
 from personaemp import checks
 from personaemp.aio import sync_twin
@@ -47,6 +48,7 @@ from personaemp.records import (
 )
 from personaemp.render import render_memories, render_turns
 from personaemp.shards import failures_path, sharded_pick
+from personaemp.summaries import print_run_report
 
 STAGE = "gen-queries"
 
@@ -369,3 +371,35 @@ async def from_options(options, console, settings, retry=False, full=None):
         options.input, options.output, settings, **queries_args(options, retry), full=full, console=console
     )
     return of_llm_stage(*made)
+
+
+def print_summary(result, console) -> None:
+    """`personaemp gen-queries`' summary: the run report, then the funnel."""
+    if print_run_report(result, console):
+        print_funnel(result.summary, console)
+
+
+def print_funnel(funnel, console) -> None:
+    """The gen-queries funnel: users, situations, queries and checks."""
+    table = Table(title="gen-queries funnel", title_justify="left")
+    table.add_column("step")
+    table.add_column("count", justify="right")
+    table.add_row("eligible users in", str(funnel.users_in))
+    table.add_row("  ineligible personas skipped", str(funnel.ineligible_skipped))
+    table.add_row("users with a result", str(funnel.users_done))
+    table.add_row("situations kept", str(funnel.situations))
+    for reason, count in sorted(funnel.situations_dropped.items()):
+        table.add_row(f"  situations dropped: {reason}", str(count))
+    table.add_row("queries generated", str(funnel.generated))
+    for check, count in sorted(funnel.failed_checks.items()):
+        table.add_row(f"  failed {check}", str(count))
+    for category in ("ES", "HEQ", "SS"):
+        table.add_row(
+            f"{category}: accepted / rejected",
+            f"{funnel.accepted.get(category, 0)} / {funnel.rejected.get(category, 0)}",
+        )
+    accepted = sum(funnel.accepted.values())
+    table.add_row("[bold]accepted[/]", f"[bold]{accepted}[/]")
+    console.print(table)
+    mean, low, high = funnel.per_user()
+    console.print(f"accepted per user: mean {mean:.2f}, min {low}, max {high}")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from rich.table import Table
 
 from personaemp import freshness
 from personaemp.dataset.options import SplitOptions
@@ -400,3 +401,37 @@ def from_options(options: SplitOptions, console):
         force=options.force,
     )  # fmt: skip
     return of_split(report, options.out_dir)
+
+
+def print_summary(result, console) -> None:
+    """`personaemp split`'s summary: users per setting and part, the clusters, the levels."""
+    report, out_dir = result.report, result.output
+    if report.unchanged_since:
+        return console.print(report.unchanged_since)
+    left = ", ".join(f"{reason} {count}" for reason, count in sorted(report.left_out.items())) or "none"
+    console.print(f"users read: {report.users_in} · left out: {left}")
+    for name, setting in report.settings.items():
+        console.print(
+            f"[bold]{name}[/]: train {setting['train_users']} users / {setting['train_queries']} queries · "
+            f"test {setting['test_users']} users / {setting['test_queries']} queries"
+        )
+        if name == "ood":
+            curve = ", ".join(f"k={k}: {cost:g}" for k, cost in setting["cost_curve"].items())
+            fixed = "fixed" if setting["k_fixed"] else "elbow"
+            console.print(f"  k = {setting['k']} ({fixed}); cost curve: {curve}")
+            clusters = Table(title_justify="left")
+            for column in ("cluster", "users", "O", "C", "E", "A", "N"):
+                clusters.add_column(column)
+            for cluster in setting["clusters"]:
+                held = " (test)" if cluster["id"] == setting["holdout_cluster"] else ""
+                clusters.add_row(f"{cluster['id']}{held}", str(cluster["users"]), *cluster["mode"].values())
+            console.print(clusters)
+        levels = Table(title=f"{name}: share of users per level, train → test", title_justify="left")
+        levels.add_column("trait")
+        for level in ("low", "medium", "high"):
+            levels.add_column(level, justify="right")
+        for trait, shares in setting["levels_train"].items():
+            test = setting["levels_test"][trait]
+            levels.add_row(trait, *(f"{shares[lv]:.2f} → {test[lv]:.2f}" for lv in ("low", "medium", "high")))
+        console.print(levels)
+    console.print(f"wrote {out_dir}")

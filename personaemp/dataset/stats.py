@@ -36,13 +36,15 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from rich.markup import escape
+from rich.table import Table
 
 from personaemp import freshness
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_atomic
-from personaemp.options import CHECKS, PERSONA_CHECKS
 from personaemp.parallel import fork_map
 from personaemp.records import BIG_FIVE
+from personaemp.vocabulary import CHECKS, PERSONA_CHECKS
 from personaemp.workspace import read_manifest, stage_chain
 
 STATS_FILE = "stats.json"
@@ -758,3 +760,45 @@ def from_options(options, console):
     from personaemp.results import of_stats
 
     return of_stats(write_stats(options.processed, options.out_dir, options.force))
+
+
+def print_summary(made, console) -> None:
+    """`personaemp stats`: the figures stats.json holds, in short, and where they came from."""
+    result = made.report
+    if result.unchanged_since:
+        return console.print(result.unchanged_since)
+    stats = result.stats
+    for name, path in result.sources.found().items():
+        console.print(f"{name}: {escape(path) if path else '[yellow]not found[/]'}")
+    funnel = stats["funnel"]
+    if funnel["users"]:
+        console.print("users: " + " → ".join(f"{s['stage']} {s['count']}" for s in funnel["users"]))
+    if funnel["queries"]:
+        console.print("queries: " + " → ".join(f"{s['stage']} {s['count']}" for s in funnel["queries"]))
+    if "big_five" in stats:
+        levels = Table(title=f"Big Five levels of {stats['big_five']['users']} users", title_justify="left")
+        levels.add_column("trait")
+        for level in ("low", "medium", "high"):
+            levels.add_column(level, justify="right")
+        for trait in BIG_FIVE:
+            levels.add_row(trait, *(str(n) for n in stats["big_five"]["levels"][trait].values()))
+        console.print(levels)
+    queries = stats.get("queries")
+    if queries:
+        per_user, length = queries["per_user"], queries["length"]
+        console.print(
+            "per category: " + (", ".join(f"{c} {n}" for c, n in queries["categories"].items()) or "none")
+        )
+        console.print(
+            "per language: " + (", ".join(f"{c} {n}" for c, n in queries["languages"].items()) or "none")
+        )
+        console.print(
+            f"per user: mean {per_user['mean']:g}, min {per_user['min']}, max {per_user['max']} · "
+            f"length: mean {length['mean']:g}, min {length['min']}, max {length['max']} characters · "
+            f"memories cited: mean {queries['memories_cited']['mean']:g}"
+        )
+    if stats.get("checks"):
+        console.print(
+            "checks passed: " + ", ".join(f"{name} {c['rate']:.0%}" for name, c in stats["checks"].items())
+        )
+    console.print(f"wrote {escape(str(result.out))}: {', '.join(result.files)}")

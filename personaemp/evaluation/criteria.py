@@ -26,9 +26,10 @@ from personaemp.instruments.criteria import (
     query_units,
     with_room,
 )
-from personaemp.options import DEFAULT_LAYOUT
 from personaemp.prompts import LAYOUTS, load_prompt
 from personaemp.records import DIMENSIONS
+from personaemp.shared_options import DEFAULT_LAYOUT
+from personaemp.summaries import print_run_report
 
 STAGE = "criteria"
 
@@ -135,3 +136,8 @@ async def from_options(options, console, settings, retry=False):
         retry_failed=retry, layout=options.layout, console=console,
     )  # fmt: skip
     return of_llm_stage(report)
+
+
+def print_summary(result, console) -> None:
+    """`personaemp criteria`'s summary: its run report (its last line says what it wrote)."""
+    print_run_report(result, console)

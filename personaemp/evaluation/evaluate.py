@@ -83,6 +83,7 @@ from personaemp.llm.reply import split_reasoning
 from personaemp.prompts import LAYOUTS, load_prompt
 from personaemp.records import BIG_FIVE, DIMENSIONS, Response
 from personaemp.splits import LEVELS, split_file
+from personaemp.summaries import print_stage_report
 from personaemp.units import ENDPOINT_KINDS
 
 STAGE = "evaluate"
@@ -582,3 +583,10 @@ async def from_options(options, console, settings, retry=False, env=None):
         retry_failed=retry, console=console,
     )  # fmt: skip
     return of_evaluate(report, evaluation, options.output)
+
+
+def print_summary(result, console) -> None:
+    """`personaemp evaluate`'s run report, one per judge of a panel (the command prints the
+    tables themselves: personaemp.evaluation.scoreboard)."""
+    for report in result.judges or [result.report]:
+        print_stage_report(report, console)

@@ -9,23 +9,19 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from personaemp.options import (
+from personaemp.options import Opt, OptionProblem, Section, declare
+from personaemp.shared_options import (
     DEFAULT_LAYOUT,
     JUDGE_DEFAULTS,
     PROCESSED,
-    Context,
     Layout,
     MismatchSeed,
     Names,
-    Opt,
-    OptionProblem,
-    Part,
     RagK,
-    Section,
     SplitSetting,
     SplitsFolder,
-    declare,
 )
+from personaemp.vocabulary import Context, Part, TableFormat
 
 
 @declare("criteria")
@@ -261,7 +257,7 @@ class TableOptions(Section):
             io="read",
         ),
     ] = []
-    format: Annotated[Literal["markdown", "csv", "latex"], Opt("Output format.")] = "markdown"
+    format: Annotated[TableFormat, Opt("Output format.")] = "markdown"
     output: Annotated[
         Path | None, Opt("Write the table here (default: print it).", ("--output", "-o"), io="write")
     ] = None

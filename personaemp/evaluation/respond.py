@@ -35,6 +35,7 @@ from personaemp.instruments.policy import (
     rag_saw_everything,
 )
 from personaemp.prompts import load_prompt
+from personaemp.summaries import print_run_report
 
 STAGE = "respond"
 STEPS = (RESPOND, SUMMARY)
@@ -162,3 +163,8 @@ async def from_options(options, console, settings, retry=False):
         limit=options.limit, retry_failed=retry, console=console,
     )  # fmt: skip
     return of_llm_stage(report)
+
+
+def print_summary(result, console) -> None:
+    """`personaemp respond`'s summary: its run report (its last line says what it wrote)."""
+    print_run_report(result, console)

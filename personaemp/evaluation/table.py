@@ -20,8 +20,9 @@ from pathlib import Path
 
 from personaemp.errors import InputError
 from personaemp.records import DIMENSIONS
+from personaemp.vocabulary import TABLE_FORMATS
 
-FORMATS = ("markdown", "csv", "latex")
+FORMATS = TABLE_FORMATS
 SHORT = {"resonation": "Res", "expression": "Exp", "reception": "Rec"}
 SPLIT_NAMES = {"random": "Random", "ood": "OOD"}
 

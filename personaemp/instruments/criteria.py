@@ -16,9 +16,9 @@ from pydantic import BaseModel, Field, ValidationError
 from personaemp.errors import InputError, RowError, first_problem
 from personaemp.io import ErrorPolicy, iter_jsonl
 from personaemp.llm.step import RejectedReply, Step
-from personaemp.options import DEFAULT_LAYOUT
 from personaemp.prompts import Prompt
 from personaemp.records import BIG_FIVE, DIMENSION_DEFINITIONS, DIMENSIONS, Criterion
+from personaemp.shared_options import DEFAULT_LAYOUT
 
 
 class CriterionReply(BaseModel):

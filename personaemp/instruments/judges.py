@@ -18,9 +18,9 @@ from personaemp.instruments.criteria import (
     numbered_memories,
 )
 from personaemp.llm.step import Step
-from personaemp.options import DEFAULT_LAYOUT, JUDGE_DEFAULTS
 from personaemp.prompts import Prompt
 from personaemp.records import DIMENSION_DEFINITIONS, DIMENSIONS
+from personaemp.shared_options import DEFAULT_LAYOUT, JUDGE_DEFAULTS
 
 FLOOR = 1  # the score of a missing or empty response, on every dimension
 

@@ -17,9 +17,7 @@ from personaemp.instruments.criteria import query_units
 from personaemp.llm.step import Step
 from personaemp.prompts import Prompt
 from personaemp.splits import split_file
-
-CONTEXTS = ("none", "memory", "memory-summary", "rag", "mismatch", "persona")
-
+from personaemp.vocabulary import CONTEXTS  # what a policy may see, declared once
 
 # Greedy, as the paper's appendix decodes for its evaluations (--step respond.temperature=X
 # to sample).

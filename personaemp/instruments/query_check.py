@@ -23,14 +23,7 @@ from personaemp.records import (
     category_definitions,
 )
 from personaemp.render import render_memories
-
-JUDGED = ("emotional_support", "logical_consistency", "role_awareness")
-
-
-CHECKS = (
-    *JUDGED, "memory_ids_valid", "category_match", "length_ok", "language_match", "not_duplicate",
-    "not_copied", "no_scaffolding", "no_internal_ids",
-)  # fmt: skip
+from personaemp.vocabulary import CHECKS, JUDGED  # the judge's checks, then the rest
 
 # How the judge lists the messages, and a moment's category as a tag ("[HEQ]", as moments were
 # once listed to the writer, and as a model writing moments by category may still put it): a

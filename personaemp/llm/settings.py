@@ -1,7 +1,7 @@
 """What the engine needs to know: endpoints, model, limits, cache. Plain data, no I/O.
 
 The defaults and the validation are those of the `[llm]` options
-(personaemp.options.LLMOptions), where every LLM option is declared once; this class is
+(personaemp.shared_options.LLMOptions), where every LLM option is declared once; this class is
 the engine's view of them (a list of endpoints, the key, use_cache instead of no_cache).
 """
 
@@ -14,8 +14,9 @@ from pathlib import Path
 from pydantic import TypeAdapter, ValidationError
 
 from personaemp.errors import InputError
-from personaemp.options import LLMOptions, StepSampling, describe, spec
+from personaemp.options import describe, spec
 from personaemp.secrets import redact_url
+from personaemp.shared_options import LLMOptions, StepSampling
 
 KEY_ENV = "OPENAI_API_KEY"  # the endpoint's key when none is given
 _DEFAULT = LLMOptions()

@@ -54,6 +54,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from string import Template
 
+from personaemp import vocabulary
 from personaemp.errors import InputError
 
 PACKAGE = "personaemp.prompts"
@@ -65,7 +66,7 @@ _SHARED_SECTION = re.compile(r"^## (\w+)\s*$", re.MULTILINE)
 SHARED = "shared"  # shared.md: `## preamble` and the context blocks steps name
 PREAMBLE = "preamble"
 FENCE_CHARS = 16  # hex digits of a block's key
-LAYOUTS = ("paper", "shared")  # where a dimension's standard goes (see above)
+LAYOUTS = vocabulary.LAYOUTS  # where a dimension's standard goes (see above)
 # prompts/compact/: shorter versions of some build prompts for the embedded 0.5B model (same
 # fields, same checks), used only on it (llm/session.py sets the engine's prompt_variant).
 COMPACT = "compact"

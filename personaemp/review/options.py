@@ -8,7 +8,8 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from personaemp.options import PROCESSED, Names, Opt, OptionProblem, Section, declare
+from personaemp.options import Opt, OptionProblem, Section, declare
+from personaemp.shared_options import PROCESSED, Names
 
 
 @declare("review")

@@ -12,8 +12,7 @@ from personaemp.sources.hf import read_hf
 from personaemp.sources.normalize import SourceUser
 from personaemp.sources.raw import raw_files, read_raw
 from personaemp.sources.task1 import INPUT_FILE, REFERENCE_FILE, is_task1_folder, read_task1
-
-FORMATS = ("auto", "task1", "raw", "hf")
+from personaemp.vocabulary import FORMATS  # the readers' names, declared once
 
 
 def detect_format(source: str) -> str:

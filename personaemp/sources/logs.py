@@ -37,8 +37,8 @@ import msgspec
 
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, iter_json_array, iter_jsonl, read_jsonl_at
+from personaemp.vocabulary import LOG_READERS as LOG_FORMATS  # the readers here, declared once
 
-LOG_FORMATS = ("wildchat", "messages", "sharegpt", "table")
 TABLE_SUFFIXES = (".csv", ".tsv", ".parquet")
 USER_FIELDS = ("user_id", "user")  # the messages format's user id, unless --user-field names one
 CONVERSATION_FIELDS = ("conversation_id", "id")

@@ -30,8 +30,9 @@ from personaemp.instruments.criteria import check_made_for, made_for, read_crite
 from personaemp.instruments.policy import RESPOND, build_messages, policy_units
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl
 from personaemp.prompts import load_prompt
+from personaemp.vocabulary import EXPORT_FORMATS
 
-FORMATS = ("trl", "verl")
+FORMATS = EXPORT_FORMATS
 ABILITY = "empathy"
 
 
@@ -173,3 +174,8 @@ def from_options(options, console) -> dict:
         mismatch_seed=options.mismatch_seed, summaries=options.summaries,
         criteria_file=options.criteria, data_source=options.data_source, dialogues=options.dialogues,
     )  # fmt: skip
+
+
+def print_summary(made, console) -> None:
+    """`personaemp export`'s one line: rows, format, where."""
+    console.print(f"wrote {made['rows']} rows ({made['format']}) to {made['output']}")

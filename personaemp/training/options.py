@@ -4,25 +4,21 @@ personaemp.reward.from_config; declared as for every stage (see personaemp/optio
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from personaemp.options import (
+from personaemp.options import Opt, OptionProblem, Section, declare
+from personaemp.shared_options import (
     DEFAULT_LAYOUT,
     PROCESSED,
-    Context,
     Layout,
     MismatchSeed,
-    Opt,
-    OptionProblem,
-    Part,
     RagK,
-    Section,
     SplitSetting,
     SplitsFolder,
-    declare,
 )
+from personaemp.vocabulary import Context, ExportFormat, Fallback, Part
 
 
 @declare("export")
@@ -31,7 +27,7 @@ class ExportOptions(Section):
     split: SplitSetting = "random"
     part: Annotated[Part, Opt("Part of the split (train to train on, test to evaluate).")] = "train"
     format: Annotated[
-        Literal["trl", "verl"],
+        ExportFormat,
         Opt(
             "trl: JSON lines with a conversational `prompt` and the reward's columns (datasets, "
             "GRPOTrainer); verl: parquet with data_source, prompt, ability, reward_model, extra_info."
@@ -107,7 +103,7 @@ class RewardConfig(Section):
             env="PERSONAEMP_REWARD_JOINT"),
     ] = False  # fmt: skip
     fallback: Annotated[
-        Literal["lowest", "neutral", "floor"],
+        Fallback,
         Opt("A judgment that cannot be had: lowest (the rollout gets at most the step's lowest judged "
             "reward: a judge failure never pays), floor (1, B = 0) or neutral (3 of 5, B = 0.8, the "
             "authors' values, above most judged B); counted and logged either way.",

@@ -48,7 +48,7 @@ re-scoring a batch sends no request, and evaluation and training share answers. 
 rollouts in a batch are judged once. Calls run concurrently across the whole batch (the
 engine's --concurrency bounds them). Calling from a thread, or from code that already runs
 an event loop (a notebook, an async trainer), works: the step then runs on a loop of its own
-in a helper thread (`run_sync`).
+in a helper thread (personaemp.aio.run_sync, as every sync entry point).
 
 A batch call (TRL's, `ascore`, `compute_score_batch`) opens the engine (endpoints, cache)
 and closes it again: nothing lingers between steps, and --max-cost, --rpm apply per step.
@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -79,13 +78,14 @@ import statistics
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from personaemp.aio import run_sync
 from personaemp.errors import InputError, UnitError, python_caller
 from personaemp.instruments import behaviours as behaviour_judge
 from personaemp.instruments.criteria import numbered_memories, read_criteria, with_room
@@ -176,22 +176,6 @@ class RewardOptions:
         """Judge calls one judged rollout asks for (before cache and de-duplication)."""
         per_sample = 1 if self.joint else len(DIMENSIONS)
         return per_sample * (self.samples if self.dynamic else 1) + int(self.bystander) + int(self.safety > 0)
-
-
-# --- running a coroutine from any caller -------------------------------------------------------
-
-
-def run_sync(make: Callable[[], Any]) -> Any:
-    """Run the coroutine `make()` to its end and return its value, from any thread, also
-    one whose event loop is running (then on a fresh loop in a helper thread).
-
-    Kept small and local: a shared loop-safe runner can replace it."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(make())
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="personaemp-reward") as pool:
-        return pool.submit(lambda: asyncio.run(make())).result()
 
 
 # --- the reward --------------------------------------------------------------------------------
@@ -334,7 +318,7 @@ class Reward:
 
     def score(self, rollouts: Sequence[Rollout], step: int | None = None) -> StepResult:
         """Score a batch (one training step) from synchronous code; see `ascore`."""
-        return run_sync(lambda: self.ascore(rollouts, step=step))
+        return run_sync(self.ascore(rollouts, step=step))
 
     async def ascore(self, rollouts: Sequence[Rollout], step: int | None = None) -> StepResult:
         """Score a batch on the running event loop: judgments concurrent, one accounting line."""
@@ -717,7 +701,6 @@ __all__ = [
     "compute_score_async",
     "compute_score_batch",
     "from_config",
-    "run_sync",
     "summarise",
     "summarise_log",
 ]
