@@ -624,8 +624,8 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
     one side only."""
     config = tmp_path / "all.toml"
     config.write_text(toml_text(NON_DEFAULT), encoding="utf-8")
-    (tmp_path / "s").mkdir()  # the cwd: push checks that a dialogues file named exists
-    (tmp_path / "s" / "dialogues.jsonl").write_text("", encoding="utf-8")
+    (tmp_path / "s").mkdir()  # the cwd: push checks that a dialogues file named exists and holds one
+    (tmp_path / "s" / "dialogues.jsonl").write_text("{}\n", encoding="utf-8")
 
     by_run = run_all(calls, config)
     by_config = each_command(calls, "--config", config)

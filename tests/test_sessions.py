@@ -193,7 +193,7 @@ def test_bad_input_is_one_clear_line(tmp_path):
     splits, dialogues = build(tmp_path, users=1)
     other = tmp_path / "other.jsonl"
     row = json.loads(dialogues.read_text().splitlines()[0])
-    other.write_text(json.dumps({**row, "query_id": "zz-q1"}) + "\n")
+    other.write_text(json.dumps({**row, "user_id": "zz", "query_id": "zz-q1"}) + "\n")
     broken = tmp_path / "broken.jsonl"
     broken.write_text(dialogues.read_text() + json.dumps({"dialogue_id": "x"}) + "\n")
     with FakeOpenAI(responder=Judged()) as server:
@@ -229,7 +229,8 @@ def test_the_table_refuses_to_mix_single_turn_and_dialogue_reports(tmp_path):
 def test_two_supporters_are_scored_on_the_same_dialogues_and_the_left_out_are_named(tmp_path):
     splits, dialogues = build(tmp_path)
     rows = [json.loads(line) for line in dialogues.read_text().splitlines()]
-    other = rows[0] | {"query_id": "zz-q1", "dialogue_id": "zz-q1-d1"}  # a query outside the split
+    # a query outside the split
+    other = rows[0] | {"user_id": "zz", "query_id": "zz-q1", "dialogue_id": "zz-q1-d1"}
     dialogues.write_text("".join(json.dumps(r) + "\n" for r in [*rows, other]))
     second = tmp_path / "policy-b.jsonl"  # lost u1's dialogue
     second.write_text(json.dumps(rows[0] | {"supporter_model": "b"}) + "\n")

@@ -438,6 +438,11 @@ def from_options(options, console, quality=None):
             raise InputError(
                 f"{named}: no such dialogues file", "pass gen-dialogues' output, or leave --dialogues out"
             )
+        if not named.read_bytes().strip():
+            # named, so meant to be published: an empty file would publish no dialogues config, silently
+            raise InputError(
+                f"{named}: no dialogues in it", "pass gen-dialogues' output, or leave --dialogues out"
+            )
     push = functools.partial(
         publish, options.splits,
         repo_id=None if dry else options.repo_id, out=options.out_dir if dry else None,

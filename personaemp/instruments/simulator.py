@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from personaemp import records
 from personaemp.errors import UnitError
 from personaemp.instruments import seekers, simulator_rules
 from personaemp.instruments.criteria import query_units
@@ -25,7 +26,8 @@ from personaemp.records import BIG_FIVE, MAX_CHANGE, REJECTED_KEYS, DialogueTurn
 from personaemp.render import render_memories
 
 INITIAL_EMOTION = 40  # where every simulated user starts (SAGE's start)
-SATISFIED, GIVE_UP = 100, 10  # the emotion's bounds: leaves satisfied at 100, gives up below 10
+# The emotion's bounds where a dialogue ends: declared with the Dialogue's invariants.
+SATISFIED, GIVE_UP = records.SATISFIED, records.GIVE_UP
 MAX_TURNS = 6  # supporter turns
 TURN_ATTEMPTS = 3  # replies asked per simulated turn before the dialogue fails
 

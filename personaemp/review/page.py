@@ -198,6 +198,9 @@ def _sync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+LABEL_TEXT_KEYS = ("reviewer", "query_id", "field", "item")  # what current_labels keys on: text
+
+
 def read_label_events(path: Path) -> list[dict[str, Any]]:
     """The events of a labels file; a line cut by a crash (the last one) is left out."""
     events = []
@@ -215,6 +218,12 @@ def read_label_events(path: Path) -> list[dict[str, Any]]:
             ) from None
         if not isinstance(event, dict) or not {"reviewer", "query_id", "field"} <= event.keys():
             raise InputError(f"{path}:{number}: not a label event (reviewer, query_id, field)")
+        wrong = [key for key in LABEL_TEXT_KEYS if key in event and not isinstance(event[key], str)]
+        if wrong and not (wrong == ["item"] and event["item"] is None):
+            raise InputError(
+                f"{path}:{number}: a label event's {wrong[0]} is text, not {shown(event[wrong[0]], 40)}",
+                "fix or remove the line (the review page writes only text there)",
+            )
         events.append(event)
     return events
 

@@ -106,7 +106,7 @@ from personaemp.llm.reply import split_reasoning
 from personaemp.llm.step import Step
 from personaemp.prompts import LAYOUTS, Prompt, load_prompt
 from personaemp.records import DIMENSIONS
-from personaemp.training.options import RewardConfig
+from personaemp.training.options import RewardConfig, checked_arguments
 from personaemp.training.reward_log import StepResult, agreement, summarise, summarise_log
 from personaemp.training.rollouts import Rollout, rollout_from
 from personaemp.training.rollouts import completion_text as completion_text  # its old home
@@ -178,6 +178,23 @@ class RewardOptions:
         return per_sample * (self.samples if self.dynamic else 1) + int(self.bystander) + int(self.safety > 0)
 
 
+def checked_options(options: RewardOptions, caller: str = "Reward") -> RewardOptions:
+    """`options` checked where the [reward] keys are (RewardConfig: samples >= 1, a finite
+    reward_lambda >= 0, samples and joint only with the dynamic judge...), as read there
+    ("3" for samples is 3, as in the file); an error names the argument."""
+    checked = checked_arguments(
+        RewardConfig, caller, dynamic=options.dynamic, samples=options.samples, bystander=options.bystander,
+        reward_lambda=options.reward_lambda, joint=options.joint, fallback=options.fallback,
+        criteria=options.criteria_file, layout=options.layout, safety=options.safety,
+        safety_bound=options.safety_bound,
+    )  # fmt: skip
+    return dataclasses.replace(
+        options, dynamic=checked.dynamic, samples=checked.samples, bystander=checked.bystander,
+        reward_lambda=checked.reward_lambda, joint=checked.joint, safety=checked.safety,
+        safety_bound=checked.safety_bound,
+    )  # fmt: skip
+
+
 # --- the reward --------------------------------------------------------------------------------
 
 
@@ -193,13 +210,9 @@ class Reward:
         name: str = "peregrm",
         step_gap: float = STEP_GAP,
     ):
-        options = options or RewardOptions()
-        if options.samples < 1:
-            raise InputError("samples must be at least 1")
+        options = checked_options(options or RewardOptions(), type(self).__name__)
         if options.fallback not in FALLBACKS:
             raise InputError(f"fallback takes {', '.join(FALLBACKS)}, not {options.fallback!r}")
-        if not options.dynamic and (options.samples > 1 or options.joint):
-            raise InputError("samples and joint apply to the dynamic (PereGRM) judge")
         if options.layout not in LAYOUTS:
             raise InputError(f"layout takes {', '.join(LAYOUTS)}, not {options.layout!r}")
         if not (0 <= options.safety <= 1 and 0 <= options.safety_bound <= 1):
