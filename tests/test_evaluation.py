@@ -214,6 +214,19 @@ def test_rag_picks_the_memories_sharing_rare_words():
             {"memory_id": "b", "value": "喜欢跑步"}], 1)] == ["a"]  # fmt: skip
 
 
+def test_a_criteria_estimate_counts_a_call_per_dimension_and_sends_nothing(workspace):
+    """The plan's `calls` (by step name): a query's criteria take one call per dimension,
+    and --estimate counts that many for each of the 4 queries."""
+    from dataclasses import replace
+
+    with FakeOpenAI(responder=judge) as server:
+        estimating = replace(settings(server, workspace), estimate=True)
+        report = write_criteria(workspace / "queries.jsonl", workspace / "criteria.jsonl", estimating)
+        assert server.count == 0
+    assert report.estimate["steps"]["criteria"]["calls"] == 4 * len(DIMENSIONS)
+    assert not (workspace / "criteria.jsonl").exists()
+
+
 def write_criteria_file(workspace: Path) -> Path:
     item = {"name": "n", "weight": 25.0, "description": "d"}
     rows = [{"query_id": q, "criteria": {d: [item] * 4 for d in DIMENSIONS}} for q in SCORES]

@@ -237,7 +237,7 @@ async def agenerate_dialogues(
     `settings` ([llm]); the supporter too unless `supporter_model` / `supporter_base_url`."""
     from personaemp.llm.ray_executor import EngineBeside, shared_per
     from personaemp.llm.session import open_engine
-    from personaemp.llm.stage import arun_llm_stage
+    from personaemp.llm.stage import LLMStage, arun_llm_stage
 
     options = options or DialogueOptions()
     if settings.batch is not None or settings.llm == "vllm":
@@ -343,13 +343,13 @@ async def agenerate_dialogues(
             return work
 
         turns = options.max_turns
-        return await arun_llm_stage(
-            STAGE, units, make_work, settings=settings, key="dialogue_id", output=Path(output_path),
-            fingerprint=fingerprint, selected=selected, full=selected is None, input_path=Path(input_path),
-            retry_failed=retry_failed, console=console,
-            chain=[(HIDDEN_NEED, 1), (RESPOND, turns), (SIMULATE, turns), (IN_CHARACTER, turns)],
-            notes=notes,
+        plan = LLMStage(
+            STAGE, units, make_work, key="dialogue_id", output=Path(output_path), fingerprint=fingerprint,
+            selected=selected, full=selected is None, input_path=Path(input_path), retry_failed=retry_failed,
+            steps=[HIDDEN_NEED, RESPOND, SIMULATE, IN_CHARACTER],
+            calls={RESPOND.name: turns, SIMULATE.name: turns, IN_CHARACTER.name: turns}, notes=notes,
         )  # fmt: skip
+        return await arun_llm_stage(plan, settings=settings, console=console)
 
 
 generate_dialogues = sync_twin(agenerate_dialogues)

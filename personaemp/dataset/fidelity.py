@@ -440,7 +440,7 @@ async def ameasure_fidelity(
     cut) at `output_path` and its report (fidelity.json) beside it; returns (stage report, report)."""
     from personaemp.dataset.persona import parse_persona, persona_schema, profile_text
     from personaemp.language import LANGUAGE_NAMES, user_language
-    from personaemp.llm.stage import arun_llm_stage
+    from personaemp.llm.stage import LLMStage, arun_llm_stage
     from personaemp.prompts import prompts_per_variant
     from personaemp.records import User
 
@@ -517,16 +517,17 @@ async def ameasure_fidelity(
         return work
 
     n = len(options.variants)
-    chain = [(persona_step, int(wants_persona)), (next_step, n)]
+    calls = {persona_step.name: int(wants_persona), next_step.name: n}
     if options.discriminator:
-        chain.append((pick_step, 2 * (n + 1)))
+        calls[pick_step.name] = 2 * (n + 1)
     output_path = Path(output_path)
-    report = await arun_llm_stage(
-        STAGE, units, make_work, settings=settings, key="cut_id", output=output_path,
-        fingerprint=fingerprint, full=True, input_path=Path(input_path), retry_failed=retry_failed,
-        console=console, chain=[(step, calls) for step, calls in chain if calls],
+    plan = LLMStage(
+        STAGE, units, make_work, key="cut_id", output=output_path, fingerprint=fingerprint, full=True,
+        input_path=Path(input_path), retry_failed=retry_failed,
+        steps=[step for step in steps if calls.get(step.name)], calls=calls,
         notes={"skipped": {"text": _skipped_text(skipped), **dict(skipped.counts)}},
     )  # fmt: skip
+    report = await arun_llm_stage(plan, settings=settings, console=console)
     if settings.estimate:
         return report, None
     from personaemp.io import ErrorPolicy, iter_jsonl

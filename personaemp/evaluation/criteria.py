@@ -74,7 +74,7 @@ async def awrite_criteria(
 ):
     """Criteria for every accepted query of `input_path`; returns the stage report. `layout`:
     the authors' ("paper": each request holds its dimension's standard only) or "shared"."""
-    from personaemp.llm.stage import arun_llm_stage
+    from personaemp.llm.stage import LLMStage, arun_llm_stage
 
     units = query_units(input_path, "pass gen-queries' output (queries.jsonl) or a split file")
     selected = pick_queries(units, input_path, limit, users)
@@ -102,11 +102,10 @@ async def awrite_criteria(
 
         return work
 
-    return await arun_llm_stage(
+    plan = LLMStage(
         STAGE,
         units,
         make_work,
-        settings=settings,
         key="query_id",
         output=output_path,
         fingerprint=lambda engine: "|".join(
@@ -116,9 +115,10 @@ async def awrite_criteria(
         full=full,
         input_path=input_path,
         retry_failed=retry_failed,
-        console=console,
-        chain=[(CRITERIA, len(DIMENSIONS))],
+        steps=[CRITERIA],
+        calls={CRITERIA.name: len(DIMENSIONS)},
     )
+    return await arun_llm_stage(plan, settings=settings, console=console)
 
 
 write_criteria = sync_twin(awrite_criteria)

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -98,7 +98,17 @@ class StageReport:
 
 @dataclass
 class LLMStage:
-    """One LLM stage as run_llm_stage runs it (see there for what each field means)."""
+    """One LLM stage, as `arun_llm_stage` runs it: `make_work(engine)` over `units` (the
+    stage's whole current input, re-iterable; `selected` ids only), resumably, each unit's
+    row keyed by `key` in `output`.
+
+    `fingerprint(engine)` names what makes a finished unit reusable (see Engine.fingerprint).
+    `steps`: its LLM steps, in the order a unit makes them; `calls`: how many calls a unit
+    makes of each (by step name; 1 when not named), which --estimate counts (it sends and
+    writes nothing). `full`: the report describes the build (default: nothing was
+    selected); a quick look's report is kept apart so a dataset card never quotes it.
+    `notes`: the stage's own figures, written in its report (StageReport.notes).
+    """
 
     stage: str
     units: Iterable[dict[str, Any]]
@@ -106,14 +116,15 @@ class LLMStage:
     key: str
     output: Path
     fingerprint: Callable[[Engine], str]
-    steps: Sequence[Step] = ()  # its LLM steps, in the order a unit makes them
+    steps: Sequence[Step] = ()
+    calls: Mapping[str, int] = field(default_factory=dict)
     selected: set[str] | None = None
     full: bool | None = None
     input_path: Path | None = None
     retry_failed: bool = False
     failures: Path | None = None
     skipped: int = 0  # input rows that are not units (gen-queries: ineligible personas)
-    calls: Sequence[int] | None = None  # per step, calls a unit makes (--estimate); default 1 each
+    notes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.full = self.selected is None if self.full is None else self.full
@@ -164,67 +175,23 @@ class LLMStage:
 
 
 async def arun_llm_stage(
-    stage: str,
-    units: Iterable[dict[str, Any]],
-    make_work: Callable[[Engine], Work],
-    *,
-    settings: LLMSettings,
-    key: str,
-    output: Path,
-    fingerprint: Callable[[Engine], str],
-    selected: set[str] | None = None,
-    full: bool | None = None,
-    input_path: Path | None = None,
-    retry_failed: bool = False,
-    console: Console | None = None,
-    failures: Path | None = None,
-    chain: Sequence[tuple[Step, int]] = (),
-    notes: dict[str, dict[str, Any]] | None = None,
-) -> StageReport:
-    """Run `make_work(engine)` over `units` (the stage's whole current input, re-iterable;
-    `selected` ids only), resumably; write and return the stage report. The library's
-    plain-argument form of `arun_stage`, which takes the stage as an LLMStage.
-
-    `fingerprint(engine)` names what makes a finished unit reusable (see Engine.fingerprint).
-    `full`: the report describes the build (default: nothing was selected); a quick look's
-    report is kept apart so a dataset card never quotes it. `chain`: (step, calls per unit)
-    in the order a unit makes them, for --estimate (which sends and writes nothing). `notes`:
-    the stage's own figures, written in its report (StageReport.notes).
-    """
-    plan = LLMStage(
-        stage, units, make_work, key, output, fingerprint, steps=[step for step, _ in chain],
-        selected=selected, full=full, input_path=input_path, retry_failed=retry_failed, failures=failures,
-        calls=[calls for _, calls in chain] or None,
-    )  # fmt: skip
-    return await arun_stage(plan, settings=settings, console=console, notes=notes)
-
-
-async def arun_stage(
-    plan: LLMStage,
-    *,
-    settings: LLMSettings,
-    console: Console | None = None,
-    notes: dict[str, dict[str, Any]] | None = None,
+    plan: LLMStage, *, settings: LLMSettings, console: Console | None = None
 ) -> StageReport:
     """Run the plan's units resumably; write and return its report. One pass on this
-    engine, or (`--llm vllm`) passes over batch files with vLLM answering between them.
-    `notes`: the stage's own figures, written in its report (StageReport.notes)."""
+    engine, or (`--llm vllm`) passes over batch files with vLLM answering between them."""
     console = console or Console(quiet=True)  # a library call prints only when given a console
     if uses_vllm(settings):
-        return await _in_vllm_rounds(plan, settings, console, notes)
-    return await _one_pass(plan, settings, console, notes)
+        return await _in_vllm_rounds(plan, settings, console)
+    return await _one_pass(plan, settings, console)
 
 
-async def _in_vllm_rounds(
-    plan: LLMStage, settings: LLMSettings, console: Console, notes: dict[str, dict[str, Any]] | None
-) -> StageReport:
+async def _in_vllm_rounds(plan: LLMStage, settings: LLMSettings, console: Console) -> StageReport:
     """Passes over batch files, vLLM on Ray answering between them (ray_vllm.rounds, which
     says what each round does); the stage's wall time covers its rounds."""
     began = time.perf_counter()
 
     async def one_pass(round_settings: LLMSettings, figures: dict) -> StageReport:
-        extra = {**(notes or {}), **figures}
-        return await _one_pass(plan, round_settings, console, extra, began, in_rounds=True)
+        return await _one_pass(plan, round_settings, console, figures, began, in_rounds=True)
 
     report = await rounds(one_pass, settings, plan.stage, plan.output, console)
     plan.record(report, settings)
@@ -235,7 +202,7 @@ async def _one_pass(
     plan: LLMStage,
     settings: LLMSettings,
     console: Console,
-    notes: dict[str, dict[str, Any]] | None,
+    figures: dict[str, dict[str, Any]] | None = None,
     started: float | None = None,
     in_rounds: bool = False,
 ) -> StageReport:
@@ -263,7 +230,7 @@ async def _one_pass(
         report = plan.report(engine, settings, outcome, started)
         if run_on.structured() is not None:
             report.structured = run_on.structured()  # negotiated there, not here
-        report.notes = dict(notes or {})
+        report.notes = {**plan.notes, **(figures or {})}
         mode.closed(report, engine, settings)
     if mode.finished(report, settings) and not in_rounds:
         plan.record(report, settings)
@@ -359,9 +326,8 @@ class Estimating(Sending):
     dry = True
 
     def __init__(self, plan: LLMStage, settings: LLMSettings) -> None:
-        calls = plan.calls or [1] * len(plan.steps)
         self.offline = Estimate(
-            [(step.name, count) for step, count in zip(plan.steps, calls, strict=True)],
+            [(step.name, plan.calls.get(step.name, 1)) for step in plan.steps],
             rule=cache_rule(settings),
             first_mode=first_mode(settings),
         )
@@ -427,9 +393,6 @@ def _announce(console: Console, plan: LLMStage, engine: Engine, settings: LLMSet
 
 
 run_llm_stage = sync_twin(arun_llm_stage)
-
-
-run_stage = sync_twin(arun_stage)
 
 
 async def arun_llm_chain(
