@@ -28,7 +28,7 @@ class StageLine:
     help: str  # the command's --help; the Python function's docstring begins with it
     positional: tuple[str, ...] = ("input", "output")  # the Python function's positional arguments
     progress: bool = False  # the Python function's default: print progress and the summary
-    # An LLM stage skipped when current (freshness.py): its section has `force` and `shard`.
+    # An LLM stage skipped when current (manifest.py): its section has `force` and `shard`.
     fresh: bool = False
     # Its TOML sections: its own first, declared in `options_module` (default: its product's
     # options.py, e.g. dataset.options); "llm" makes it an LLM stage.
