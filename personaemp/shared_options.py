@@ -76,6 +76,15 @@ Shard = Annotated[
         metavar="I/N",
     ),
 ]
+Users = Annotated[
+    Names | None,
+    Field(min_length=1),
+    Opt("Only these user ids (repeat or comma-separate).", metavar="ID"),
+]
+OnError = Annotated[
+    Literal["fail", "skip"],
+    Opt("fail: stop at the first bad row, write nothing; skip: skip bad rows and count them."),
+]
 Categories = Annotated[list[Category], BeforeValidator(_upper)]
 Force = Annotated[
     bool,

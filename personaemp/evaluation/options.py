@@ -29,20 +29,13 @@ from personaemp.vocabulary import Context, Part, TableFormat
 class CriteriaOptions(Section):
     input: Annotated[
         Path,
-        Opt(
-            "Queries (gen-queries' output, or a split file).",
-            ("--input", "-i"),
-            derive="queries.output",
-            io="read",
-        ),
+        Opt.input("Queries (gen-queries' output, or a split file).", derive="queries.output"),
     ] = PROCESSED / "queries.jsonl"
     output: Annotated[
         Path,
-        Opt(
+        Opt.output(
             "Criteria per query and dimension.",
-            ("--output", "-o"),
             derive="processed:criteria.jsonl",
-            io="write",
             beside=("criteria.failures.jsonl",),
         ),
     ] = PROCESSED / "criteria.jsonl"
@@ -73,11 +66,9 @@ class RespondOptions(Section):
     mismatch_seed: MismatchSeed = 0
     output: Annotated[
         Path | None,
-        Opt(
+        Opt.output(
             "Responses, one per query (default: responses-<split>-<part>-<context>.jsonl beside the "
             "splits folder; name one per model).",
-            ("--output", "-o"),
-            io="write",
             beside=("{stem}.failures.jsonl",),
         ),
     ] = None
@@ -215,11 +206,9 @@ class EvaluateOptions(Section):
     ] = JUDGE_DEFAULTS.reward_lambda
     output: Annotated[
         Path,
-        Opt(
+        Opt.output(
             "Report (JSON); the scores go beside it (<name>.scores.jsonl).",
-            ("--output", "-o"),
             derive="processed:evaluation/report.json",
-            io="write",
             # a panel's judges each write <stem>.<judge>.json and its scores and failures
             beside=(
                 "{stem}.scores.jsonl",
