@@ -18,6 +18,7 @@ from personaemp.vocabulary import (
     STEP_NAMES,
     Check,
     LayoutName,
+    Part,
     PersonaCheck,
     SplitName,
     StepName,
@@ -390,6 +391,17 @@ JUDGE_DEFAULTS = JudgeDefaults()
 
 
 SplitSetting = Annotated[SplitName, Opt("Split setting.")]
+
+
+class OfASplit(Section):
+    """The options of a command that reads one part of one split setting (respond, evaluate,
+    export): these three come first in its section."""
+
+    splits: SplitsFolder = PROCESSED / "splits"
+    split: SplitSetting = "random"
+    part: Annotated[Part, Opt("Part of the split.")] = "test"
+
+
 RagK = Annotated[int, Field(ge=1), Opt("Memories given with --context rag (the paper: 3).")]
 MismatchSeed = Annotated[
     int, Opt("Seed choosing whose memories each user gets with --context mismatch (never their own).")

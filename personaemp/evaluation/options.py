@@ -18,11 +18,10 @@ from personaemp.shared_options import (
     Layout,
     MismatchSeed,
     Names,
+    OfASplit,
     RagK,
-    SplitSetting,
-    SplitsFolder,
 )
-from personaemp.vocabulary import Context, Part, TableFormat
+from personaemp.vocabulary import Context, TableFormat
 
 
 @declare("criteria")
@@ -49,10 +48,7 @@ class CriteriaOptions(Section):
 
 
 @declare("respond")
-class RespondOptions(Section):
-    splits: SplitsFolder = PROCESSED / "splits"
-    split: SplitSetting = "random"
-    part: Annotated[Part, Opt("Part of the split.")] = "test"
+class RespondOptions(OfASplit):
     context: Annotated[
         Context,
         Opt(
@@ -114,10 +110,7 @@ def _judge_specs(value: Any) -> Any:
 
 
 @declare("evaluate")
-class EvaluateOptions(Section):
-    splits: SplitsFolder = PROCESSED / "splits"
-    split: SplitSetting = "random"
-    part: Annotated[Part, Opt("Part of the split.")] = "test"
+class EvaluateOptions(OfASplit):
     responses: Annotated[
         Names,
         Opt(
