@@ -92,6 +92,12 @@ def write_dialogues(folder: Path) -> list[Path]:
     return paths
 
 
+def agreement_args(paths: list[Path], resamples: int) -> list[str]:
+    """`personaemp agreement --dialogues A --dialogues B --resamples N`, as a person types it."""
+    dialogues = [arg for path in paths for arg in ("--dialogues", str(path))]
+    return ["agreement", *dialogues, "--resamples", str(resamples)]
+
+
 def write_failures(path: Path) -> Path:
     """policy-b's run lost two dialogues (queries 7 and 8) to the simulator's rules."""
     return write_jsonl(
