@@ -12,9 +12,10 @@ The figures of the labels, worked out by hand:
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
-from conftest import write_jsonl
+from conftest import read_jsonl, write_jsonl
 
 from personaemp.instruments.simulator_rules import RULES  # each ran on every fixture turn
 from personaemp.review.page import LabelFile, make_event
@@ -78,6 +79,15 @@ def dialogue(system: str, n: int, query: str | None = None, user: str | None = N
         "provenance": {"model": "sim-model", "endpoint_kind": "openai", "prompts": {},
                        "created_at": "2026-11-28T00:00:00Z"},
     }  # fmt: skip
+
+
+def build_queries(sample_build: Path, tmp_path: Path) -> tuple[Path, list[tuple[str, str]]]:
+    """A copy of the sample build under tmp_path/processed: its splits folder and the (query id,
+    user id) of each query of its random test split, in file order."""
+    shutil.copytree(sample_build, tmp_path / "processed")
+    splits = tmp_path / "processed" / "splits"
+    rows = read_jsonl(splits / "random" / "test.jsonl")
+    return splits, [(q["query_id"], row["user_id"]) for row in rows for q in row["queries"]]
 
 
 def write_dialogues(folder: Path) -> list[Path]:
