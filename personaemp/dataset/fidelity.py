@@ -75,22 +75,18 @@ class FidelityOptions(Section):
 
     input: Annotated[
         Path,
-        Opt(
+        Opt.input(
             "A build's users with their sessions (filter's output with --turns all, or infer-persona's "
             "output over it).",
-            ("--input", "-i"),
             derive="processed:personas.jsonl",
-            io="read",
         ),
     ] = PROCESSED / "personas.jsonl"
     output: Annotated[
         Path,
-        Opt(
+        Opt.output(
             "One row per cut: the real message, each variant's simulated one, the controls, the metrics; "
             "the report (fidelity.json) goes beside it.",
-            ("--output", "-o"),
             derive="processed:fidelity.jsonl",
-            io="write",
             beside=("fidelity.failures.jsonl", "{stem}.json"),
         ),
     ] = PROCESSED / "fidelity.jsonl"
