@@ -14,14 +14,8 @@ from fake_openai import FakeOpenAI
 from typer.testing import CliRunner
 
 from personaemp.cli import app
-from personaemp.dataset.fidelity import (
-    VARIANTS,
-    FidelityOptionsUsed,
-    Skipped,
-    make_cuts,
-    measure_fidelity,
-    split_memories,
-)
+from personaemp.dataset.fidelity import VARIANTS, FidelityOptionsUsed, measure_fidelity
+from personaemp.dataset.fidelity_cuts import Skipped, make_cuts, split_memories
 from personaemp.errors import InputError
 from personaemp.instruments import realism
 from personaemp.instruments.voice import pick_voice
