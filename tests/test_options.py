@@ -126,6 +126,12 @@ def test_every_step_is_named_in_the_vocabulary():
     stages = (memories, persona, queries, dialogues, criteria, respond, evaluate, reward)
     assert set(vocabulary.STEP_NAMES) == {step.name for stage in stages for step in stage.STEPS}
     assert set(reward.FALLBACKS) == set(get_args(vocabulary.Fallback))
+    from personaemp.instruments import behaviours
+
+    assert (tuple(behaviours.RISKY), tuple(behaviours.PROTECTIVE)) == (
+        vocabulary.get_args(vocabulary.Risky),
+        vocabulary.get_args(vocabulary.Protective),
+    )
     assert set(vocabulary.STEP_KEYS) == set(StepSampling.model_fields)
     assert RunOptions().queries.categories == list(CATEGORIES)
 

@@ -25,7 +25,7 @@ from personaemp.shared_options import (
     SplitsFolder,
     _some_checks,
 )
-from personaemp.vocabulary import CHECKS, PERSONA_CHECKS, Context, Format, LogFormat
+from personaemp.vocabulary import CHECKS, PERSONA_CHECKS, Context, Format, LogFormat, SeekerChoice
 
 
 @declare("extract")
@@ -312,7 +312,7 @@ class DialoguesOptions(Section):
         bool, Opt("Check each simulated turn with the LLM: in character, no invented facts.")
     ] = True
     seeker: Annotated[
-        Literal["cooperative", "guarded", "resistant", "validation-seeking", "escalating", "auto"],
+        SeekerChoice,
         Opt(
             "How hard the simulated user is to help (prompts/seekers.md); auto: by its Big Five "
             "levels (the card shows the table).",
