@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -51,6 +52,20 @@ class _Command(TyperCommand):
     def get_params(self, ctx):
         return _clean_help(super().get_params(ctx))
 
+    def make_parser(self, ctx):
+        """The parser, refusing an option of one value given twice: click keeps the last one and
+        drops the others without a word (`push --dialogues A --dialogues B` published B only)."""
+        parser = super().make_parser(ctx)
+        parse = parser.parse_args
+
+        def parse_once(args):
+            opts, rest, order = parse(args=args)
+            refuse_repeated(ctx, order)
+            return opts, rest, order
+
+        parser.parse_args = parse_once
+        return parser
+
     def parse_args(self, ctx, args):
         try:
             return super().parse_args(ctx, args)
@@ -60,9 +75,26 @@ class _Command(TyperCommand):
             raise
 
 
+def refuse_repeated(ctx, order: list) -> None:
+    """One line for an option that takes one value, given more than once (the parser's `order`
+    holds each occurrence); a repeatable option (a list) and an on/off flag are left alone."""
+    from collections import Counter
+
+    counts = Counter(
+        param for param in order
+        if getattr(param, "param_type_name", "") == "option" and not param.multiple and not param.is_flag
+        and not param.count
+    )  # fmt: skip
+    for param, times in counts.items():
+        if times > 1:
+            ctx.fail(f"{param.opts[0]} takes one value and was given {times} times: give it once")
+
+
 def run_takes(flag: str) -> str:
-    """What `run --limit` means: the keys of the sections run reads that have that flag."""
-    sections = dict.fromkeys(s for c in ("extract-memories", *RUN_COMMANDS) for s in COMMANDS[c])
+    """What `run --limit` means: the keys of the sections run reads that have that flag, in the
+    order run meets them on the usual input (AlpsBench: filter, infer-persona, gen-queries...);
+    extract-memories, which runs only on a conversation log, last."""
+    sections = dict.fromkeys(s for c in (*RUN_COMMANDS, "extract-memories") for s in COMMANDS[c])
     keys = [
         f"{section}.{option.name}" for section in sections for option in specs(section)
         if flag in "/".join(option.flags).split("/")
@@ -318,12 +350,19 @@ def _plain(values: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def paragraphs(text: str) -> str:
+    """A command's help as --help shows it: a line break inside a paragraph (a docstring's
+    wrapping) is a space, or rich keeps it and the line breaks mid-sentence."""
+    parts = re.split(r"\n\s*\n", inspect.cleandoc(text))
+    return "\n\n".join(" ".join(part.split()) for part in parts)
+
+
 class OutputCommand(_Command):
     """A command with --quiet/--json: `act(console, **values)` returns its result, printed as
     JSON with --json; a failed result exits 1; errors are one line (reports_errors)."""
 
     def __init__(self, name: str, act: Callable, params: list, help: str):  # noqa: A002 - click's
-        super().__init__(name, params=[*params, *output_params()], help=inspect.cleandoc(help))
+        super().__init__(name, params=[*params, *output_params()], help=paragraphs(help))
         self.act = act
 
     def invoke(self, ctx):

@@ -162,7 +162,7 @@ class Resolver:
             sources[key] = (spec(name, key).flag,) * 2
         for option in specs(name):
             if option.name not in values and option.opt.derive:
-                values[option.name] = derive(option.opt.derive, self.section)
+                values[option.name] = derive(option.opt.derive, self.section, option.kind == "list")
 
         def display(field: str, lead: bool) -> str:
             if field in sources:
@@ -273,8 +273,22 @@ def set_flags(items: list[str]) -> dict[str, dict[str, Any]]:
         if option.kind == "list":
             given.setdefault(key, []).extend(value if isinstance(value, list) else [value])
         else:
+            twice = _set_twice(given.get(key), value, f"{section}.{key}")
+            if twice:  # not the last one silently
+                raise InputError(f"--set {twice} is given twice, with two values", "give it once")
             given[key] = _merge(given.get(key), value)
     return found
+
+
+def _set_twice(old: Any, new: Any, name: str) -> str | None:
+    """The key (dotted) that two `--set`s give different values, None when they agree or
+    touch different keys of a table."""
+    if old is None or old == new:
+        return None
+    if isinstance(old, dict) and isinstance(new, dict):
+        return next((found for key in old.keys() & new.keys()
+                     if (found := _set_twice(old[key], new[key], f"{name}.{key}"))), None)  # fmt: skip
+    return name
 
 
 def toml_value(text: str) -> Any:
@@ -349,4 +363,5 @@ def llm_settings(options: LLMOptions, env: Mapping[str, str] | None = None):
     )
     if key is not None:  # from the variable, though handed over as an argument
         settings.key_source = f"${KEY_ENV}"
+    settings.check_installed()  # before any stage starts
     return settings

@@ -172,7 +172,9 @@ class RunSections(Section):
         for name in type(self).model_fields:  # in order: a stage derives from earlier ones
             current = getattr(self, name)
             update = {
-                option.name: derive(option.opt.derive, lambda section: getattr(self, section))
+                option.name: derive(
+                    option.opt.derive, lambda section: getattr(self, section), option.kind == "list"
+                )
                 for option in specs(name)
                 if option.opt.derive and option.name not in current.model_fields_set
             }
@@ -197,12 +199,15 @@ def run_options() -> type[RunSections]:
     return _RUN_OPTIONS[key]
 
 
-def derive(rule: str, section: Callable[[str], Any]) -> Any:
-    """The value of a derived default (`Opt.derive`), given the sections it refers to."""
+def derive(rule: str, section: Callable[[str], Any], many: bool = False) -> Any:
+    """The value of a derived default (`Opt.derive`), given the sections it refers to (`many`:
+    for a list option, a list of it)."""
     if rule.startswith("processed:"):
-        return section("paths").processed / rule.split(":", 1)[1]
-    name, field = rule.split(".")
-    return getattr(section(name), field)
+        value = section("paths").processed / rule.split(":", 1)[1]
+    else:
+        name, field = rule.split(".")
+        value = getattr(section(name), field)
+    return [value] if many and not isinstance(value, list) else value
 
 
 # --- introspection -----------------------------------------------------------------------------
@@ -331,7 +336,11 @@ def parse_assignments(
         if not match or not match.group(3):
             raise InputError(f"{flag} takes {shape}, not {item!r}")
         step, key, value = match.groups()
-        found.setdefault(step, {})[key] = value
+        earlier = found.setdefault(step, {}).get(key)
+        if earlier is not None and earlier != value:  # not the last one silently
+            twice = f"{flag} {step}.{key} is given twice ({earlier!r}, then {value!r})"
+            raise InputError(twice, "give it once")
+        found[step][key] = value
     return found
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
@@ -49,6 +49,14 @@ def _upper(value: Any) -> Any:
 
 
 Names = Annotated[list[str], BeforeValidator(_split_commas)]
+
+
+def _files(value: Any) -> Any:
+    """A list of files: one path (a derived default, a Python argument) is a list of one."""
+    return [value] if isinstance(value, PurePath) else _split_commas(value)
+
+
+Files = Annotated[list[Path], BeforeValidator(_files)]
 
 
 def _shard(value: str | None) -> str | None:

@@ -22,7 +22,9 @@ from personaemp.review.page import LabelFile, make_event
 FINAL = {"policy-a": [70, 55, 60, 40, 65, 70], "policy-b": [50, 60, 45, 35, 45, 20]}
 RATING = {"policy-a": [4, 4, 5, 2, 4, 5], "policy-b": [3, 3, 2, 2, 3, 1]}
 LANGUAGES = ["en", "en", "zh", "en", "zh", "en"]
-# (system, query number, simulated turn number) -> the in_character check's verdict False
+# (system, query number, simulated turn number) where the in_character check failed a reply,
+# which was asked again: the turn keeps the rejected reply (its text); the kept reply passed, as
+# every kept reply gen-dialogues writes does
 OUT_OF_CHARACTER = {("policy-a", 2, 1), ("policy-b", 3, 2), ("policy-b", 6, 3)}
 UNCHECKED = "policy-b"  # its run had --no-character-check on q5: no in_character, no grounded
 
@@ -47,8 +49,13 @@ def dialogue(system: str, n: int, query: str | None = None, user: str | None = N
     for k, emotion in enumerate(emotions, 1):
         checks = dict.fromkeys(RULES, True)
         if not (system == UNCHECKED and n == 5):
-            checks.update(in_character=(system, n, k) not in OUT_OF_CHARACTER, grounded=True)
+            checks.update(in_character=True, grounded=True)
         rejected = []
+        if (system, n, k) in OUT_OF_CHARACTER:
+            text = f"As an assistant, I suggest step {k}."
+            rejected = [
+                {"in_character": "speaks like an assistant", "text": text, "thought": "I should advise."}
+            ]
         if k == 2 and n in (1, 4):
             rejected = [{"no_emotion_number": "states its emotion as a number or score: '6/10'",
                          "text": "I'm at 6/10 now.", "thought": "I feel a bit better."}]  # fmt: skip
@@ -95,8 +102,9 @@ def write_failures(path: Path) -> Path:
 
 
 def write_labels(paths: list[Path], labels: Path) -> Path:
-    """ana labels every dialogue (turns and PERM); bo labels policy-a's q1 turns only. Every
-    event goes through the page's make_event, as a click does."""
+    """ana labels every dialogue (turns, the rejected replies the page's blind check offers, and
+    PERM); bo labels policy-a's q1 turns and q2's rejected reply only. Every event goes through
+    the page's make_event, as a click does."""
     from personaemp.records import DIMENSIONS
     from personaemp.review.dialogues import read_dialogue_items
 
@@ -119,6 +127,14 @@ def write_labels(paths: list[Path], labels: Path) -> Path:
             label("ana", key, f"realism:{turn}", "unrealistic" if k == 3 and n == 2 else "realistic")
             if system == "policy-a" and n == 1:
                 label("bo", key, f"character:{turn}", "in")
+        for probe in item["probes"]:  # the rejected replies: out when the check failed them
+            if "." in probe["target"]:
+                turn, _, k = probe["target"].partition(".")
+                failed = item["turns"][int(turn)]["rejected"][int(k)]["failed"]
+                said = "out" if "in_character" in failed else "in"
+                label("ana", key, f"character:{probe['target']}", said)
+                if system == "policy-a" and n == 2:
+                    label("bo", key, f"character:{probe['target']}", said)
         for dimension in DIMENSIONS:
             label("ana", key, f"perm:{dimension}", RATING[system][n - 1])
     return labels

@@ -79,3 +79,17 @@ def test_a_quick_reply_shows_nothing(tmp_path):
         settings = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=tmp_path / "work")
         infer_personas(filtered, tmp_path / "personas.jsonl", settings, console=Console(file=log), limit=1)
     assert "waiting" not in log.getvalue() and "infer-persona" in log.getvalue()
+
+
+def test_the_bar_fits_an_80_column_terminal(slow_run):
+    """Issue 63: at 80 columns the waiting note wrapped one word a line, 12-14 lines tall,
+    redrawn every second. Each column now stays on one line, cut with an ellipsis."""
+    screen = io.StringIO()
+    slow_run(Console(file=screen, width=80, force_terminal=True))
+    drawn = re.sub(r"\x1b\[[0-9;?]*m", "", screen.getvalue())  # no styles
+    drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "\n", drawn)  # every cursor move: a break
+    lines = [line for line in drawn.replace("\r", "\n").splitlines() if line.strip()]
+    assert lines and all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    bars = [line for line in lines if "infer-persona" in line and "/2" in line]
+    assert any("1 request waiting" in line for line in bars), lines  # the note on the bar's line
+    assert not [line for line in lines if line.strip() in ("request", "waiting", "model", "speed")], lines

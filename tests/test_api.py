@@ -331,3 +331,21 @@ def test_an_api_key_argument_wins_and_a_refusal_names_where_the_key_came_from(tm
         assert "sk-a-wrong-one" not in str(raised.value)
     monkeypatch.delenv("OPENAI_API_KEY")
     assert pe.LLMSettings(model="m").key_source == "$OPENAI_API_KEY (not set)"
+
+
+def test_the_bar_counts_the_users_asked_for_not_the_input(tmp_path, server):
+    """Issue 63: the demo's three configured users drew `infer-persona 3/16` (16 kept users)
+    and ended at 3/16. The total is the units to do: 3/3."""
+    processed = tmp_path / "processed"
+    kept = pe.filter_users(SAMPLE_TASK1, processed / "filtered.jsonl")
+    users = [row["user_id"] for row in kept.rows()[:3]]
+    events = []
+    pe.run_pipeline(
+        paths={"input": str(SAMPLE_TASK1), "processed": processed},
+        llm={"base_url": [server.base_url], "model": "fake"},
+        persona={"users": users},
+        progress=lambda stage, done, total: events.append((stage, done, total)),
+    )
+    persona = [(done, total) for stage, done, total in events if stage == "infer-persona"]
+    assert persona and persona[-1] == (3, 3), persona
+    assert {total for _, total in persona} == {3}, persona

@@ -143,6 +143,45 @@ def test_old_benchmark_split_flag_reaches_the_reader(tmp_path):
 # --- -q, --json, wide output ---------------------------------------------------------------------
 
 
+def test_no_help_line_breaks_mid_sentence():
+    """Issue 63: a command's help kept its docstring's line breaks, so `--help` and the command
+    list broke mid-sentence ("checking that / every user is in exactly one shard")."""
+    commands = typer.main.get_command(app).commands
+    broken = {name: c.help for name, c in commands.items() if re.search(r"[^\n]\n[^\n]", c.help or "")}
+    assert not broken, broken
+    listed = invoke("--help", env={"COLUMNS": "100", "TERMINAL_WIDTH": "100"}).output
+    assert "checking that every user" in " ".join(listed.replace("│", " ").split())
+    assert not re.search(r"│ merge .*that\s+│", listed), listed
+
+
+@pytest.mark.parametrize("command", COMMAND_NAMES)
+def test_an_option_of_one_value_given_twice_is_refused_on_every_command(command):
+    """Issue 63: click keeps the last of a one-value option given twice and drops the others
+    silently (`push --dialogues A --dialogues B` published B only). Every command refuses it."""
+    params = typer.main.get_command(app).commands[command].params
+    single = [p for p in params if p.param_type_name == "option" and not p.multiple and not p.is_flag
+              and not p.hidden]  # fmt: skip
+    assert single, command
+    option = single[0]
+    result = invoke(command, option.opts[0], "1", option.opts[0], "2")
+    assert result.exit_code == 2, result.output
+    assert f"{option.opts[0]} takes one value and was given 2 times" in result.output
+
+
+def test_a_key_given_twice_in_a_repeatable_option_is_refused(tmp_path):
+    """`--step`, `--vllm` and `run --set` take KEY=VALUE again and again: the same key twice
+    with two values was the last one, silently."""
+    for args in (
+        ["gen-queries", "--step", "check.temperature=0", "--step", "check.temperature=1"],
+        ["run", "--vllm", "engine.max_model_len=8192", "--vllm", "engine.max_model_len=4096"],
+        ["run", "--set", "persona.limit=8", "--set", "persona.limit=9"],
+        ["run", "--set", "llm.vllm.engine.max_model_len=8192", "--set", "llm.vllm.engine.max_model_len=1"],
+    ):
+        result = invoke(*args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "given twice" in result.output, (args, result.output)
+
+
 def test_json_and_quiet(tmp_path):
     out = tmp_path / "f.jsonl"
     loud = invoke("filter", "--input", SAMPLE_TASK1, "--output", out)

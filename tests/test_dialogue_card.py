@@ -72,3 +72,54 @@ def test_a_check_that_never_ran_is_not_checked_not_a_pass(tmp_path, sample_build
     card = (tmp_path / "ds" / "README.md").read_text(encoding="utf-8")
     assert "in_character not checked, grounded not checked" in card
     assert "in_character 100" not in card
+    # issue 63 item 12: nothing lost, no explanation of losses; every declared check listed
+    from personaemp.instruments.simulator_rules import JUDGED, MEANINGS, RULES
+
+    assert "(every dialogue finished):" in card and "lost to the simulator" not in card
+    assert set(MEANINGS) == {*RULES, *JUDGED}
+    listed = card[card.index("- The simulator's checks") :].split("\n")[0]
+    for name in (*RULES, *JUDGED):
+        assert f"{name} ({MEANINGS[name]})" in listed, name
+
+
+def test_push_publishes_every_dialogues_file_given(tmp_path, sample_build):
+    """Issue 63: `push --dialogues A --dialogues B` published only B. Two supporters' runs of the
+    same queries (the same dialogue ids) go into one `dialogues` config, each row naming its
+    supporter; the card's per-supporter table has both, and the lost rows are each run's."""
+    import datasets
+    from typer.testing import CliRunner
+
+    from personaemp.cli import app
+
+    processed = tmp_path / "processed"
+    shutil.copytree(sample_build, processed)
+    splits = processed / "splits"
+    queries = [(q["query_id"], row["user_id"]) for row in read_jsonl(splits / "random" / "test.jsonl")
+               for q in row["queries"]][:3]  # fmt: skip
+    files = []
+    for system in ("policy-a", "policy-b"):
+        rows = [dialogue(system, n, query, user) for n, (query, user) in zip((1, 2, 3), queries, strict=True)]
+        files.append(write_jsonl(tmp_path / system / "dialogues.jsonl", rows))
+    lost = [{**row, "query_id": queries[0][0], "dialogue_id": f"{queries[0][0]}-d2"}
+            for row in read_jsonl(write_failures(files[1]))][:1]  # fmt: skip
+    write_jsonl(files[1].with_name("gen-dialogues.failures.jsonl"), lost)  # policy-b lost one
+    out = tmp_path / "ds"
+    args = ["push", "--splits", splits, "--dry-run", "--out-dir", out,
+            "--dialogues", files[0], "--dialogues", files[1]]  # fmt: skip
+    result = CliRunner().invoke(app, [str(a) for a in args], env={"NO_COLOR": "1"})
+    assert result.exit_code == 0, result.output
+    loaded = datasets.load_dataset(str(out), "dialogues", cache_dir=str(tmp_path / "hf"))["test"]
+    assert sorted(loaded["supporter_model"]) == ["policy-a"] * 3 + ["policy-b"] * 3
+    assert sorted(zip(loaded["supporter_model"], loaded["dialogue_id"], strict=True)) == sorted(
+        (system, f"{query}-d1") for system in ("policy-a", "policy-b") for query, _ in queries
+    )
+    card = (out / "README.md").read_text(encoding="utf-8")
+    assert "`policy-a`, `policy-b`" in card
+    assert "| `policy-a` | 3 | 0 |" in card and "| `policy-b` | 3 | 1 | simulator_rules 1 |" in card
+    # issue 63 item 12: one lost dialogue is one (not "1 lost dialogues")
+    assert "(1 of 7 not finished, 1 of them lost to the simulator: it broke its rules" in card
+    assert "The replies of 1 lost dialogue are not in these rates" in card
+    # the same file twice, or one run's dialogue twice, is refused in one line
+    again = [*args[:-2], "--dialogues", files[0]]
+    result = CliRunner().invoke(app, [str(a) for a in again], env={"NO_COLOR": "1"})
+    assert result.exit_code == 2 and "given twice" in result.output, result.output

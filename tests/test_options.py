@@ -493,7 +493,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "revision": "dev",
         "include_dialogue": True,
         "criteria": "c/crit.jsonl",
-        "dialogues": "s/dialogues.jsonl",
+        "dialogues": ["s/dialogues.jsonl"],
         "dialogues_report": "s/eval.json",
         "force": True,
     },
@@ -677,7 +677,7 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
     assert by_run["push"] == (
         (Path("s/out"),),
         {"repo_id": "me/data", "out": None, "private": True, "revision": "dev", "include_dialogue": True,
-         "criteria": Path("c/crit.jsonl"), "dialogues": Path("s/dialogues.jsonl"),
+         "criteria": Path("c/crit.jsonl"), "dialogues": [Path("s/dialogues.jsonl")],
          "dialogues_report": Path("s/eval.json"), "force": True},
     )  # fmt: skip
 
@@ -728,7 +728,7 @@ def test_push_dry_run_without_out_goes_to_the_processed_dataset_folder(calls):
         (Path("data/processed/splits"),),
         {"repo_id": None, "out": Path("data/processed/dataset"), "private": False, "revision": None,
          "include_dialogue": False, "criteria": Path("data/processed/criteria.jsonl"),
-         "dialogues": Path("data/processed/dialogues.jsonl"), "dialogues_report": None, "force": False},
+         "dialogues": [Path("data/processed/dialogues.jsonl")], "dialogues_report": None, "force": False},
     )  # fmt: skip
 
 

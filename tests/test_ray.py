@@ -200,3 +200,31 @@ def test_the_documented_ray_commands_run_as_written(local_ray, tmp_path, monkeyp
     personas = rows(processed / "personas.jsonl")
     assert len(personas) == 3  # personaemp.toml's [persona] users
     assert rows(processed / "queries.jsonl") and (processed / "dataset" / "README.md").exists()
+
+
+def test_a_local_ray_starts_without_the_token_warning(tmp_path):
+    """Issue 63: Ray 2.60 logged "Token authentication is enabled for this Ray cluster..." as a
+    WARNING on every run. connect() asks for token authentication itself (what Ray does anyway)
+    and says so on its own line. One Ray start, in a process of its own (its HOME: tmp_path,
+    where Ray writes the token)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    code = (
+        "import ray\n"
+        "from personaemp.llm.ray_executor import connect\n"
+        "from personaemp.llm.settings import LLMSettings\n"
+        "settings = LLMSettings(executor='ray', workers=1, base_urls=['http://127.0.0.1:9/v1'], model='m')\n"
+        "print(connect(settings))\n"
+        "ray.shutdown()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    env.update(HOME=str(tmp_path), PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Token authentication is enabled" not in done.stdout + done.stderr, done.stderr
+    assert "a local Ray (started in" in done.stdout and "token authentication on" in done.stdout
+    assert (tmp_path / ".ray" / "auth_token").is_file()  # Ray's own default, kept

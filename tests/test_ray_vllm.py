@@ -24,6 +24,7 @@ from test_ray import rows
 
 from personaemp.errors import InputError
 from personaemp.llm import ray_vllm
+from personaemp.llm import settings as settings_module
 from personaemp.llm.batch import import_answers
 from personaemp.llm.cache import ReplyCache
 from personaemp.registry import RunOptions
@@ -94,6 +95,7 @@ def stand_in(monkeypatch):
         )
         processor = ray_vllm.Processor(config, as_request, postprocess)
         monkeypatch.setattr(ray_vllm, "build_processor_for", lambda settings: processor)
+        settings_only(monkeypatch)  # the stand-in needs ray.data.llm, not vLLM
 
     return use
 
@@ -177,10 +179,17 @@ def test_vllm_settings_that_cannot_work_are_one_line(given, said):
         LLMSettings(llm="vllm", **given)
 
 
-def test_the_vllm_processor_takes_the_engine_and_processor_settings():
+def settings_only(monkeypatch) -> None:
+    """The processor's settings are read, not run: no vLLM needed (settings.check_installed)."""
+    monkeypatch.setitem(settings_module.NEEDS, "vllm", (("ray",), "pip install 'personaemp[ray]'"))
+
+
+def test_the_vllm_processor_takes_the_engine_and_processor_settings(monkeypatch):
     """--vllm engine.KEY=VALUE and processor.KEY=VALUE (strings from the command line, typed
     as TOML would type them) reach ray.data.llm's vLLM processor config."""
     from personaemp.config import cli_flags, llm_settings
+
+    settings_only(monkeypatch)
 
     flags = cli_flags("llm", {"vllm": [
         "engine.max_model_len=8192", "engine.enable_prefix_caching=true", "engine.dtype=bfloat16",
@@ -219,6 +228,7 @@ def test_the_documented_toml_vllm_tables_reach_the_vllm_processor(tmp_path, monk
     commands = re.search(r"```sh\n(personaemp run --config vllm.toml.*?)```", page, re.S)[1].splitlines()
     assert len(commands) == 2
     clean_environment(monkeypatch)
+    settings_only(monkeypatch)
     monkeypatch.chdir(tmp_path)
     given = []
     monkeypatch.setattr(pipeline, "run_pipeline", lambda options, console: given.append(options))
@@ -363,6 +373,26 @@ def test_without_vllm_installed_the_command_says_what_to_install(local_ray, samp
     assert "pip install 'personaemp[vllm]'" in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "personas.jsonl").exists() or not (tmp_path / "personas.jsonl").read_text()
+
+
+def test_run_without_vllm_stops_before_any_stage(tmp_path):
+    """Issue 63: `run --llm vllm` without the extra failed after 37-45 s of filter and Ray
+    start-up. The packages are checked first: one line, exit 2, nothing filtered, no Ray."""
+    from typer.testing import CliRunner
+
+    from personaemp.cli import app
+
+    processed = tmp_path / "processed"
+    if ray.is_initialized():
+        ray.shutdown()
+    result = CliRunner().invoke(app, [
+        "run", "--llm", "vllm", "--executor", "ray", "--model", "Qwen/Qwen2.5-7B-Instruct",
+        "--set", f"paths.input={SAMPLE_TASK1}", "--set", f"paths.processed={processed}",
+    ], env={"NO_COLOR": "1"})  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "--llm vllm needs transformers, which is not installed here" in result.output
+    assert "pip install 'personaemp[vllm]'" in result.output
+    assert not (processed / "filtered.jsonl").exists() and not ray.is_initialized()
 
 
 def test_a_round_whose_job_fails_stops_with_one_line_and_keeps_its_answers(local_ray, stand_in, tmp_path):

@@ -58,7 +58,14 @@ def test_a_dialogue_label_keeps_the_check_it_is_set_against(dialogues):
         return make_event({"reviewer": "ana", "item": key, "field": field, "value": value}, items, "t")
 
     out = event("policy-a/u2-q1-d1", "character:2", "out")
-    assert out["check"] is False and out["query_id"] == "u2-q1" and out["system"] == "policy-a"
+    assert out["check"] is True and out["query_id"] == "u2-q1" and out["system"] == "policy-a"
+    # the reply rejected at that turn (the check failed it), offered blind: its verdict False
+    rejected = event("policy-a/u2-q1-d1", "character:2.0", "out")
+    assert rejected["check"] is False and rejected["kept"] is False
+    # one rejected for a rule: the check never ran on it
+    assert "check" not in event("policy-a/u1-q1-d1", "character:4.0", "in")
+    with pytest.raises(UnknownTarget, match="no rejected reply the page offers"):
+        event("policy-a/u2-q1-d1", "character:4.0", "in")
     # a turn whose in_character check did not run: no verdict recorded, never a pass
     assert "check" not in event("policy-b/u5-q1-d1", "character:2", "in")
     assert event("policy-a/u2-q1-d1", "perm:reception", 5)["value"] == 5
@@ -87,11 +94,14 @@ def test_the_three_figures_of_the_labelled_fixture(dialogues, tmp_path):
     report = compute_dialogue_agreement(dialogues, labels, resamples=500, seed=1)
 
     a = report["in_character"]
-    # (check, person) pairs: ana on 11 checked dialogues x 3 turns, bo on 3; the check failed 3
-    # turns and ana says out on them; she says out on one turn the check passed
-    assert a["confusion"] == [32, 1, 0, 3] and a["pairs"] == 36 and a["dialogues"] == 11
-    assert a["labelled_not_checked"] == 3  # policy-b q5: --no-character-check, left out
-    assert a["kappa"] == round(kappa_of([32, 1, 0, 3]), 4)
+    # (check, person) pairs: ana on 11 checked dialogues x 3 kept turns (the check passed every
+    # kept turn; she says out on one) and the 3 rejected replies the check failed (out), bo on
+    # policy-a q1's 3 turns (in) and q2's rejected reply (out)
+    assert a["confusion"] == [35, 1, 0, 4] and a["pairs"] == 40 and a["dialogues"] == 11
+    assert (a["turns"], a["reviewers"], a["rejected_replies"]) == (36, 2, 3)  # n: replies, not pairs
+    # policy-b q5 (--no-character-check) and the 4 replies rejected for a rule: never checked
+    assert a["labelled_not_checked"] == 7
+    assert a["kappa"] == round(kappa_of([35, 1, 0, 4]), 4) == 0.875
     assert a["kappa_ci"][0] <= a["kappa"] <= a["kappa_ci"][1]
 
     from scipy.stats import spearmanr
@@ -107,6 +117,37 @@ def test_the_three_figures_of_the_labelled_fixture(dialogues, tmp_path):
     assert c["share"] == 0.8 and c["share_ci"] == wilson(4, 5)
     assert c["by_final_emotion"] == c["by_people"] == ["policy-a", "policy-b"] and c["same"]
     assert c["queries"] == 6 and c["mean_final_emotion"] == {"policy-a": 60.0, "policy-b": 42.5}
+
+
+def test_kappa_against_a_constant_check_is_not_measurable(dialogues, tmp_path):
+    """Issue 63: every kept turn passed in_character (a failing reply is asked again), so over
+    kept turns alone the check is constant and kappa was 0.00 [0.00, 0.00] whatever people said.
+    Without the rejected replies labelled it is not measured, and the line says why."""
+    from personaemp.review.agreement import dialogue_agreement_lines
+
+    items = {item["item"]: item for item in read_dialogue_items(dialogues)}
+    labels = LabelFileFor(tmp_path / "labels.jsonl")
+    for key, item in items.items():
+        for n, turn in enumerate(item["labelled_turns"]):
+            value = "out" if n == 1 else "in"  # people vary; the check does not
+            labels.add({"reviewer": "ana", "item": key, "field": f"character:{turn}", "value": value}, items)
+    report = compute_dialogue_agreement(dialogues, tmp_path / "labels.jsonl", resamples=100, seed=1)
+    a = report["in_character"]
+    assert a["confusion"][2:] == [0, 0] and a["kappa"] is None and a["kappa_ci"] is None
+    assert "the check said in character on all 33 labels" in a["not_measurable"]
+    line = dialogue_agreement_lines(report)[0]
+    assert "κ not measurable: the check said in character on all 33 labels" in line
+    assert "label rejected replies too" in line and "κ 0.00" not in line
+
+
+class LabelFileFor:
+    def __init__(self, path: Path):
+        from personaemp.review.page import LabelFile
+
+        self.file = LabelFile(path)
+
+    def add(self, body: dict, items: dict) -> None:
+        self.file.append(make_event(body, items, "t"))
 
 
 def test_spearman_of_a_worked_example():
@@ -131,7 +172,9 @@ def test_cli_agreement_prints_the_three_figures(dialogues, tmp_path):
     assert result.exit_code == 0, result.output
     out = " ".join(result.output.split())
     assert re.search(
-        r"people vs the in_character check: κ 0\.84 \[[\d.]+, [\d.]+\].*n=36 turns of 11 dialogues", out
+        r"people vs the in_character check: κ 0\.88 \[[\d.]+, [\d.]+\].*n=36 replies of 11 dialogues "
+        r"\(3 of them rejected\), 2 reviewers, 40 labels",
+        out,
     )
     assert re.search(r"Spearman ρ 0\.\d\d \[[\d.]+, [\d.]+\], n=12 dialogues", out)
     assert (
@@ -143,6 +186,33 @@ def test_cli_agreement_prints_the_three_figures(dialogues, tmp_path):
     labels.unlink()
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "dialogue_labels.jsonl: no labels" in result.stderr
+
+
+def test_the_page_says_where_the_labels_go(dialogues):
+    """Issue 63: the help said the labels go to the build's folder; dialogue labels go beside
+    the first dialogues file. The page is told the file, and the help shows it."""
+    from importlib import resources
+    from urllib.request import Request, urlopen
+
+    from personaemp.review.options import ReviewOptions
+    from personaemp.review.page import review_labels
+
+    labels = review_labels(ReviewOptions(dialogues=[str(p) for p in dialogues]))
+    assert labels == dialogues[0].with_name("dialogue_labels.jsonl")
+    session = open_dialogue_session(dialogues, labels, 6, 0)
+    server = review_server(session)
+    thread = threading.Thread(target=server.serve_forever, kwargs=QUICK_STOP, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/api/items"
+        with urlopen(Request(url, headers={"X-Review-Token": session.token})) as answer:
+            assert json.loads(answer.read())["labels"] == str(labels)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    page = resources.files("personaemp").joinpath("assets", "review", "index.html").read_text()
+    assert "build's folder" not in page and 'class="labels-file"' in page
 
 
 # --- in a real browser -------------------------------------------------------------------------
@@ -179,6 +249,8 @@ def test_a_reviewer_labels_a_dialogue_with_the_keyboard_alone(served, tmp_path):
         page.key("Enter")
         page.wait_for("document.body.dataset.ready === 'true'")
         assert page.evaluate("document.body.dataset.mode") == "dialogue"
+        # the help names the labels file the labels go to (it said "the build's folder")
+        assert page.evaluate("document.querySelector('#help .labels-file').textContent") == str(path)
         # the dialogue and the other supporter's of the same query side by side, nothing wider
         # than the window; the emotion drawn as a line for each
         left = page.evaluate("document.getElementById('dialogue-panel').getBoundingClientRect().right")
@@ -212,10 +284,19 @@ def test_a_reviewer_labels_a_dialogue_with_the_keyboard_alone(served, tmp_path):
         page.reload()
         page.wait_for("document.body.dataset.ready === 'true'")
         pressed = page.evaluate(
-            "[...document.querySelectorAll('#dialogue-main [aria-pressed=true]')]"
+            "[...document.querySelectorAll('#dialogue-main [aria-pressed=true]:not(#d-blind *)')]"
             ".map(b => b.dataset.field + '=' + b.dataset.value)"
         )
         turns = first["labelled_turns"]
+        # the blind check: every kept reply and the rejected ones with text, unmarked; a kept
+        # reply's label is the turn's
+        blind = page.evaluate("[...document.querySelectorAll('#d-blind .probe')].map(p => p.dataset.target)")
+        assert sorted(blind) == sorted(p["target"] for p in first["probes"])
+        assert page.evaluate("document.querySelectorAll('#d-blind .fail-why, #d-blind .chip').length") == 0
+        blind_pressed = page.evaluate(
+            "[...document.querySelectorAll('#d-blind [aria-pressed=true]')].map(b => b.dataset.field)"
+        )
+        assert sorted(blind_pressed) == sorted(f"character:{n}" for n in turns)
         assert sorted(pressed) == sorted([
             f"realism:{turns[0]}=realistic", f"character:{turns[0]}=in", f"realism:{turns[1]}=realistic",
             f"character:{turns[1]}=in", f"realism:{turns[2]}=unrealistic", f"character:{turns[2]}=out",
@@ -229,11 +310,14 @@ def test_a_reviewer_labels_a_dialogue_with_the_keyboard_alone(served, tmp_path):
             ".map(c => c.textContent)"
         )
         assert chips == ["in_character: not checked"] * 3
-        # replies asked again: the text people compare with the one kept
+        # replies asked again: beside the turn only the rules they broke; their text is in the
+        # blind check, unmarked among the kept replies (issue 63)
         with_rejected = next(n for n, item in enumerate(session.items) if item["item"] == "policy-a/u1-q1-d1")
         page.evaluate(f"go({with_rejected})")
         page.evaluate("document.querySelectorAll('details.rejected').forEach(d => d.open = true)")
-        assert "I'm at 6/10 now." in page.evaluate("document.querySelector('details.rejected').textContent")
+        beside_turn = page.evaluate("document.querySelector('details.rejected').textContent")
+        assert "no_emotion_number" in beside_turn and "I'm at 6/10 now." not in beside_turn
+        assert "I'm at 6/10 now." in page.evaluate("document.getElementById('d-blind').textContent")
         page.screenshot(tmp_path / "dialogue.png")
     assert (tmp_path / "dialogue.png").read_bytes().startswith(b"\x89PNG")
 

@@ -93,7 +93,8 @@ def test_run_given_a_stage_flag_says_which_key_it_is(tmp_path):
     result = personaemp(tmp_path, "run", "--limit", "3")
     assert result.returncode == 2
     text = " ".join(result.stderr.replace("│", " ").split())
-    assert "--limit is extract.limit, persona.limit, queries.limit for run: --set extract.limit=..." in text
+    # issue 63: persona.limit first (extract-memories runs only on a conversation log)
+    assert "--limit is persona.limit, queries.limit, extract.limit for run: --set persona.limit=..." in text
     help_text = personaemp(tmp_path, "run", "--help").stdout
     assert "--set" in help_text and "extract-memories" in help_text
 

@@ -5,6 +5,7 @@ the multi-turn table, and bad input."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import Counter
 from pathlib import Path
@@ -255,6 +256,19 @@ def test_two_supporters_are_scored_on_the_same_dialogues_and_the_left_out_are_na
     assert "policy-a left out u1-q1-d1: not every system has it (policy-b: no dialogue in its file)." in table
     assert "NOT COMPARABLE" not in table
     assert "NOT COMPARABLE" in write_table([tmp_path / "all.json"], None, "markdown")
+    # Issue 63: policy-a has a dialogue of both queries; its u1 one is left out only because
+    # policy-b lacks it, so policy-a has no query without one (it said "queries without one: 1")
+    assert (a["queries_without_dialogue"], b["queries_without_dialogue"]) == (0, 1)
+    assert "queries without a dialogue: policy-a 0, policy-b 1." in table
+    from rich.console import Console
+
+    from personaemp.evaluation.scoreboard import print_sessions
+
+    shown = Console(width=200, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    print_sessions(evaluation, shown)
+    lines = {line.split("│")[1].strip(): line for line in shown.export_text().splitlines() if "│" in line}
+    assert re.search(r"│\s+0\s+│\s+1\s+│$", lines["queries without one"].rstrip()), lines
+    assert re.search(r"│\s+1\s+│\s+0\s+│$", lines["left out: another system lacks it"].rstrip()), lines
 
 
 def test_a_check_that_did_not_run_is_not_checked_in_the_table(tmp_path):

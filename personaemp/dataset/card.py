@@ -497,27 +497,37 @@ def dialogues_section(found: dict[str, Any], figures: list[str] | None = None) -
         f"ended by: {ended}; hidden need met in {found['need_met']} of {published}.",
     ]
     if supporter_rows:
+        if not lost:
+            why = "every dialogue finished"
+        else:
+            why = f"{lost} of {published + lost} not finished" + (
+                f", {by_simulator} of them lost to the simulator: it broke its rules on every try, the "
+                "simulator's failure, not the supporter's" if by_simulator else ""
+            ) + (
+                "; the others: the supporter's request failed" if by_simulator and by_simulator < lost
+                else ": the supporter's request failed" if not by_simulator else ""
+            )  # fmt: skip
         out += [
-            f"- Dialogues kept and lost per supporter ({lost} of {published + lost} not finished, "
-            f"{by_simulator} of them lost to the simulator: it broke its rules on every try, the "
-            "simulator's failure, not the supporter's; the others: the supporter's request failed):",
+            f"- Dialogues kept and lost per supporter ({why}):",
             "",
             _table(["supporter", "kept", "lost", "lost, by reason"], supporter_rows),
             "",
         ]
+    from personaemp.instruments import simulator_rules
+
+    def meant(names) -> str:
+        return ", ".join(f"{name} ({simulator_rules.MEANINGS[name]})" for name in names)
+
     out += [
         "- The simulator's checks, run on every reply it wrote (a failing reply was asked again): "
-        "language_match (the user's language), length_ok (a chat message's length), no_need_leak (no "
-        "six words in a row of the hidden need), no_emotion_number (no emotion stated as a number or "
-        "score), no_early_end (no leaving after the first reply), and by an LLM check in_character "
-        "(reads as this person) and grounded (no fact beyond the memories and the conversation).",
+        f"{meant(simulator_rules.RULES)}, and by an LLM check {meant(simulator_rules.JUDGED)}.",
         f"- Pass rates over the {replies} replies judged, kept and asked again: {rates}.",
     ]
     if relaxed:
         out.append(f"- Checks relaxed: {'; '.join(relaxed)}.")
     if found.get("lost_replies_not_kept"):
         out.append(
-            f"- The replies of {found['lost_replies_not_kept']} lost dialogues are not in these rates: "
+            f"- The replies of {_dialogues(found['lost_replies_not_kept'])} are not in these rates: "
             "their failures rows do not keep them."
         )
     out += seekers_lines(found)
@@ -595,6 +605,11 @@ def behaviour_lines(found: dict[str, Any] | None) -> list[str]:
             rows,
         ),  # fmt: skip
     ]
+
+
+def _dialogues(n: int) -> str:
+    """'1 lost dialogue', '2 lost dialogues'."""
+    return f"{n} lost dialogue{'' if n == 1 else 's'}"
 
 
 def render_card(

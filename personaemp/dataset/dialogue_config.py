@@ -21,10 +21,13 @@ TURN_FIELDS = {"role", "text", "emotion", "change", "reason", "need_met", "thoug
 DIALOGUE_FAILURES = "gen-dialogues.failures.jsonl"  # beside the dialogues file (llm/stage.py names it)
 
 
-def dialogue_parts(path: Path, files: dict[str, dict[str, Path]], staging: Path, warnings: list[str]):
+def dialogue_parts(paths: list[Path], files: dict[str, dict[str, Path]], staging: Path, warnings: list[str]):
     """(split -> (repository name, staged file), the card's facts) of the dialogues config:
-    each dialogue in the split of the random setting (else the first) that holds its query;
-    one whose query is in no split is left out, counted in a warning."""
+    the dialogues of every file in `paths` (one gen-dialogues run each, e.g. one per
+    supporter), together, their `supporter_model` column telling them apart; each dialogue in
+    the split of the random setting (else the first) that holds its query; one whose query is
+    in no split is left out, counted in a warning. A dialogue id is one dialogue per
+    supporter: the same (supporter, dialogue id) twice, in one file or two, is refused."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -40,25 +43,43 @@ def dialogue_parts(path: Path, files: dict[str, dict[str, Path]], staging: Path,
     }
     rows: dict[str, list[dict]] = {split: [] for split in SPLITS}
     dialogues: list[Dialogue] = []
-    seen: set[str] = set()
-    outside, left_out = 0, []
-    for lineno, dialogue in iter_records(path, Dialogue, "a dialogue", "pass gen-dialogues' output"):
-        if dialogue.dialogue_id in seen:
-            raise InputError(f"{path}:{lineno}: dialogue {dialogue.dialogue_id} appears twice")
-        seen.add(dialogue.dialogue_id)
-        split = split_of.get(dialogue.query_id)
-        if split is None:
-            outside += 1
-            left_out.append(f"{dialogue.dialogue_id} (line {lineno})")
-            continue
-        published = dialogue.model_dump(mode="json", exclude={"provenance", "turns"})
-        published["turns"] = [turn.model_dump(mode="json", include=TURN_FIELDS) for turn in dialogue.turns]
-        rows[split].append(published)
-        dialogues.append(dialogue)
-    if outside:
-        named = ", ".join(left_out[:5]) + (f" and {outside - 5} more" if outside > 5 else "")
-        warnings.append(f"{path}: {outside} dialogues of queries in no split were left out: {named}")
-    lost = _lost_dialogues(path.with_name(DIALOGUE_FAILURES), split_of)
+    seen: dict[tuple[str, str], str] = {}
+    lost: list[dict[str, Any]] = []
+    for path in paths:
+        outside, left_out = 0, []
+        supporters: set[str] = set()
+        for lineno, dialogue in iter_records(path, Dialogue, "a dialogue", "pass gen-dialogues' output"):
+            key = (dialogue.supporter_model, dialogue.dialogue_id)
+            if key in seen:
+                raise InputError(
+                    f"{path}:{lineno}: dialogue {dialogue.dialogue_id} of {dialogue.supporter_model} "
+                    f"appears twice (also at {seen[key]})",
+                    "pass each gen-dialogues run once",
+                )
+            seen[key] = f"{path}:{lineno}"
+            supporters.add(dialogue.supporter_model)
+            split = split_of.get(dialogue.query_id)
+            if split is None:
+                outside += 1
+                left_out.append(f"{dialogue.dialogue_id} (line {lineno})")
+                continue
+            published = dialogue.model_dump(mode="json", exclude={"provenance", "turns"})
+            published["turns"] = [
+                turn.model_dump(mode="json", include=TURN_FIELDS) for turn in dialogue.turns
+            ]
+            rows[split].append(published)
+            dialogues.append(dialogue)
+        if outside:
+            named = ", ".join(left_out[:5]) + (f" and {outside - 5} more" if outside > 5 else "")
+            warnings.append(f"{path}: {outside} dialogues of queries in no split were left out: {named}")
+        # a failures row that names no supporter is its run's (a file of one supporter)
+        only = next(iter(supporters)) if len(supporters) == 1 else None
+        lost += [
+            {**row, "supporter_model": row.get("supporter_model") or only}
+            if only and not row.get("supporter_model")
+            else row
+            for row in _lost_dialogues(path.with_name(DIALOGUE_FAILURES), split_of)
+        ]
     written = {}
     for split, found in rows.items():
         if not found:

@@ -16,6 +16,7 @@ from personaemp.shared_options import (
     RAW_INPUT,
     Categories,
     Checks,
+    Files,
     Force,
     MismatchSeed,
     Names,
@@ -406,13 +407,16 @@ class PushOptions(Section):
         ),
     ] = PROCESSED / "criteria.jsonl"
     dialogues: Annotated[
-        Path,
+        Files,
         Opt(
-            "Dialogues (`personaemp gen-dialogues`); published as a `dialogues` config when the file exists.",
+            "Dialogues (`personaemp gen-dialogues`), published as one `dialogues` config (its "
+            "`supporter_model` column names the supporter); repeat for several supporters' runs. "
+            "Without the flag: the default file, when it exists.",
+            metavar="FILE",
             derive="processed:dialogues.jsonl",
             io="read",
         ),
-    ] = PROCESSED / "dialogues.jsonl"
+    ] = [PROCESSED / "dialogues.jsonl"]
     dialogues_report: Annotated[
         Path | None,
         Opt(

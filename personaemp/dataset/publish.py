@@ -183,7 +183,7 @@ def publish(
     revision: str | None = None,
     include_dialogue: bool = False,
     criteria: Path | None = None,
-    dialogues: Path | None = None,
+    dialogues: Path | list[Path] | None = None,
     dialogues_report: Path | None = None,
     force: bool = False,
     quality: Callable[[Path | None], tuple[dict[str, Any] | None, bytes | None]] | None = None,
@@ -194,22 +194,29 @@ def publish(
     `criteria`: a `personaemp criteria` file; when it exists, each row gets its query's
     criteria as a `criteria` column (queries it lacks get empty lists, and a warning). A file
     that cannot serve these queries (made for other queries) stops the push: UnusableCriteria.
-    `dialogues`: a gen-dialogues file; when it exists, a `dialogues` config (its rows in the
-    split of the random setting that holds their query) and a section of the card.
+    `dialogues`: gen-dialogues files (one per run, e.g. per supporter); those that exist make
+    one `dialogues` config (its rows in the split of the random setting that holds their
+    query, the `supporter_model` column telling the runs apart) and a section of the card.
     `dialogues_report`: an `evaluate --dialogues` report of them; the card quotes its behaviour
     counts, tracking rate and session reward per supporter and seeker style.
     `quality`: queries file -> (agreement report, plot) of the people's labels beside it
     (the review product's `card_quality`); without it the card says nobody measured the judge.
     `notes`: what the caller says of its inputs (a file it left out), among the warnings."""
     files, split_report = _checked(splits_dir, repo_id, out)
+    named = [Path(dialogues)] if isinstance(dialogues, str | Path) else [Path(p) for p in dialogues or ()]
+    if len(set(named)) < len(named):
+        twice = next(p for p in named if named.count(p) > 1)
+        raise InputError(f"--dialogues {twice} is given twice", "name each dialogues file once")
+    dialogues = [p for p in named if p.is_file()]
     behaviours = behaviour_facts(Path(dialogues_report)) if dialogues_report is not None else None
     fingerprint = None
     if out is not None:  # a dry run can be skipped; a push always goes out (the Hub may have changed)
         options = {
-            "out": out, "include_dialogue": include_dialogue, "criteria": criteria, "dialogues": dialogues,
+            "out": out, "include_dialogue": include_dialogue, "criteria": criteria,
+            "dialogues": [str(p) for p in dialogues],
             "notes": list(notes), "dialogues_report": dialogues_report,
         }  # fmt: skip
-        read = [*_read_by_push(splits_dir, split_report, criteria), *([Path(dialogues)] if dialogues else []),
+        read = [*_read_by_push(splits_dir, split_report, criteria), *dialogues,
                 *([Path(dialogues_report)] if dialogues_report else [])]  # fmt: skip
         fingerprint = freshness.fingerprint(read, options)
         last = freshness.current("push", out, fingerprint, force)
@@ -220,7 +227,6 @@ def publish(
                 warnings=result["warnings"], unchanged_since=freshness.unchanged("push", last),
             )  # fmt: skip
     found = _criteria(Path(criteria), files) if criteria is not None and Path(criteria).exists() else None
-    dialogues = dialogues if dialogues is not None and Path(dialogues).is_file() else None
     with _staging(out) as staging:
         built = _assemble(
             splits_dir, files, split_report, staging, include_dialogue=include_dialogue,
@@ -288,10 +294,8 @@ def _assemble(
     facts["data_files"] = {s: {sp: part.name for sp, part in written.items()} for s, written in parts.items()}
     rows = {s: {split: part.rows for split, part in written.items()} for s, written in parts.items()}
     staged_dialogues: dict[str, tuple[str, Path]] = {}
-    if dialogues is not None:
-        staged_dialogues, facts["dialogues"] = dialogue_parts(
-            Path(dialogues), files, staging, facts["warnings"]
-        )
+    if dialogues:
+        staged_dialogues, facts["dialogues"] = dialogue_parts(dialogues, files, staging, facts["warnings"])
         facts["dialogue_files"] = {split: name for split, (name, _) in staged_dialogues.items()}
         rows[DIALOGUES] = facts["dialogues"]["rows"]
         if behaviours is not None:  # the supporters' behaviours, from an evaluate --dialogues report
@@ -428,11 +432,12 @@ def from_options(options, console, quality=None):
     from personaemp.results import of_publish
 
     dry = options.is_dry_run
-    dialogues = options.dialogues
-    if dialogues is not None and not options.derived("dialogues") and not Path(dialogues).is_file():
-        raise InputError(
-            f"{dialogues}: no such dialogues file", "pass gen-dialogues' output, or leave --dialogues out"
-        )
+    dialogues = [Path(p) for p in options.dialogues]
+    for named in [] if options.derived("dialogues") else dialogues:
+        if not named.is_file():
+            raise InputError(
+                f"{named}: no such dialogues file", "pass gen-dialogues' output, or leave --dialogues out"
+            )
     push = functools.partial(
         publish, options.splits,
         repo_id=None if dry else options.repo_id, out=options.out_dir if dry else None,

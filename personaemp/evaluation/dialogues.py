@@ -411,7 +411,14 @@ async def aevaluate_dialogues(
         "query_hashes": {q["query_id"]: query_hash(q) for q in queries},
         "systems": {
             name: {
-                **summarise(rows.get(name, []), units, name, len(queries), options),
+                **summarise(
+                    rows.get(name, []),
+                    units,
+                    name,
+                    len(queries),
+                    options,
+                    own=len(set(systems[name]) & query_ids),
+                ),
                 "left_out": left_out[name],
                 "checks_run": ran[name],
             }
@@ -575,10 +582,14 @@ def seeker_figures(rows: Sequence[dict], reward_lambda: float) -> dict[str, Any]
     }
 
 
-def summarise(rows: list[dict], units: list[dict], system: str, queries: int, options) -> dict[str, Any]:
+def summarise(
+    rows: list[dict], units: list[dict], system: str, queries: int, options, own: int
+) -> dict[str, Any]:
+    """A system's entry; `own`: the queries of the split its file has a dialogue for (one left
+    out because another system lacks it is no query without a dialogue: `left_out` says it)."""
     entry: dict[str, Any] = {
         "dialogues": sum(u["system"] == system for u in units),
-        "queries_without_dialogue": queries - sum(u["system"] == system for u in units),
+        "queries_without_dialogue": queries - own,
         "supporter_models": sorted({u["supporter_model"] for u in units if u["system"] == system}),
         "simulator_models": sorted({u["simulator_model"] for u in units if u["system"] == system}),
         "unreadable_dimensions": sum(len(r.get("unreadable", ())) for r in rows),

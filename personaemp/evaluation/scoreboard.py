@@ -28,6 +28,11 @@ def print_sessions(evaluation: dict, console: Console) -> None:
     rows = [
         ("dialogues", lambda e: str(e.get("dialogues", 0))),
         ("queries without one", lambda e: str(e.get("queries_without_dialogue", 0))),
+        # as `table` says it: a dialogue left out because another system has none of its query
+        (
+            "left out: another system lacks it",
+            lambda e: str(sum(d["reason"].startswith("not every system") for d in e.get("left_out") or ())),
+        ),
         ("n (scored)", lambda e: str(e.get("n", 0))),
         ("initial emotion", lambda e: number(e.get("initial_emotion"), 1)),
         ("final emotion", lambda e: number(e.get("final_emotion"), 1)),

@@ -20,6 +20,18 @@ RULES = (
     "need_met_consistent",
 )  # fmt: skip
 JUDGED = ("in_character", "grounded")  # the LLM check's verdicts, recorded beside the rules
+# What each check asks, as the dataset card lists them (one entry per rule and verdict).
+MEANINGS = {
+    "language_match": "the user's language",
+    "length_ok": "a chat message's length",
+    "no_need_leak": "no six words in a row of the hidden need",
+    "no_emotion_number": "no emotion stated as a number or score",
+    "no_early_end": "no leaving after the first reply",
+    "no_echo": "no six words in a row of the supporter's last reply, its own earlier messages or the prompt",
+    "need_met_consistent": "no need met by a reply that lowered the emotion",
+    "in_character": "reads as this person",
+    "grounded": "no fact beyond the memories and the conversation",
+}
 
 MIN_CHARS, MAX_CHARS = 2, 800  # a chat message: "ok" is one, a page is not
 # Words of the hidden need repeated in a row that give it away; names and short phrases may

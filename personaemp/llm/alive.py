@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 from rich.console import Console
 from rich.progress import Progress, ProgressColumn, Task
+from rich.table import Column
 from rich.text import Text
 
 ALIVE_AFTER = 5.0  # seconds a request waits before the bar says so
@@ -43,13 +44,39 @@ def speed_text(engine) -> str:
     return f"model {tokens / seconds:.1f} tokens/s"
 
 
+def fixed() -> Column:
+    """A column of the bar that keeps its width (the stage, the bar, units, time)."""
+    return Column(no_wrap=True)
+
+
+def _one_line(text: str, style: str) -> Text:
+    """Text that never wraps: cut with an ellipsis where the terminal is narrow. Wrapped, the
+    waiting note stood one word a line, 12-14 lines tall at 80 columns, redrawn every second."""
+    return Text(text, style=style, no_wrap=True, overflow="ellipsis", end="")
+
+
+class FieldColumn(ProgressColumn):
+    """`task.fields[name]` on one line; the table narrows this column first (it wraps no text)."""
+
+    def __init__(self, name: str, style: str = "") -> None:
+        super().__init__(Column(no_wrap=False, overflow="ellipsis"))
+        self.name, self.style = name, style
+
+    def render(self, task: Task) -> Text:
+        return _one_line(str(task.fields.get(self.name, "")), self.style)
+
+
 class WaitingColumn(ProgressColumn):
-    """The bar's last column: `task.fields["waiting"]()`, the text of waiting_text or ''."""
+    """The bar's last column: `task.fields["waiting"]()`, the text of waiting_text or '';
+    narrowed first, never wrapped."""
+
+    def __init__(self) -> None:
+        super().__init__(Column(no_wrap=False, overflow="ellipsis"))
 
     def render(self, task: Task) -> Text:
         waiting = task.fields.get("waiting")
         text = waiting() if waiting is not None and not task.finished else ""
-        return Text(text, style="progress.elapsed")
+        return _one_line(text, "progress.elapsed")
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ import functools
 import random
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,6 +132,9 @@ class Endpoint:
         self.base_url = redact_url(base_url)  # as shown and stored; the client alone has it whole
         self.key_source = key_source  # where the key came from, for a 401 (never the key)
         self.timeout = timeout  # seconds for a whole request, connect to last byte
+        # (request, its timeouts so far) -> seconds for it, in place of `timeout` (the embedded
+        # model's: from its measured speed and the request's max_tokens, session.local_deadline)
+        self.deadline: Callable[[dict[str, Any], int], float] | None = None
         self.concurrency = concurrency
         self.in_flight = 0
         self.failures_in_row = 0
@@ -197,11 +201,12 @@ class EndpointPool:
         `cautious` (no reply seen yet on this run): a refused connection is retried only
         briefly, so a dead endpoint is told in seconds. A refused response format is never
         retried: the engine steps down to another format instead."""
-        attempt = 0
+        attempt = timeouts = 0
         while True:
             try:
-                return await self._send_once(request)
+                return await self._send_once(request, timeouts)
             except LLMError as error:
+                timeouts += error.kind == "timeout"
                 retries = self.max_retries
                 if cautious and error.kind == "connection":
                     retries = min(retries, CAUTIOUS_CONNECTION_RETRIES)
@@ -216,29 +221,33 @@ class EndpointPool:
                 else:
                     delay = min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt) * random.uniform(0.5, 1.0)
                 attempt += 1
-                on_retry()
+                on_retry(error, attempt, retries)
                 await asyncio.sleep(delay)
 
-    async def _send_once(self, request: dict[str, Any]) -> RawReply:
+    async def _send_once(self, request: dict[str, Any], timeouts: int = 0) -> RawReply:
         async with self._slots:
             endpoint = self._pick()
             endpoint.in_flight += 1
             limit = _limit.set(reply_limit(request))
             self._sent_count += 1
             number = self._sent_count
+            seconds = endpoint.timeout if endpoint.deadline is None else endpoint.deadline(request, timeouts)
             try:
                 await endpoint.limiter.wait()
                 started = self._sent[number] = time.monotonic()
+                options: dict[str, Any] = {} if endpoint.deadline is None else {"timeout": seconds}
                 # The client's timeout is per read: a server sending a byte at a time would
                 # hold the request forever. This deadline is for the whole of it.
-                async with asyncio.timeout(endpoint.timeout):
+                async with asyncio.timeout(seconds):
                     # The generic post() sends the request as built: chat.completions.create()
                     # would walk every message and schema to "transform" them (~1 ms CPU each).
-                    response = await endpoint.client.post("/chat/completions", body=request, cast_to=dict)
+                    response = await endpoint.client.post(
+                        "/chat/completions", body=request, cast_to=dict, options=options
+                    )
             except openai.APIStatusError as exc:
                 error = _status_error(exc, endpoint.key_source)
             except (openai.APITimeoutError, TimeoutError):
-                whole = f"no whole reply within {endpoint.timeout:g} s"
+                whole = f"no whole reply within {round(seconds, 1):g} s"
                 error = LLMError("timeout", f"the request timed out ({whole})")
             except ReplyTooLarge as exc:
                 error = LLMError(

@@ -405,9 +405,11 @@ class Engine:
         """Send a request built in structured `mode`; raise _FormatRefused to have it built
         again when the mode changes (refused now, or by another request while this waited)."""
 
-        def on_retry() -> None:
+        def on_retry(error: LLMError | None = None, attempt: int = 0, retries: int = 0) -> None:
             stats.retries += 1
             stats.requests += 1
+            if error is not None and error.kind == "timeout":  # it was re-sent without a word
+                self.notify(f"{error.message}; sent again (retry {attempt} of {retries})")
 
         async with self._turn():
             if self._dead is not None:

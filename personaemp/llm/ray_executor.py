@@ -61,6 +61,21 @@ def pool_size(settings: LLMSettings) -> tuple[int, int]:
     return workers, settings.concurrency // workers
 
 
+AUTH_MODE = "RAY_AUTH_MODE"  # Ray's variable: token (its default for a local Ray) or disabled
+TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"  # where Ray 2.60 says it
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str):
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def connect(settings: LLMSettings) -> str:
     """Ray ready in this process; a line saying which (a local Ray started: its start-up time)."""
     try:
@@ -74,19 +89,34 @@ def connect(settings: LLMSettings) -> str:
     started = time.perf_counter()
     address = settings.ray_address or os.environ.get("RAY_ADDRESS")
     local = {} if address else {"num_cpus": max(os.cpu_count() or 1, settings.workers)}
+    # A local Ray turns on token authentication (a token in ~/.ray/auth_token, made once) unless
+    # RAY_AUTH_MODE says otherwise, and logged a WARNING saying so on every run: that logger is
+    # quiet while a local Ray starts, and our line says what it meant.
+    auth, quiet = "", contextlib.nullcontext()
+    if not address and AUTH_MODE not in os.environ:
+        auth = f"; token authentication on, Ray's default ({AUTH_MODE}=disabled turns it off)"
+        quiet = _quiet_logger(TOKEN_LOGGER)
     try:
         # The workers' own output stays in Ray's logs: what a unit or the run meets comes back.
-        ray.init(
-            address=address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
-            **local,
-        )  # fmt: skip
+        # "local": a Ray of our own, never another one that happens to run on this machine (Ray
+        # connects to the latest of those unasked, and then refuses our num_cpus)
+        with quiet:
+            ray.init(
+                address=address or "local", include_dashboard=False, logging_level=logging.WARNING,
+                log_to_driver=False, **local,
+            )  # fmt: skip
     except (ConnectionError, RuntimeError, ValueError) as exc:
+        if not address:
+            raise PersonaempError(
+                f"could not start a local Ray ({str(exc).splitlines()[0]})",
+                "a loaded machine can make Ray's start-up time out: run it again, or give --ray-address",
+            ) from None
         raise PersonaempError(
             f"cannot reach the Ray cluster at {address} ({str(exc).splitlines()[0]})",
             "check --ray-address (RAY_ADDRESS), or leave it unset to start a local Ray",
         ) from None
     seconds = time.perf_counter() - started
-    return f"Ray at {address}" if address else f"a local Ray (started in {seconds:.1f} s)"
+    return f"Ray at {address}" if address else f"a local Ray (started in {seconds:.1f} s{auth})"
 
 
 @dataclasses.dataclass

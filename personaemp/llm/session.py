@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 
 from personaemp.errors import InputError
+from personaemp.llm.accounting import Accounting
 from personaemp.llm.cache import ReplyCache
 from personaemp.llm.endpoints import Endpoint, EndpointPool
 from personaemp.llm.engine import DECISIONS_FILE, Budget, Engine
@@ -14,6 +15,29 @@ from personaemp.llm.local import REQUEST_EXTRAS as LOCAL_REQUEST_EXTRAS
 from personaemp.llm.models import EMBEDDED
 from personaemp.llm.settings import LLMSettings
 from personaemp.prompts import COMPACT
+
+LOCAL_FLOOR = 600.0  # seconds the embedded model gets for a request before its speed is known
+LOCAL_SLACK = 2.0  # times the time max_tokens take at the measured speed
+LOCAL_CAP = 4 * 3600.0  # seconds: a stuck server is still told, in hours at worst
+
+
+def local_deadline(accounting: Accounting, floor: float) -> Callable[[dict, int], float]:
+    """The embedded model's time for a request: `floor` until a reply measured its speed, then
+    LOCAL_SLACK times what the request's max_tokens take at that speed (completion tokens per
+    second of reply time, over the run's replies), never under `floor`; doubled for each time
+    the request timed out already. On a loaded machine the model ran at 1 token/s and the
+    first persona request hit the fixed 600 s limit, was sent again and timed out again."""
+
+    def deadline(request: dict, timeouts: int) -> float:
+        seconds = floor
+        steps = list(accounting.steps.values())
+        tokens = sum(stats.completion_tokens for stats in steps)
+        spent = sum(stats.seconds for stats in steps)
+        if tokens and spent and request.get("max_tokens"):
+            seconds = max(floor, LOCAL_SLACK * request["max_tokens"] * spent / tokens)
+        return min(seconds * 2**timeouts, LOCAL_CAP)
+
+    return deadline
 
 
 @contextlib.asynccontextmanager
@@ -41,8 +65,9 @@ async def open_engine(
             # llama.cpp serves one request at a time: more in flight would only queue there
             # and run into timeouts.
             base_urls, model, concurrency, kind = [base_url], MODEL_NAME, 1, "local"
-            # Schema-constrained generation runs at ~20 tokens/s on 2 cores: allow for it.
-            timeout = max(settings.timeout, 600.0)
+            # Schema-constrained generation runs at ~20 tokens/s on 2 cores, at 1 token/s on
+            # a loaded machine: at least LOCAL_FLOOR, then scaled (local_deadline).
+            timeout = max(settings.timeout, LOCAL_FLOOR)
             structured = "json_object_schema" if settings.structured == "auto" else settings.structured
         else:
             if not settings.model:
@@ -61,6 +86,10 @@ async def open_engine(
         ]
         for endpoint in endpoints:
             stack.push_async_callback(endpoint.client.close)
+        accounting = Accounting()
+        if kind == "local":
+            for endpoint in endpoints:
+                endpoint.deadline = local_deadline(accounting, timeout)
         cache = None
         path = settings.work_dir / "cache.sqlite"
         if settings.estimate:  # read what is there, create and write nothing
@@ -88,6 +117,7 @@ async def open_engine(
             offline=offline,
             prompt_variant=COMPACT if kind == "local" else None,
             shared_schemas=cache_rule(settings) == "openai",
+            accounting=accounting,
             budget=Budget(settings.max_cost, settings.price_in, settings.price_out, settings.price_cached)
             if settings.max_cost is not None
             else None,

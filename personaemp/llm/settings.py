@@ -28,6 +28,18 @@ _CHECKED = (*(name for name in _REPORTED if name != "steps"), "llm", "work_dir",
             "ray_address", "vllm")  # fmt: skip
 
 
+# What a way of running needs beyond the core: the modules (found, not imported) and the extra
+# that installs them. Checked before any stage starts (check_installed): `run --llm vllm`
+# without vLLM failed after 37-45 s of filter and Ray start-up.
+NEEDS: dict[str, tuple[tuple[str, ...], str]] = {
+    # ray.data.llm's vLLM processor imports transformers, then vLLM
+    "vllm": (("ray", "transformers", "vllm"), "pip install 'personaemp[vllm]' (vLLM runs on CUDA GPUs)"),
+    "ray": (("ray",), "pip install 'personaemp[ray]'"),
+    "local": (("llama_cpp",), "pip install 'personaemp[local]' (compiles llama-cpp-python: minutes)"),
+}
+_PACKAGES = {"llama_cpp": "llama-cpp-python"}  # a module whose package is named otherwise
+
+
 @dataclass
 class LLMSettings:
     """Settings shared by every LLM stage (flags > env vars > personaemp.toml > defaults).
@@ -104,6 +116,23 @@ class LLMSettings:
     @property
     def uses_local(self) -> bool:
         return self.llm == "local" or (self.llm == "auto" and not self.base_urls)
+
+    def check_installed(self) -> None:
+        """One line at once when what these settings run on is not installed (NEEDS): before
+        the filter runs and Ray starts. --estimate and --batch send nothing: they need none."""
+        import importlib.util
+
+        if self.estimate or self.batch is not None:
+            return
+        asked = [("vllm", "--llm vllm")] if self.llm == "vllm" else []
+        asked += [("ray", "--executor ray")] if self.executor == "ray" else []
+        asked += [("local", "the embedded model (--llm local)")] if self.uses_local else []
+        for need, what in asked:
+            modules, install = NEEDS[need]
+            for module in modules:
+                if importlib.util.find_spec(module) is None:
+                    name = _PACKAGES.get(module, module)
+                    raise InputError(f"{what} needs {name}, which is not installed here", install)
 
     def public(self) -> dict:
         """The settings as recorded in reports: everything but the key."""

@@ -23,12 +23,13 @@ from rich.progress import (
     TextColumn,
     TimeRemainingColumn,
 )
+from rich.table import Column
 from rich.text import Text
 
 from personaemp import locks
 from personaemp.aio import sync_twin
 from personaemp.io import read_json_object, write_json_atomic
-from personaemp.llm.alive import WaitingColumn, heartbeat, waiting_text
+from personaemp.llm.alive import FieldColumn, WaitingColumn, fixed, heartbeat, waiting_text
 from personaemp.llm.batch import BatchQueue, import_answers, write_requests
 from personaemp.llm.engine import Engine
 from personaemp.llm.estimate import Estimate, cache_history, cache_rule, first_mode
@@ -250,9 +251,7 @@ async def _one_pass(
                 console.print(_on_ray(settings))
             with _progress(console) as progress:
                 # of the units picked (--limit, --users), not of the whole input
-                bar = _progress_bar(
-                    progress, stage, len(selected) if selected is not None else len(units), engine
-                )
+                bar = _progress_bar(progress, stage, _to_do(units, selected), engine)
                 # On Ray the same bookkeeping here, each unit's work on a Ray worker.
                 async with WorkerPool(settings, engine) if on_ray else contextlib.nullcontext() as pool:
                     outcome = await run_units(
@@ -363,7 +362,7 @@ async def arun_llm_chain(
             ):
                 # Inside the locks: the bookkeeping repairs and reads the files.
                 runs = first.bookkeeping(engine, settings), second.bookkeeping(engine, settings)
-                total = len(first.units) if isinstance(first.units, Sized) else None  # a stream: grows
+                total = _to_do(first.units, first.selected)  # None for a stream: it grows
                 # While a total still grows, an ETA from it means nothing: the bar shows a rate.
                 first_grows = lambda: total is None and getattr(first.units, "growing", True)  # noqa: E731
                 first_over = [False]
@@ -443,6 +442,17 @@ def _window(engine: Engine) -> int:
     return max(4, 2 * sum(endpoint.concurrency for endpoint in engine.pool.endpoints))
 
 
+def _to_do(units: Any, selected: set[str] | None) -> int | None:
+    """The bar's total: the units this run is asked for (--limit, --users: the demo's 3 users
+    of 16 drew 3/16), not the whole input; None for a stream (its total grows)."""
+    if not isinstance(units, Sized):
+        return None
+    if selected is None:
+        return len(units)
+    ids = getattr(units, "ids", None)
+    return len(set(ids) & set(selected)) if ids is not None else len(selected)
+
+
 def _finished(outcome: StageOutcome) -> int:
     return outcome.done + outcome.done_before + outcome.failed + outcome.failed_before
 
@@ -482,8 +492,8 @@ class TimeLeftOrRate(ProgressColumn):
     """The time left when the total is known; while it grows (users streaming in from the
     filter), an ETA from it would be wrong, so the rate of units instead."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, table_column: Column | None = None) -> None:
+        super().__init__(table_column)
         self.eta = TimeRemainingColumn()
 
     def render(self, task: Task) -> Text:
@@ -539,11 +549,11 @@ def _header(stage: str, engine: Engine, steps: Sequence[Step] = ()) -> str:
 def _progress(console: Console) -> Iterator[Progress]:
     with (
         Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[stats]}"),
-            TimeLeftOrRate(),
+            TextColumn("[bold]{task.description}", table_column=fixed()),
+            BarColumn(bar_width=40 if console.width >= 140 else 10, table_column=fixed()),
+            MofNCompleteColumn(table_column=fixed()),
+            FieldColumn("stats"),
+            TimeLeftOrRate(table_column=fixed()),
             WaitingColumn(),
             console=console,
             transient=True,

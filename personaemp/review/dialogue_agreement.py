@@ -90,10 +90,12 @@ def compute_dialogue_agreement(
         "seed": seed,
     }
 
-    # (a) people vs the in_character check
+    # (a) people vs the in_character check, over kept turns and the rejected replies labelled
     clusters: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     not_checked = 0
-    for fields_of in state.values():
+    turns: set[tuple[str, str]] = set()
+    reviewers: set[str] = set()
+    for reviewer, fields_of in state.items():
         for key, fields in fields_of.items():
             for name, event in fields.items():
                 if not name.startswith("character:"):
@@ -101,11 +103,19 @@ def compute_dialogue_agreement(
                 if "check" not in event:
                     not_checked += 1
                     continue
+                turns.add((key, name))
+                reviewers.add(str(reviewer))
                 cell = confusion([(event["check"], event["value"] == "in")])
                 clusters[key] = [x + y for x, y in zip(clusters[key], cell, strict=True)]
     figures = agreement_figures(dict(clusters), boot)
     figures["dialogues"] = figures.pop("queries")
     figures["labelled_not_checked"] = not_checked  # turns people labelled where the check did not run
+    # n: the replies (turns) labelled, the reviewers apart; `pairs` is (reviewer, reply) pairs
+    rejected = sum("." in name for _, name in turns)  # `character:<turn>.<k>`: a rejected reply
+    figures.update(turns=len(turns), reviewers=len(reviewers), rejected_replies=rejected)
+    why = cannot_measure(figures["confusion"])
+    if why:  # kappa of a constant rater is 0 whatever the other says: it measures nothing
+        figures.update(kappa=None, kappa_ci=None, not_measurable=why)
     report["in_character"] = figures
 
     # (b) final emotion vs people's rating
@@ -154,6 +164,24 @@ def compute_dialogue_agreement(
     return report
 
 
+def cannot_measure(cells: Sequence[int]) -> str | None:
+    """Why kappa of the check against people cannot be measured on this confusion (check,
+    people), None when both vary. A kept reply always passed the check (a failing one is asked
+    again), so over kept turns alone the check says "in" every time."""
+    a, b, c, d = cells
+    n = a + b + c + d
+    if not n:
+        return "no labelled reply the check ran on"
+    if not (a + b) or not (c + d):
+        said = "in" if a + b else "out"
+        hint = "; label rejected replies too (the page's blind check)" if said == "in" else ""
+        return f"the check said {said} character on all {n} labels (one value: kappa measures nothing){hint}"
+    if not (a + c) or not (b + d):
+        said = "in" if a + c else "out"
+        return f"people said {said} on all {n} labels (one value: kappa measures nothing)"
+    return None
+
+
 def _sign(value: float) -> int:
     return (value > 0) - (value < 0)
 
@@ -167,11 +195,18 @@ def dialogue_agreement_lines(report: dict[str, Any]) -> list[str]:
     a, b, c = report["in_character"], report["emotion_vs_people"], report["ranking"]
     unchecked = a["labelled_not_checked"]
     ties = c["ties"]
+    reviewers = a.get("reviewers", 0)
+    kappa = (
+        f"κ not measurable: {a['not_measurable']}" if a.get("not_measurable")
+        else f"κ {interval_text(a, 'kappa')}"
+    )  # fmt: skip
     lines = [
-        f"people vs the in_character check: κ {interval_text(a, 'kappa')}, agreement "
+        f"people vs the in_character check: {kappa}, agreement "
         + ("—" if a["agreement"] is None else f"{a['agreement']:.1%} (constant {a['constant']:.1%})")
-        + f", n={a['pairs']} turns of {a['dialogues']} dialogues"
-        + (f" ({unchecked} labelled turns not checked, left out)" if unchecked else ""),
+        + f", n={a.get('turns', a['pairs'])} replies of {a['dialogues']} dialogues"
+        + (f" ({a['rejected_replies']} of them rejected)" if a.get("rejected_replies") else "")
+        + f", {reviewers} reviewer{'s' if reviewers != 1 else ''}, {a['pairs']} labels"
+        + (f"; {unchecked} labels where the check did not run left out" if unchecked else ""),
         f"final emotion vs people's rating (mean PERM 1-5): Spearman ρ {interval_text(b, 'rho')}, "
         f"n={b['n']} dialogues",
         f"supporter pairs ordered alike by final emotion and by people: {interval_text(c, 'share', True)}, "

@@ -8,6 +8,12 @@ are shown beside it. Label fields:
 - `realism:<n>` (realistic | unrealistic): is the n-th turn how this person would write?
 - `character:<n>` (in | out): is the n-th turn in character? The event keeps the simulator's
   `in_character` check of that turn as `check` (absent when the check did not run);
+- `character:<n>.<k>` (in | out): the same of the k-th reply rejected at turn n (asked again).
+  Every kept turn passed the check (a failing reply is asked again), so against kept turns
+  alone the check is constant and kappa measures nothing: the page offers the rejected replies
+  with text (one a turn) mixed blind among the kept ones (`probes`, in an order fixed by the
+  item). A rejected reply's `check`: the LLM check's verdict when it ran on it (it failed
+  in_character or grounded), absent when the reply failed a rule first (the check never ran);
 - `perm:<dimension>` (1-5): how well the supporter did, on the paper's PERM dimensions;
 - `note` (text).
 
@@ -16,12 +22,14 @@ Only the turns the simulator wrote (user turns after the opening query) take tur
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from personaemp.errors import InputError
+from personaemp.instruments.simulator_rules import JUDGED
 from personaemp.records import DIMENSIONS, REJECTED_KEYS
 from personaemp.review.fields import NOTE_CHARS, PERM_SCORES, TURN_VALUES, UnknownTarget, shown
 
@@ -48,6 +56,31 @@ def _turn(turn) -> dict[str, Any]:
         "reason": turn.reason, "need_met": turn.need_met, "thought": turn.thought,
         "checks": turn.checks, "rejected": rejected,
     }  # fmt: skip
+
+
+def _probes(key: str, turns: list[dict[str, Any]], labelled: list[int]) -> list[dict[str, Any]]:
+    """The replies the blind check offers: every kept simulated turn, and per turn the first
+    rejected reply whose text was kept, shuffled by the item's id (the same order for every
+    reviewer), nothing saying which was kept."""
+    found = [
+        {"target": str(n), "text": turns[n]["text"], "answering": turns[n - 1]["text"]} for n in labelled
+    ]
+    for n in labelled:
+        k = next((k for k, entry in enumerate(turns[n]["rejected"]) if entry["text"]), None)
+        if k is not None:
+            found.append({"target": f"{n}.{k}", "text": turns[n]["rejected"][k]["text"],
+                          "answering": turns[n - 1]["text"]})  # fmt: skip
+    random.Random(key).shuffle(found)
+    return found
+
+
+def rejected_verdict(entry: dict[str, Any]) -> bool | None:
+    """The in_character check's verdict on a rejected reply: it ran when the reply kept the rules
+    (then it failed in_character, grounded or both), never when a rule failed first."""
+    failed = entry["failed"]
+    if not any(name in failed for name in JUDGED):
+        return None
+    return CHECK not in failed
 
 
 def read_dialogue_items(paths: Sequence[Path]) -> list[dict[str, Any]]:
@@ -80,6 +113,7 @@ def read_dialogue_items(paths: Sequence[Path]) -> list[dict[str, Any]]:
                     "source": str(path),
                 }
             )  # fmt: skip
+            items[-1]["probes"] = _probes(items[-1]["item"], turns, items[-1]["labelled_turns"])
     by_query: dict[str, list[str]] = defaultdict(list)
     for item in items:
         by_query[item["query_id"]].append(item["item"])
@@ -109,9 +143,17 @@ def dialogue_event(body: dict[str, Any], item: dict[str, Any], reviewer: str) ->
     elif kind in TURN_VALUES and target:
         if value is not None and value not in TURN_VALUES[kind]:
             raise InputError(f"{name} takes {' or '.join(TURN_VALUES[kind])}, not {shown(value)}")
-        if not target.isdigit() or int(target) not in item["labelled_turns"]:
+        turn, dot, rejected = target.partition(".")
+        if not turn.isdigit() or int(turn) not in item["labelled_turns"]:
             raise UnknownTarget(f"turn {shown(target)} is not one the simulated user wrote")
-        if kind == "character":
+        if dot and not (kind == "character" and target in {p["target"] for p in item.get("probes", ())}):
+            raise UnknownTarget(f"turn {shown(target)}: no rejected reply the page offers")
+        if kind == "character" and dot:
+            verdict = rejected_verdict(item["turns"][int(turn)]["rejected"][int(rejected)])
+            if verdict is not None:
+                event["check"] = verdict
+            event["kept"] = False
+        elif kind == "character":
             checks = item["turns"][int(target)]["checks"] or {}
             if isinstance(checks.get(CHECK), bool):
                 event["check"] = checks[CHECK]

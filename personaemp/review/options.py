@@ -23,7 +23,8 @@ class ReviewOptions(Section):
         Path | None,
         Opt(
             "Labels file: every click is appended to it at once (JSON lines; several reviewers share "
-            "it). Default: labels.jsonl beside --input, where `agreement` and the card look.",
+            "it). Default: labels.jsonl beside --input (with --dialogues: dialogue_labels.jsonl beside "
+            "the first dialogues file), where `agreement` and the card look.",
             ("--labels",),
             io="update",
         ),
@@ -71,7 +72,8 @@ class AgreementOptions(Section):
     labels: Annotated[
         Path | None,
         Opt("Labels of `personaemp review` (or imported from Label Studio). Default: labels.jsonl "
-            "beside --input.", ("--labels",), io="read"),
+            "beside --input (with --dialogues: dialogue_labels.jsonl beside the first dialogues "
+            "file).", ("--labels",), io="read"),
     ] = None  # fmt: skip
     second_judge: Annotated[
         Path | None,

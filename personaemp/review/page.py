@@ -377,7 +377,8 @@ class _Handler(BaseHTTPRequestHandler):
             name = ASSETS[url.path]
             self._send(HTTPStatus.OK, _asset(name), TYPES[Path(name).suffix])
         elif url.path == "/api/items":
-            self._json({"source": self.session.source, "items": self.session.items})
+            self._json({"source": self.session.source, "labels": str(self.session.labels.path),
+                        "items": self.session.items})  # fmt: skip
         elif url.path == "/api/labels":
             reviewer = (parse_qs(url.query).get("reviewer") or [""])[0]
             try:

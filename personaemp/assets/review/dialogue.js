@@ -85,12 +85,20 @@ function checkChips(turn, names) {
 }
 
 function rejectedList(turn) {
+  // the replies' texts are not shown here: the blind check offers them unmarked among the kept ones
   if (!turn.rejected.length) return null;
-  return el("details", { class: "rejected" }, el("summary", { text: `${turn.rejected.length} repl${turn.rejected.length === 1 ? "y" : "ies"} asked again` }),
+  return el("details", { class: "rejected" }, el("summary", { text: `${turn.rejected.length} repl${turn.rejected.length === 1 ? "y" : "ies"} asked again (texts in the blind check)` }),
     ...turn.rejected.map((r) => el("div", { class: "rejected-reply" },
-      r.text ? el("blockquote", { dir: "auto", text: r.text }) : el("div", { class: "muted", text: "(its text was not kept)" }),
-      r.thought ? el("div", { class: "reason", text: "thought: " + r.thought }) : null,
-      ...Object.entries(r.failed).map(([rule, why]) => el("div", { class: "fail-why" }, el("strong", { text: rule }), " " + why)))));
+      ...Object.keys(r.failed).map((rule) => el("div", { class: "fail-why" }, el("strong", { text: rule }))))));
+}
+
+function blindCheck(item) {
+  return (item.probes || []).map((probe) => el("li", { class: "turn user probe", "data-target": probe.target },
+    el("div", { class: "reason", dir: "auto", text: "answering: " + probe.answering }),
+    el("div", { class: "text", dir: "auto", text: probe.text }),
+    el("div", { class: "turn-labels" }, el("span", { class: "muted", text: "in character? " }),
+      choice("character:" + probe.target, "in", "in", "good"), " ",
+      choice("character:" + probe.target, "out", "out", "bad"))));
 }
 
 function turnBlock(item, turn, n, names, labelling) {
@@ -144,6 +152,7 @@ function renderDialogue() {
   $("d-chart").replaceChildren(emotionChart(item, others));
   dialogueState.turnCursor = Math.min(dialogueState.turnCursor, Math.max(0, item.labelled_turns.length - 1));
   $("d-turns").replaceChildren(...item.turns.map((turn, n) => turnBlock(item, turn, n, names, true)));
+  $("d-blind").replaceChildren(...blindCheck(item));
 
   $("d-perm").replaceChildren(...Object.entries(DIMENSIONS).map(([name, meaning], d) => el("tr",
     { "data-dimension": name, class: d === dialogueState.dimension ? "cursor" : "" },

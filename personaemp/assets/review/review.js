@@ -305,6 +305,7 @@ async function main() {
     return;
   }
   state.items = answer.items;
+  document.querySelectorAll(".labels-file").forEach((node) => { node.textContent = answer.labels; });
   const dialogues = state.items.length > 0 && state.items[0].kind === "dialogue";
   document.body.dataset.mode = dialogues ? "dialogue" : "query";
   $("main").hidden = dialogues;
