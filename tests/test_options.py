@@ -175,6 +175,7 @@ def test_derived_defaults_match_the_static_ones():
 def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
     """Replace the five stage functions (and the summaries) by recorders."""
     from personaemp.dataset import filter, persona, publish, queries, split, stats
+    from personaemp.results import StageResult
 
     recorded: dict[str, tuple[tuple, dict]] = {}
 
@@ -210,8 +211,9 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
 
     monkeypatch.setattr(streaming, "FilterFeed", RecordedFeed)
     report = SimpleNamespace(estimate=None)  # what the summaries look at; they are stubbed too
-    with_twin(monkeypatch, persona, "infer_personas", recorder("persona", (report, None)))
-    with_twin(monkeypatch, queries, "generate_queries", recorder("queries", (report, None)))
+    made = {stage: StageResult(stage, None, report) for stage in ("infer-persona", "gen-queries")}
+    with_twin(monkeypatch, persona, "infer_personas", recorder("persona", made["infer-persona"]))
+    with_twin(monkeypatch, queries, "generate_queries", recorder("queries", made["gen-queries"]))
 
     # `run` chains the two LLM stages on one engine: the stage plans get the arguments the
     # commands give the stage functions, and the chain the settings.
