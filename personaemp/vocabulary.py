@@ -52,7 +52,7 @@ LAYOUTS: tuple[str, ...] = get_args(LayoutName)
 SplitName = Literal["random", "ood"]
 Part = Literal["train", "test"]
 
-# What the training reward scores a rollout it could not judge (personaemp.training.reward.FALLBACKS).
+# What the training reward scores a rollout it could not judge (training.reward_instrument.FALLBACKS).
 Fallback = Literal["lowest", "neutral", "floor"]
 
 # How hard a simulated user is to help (personaemp.instruments.seekers, prompts/seekers.md);
