@@ -79,11 +79,11 @@ def main() -> None:
             )
             write_responses(work / "splits", work / f"{context}.jsonl", live, context=context, console=quiet)
         for bystander in (False, True):
-            report, _ = evaluate(
+            report = evaluate(
                 work / "splits", [work / "none.jsonl"], work / "e.json", dry,
                 criteria_file=work / "criteria.jsonl", options=JudgeOptions(bystander=bystander),
                 console=quiet,
-            )  # fmt: skip
+            ).report  # fmt: skip
             add(f"evaluate, one system, one judge (fixed{' + bystander' if bystander else ''})", report)
         print(
             f"{queries} test queries measured ({args.users} users), scaled to {PER_SPLIT} per split, 2 splits"
