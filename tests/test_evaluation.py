@@ -124,7 +124,7 @@ def test_criteria_are_normalised_per_query_and_dimension(workspace):
             workspace / "criteria.jsonl",
             settings(server, workspace),
             console=QUIET,
-        )
+        ).report
         assert server.count == 4 * 3  # each query x each dimension
         requests = [r.body for r in server.chat_requests]
     assert report.outcome.balanced and report.outcome.done == 4
@@ -179,15 +179,15 @@ def test_respond_is_greedy_and_says_when_rag_saw_every_memory(workspace):
 
     with FakeOpenAI(responder=lambda body, n: "ok") as server:
         memory = write_responses(workspace / "splits", workspace / "m.jsonl", settings(server, workspace),
-                                 console=QUIET)  # fmt: skip
+                                 console=QUIET).report  # fmt: skip
         rag = write_responses(workspace / "splits", workspace / "r.jsonl", settings(server, workspace),
-                              context="rag", rag_k=4, console=QUIET)  # fmt: skip
+                              context="rag", rag_k=4, console=QUIET).report  # fmt: skip
         few = write_responses(workspace / "splits", workspace / "f.jsonl", settings(server, workspace),
-                              context="rag", rag_k=3, console=QUIET)  # fmt: skip
+                              context="rag", rag_k=3, console=QUIET).report  # fmt: skip
         sampled = write_responses(
             workspace / "splits", workspace / "s.jsonl",
             settings(server, workspace, respond={"temperature": 0.7}), console=QUIET,
-        )  # fmt: skip
+        ).report  # fmt: skip
         temperatures = [r.body["temperature"] for r in server.chat_requests]
     # RAG with k = 4 (every memory) sends the memory row's very requests: served from the cache.
     assert temperatures == [0.0] * 8 + [0.7] * 4
@@ -508,7 +508,9 @@ def test_two_models_answering_into_one_folder_keep_their_own_failures(workspace)
             write_responses(workspace / "splits", workspace / "runs" / f"{model}.jsonl", s, console=QUIET)
         sent = server.count
         s = LLMSettings(base_urls=[server.base_url], model="a", work_dir=workspace / "work")
-        report = write_responses(workspace / "splits", workspace / "runs" / "a.jsonl", s, console=QUIET)
+        report = write_responses(
+            workspace / "splits", workspace / "runs" / "a.jsonl", s, console=QUIET
+        ).report
         assert server.count == sent and report.outcome.failed_before == 1
     assert [f["query_id"] for f in read_jsonl(workspace / "runs" / "a.failures.jsonl")] == ["u2-q1"]
 
@@ -857,7 +859,7 @@ def test_a_policy_cut_while_reasoning_is_flagged_and_counted_as_missing(workspac
 
     with FakeOpenAI(responder=policy, profile=profile) as server:
         report = write_responses(workspace / "splits", workspace / "p.jsonl", settings(server, workspace),
-                                 console=QUIET)  # fmt: skip
+                                 console=QUIET).report  # fmt: skip
         budgets = [r.body["max_tokens"] for r in server.chat_requests if "[u2-q1]" in json.dumps(r.body)]
     assert report.outcome.failed == 0 and budgets == [4096, 8192, 16384], "room, then more room"
     rows = {r["query_id"]: r for r in read_jsonl(workspace / "p.jsonl")}

@@ -69,13 +69,15 @@ def main() -> None:
 
         add(
             "criteria (fixed, per test query; shared by every system)",
-            write_criteria(test, work / "c.jsonl", dry, console=quiet),
+            write_criteria(test, work / "c.jsonl", dry, console=quiet).report,
         )
         write_criteria(test, work / "criteria.jsonl", live, console=quiet)
         for context in ("none", "memory-summary", "rag"):
             add(
                 f"respond --context {context}",
-                write_responses(work / "splits", work / "x.jsonl", dry, context=context, console=quiet),
+                write_responses(
+                    work / "splits", work / "x.jsonl", dry, context=context, console=quiet
+                ).report,
             )
             write_responses(work / "splits", work / f"{context}.jsonl", live, context=context, console=quiet)
         for bystander in (False, True):

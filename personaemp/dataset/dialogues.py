@@ -231,11 +231,13 @@ async def agenerate_dialogues(
     console=None,
 ):
     """A dialogue for each accepted query of `input_path` (gen-queries' output or a split
-    file; `per_user`, `limit`: the first ones); returns the stage report. The simulator is
-    `settings` ([llm]); the supporter too unless `supporter_model` / `supporter_base_url`."""
+    file; `per_user`, `limit`: the first ones); returns the StageResult (`.report`: the run
+    report). The simulator is `settings` ([llm]); the supporter too unless `supporter_model` /
+    `supporter_base_url`."""
     from personaemp.llm.ray_executor import EngineBeside, shared_per
     from personaemp.llm.session import open_engine
     from personaemp.llm.stage import arun_llm_stage
+    from personaemp.results import of_llm_stage
 
     options = options or DialogueOptions()
     if settings.batch is not None or settings.llm == "vllm":
@@ -341,13 +343,14 @@ async def agenerate_dialogues(
             return work
 
         turns = options.max_turns
-        return await arun_llm_stage(
+        report = await arun_llm_stage(
             STAGE, units, make_work, settings=settings, key="dialogue_id", output=Path(output_path),
             fingerprint=fingerprint, selected=selected, full=selected is None, input_path=Path(input_path),
             retry_failed=retry_failed, console=console,
             chain=[(HIDDEN_NEED, 1), (RESPOND, turns), (SIMULATE, turns), (IN_CHARACTER, turns)],
             notes=notes,
         )  # fmt: skip
+        return of_llm_stage(report)
 
 
 generate_dialogues = sync_twin(agenerate_dialogues)
@@ -365,9 +368,7 @@ def read_dialogues(path: Path) -> list[Dialogue]:
 
 async def from_options(options, console, settings, retry=False):
     """`personaemp gen-dialogues` on its options."""
-    from personaemp.results import of_llm_stage
-
-    report = await agenerate_dialogues(
+    return await agenerate_dialogues(
         options.input, options.output, settings,
         options=DialogueOptions(
             max_turns=options.max_turns, context=options.context, rag_k=options.rag_k,
@@ -377,7 +378,6 @@ async def from_options(options, console, settings, retry=False):
         limit=options.limit, per_user=options.per_user, supporter_model=options.supporter_model,
         supporter_base_url=options.supporter_base_url, retry_failed=retry, console=console,
     )  # fmt: skip
-    return of_llm_stage(report)
 
 
 def print_summary(result, console) -> None:
