@@ -25,6 +25,7 @@ from personaemp.config import llm_settings, load_config
 from personaemp.llm.settings import LLMSettings
 from personaemp.options import sections, show_default, specs
 from personaemp.registry import RunOptions
+from personaemp.results import StageResult
 from personaemp.shared_options import LLMOptions, StepSampling
 
 STAGE_OF = {
@@ -175,7 +176,6 @@ def test_derived_defaults_match_the_static_ones():
 def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
     """Replace the five stage functions (and the summaries) by recorders."""
     from personaemp.dataset import filter, persona, publish, queries, split, stats
-    from personaemp.results import StageResult
 
     recorded: dict[str, tuple[tuple, dict]] = {}
 
@@ -238,7 +238,7 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
     monkeypatch.setattr(llm_stage, "run_llm_chain", chain)
     monkeypatch.setattr(persona, "summarize", lambda *args: None)
     monkeypatch.setattr(queries, "funnel", lambda *args: None)
-    monkeypatch.setattr(split, "split_users", recorder("split", None))
+    monkeypatch.setattr(split, "split_users", recorder("split", StageResult("split", None, None)))
     monkeypatch.setattr(stats, "write_stats", recorder("stats", None))
     pushed = SimpleNamespace(rows={}, target="somewhere", warnings=[])
     monkeypatch.setattr(publish, "publish", recorder("push", pushed))
@@ -924,9 +924,11 @@ def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(mon
     evaluation = {"systems": {}, "split": "", "part": "", "judge_model": "", "mode": "", "lambda": 0.5,
                   "scores_file": ""}  # fmt: skip
     report = SimpleNamespace(estimate=None, batch=None)  # what the commands look at after a stage
-    with_twin(monkeypatch, criteria, "write_criteria", recorder("criteria", report))
-    with_twin(monkeypatch, respond, "write_responses", recorder("respond", report))
-    with_twin(monkeypatch, evaluate, "evaluate", recorder("evaluate", (None, evaluation)))
+    made = {stage: StageResult(stage, None, report) for stage in ("criteria", "respond")}
+    with_twin(monkeypatch, criteria, "write_criteria", recorder("criteria", made["criteria"]))
+    with_twin(monkeypatch, respond, "write_responses", recorder("respond", made["respond"]))
+    evaluated = StageResult("evaluate", None, None, evaluation)
+    with_twin(monkeypatch, evaluate, "evaluate", recorder("evaluate", evaluated))
     quiet_summaries(monkeypatch)
     stub_results(monkeypatch)
     config = tmp_path / "bench.toml"

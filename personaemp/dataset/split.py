@@ -32,6 +32,7 @@ from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, atomic_output, file_stamp, iter_jsonl, read_jsonl_at, write_json_atomic
 from personaemp.parallel import fork_map
 from personaemp.records import BIG_FIVE
+from personaemp.results import StageResult, of_split
 from personaemp.splits import (
     LEVELS,
     REPORT_FILE,
@@ -313,8 +314,9 @@ def split_users(
     holdout: int | None = _DEFAULT.holdout,
     seeds: int = _DEFAULT.seeds,
     force: bool = _DEFAULT.force,
-) -> SplitReport:
-    """Write splits/random (and with `ood`, splits/ood) train/test files and the report.
+) -> StageResult:
+    """Write splits/random (and with `ood`, splits/ood) train/test files and the report;
+    returns the StageResult (`.report`: the SplitReport), as `pe.split_users` does.
     The defaults are `personaemp split`'s (personaemp.options.SplitOptions). Skipped, the
     last report back with its `unchanged_since` line, when the input, options and code are
     those of the last finished run and its files are as it left them (`force`: never)."""
@@ -333,7 +335,7 @@ def split_users(
     last = freshness.current(STAGE, out_dir, fingerprint, force)
     if last is not None:
         kept = {key: value for key, value in last["result"].items() if key != "left_out_reasons"}
-        return SplitReport(**kept, unchanged_since=freshness.unchanged(STAGE, last))
+        return of_split(SplitReport(**kept, unchanged_since=freshness.unchanged(STAGE, last)), out_dir)
     stamp = file_stamp(input_path) if input_path.is_file() else None  # else read_users says why
     users, left_out = read_users(input_path)
     users.sort(key=lambda user: user.user_id)  # the input's order must not matter
@@ -385,7 +387,7 @@ def split_users(
     record_stage(out_dir, STAGE, report=out_dir / REPORT_FILE, failures=None, full=True, input=input_path)
     written = [out_dir / setting / f"{name}.jsonl" for setting in splits for name in ("train", "test")]
     freshness.record(STAGE, out_dir, fingerprint, [*written, out_dir / REPORT_FILE], report.as_dict())
-    return report
+    return of_split(report, out_dir)
 
 
 # --- from options (the command, pe.* and `run`) ---------------------------------------------------
@@ -393,14 +395,11 @@ def split_users(
 
 def from_options(options: SplitOptions, console):
     """`personaemp split` on its options."""
-    from personaemp.results import of_split
-
-    report = split_users(
+    return split_users(
         options.input, options.out_dir, ood=options.ood, seed=options.seed, test_size=options.test_size,
         k=options.k, k_range=(options.k_min, options.k_max), holdout=options.holdout, seeds=options.seeds,
         force=options.force,
     )  # fmt: skip
-    return of_split(report, options.out_dir)
 
 
 def print_summary(result, console) -> None:
