@@ -156,7 +156,7 @@ def test_each_shape_goes_through_filter_persona_and_queries(tmp_path, shape):
                 cited = turns[(item["evidence"]["session_id"], item["evidence"]["utterance_index"])]
                 assert cited["role"] == "user" and item["evidence"]["text"] in cited["text"]
                 assert item["label"] in TAXONOMY
-        filtered = filter_users(str(out / "memories.jsonl"), out / "filtered.jsonl", console=QUIET)
+        filtered = filter_users(str(out / "memories.jsonl"), out / "filtered.jsonl", console=QUIET).report
         assert filtered.kept == 3 and filtered.bad_rows_skipped == 0
         personas = infer_personas(out / "filtered.jsonl", out / "personas.jsonl", llm, console=QUIET).report
         made = generate_queries(out / "personas.jsonl", out / "queries.jsonl", llm, console=QUIET)

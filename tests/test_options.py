@@ -192,14 +192,14 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
 
         return record
 
-    monkeypatch.setattr(filter, "filter_users", recorder("filter", None))
+    monkeypatch.setattr(filter, "filter_users", recorder("filter", StageResult("filter", None, None)))
 
     class RecordedFeed:
         """`run` streams the filter from a child process (streaming.py): its arguments are
         recorded here as the filter's call instead."""
 
         def __init__(self, filter_args):
-            self.report = filter.filter_users(**filter_args)
+            self.report = filter.filter_users(**filter_args).report
 
         def __enter__(self):
             return self

@@ -110,7 +110,7 @@ def level(value: str = "medium", evidence: list[str] | None = None, rationale="E
 def filtered_users(folder: Path) -> Path:
     """The users the filter keeps from the shipped sample, as filtered.jsonl under `folder`."""
     output = folder / "filtered.jsonl"
-    report = filter_users(str(SAMPLE_TASK1), output, console=Console(file=io.StringIO()))
+    report = filter_users(str(SAMPLE_TASK1), output, console=Console(file=io.StringIO())).report
     assert report.kept == SAMPLE_KEPT
     return output
 

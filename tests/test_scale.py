@@ -293,7 +293,7 @@ def test_run_sends_requests_while_the_filter_still_reads_and_writes_what_the_sta
         assert again.results["infer-persona"].counts == result.results["infer-persona"].counts
 
         alone = tmp_path / "alone"
-        report = filter_users(str(source), alone / "filtered.jsonl", console=QUIET)
+        report = filter_users(str(source), alone / "filtered.jsonl", console=QUIET).report
         # The run's own cache: the stages alone get the same replies without asking again.
         settings = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=processed / ".personaemp")
         infer_personas(alone / "filtered.jsonl", alone / "personas.jsonl", settings, console=QUIET)
