@@ -119,7 +119,7 @@ def test_no_stale_user_reaches_the_published_dataset(tmp_path, sample_rows):
         assert set(ids(queries)) <= set(ids(personas))
 
     split_users(queries, splits, test_size=0.25, ood=False)
-    result = publish(splits, out=tmp_path / "dataset")
+    result = publish(splits, out=tmp_path / "dataset").report
     published = set()
     for parquet in (tmp_path / "dataset").rglob("*.parquet"):
         import pyarrow.parquet as pq  # datasets' own dependency

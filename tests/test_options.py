@@ -241,7 +241,7 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
     monkeypatch.setattr(split, "split_users", recorder("split", StageResult("split", None, None)))
     monkeypatch.setattr(stats, "write_stats", recorder("stats", None))
     pushed = SimpleNamespace(rows={}, target="somewhere", warnings=[])
-    monkeypatch.setattr(publish, "publish", recorder("push", pushed))
+    monkeypatch.setattr(publish, "publish", recorder("push", StageResult("push", None, pushed)))
     quiet_summaries(monkeypatch)
     stub_results(monkeypatch)
     return recorded
