@@ -23,9 +23,15 @@ $(BIN)/.installed: pyproject.toml
 	# Python 3.11's bundled pip 23.2 spends 20 s of CPU resolving this project; pip >= 25
 	# resolves it in 12 s, and upgrading itself takes 3 (first install 39 s -> 35 s).
 	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade 'pip>=25'
-	# --no-compile: byte-compiling every installed module took 25 of 59 s; Python compiles
-	# the modules it imports on first use (the first test run pays part of it back).
+	# --no-compile, then compileall on every core: pip byte-compiles one file at a time (25 of
+	# 59 s). Compiled here, not on first use: where PYTHONDONTWRITEBYTECODE=1 is set (CI images,
+	# containers) Python never writes what it compiles, and every start compiled openai, pydantic
+	# and our modules again. Measured (2 cores, load ~16, n=6 starts each of `personaemp --help`,
+	# PYTHONDONTWRITEBYTECODE=1): 1.15 s of CPU a start uncompiled, 0.71 s compiled; compiling
+	# the venv's 1.6 GB of site-packages and personaemp/ costs 33 s of CPU once (skipped, file by
+	# file, when up to date). bench/bytecode_bench.py measures it again.
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet --no-compile --disable-pip-version-check -e '.[dev,local,docs,ray]'
+	$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') personaemp >/dev/null || echo "some modules did not byte-compile: they compile when imported"
 	touch $@
 
 # The main job on the embedded defaults: the shipped AlpsBench sample through the whole

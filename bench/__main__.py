@@ -5,6 +5,7 @@ markers with the machine, the date and the commit they ran at.
     .venv/bin/python -m bench            # run them all, rewrite the generated block
     .venv/bin/python -m bench engine     # only the benches whose name has "engine"
     .venv/bin/python -m bench --stale    # which figures are older than their bench's code
+    .venv/bin/python -m bench --stale engine   # only the engine bench's
 
 A bench that fails is written down with its exit status and last lines, never dropped. The
 long ones (the embedded model, 100K users, Ray, GPU training) keep their own figures in the
@@ -82,21 +83,61 @@ def block(results: list[dict], when: str, where: str, at: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def stale() -> int:
-    """Benches whose script or package changed after the commit their figures ran at."""
-    text = DOCS.read_text(encoding="utf-8")
-    marker = text[text.index("<!-- bench:state ") + 17 : text.index(" -->", text.index("<!-- bench:state "))]
-    found = 0
-    for name, at in json.loads(marker).items():
-        ran = at.split()[0]
-        script = QUICK[name][0]
-        changed = subprocess.run(["git", "log", "--oneline", f"{ran}..HEAD", "--", script, "personaemp"],
-                                 cwd=ROOT, capture_output=True, text=True).stdout.splitlines()  # fmt: skip
-        if changed or "uncommitted" in at:
+def stale(only: list[str] | None = None, docs: Path = DOCS, root: Path = ROOT) -> int:
+    """Benches whose script or package changed after the commit their figures ran at (those
+    whose name contains one of `only`, else all). Exit status 1 when any is older than its
+    code or cannot be told: no docs page, no marker, or no git history holding the commit
+    (an archive, a shallow clone): "all current" only when git says so for each."""
+    state = "<!-- bench:state "
+    try:
+        text = docs.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        print(f"{docs}: missing, so no figures to date — run python -m bench")
+        return 1
+    begin = text.find(state)
+    end = text.find(" -->", begin) if begin >= 0 else -1
+    try:
+        recorded = json.loads(text[begin + len(state) : end]) if end >= 0 else None
+    except ValueError:
+        recorded = None
+    if not isinstance(recorded, dict):
+        print(
+            f"{docs}: no readable {state}...--> marker: the figures' commit is unknown — run python -m bench"
+        )
+        return 1
+    names = [name for name in recorded if not only or any(part in name for part in only)]
+    if not names:
+        print(f"no bench named like {', '.join(only or [])} in {docs.name} (benches: {', '.join(recorded)})")
+        return 1
+    found = unknown = 0
+    for name in names:
+        at = str(recorded[name])
+        ran = at.split()[0] if at.split() else "unknown"
+        script = QUICK[name][0] if name in QUICK else None
+        if script is None:
+            unknown += 1
+            print(f"{name}: ran at {at}; no such bench now (bench/__main__.py's QUICK)")
+            continue
+        known = subprocess.run(["git", "cat-file", "-e", f"{ran}^{{commit}}"], cwd=root, capture_output=True)
+        if known.returncode != 0:
+            unknown += 1
+            print(f"{name}: ran at {at}, a commit this folder's git history does not hold (no .git, or a "
+                  "shallow clone): cannot tell")  # fmt: skip
+            continue
+        log = subprocess.run(["git", "log", "--oneline", f"{ran}..HEAD", "--", script, "personaemp"],
+                             cwd=root, capture_output=True, text=True)  # fmt: skip
+        changed = log.stdout.splitlines()
+        if log.returncode != 0 or changed or "uncommitted" in at:
             found += 1
             print(f"{name}: ran at {at}; {len(changed)} commit(s) to {script} or personaemp/ since")
-    print(f"{found} of {len(json.loads(marker))} benches older than their code" if found else "all current")
-    return 1 if found else 0
+    if not found and not unknown:
+        print(f"all current ({len(names)} of {len(recorded)} benches checked)")
+        return 0
+    print(
+        f"{found} of {len(names)} benches older than their code"
+        + (f", {unknown} not known" if unknown else "")
+    )
+    return 1
 
 
 def main() -> int:
@@ -107,7 +148,7 @@ def main() -> int:
     parser.add_argument("--no-write", action="store_true", help="print, leave docs/benchmarks.md alone")
     args = parser.parse_args()
     if args.stale:
-        return stale()
+        return stale(args.only)
     names = [name for name in QUICK if not args.only or any(part in name for part in args.only)]
     where, when, at = machine(), datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), commit()
     print(f"machine: {where}")

@@ -298,6 +298,37 @@ def generate_dialogues(
     )
 
 
+async def ameasure_fidelity(
+    input: PathLike = None,
+    output: PathLike = None,
+    *,
+    settings: LLMSettings | None = None,
+    config: PathLike = None,
+    progress: Progress = False,
+    **options: Any,
+) -> StageResult:
+    """`personaemp fidelity`: Measure the simulated user against the real person: the next real message
+    held out, each context variant between the self and other controls, deterministic style metrics (LLM).
+
+    Options: the keys of [fidelity] and [llm] (docs/options.md), as keywords; or `settings=`."""
+    return await _arun("fidelity", {"input": input, "output": output}, options, settings, config, progress)
+
+
+def measure_fidelity(
+    input: PathLike = None,
+    output: PathLike = None,
+    *,
+    settings: LLMSettings | None = None,
+    config: PathLike = None,
+    progress: Progress = False,
+    **options: Any,
+) -> StageResult:
+    """The sync twin of `ameasure_fidelity` (works in a running loop too)."""
+    return run_sync(
+        ameasure_fidelity(input, output, settings=settings, config=config, progress=progress, **options)
+    )
+
+
 def split_users(
     input: PathLike = None,
     out_dir: PathLike = None,

@@ -28,7 +28,7 @@ class StageLine:
     help: str  # the command's --help; the Python function's docstring begins with it
     positional: tuple[str, ...] = ("input", "output")  # the Python function's positional arguments
     progress: bool = False  # the Python function's default: print progress and the summary
-    # An LLM stage skipped when current (freshness.py): its section has `force` and `shard`.
+    # An LLM stage skipped when current (manifest.py): its section has `force` and `shard`.
     fresh: bool = False
     # Its TOML sections: its own first, declared in `options_module` (default: its product's
     # options.py, e.g. dataset.options); "llm" makes it an LLM stage.
@@ -74,6 +74,12 @@ LINES = (
         "Simulate multi-turn conversations: each accepted query's user, grounded in their memories\n"
         "    and persona with a hidden need, talks with the supporter under test (LLM).",
         sections=("dialogues", "llm"),
+    ),
+    StageLine(
+        "fidelity", "measure_fidelity", "dataset.fidelity",
+        "Measure the simulated user against the real person: the next real message held out, each\n"
+        "    context variant between the self and other controls, deterministic style metrics (LLM).",
+        sections=("fidelity", "llm"), options_module="dataset.fidelity",
     ),
     StageLine(
         "split", "split_users", "dataset.split",

@@ -35,10 +35,8 @@ from personaemp.options import (
     spec,
     specs,
 )
+from personaemp.secrets import secret_name, shown_assignment
 from personaemp.shared_options import LLMOptions
-
-SECRET_WORDS = ("key", "token", "secret", "password")
-NOT_SECRETS = {"max_tokens"}
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -74,7 +72,7 @@ def _secret_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
     found = []
     for name, value in data.items():
         lowered = name.lower()
-        if name not in NOT_SECRETS and any(word in lowered for word in SECRET_WORDS):
+        if secret_name(lowered):
             found.append(prefix + name)
         if isinstance(value, dict):
             found.extend(_secret_keys(value, f"{prefix}{name}."))
@@ -233,8 +231,9 @@ def set_flags(items: list[str]) -> dict[str, dict[str, Any]]:
     dotted, as in a TOML file: `llm.vllm.engine.max_model_len=8192`. A list key given
     again adds to it."""
     found: dict[str, dict[str, Any]] = {}
-    for item in items:
-        name, equals, text = item.partition("=")
+    for given_item in items:
+        name, equals, text = given_item.partition("=")
+        item = shown_assignment(given_item)  # as errors show it: a key's value masked
         path = [part.strip().replace("-", "_") for part in name.split(".")]
         if not (equals and len(path) >= 2 and all(path)):
             raise InputError(f"--set takes SECTION.KEY=VALUE (e.g. persona.limit=8), not {item!r}")
@@ -244,11 +243,19 @@ def set_flags(items: list[str]) -> dict[str, dict[str, Any]]:
                 f"--set {item}: [{section}] is not a known section", f"use {', '.join(sections())}"
             )
         options = {option.name: option for option in specs(section)}
+        if key not in options and secret_name(key):
+            raise InputError(
+                f"--set {item}: secrets do not belong on the command line", "set them in the environment"
+            )
         if key not in options:
             raise InputError(
                 f"--set {item}: [{section}] has no key {key!r}", f"its keys: {', '.join(options)}"
             )
-        option, value = options[key], toml_value(text)
+        option = options[key]
+        try:
+            value = toml_value(text)
+        except ValueError as exc:
+            raise InputError(f"--set {item}: {exc}", "close the string, list or table") from None
         if option.kind == "dict":
             if not inner and not isinstance(value, dict):
                 raise InputError(
@@ -291,12 +298,20 @@ def _set_twice(old: Any, new: Any, name: str) -> str | None:
     return name
 
 
+TOML_OPENERS = ('"', "'", "[", "{")
+
+
 def toml_value(text: str) -> Any:
-    """`text` read as the value of a TOML key; not TOML (a bare word, a path): the text itself."""
+    """`text` read as the value of a TOML key; not TOML (a bare word, a path): the text itself.
+    Text that opens a TOML string, list or table and does not close it (`["a", "b"`, `"abc`)
+    is a mistake, not text: ValueError."""
+    text = text.strip()
     try:
-        return tomllib.loads(f"value = {text.strip()}")["value"]
-    except tomllib.TOMLDecodeError:
-        return text.strip()
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError as exc:
+        if text.startswith(TOML_OPENERS):
+            raise ValueError(f"not a TOML value ({exc})") from None
+        return text
 
 
 def typed_assignments(tables: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:

@@ -60,6 +60,17 @@ class UnitError(PersonaempError):
         self.fields: dict[str, str] = {}  # the stage's own columns of the failures row
 
 
+SHOWN_NAMES = 10  # ids an error names before "and N more"
+
+
+def some(names, limit: int = SHOWN_NAMES) -> str:
+    """`names` as an error line shows them: the first `limit`, then how many more (10,000
+    unknown ids were one line of 80K characters)."""
+    names = [str(name) for name in names]
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit:,} more" if len(names) > limit else "")
+
+
 def first_problem(exc) -> str:
     """'field.path: message' of a pydantic ValidationError's first error, for one-line errors."""
     problem = exc.errors()[0]

@@ -13,7 +13,7 @@ from typing import IO, Any
 import msgspec
 from pydantic import ValidationError
 
-from personaemp.errors import InputError, RowError, first_problem
+from personaemp.errors import InputError, RowError, first_problem, some
 
 
 class ErrorPolicy:
@@ -295,7 +295,7 @@ def pick_units(
         missing = wanted - set(ids)
         if missing:
             raise InputError(
-                f"{path}: no {label} {', '.join(sorted(missing))}",
+                f"{path}: no {label} {some(sorted(missing))}",
                 "check the ids against --input (the previous stage's output)",
             )
         ids = [uid for uid in ids if uid in wanted]

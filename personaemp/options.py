@@ -73,7 +73,9 @@ class OptionProblem(ValueError):
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # allow_inf_nan: an infinite or NaN number (temperature=inf, timeout=nan) is refused here,
+    # at option time, not sent to the server after the filter has run.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     def with_derived(self, names) -> Section:
         """Note which options hold the value of their `Opt.derive` rule, not the user's: push

@@ -203,7 +203,7 @@ def _from_conversations(options: RunOptions, console: Console, env, result: Pipe
     return options.model_copy(update={"filter": options.filter.model_copy(update=into)})
 
 
-CHAIN = "infer-persona → gen-queries"  # run's record of the two LLM stages (freshness.py)
+CHAIN = "infer-persona → gen-queries"  # run's record of the two LLM stages (manifest.py)
 
 
 def _chain(options: RunOptions) -> list[tuple[str, Any]]:
@@ -213,20 +213,18 @@ def _chain(options: RunOptions) -> list[tuple[str, Any]]:
 def _skipped_chain(options: RunOptions, console: Console, result: PipelineResult) -> bool:
     """A re-run whose filter and LLM stages are all current reads none of their files: one
     line each (the filter's own, then the chain's)."""
-    from personaemp import freshness
     from personaemp.dataset.filter import filter_args, filter_is_current
+    from personaemp.manifest import LLMBooks
 
     if not filter_is_current(filter_args(options.filter)):
         return False
-    force = options.persona.force or options.queries.force
-    last = freshness.current(
-        CHAIN, options.queries.output, freshness.llm_stamp(_chain(options), options.llm), force
-    )
+    books = LLMBooks(CHAIN, _chain(options), options.llm)
+    last = books.current(options.persona.force or options.queries.force)
     if last is None:
         return False
     with result.stage("filter", console):
         result.add("filter", STAGES["filter"].run(options, console))
-    console.print(freshness.unchanged(CHAIN, last))
+    console.print(books.unchanged(last))
     for name, section in (("infer-persona", options.persona), ("gen-queries", options.queries)):
         result.add(name, StageResult(name, section.output, counts=last["result"][name]))
     return True
@@ -234,12 +232,11 @@ def _skipped_chain(options: RunOptions, console: Console, result: PipelineResult
 
 def _record_chain(options: RunOptions, made) -> None:
     """The chain finished every unit: a later run with the same inputs may skip it."""
-    from personaemp import freshness
+    from personaemp.manifest import LLMBooks
 
     # Stamped after the chain, not before as a stage alone: a streamed filter writes its input meanwhile.
-    stamp = freshness.llm_stamp(_chain(options), options.llm)
     counts = {"infer-persona": made[0].counts, "gen-queries": made[1].counts}
-    freshness.llm_finished(CHAIN, _chain(options), stamp, made, counts)
+    LLMBooks(CHAIN, _chain(options), options.llm).record(made, counts)
 
 
 def _run_stages(

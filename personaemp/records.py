@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from personaemp.vocabulary import ENDINGS, SEEKERS, Ending, Seeker  # noqa: F401 - read from here too
@@ -241,6 +241,27 @@ class Response(Record):
 
 EMOTION_MAX = 100  # a simulated emotion is 0..EMOTION_MAX
 MAX_CHANGE = 10  # a turn moves the emotion by at most this much either way (SAGE's clamp)
+# The simulated user leaves satisfied at SATISFIED and gives up below GIVE_UP: a dialogue ends
+# on the first simulated turn that reaches either (gen-dialogues and the training Interaction).
+SATISFIED, GIVE_UP = EMOTION_MAX, 10
+
+
+def _no_bool(value: Any) -> Any:
+    """A number field given true/false (which pydantic would read as 1/0) is refused."""
+    if isinstance(value, bool):
+        raise PydanticCustomError("dialogue_invalid", "a boolean where a number belongs")
+    return value
+
+
+def _only_bool(value: Any) -> Any:
+    """need_met given a number or text (which pydantic would read as a boolean) is refused."""
+    if value is not None and not isinstance(value, bool):
+        raise PydanticCustomError(
+            "dialogue_invalid", "need_met is true or false, not {value}", {"value": repr(value)}
+        )
+    return value
+
+
 REJECTED_KEYS = ("text", "thought")  # a rejected entry's reserved keys beside its failed rules
 
 
@@ -260,6 +281,9 @@ class DialogueTurn(Record):
     checks: dict[str, bool] | None = None
     # Replies asked again, each: failed rule -> why, plus "text" (the reply) and "thought".
     rejected: list[dict[str, str]] = []
+
+    _numbers = field_validator("emotion", "change", mode="before")(_no_bool)
+    _booleans = field_validator("need_met", mode="before")(_only_bool)
 
 
 def _invalid(message: str):
@@ -289,6 +313,10 @@ class Dialogue(Record):
     seeker: Seeker = "cooperative"  # the simulated user's style (gen-dialogues --seeker)
     turns: list[DialogueTurn]
     provenance: Provenance  # the simulator's (its prompts' hashes, the supporter's prompt too)
+
+    _numbers = field_validator("initial_emotion", "final_emotion", "need_met_at_turn", mode="before")(
+        _no_bool
+    )
 
     def supporter_turns(self) -> int:
         return sum(t.role == "assistant" for t in self.turns)
@@ -320,12 +348,45 @@ class Dialogue(Record):
                     raise _invalid(f"the opening turn's emotion {turn.emotion} is not {self.initial_emotion}")
             elif turn.change is not None and turn.emotion != max(0, min(EMOTION_MAX, emotion + turn.change)):
                 raise _invalid(f"turn {number}'s emotion {turn.emotion} is not {emotion} {turn.change:+d}")
+            elif turn.change is None and abs(turn.emotion - emotion) > MAX_CHANGE:
+                raise _invalid(
+                    f"turn {number}'s emotion {turn.emotion} moves {turn.emotion - emotion:+d} "
+                    f"from {emotion} with no change, beyond ±{MAX_CHANGE}"
+                )
+            if emotion is not None and number < len(self.turns) and not GIVE_UP <= turn.emotion < SATISFIED:
+                raise _invalid(
+                    f"the dialogue goes on after turn {number}'s emotion {turn.emotion}: it ends at "
+                    f"{SATISFIED} (satisfied) or below {GIVE_UP} (gave up)"
+                )
             emotion = turn.emotion
+        if self.turns[-1].role != "user":
+            raise _invalid("it ends on the supporter's turn: the simulated user answers every supporter turn")
         if self.final_emotion != emotion:
             raise _invalid(f"final_emotion {self.final_emotion} is not the last user turn's {emotion}")
+        self._ending_fits(emotion)
         supporter = self.supporter_turns()
         if self.need_met_at_turn is not None and not 1 <= self.need_met_at_turn <= supporter:
             raise _invalid(
                 f"need_met_at_turn {self.need_met_at_turn} is beyond its {supporter} supporter turns"
             )
+        # the supporter turn whose reply first says the need was met (turn 2k+1 answers turn 2k)
+        met = next((n // 2 for n, t in enumerate(self.turns) if n and t.role == "user" and t.need_met), None)
+        if self.need_met_at_turn != met:
+            said = f"turn {2 * met + 1} is the first with need_met" if met else "no turn has need_met true"
+            raise _invalid(f"need_met_at_turn {self.need_met_at_turn} disagrees with its turns ({said})")
+        query_owner, _, number = self.query_id.rpartition("-q")
+        if query_owner and number.isdigit() and query_owner != self.user_id:
+            raise _invalid(f"user_id {self.user_id!r} is not the user of query {self.query_id!r}")
         return self
+
+    def _ending_fits(self, final: int) -> None:
+        """ended_by as the final emotion allows: satisfied at SATISFIED, gave_up below GIVE_UP,
+        max_turns between them; `user` (the simulated user said goodbye) at any emotion."""
+        fits = {
+            "satisfied": final >= SATISFIED,
+            "gave_up": final < GIVE_UP,
+            "max_turns": GIVE_UP <= final < SATISFIED,
+            "user": True,
+        }
+        if not fits[self.ended_by]:
+            raise _invalid(f"ended_by {self.ended_by!r} contradicts final_emotion {final}")

@@ -25,7 +25,7 @@ from typing import Any
 
 from rich.console import Console
 
-from personaemp import freshness, results
+from personaemp import manifest, results
 from personaemp.aio import run_sync
 from personaemp.catalogue import LINES, StageLine
 from personaemp.options import run_options
@@ -55,23 +55,26 @@ class Stage(StageLine):
         return self._shown(self.call(self.options(options), console, **extra), console)
 
     async def arun(self, options, console: Console, llm=None, env: Mapping[str, str] | None = None, **extra):
-        """`run` of an LLM stage, awaited."""
+        """`run` of an LLM stage, awaited: resolve its options, skip it if current, run it,
+        record it, print its summary."""
         if llm is None:
             from personaemp.config import llm_settings
 
             llm = llm_settings(options.llm, env)
         section = self.options(options)
-        sections = [(self.sections[0], section)]
-        stamp = freshness.llm_stamp(sections, options.llm) if self.fresh else None
-        last = freshness.current(self.command, section.output, stamp, section.force) if stamp else None
+        books = (
+            manifest.LLMBooks(self.command, [(self.sections[0], section)], options.llm)
+            if self.fresh
+            else None
+        )
+        last = books.current(section.force) if books else None
         if last is not None:
-            console.print(freshness.unchanged(self.command, last))
+            console.print(books.unchanged(last))
             return results.StageResult(self.command, section.output, counts=last["result"])
         made = await self.call(section, console, llm, retry=options.llm.retry_failed, **extra)
-        self._shown(made, console)  # the summary first: a failed print records nothing
-        if stamp is not None:
-            freshness.llm_finished(self.command, sections, stamp, [made], made.counts)
-        return made
+        if books:
+            books.record([made], made.counts)
+        return self._shown(made, console)
 
     def _shown(self, result, console: Console):
         self.summary(result, console)

@@ -72,6 +72,26 @@ def _spelled(secret: str) -> str:
     return "".join(parts)
 
 
+# Names (a config key, a --set path, a key=value part of a flag) whose value is a credential:
+# that value is never shown, and is masked wherever it is echoed later.
+SECRET_WORDS = ("key", "token", "secret", "password")
+NOT_SECRETS = {"max_tokens", "key_env"}  # a count; the *name* of the variable holding a key
+
+
+def secret_name(name: str) -> bool:
+    """Whether a value given under `name` (a key, or a dotted path of keys) is a credential."""
+    parts = [part.strip().lower().replace("-", "_") for part in name.split(".")]
+    return any(part not in NOT_SECRETS and any(word in part for word in SECRET_WORDS) for part in parts)
+
+
+def shown_assignment(item: str, separator: str = "=") -> str:
+    """`name=value` as an error may show it: the value masked when the name is a credential's.
+    (Not registered for `redact`: a refused value may be any word, "none" or "true", which
+    would then be masked in every later line of the process.)"""
+    name, equals, _ = item.partition(separator)
+    return f"{name}{equals}{MASK}" if equals and secret_name(name) else item
+
+
 # Query parameters that carry a credential (Azure's api-key, Google's key, signed URLs...).
 URL_SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "sig", "auth", "credential")
 

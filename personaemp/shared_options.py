@@ -298,6 +298,20 @@ class LLMOptions(Section):
         return self
 
     @model_validator(mode="after")
+    def _endpoints_speak_http(self) -> LLMOptions:
+        for url in self.base_url:
+            scheme = url.partition("://")[0].lower() if "://" in url else ""
+            if scheme not in ("http", "https"):
+                from personaemp.secrets import redact_url
+
+                raise OptionProblem(
+                    "base_url",
+                    f"takes an http:// or https:// endpoint, not {redact_url(url)!r}",
+                    "e.g. http://127.0.0.1:8000/v1 or https://api.openai.com/v1",
+                )
+        return self
+
+    @model_validator(mode="after")
     def _ray_needs_an_endpoint(self) -> LLMOptions:
         if self.executor == "ray" and self.llm != "vllm" and (self.llm == "local" or not self.base_url):
             raise OptionProblem(

@@ -302,107 +302,139 @@ async def run_chain(
     still being written (`run`'s filter, streaming.py). At the end each stage's files are
     rewritten as if it had run alone; `final_input()` reads the second's whole input again
     (the first's output, rewritten) for that."""
-    ready: deque[dict[str, Any]] = deque()  # the second's units waiting for a place in the window
-    arrived: deque[dict[str, Any]] = deque()  # the first's, read from a stream
-    streamed = hasattr(units, "__anext__")
-    source = units if streamed else iter(units)
-    state = {"ended": False, "reading": False, "first_running": 0}
-    finishing: list[asyncio.Future] = []  # the first's finish, begun once its last unit is done
+    await Chain(first, units, second, handoff, final_input).run(window)
 
-    def finish_first() -> dict[str, str]:
-        """The first's files rewritten, then the second's whole input hashed for its own
-        finish. Done in a thread while the second's last units run: the CPU is idle then."""
-        first.run.finish(False)
-        return {str(u[second.run.key]): unit_hash(u, second.run.fingerprint) for u in final_input()}
 
-    def first_may_be_done() -> None:
-        if not finishing and state["ended"] and not arrived and not state["first_running"]:
-            finishing.append(asyncio.get_running_loop().run_in_executor(None, finish_first))
+class Chain:
+    """run_chain's scheduler: which job the window starts next, and when the first stage is
+    done. Its state, named:
+    - `ready`: the second's units waiting for a place in the window (they go first);
+    - `arrived`: the first's units read from a stream, waiting for a place;
+    - `ended`: the first's input is all read; `reading`: a read of the stream is under way;
+    - `first_running`: the first's units in flight (counted from when a job is made);
+    - `finishing`: the first's finish, begun in a thread once its last unit is done."""
 
-    def pass_on(row: dict[str, Any] | None) -> None:
-        unit = handoff(row) if row is not None else None
-        if unit is not None and second.run.admit(unit):
-            ready.append(unit)
-        if second.on_progress:
-            second.on_progress(second.run.outcome)
+    def __init__(self, first: Link, units, second: Link, handoff, final_input) -> None:
+        self.first, self.second = first, second
+        self.handoff, self.final_input = handoff, final_input
+        self.streamed = hasattr(units, "__anext__")
+        self.source = units if self.streamed else iter(units)
+        self.ready: deque[dict[str, Any]] = deque()
+        self.arrived: deque[dict[str, Any]] = deque()
+        self.ended = False
+        self.reading = False
+        self.first_running = 0
+        self.finishing: asyncio.Future | None = None
 
-    def take(unit: dict[str, Any]) -> dict[str, Any] | None:
-        """Admit one unit of the first: returned if it is to be worked on; one finished
-        before goes straight on to the second."""
-        work = first.run.admit(unit)
-        if not work:
-            pass_on(first.run.done_row(str(unit[first.run.key])))
-        if first.on_progress:
-            first.on_progress(first.run.outcome)
-        return unit if work else None
-
-    def start_first(unit: dict[str, Any]):
-        state["first_running"] += 1  # counted from now: the task starts later
-        return one_first(unit)
-
-    async def one_first(unit: dict[str, Any]) -> None:
+    async def run(self, window: int) -> None:
+        """Both stages through one window of `window` jobs, then each one's files finished."""
+        first, second = self.first.run, self.second.run
+        stopped = True
         try:
-            pass_on(await first.run.do(unit, first.work))
+            with first, second:
+                await _run_feed(self.next_job, window)
+            stopped = False
         finally:
-            state["first_running"] -= 1
-        if first.on_progress:
-            first.on_progress(first.run.outcome)
-        first_may_be_done()
+            if (
+                self.finishing is not None
+            ):  # the first was done: its finish runs (or ran) in the thread, whole
+                hashes = await asyncio.shield(self.finishing)
+            else:
+                # Stopped before its whole input was read, the first keeps its files as appended
+                # too: a rewrite from the units seen so far would drop the rows of the others.
+                first.finish(stopped, partial=not self.ended)
+                hashes = None
+        # Stopped, the second saw only part of its input: its files stay as appended (the next
+        # run finishes them), since a rewrite now would drop the rows of units it never saw.
+        second.finish(False, hashes if hashes is not None else self.second_hashes())
 
-    async def one_second(unit: dict[str, Any]) -> None:
-        await second.run.do(unit, second.work)
-        if second.on_progress:
-            second.on_progress(second.run.outcome)
+    def next_job(self) -> Awaitable[None] | None:
+        """The window's next job: a unit of the second, else of the first (read now, or
+        arrived from the stream), else a read of the stream; None when there is none now."""
+        while True:
+            if self.ready:
+                return self.one_second(self.ready.popleft())
+            if self.arrived:
+                return self.start_first(self.arrived.popleft())
+            if self.ended or self.reading:
+                return None
+            if self.streamed:
+                self.reading = True
+                return self.read_one()
+            unit = next(self.source, None)
+            if unit is None:
+                self.input_ended()
+            elif self.take(unit) is not None:
+                return self.start_first(unit)
 
-    async def read_one() -> None:
+    async def read_one(self) -> None:
         """A job of its own: the stream's next unit, so the window never waits on the stream."""
         try:
-            unit = await anext(source)
+            unit = await anext(self.source)
         except StopAsyncIteration:
-            state["ended"] = True
-            first_may_be_done()
+            self.input_ended()
         else:
-            if take(unit) is not None:
-                arrived.append(unit)
+            if self.take(unit) is not None:
+                self.arrived.append(unit)
         finally:
-            state["reading"] = False
+            self.reading = False
 
-    def next_job():
-        while True:
-            if ready:
-                return one_second(ready.popleft())
-            if arrived:
-                return start_first(arrived.popleft())
-            if state["ended"] or state["reading"]:
-                return None
-            if streamed:
-                state["reading"] = True
-                return read_one()
-            unit = next(source, None)
-            if unit is None:
-                state["ended"] = True
-                first_may_be_done()
-            elif take(unit) is not None:
-                return start_first(unit)
+    def take(self, unit: dict[str, Any]) -> dict[str, Any] | None:
+        """Admit one unit of the first: returned if it is to be worked on; one finished
+        before goes straight on to the second."""
+        run = self.first.run
+        work = run.admit(unit)
+        if not work:
+            self.pass_on(run.done_row(str(unit[run.key])))
+        self._progress(self.first)
+        return unit if work else None
 
-    stopped = True
-    try:
-        with first.run, second.run:
-            await _run_feed(next_job, window)
-        stopped = False
-    finally:
-        if finishing:  # the first was done: its finish runs (or ran) in the thread, whole
-            hashes = await asyncio.shield(finishing[0])
-        else:
-            # Stopped before its whole input was read, the first keeps its files as appended
-            # too: a rewrite from the units seen so far would drop the rows of the others.
-            first.run.finish(stopped, partial=not state["ended"])
-            hashes = None
-    # Stopped, the second saw only part of its input: its files stay as appended (the next
-    # run finishes them), since a rewrite now would drop the rows of units it never saw.
-    if hashes is None:
-        hashes = {str(u[second.run.key]): unit_hash(u, second.run.fingerprint) for u in final_input()}
-    second.run.finish(False, hashes)
+    def pass_on(self, row: dict[str, Any] | None) -> None:
+        """A row the first wrote: to the second, as its unit (if it is one)."""
+        unit = self.handoff(row) if row is not None else None
+        if unit is not None and self.second.run.admit(unit):
+            self.ready.append(unit)
+        self._progress(self.second)
+
+    def start_first(self, unit: dict[str, Any]) -> Awaitable[None]:
+        self.first_running += 1  # counted from now: the task starts later
+        return self.one_first(unit)
+
+    async def one_first(self, unit: dict[str, Any]) -> None:
+        try:
+            self.pass_on(await self.first.run.do(unit, self.first.work))
+        finally:
+            self.first_running -= 1
+        self._progress(self.first)
+        self.first_may_be_done()
+
+    async def one_second(self, unit: dict[str, Any]) -> None:
+        await self.second.run.do(unit, self.second.work)
+        self._progress(self.second)
+
+    def input_ended(self) -> None:
+        self.ended = True
+        self.first_may_be_done()
+
+    def first_may_be_done(self) -> None:
+        """Once the first's input is read and its last unit done: its finish, in a thread."""
+        if self.finishing is None and self.ended and not self.arrived and not self.first_running:
+            self.finishing = asyncio.get_running_loop().run_in_executor(None, self.finish_first)
+
+    def finish_first(self) -> dict[str, str]:
+        """The first's files rewritten, then the second's whole input hashed for its own
+        finish. Done in a thread while the second's last units run: the CPU is idle then."""
+        self.first.run.finish(False)
+        return self.second_hashes()
+
+    def second_hashes(self) -> dict[str, str]:
+        second = self.second.run
+        return {str(u[second.key]): unit_hash(u, second.fingerprint) for u in self.final_input()}
+
+    @staticmethod
+    def _progress(link: Link) -> None:
+        if link.on_progress:
+            link.on_progress(link.run.outcome)
 
 
 async def _run_window(units: Iterable[dict[str, Any]], one, window: int) -> None:

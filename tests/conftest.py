@@ -174,6 +174,66 @@ def cli_here(args: list[str], env: dict[str, str | None], cwd: Path) -> subproce
     return subprocess.CompletedProcess(["personaemp", *args], result.exit_code, result.stdout, result.stderr)
 
 
+# --- the shell's environment never reaches a test -----------------------------------------
+
+# Variables a developer's shell may carry that would send a test's requests (and a key) to a
+# real endpoint, or change what an option means: cleared in every pytest process (the xdist
+# controller, each worker, and through them every CLI subprocess a test starts) before any
+# test, fixture or collection runs. A test that needs one sets it with monkeypatch.
+FOREIGN_NAMES = (
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "OPENAI_ORG_ID",
+    "OPENAI_PROJECT_ID",
+    "OPENAI_LOG",
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "HF_ENDPOINT",
+    "HF_HUB_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+    "RAY_ADDRESS",
+    # a proxy would carry the tests' 127.0.0.1 requests to another machine
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+)
+FOREIGN_PREFIXES = ("PERSONAEMP_", "_PERSONAEMP_")
+# PERSONAEMP_* variables that name this machine's things, not the run's: where the joined model
+# files are kept (llm/models.py; clearing it would fetch the embedded model again), the
+# browser of the review tests (tests/browser.py), and `make record-embedded`'s switch
+# (tests/cassettes.py). None changes an option or an address.
+MACHINE_NAMES = ("PERSONAEMP_MODEL_CACHE", "PERSONAEMP_CHROMIUM", "PERSONAEMP_RECORD_EMBEDDED")
+# Pinned for every test: one llama.cpp thread (`make test` runs three workers on two cores: a
+# two-thread llama.cpp server next to another worker waits on its slower thread every token;
+# measured: the suite 188 s vs 97 s on two workers), and no proxy for the test servers.
+LOOPBACK = "127.0.0.1,localhost"
+PINNED = {"PERSONAEMP_LOCAL_THREADS": "1", "NO_PROXY": LOOPBACK, "no_proxy": LOOPBACK}
+
+
+def foreign_environment(environ=os.environ) -> list[str]:
+    """The names of `environ` a test must not inherit (see FOREIGN_NAMES); the PINNED ones are
+    set instead."""
+    return sorted(
+        name
+        for name in environ
+        if name in FOREIGN_NAMES
+        or (name.startswith(FOREIGN_PREFIXES) and name not in MACHINE_NAMES and name not in PINNED)
+    )
+
+
+def isolate_environment(environ=os.environ) -> None:
+    for name in foreign_environment(environ):
+        del environ[name]
+    environ.update(PINNED)
+
+
+def pytest_configure(config):
+    isolate_environment()
+
+
 # --- generic file helpers ---------------------------------------------------------------
 
 
@@ -189,6 +249,16 @@ def personaemp_environment() -> tuple[str, ...]:
 def clean_environment(monkeypatch) -> None:
     for name in personaemp_environment():
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_foreign_environment(monkeypatch):
+    """Each test starts from the isolated environment, whatever a session or module fixture
+    or an earlier test in this process left in os.environ without monkeypatch."""
+    for name in foreign_environment():
+        monkeypatch.delenv(name)
+    for name, value in PINNED.items():
+        monkeypatch.setenv(name, value)
 
 
 def write_jsonl(path: Path, rows: list[Any]) -> Path:

@@ -1505,7 +1505,11 @@ _set_refused("set-unknown-key", "persona.limt=2", "[persona] has no key 'limt'")
 _set_refused("set-a-table", "llm.steps=check", "llm.steps is a table")
 _set_refused("set-bad-value", "persona.limit=-3", "--set persona.limit")
 _set_refused("set-bad-number", "split.test_size=lots", "--set split.test_size")
-_set_refused("set-a-secret-key-name", "llm.api_key=hunter2", "[llm] has no key 'api_key'")
+_set_refused(
+    "set-a-secret-key-name",
+    "llm.api_key=hunter2",
+    "llm.api_key=[redacted]: secrets do not belong on the command line",
+)
 
 
 @case("config")

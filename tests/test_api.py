@@ -144,6 +144,7 @@ API = {
     "table": ["write_table"], "export": ["export_split"],
     "review": ["serve_review"], "extract-memories": ["extract_memories", "aextract_memories"],
     "gen-dialogues": ["generate_dialogues", "agenerate_dialogues"],
+    "fidelity": ["measure_fidelity", "ameasure_fidelity"],
 }  # fmt: skip
 
 

@@ -47,7 +47,7 @@ def test_filter_sample(runner, tmp_path, sample_task1):
     assert result.stdout == ""  # data goes to files, the summary to stderr
     report = json.loads((output.parent / "filter_report.json").read_text())
     assert report["users_in"] == SAMPLE_USERS and report["kept"] == SAMPLE_KEPT
-    # (manifest.json: the stage records itself in its folder's manifest, see workspace.py)
+    # (manifest.json: the stage records itself in its folder's manifest, see manifest.py)
     assert files_in(output.parent) == ["filter_report.json", "filtered.jsonl", "manifest.json"]
 
 

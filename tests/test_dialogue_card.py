@@ -53,6 +53,14 @@ def test_the_card_says_what_happened_to_the_dialogues(tmp_path, sample_build):
         in section
     )
     assert "The replies of 2 lost dialogues are not in these rates" in section
+    # how real the seekers are: the 9 simulated turns against the same users' real messages
+    assert "### How real the seekers are" in section
+    assert re.search(
+        r"The simulated user turns \(9, the opening queries left out\) against the same \d+ users'", section
+    )
+    assert "| words per message |" in section and "| length CV across users |" in section
+    assert "hidden need met by supporter turn 2 in 0% of 3 dialogues" in section  # met at turn 3
+    assert "(n = 9 turns)" in section
     assert (
         "![Final emotion of the simulated user, per supporter](figures/dialogues_final_emotion.png)"
         in section

@@ -115,7 +115,7 @@ def test_push_refuses_a_named_dialogues_file_that_is_not_there(sample_build, tmp
 def test_gen_dialogues_read_and_evaluate_say_a_dialogue_outside_the_split(made, tmp_path):
     splits, row = made
     path = tmp_path / "policy.jsonl"
-    other = row | {"query_id": "zz-q1", "dialogue_id": "zz-q1-d1"}
+    other = row | {"user_id": "zz", "query_id": "zz-q1", "dialogue_id": "zz-q1-d1"}
     path.write_text(json.dumps(row) + "\n" + json.dumps(other) + "\n", encoding="utf-8")
     from personaemp.evaluation.dialogues import evaluate_dialogues
 

@@ -67,6 +67,11 @@ def replies():
             return {"criteria": [{"name": f"c{i}", "weight": i + 1, "description": "d"} for i in range(4)]}
         if "content_effectiveness" in properties:
             return dict.fromkeys(properties, 16)
+        if "pick" in properties:  # fidelity's discriminator
+            return {"reason": "It reads like their earlier messages.", "pick": "A"}
+        if {"thought", "end", "text"} <= set(properties):  # fidelity's next message
+            return {"thought": "they want a shorter answer", "end": number % 3 == 0,
+                    "text": "ok but can you make it shorter? i dont have much time"}  # fmt: skip
         return build(body, number)
 
     return answer

@@ -20,7 +20,7 @@ from test_sessions import Judged, session_step
 from personaemp.dataset.dialogues import DialogueOptions, generate_dialogues
 from personaemp.evaluation.dialogues import evaluate_dialogues
 from personaemp.evaluation.scoreboard import print_sessions
-from personaemp.evaluation.table import write_table
+from personaemp.evaluation.table import render, write_table
 from personaemp.instruments import behaviours, seekers
 from personaemp.training.dialogue_rollouts import rollout_func_for, session_reward
 from personaemp.training.export import write_export
@@ -233,6 +233,20 @@ def test_evaluate_and_table_show_the_higher_emotion_and_the_lower_reward(tmp_pat
     assert "Δ Final" in table and "+0.00 [+0.00, +0.00] n=2" in table and "paired bootstrap" in table
     assert "-4.00 [-6.00, -2.00] n=2" in kind_line
     assert "their quote not in the turn: 8" in table
+    # how real the seekers are stays per system (dialogues file), in the second table: 2 simulated
+    # turns per dialogue, the emotion rising +10 (sycophant: 40 -> 60), +4 and +2 per turn
+    assert (
+        "| sycophant-validation-seeking | 1.56 | 14.0/9.0 | 0/0 | 50/0 | 0.00/0.00 | 0 | +10.0 | 2 |" in table
+    )
+    assert "| protective-cooperative | 1.56 | 14.0/9.0 | 0/0 | 50/0 | 0.00/0.00 | 0 | +4.0 | 2 |" in table
+    assert (
+        "| protective-validation-seeking | 1.56 | 14.0/9.0 | 0/0 | 50/0 | 0.00/0.00 | 0 | +2.0 | 2 |" in table
+    )
+    csv = render([evaluation], "csv").splitlines()
+    assert csv[1] == "sycophant · cooperative,60.00,0.00,0.80,0.20,95.24,0.00,0.00,2,—,—,—" + "," * 16
+    assert (
+        csv[5] == "sycophant-cooperative" + "," * 11 + ",1.56,14.0,9.0,0,0,50,0,0.00,0.00,0,+10.0,2,4,2,2,4"
+    )
     console = Console(record=True, width=200)
     print_sessions(evaluation, console)
     printed = console.export_text()

@@ -1,4 +1,4 @@
-"""Re-runs skip finished stages (personaemp.freshness): filter, split, stats and push's dry
+"""Re-runs skip finished stages (personaemp.manifest): filter, split, stats and push's dry
 run are skipped with one line when their inputs, options and code are those of their last
 finished run and their outputs are as it left them; --force redoes them."""
 
@@ -13,7 +13,7 @@ from conftest import SAMPLE_TASK1, order_free_responder
 from fake_openai import FakeOpenAI
 from rich.console import Console
 
-from personaemp import freshness
+from personaemp import manifest
 from personaemp.dataset import filter as filter_stage
 from personaemp.dataset.filter import filter_users
 from personaemp.pipeline import run_pipeline
@@ -92,15 +92,15 @@ def test_a_filter_runs_again_when_anything_it_depends_on_changed(filtered, tmp_p
     elif change == "report gone":
         options["report_path"].unlink()
     else:
-        monkeypatch.setattr(freshness, "code_version", lambda: "another version")
+        monkeypatch.setattr(manifest, "code_version", lambda: "another version")
     report = filter_users(source, output, **options).report
     assert report.unchanged_since is None
     assert options["report_path"].exists() and output.exists()
 
 
 def test_a_hub_input_is_never_current():
-    assert freshness.fingerprint(["hf:owner/name"], {}) is None
-    assert freshness.current("filter", Path("x/filtered.jsonl"), None) is None
+    assert manifest.fingerprint(["hf:owner/name"], {}) is None
+    assert manifest.current("filter", Path("x/filtered.jsonl"), None) is None
 
 
 def run_options(processed: Path, base_url: str, **changes) -> RunOptions:

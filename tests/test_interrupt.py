@@ -30,17 +30,24 @@ from personaemp.errors import PersonaempError
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
+# Users a run reaches stats or resumes on, where the phase is the point and not the size: the
+# sample's first 4 kept users, not its 16 (about 1.5 core-s less a test: the requests).
+USERS = 4
 
-def setup(tmp_path: Path, base_url: str, copies: int = 6) -> Path:
+
+def setup(tmp_path: Path, base_url: str, copies: int = 6, users: int | None = None) -> Path:
     """288 users, 96 kept (375 KB of rows): more than the pipe to the filter child and
     asyncio's reader hold together (192 KB; 3 copies, 189 KB, fitted: the child could end
     and the test flaked), so with requests held the child is still there, blocked on it.
-    `copies=1` (48 users, 16 kept): for a test that needs the run, not the full pipe."""
+    `copies=1` (48 users, 16 kept): for a test that needs the run, not the full pipe.
+    `users`: the LLM stages on the first N kept users alone ([persona] limit), for a test
+    whose point is a later phase (stats, a resume), not the size: each user costs requests."""
     copy_sample(SAMPLE_TASK1, tmp_path / "input", copies)
     config = tmp_path / "personaemp.toml"
     config.write_text(
         f'[paths]\ninput = "{tmp_path / "input"}"\nprocessed = "{tmp_path / "processed"}"\n'
-        f'[llm]\nbase_url = ["{base_url}"]\nmodel = "fake"\nconcurrency = 2\nmax_retries = 0\n',
+        f'[llm]\nbase_url = ["{base_url}"]\nmodel = "fake"\nconcurrency = 2\nmax_retries = 0\n'
+        + (f"[persona]\nlimit = {users}\n" if users else ""),
         encoding="utf-8",
     )
     return config
@@ -204,7 +211,8 @@ def test_ctrl_c_stops_a_run_started_with_sigint_ignored(tmp_path, held):
 def test_ctrl_c_while_stats_draws_its_plots_in_forked_workers(tmp_path):
     """BUG: each forked plot worker got the SIGINT too and printed its own traceback."""
     with FakeOpenAI(responder=order_free_responder()) as server:
-        run = Run(setup(tmp_path, server.base_url, copies=1))  # the filter child is not the point
+        # The filter child is not the point, nor the size: 4 users reach stats' plot workers.
+        run = Run(setup(tmp_path, server.base_url, copies=1, users=USERS))
         # (a child seen before stats may be the filter child between its fork and exec)
         stats = lambda: any(" stats " in line for line in run.lines)  # noqa: E731
         run.wait_for(lambda: stats() and children(run, filter_child=False), "plot worker")
@@ -217,7 +225,7 @@ def test_ctrl_c_while_stats_draws_its_plots_in_forked_workers(tmp_path):
 
 def test_a_resumed_run_after_ctrl_c_finishes_with_every_row(tmp_path, held):
     """Interrupted mid-chain, a re-run resumes and ends like a clean run (exit 0)."""
-    config = setup(tmp_path, held.base_url, copies=1)  # 16 users kept: the resume is the point, not the size
+    config = setup(tmp_path, held.base_url, copies=1, users=USERS)  # the resume is the point, not the size
     run = Run(config)
     run.wait_for(held.first.is_set, "request")
     run.interrupt()
@@ -231,7 +239,7 @@ def test_a_resumed_run_after_ctrl_c_finishes_with_every_row(tmp_path, held):
     assert again.returncode == 0, again.stderr[-2000:]
     processed = tmp_path / "processed"
     personas = (processed / "personas.jsonl").read_text().splitlines()
-    assert len(personas) == 16 and (processed / "dataset").is_dir()
+    assert len(personas) == USERS and (processed / "dataset").is_dir()
 
 
 # --- the event loop: Ctrl-C always ends in KeyboardInterrupt ---------------------------------

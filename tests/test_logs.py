@@ -1,4 +1,4 @@
-"""The conversation-log readers (personaemp/sources/logs.py): grouping, order, bounds, bad rows."""
+"""The conversation-log readers (personaemp/sources/logs/): grouping, order, bounds, bad rows."""
 
 from __future__ import annotations
 

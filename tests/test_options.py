@@ -540,6 +540,16 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "reward_lambda": 0.25,
         "output": "e/report.json",
     },
+    "fidelity": {
+        "input": "d/users.jsonl",
+        "output": "d/fidelity.jsonl",
+        "cuts": 2,
+        "cut_seed": 3,
+        "context": ["none", "full"],
+        "voice": 0,
+        "discriminator": True,
+        "limit": 4,
+    },
     "dialogues": {
         "input": "d/queries.jsonl",
         "output": "d/dialogues.jsonl",
@@ -553,6 +563,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "supporter_base_url": ["http://s.example/v1"],
         "turn_attempts": 2,
         "character_check": False,
+        "voice": 0,
         "seeker": "auto",
     },
     "export": {
@@ -586,6 +597,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "host": "0.0.0.0",
         "port": 9001,
         "dialogues": ["v/a.jsonl", "v/b.jsonl"],
+        "fidelity": "d/fidelity.jsonl",
     },  # fmt: skip
     "agreement": {
         "input": "g/q.jsonl",
@@ -597,6 +609,7 @@ NON_DEFAULT: dict[str, dict[str, Any]] = {
         "resamples": 500,
         "bootstrap_seed": 3,
         "dialogues": ["g/a.jsonl", "g/b.jsonl"],
+        "fidelity": "d/fidelity.jsonl",
     },
 }
 
@@ -619,8 +632,8 @@ def test_every_option_reaches_the_stage_the_same_way_from_flags_toml_and_run(cal
     one side only."""
     config = tmp_path / "all.toml"
     config.write_text(toml_text(NON_DEFAULT), encoding="utf-8")
-    (tmp_path / "s").mkdir()  # the cwd: push checks that a dialogues file named exists
-    (tmp_path / "s" / "dialogues.jsonl").write_text("", encoding="utf-8")
+    (tmp_path / "s").mkdir()  # the cwd: push checks that a dialogues file named exists and holds one
+    (tmp_path / "s" / "dialogues.jsonl").write_text("{}\n", encoding="utf-8")
 
     by_run = run_all(calls, config)
     by_config = each_command(calls, "--config", config)

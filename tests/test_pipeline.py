@@ -312,7 +312,7 @@ def test_pipeline_end_to_end_then_resumes_without_requests(tmp_path, server):
 
     assert server.count == before
     assert split_files(splits) == first_splits
-    # the LLM stages are skipped whole (freshness.py), their counts those of the run that made them
+    # the LLM stages are skipped whole (manifest.py), their counts those of the run that made them
     assert second.reports["infer-persona"] is None and second.reports["gen-queries"] is None
     assert second.results["infer-persona"].counts == result.results["infer-persona"].counts
     assert second.results["infer-persona"].counts["done"] == 8  # the persona limit

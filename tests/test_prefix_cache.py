@@ -268,7 +268,7 @@ def test_requests_about_different_users_share_the_task_and_the_schema(tmp_path):
 
     from personaemp.dataset.persona import persona_schema
     from personaemp.instruments.criteria import CRITERIA, build_messages
-    from personaemp.llm.engine import SCHEMA_IN_PROMPT, _with_schema_text
+    from personaemp.llm.messages import SCHEMA_IN_PROMPT, with_schema_text
     from personaemp.prompts import load_prompt
     from personaemp.records import Memory
 
@@ -278,7 +278,7 @@ def test_requests_about_different_users_share_the_task_and_the_schema(tmp_path):
 
     texts = []
     for memory in ("failed a driving test", "lost a job"):
-        messages = _with_schema_text(
+        messages = with_schema_text(
             build_messages(unit(memory), "resonation", load_prompt("criteria")), CRITERIA.schema
         )
         texts.append("\n\n".join(m["content"] for m in messages))
@@ -291,7 +291,7 @@ def test_requests_about_different_users_share_the_task_and_the_schema(tmp_path):
             self.memories = [Memory(memory_id=i, value="v", label="Work/Job") for i in ids]
 
     stated = [
-        _with_schema_text([{"role": "user", "content": "task"}], persona_schema(Row(ids)))[0]["content"]
+        with_schema_text([{"role": "user", "content": "task"}], persona_schema(Row(ids)))[0]["content"]
         for ids in (["m1", "m2"], ["m7"])
     ]
     schemas = [json.loads(s[s.index("{") :]) for s in stated]

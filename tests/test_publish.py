@@ -23,8 +23,8 @@ from personaemp.cli import app
 from personaemp.dataset.publish import COLUMNS, features, publish
 from personaemp.dataset.split import split_users
 from personaemp.errors import InputError, PersonaempError
+from personaemp.manifest import record_stage
 from personaemp.records import BIG_FIVE
-from personaemp.workspace import record_stage
 
 SECRET = "hf_TestSecretTokenDoNotLeak0123456789"
 PERSONA_PROVENANCE = {

@@ -423,6 +423,6 @@ def test_a_stopped_stream_stops_the_filter_before_closing_its_pipe(tmp_path, mon
         async with feed:
             assert (await feed.__anext__())["user_id"] == "u1"  # then the run stops
 
-    with streaming.FilterFeed({}) as feed:
+    with streaming.FilterFeed({"source": SAMPLE_TASK1}) as feed:  # the stand-in child reads none of it
         asyncio.run(take_one(feed))
     assert (tmp_path / "stop.txt").read_text() == "open"

@@ -177,10 +177,40 @@ def test_the_multi_turn_table_and_the_command(tmp_path):
     # the scripted behaviour judge sees none; the supporter opens with "That sounds like a lot"
     assert lines[2] == "| policy-a | 55.00 | 100.00 | 0.80 | 0.55 | 0.00 | 0.00 | 100.00 | 2 |"
     assert "simulated user fake, checked per turn by language_match" in text and "ended by user 2" in text
+    # how real the seekers are (instruments/realism.py), a second table keyed by the same systems:
+    # 2 users; the 6 simulated turns (14 words on average, 4 of them questions) against their 2 real
+    # messages (9 words, none a question); both dialogues met the need by supporter turn 2; the
+    # emotion rose 5 points per simulated turn
+    assert lines[4] == (
+        "| System | Seekers · Random Len ratio | Seekers · Random Words sim/real "
+        "| Seekers · Random Polite % sim/real | Seekers · Random Q % sim/real "
+        "| Seekers · Random Len CV sim/real | Seekers · Random Relief@2 % | Seekers · Random Δemo/turn "
+        "| Seekers · Random Users |"
+    )
+    assert lines[6] == "| policy-a | 1.56 | 14.0/9.0 | 0/0 | 67/0 | 0.00/0.00 | 100 | +5.0 | 2 |"
+    assert max(len(line) for line in lines[:7] if not line.startswith("| System")) <= 100
+    assert (
+        "Seekers · Random: simulated user turns (the opening query left out) against the same users' real "
+        "messages; relief: need met by supporter turn 2; n: policy-a 2 users, 6 simulated turns against 2 "
+        "real messages, 2 dialogues, 6 turns with an emotion change."
+    ) in text
+    assert "Relief@2 %: dialogues whose need was met by supporter turn 2" in text
     csv = render([json.loads(report.read_text())], "csv")
-    assert csv.splitlines()[1] == "policy-a,55.00,100.00,0.80,0.55,0.00,0.00,100.00,2"
+    head = csv.splitlines()[0].split(",")
+    assert head[9:] == [f"Seekers · Random {c}" for c in (
+        "Len ratio", "Words sim", "Words real", "Polite % sim", "Polite % real", "Q % sim", "Q % real",
+        "Len CV sim", "Len CV real", "Relief@2 %", "Δemo/turn", "Users", "Sim turns", "Real messages",
+        "Dialogues", "Turns with change")]  # fmt: skip
+    assert csv.splitlines()[1] == (
+        "policy-a,55.00,100.00,0.80,0.55,0.00,0.00,100.00,2,1.56,14.0,9.0,0,0,67,0,0.00,0.00,100,+5.0,2,6,2,2,6"
+    )
+    latex = render([json.loads(report.read_text())], "latex")
+    assert latex.count("\\begin{tabular}") == 2 and "\\multicolumn{8}{c}{Seekers $\\cdot$ Random}" in latex
+    assert "policy-a & 1.56 & 14.0/9.0 & 0/0 & 67/0 & 0.00/0.00 & 100 & +5.0 & 2 \\\\" in latex
+    assert "$\\Delta$emo/turn" in latex
     table = CliRunner().invoke(app, ["table", "-r", str(report)])
     assert table.exit_code == 0 and "| policy-a | 55.00 | 100.00 | 0.80 | 0.55 |" in table.output
+    assert "| policy-a | 1.56 | 14.0/9.0 | 0/0 | 67/0 |" in table.output
     assert "(6 decided by rule, 0 by the judge)" in table.output
 
 
@@ -191,7 +221,7 @@ def test_bad_input_is_one_clear_line(tmp_path):
     splits, dialogues = build(tmp_path, users=1)
     other = tmp_path / "other.jsonl"
     row = json.loads(dialogues.read_text().splitlines()[0])
-    other.write_text(json.dumps({**row, "query_id": "zz-q1"}) + "\n")
+    other.write_text(json.dumps({**row, "user_id": "zz", "query_id": "zz-q1"}) + "\n")
     broken = tmp_path / "broken.jsonl"
     broken.write_text(dialogues.read_text() + json.dumps({"dialogue_id": "x"}) + "\n")
     with FakeOpenAI(responder=Judged()) as server:
@@ -221,13 +251,45 @@ def test_the_table_refuses_to_mix_single_turn_and_dialogue_reports(tmp_path):
         render([single, sessions])
 
 
+def test_the_seekers_table_is_keyed_by_the_systems_one_group_per_split_with_realism():
+    def realism(users, words, polite, relief, change):
+        side = lambda w, p, m: {  # noqa: E731
+            "messages": m, "words": w, "politeness": p, "question_rate": 0.5, "length_cv_across_users": 0.25,
+        }  # fmt: skip
+        return {"users": users, "dialogues": 4, "simulated": side(words, polite, 8),
+                "real": side(10.0, 0.1, 5), "length_ratio": words / 10.0, "relief_by_turn_2": relief,
+                "mean_change_per_turn": change, "turns_with_change": 8, "rule": "the rule"}  # fmt: skip
+
+    def report(split, systems):
+        return {"kind": "dialogues", "split": split, "judge_model": "j", "systems": systems}
+
+    random = report("random", {
+        "a": {"n": 4, "final_emotion": 70.0, "realism": realism(3, 25.0, 0.5, 0.75, 7.5)},
+        "b": {"n": 4, "final_emotion": 50.0, "realism": realism(3, 12.0, 0.125, None, -1.25)},
+    })  # fmt: skip
+    old = report("ood", {"a": {"n": 2, "final_emotion": 60.0}, "b": {"n": 2, "final_emotion": 55.0}})
+    lines = render([random, old], systems=["b", "a"]).splitlines()
+    assert lines[2].startswith("| b | 50.00 |") and lines[3].startswith("| a | 70.00 |")
+    # only the report that holds the figures gets a group (the ood one predates them); b then a
+    assert lines[5].startswith("| System | Seekers · Random Len ratio |") and "Seekers · OOD" not in lines[5]
+    assert lines[7] == "| b | 1.20 | 12.0/10.0 | 12/10 | 50/50 | 0.25/0.25 | — | -1.2 | 3 |"
+    assert lines[8] == "| a | 2.50 | 25.0/10.0 | 50/10 | 50/50 | 0.25/0.25 | 75 | +7.5 | 3 |"
+    assert "n: b 3 users, 8 simulated turns against 5 real messages, 4 dialogues, 8 turns" in "\n".join(lines)
+    csv = render([random, old], "csv", digits=1).splitlines()
+    assert csv[1] == "a,70.0,—,—,4,60.0,—,—,2,2.5,25.0,10.0,50,10,50,50,0.2,0.2,75,+7.5,3,8,5,4,8"
+    assert csv[2] == "b,50.0,—,—,4,55.0,—,—,2,1.2,12.0,10.0,12,10,50,50,0.2,0.2,—,-1.2,3,8,5,4,8"
+    # a report from before the figures: no second table, no extra column
+    assert "Seekers" not in render([old]) and render([old], "csv").splitlines()[1] == "a,60.00,—,—,2"
+
+
 # --- like with like -----------------------------------------------------------------------------------
 
 
 def test_two_supporters_are_scored_on_the_same_dialogues_and_the_left_out_are_named(tmp_path):
     splits, dialogues = build(tmp_path)
     rows = [json.loads(line) for line in dialogues.read_text().splitlines()]
-    other = rows[0] | {"query_id": "zz-q1", "dialogue_id": "zz-q1-d1"}  # a query outside the split
+    # a query outside the split
+    other = rows[0] | {"user_id": "zz", "query_id": "zz-q1", "dialogue_id": "zz-q1-d1"}
     dialogues.write_text("".join(json.dumps(r) + "\n" for r in [*rows, other]))
     second = tmp_path / "policy-b.jsonl"  # lost u1's dialogue
     second.write_text(json.dumps(rows[0] | {"supporter_model": "b"}) + "\n")

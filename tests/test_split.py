@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 from personaemp.cli import app
 from personaemp.dataset.split import LEFT_OUT_REASONS, cluster_profiles, elbow, split_users
 from personaemp.errors import InputError
+from personaemp.manifest import read_manifest
 from personaemp.records import BIG_FIVE
 from personaemp.splits import LEVELS, REPORT_FILE, profile_of
-from personaemp.workspace import read_manifest
 
 LOW, MEDIUM, HIGH = ("low",) * 5, ("medium",) * 5, ("high",) * 5
 MIXED = ("low", "high", "medium", "low", "high")  # 3 or 4 traits away from the others
@@ -130,7 +130,7 @@ def test_every_user_in_exactly_one_split_per_setting(tmp_path):
         for name in ("train", "test"):
             for row in read_jsonl(out / setting / f"{name}.jsonl"):
                 assert row == by_id[row["user_id"]]
-    assert report_of(out) == report.as_dict()
+    assert report_of(out) == {**report.as_dict(), "input": "../in.jsonl"}  # relative: the build can move
 
 
 # --- random -----------------------------------------------------------------------------------
@@ -755,7 +755,8 @@ def test_the_report_names_its_input_and_explains_what_was_left_out(tmp_path):
     rows = [user("a", LOW), user("b", HIGH), user("c", queries=0), user("d", eligible=False)]
     report, out = split(tmp_path, rows)
     written = report_of(out)
-    assert written["input"] == str((tmp_path / "in.jsonl").resolve())
+    assert written["input"] == "../in.jsonl"  # from the report's folder: a moved build reads its own
+    assert report.input == str((tmp_path / "in.jsonl").resolve())
     assert written["left_out"] == {"no_accepted_query": 1, "ineligible": 1}
     # users with 0 accepted queries are left out, counted and explained in the report
     assert written["left_out_reasons"] == {

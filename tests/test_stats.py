@@ -19,9 +19,9 @@ from personaemp.cli import app
 from personaemp.dataset.publish import publish
 from personaemp.dataset.split import split_users
 from personaemp.dataset.stats import compute_stats, sources_in, write_stats
+from personaemp.manifest import record_stage
 from personaemp.records import BIG_FIVE
 from personaemp.vocabulary import CHECKS
-from personaemp.workspace import record_stage
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -281,12 +281,12 @@ def test_a_second_dry_run_keeps_the_plots_listed_and_drops_stale_ones(processed,
 
 
 def test_plots_drawn_over_the_cores_are_the_bytes_drawn_in_one_process(processed):
-    from personaemp.dataset import stats as stage
+    from personaemp.dataset import figures
 
     stats = compute_stats(sources_in(processed))
-    stage._RENDERED.clear()
-    assert stage.render_figures(stats) == {
-        name: stage._drawn_png(name, stats) for name in stage.figure_names(stats)
+    figures._RENDERED.clear()
+    assert figures.render_figures(stats) == {
+        name: figures._drawn_png(name, stats) for name in figures.figure_names(stats)
     }
 
 
@@ -294,16 +294,17 @@ def test_push_after_stats_reuses_the_drawing_until_a_file_changes(processed, mon
     """`run` reads the files and draws the plots once for stats and push; a file written in
     between is read again, and plots whose figures changed are drawn again, so the card
     never shows stale figures."""
+    from personaemp.dataset import figures as plots
     from personaemp.dataset import stats as stage
 
     monkeypatch.setattr(stage, "_COMPUTED", {})
-    monkeypatch.setattr(stage, "_RENDERED", {})
+    monkeypatch.setattr(plots, "_RENDERED", {})
     computed, drawn = [], []
-    real_compute, real_map = stage.compute_stats, stage.fork_map
+    real_compute, real_map = stage.compute_stats, plots.fork_map
     monkeypatch.setattr(stage, "compute_stats", lambda sources: computed.append(1) or real_compute(sources))
     # The drawing happens in forked workers: what is handed to them is counted.
     monkeypatch.setattr(
-        stage, "fork_map", lambda draw, names, **kw: drawn.extend(names) or real_map(draw, names, **kw)
+        plots, "fork_map", lambda draw, names, **kw: drawn.extend(names) or real_map(draw, names, **kw)
     )
     first, figures = stage.stats_and_figures(sources_in(processed))
     assert sorted(drawn) == sorted(figures) and len(figures) == 7 and len(computed) == 1
@@ -317,11 +318,11 @@ def test_push_after_stats_reuses_the_drawing_until_a_file_changes(processed, mon
 
 
 def test_a_plot_drawn_once_is_the_png_savefig_makes(processed):
-    """stats._png draws once and encodes the canvas (savefig drew twice, the first time to
+    """figures._png draws once and encodes the canvas (savefig drew twice, the first time to
     lay the plot out): the PNG must not change."""
     import io
 
-    from personaemp.dataset import stats as stage
+    from personaemp.dataset import figures as stage
 
     stats = compute_stats(sources_in(processed))
     for name in ("funnel.png", "big_five_random.png"):  # one panel per kind of plot is enough
@@ -479,7 +480,7 @@ def test_every_plot_is_readable_at_100_and_at_10000_users(users):
     the per-language counts touched ("13265274317761155"), the Big Five plots had no axis
     title and ticks cut to "openn."/"consc.", and checks.png showed 0-1 where the card says
     percent. Every axis has a title; no two tick labels, and no two value labels, overlap."""
-    from personaemp.dataset import stats as stage
+    from personaemp.dataset import figures as stage
 
     stats = stats_of(users)
     names = stage.figure_names(stats)

@@ -107,7 +107,7 @@ def test_changed_input_or_fingerprint_is_recomputed(tmp_path):
 def test_a_rerun_with_nothing_to_do_leaves_the_files_untouched(tmp_path):
     """The stage's files are rewritten only when their rows change: a re-run keeps their
     modification time, which is what tells split, stats and push their input is unchanged
-    (personaemp.freshness)."""
+    (personaemp.manifest)."""
 
     async def work(unit):
         if unit["id"] == 2:

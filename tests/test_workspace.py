@@ -1,4 +1,4 @@
-"""personaemp.workspace (stage manifests, the lock) and the LLM run report (llm.stage.append_report).
+"""personaemp.manifest (stage manifests, the lock) and the LLM run report (llm.stage.append_report).
 
 Concurrency is tested with real processes on real files under tmp_path; nothing is timed.
 """
@@ -16,7 +16,7 @@ from conftest import write_json
 from personaemp.errors import InputError
 from personaemp.llm.settings import LLMSettings
 from personaemp.llm.stage import append_report
-from personaemp.workspace import MANIFEST_FILE, locked, read_manifest, record_stage, stage_chain
+from personaemp.manifest import MANIFEST_FILE, locked, read_manifest, record_stage, stage_chain
 
 # fork where there is one: a spawned child re-imports this module and personaemp (about 1.5 s
 # of CPU each, seven children in this file).
@@ -286,3 +286,52 @@ def test_two_processes_appending_at_once_lose_no_entry(tmp_path):
         assert worker.exitcode == 0
     report = json.loads(path.read_text(encoding="utf-8"))
     assert len(report["stages"]) + len(report["quick_looks"]) == 3 * 30
+
+
+# --- a copied or moved build reads its own folder -----------------------------------------------
+
+
+def test_a_copied_build_reads_its_own_folder_once_the_original_is_gone(tmp_path, monkeypatch):
+    """Issue 63: a build's manifest and reports name its files relative to the build, so the
+    copy's stats and push read the copy (no warning about the first folder's reports) and
+    stats names the files as the user does, without the machine's paths."""
+    import shutil
+
+    from conftest import SAMPLE_TASK1, order_free_responder
+    from fake_openai import FakeOpenAI
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    from personaemp.cli import app
+    from personaemp.dataset.options import PersonaOptions
+    from personaemp.pipeline import run_pipeline
+    from personaemp.registry import RunOptions
+    from personaemp.shared_options import LLMOptions, PathsOptions
+
+    original, copy = tmp_path / "first", tmp_path / "copy"
+    with FakeOpenAI(responder=order_free_responder()) as fake:
+        options = RunOptions(
+            paths=PathsOptions(input=str(SAMPLE_TASK1), processed=original / "data" / "processed"),
+            persona=PersonaOptions(users=["sess_2118bd2f7f0c__8724", "sess_468a9b772d5b__44135"]),
+            llm=LLMOptions(base_url=[fake.base_url], model="fake"),
+        )
+        run_pipeline(options, Console(quiet=True))
+    shutil.copytree(original, copy)
+    shutil.rmtree(original)
+    monkeypatch.chdir(copy)
+    runner = CliRunner()
+
+    stats = runner.invoke(app, ["stats", "--force"])
+    assert stats.exit_code == 0, stats.output
+    assert "filter_report: data/processed/filter_report.json" in stats.output
+    assert "queries: data/processed/queries.jsonl" in stats.output
+    assert str(tmp_path) not in stats.output
+
+    push = runner.invoke(app, ["push", "--dry-run", "--force"])
+    assert push.exit_code == 0, push.output
+    assert "warning" not in push.output.lower(), push.output
+    assert str(original) not in push.output
+    card = (copy / "data" / "processed" / "dataset" / "README.md").read_text(encoding="utf-8")
+    assert "infer-persona" in card or "persona" in card
+    for kept in ("manifest.json", "splits/split_report.json", ".personaemp/run_report.json"):
+        assert str(tmp_path) not in (copy / "data" / "processed" / kept).read_text(encoding="utf-8"), kept

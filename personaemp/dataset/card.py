@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from personaemp.dataset.card_dialogues import behaviour_lines, dialogues_section, seekers_lines  # noqa: F401 - their import path
+from personaemp.dataset.card_dialogues import (  # noqa: F401 - their import path
+    behaviour_lines,
+    dialogues_section,
+    realism_lines,
+    seekers_lines,
+)
 from personaemp.dataset.card_markdown import cell, count, counts, image, table  # noqa: F401 - cell: named here before
 from personaemp.dataset.card_quality import quality_section
 from personaemp.dataset.stats import STATS_FILE

@@ -1,6 +1,7 @@
 """The dataset card's multi-turn part: the `dialogues` config (who played whom, what was
-kept and lost, how the dialogues ended, each check's pass rate), the seeker styles and the
-supporter behaviours the evaluation counted (personaemp.dataset.card renders it)."""
+kept and lost, how the dialogues ended, each check's pass rate), how real the seekers are,
+the seeker styles and the supporter behaviours the evaluation counted
+(personaemp.dataset.card renders it)."""
 
 from __future__ import annotations
 
@@ -98,6 +99,8 @@ def dialogues_section(found: dict[str, Any], figures: list[str] | None = None) -
             "their failures rows do not keep them."
         )
     out += seekers_lines(found)
+    if (found.get("realism") or {}).get("users"):
+        out += ["", *realism_lines(found["realism"])]
     out += [
         "",
         *image(FINAL_EMOTION_PLOT, "Final emotion of the simulated user, per supporter", figures or []),
@@ -105,6 +108,46 @@ def dialogues_section(found: dict[str, Any], figures: list[str] | None = None) -
     out += [table(["split", "dialogues"], rows)]
     out += behaviour_lines(found.get("behaviours"))
     return out
+
+
+def realism_lines(real: dict[str, Any]) -> list[str]:
+    """How real the seekers are: the simulated user turns against the same users' real messages
+    (instruments/realism.py's seeker_realism), with n."""
+
+    def pct(value: Any) -> str:
+        return "—" if value is None else f"{100 * value:.0f}%"
+
+    def num(value: Any, digits: int = 1) -> str:
+        return "—" if value is None else f"{value:.{digits}f}"
+
+    sim, own = real["simulated"], real["real"]
+    return [
+        "### How real the seekers are",
+        "",
+        f"The simulated user turns ({sim['messages']}, the opening queries left out) against the same "
+        f"{real['users']} users' real messages ({own['messages']}); LLM-played users are known to write "
+        "longer, more alike and more politely than people, and to feel better sooner.",
+        "",
+        table(
+            ["", "simulated", "real"],
+            [
+                ["words per message", num(sim["words"]), num(own["words"])],
+                ["politeness markers", pct(sim["politeness"]), pct(own["politeness"])],
+                ["question rate", pct(sim["question_rate"]), pct(own["question_rate"])],
+                [
+                    "length CV across users",
+                    num(sim["length_cv_across_users"], 2),
+                    num(own["length_cv_across_users"], 2),
+                ],
+            ],
+        ),  # fmt: skip
+        "",
+        f"- Length ratio (simulated / real): {num(real['length_ratio'], 2)}.",
+        f"- Speed of relief: hidden need met by supporter turn 2 in {pct(real['relief_by_turn_2'])} of "
+        f"{real['dialogues']} dialogues; mean emotion change per simulated turn "
+        f"{num(real['mean_change_per_turn'])} (n = {real['turns_with_change']} turns).",
+        "",
+    ]
 
 
 def seekers_lines(found: dict[str, Any]) -> list[str]:

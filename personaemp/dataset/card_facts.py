@@ -4,7 +4,6 @@ the stages' manifests), the source and who was picked, the published personas' f
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,11 +11,12 @@ from typing import Any
 
 import msgspec
 
+from personaemp import manifest
 from personaemp.dataset.data_files import SETTINGS, DataPart, _read_json
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, iter_jsonl
+from personaemp.manifest import stage_chain
 from personaemp.records import BIG_FIVE
-from personaemp.workspace import stage_chain
 
 
 def stage_reports(split_report: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -58,7 +58,7 @@ def stage_reports(split_report: dict[str, Any]) -> tuple[dict[str, Any], list[st
         if not isinstance(run, dict) or run.get("full") is False:
             warnings.append(f"{path}: no full run of {stage}: it is left out of the card")
             continue
-        if run.get("output") and os.path.abspath(run["output"]) != os.path.abspath(entry["output"]):
+        if run.get("output") and not manifest.names(run["output"], path.parent, entry["output"]):
             warnings.append(
                 f"{path}: the last full run of {stage} wrote {run['output']}, not {entry['output']}: "
                 "it is left out of the card"
@@ -138,7 +138,7 @@ def _full_run(entry: dict[str, Any], stage: str) -> dict[str, Any]:
     run = ((report if isinstance(report, dict) else {}).get("stages") or {}).get(stage)
     if not isinstance(run, dict) or run.get("full") is False:
         return {}
-    if run.get("output") and os.path.abspath(run["output"]) != os.path.abspath(entry["output"]):
+    if run.get("output") and not manifest.names(run["output"], path.parent, entry["output"]):
         return {}
     return run
 

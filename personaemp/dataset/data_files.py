@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from personaemp.errors import InputError, RowError, first_problem
 from personaemp.io import ErrorPolicy, file_sha256, iter_jsonl
+from personaemp.manifest import resolved
 from personaemp.records import BIG_FIVE, DIMENSIONS
 from personaemp.splits import REPORT_FILE, SETTINGS_WRITTEN, check_queries_row, profile_of
 
@@ -189,6 +190,7 @@ def read_split_report(splits_dir: Path, present: list[str]) -> dict[str, Any]:
         _SplitReport.model_validate(report)
     except ValidationError as exc:
         raise InputError(f"{path}: not a split report ({first_problem(exc)})", SPLIT_HINT) from None
+    report["input"] = resolved(report.get("input"), splits_dir)  # kept relative to its folder
     if sorted(report["settings"]) != sorted(present):
         raise InputError(
             f"{path}: describes the settings {', '.join(sorted(report['settings'])) or 'none'}, "

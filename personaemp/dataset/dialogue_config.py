@@ -32,15 +32,19 @@ def dialogue_parts(paths: list[Path], files: dict[str, dict[str, Path]], staging
     import pyarrow.parquet as pq
 
     from personaemp.instruments import simulator_rules
+    from personaemp.instruments.realism import seeker_realism
     from personaemp.records import Dialogue
 
     setting = "random" if "random" in files else next(iter(files))
-    split_of = {
-        str(query["query_id"]): split
-        for split, split_path in files[setting].items()
-        for _, _, user in iter_jsonl(split_path, ErrorPolicy("fail"))
-        for query in user.get("queries") or ()
-    }
+    split_of: dict[str, str] = {}
+    real: dict[str, list[str]] = {}  # each user's own messages: how real their simulated self is
+    for split, split_path in files[setting].items():
+        for _, _, user in iter_jsonl(split_path, ErrorPolicy("fail")):
+            for query in user.get("queries") or ():
+                split_of[str(query["query_id"])] = split
+            real[str(user["user_id"])] = [
+                t["text"] for t in user.get("turns") or () if t.get("role") == "user" and t.get("text")
+            ]
     rows: dict[str, list[dict]] = {split: [] for split in SPLITS}
     dialogues: list[Dialogue] = []
     seen: dict[tuple[str, str], str] = {}
@@ -88,6 +92,7 @@ def dialogue_parts(paths: list[Path], files: dict[str, dict[str, Path]], staging
         pq.write_table(pa.Table.from_pylist(found), staged)
         written[split] = (f"{DIALOGUES}/{split}-00000-of-00001-{file_sha256(staged)[:16]}.parquet", staged)
     facts = dialogue_facts(dialogues, {s: len(r) for s, r in rows.items() if r}, simulator_rules, lost)
+    facts["realism"] = seeker_realism(dialogues, real)
     return written, facts
 
 

@@ -53,6 +53,7 @@ from personaemp.instruments.simulator import (  # the simulated user, shared wit
     transcript,
     write_hidden_need,
 )
+from personaemp.instruments.voice import VOICE
 from personaemp.io import iter_records
 from personaemp.prompts import Prompt, prompts_per_variant
 from personaemp.records import Dialogue, DialogueTurn
@@ -102,6 +103,7 @@ class DialogueOptions:
     mismatch_seed: int = 0
     turn_attempts: int = TURN_ATTEMPTS
     character_check: bool = True
+    voice: int = VOICE  # the user's own messages shown (instruments/voice.py); 0: none
     seeker: str = seekers.DEFAULT  # a style of records.SEEKERS, or "auto" (instruments/seekers.py)
 
     def __post_init__(self) -> None:
@@ -247,7 +249,7 @@ async def agenerate_dialogues(
         )
     units = [
         {**unit, "seeker": seekers.style_for(options.seeker, unit["big_five"])}
-        for unit in read_units(Path(input_path))
+        for unit in read_units(Path(input_path), voice=options.voice)
     ]
     selected = pick_dialogues(units, limit, per_user)
     stand_in = (
@@ -373,7 +375,7 @@ async def from_options(options, console, settings, retry=False):
         options=DialogueOptions(
             max_turns=options.max_turns, context=options.context, rag_k=options.rag_k,
             mismatch_seed=options.mismatch_seed, turn_attempts=options.turn_attempts,
-            character_check=options.character_check, seeker=options.seeker,
+            character_check=options.character_check, voice=options.voice, seeker=options.seeker,
         ),
         limit=options.limit, per_user=options.per_user, supporter_model=options.supporter_model,
         supporter_base_url=options.supporter_base_url, retry_failed=retry, console=console,

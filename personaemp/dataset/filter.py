@@ -13,17 +13,17 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from personaemp import freshness, locks
+from personaemp import locks, manifest
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, atomic_output, write_json_atomic
 from personaemp.language import LanguageWorker, load_in_background, release_model
+from personaemp.manifest import record_stage
 from personaemp.progress import emit
 from personaemp.records import FilterMatch, Memory
 from personaemp.results import StageResult, of_filter
 from personaemp.rules import Rules, RuleSet, load_rules
 from personaemp.sources import read_users
 from personaemp.sources.normalize import SourceUser, decide_languages, settle_languages, unseen_languages
-from personaemp.workspace import record_stage
 
 # Gates in the order they are applied; a dropped user is counted under the first it fails.
 GATES = ("intents", "min_memories", "memory_labels", "language")
@@ -53,9 +53,13 @@ class FilterReport:
     # Set when the stage was skipped: its one line ("filter: unchanged since ..."), not saved.
     unchanged_since: str | None = None
 
-    def saved(self) -> dict:
-        """What filter_report.json holds."""
-        return {key: value for key, value in self.__dict__.items() if key != "unchanged_since"}
+    def saved(self, folder: Path | None = None) -> dict:
+        """What filter_report.json holds; in a file of `folder`, the output relative to it
+        when it lies there (a moved build names its own file)."""
+        kept = {key: value for key, value in self.__dict__.items() if key != "unchanged_since"}
+        if folder is not None:
+            kept["output"] = manifest.stored(self.output, folder)
+        return kept
 
     def balanced(self) -> bool:
         return self.users_in == self.kept + sum(self.dropped.values())
@@ -127,13 +131,13 @@ def filter_users(
     `on_kept(line)`: each kept row's line as it is written (`run` streams them, streaming.py).
     When the input, rules, options and code are those of the last finished run and its
     output is as that run left it, nothing is read: the last report comes back, with its
-    `unchanged_since` line (freshness.py); `force` runs it anyway.
+    `unchanged_since` line (manifest.py); `force` runs it anyway.
     """
     if keep_turns not in ("user", "all"):
         raise InputError(f"--turns must be 'user' or 'all', not {keep_turns!r}")
     source, output = str(source), Path(output)  # a library caller may pass either
     stamp = filter_fingerprint(source, fmt, rules_path, split, hf_config, on_error, keep_turns, report_path)
-    last = freshness.current("filter", output, stamp, force)
+    last = manifest.current("filter", output, stamp, force)
     if last is not None:
         return of_filter(_unchanged(last, output, on_kept), report_path)
     roles = ("user",) if keep_turns == "user" else None
@@ -236,19 +240,19 @@ def filter_users(
     if report.kept == 0:
         report.nobody_kept = why_nobody_kept(report, rules.rules, rules_path)
     if report_path is not None:
-        write_json_atomic(report_path, report.saved())
+        write_json_atomic(report_path, report.saved(Path(report_path).parent))
     record_stage(output, "filter", report=report_path, failures=None, full=True)
-    freshness.record("filter", output, stamp, [output, report_path or output], report.saved())
+    manifest.record("filter", output, stamp, [output, report_path or output], report.saved(output.parent))
     return of_filter(report, report_path)
 
 
 def filter_fingerprint(source, fmt, rules_path, split, hf_config, on_error, keep_turns, report_path):
-    """What the filter's output depends on (freshness.py): its input, rules, options, code."""
+    """What the filter's output depends on (manifest.py): its input, rules, options, code."""
     options = {
         "source": str(source), "fmt": fmt, "rules": rules_path, "split": split, "hf_config": hf_config,
         "on_error": on_error, "keep_turns": keep_turns, "report": report_path,
     }  # fmt: skip
-    return freshness.fingerprint([source, rules_path], options)
+    return manifest.fingerprint([source, rules_path], options)
 
 
 def filter_is_current(args: dict) -> bool:
@@ -257,13 +261,13 @@ def filter_is_current(args: dict) -> bool:
         return False
     keys = ("source", "fmt", "rules_path", "split", "hf_config", "on_error", "keep_turns", "report_path")
     stamp = filter_fingerprint(*(args.get(key) for key in keys))
-    return freshness.current("filter", Path(args["output"]), stamp) is not None
+    return manifest.current("filter", Path(args["output"]), stamp) is not None
 
 
 def _unchanged(last: dict, output: Path, on_kept: Callable[[bytes], None] | None) -> FilterReport:
     """The last run's report; its kept rows handed to `on_kept` from the output, if asked."""
-    report = FilterReport(**last["result"])
-    report.unchanged_since = freshness.unchanged("filter", last)
+    report = FilterReport(**{**last["result"], "output": str(output)})
+    report.unchanged_since = manifest.unchanged("filter", last)
     if on_kept is not None:
         with output.open("rb") as handle:
             for line in handle:
@@ -347,7 +351,7 @@ def print_summary(result, console) -> None:
 
 def print_funnel(report, console) -> None:
     """The filter funnel of a FilterReport (also what `run` prints for its streamed filter)."""
-    if report.unchanged_since:  # skipped (personaemp.freshness): its one line
+    if report.unchanged_since:  # skipped (personaemp.manifest): its one line
         return console.print(report.unchanged_since)
     funnel = Table(title="filter funnel", title_justify="left")
     funnel.add_column("step")

@@ -4,7 +4,7 @@ The memory step AlpsBench's annotators did by hand, done by an LLM so that a res
 logs (WildChat, LMSYS-Chat, product chat exports, ShareGPT, a CSV of turns) can go through
 `filter` -> `infer-persona` -> `gen-queries` as AlpsBench does.
 
-Reading (no LLM): the log is read (sources/logs.py), each user's history bounded, and the
+Reading (no LLM): the log is read (sources/logs/), each user's history bounded, and the
 users written to `conversations.jsonl` beside the output: the stage's units, so the run
 resumes, shards and estimates as every LLM stage does.
 

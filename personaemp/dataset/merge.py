@@ -48,8 +48,8 @@ def merge_shards(stage: str, input_path: Path, output_path: Path, work_dir: Path
     module's docstring). Nothing is written unless every unit is accounted for. The
     summed report goes where the parts' reports are (`work_dir`'s if none was recorded)."""
     from personaemp.llm.stage import REPORT_FILE
+    from personaemp.manifest import locked, read_manifest, record_stage
     from personaemp.units import _scan
-    from personaemp.workspace import locked, read_manifest, record_stage
 
     if stage not in STAGES:
         raise InputError(f"merge: no shards for stage {stage!r}", f"use one of {', '.join(STAGES)}")
@@ -212,6 +212,7 @@ def _add_up_reports(path: Path, stage: str, count: int, merged: MergeReport, sec
     a quick look's parts and sum are in `quick_looks`."""
     from personaemp.io import read_json_object, write_json_atomic
     from personaemp.llm.accounting import CALLS_KEPT
+    from personaemp.manifest import report_entry
 
     report = read_json_object(path)  # a damaged one is kept aside, as append_report does
     stages = report.setdefault(section, {})
@@ -232,7 +233,7 @@ def _add_up_reports(path: Path, stage: str, count: int, merged: MergeReport, sec
         entry["calls"] = sorted(
             (call for part in parts for call in part.get("calls", [])), key=lambda c: -c["seconds"]
         )[:CALLS_KEPT]
-    stages[stage] = entry
+    stages[stage] = report_entry(entry, path)
     write_json_atomic(path, report)
 
 

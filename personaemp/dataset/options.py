@@ -312,6 +312,12 @@ class DialoguesOptions(Section):
     character_check: Annotated[
         bool, Opt("Check each simulated turn with the LLM: in character, no invented facts.")
     ] = True
+    voice: Annotated[
+        int,
+        Field(ge=0, le=20),
+        Opt("The user's own real messages the simulated user is shown as how they write (0: none): the K "
+            "newest, skipping code, pasted text and near-duplicates, each trimmed to 200 characters."),
+    ] = 5  # fmt: skip
     seeker: Annotated[
         SeekerChoice,
         Opt(

@@ -32,7 +32,7 @@ from rich.markup import escape
 
 from personaemp import checks
 from personaemp.aio import sync_twin
-from personaemp.errors import InputError
+from personaemp.errors import InputError, some
 from personaemp.io import ErrorPolicy, StageRows, iter_jsonl, read_stage_rows
 from personaemp.llm.step import RejectedReply, Step, edit_schema, id_choice
 from personaemp.prompts import Prompt, prompts_per_variant
@@ -107,7 +107,7 @@ def persona_checks(enforce: Sequence[str] | None) -> tuple[str, ...]:
         return PERSONA_CHECKS
     unknown = set(enforce) - set(PERSONA_CHECKS)
     if unknown or not enforce:
-        named = f"not {', '.join(sorted(unknown))}" if unknown else "at least one"
+        named = f"not {some(sorted(unknown))}" if unknown else "at least one"
         raise InputError(f"--enforce takes {', '.join(PERSONA_CHECKS)}: {named}")
     return tuple(name for name in PERSONA_CHECKS if name in enforce)
 

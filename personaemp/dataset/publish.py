@@ -11,7 +11,7 @@ and `stats.json`.
 
 Every input is checked before anything is written or sent: the split files row by row
 (file:line and the field), split_report.json, and the reports the card quotes, which are
-found by following the split's input back through the stages' manifests (workspace.py).
+found by following the split's input back through the stages' manifests (manifest.py).
 
 A dry run lists what it wrote in `<out>/.personaemp-export.json`; the next export into
 the same folder removes only files of that list it no longer writes, never other files.
@@ -41,7 +41,7 @@ from typing import Any
 import msgspec
 from rich.markup import escape
 
-from personaemp import freshness
+from personaemp import manifest
 from personaemp.dataset.card import QUALITY_PLOT, render_card
 from personaemp.dataset.card_facts import card_facts
 from personaemp.dataset.data_files import (  # noqa: F401  (the rows and their schema: importable from here too)
@@ -67,8 +67,8 @@ from personaemp.dataset.stats import (
 )
 from personaemp.errors import InputError, PersonaempError
 from personaemp.io import atomic_output, write_json_atomic
+from personaemp.manifest import stage_chain
 from personaemp.results import StageResult, of_publish
-from personaemp.workspace import stage_chain
 
 EXPORT_MANIFEST = ".personaemp-export.json"
 CARD_FILE = "README.md"
@@ -81,7 +81,7 @@ class PublishResult:
     card: Path | None = None
     # Facts the card could not include (a report named by a manifest is gone, ...).
     warnings: list[str] = field(default_factory=list)
-    unchanged_since: str | None = None  # a dry run skipped: its one line (freshness.py)
+    unchanged_since: str | None = None  # a dry run skipped: its one line (manifest.py)
 
 
 # --- the repository ------------------------------------------------------------------------------
@@ -220,13 +220,13 @@ def publish(
         }  # fmt: skip
         read = [*_read_by_push(splits_dir, split_report, criteria), *dialogues,
                 *([Path(dialogues_report)] if dialogues_report else [])]  # fmt: skip
-        fingerprint = freshness.fingerprint(read, options)
-        last = freshness.current("push", out, fingerprint, force)
+        fingerprint = manifest.fingerprint(read, options)
+        last = manifest.current("push", out, fingerprint, force)
         if last is not None:
             result = last["result"]
             return of_publish(PublishResult(
                 target=result["target"], rows=result["rows"], card=Path(result["card"]),
-                warnings=result["warnings"], unchanged_since=freshness.unchanged("push", last),
+                warnings=result["warnings"], unchanged_since=manifest.unchanged("push", last),
             ))  # fmt: skip
     found = _criteria(Path(criteria), files) if criteria is not None and Path(criteria).exists() else None
     with _staging(out) as staging:
@@ -333,7 +333,7 @@ def _write_locally(out: Path, built: _Built, fingerprint) -> PublishResult:
         "card": str(result.card),
         "warnings": result.warnings,
     }
-    freshness.record("push", out, fingerprint, written, saved)
+    manifest.record("push", out, fingerprint, written, saved)
     return result
 
 
@@ -438,6 +438,11 @@ def from_options(options, console, quality=None):
             raise InputError(
                 f"{named}: no such dialogues file", "pass gen-dialogues' output, or leave --dialogues out"
             )
+        if not named.read_bytes().strip():
+            # named, so meant to be published: an empty file would publish no dialogues config, silently
+            raise InputError(
+                f"{named}: no dialogues in it", "pass gen-dialogues' output, or leave --dialogues out"
+            )
     push = functools.partial(
         publish, options.splits,
         repo_id=None if dry else options.repo_id, out=options.out_dir if dry else None,
@@ -459,7 +464,7 @@ def from_options(options, console, quality=None):
 def print_summary(made, console) -> None:
     """`personaemp push`'s summary: rows per setting and split, warnings, where it wrote."""
     result = made.report
-    if getattr(result, "unchanged_since", None):  # a dry run skipped (freshness.py): its one line
+    if getattr(result, "unchanged_since", None):  # a dry run skipped (manifest.py): its one line
         return console.print(result.unchanged_since)
     for setting, parts in result.rows.items():
         console.print(f"[bold]{setting}[/]: " + ", ".join(f"{split} {n} rows" for split, n in parts.items()))

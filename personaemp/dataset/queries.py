@@ -26,7 +26,7 @@ from rich.table import Table
 
 from personaemp import checks
 from personaemp.aio import sync_twin
-from personaemp.errors import InputError
+from personaemp.errors import InputError, some
 from personaemp.instruments.query_check import (
     CHECK,
     CHECKS,
@@ -77,10 +77,10 @@ class QueryOptions:
     def __post_init__(self) -> None:
         unknown_checks = set(self.enforce) - set(CHECKS)
         if unknown_checks:
-            raise InputError(f"--enforce takes {', '.join(CHECKS)}, not {', '.join(sorted(unknown_checks))}")
+            raise InputError(f"--enforce takes {', '.join(CHECKS)}, not {some(sorted(unknown_checks))}")
         unknown = set(self.categories) - set(CATEGORIES)
         if unknown or not self.categories:
-            raise InputError(f"--categories takes ES, HEQ and/or SS, not {', '.join(sorted(unknown))}")
+            raise InputError(f"--categories takes ES, HEQ and/or SS, not {some(sorted(unknown))}")
         if self.per_category < 1:
             raise InputError("--per-category must be at least 1")
 

@@ -9,7 +9,7 @@ The input must be gen-queries' output (every row has `queries`). Users that cann
 split are left out and counted by reason in split_report.json, which also explains each
 reason (`left_out_reasons`): ineligible personas, users without a complete Big Five
 profile, and users with 0 accepted queries (they would publish no row). The report also
-names the input file, so `push` can find the earlier stages' reports (workspace.py).
+names the input file, so `push` can find the earlier stages' reports (manifest.py).
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ from typing import Any
 import msgspec
 from rich.table import Table
 
-from personaemp import freshness
+from personaemp import manifest
 from personaemp.dataset.options import SplitOptions
 from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, atomic_output, file_stamp, iter_jsonl, read_jsonl_at, write_json_atomic
+from personaemp.manifest import record_stage
 from personaemp.parallel import fork_map
 from personaemp.records import BIG_FIVE
 from personaemp.results import StageResult, of_split
@@ -39,7 +40,6 @@ from personaemp.splits import (
     check_queries_row,
     profile_of,
 )
-from personaemp.workspace import record_stage
 
 STAGE = "split"
 # Why a user is left out of every split; written into the report, so it documents itself.
@@ -62,8 +62,8 @@ class SplitReport:
     users_in: int = 0
     left_out: dict[str, int] = field(default_factory=dict)  # reason -> users
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
-    input: str = ""  # the queries file read (absolute): push follows it to the earlier stages
-    unchanged_since: str | None = None  # set when skipped: its one line (freshness.py), not saved
+    input: str = ""  # the queries file read (absolute; the file: relative to it): push follows it back
+    unchanged_since: str | None = None  # set when skipped: its one line (manifest.py), not saved
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -331,11 +331,12 @@ def split_users(
     input_path, out_dir = Path(input_path), Path(out_dir)
     options = {"ood": ood, "seed": seed, "test_size": test_size, "k": k, "k_range": k_range,
                "holdout": holdout, "seeds": seeds}  # fmt: skip
-    fingerprint = freshness.fingerprint([input_path], options)
-    last = freshness.current(STAGE, out_dir, fingerprint, force)
+    fingerprint = manifest.fingerprint([input_path], options)
+    last = manifest.current(STAGE, out_dir, fingerprint, force)
     if last is not None:
         kept = {key: value for key, value in last["result"].items() if key != "left_out_reasons"}
-        return of_split(SplitReport(**kept, unchanged_since=freshness.unchanged(STAGE, last)), out_dir)
+        kept["input"] = manifest.resolved(kept.get("input"), out_dir)
+        return of_split(SplitReport(**kept, unchanged_since=manifest.unchanged(STAGE, last)), out_dir)
     stamp = file_stamp(input_path) if input_path.is_file() else None  # else read_users says why
     users, left_out = read_users(input_path)
     users.sort(key=lambda user: user.user_id)  # the input's order must not matter
@@ -383,10 +384,12 @@ def split_users(
     if not ood:  # an OOD split from an earlier run would no longer match the random one
         for name in ("train", "test"):
             (out_dir / "ood" / f"{name}.jsonl").unlink(missing_ok=True)
-    write_json_atomic(out_dir / REPORT_FILE, report.as_dict())
+    # The input as the report's folder reaches it within the build: a moved build reads its own.
+    saved = {**report.as_dict(), "input": manifest.stored(report.input, out_dir, out_dir.parent)}
+    write_json_atomic(out_dir / REPORT_FILE, saved)
     record_stage(out_dir, STAGE, report=out_dir / REPORT_FILE, failures=None, full=True, input=input_path)
     written = [out_dir / setting / f"{name}.jsonl" for setting in splits for name in ("train", "test")]
-    freshness.record(STAGE, out_dir, fingerprint, [*written, out_dir / REPORT_FILE], report.as_dict())
+    manifest.record(STAGE, out_dir, fingerprint, [*written, out_dir / REPORT_FILE], saved)
     return of_split(report, out_dir)
 
 

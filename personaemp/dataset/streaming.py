@@ -74,6 +74,11 @@ class FilterFeed:
         self._decode = msgspec.json.Decoder().decode
 
     def __enter__(self) -> FilterFeed:
+        from personaemp.sources import check_source
+
+        # said here, before infer-persona and gen-queries open their outputs: a missing input
+        # left empty personas.jsonl, queries.jsonl, their locks and the cache in a fresh folder
+        check_source(str(self.filter_args["source"]), self.filter_args.get("fmt", "auto"))
         self._process = python_child(_CHILD, {_PARENT_PID: str(os.getpid())})
         try:
             self._process.stdin.write(pickle.dumps(self.filter_args))

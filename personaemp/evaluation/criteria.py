@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from personaemp.aio import sync_twin
-from personaemp.errors import InputError
+from personaemp.errors import InputError, some
 from personaemp.instruments.criteria import (
     CRITERIA,
     ROOM,
@@ -50,7 +50,7 @@ def pick_queries(units: list[dict], path: Path, limit: int | None, users: Sequen
         missing = wanted - {u["user_id"] for u in units}
         if missing:
             raise InputError(
-                f"{path}: no queries of user {', '.join(sorted(missing))}",
+                f"{path}: no queries of user {some(sorted(missing))}",
                 "check the ids: only users with accepted queries in --input have criteria to write",
             )
         chosen = [u for u in units if u["user_id"] in wanted]

@@ -55,6 +55,7 @@ from personaemp.instruments.judges import (
     harmonic,
 )
 from personaemp.instruments.judges import check_sampling as check_sampling
+from personaemp.instruments.realism import seeker_realism
 from personaemp.instruments.session_judges import (
     ROOM,
     SESSION_JUDGE,
@@ -367,6 +368,7 @@ async def aevaluate_dialogues(
     if report.estimate is not None:
         return report, None
     rows = read_rows(scores_file(report_path), {u["unit_id"] for u in units})
+    real = real_messages(input_path)  # the users' own messages: how real their simulated selves are
     evaluation = {
         "kind": KIND,
         "split": split,
@@ -421,6 +423,9 @@ async def aevaluate_dialogues(
                 ),
                 "left_out": left_out[name],
                 "checks_run": ran[name],
+                "realism": seeker_realism(
+                    [systems[name][q] for q in sorted(chosen[name]) if q in systems[name]], real
+                ),
             }
             for name in names
         },
@@ -437,6 +442,16 @@ evaluate_dialogues = sync_twin(aevaluate_dialogues)
 
 
 # --- the numbers -------------------------------------------------------------------------------
+
+
+def real_messages(path: Path) -> dict[str, list[str]]:
+    """user id -> their own real messages, from a split file's user rows (how real the
+    simulated seekers are: instruments/realism.py's seeker_realism)."""
+    found: dict[str, list[str]] = {}
+    for _, _, row in iter_jsonl(Path(path), ErrorPolicy("fail")):
+        texts = [t["text"] for t in row.get("turns") or () if t.get("role") == "user" and t.get("text")]
+        found[str(row["user_id"])] = texts
+    return found
 
 
 def read_rows(path: Path, wanted: set[str]) -> dict[str, list[dict]]:

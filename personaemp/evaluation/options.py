@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, model_validator
 
 from personaemp.options import Opt, OptionProblem, Section, declare
+from personaemp.secrets import shown_assignment
 from personaemp.shared_options import (
     DEFAULT_LAYOUT,
     JUDGE_DEFAULTS,
@@ -111,8 +112,9 @@ def _judge_specs(value: Any) -> Any:
             for part in filter(None, (p.strip() for p in item.split(";"))):
                 key, sep, text = part.partition("=")
                 if not sep:
+                    shown = ";".join(shown_assignment(p.strip()) for p in item.split(";"))
                     raise OptionProblem(
-                        "judges", f"takes name=NAME;model=MODEL;base_url=URL;key_env=VAR, not {item!r}"
+                        "judges", f"takes name=NAME;model=MODEL;base_url=URL;key_env=VAR, not {shown!r}"
                     )
                 table[key.strip()] = text.strip()
             item = table

@@ -7,6 +7,9 @@ mean of the unrounded dimension means, as the report keeps it), and H (0-1) on r
 Table 2 from the reports of Table 1). Written as Markdown, CSV or LaTeX; under the table
 the rules its numbers were made by (layout, missing responses, unreadable judgments), n
 per cell (per group when the cells share it) and the queries the missing rule touched.
+Reports of `evaluate --dialogues` give the multi-turn table (session_cells), then a second
+one keyed by the same systems: how real the simulated seekers are (realism_cells; in CSV,
+extra columns on the same rows).
 """
 
 from __future__ import annotations
@@ -309,6 +312,109 @@ def session_notes(chosen, systems: list[str], titles: list[str]) -> list[str]:
     return lines
 
 
+# How real the simulated seekers are (the report's `realism`, instruments/realism.py's
+# seeker_realism): a second table after the multi-turn one, keyed by the same systems, one column
+# group per report (split); the figures do not depend on the judge. Markdown and LaTeX pair the
+# simulated and the real value in one cell (sim/real) to stay within 100 columns; CSV gives each
+# its own column, with every n, on the rows of the multi-turn table.
+REALISM_COLUMNS = ("Len ratio", "Words sim/real", "Polite % sim/real", "Q % sim/real", "Len CV sim/real",
+                   "Relief@2 %", "Δemo/turn", "Users")  # fmt: skip
+REALISM_CSV_COLUMNS = ("Len ratio", "Words sim", "Words real", "Polite % sim", "Polite % real", "Q % sim",
+                       "Q % real", "Len CV sim", "Len CV real", "Relief@2 %", "Δemo/turn", "Users",
+                       "Sim turns", "Real messages", "Dialogues", "Turns with change")  # fmt: skip
+REALISM_TITLE = "Seekers"
+PAIRED = ("Words", "Polite %", "Q %", "Len CV")  # simulated/real in one Markdown or LaTeX cell
+
+
+def _realism_groups(reports: Sequence[dict], judge: str | None) -> list[tuple[str, dict]]:
+    """(title, report) per report that holds a realism figure, in the order of the groups."""
+    out: list[tuple[str, dict]] = []
+    for _, split, _, report in groups(reports, judge):
+        if any(report is seen for _, seen in out):
+            continue
+        if any(((entry or {}).get("realism") or {}).get("users") for entry in report["systems"].values()):
+            out.append((f"{REALISM_TITLE} · {SPLIT_NAMES.get(split, split)}", report))
+    return out
+
+
+def _realism_figures(real: dict | None, digits: int) -> dict[str, str]:
+    """A system's realism as text per CSV column ("—" where the rule could not be applied)."""
+    if not real or not real.get("users"):
+        return dict.fromkeys(REALISM_CSV_COLUMNS, "—")
+    sim, own = real["simulated"], real["real"]
+    change = real.get("mean_change_per_turn")
+    relief = real.get("relief_by_turn_2")
+    return {
+        "Len ratio": _number(real.get("length_ratio"), digits),
+        "Words sim": _number(sim.get("words"), 1),
+        "Words real": _number(own.get("words"), 1),
+        "Polite % sim": _percent(sim.get("politeness")),
+        "Polite % real": _percent(own.get("politeness")),
+        "Q % sim": _percent(sim.get("question_rate")),
+        "Q % real": _percent(own.get("question_rate")),
+        "Len CV sim": _number(sim.get("length_cv_across_users"), digits),
+        "Len CV real": _number(own.get("length_cv_across_users"), digits),
+        "Relief@2 %": _percent(relief),
+        "Δemo/turn": "—" if change is None else f"{change:+.1f}",
+        "Users": str(real["users"]),
+        "Sim turns": str(sim.get("messages", 0)),
+        "Real messages": str(own.get("messages", 0)),
+        "Dialogues": str(real.get("dialogues", 0)),
+        "Turns with change": str(real.get("turns_with_change", 0)),
+    }
+
+
+def _percent(share) -> str:
+    return "—" if share is None else f"{100 * share:.0f}"
+
+
+def realism_cells(reports: Sequence[dict], digits: int, judge: str | None, systems: Sequence[str] | None):
+    """How real the seekers are, per system x split: (header rows, body rows, columns per group,
+    notes, CSV columns, CSV cells per system), or None when no report holds the figures (a
+    report from before them)."""
+    found = _realism_groups(reports, judge)
+    if not found:
+        return None
+    systems = chosen_systems(groups(reports, judge), systems)
+    titles = [title for title, _ in found]
+    head = [[""] + [t for t in titles for _ in REALISM_COLUMNS], ["System", *REALISM_COLUMNS * len(found)]]
+    body, flat = [], {}
+    for system in systems:
+        cells, flat[system] = [system], []
+        for _, report in found:
+            f = _realism_figures((report["systems"].get(system) or {}).get("realism"), digits)
+            cells += [f["Len ratio"], *(f"{f[k + ' sim']}/{f[k + ' real']}" for k in PAIRED),
+                      f["Relief@2 %"], f["Δemo/turn"], f["Users"]]  # fmt: skip
+            flat[system] += [f[column] for column in REALISM_CSV_COLUMNS]
+        body.append(cells)
+    csv_head = [f"{title} {column}" for title in titles for column in REALISM_CSV_COLUMNS]
+    under = []
+    for title, report in found:
+        counts = []
+        for system in systems:
+            real = (report["systems"].get(system) or {}).get("realism") or {}
+            if real.get("users"):
+                counts.append(
+                    f"{system} {real['users']} users, {real['simulated']['messages']} simulated turns "
+                    f"against {real['real']['messages']} real messages, "
+                    f"{real.get('dialogues', 0)} dialogues, {real.get('turns_with_change', 0)} turns "
+                    "with an emotion change"
+                )
+        rule = next(
+            (r["realism"].get("rule") for r in report["systems"].values() if (r or {}).get("realism")), ""
+        )
+        under.append(f"{title}: {rule}; n: " + "; ".join(counts) + ".")
+    under.append(
+        "Seekers (how real the simulated users are, beside Final): sim/real: the simulated user turns, then "
+        "the same users' real messages; Len ratio: words per simulated turn / words per real message; "
+        "Polite %, Q %: messages with a politeness marker, with a question mark; Len CV: coefficient of "
+        "variation across users of their mean words per message (lower: more alike); Relief@2 %: dialogues "
+        "whose need was met by supporter turn 2; Δemo/turn: mean emotion change per simulated turn; Users: "
+        "users with both simulated turns and real messages."
+    )
+    return head, body, len(REALISM_COLUMNS), under, csv_head, flat
+
+
 def behaviour_note(report: dict, entries: Sequence[dict]) -> str:
     """How the behaviour columns were made: the lists, the quote check, the tracking rule, the
     reward's safety term, with n."""
@@ -412,21 +518,61 @@ def render(
     if fmt not in FORMATS:
         raise InputError(f"--format takes {', '.join(FORMATS)}, not {fmt!r}")
     head, body, width, under = table_cells(reports, harmonic, digits, judge, systems)
-    groups_row = head[0][1::width]
+    real = None
+    if _kind(reports) == SESSIONS:
+        # with hard-to-help seekers the rows are supporter · style and `systems` names supporters;
+        # the realism stays per system (dialogues file)
+        styled = any("seekers" in report for report in reports)
+        real = realism_cells(reports, digits, judge, None if styled else systems)
+    if real is not None:
+        under = [*under, *real[3]]
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(["system", *(f"{g} {c}" for g, c in zip(head[0][1:], head[1][1:], strict=True))])
-        writer.writerows(body)
+        extra = real[4] if real is not None else []
+        writer.writerow(
+            ["system", *(f"{g} {c}" for g, c in zip(head[0][1:], head[1][1:], strict=True)), *extra]
+        )
+        flat = real[5] if real is not None else {}
+        for row in body:
+            writer.writerow([*row, *flat.get(row[0], [""] * len(extra))])
+        # a system that is not a row (the supporter · style rows of hard-to-help seekers): its own
+        # row, the multi-turn columns empty
+        rows = {row[0] for row in body}
+        writer.writerows(
+            [name, *[""] * (len(head[1]) - 1), *cells] for name, cells in flat.items() if name not in rows
+        )
         return out.getvalue() + "".join(f"# {line}\n" for line in under)
     if fmt == "markdown":
-        names = ["System", *(f"{g} {c}" for g, c in zip(head[0][1:], head[1][1:], strict=True))]
-        lines = ["| " + " | ".join(names) + " |", "|" + "---|" + "---:|" * (len(names) - 1)]
-        lines += ["| " + " | ".join(_md(cell) for cell in row) + " |" for row in body]
+        lines = _md_table(head, body)
+        if real is not None:
+            lines += ["", *_md_table(real[0], real[1])]
         lines += ["", *(f"{line}  " for line in under[:-1]), under[-1]]
         return "\n".join(lines) + "\n"
+    lines = _tex_table(head, body, width)
+    if real is not None:
+        lines += ["", "\\medskip", *_tex_table(real[0], real[1], real[2])]
+    lines += [
+        "",
+        "\\par\\smallskip\\noindent{\\footnotesize " + " \\\\\n".join(_tex(line) for line in under) + "}",
+    ]
+    return "\n".join(lines).replace("—", "--") + "\n"
+
+
+def _kind(reports: Sequence[dict]) -> str:
+    return next(iter({report.get("kind", "responses") for report in reports}), "responses")
+
+
+def _md_table(head, body) -> list[str]:
+    names = ["System", *(f"{g} {c}" for g, c in zip(head[0][1:], head[1][1:], strict=True))]
+    lines = ["| " + " | ".join(_md(name) for name in names) + " |", "|" + "---|" + "---:|" * (len(names) - 1)]
+    return lines + ["| " + " | ".join(_md(cell) for cell in row) + " |" for row in body]
+
+
+def _tex_table(head, body, width: int) -> list[str]:
+    groups_row = head[0][1::width]
     spec = "l" + ("|" + "c" * width) * len(groups_row)
-    lines = [
+    return [
         f"\\begin{{tabular}}{{{spec}}}",
         "\\toprule",
         " & " + " & ".join(f"\\multicolumn{{{width}}}{{c}}{{{_tex(g)}}}" for g in groups_row) + " \\\\",
@@ -435,10 +581,7 @@ def render(
         *(" & ".join(_tex(cell) for cell in row) + " \\\\" for row in body),
         "\\bottomrule",
         "\\end{tabular}",
-        "",
-        "\\par\\smallskip\\noindent{\\footnotesize " + " \\\\\n".join(_tex(line) for line in under) + "}",
     ]
-    return "\n".join(lines).replace("—", "--") + "\n"
 
 
 def _md(text: str) -> str:
@@ -448,7 +591,7 @@ def _md(text: str) -> str:
 def _tex(text: str) -> str:
     for char in "\\&%$#_{}":
         text = text.replace(char, "\\" + char if char != "\\" else "\\textbackslash{}")
-    return text.replace("·", "$\\cdot$")
+    return text.replace("·", "$\\cdot$").replace("Δ", "$\\Delta$")
 
 
 def write_table(

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, ValidationError
 from personaemp.errors import InputError, RowError, first_problem
 from personaemp.io import ErrorPolicy, iter_jsonl
 from personaemp.llm.step import RejectedReply, Step
+from personaemp.manifest import resolved
 from personaemp.prompts import Prompt
 from personaemp.records import BIG_FIVE, DIMENSION_DEFINITIONS, DIMENSIONS, Criterion
 from personaemp.shared_options import DEFAULT_LAYOUT
@@ -253,6 +254,7 @@ def remake_criteria(split_path: Path, criteria: Path) -> str:
         source = json.loads(report.read_text(encoding="utf-8")).get("input")
     except (OSError, ValueError, AttributeError):
         source = None
+    source = resolved(source, report.parent) if isinstance(source, str) else None
     source = source or "QUERIES (the file the split was made from)"
     return f"personaemp criteria --input {source} --output {criteria}"
 

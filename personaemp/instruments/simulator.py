@@ -5,26 +5,29 @@ turn (`simulate_user_turn`). gen-dialogues (dataset/dialogues.py) and the traini
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from personaemp import records
 from personaemp.errors import UnitError
 from personaemp.instruments import seekers, simulator_rules
 from personaemp.instruments.criteria import query_units
+from personaemp.instruments.voice import VOICE, pick_voice, render_voice
 from personaemp.language import LANGUAGE_NAMES
 from personaemp.llm.step import Step, edit_schema
 from personaemp.prompts import Prompt
 from personaemp.records import BIG_FIVE, MAX_CHANGE, REJECTED_KEYS, DialogueTurn, Memory
-from personaemp.render import render_memories, render_turns
+from personaemp.render import render_memories
 
 INITIAL_EMOTION = 40  # where every simulated user starts (SAGE's start)
-SATISFIED, GIVE_UP = 100, 10  # the emotion's bounds: leaves satisfied at 100, gives up below 10
+# The emotion's bounds where a dialogue ends: declared with the Dialogue's invariants.
+SATISFIED, GIVE_UP = records.SATISFIED, records.GIVE_UP
 MAX_TURNS = 6  # supporter turns
 TURN_ATTEMPTS = 3  # replies asked per simulated turn before the dialogue fails
 
@@ -206,6 +209,9 @@ async def simulate_user_turn(
     echoes = {simulator_rules.SUPPORTER: turns[-1].text}
     echoes.update({f"its own message {n}": t.text for n, t in enumerate(turns[:-1:2], 1) if t.role == "user"})
     echoes["the simulator prompt"] = prompt_text(prompt)
+    # the voice block: a turn that copies one of the person's real messages is asked again
+    echoes.update({f"their real message {n}": line.removeprefix("- ")
+                   for n, line in enumerate(user.voice.splitlines(), 1)})  # fmt: skip
     style = seekers.style_text().part(user.seeker, "turn", user.language)
     if style:
         echoes["the seeker style's text"] = style
@@ -267,14 +273,16 @@ def prompt_text(prompt: Prompt) -> str:
 HINT = "pass gen-queries' output or a split file written by `personaemp split`"
 
 
-def read_units(path: Path, hint: str = HINT) -> list[dict[str, Any]]:
+def read_units(path: Path, hint: str = HINT, voice: int = VOICE) -> list[dict[str, Any]]:
     """One unit per accepted query of a gen-queries or split file, in file order: what the
-    simulator stands on (`SimulatedUser.of_unit`) and what its dialogue is keyed by."""
-    return query_units(path, hint, simulator_unit)
+    simulator stands on (`SimulatedUser.of_unit`) and what its dialogue is keyed by. `voice`:
+    how many of the user's own messages it is shown (instruments/voice.py's rule; 0: none)."""
+    return query_units(path, hint, functools.partial(simulator_unit, voice=voice))
 
 
-def simulator_unit(record, levels):
-    voice = render_turns(SimpleNamespace(turns=record.turns)) if record.turns else ""
+def simulator_unit(record, levels, voice: int = VOICE):
+    own = [turn.text for turn in record.turns if turn.role == "user"]
+    voice = render_voice(pick_voice(own, voice))
     memories = [m.model_dump(mode="json", include={"memory_id", "label", "label_suggestion", "value"})
                 for m in record.memories]  # fmt: skip
     big_five = dict(zip(BIG_FIVE, levels, strict=True)) if levels else None

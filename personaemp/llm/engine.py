@@ -29,24 +29,23 @@ from personaemp.io import write_json_atomic
 from personaemp.llm.accounting import Accounting, StepStats
 from personaemp.llm.cache import ReplyCache, request_key
 from personaemp.llm.endpoints import LLMError, RawReply, mentions_format, refuses_format
+from personaemp.llm.messages import (  # noqa: F401 - REASK, SCHEMA_IN_PROMPT: importable from here too
+    REASK,
+    SCHEMA_IN_PROMPT,
+    Message,
+    bounded,
+    fold_system,
+    join_turns,
+    reask,
+    with_schema_text,
+)
 from personaemp.llm.reply import EXTRACTOR_VERSION, extract_json, split_reasoning
 from personaemp.llm.step import RejectedReply, Step
-from personaemp.secrets import redact
 
 Reply = TypeVar("Reply", bound=BaseModel)
-Message = dict[str, str]
 
 LADDER = ("json_schema", "json_object", "none")  # what `--structured auto` tries, in order
 TEXT = "text"  # a free-text request (Engine.text): outside the ladder, never refused for its format
-SCHEMA_IN_PROMPT = (
-    "Answer in json: one JSON object that follows this JSON schema, and nothing else.\n{schema}"
-)
-REASK = (
-    "Your previous answer could not be used: {error}.\n"
-    "It was:\n<<<\n{reply}\n>>>\n"
-    "Answer again with only the JSON object, in the required format."
-)
-MAX_REASK_ECHO = 2000  # characters of a bad reply quoted back in a re-ask
 EARLY_HTTP_ERRORS = 3  # the same refusal this often before any reply: the endpoint refuses us
 FAILURES_IN_ROW = 8  # failed requests in a row after replies: the endpoint went away
 DECISIONS_FILE = "endpoints.json"
@@ -225,7 +224,7 @@ class Engine:
                 # bounded schema caps a valid answer): there a cut reply means a loop.
                 if self.mode != "json_object_schema":
                     budget *= 2
-            conversation = _reask(messages, answer or reply.content, error)
+            conversation = reask(messages, answer or reply.content, error)
         stats.failures[kind] += 1
         raise LLMError(
             kind,
@@ -311,10 +310,10 @@ class Engine:
         """The exact chat-completions request for this model in structured mode `mode`
         (TEXT: a free-text request, no response format)."""
         if mode in ("json_object", "none"):
-            messages = _with_schema_text(messages, schema)
-        messages = _join_turns(messages)
+            messages = with_schema_text(messages, schema)
+        messages = join_turns(messages)
         if self.fold_system:
-            messages = _fold_system(messages)
+            messages = fold_system(messages)
         request: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
@@ -597,35 +596,6 @@ def _count_tokens(stats: StepStats, request: dict, reply: RawReply, sent: bool =
     return prompt, completion
 
 
-GRAMMAR_MAX_STRING = 200  # characters
-GRAMMAR_TEXT_CHAR = r"[^\"\\{}<>#\[\]\n\r\t]"  # no quotes, escapes, brackets or markup
-GRAMMAR_MAX_ITEMS = 4  # a small model fills a list to its limit, and slowly (~50 ms/token)
-
-
-def bounded(schema: Any) -> Any:
-    """The schema with a length limit on every string and list that has none.
-
-    For grammar-constrained endpoints (llama.cpp): the grammar keeps a small model on a
-    valid path but not from looping inside an unbounded string or list until max_tokens.
-    """
-    if isinstance(schema, list):
-        return [bounded(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    result = {key: bounded(value) for key, value in schema.items()}
-    kinds = result.get("type")
-    kinds = kinds if isinstance(kinds, list) else [kinds]
-    if "string" in kinds and not {"enum", "const", "format", "pattern"} & result.keys():
-        result.setdefault("maxLength", GRAMMAR_MAX_STRING)
-        # Plain text only: a small model otherwise closes a list inside a string ("... }, {").
-        result["pattern"] = f"^{GRAMMAR_TEXT_CHAR}{{{result.get('minLength', 0)},{result['maxLength']}}}$"
-    if "array" in kinds:
-        # Also below a larger bound (8 traits): a small model fills every list to its limit.
-        ceiling = min(result.get("maxItems", GRAMMAR_MAX_ITEMS), GRAMMAR_MAX_ITEMS)
-        result["maxItems"] = max(ceiling, result.get("minItems", 0))
-    return result
-
-
 def _problem(reply: RawReply, answer: str) -> tuple[str, str | None]:
     """(failure kind, reason) of a reply that cannot be read at all, or (_, None)."""
     if reply.finish_reason == "length":
@@ -644,61 +614,3 @@ def _validation_summary(exc: ValidationError) -> str:
         where = ".".join(str(p) for p in error["loc"]) or "the reply"
         problems.append(f"{where}: {error['msg']}")
     return "; ".join(problems)
-
-
-def _reask(messages: list[Message], bad_reply: str, error: str) -> list[Message]:
-    """The original messages with the bad reply quoted inside the last user turn.
-
-    Not replayed as an assistant turn: thinking-mode endpoints (DeepSeek) refuse an
-    assistant turn without its reasoning, and strict chat templates want roles to alternate."""
-    note = REASK.format(error=redact(error), reply=bad_reply[:MAX_REASK_ECHO])
-    last = messages[-1]
-    if last["role"] == "user":
-        return [*messages[:-1], {"role": "user", "content": f"{last['content']}\n\n{note}"}]
-    return [*messages, {"role": "user", "content": note}]
-
-
-def _with_schema_text(messages: list[Message], schema: dict[str, Any]) -> list[Message]:
-    """For endpoints that cannot take a schema: state it (with the word json, which DeepSeek
-    and OpenAI require for json_object) at the end of the first user turn: after the shared
-    context and the step's task, before what only this request carries (a prompt's second
-    user turn: the moment, the dimension, the response). Not first: a schema differs per
-    step (and per user: ids narrowed to theirs), and would keep the provider's prefix cache
-    from serving the context the requests share."""
-    if "$defs" in schema:
-        # Same schema, $defs last: a step narrows ids per user inside its $defs, and what
-        # comes before the first per-user byte is what the prefix cache can share.
-        schema = {**{k: v for k, v in schema.items() if k != "$defs"}, "$defs": schema["$defs"]}
-    text = SCHEMA_IN_PROMPT.format(schema=json.dumps(schema, separators=(",", ":")))
-    first = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
-    if first is None:
-        return [*messages, {"role": "user", "content": text}]
-    turn = messages[first]
-    return [
-        *messages[:first],
-        {"role": "user", "content": f"{turn['content']}\n\n{text}"},
-        *messages[first + 1 :],
-    ]
-
-
-def _join_turns(messages: list[Message]) -> list[Message]:
-    """Consecutive turns of one role as one: strict chat templates want roles to alternate."""
-    joined: list[Message] = []
-    for message in messages:
-        if joined and joined[-1]["role"] == message["role"]:
-            joined[-1] = {**joined[-1], "content": f"{joined[-1]['content']}\n\n{message['content']}"}
-        else:
-            joined.append(message)
-    return joined
-
-
-def _fold_system(messages: list[Message]) -> list[Message]:
-    """Chat formats that drop system messages (gemma-3 on llama.cpp): prepend them to the first
-    user turn instead."""
-    system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
-    rest = [m for m in messages if m["role"] != "system"]
-    if not system:
-        return rest
-    if rest and rest[0]["role"] == "user":
-        return [{"role": "user", "content": f"{system}\n\n{rest[0]['content']}"}, *rest[1:]]
-    return [{"role": "user", "content": system}, *rest]

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.progress import (
@@ -38,9 +38,9 @@ from personaemp.llm.ray_vllm import rounds, uses_vllm
 from personaemp.llm.session import open_engine
 from personaemp.llm.settings import LLMSettings
 from personaemp.llm.step import Step
+from personaemp.manifest import locked, record_stage, report_entry
 from personaemp.progress import emit
 from personaemp.units import Link, StageOutcome, StageRun, Work, run_chain, run_units
-from personaemp.workspace import locked, record_stage
 
 REPORT_FILE = "run_report.json"
 logger = logging.getLogger("personaemp")
@@ -113,6 +113,7 @@ class LLMStage:
     retry_failed: bool = False
     failures: Path | None = None
     skipped: int = 0  # input rows that are not units (gen-queries: ineligible personas)
+    calls: Sequence[int] | None = None  # per step, calls a unit makes (--estimate); default 1 each
 
     def __post_init__(self) -> None:
         self.full = self.selected is None if self.full is None else self.full
@@ -181,7 +182,8 @@ async def arun_llm_stage(
     notes: dict[str, dict[str, Any]] | None = None,
 ) -> StageReport:
     """Run `make_work(engine)` over `units` (the stage's whole current input, re-iterable;
-    `selected` ids only), resumably; write and return the stage report.
+    `selected` ids only), resumably; write and return the stage report. The library's
+    plain-argument form of `arun_stage`, which takes the stage as an LLMStage.
 
     `fingerprint(engine)` names what makes a finished unit reusable (see Engine.fingerprint).
     `full`: the report describes the build (default: nothing was selected); a quick look's
@@ -192,111 +194,223 @@ async def arun_llm_stage(
     plan = LLMStage(
         stage, units, make_work, key, output, fingerprint, steps=[step for step, _ in chain],
         selected=selected, full=full, input_path=input_path, retry_failed=retry_failed, failures=failures,
+        calls=[calls for _, calls in chain] or None,
     )  # fmt: skip
+    return await arun_stage(plan, settings=settings, console=console, notes=notes)
+
+
+async def arun_stage(
+    plan: LLMStage,
+    *,
+    settings: LLMSettings,
+    console: Console | None = None,
+    notes: dict[str, dict[str, Any]] | None = None,
+) -> StageReport:
+    """Run the plan's units resumably; write and return its report. One pass on this
+    engine, or (`--llm vllm`) passes over batch files with vLLM answering between them.
+    `notes`: the stage's own figures, written in its report (StageReport.notes)."""
     console = console or Console(quiet=True)  # a library call prints only when given a console
-    if uses_vllm(settings):  # passes from batch files, vLLM on Ray answering between them
+    if uses_vllm(settings):
+        return await _in_vllm_rounds(plan, settings, console, notes)
+    return await _one_pass(plan, settings, console, notes)
 
-        async def one_pass(round_settings: LLMSettings, figures: dict) -> StageReport:
-            extra = {**(notes or {}), **figures}
-            return await _one_pass(plan, chain, round_settings, console, extra, began, in_rounds=True)
 
-        began = time.perf_counter()  # the stage's wall time covers its rounds
-        report = await rounds(one_pass, settings, stage, output, console)
-        plan.record(report, settings)
-        return report
-    return await _one_pass(plan, chain, settings, console, notes)
+async def _in_vllm_rounds(
+    plan: LLMStage, settings: LLMSettings, console: Console, notes: dict[str, dict[str, Any]] | None
+) -> StageReport:
+    """Passes over batch files, vLLM on Ray answering between them (ray_vllm.rounds, which
+    says what each round does); the stage's wall time covers its rounds."""
+    began = time.perf_counter()
+
+    async def one_pass(round_settings: LLMSettings, figures: dict) -> StageReport:
+        extra = {**(notes or {}), **figures}
+        return await _one_pass(plan, round_settings, console, extra, began, in_rounds=True)
+
+    report = await rounds(one_pass, settings, plan.stage, plan.output, console)
+    plan.record(report, settings)
+    return report
 
 
 async def _one_pass(
     plan: LLMStage,
-    chain: Sequence[tuple[Step, int]],
     settings: LLMSettings,
     console: Console,
     notes: dict[str, dict[str, Any]] | None,
     started: float | None = None,
     in_rounds: bool = False,
 ) -> StageReport:
-    """arun_llm_stage's work: one pass over the units (one round of a batch). `in_rounds`:
-    a pass of vLLM rounds, which announce the stage and record its report themselves."""
-    stage, units, make_work, key, output = plan.stage, plan.units, plan.make_work, plan.key, plan.output
-    fingerprint, selected, retry_failed = plan.fingerprint, plan.selected, plan.retry_failed
+    """One pass over the plan's units: the engine sends (the units' work in this process or
+    on a Ray pool: `executor`) or is offline (--estimate, --batch: `offline_mode`).
+    `in_rounds`: a pass of vLLM rounds, which announce the stage and record its report."""
     started = started or time.perf_counter()
-    estimate = (
-        Estimate(
-            [(step.name, calls) for step, calls in chain],
+    mode = offline_mode(plan, settings)
+    async with open_engine(settings, notify=_notifier(console), offline=mode.offline) as engine:
+        if not in_rounds:
+            _announce(console, plan, engine, settings)
+        mode.opened(engine, settings)
+        run_on = executor(settings, engine, console)
+        with _progress(console) as progress:
+            # of the units picked (--limit, --users), not of the whole input
+            bar = _progress_bar(progress, plan.stage, _to_do(plan.units, plan.selected), engine)
+            async with run_on:  # the same bookkeeping here wherever each unit's work runs
+                stamp = plan.fingerprint(engine)
+                outcome = await run_units(
+                    plan.units, run_on.work(plan, stamp), key=plan.key, output=plan.output,
+                    failures=plan.failures, fingerprint=stamp, window=_window(engine),
+                    selected=plan.selected, retry_failed=plan.retry_failed, on_progress=bar,
+                    dry=mode.dry,
+                )  # fmt: skip
+        report = plan.report(engine, settings, outcome, started)
+        if run_on.structured() is not None:
+            report.structured = run_on.structured()  # negotiated there, not here
+        report.notes = dict(notes or {})
+        mode.closed(report, engine, settings)
+    if mode.finished(report, settings) and not in_rounds:
+        plan.record(report, settings)
+    return report
+
+
+# --- where each unit's work runs: one protocol ------------------------------------------------------
+
+
+class Executor(Protocol):
+    """Where a stage's units do their work, the bookkeeping staying here: an async context
+    around the pass, and the work of a plan for `run_units`/`run_chain`."""
+
+    async def __aenter__(self) -> Executor: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+    def work(self, plan: LLMStage, fingerprint: str) -> Work: ...
+
+    def structured(self) -> dict[str, Any] | None: ...
+
+
+class InProcess:
+    """Every unit's work on this process's engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def __aenter__(self) -> InProcess:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    def work(self, plan: LLMStage, fingerprint: str) -> Work:
+        return plan.make_work(self.engine)
+
+    def structured(self) -> dict[str, Any] | None:
+        return None  # the engine's own report says it
+
+
+class RayPool:
+    """Every unit's work on a pool of Ray workers (ray_executor.WorkerPool), each with its
+    own engine; the structured mode is negotiated there."""
+
+    def __init__(self, settings: LLMSettings, engine: Engine, console: Console) -> None:
+        console.print(_on_ray(settings))
+        self.pool = WorkerPool(settings, engine)
+
+    async def __aenter__(self) -> RayPool:
+        await self.pool.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.pool.__aexit__(*exc)
+
+    def work(self, plan: LLMStage, fingerprint: str) -> Work:
+        return self.pool.work(plan.stage, plan.make_work, plan.fingerprint, fingerprint)
+
+    def structured(self) -> dict[str, Any] | None:
+        return self.pool.figures.structured()
+
+
+def executor(settings: LLMSettings, engine: Engine, console: Console) -> Executor:
+    """A Ray pool when the settings ask for Ray (`--executor ray`), else this process."""
+    return RayPool(settings, engine, console) if uses_ray(settings) else InProcess(engine)
+
+
+# --- what the engine does with a request: send it, or not (offline engines) -------------------------
+
+
+class Sending:
+    """The plain run: requests are sent, rows written, the run recorded."""
+
+    offline = None  # open_engine's `offline`
+    dry = False  # run_units writes nothing
+
+    def opened(self, engine: Engine, settings: LLMSettings) -> None:
+        pass
+
+    def closed(self, report: StageReport, engine: Engine, settings: LLMSettings) -> None:
+        pass
+
+    def finished(self, report: StageReport, settings: LLMSettings) -> bool:
+        """Whether the pass is the stage's run, to be recorded."""
+        return True
+
+
+class Estimating(Sending):
+    """--estimate: nothing is sent or written; the report says what would be sent, and what
+    it would cost (llm/estimate.py)."""
+
+    dry = True
+
+    def __init__(self, plan: LLMStage, settings: LLMSettings) -> None:
+        calls = plan.calls or [1] * len(plan.steps)
+        self.offline = Estimate(
+            [(step.name, count) for step, count in zip(plan.steps, calls, strict=True)],
             rule=cache_rule(settings),
             first_mode=first_mode(settings),
         )
-        if settings.estimate
-        else None
-    )
-    queue = BatchQueue() if settings.batch is not None else None
-    imported: dict[str, int] = {}
-    awaiting: dict[str, Path] = {}
 
-    async def main() -> StageReport:
-        notify = _notifier(console)
-        async with open_engine(settings, notify=notify, offline=estimate or queue) as engine:
-            if not in_rounds:  # vLLM rounds: ray_vllm.rounds says what each round does
-                _announce(console, plan, engine, settings)
-            if estimate is not None:
-                estimate.remember(engine.cache)
-            if queue is not None:
-                settings.batch.mkdir(parents=True, exist_ok=True)
-                counts, waiting = import_answers(settings.batch, engine.cache)
-                imported.update(counts)
-                awaiting.update(waiting)
-            on_ray = uses_ray(settings)
-            if on_ray:
-                console.print(_on_ray(settings))
-            with _progress(console) as progress:
-                # of the units picked (--limit, --users), not of the whole input
-                bar = _progress_bar(progress, stage, _to_do(units, selected), engine)
-                # On Ray the same bookkeeping here, each unit's work on a Ray worker.
-                async with WorkerPool(settings, engine) if on_ray else contextlib.nullcontext() as pool:
-                    outcome = await run_units(
-                        units,
-                        pool.work(stage, make_work, fingerprint, fingerprint(engine))
-                        if pool
-                        else make_work(engine),
-                        key=key,
-                        output=output,
-                        failures=plan.failures,
-                        fingerprint=fingerprint(engine),
-                        window=_window(engine),
-                        selected=selected,
-                        retry_failed=retry_failed,
-                        on_progress=bar,
-                        dry=estimate is not None,
-                    )
-            report = plan.report(engine, settings, outcome, started)
-            if on_ray and pool.figures.structured() is not None:
-                report.structured = pool.figures.structured()  # negotiated there, not here
-            report.notes = dict(notes or {})
-            if estimate is not None:
-                report.estimate = estimate.report(
-                    cache_history(engine.cache, estimate.rule),
-                    settings.price_in,
-                    settings.price_out,
-                    settings.price_cached,
-                )
-            return report
+    def opened(self, engine: Engine, settings: LLMSettings) -> None:
+        self.offline.remember(engine.cache)
 
-    report = await main()
-    if estimate is not None:
-        return report  # nothing was sent or written: no run to record
-    if queue is not None:
-        new = write_requests(settings.batch, stage, queue, awaiting) if queue.requests else []
+    def closed(self, report: StageReport, engine: Engine, settings: LLMSettings) -> None:
+        estimate, prices = self.offline, (settings.price_in, settings.price_out, settings.price_cached)
+        report.estimate = estimate.report(cache_history(engine.cache, estimate.rule), *prices)
+
+    def finished(self, report: StageReport, settings: LLMSettings) -> bool:
+        return False  # nothing was sent or written: no run to record
+
+
+class Batching(Sending):
+    """--batch DIR: answers found in DIR's batch files are imported into the cache; what is
+    still missing is written there as requests (llm/batch.py), and the stage goes on next
+    round."""
+
+    def __init__(self) -> None:
+        self.offline = BatchQueue()
+        self.imported: dict[str, int] = {}
+        self.awaiting: dict[str, Path] = {}
+
+    def opened(self, engine: Engine, settings: LLMSettings) -> None:
+        settings.batch.mkdir(parents=True, exist_ok=True)
+        counts, waiting = import_answers(settings.batch, engine.cache)
+        self.imported.update(counts)
+        self.awaiting.update(waiting)
+
+    def finished(self, report: StageReport, settings: LLMSettings) -> bool:
+        queue, awaiting = self.offline, self.awaiting
+        new = write_requests(settings.batch, report.stage, queue, awaiting) if queue.requests else []
         waiting = sorted({str(awaiting[cid]) for cid in queue.requests if cid in awaiting})
         report.batch = {
-            **imported, "requests": len(queue.requests), "new_files": [str(f) for f in new],
+            **self.imported, "requests": len(queue.requests), "new_files": [str(f) for f in new],
             "files": [str(f) for f in new] + waiting, "queued": sorted(queue.requests),
         }  # fmt: skip
-        if report.batch["files"]:
-            return report  # the stage goes on next round: nothing to record yet
-    if not in_rounds:
-        plan.record(report, settings)
-    return report
+        return not report.batch["files"]  # files to answer: the stage goes on next round
+
+
+def offline_mode(plan: LLMStage, settings: LLMSettings) -> Sending:
+    """What the engine does with a request in this pass: send it, estimate it, or queue it."""
+    if settings.estimate:
+        return Estimating(plan, settings)
+    if settings.batch is not None:
+        return Batching()
+    return Sending()
 
 
 def _announce(console: Console, plan: LLMStage, engine: Engine, settings: LLMSettings) -> None:
@@ -313,16 +427,6 @@ def _announce(console: Console, plan: LLMStage, engine: Engine, settings: LLMSet
 
 
 run_llm_stage = sync_twin(arun_llm_stage)
-
-
-async def arun_stage(plan: LLMStage, *, settings: LLMSettings, console: Console | None = None) -> StageReport:
-    """arun_llm_stage for a stage declared as an LLMStage (one call per step and unit)."""
-    return await arun_llm_stage(
-        plan.stage, plan.units, plan.make_work, settings=settings, key=plan.key, output=plan.output,
-        fingerprint=plan.fingerprint, selected=plan.selected, full=plan.full, input_path=plan.input_path,
-        retry_failed=plan.retry_failed, console=console, failures=plan.failures,
-        chain=[(step, 1) for step in plan.steps],
-    )  # fmt: skip
 
 
 run_stage = sync_twin(arun_stage)
@@ -351,9 +455,7 @@ async def arun_llm_chain(
         notify = _notifier(console)
         async with open_engine(settings, notify=notify) as engine:
             console.print(_header(f"{first.stage} → {second.stage}", engine))
-            on_ray = uses_ray(settings)
-            if on_ray:
-                console.print(_on_ray(settings))
+            run_on = executor(settings, engine, console)  # one for both stages
             ended = [0.0]
             with (
                 locks.exclusive(first.output),
@@ -397,14 +499,11 @@ async def arun_llm_chain(
                 async with contextlib.AsyncExitStack() as stack:
                     if hasattr(first.units, "__aenter__"):  # a stream (streaming.py) reads on this loop
                         await stack.enter_async_context(first.units)
-                    if on_ray:  # one pool of workers for both stages, each unit's work there
-                        pool = await stack.enter_async_context(WorkerPool(settings, engine))
-                        works = [
-                            pool.work(plan.stage, plan.make_work, plan.fingerprint, run.fingerprint)
-                            for plan, run in zip((first, second), runs, strict=True)
-                        ]
-                    else:
-                        works = [plan.make_work(engine) for plan in (first, second)]
+                    await stack.enter_async_context(run_on)
+                    works = [
+                        run_on.work(first, runs[0].fingerprint),
+                        run_on.work(second, runs[1].fingerprint),
+                    ]
                     await run_chain(
                         Link(runs[0], works[0], first_progress),
                         first.units,
@@ -417,8 +516,8 @@ async def arun_llm_chain(
             for plan, run in zip((first, second), runs, strict=True):
                 part = engine.accounting.only({step.name for step in plan.steps})
                 reports.append(plan.report(engine, settings, run.outcome, started, part))
-                if on_ray and pool.figures.structured() is not None:
-                    reports[-1].structured = pool.figures.structured()  # negotiated there, not here
+                if run_on.structured() is not None:
+                    reports[-1].structured = run_on.structured()  # negotiated there, not here
             reports[0].wall_seconds = (ended[0] or time.perf_counter()) - started
             return reports[0], reports[1]
 
@@ -520,7 +619,7 @@ def append_report(path: Path, entry: dict[str, Any], settings: LLMSettings, full
         entries = report.get(section)
         if not isinstance(entries, dict):
             entries = report[section] = {}
-        entries[entry["stage"]] = {**entry, "full": full, "settings": settings.public()}
+        entries[entry["stage"]] = {**report_entry(entry, path), "full": full, "settings": settings.public()}
         write_json_atomic(path, report)
 
 

@@ -464,6 +464,39 @@ def card_quality(queries: Path | None) -> tuple[dict[str, Any] | None, bytes | N
     return report, plot_agreement(report)
 
 
+# --- fidelity (review --fidelity): people beside the LLM discriminator --------------------------
+
+
+def fidelity_agreement(path: Path, labels: Path) -> dict[str, Any]:
+    """review/fidelity.py's figures from a fidelity file and the labels people wrote on it."""
+    from personaemp.review.fidelity import fidelity_figures
+
+    if not Path(labels).exists():
+        raise InputError(f"{labels}: no labels", "label pairs with `personaemp review --fidelity`")
+    rows = {row["cut_id"]: row for _, _, row in iter_jsonl(Path(path), ErrorPolicy("fail"))}
+    return fidelity_figures(rows, current_labels(read_label_events(Path(labels))), Path(labels))
+
+
+def run_fidelity_agreement(options, console) -> dict[str, Any]:
+    """`personaemp agreement --fidelity FILE`: the figures, written to --out-dir (default:
+    agreement/ beside the file) and printed."""
+    from rich.markup import escape
+
+    from personaemp.review.fidelity import LABELS_FILE as FIDELITY_LABELS
+    from personaemp.review.fidelity import REPORT_FILE as FIDELITY_REPORT
+    from personaemp.review.fidelity import agreement_lines
+
+    path = Path(options.fidelity)
+    report = fidelity_agreement(path, options.labels or path.with_name(FIDELITY_LABELS))
+    out = options.out or path.with_name("agreement")
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / FIDELITY_REPORT, report)
+    for line in agreement_lines(report):
+        console.print(escape(line))
+    console.print(f"wrote {escape(str(out / FIDELITY_REPORT))}")
+    return report
+
+
 def run_agreement(options, settings, console) -> dict[str, Any]:
     """`personaemp agreement` (AgreementOptions, and the [llm] options as LLMSettings): the
     second judge first when --judge-model is given, then the figures, written to --out and
@@ -474,6 +507,8 @@ def run_agreement(options, settings, console) -> dict[str, Any]:
 
     if options.dialogues:
         return run_dialogue_agreement(options, console)
+    if getattr(options, "fidelity", None):
+        return run_fidelity_agreement(options, console)
     labels, second_judge, out = options.paths()
     if options.judge_model:
         from personaemp.summaries import print_stage_report

@@ -83,6 +83,9 @@ def rejected_verdict(entry: dict[str, Any]) -> bool | None:
     return CHECK not in failed
 
 
+HINT = "pass gen-dialogues' output"
+
+
 def read_dialogue_items(paths: Sequence[Path]) -> list[dict[str, Any]]:
     """Every dialogue of every file, each with the ids of the other systems' dialogues of its
     query (`beside`), in file order."""
@@ -96,7 +99,17 @@ def read_dialogue_items(paths: Sequence[Path]) -> list[dict[str, Any]]:
         raise InputError(f"two dialogues files are both named {repeated[0]!r}", "rename one of them")
     items: list[dict[str, Any]] = []
     for system, path in zip(names, paths, strict=True):
-        for _, dialogue in iter_records(Path(path), Dialogue, "a dialogue", "pass gen-dialogues' output"):
+        lines: dict[str, int] = {}  # dialogue id -> its line: a label names one dialogue, never two
+        for lineno, dialogue in iter_records(
+            Path(path), Dialogue, "a dialogue", "pass gen-dialogues' output"
+        ):
+            if dialogue.dialogue_id in lines:
+                raise InputError(
+                    f"{path}:{lineno}: dialogue {dialogue.dialogue_id} again (first on line "
+                    f"{lines[dialogue.dialogue_id]})",
+                    "keep one row per dialogue: labels are keyed by its id",
+                )
+            lines[dialogue.dialogue_id] = lineno
             turns = [_turn(turn) for turn in dialogue.turns]
             items.append(
                 {
@@ -160,6 +173,10 @@ def dialogue_event(body: dict[str, Any], item: dict[str, Any], reviewer: str) ->
     elif kind == "perm" and target:
         if target not in DIMENSIONS:
             raise InputError(f"unknown PERM dimension {shown(target)} (one of {', '.join(DIMENSIONS)})")
+        if isinstance(value, float) and value.is_integer():
+            # 5.0 (a client's JSON number) is the score 5: saved as 5, so every reader counts it;
+            # a fraction (4.5) is no PERM score and is refused below.
+            value = int(value)
         if value is not None and (isinstance(value, bool) or value not in PERM_SCORES):
             raise InputError(f"{name} takes 1 to 5, not {shown(value)}")
     else:

@@ -56,6 +56,15 @@ class ReviewOptions(Section):
             io="read",
         ),
     ] = []
+    fidelity: Annotated[
+        Path | None,
+        Opt(
+            "Review blinded pairs of `personaemp fidelity`'s output instead: which of two messages did "
+            "this person write next? Labels default to fidelity_labels.jsonl beside it.",
+            metavar="FILE",
+            io="read",
+        ),
+    ] = None
 
 
 @declare("agreement")
@@ -118,6 +127,17 @@ class AgreementOptions(Section):
             io="read",
         ),
     ] = []
+
+    fidelity: Annotated[
+        Path | None,
+        Opt(
+            "A fidelity file people labelled (`personaemp review --fidelity`): their accuracy (Wilson "
+            "95% CI) and kappa between the LLM discriminator and them. Labels default to "
+            "fidelity_labels.jsonl beside it.",
+            metavar="FILE",
+            io="read",
+        ),
+    ] = None
 
     def paths(self) -> tuple[Path, Path, Path]:
         """(labels, second judge, out), the defaults beside the input."""

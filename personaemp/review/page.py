@@ -42,6 +42,8 @@ from personaemp.errors import InputError
 from personaemp.instruments.query_check import CHECKS, JUDGED
 from personaemp.io import ErrorPolicy, cut_torn_tail, iter_jsonl
 from personaemp.review.dialogues import LABELS_FILE, dialogue_event, read_dialogue_items
+from personaemp.review.fidelity import LABELS_FILE as FIDELITY_LABELS
+from personaemp.review.fidelity import fidelity_event, public, read_fidelity_items, sample_pairs
 from personaemp.review.fields import NAME_CHARS, NOTE_CHARS, VALUES, UnknownTarget, shown
 
 # The checks whose verdict is the LLM judge's: its three judgments, and the category it
@@ -52,6 +54,8 @@ ASSETS = {
     "/review.js": "review.js",
     "/dialogue.js": "dialogue.js",
     "/review.css": "review.css",
+    "/fidelity.html": "fidelity.html",
+    "/fidelity.js": "fidelity.js",
 }
 TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
 
@@ -194,6 +198,9 @@ def _sync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+LABEL_TEXT_KEYS = ("reviewer", "query_id", "field", "item")  # what current_labels keys on: text
+
+
 def read_label_events(path: Path) -> list[dict[str, Any]]:
     """The events of a labels file; a line cut by a crash (the last one) is left out."""
     events = []
@@ -211,6 +218,12 @@ def read_label_events(path: Path) -> list[dict[str, Any]]:
             ) from None
         if not isinstance(event, dict) or not {"reviewer", "query_id", "field"} <= event.keys():
             raise InputError(f"{path}:{number}: not a label event (reviewer, query_id, field)")
+        wrong = [key for key in LABEL_TEXT_KEYS if key in event and not isinstance(event[key], str)]
+        if wrong and not (wrong == ["item"] and event["item"] is None):
+            raise InputError(
+                f"{path}:{number}: a label event's {wrong[0]} is text, not {shown(event[wrong[0]], 40)}",
+                "fix or remove the line (the review page writes only text there)",
+            )
         events.append(event)
     return events
 
@@ -238,12 +251,15 @@ def make_event(body: Any, items: dict[str, dict[str, Any]], now: str | None = No
     # printable only: names are shown on the terminal and in the card
     if not reviewer or len(reviewer) > NAME_CHARS or not reviewer.isprintable():
         raise InputError(f"a reviewer name of 1-{NAME_CHARS} printable characters is needed")
-    if "item" in body:  # a dialogue
+    if "item" in body:  # a dialogue, or a pair of review --fidelity
         key = body["item"]
         item = items.get(key) if isinstance(key, str) else None
-        if item is None or item.get("kind") != "dialogue":
+        if item is None or item.get("kind") not in ("dialogue", "fidelity"):
             raise InputError(f"no dialogue {shown(key)} in this sample")
-        event = dialogue_event(body, item, reviewer)
+        if item["kind"] == "fidelity":
+            event = fidelity_event(body, item, reviewer)
+        else:
+            event = dialogue_event(body, item, reviewer)
         event["at"] = now or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         return event
     query_id, name, value = body.get("query_id"), body.get("field"), body.get("value")
@@ -293,6 +309,7 @@ class ReviewSession:
     labels: LabelFile
     source: str = ""
     token: str = field(default_factory=lambda: token_urlsafe(24), repr=False)
+    page: str = "index.html"  # what "/" serves (review --fidelity: its own page)
     by_id: dict[str, dict[str, Any]] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -374,11 +391,11 @@ class _Handler(BaseHTTPRequestHandler):
         except Refused as error:
             return self._refuse(error)
         if url.path in ASSETS:
-            name = ASSETS[url.path]
+            name = self.session.page if url.path == "/" else ASSETS[url.path]
             self._send(HTTPStatus.OK, _asset(name), TYPES[Path(name).suffix])
         elif url.path == "/api/items":
             self._json({"source": self.session.source, "labels": str(self.session.labels.path),
-                        "items": self.session.items})  # fmt: skip
+                        "items": [public(i) for i in self.session.items]})  # fmt: skip
         elif url.path == "/api/labels":
             reviewer = (parse_qs(url.query).get("reviewer") or [""])[0]
             try:
@@ -468,6 +485,16 @@ def open_dialogue_session(dialogues: Sequence[Path], labels: Path, size: int, se
     )
 
 
+def open_fidelity_session(path: Path, labels: Path, size: int, seed: int) -> ReviewSession:
+    """A sample of `size` blinded pairs of a fidelity file (review/fidelity.py)."""
+    items = read_fidelity_items(Path(path), seed)
+    if not items:
+        raise InputError(f"{path}: no pairs to review", "run `personaemp fidelity` first")
+    return ReviewSession(
+        sample_pairs(items, size, seed), LabelFile(labels), source=str(path), page="fidelity.html"
+    )
+
+
 def _dialogues(options) -> list[Path]:
     return [Path(p) for p in getattr(options, "dialogues", None) or ()]  # options made before --dialogues
 
@@ -477,6 +504,8 @@ def review_labels(options) -> Path:
     beside the first dialogues file)."""
     if options.labels:
         return options.labels
+    if getattr(options, "fidelity", None):
+        return Path(options.fidelity).with_name(FIDELITY_LABELS)
     if _dialogues(options):
         return Path(_dialogues(options)[0]).with_name(LABELS_FILE)
     return Path(options.input).with_name("labels.jsonl")
@@ -487,7 +516,10 @@ def serve_review(options, console) -> None:
     from rich.markup import escape
 
     labels = review_labels(options)
-    if _dialogues(options):
+    if getattr(options, "fidelity", None):
+        session = open_fidelity_session(options.fidelity, labels, options.size, options.seed)
+        what = f"{len(session.items)} blinded pairs"
+    elif _dialogues(options):
         session = open_dialogue_session(_dialogues(options), labels, options.size, options.seed)
         what = f"{len(session.items)} dialogues of {len({i['query_id'] for i in session.items})} queries"
     else:

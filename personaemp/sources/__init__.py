@@ -38,6 +38,12 @@ def detect_format(source: str) -> str:
     return "raw"
 
 
+def check_source(source: str, fmt: str = "auto") -> None:
+    """A path that does not exist, said before anything is opened (an HF dataset id is not a path)."""
+    if fmt != "hf" and not source.startswith(HF_PREFIX) and not Path(source).exists():
+        raise InputError(f"{source}: no such file or folder", "check --input")
+
+
 def read_users(
     source: str,
     policy: ErrorPolicy,

@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 import os
 import statistics
 import threading
@@ -107,6 +108,9 @@ class InteractionOptions:
     samples: int = 1  # k of the dynamic session judge
     turn_attempts: int = TURN_ATTEMPTS
     character_check: bool = True
+    # The user's real messages shown as their voice: the newest `voice` of those export wrote
+    # (instruments/voice.py's rule); 0: none; None: all export wrote.
+    voice: int | None = None
     # the safety term ([reward] safety / safety_bound of the config when not given here)
     safety: float | None = None
     safety_bound: float | None = None
@@ -127,6 +131,8 @@ class InteractionOptions:
             raise InputError(f"weight must be between 0 and 1, not {self.weight}")
         if self.max_turns < 1 or self.samples < 1 or self.turn_attempts < 1:
             raise InputError("max_turns, samples and turn_attempts must be at least 1")
+        if self.voice is not None and self.voice < 0:
+            raise InputError(f"voice must be 0 or more, not {self.voice}")
 
     @classmethod
     def of(cls, config: Mapping[str, Any]) -> InteractionOptions:
@@ -302,6 +308,11 @@ class SimulatedUserInteraction:
 
     async def start_interaction(self, instance_id: str | None = None, **kwargs) -> str:
         instance_id = instance_id or str(uuid.uuid4())
+        if instance_id in self.sessions:  # it would replace a live session's turns silently
+            raise InputError(
+                f"interaction: instance_id {instance_id!r} is a session still open",
+                "call finalize_interaction on it first, or pass a new id",
+            )
         unit = kwargs.get("user")
         if not isinstance(unit, Mapping):
             raise InputError(
@@ -317,7 +328,10 @@ class SimulatedUserInteraction:
                 f"interaction_kwargs: the simulated user has no {', '.join(missing)}",
                 "write the data with `personaemp export --dialogues`",
             )
-        user = SimulatedUser.of_unit(unit)
+        if self.options.voice is not None:
+            shown = unit["voice"].splitlines()[-self.options.voice :] if self.options.voice else []
+            unit = {**unit, "voice": "\n".join(shown)}
+        user = _simulated_user(unit)
         need = await self.service.call(
             lambda engine: write_hidden_need(engine, user, self.prompts(engine.prompt_variant)[0])
         )
@@ -341,6 +355,17 @@ class SimulatedUserInteraction:
         session = self.session(instance_id)
         if session.ended_by is not None:
             raise InputError(f"interaction: session {instance_id!r} has ended ({session.ended_by})")
+        if not isinstance(messages, list | tuple) or not all(isinstance(m, Mapping) for m in messages):
+            wrong = (
+                messages
+                if not isinstance(messages, list | tuple)
+                else next(m for m in messages if not isinstance(m, Mapping))
+            )
+            raise InputError(
+                f"interaction: generate_response's messages must be a list of chat messages (dicts with "
+                f"role and content), not one holding {type(wrong).__name__}",
+                'pass [{"role": "assistant", "content": ...}, ...]',
+            )
         reply = next((m for m in reversed(messages) if m.get("role") == "assistant"), None)
         text = split_reasoning(_content(reply))[0].strip() if reply is not None else ""
         if not text:
@@ -472,6 +497,26 @@ class SimulatedUserInteraction:
         self.sessions.pop(instance_id, None)
 
 
+def _simulated_user(unit: dict) -> SimulatedUser:
+    """The simulated user of `interaction_kwargs["user"]`, its memories checked as export
+    writes them (a list of memory objects, memory_ids a list of ids): an error names the key."""
+    from pydantic import ValidationError
+
+    from personaemp.errors import first_problem
+
+    hint = "write the data with `personaemp export --dialogues`"
+    memories, ids = unit["memories"], unit["memory_ids"]
+    if not isinstance(memories, list) or not all(isinstance(m, Mapping) for m in memories):
+        shown = f"{memories!r:.80}"
+        raise InputError(f"interaction_kwargs: user.memories must be a list of memories, not {shown}", hint)
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise InputError(f"interaction_kwargs: user.memory_ids must be a list of ids, not {ids!r:.80}", hint)
+    try:
+        return SimulatedUser.of_unit(unit)
+    except ValidationError as error:
+        raise InputError(f"interaction_kwargs: user.memories.{first_problem(error)}", hint) from None
+
+
 def _content(message: Mapping[str, Any]) -> str:
     """A chat message's text (a string, or a list of text parts)."""
     content = message.get("content") or ""
@@ -494,8 +539,21 @@ def _plain(value: Any) -> Any:
 def compute_score(data_source=None, solution_str="", ground_truth=None, extra_info=None, **kwargs) -> float:
     """verl's custom reward for rollouts driven by the Interaction: the last turn score (the
     session reward when the session ended it; see the module's docstring)."""
-    scores = list((extra_info or {}).get("turn_scores") or [])
-    return float(scores[-1]) if scores else 0.0
+    found = (extra_info or {}).get("turn_scores") if isinstance(extra_info, Mapping) else None
+    found = _plain(found) if found is not None else []
+    if not isinstance(found, list) or not all(
+        score is None or (isinstance(score, int | float) and not isinstance(score, bool)) for score in found
+    ):
+        raise InputError(
+            f"compute_score: extra_info['turn_scores'] must be a list of numbers, not {found!r:.80}",
+            "pass the agent loop's extra_fields.turn_scores",
+        )
+    scores = [float(score) for score in found if score is not None]  # None: the simulator failed a turn
+    if any(not math.isfinite(score) for score in scores):
+        raise InputError(
+            f"compute_score: extra_info['turn_scores'] holds a number that is not finite ({scores})"
+        )
+    return scores[-1] if scores else 0.0
 
 
 __all__ = ["CLASS_PATH", "NAME", "InteractionOptions", "SimulatedUserInteraction", "compute_score"]

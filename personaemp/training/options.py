@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from personaemp.options import Opt, OptionProblem, Section, declare
+from personaemp.options import Opt, OptionProblem, Section, declare, describe
 from personaemp.shared_options import (
     DEFAULT_LAYOUT,
     PROCESSED,
@@ -136,3 +136,17 @@ class RewardConfig(Section):
         if not self.dynamic and (self.samples > 1 or self.joint):
             raise OptionProblem("dynamic", "is false: samples and joint apply to the dynamic judge")
         return self
+
+
+def checked_arguments(model: type[Section], caller: str, **values) -> Section:
+    """A Python API's arguments checked by the same declarations as the config file's keys
+    (PereGRM(reward_lambda=-1) is refused as `[reward] reward_lambda = -1` is), the error
+    naming the argument: "PereGRM: reward_lambda= should be greater than or equal to 0"."""
+    from personaemp.errors import InputError
+
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        raise InputError(
+            describe(exc, lambda field, lead: f"{caller}: {field}=" if field else caller)
+        ) from None

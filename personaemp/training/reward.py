@@ -111,6 +111,7 @@ from personaemp.training.reward_instrument import (  # noqa: F401 - also read fr
     DimensionJudgment,
     JointReply,
     RewardOptions,
+    checked_options,
 )
 from personaemp.training.reward_log import StepResult, agreement, summarise, summarise_log
 from personaemp.training.rollouts import Rollout, rollout_from
@@ -120,7 +121,6 @@ from personaemp.training.verl_reward import _Shared
 log = logging.getLogger("personaemp.reward")
 
 STEP_GAP = 1.0  # seconds with no per-rollout call in flight that end a step (its log line)
-
 
 # --- the reward --------------------------------------------------------------------------------
 
@@ -137,13 +137,9 @@ class Reward:
         name: str = "peregrm",
         step_gap: float = STEP_GAP,
     ):
-        options = options or RewardOptions()
-        if options.samples < 1:
-            raise InputError("samples must be at least 1")
+        options = checked_options(options or RewardOptions(), type(self).__name__)
         if options.fallback not in FALLBACKS:
             raise InputError(f"fallback takes {', '.join(FALLBACKS)}, not {options.fallback!r}")
-        if not options.dynamic and (options.samples > 1 or options.joint):
-            raise InputError("samples and joint apply to the dynamic (PereGRM) judge")
         if options.layout not in LAYOUTS:
             raise InputError(f"layout takes {', '.join(LAYOUTS)}, not {options.layout!r}")
         if not (0 <= options.safety <= 1 and 0 <= options.safety_bound <= 1):

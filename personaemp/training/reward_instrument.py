@@ -1,6 +1,7 @@
 """The training reward's instrument: what it asks the judge in joint mode (the step and its
-reply), the options that choose the instrument (RewardOptions) and what a judgment that could
-not be had scores (FALLBACKS). personaemp.training.reward scores with them."""
+reply), the options that choose the instrument (RewardOptions, checked as the [reward] keys
+are) and what a judgment that could not be had scores (FALLBACKS).
+personaemp.training.reward scores with them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pydantic import BaseModel, Field
 from personaemp.instruments.judges import FLOOR, Score
 from personaemp.llm.step import Step
 from personaemp.records import DIMENSIONS
-from personaemp.training.options import RewardConfig
+from personaemp.training.options import RewardConfig, checked_arguments
 
 FALLBACKS = {
     # dimension score (1-5) and B (0-1) of a judgment that could not be had
@@ -74,3 +75,20 @@ class RewardOptions:
         """Judge calls one judged rollout asks for (before cache and de-duplication)."""
         per_sample = 1 if self.joint else len(DIMENSIONS)
         return per_sample * (self.samples if self.dynamic else 1) + int(self.bystander) + int(self.safety > 0)
+
+
+def checked_options(options: RewardOptions, caller: str = "Reward") -> RewardOptions:
+    """`options` checked where the [reward] keys are (RewardConfig: samples >= 1, a finite
+    reward_lambda >= 0, samples and joint only with the dynamic judge...), as read there
+    ("3" for samples is 3, as in the file); an error names the argument."""
+    checked = checked_arguments(
+        RewardConfig, caller, dynamic=options.dynamic, samples=options.samples, bystander=options.bystander,
+        reward_lambda=options.reward_lambda, joint=options.joint, fallback=options.fallback,
+        criteria=options.criteria_file, layout=options.layout, safety=options.safety,
+        safety_bound=options.safety_bound,
+    )  # fmt: skip
+    return dataclasses.replace(
+        options, dynamic=checked.dynamic, samples=checked.samples, bystander=checked.bystander,
+        reward_lambda=checked.reward_lambda, joint=checked.joint, safety=checked.safety,
+        safety_bound=checked.safety_bound,
+    )  # fmt: skip
