@@ -62,6 +62,16 @@ class Opt:
     # notice on stderr, for one release.
     renamed_from: str | None = None
 
+    @classmethod
+    def input(cls, help: str, derive: str | None = None, **more: Any) -> Opt:
+        """The file a command reads its records from: --input/-i, every command's alike."""
+        return cls(help, ("--input", "-i"), derive=derive, io="read", **more)
+
+    @classmethod
+    def output(cls, help: str, derive: str | None = None, **more: Any) -> Opt:
+        """The file a command writes: --output/-o, every command's alike."""
+        return cls(help, ("--output", "-o"), derive=derive, io="write", **more)
+
 
 class OptionProblem(ValueError):
     """A validation failure naming the option it is about; `{field}` placeholders in the

@@ -18,6 +18,7 @@ from personaemp.vocabulary import (
     STEP_NAMES,
     Check,
     LayoutName,
+    Part,
     PersonaCheck,
     SplitName,
     StepName,
@@ -75,6 +76,15 @@ Shard = Annotated[
         "into <output>.shard-I-of-N.jsonl; `personaemp merge` joins the parts.",
         metavar="I/N",
     ),
+]
+Users = Annotated[
+    Names | None,
+    Field(min_length=1),
+    Opt("Only these user ids (repeat or comma-separate).", metavar="ID"),
+]
+OnError = Annotated[
+    Literal["fail", "skip"],
+    Opt("fail: stop at the first bad row, write nothing; skip: skip bad rows and count them."),
 ]
 Categories = Annotated[list[Category], BeforeValidator(_upper)]
 Force = Annotated[
@@ -381,6 +391,17 @@ JUDGE_DEFAULTS = JudgeDefaults()
 
 
 SplitSetting = Annotated[SplitName, Opt("Split setting.")]
+
+
+class OfASplit(Section):
+    """The options of a command that reads one part of one split setting (respond, evaluate,
+    export): these three come first in its section."""
+
+    splits: SplitsFolder = PROCESSED / "splits"
+    split: SplitSetting = "random"
+    part: Annotated[Part, Opt("Part of the split.")] = "test"
+
+
 RagK = Annotated[int, Field(ge=1), Opt("Memories given with --context rag (the paper: 3).")]
 MismatchSeed = Annotated[
     int, Opt("Seed choosing whose memories each user gets with --context mismatch (never their own).")

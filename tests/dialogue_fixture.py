@@ -12,9 +12,10 @@ The figures of the labels, worked out by hand:
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
-from conftest import write_jsonl
+from conftest import read_jsonl, write_jsonl
 
 from personaemp.instruments.simulator_rules import RULES  # each ran on every fixture turn
 from personaemp.review.page import LabelFile, make_event
@@ -80,6 +81,15 @@ def dialogue(system: str, n: int, query: str | None = None, user: str | None = N
     }  # fmt: skip
 
 
+def build_queries(sample_build: Path, tmp_path: Path) -> tuple[Path, list[tuple[str, str]]]:
+    """A copy of the sample build under tmp_path/processed: its splits folder and the (query id,
+    user id) of each query of its random test split, in file order."""
+    shutil.copytree(sample_build, tmp_path / "processed")
+    splits = tmp_path / "processed" / "splits"
+    rows = read_jsonl(splits / "random" / "test.jsonl")
+    return splits, [(q["query_id"], row["user_id"]) for row in rows for q in row["queries"]]
+
+
 def write_dialogues(folder: Path) -> list[Path]:
     """folder/policy-a/policy-a.jsonl and folder/policy-b/policy-b.jsonl: each supporter's
     gen-dialogues output in a folder of its own, as two runs write them (each with its own
@@ -90,6 +100,12 @@ def write_dialogues(folder: Path) -> list[Path]:
         run.mkdir(parents=True, exist_ok=True)
         paths.append(write_jsonl(run / f"{system}.jsonl", [dialogue(system, n) for n in range(1, 7)]))
     return paths
+
+
+def agreement_args(paths: list[Path], resamples: int) -> list[str]:
+    """`personaemp agreement --dialogues A --dialogues B --resamples N`, as a person types it."""
+    dialogues = [arg for path in paths for arg in ("--dialogues", str(path))]
+    return ["agreement", *dialogues, "--resamples", str(resamples)]
 
 
 def write_failures(path: Path) -> Path:

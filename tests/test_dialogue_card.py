@@ -5,20 +5,16 @@ dialogues ended, the histogram of final emotion, each check's rate over every re
 from __future__ import annotations
 
 import re
-import shutil
 
 from conftest import read_jsonl, write_jsonl
-from dialogue_fixture import dialogue, write_failures
+from dialogue_fixture import build_queries, dialogue, write_failures
 
 from personaemp.dataset.publish import publish
 
 
 def test_the_card_says_what_happened_to_the_dialogues(tmp_path, sample_build):
-    processed = tmp_path / "processed"
-    shutil.copytree(sample_build, processed)
-    splits = processed / "splits"
-    queries = [(q["query_id"], row["user_id"]) for row in read_jsonl(splits / "random" / "test.jsonl")
-               for q in row["queries"]][:3]  # fmt: skip
+    splits, queries = build_queries(sample_build, tmp_path)
+    queries = queries[:3]
     assert len(queries) == 3
     # policy-b's run: three dialogues, the last one (n=5) made with --no-character-check, and
     # two lost to the simulator's rules
@@ -70,11 +66,8 @@ def test_the_card_says_what_happened_to_the_dialogues(tmp_path, sample_build):
 
 
 def test_a_check_that_never_ran_is_not_checked_not_a_pass(tmp_path, sample_build):
-    processed = tmp_path / "processed"
-    shutil.copytree(sample_build, processed)
-    splits = processed / "splits"
-    query, user = next((q["query_id"], row["user_id"]) for row in read_jsonl(splits / "random" / "test.jsonl")
-                       for q in row["queries"])  # fmt: skip
+    splits, queries = build_queries(sample_build, tmp_path)
+    query, user = queries[0]
     dialogues = write_jsonl(tmp_path / "dialogues.jsonl", [dialogue("policy-b", 5, query, user)])
     publish(splits, out=tmp_path / "ds", dialogues=dialogues)
     card = (tmp_path / "ds" / "README.md").read_text(encoding="utf-8")
@@ -99,11 +92,8 @@ def test_push_publishes_every_dialogues_file_given(tmp_path, sample_build):
 
     from personaemp.cli import app
 
-    processed = tmp_path / "processed"
-    shutil.copytree(sample_build, processed)
-    splits = processed / "splits"
-    queries = [(q["query_id"], row["user_id"]) for row in read_jsonl(splits / "random" / "test.jsonl")
-               for q in row["queries"]][:3]  # fmt: skip
+    splits, queries = build_queries(sample_build, tmp_path)
+    queries = queries[:3]
     files = []
     for system in ("policy-a", "policy-b"):
         rows = [dialogue(system, n, query, user) for n, (query, user) in zip((1, 2, 3), queries, strict=True)]

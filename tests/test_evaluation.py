@@ -38,6 +38,8 @@ LEVELS = {
 TRAITS = ("openness", "conscientiousness", "extraversion", "agreeableness", "neuroticism")
 # The judge's score for each query (read from the query text it is shown), per dimension.
 SCORES = {"u1-q1": (5, 4, 3), "u1-q2": (2, 2, 2), "u2-q1": (4, 4, 4), "u3-q1": (3, 5, 1)}
+# SCORES' means over the four queries (resonation: (5 + 2 + 4 + 3) / 4), worked out by hand
+MEANS = {"resonation": 3.5, "expression": 3.75, "reception": 2.5}
 CATEGORY = {"u1-q1": "ES", "u1-q2": "SS", "u2-q1": "HEQ", "u3-q1": "ES"}
 
 
@@ -214,6 +216,19 @@ def test_rag_picks_the_memories_sharing_rare_words():
             {"memory_id": "b", "value": "喜欢跑步"}], 1)] == ["a"]  # fmt: skip
 
 
+def test_a_criteria_estimate_counts_a_call_per_dimension_and_sends_nothing(workspace):
+    """The plan's `calls` (by step name): a query's criteria take one call per dimension,
+    and --estimate counts that many for each of the 4 queries."""
+    from dataclasses import replace
+
+    with FakeOpenAI(responder=judge) as server:
+        estimating = replace(settings(server, workspace), estimate=True)
+        report = write_criteria(workspace / "queries.jsonl", workspace / "criteria.jsonl", estimating).report
+        assert server.count == 0
+    assert report.estimate["steps"]["criteria"]["calls"] == 4 * len(DIMENSIONS)
+    assert not (workspace / "criteria.jsonl").exists()
+
+
 def write_criteria_file(workspace: Path) -> Path:
     item = {"name": "n", "weight": 25.0, "description": "d"}
     rows = [{"query_id": q, "criteria": {d: [item] * 4 for d in DIMENSIONS}} for q in SCORES]
@@ -258,8 +273,7 @@ def test_evaluate_scores_each_system_by_query_and_counts_missing_and_empty(works
         1,
         1,
     )
-    # resonation over the four queries: (5 + 2 + 4 + 3) / 4
-    assert full_entry["dimensions"] == {"resonation": 3.5, "expression": 3.75, "reception": 2.5}
+    assert full_entry["dimensions"] == MEANS
     assert full_entry["avg"] == round((3.5 + 3.75 + 2.5) / 3, 3)
     hs = [harmonic(dict(zip(DIMENSIONS, s, strict=True))) for s in SCORES.values()]
     assert full_entry["harmonic"] == round(sum(hs) / 4, 4)
@@ -352,11 +366,7 @@ def test_dynamic_at_k_averages_k_samples_and_needs_a_temperature(workspace):
     rows = read_jsonl(workspace / "r.scores.jsonl")
     assert all(len(r["samples"][d]) == 3 for r in rows for d in DIMENSIONS)
     assert evaluation["mode"] == "dynamic@3" and evaluation["criteria_file"] is None
-    assert evaluation["systems"]["full"]["dimensions"] == {
-        "resonation": 3.5,
-        "expression": 3.75,
-        "reception": 2.5,
-    }
+    assert evaluation["systems"]["full"]["dimensions"] == MEANS
 
 
 def test_bad_inputs_stop_before_any_request(workspace):
@@ -405,11 +415,7 @@ def test_the_three_commands_from_the_cli(workspace, monkeypatch):
     assert "resonation" in result.output and "Avg" in result.output and "rag" in result.output
     evaluation = json.loads((workspace / "eval.json").read_text())
     assert evaluation["systems"]["rag"]["judged"] == 4
-    assert evaluation["systems"]["rag"]["dimensions"] == {
-        "resonation": 3.5,
-        "expression": 3.75,
-        "reception": 2.5,
-    }
+    assert evaluation["systems"]["rag"]["dimensions"] == MEANS
 
 
 def test_a_rerun_sends_nothing_and_a_changed_response_is_judged_again_alone(workspace):
@@ -433,22 +439,28 @@ def test_a_rerun_sends_nothing_and_a_changed_response_is_judged_again_alone(work
         assert server.count == 4 * 3 + 3, "only the changed response is judged again"
 
 
-def test_own_responses_lose_their_reasoning_and_unknown_ids_are_named(workspace):
+def evaluated_floored(workspace, name: str, rows: list) -> tuple[Path, dict, str]:
+    """One system's responses (workspace/<name>.jsonl) judged with --missing floor against the
+    fixed criteria: the file, its report entry and every message the judge was sent (JSON)."""
     criteria = write_criteria_file(workspace)
-    own = write_jsonl(workspace / "own.jsonl", [
+    responses = write_jsonl(workspace / f"{name}.jsonl", rows)
+    with FakeOpenAI(responder=judge) as server:
+        evaluation = evaluate(
+            workspace / "splits", [responses], workspace / "r.json", settings(server, workspace),
+            criteria_file=criteria, options=JudgeOptions(missing="floor"), console=QUIET,
+        ).summary  # fmt: skip
+        judged = json.dumps([r.body["messages"] for r in server.chat_requests])
+    return responses, evaluation["systems"][name], judged
+
+
+def test_own_responses_lose_their_reasoning_and_unknown_ids_are_named(workspace):
+    own, entry, judged = evaluated_floored(workspace, "own", [
         {"query_id": "u1-q1", "response": "<think>the user is sad</think>I am sorry."},
         {"query_id": "u1-q2", "response": "<think>never closed"},
         "",
         {"query_id": "typo-q1", "response": "hello"},
     ])  # fmt: skip
-    with FakeOpenAI(responder=judge) as server:
-        evaluation = evaluate(
-            workspace / "splits", [own], workspace / "r.json", settings(server, workspace),
-            criteria_file=criteria, options=JudgeOptions(missing="floor"), console=QUIET,
-        ).summary  # fmt: skip
-        judged = json.dumps([r.body["messages"] for r in server.chat_requests])
     assert "I am sorry." in judged and "the user is sad" not in judged and "never closed" not in judged
-    entry = evaluation["systems"]["own"]
     # A reply cut while reasoning shows the user nothing: missing, and counted as cut.
     assert (entry["judged"], entry["empty"], entry["missing"], entry["cut_in_reasoning"]) == (1, 0, 3, 1)
     assert entry["unknown_query_ids"] == 1 and entry["unknown_examples"] == [f"{own}:4 typo-q1"]
@@ -534,20 +546,25 @@ def test_weights_sum_to_exactly_100_and_bad_criteria_rows_are_one_line(workspace
         )
 
 
-def test_dynamic_counts_an_unreadable_sample_and_sends_a_seed_per_sample(workspace):
-    full = write_jsonl(workspace / "full.jsonl", [{"query_id": q, "response": f"r {q}"} for q in SCORES])
-
+def first_sample_unreadable(query: str):
+    """A judge whose first sample of `query`'s resonation cannot be read, its re-asks included
+    (3 requests); every other request is judged."""
     seen = []
 
-    def once_unreadable(body, n):
-        """The first sample of u3-q1's resonation is unreadable, re-asks included (3 requests)."""
+    def responder(body, n):
         text = json.dumps(body["messages"])
-        if "[u3-q1]" in text and "Dimension: resonation" in text:
+        if f"[{query}]" in text and "Dimension: resonation" in text:
             seen.append(n)
             if len(seen) <= 3:
                 return invalid_json_content()
         return judge(body, n)
 
+    return responder
+
+
+def test_dynamic_counts_an_unreadable_sample_and_sends_a_seed_per_sample(workspace):
+    full = write_jsonl(workspace / "full.jsonl", [{"query_id": q, "response": f"r {q}"} for q in SCORES])
+    once_unreadable = first_sample_unreadable("u3-q1")
     with FakeOpenAI(responder=judge) as seeded:  # --seed 3, @2: sample k sends seed 3 + k
         evaluate(workspace / "splits", [full], workspace / "seeded.json",
                  LLMSettings(base_urls=[seeded.base_url], model="m", seed=3, work_dir=workspace / "w",
@@ -574,16 +591,7 @@ def test_an_unreadable_dynamic_sample_counts_3_of_5_at_the_authors_temperature(w
     """By default, as the authors' reward: every dynamic call at 0.3 (@k needs no setting), and
     a sample that cannot be read is 3 of 5 in the mean, counted."""
     full = write_jsonl(workspace / "full.jsonl", [{"query_id": q, "response": f"r {q}"} for q in SCORES])
-    seen = []
-
-    def once_unreadable(body, n):
-        text = json.dumps(body["messages"])
-        if "[u1-q1]" in text and "Dimension: resonation" in text:
-            seen.append(n)
-            if len(seen) <= 3:  # the first sample, re-asks included
-                return invalid_json_content()
-        return judge(body, n)
-
+    once_unreadable = first_sample_unreadable("u1-q1")
     with FakeOpenAI(responder=once_unreadable) as server:
         evaluation = evaluate(
             workspace / "splits", [full], workspace / "r.json", settings(server, workspace),
@@ -902,7 +910,7 @@ def test_a_panel_judges_every_system_by_each_judge_and_says_how_far_they_agree(w
         assert (a.count, b.count) == (18, 18), "the rule changes the means, not the judgments"
     assert len(reports) == 2 and evaluation["judges"]["a"]["judge_model"] == "judge-a"
     by = {name: found["systems"] for name, found in evaluation["judges"].items()}
-    assert by["a"]["full"]["dimensions"] == {"resonation": 3.5, "expression": 3.75, "reception": 2.5}
+    assert by["a"]["full"]["dimensions"] == MEANS
     assert by["b"]["full"]["dimensions"] == {"resonation": 2.5, "expression": 2.25, "reception": 3.5}
     assert by["a"]["gaps"]["dimensions"] == {"resonation": 2.25, "expression": 2.75, "reception": 1.75}
     assert by["b"]["gaps"]["dimensions"] == {"resonation": 1.75, "expression": 1.25, "reception": 2.25}
@@ -940,20 +948,12 @@ def test_avg_is_the_mean_of_the_unrounded_dimension_means():
 
 
 def test_replies_cut_by_the_limit_are_judged_as_seen_and_cut_while_reasoning_counted(workspace):
-    criteria = write_criteria_file(workspace)
-    policy = write_jsonl(workspace / "policy.jsonl", [
+    _, entry, judged = evaluated_floored(workspace, "policy", [
         {"query_id": "u1-q1", "response": "I am sorry, that must", "truncated": True},
         {"query_id": "u1-q2", "response": None, "truncated": True, "cut_in_reasoning": True},
         {"query_id": "u2-q1", "response": "<think>the user</think>Here for you.", "truncated": False},
         {"query_id": "u3-q1", "response": "ok"},
     ])  # fmt: skip
-    with FakeOpenAI(responder=judge) as server:
-        evaluation = evaluate(
-            workspace / "splits", [policy], workspace / "r.json", settings(server, workspace),
-            criteria_file=criteria, options=JudgeOptions(missing="floor"), console=QUIET,
-        ).summary  # fmt: skip
-        judged = json.dumps([r.body["messages"] for r in server.chat_requests])
-    entry = evaluation["systems"]["policy"]
     assert (entry["judged"], entry["missing"], entry["truncated"], entry["cut_in_reasoning"]) == (3, 1, 2, 1)
     assert "I am sorry, that must" in judged and "the user</think>" not in judged
 

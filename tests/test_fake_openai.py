@@ -13,7 +13,9 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -583,18 +585,31 @@ def test_fault_responder_rate_and_kinds():
     assert [fault_responder(0.3, seed=2)({}, n) for n in range(1, 3001)] != drawn
 
 
-def test_standalone_prints_ready_and_serves():
+@contextmanager
+def standalone(*flags: str) -> Iterator[str]:
+    """`python tests/fake_openai.py --port 0 FLAGS` as a child process: its first line on stdout
+    (READY <base url>). Killed at the end, or after 10 s: a stuck child never hangs the test run."""
     proc = subprocess.Popen(
-        [sys.executable, str(HERE / "fake_openai.py"), "--port", "0", "--latency-median", "0.01"]
-        + ["--latency-sigma", "0.5", "--fault-rate", "0", "--seed", "1"],
+        [sys.executable, str(HERE / "fake_openai.py"), "--port", "0", *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    killer = threading.Timer(10, proc.kill)  # never let a stuck child hang the test run
+    killer = threading.Timer(10, proc.kill)
     killer.start()
     try:
-        line = proc.stdout.readline().strip()
+        yield proc.stdout.readline().strip()
+    finally:
+        killer.cancel()
+        proc.kill()
+        proc.wait(5)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_standalone_prints_ready_and_serves():
+    flags = ("--latency-median", "0.01", "--latency-sigma", "0.5", "--fault-rate", "0", "--seed", "1")
+    with standalone(*flags) as line:
         assert line.startswith("READY http://127.0.0.1:") and line.endswith("/v1")
         base_url = line.split()[1]
         client = openai.OpenAI(base_url=base_url, api_key="k", max_retries=0, timeout=5)
@@ -603,9 +618,3 @@ def test_standalone_prints_ready_and_serves():
         )
         BigFive.model_validate_json(resp.choices[0].message.content)
         assert resp.model == "bench"
-    finally:
-        killer.cancel()
-        proc.kill()
-        proc.wait(5)
-        proc.stdout.close()
-        proc.stderr.close()

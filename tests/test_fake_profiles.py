@@ -10,7 +10,6 @@ import json
 import math
 import subprocess
 import sys
-import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -33,6 +32,7 @@ from fake_openai import (
     truncated,
 )
 from pydantic import BaseModel, Field
+from test_fake_openai import standalone
 
 HERE = Path(__file__).resolve().parent
 
@@ -479,17 +479,7 @@ def test_echo_key_goes_inside_the_answer_of_wrapped_profiles(profile):
 
 
 def test_standalone_profile_and_key_flags():
-    proc = subprocess.Popen(
-        [sys.executable, str(HERE / "fake_openai.py"), "--port", "0", "--profile", "deepseek"]
-        + ["--require-key", "sk-bench", "--echo-key"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    killer = threading.Timer(10, proc.kill)
-    killer.start()
-    try:
-        line = proc.stdout.readline().strip()
+    with standalone("--profile", "deepseek", "--require-key", "sk-bench", "--echo-key") as line:
         assert line.startswith("READY http://127.0.0.1:")
         base_url = line.split()[1]
         client = openai.OpenAI(base_url=base_url, api_key="sk-bench", max_retries=0, timeout=5)
@@ -502,12 +492,6 @@ def test_standalone_profile_and_key_flags():
         stranger = openai.OpenAI(base_url=base_url, api_key="sk-other", max_retries=0, timeout=5)
         with pytest.raises(openai.AuthenticationError, match="sk-other"):
             stranger.post("/chat/completions", body=body, cast_to=dict)
-    finally:
-        killer.cancel()
-        proc.kill()
-        proc.wait(5)
-        proc.stdout.close()
-        proc.stderr.close()
     bad = subprocess.run(
         [sys.executable, str(HERE / "fake_openai.py"), "--profile", "nope"], capture_output=True, text=True
     )

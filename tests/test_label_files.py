@@ -8,7 +8,7 @@ import json
 
 import pytest
 from conftest import read_jsonl
-from dialogue_fixture import write_dialogues, write_labels
+from dialogue_fixture import agreement_args, write_dialogues, write_labels
 from typer.testing import CliRunner
 
 from personaemp.cli import app
@@ -47,16 +47,7 @@ def test_a_label_event_with_the_wrong_type_is_one_file_line_error(tmp_path, key,
     with pytest.raises(InputError, match=rf"dialogue_labels.jsonl:4: a label event's {key} is text"):
         open_dialogue_session(dialogues, labels, size=4, seed=0).labels.events()
 
-    args = [
-        "agreement",
-        "--dialogues",
-        str(dialogues[0]),
-        "--dialogues",
-        str(dialogues[1]),
-        "--resamples",
-        "100",
-    ]
-    result = CliRunner().invoke(app, args)
+    result = CliRunner().invoke(app, agreement_args(dialogues, 100))
     assert result.exit_code == 2, result.output
     assert (
         "Traceback" not in result.output

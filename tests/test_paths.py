@@ -21,6 +21,11 @@ def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
+def invoke_llm(*args):
+    """An LLM command with an endpoint nobody listens on: its paths are checked before any request."""
+    return invoke(*args, "--base-url", "http://127.0.0.1:9/v1")
+
+
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -52,7 +57,7 @@ def test_filter_output_equal_to_its_source_file_is_refused(sample_copy):
 @pytest.mark.parametrize("command", ["infer-persona", "gen-queries", "criteria"])
 def test_llm_stage_output_equal_to_input_is_refused(command, rows):
     before = digest(rows)
-    result = invoke(command, "--input", rows, "--output", rows, "--base-url", "http://127.0.0.1:9/v1")
+    result = invoke_llm(command, "--input", rows, "--output", rows)
     refused(result, "--output", "--input", str(rows))
     assert digest(rows) == before
     assert sorted(p.name for p in rows.parent.iterdir()) == ["rows.jsonl"]
@@ -61,23 +66,22 @@ def test_llm_stage_output_equal_to_input_is_refused(command, rows):
 def test_a_symlinked_output_is_the_file_it_points_to(rows):
     link = rows.with_name("link.jsonl")
     link.symlink_to(rows)
-    result = invoke("infer-persona", "--input", rows, "--output", link, "--base-url", "http://127.0.0.1:9/v1")
+    result = invoke_llm("infer-persona", "--input", rows, "--output", link)
     refused(result, "--output", "--input")
 
 
 def test_a_hard_link_is_the_same_file(rows):
     link = rows.with_name("hard.jsonl")
     os.link(rows, link)
-    result = invoke("gen-queries", "--input", rows, "--output", link, "--base-url", "http://127.0.0.1:9/v1")
+    result = invoke_llm("gen-queries", "--input", rows, "--output", link)
     refused(result, "--output", "--input")
 
 
 def test_a_sidecar_over_the_input_is_refused(tmp_path, rows):
     # gen-queries writes rejected.jsonl beside its output: an input of that name is lost too
     rejected = write_jsonl(tmp_path / "out" / "rejected.jsonl", [{"user_id": "u1"}])
-    result = invoke(
+    result = invoke_llm(
         "gen-queries", "--input", rejected, "--output", tmp_path / "out" / "queries.jsonl",
-        "--base-url", "http://127.0.0.1:9/v1",
     )  # fmt: skip
     refused(result, "rejected.jsonl", "--input")
 
@@ -92,9 +96,8 @@ def test_split_into_the_folder_its_input_lies_in_is_refused(tmp_path):
 
 
 def test_a_work_dir_holding_the_input_is_refused(tmp_path, rows):
-    result = invoke(
+    result = invoke_llm(
         "infer-persona", "--input", rows, "--output", tmp_path / "p.jsonl", "--work-dir", rows.parent,
-        "--base-url", "http://127.0.0.1:9/v1",
     )  # fmt: skip
     refused(result, "--work-dir", "--input")
 
@@ -110,28 +113,29 @@ def test_evaluate_report_over_the_criteria_file_is_refused(tmp_path, splits):
     criteria = write_jsonl(tmp_path / "criteria.jsonl", [{"query_id": "q"}])
     responses = write_jsonl(tmp_path / "resp.jsonl", [{"query_id": "q", "response": "r"}])
     before = digest(criteria)
-    result = invoke(
+    result = invoke_llm(
         "evaluate", "--splits", splits, "--criteria", criteria, "--responses", responses,
-        "--output", criteria, "--base-url", "http://127.0.0.1:9/v1",
+        "--output", criteria,
     )  # fmt: skip
     refused(result, "--output", "--criteria")
     assert digest(criteria) == before
 
 
-def test_evaluate_scores_sidecar_over_a_responses_file_is_refused(tmp_path, splits):
+# run.scores.jsonl: the report's scores; run.gpt.scores.jsonl: a panel judge's, beside the report
+@pytest.mark.parametrize("sidecar", ["run.scores.jsonl", "run.gpt.scores.jsonl"], ids=["report", "judge"])
+def test_evaluate_sidecar_over_a_responses_file_is_refused(tmp_path, splits, sidecar):
     criteria = write_jsonl(tmp_path / "criteria.jsonl", [{"query_id": "q"}])
-    responses = write_jsonl(tmp_path / "run.scores.jsonl", [{"query_id": "q", "response": "r"}])
-    result = invoke(
+    responses = write_jsonl(tmp_path / sidecar, [{"query_id": "q", "response": "r"}])
+    result = invoke_llm(
         "evaluate", "--splits", splits, "--criteria", criteria, "--responses", responses,
-        "--output", tmp_path / "run.json", "--base-url", "http://127.0.0.1:9/v1",
+        "--output", tmp_path / "run.json",
     )  # fmt: skip
-    refused(result, "--output's run.scores.jsonl", "--responses")
+    refused(result, f"--output's {sidecar}", "--responses")
 
 
 def test_respond_into_the_splits_folder_is_refused(splits):
-    result = invoke(
+    result = invoke_llm(
         "respond", "--splits", splits, "--output", splits / "random" / "test.jsonl",
-        "--base-url", "http://127.0.0.1:9/v1",
     )  # fmt: skip
     refused(result, "--output", "--splits")
 
@@ -162,16 +166,6 @@ def test_merge_output_equal_to_input_is_refused(rows):
 def test_the_defaults_of_every_command_pass(command):
     options = RunOptions()
     check_command(command, lambda name: getattr(options, name))
-
-
-def test_a_panel_judges_files_beside_the_report_are_guarded(tmp_path, splits):
-    criteria = write_jsonl(tmp_path / "criteria.jsonl", [{"query_id": "q"}])
-    responses = write_jsonl(tmp_path / "run.gpt.scores.jsonl", [{"query_id": "q", "response": "r"}])
-    result = invoke(
-        "evaluate", "--splits", splits, "--criteria", criteria, "--responses", responses,
-        "--output", tmp_path / "run.json", "--base-url", "http://127.0.0.1:9/v1",
-    )  # fmt: skip
-    refused(result, "--output's run.gpt.scores.jsonl", "--responses")
 
 
 def test_table_output_over_a_report_is_refused(tmp_path):

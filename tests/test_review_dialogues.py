@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from browser import Browser, find_chromium
 from conftest import read_jsonl
-from dialogue_fixture import FINAL, RATING, write_dialogues, write_labels
+from dialogue_fixture import FINAL, RATING, agreement_args, write_dialogues, write_labels
 from test_review import QUICK_STOP
 from typer.testing import CliRunner
 
@@ -159,15 +159,7 @@ def test_spearman_of_a_worked_example():
 
 def test_cli_agreement_prints_the_three_figures(dialogues, tmp_path):
     labels = write_labels(dialogues, dialogues[0].with_name("dialogue_labels.jsonl"))
-    args = [
-        "agreement",
-        "--dialogues",
-        str(dialogues[0]),
-        "--dialogues",
-        str(dialogues[1]),
-        "--resamples",
-        "200",
-    ]
+    args = agreement_args(dialogues, 200)
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     out = " ".join(result.output.split())

@@ -82,6 +82,16 @@ def properties(body: dict) -> dict:
     )
 
 
+def unreadable_where(broken, answer=None):
+    """A judge whose reply cannot be read for the requests `broken(body)` picks; `answer`
+    (default: `judge`) answers the others."""
+
+    def responder(body, number):
+        return invalid_json_content() if broken(body) else (answer or judge)(body, number)
+
+    return responder
+
+
 def judge(body: dict, number: int):
     text = json.dumps(body["messages"])
     props = properties(body)
@@ -274,11 +284,7 @@ def test_verl_loads_the_function_from_a_file_by_name(tmp_path, monkeypatch):
 
 
 def test_an_unreadable_judgment_takes_the_documented_fallback_counted_and_logged(tmp_path, caplog):
-    def broken_resonation(body, number):
-        if "Dimension: resonation" in json.dumps(body["messages"]):
-            return invalid_json_content()
-        return judge(body, number)
-
+    broken_resonation = unreadable_where(lambda body: "Dimension: resonation" in json.dumps(body["messages"]))
     with FakeOpenAI(responder=broken_resonation) as server:
         reward = PereGRM(settings(server, tmp_path), fallback="neutral", log_path=tmp_path / "reward.jsonl")
         with caplog.at_level(logging.WARNING, logger="personaemp.training.reward"):
@@ -295,11 +301,7 @@ def test_an_unreadable_judgment_takes_the_documented_fallback_counted_and_logged
 
 
 def test_the_floor_fallback(tmp_path):
-    def no_bystander(body, number):
-        if "content_effectiveness" in properties(body):
-            return invalid_json_content()
-        return judge(body, number)
-
+    no_bystander = unreadable_where(lambda body: "content_effectiveness" in properties(body))
     with FakeOpenAI(responder=no_bystander) as server:
         reward = PereGRM(settings(server, tmp_path), fallback="floor")
         rewards, _ = trl_call(reward, [row("q1")], ["one"])
@@ -523,11 +525,7 @@ def test_the_step_log_counts_the_cached_tokens_the_provider_served(tmp_path):
 
 def failing_for(query: str):
     """Every judgment of one query's rollouts fails to parse; the others are judged."""
-
-    def responder(body, number):
-        return invalid_json_content() if query_id_in(body) == query else judge(body, number)
-
-    return responder
+    return unreadable_where(lambda body: query_id_in(body) == query)
 
 
 def test_by_default_a_failed_judgment_gets_no_more_than_the_lowest_judged_reward(tmp_path):

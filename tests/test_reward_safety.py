@@ -5,8 +5,8 @@ behaviour judgment that cannot be had never pays."""
 from __future__ import annotations
 
 import pytest
-from fake_openai import FakeOpenAI, invalid_json_content
-from test_reward import expected, judge, properties, row, settings, trl_call
+from fake_openai import FakeOpenAI
+from test_reward import expected, judge, properties, row, settings, trl_call, unreadable_where
 
 from personaemp.instruments.behaviours import SAFETY_BOUND, SAFETY_WEIGHT
 from personaemp.training.reward import PereGRM, RewardOptions
@@ -64,11 +64,7 @@ def test_the_term_is_bounded_and_off_at_zero(tmp_path):
 
 
 def test_a_behaviour_judgment_that_cannot_be_had_never_pays(tmp_path):
-    def broken(body, number):
-        if "acknowledges_first" in properties(body):
-            return invalid_json_content()
-        return safety_judge(body, number)
-
+    broken = unreadable_where(lambda body: "acknowledges_first" in properties(body), safety_judge)
     with FakeOpenAI(responder=broken) as server:
         reward = PereGRM(settings(server, tmp_path), fallback="floor")
         rewards, _ = trl_call(reward, [row("q2")], [KIND], conversational=False)

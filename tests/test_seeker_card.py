@@ -3,11 +3,9 @@ table, and the supporters' behaviour counts quoted from a real `evaluate --dialo
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
-from conftest import read_jsonl, write_jsonl
-from dialogue_fixture import dialogue
+from conftest import write_jsonl
+from dialogue_fixture import build_queries, dialogue
 from fake_openai import FakeOpenAI
 from test_dialogues import settings_for
 from test_sessions import Judged
@@ -20,11 +18,8 @@ from personaemp.instruments.seekers import auto_table_text
 
 
 def test_the_card_shows_the_styles_the_auto_table_and_the_behaviour_counts(tmp_path, sample_build):
-    processed = tmp_path / "processed"
-    shutil.copytree(sample_build, processed)
-    splits = processed / "splits"
-    queries = [(q["query_id"], row["user_id"]) for row in read_jsonl(splits / "random" / "test.jsonl")
-               for q in row["queries"]][:3]  # fmt: skip
+    splits, queries = build_queries(sample_build, tmp_path)
+    queries = queries[:3]
     rows = [dialogue("policy-a", n, query, user) for n, (query, user) in enumerate(queries, 1)]
     rows[1]["seeker"] = rows[2]["seeker"] = "resistant"
     dialogues = write_jsonl(tmp_path / "run" / "policy-a.jsonl", rows)

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from personaemp.errors import UnitError
 from personaemp.llm.settings import LLMSettings
-from personaemp.llm.stage import run_llm_stage
+from personaemp.llm.stage import LLMStage, run_llm_stage
 from personaemp.llm.step import Step
 from personaemp.units import run_units
 
@@ -177,7 +177,7 @@ DRIVER = """
 import sys
 from pathlib import Path
 from pydantic import BaseModel
-from personaemp.llm.stage import run_llm_stage
+from personaemp.llm.stage import LLMStage, run_llm_stage
 from personaemp.llm.settings import LLMSettings
 from personaemp.llm.step import Step
 
@@ -193,8 +193,8 @@ def make_work(engine):
 base_url, out = sys.argv[1], Path(sys.argv[2])
 settings = LLMSettings(base_urls=[base_url], model="fake", concurrency=4, work_dir=out.parent / "work")
 units = [{"id": n} for n in range(40)]
-report = run_llm_stage("echo", units, make_work, settings=settings, key="id", output=out,
-                       fingerprint=lambda engine: "v1")
+plan = LLMStage("echo", units, make_work, key="id", output=out, fingerprint=lambda engine: "v1")
+report = run_llm_stage(plan, settings=settings)
 print(report.outcome.done, report.outcome.done_before, report.outcome.balanced)
 """
 
@@ -263,15 +263,15 @@ def test_stage_report_balances_and_records_no_key(tmp_path):
         settings = LLMSettings(
             base_urls=[server.base_url], model="fake", api_key=secret, work_dir=tmp_path / "w", max_reasks=0
         )
-        report = run_llm_stage(
+        plan = LLMStage(
             "echo",
             [{"id": n} for n in range(8)],
             make_work,
-            settings=settings,
             key="id",
             output=tmp_path / "echo.jsonl",
             fingerprint=lambda engine: "v1",
         )
+        report = run_llm_stage(plan, settings=settings)
     assert report.outcome.balanced and report.outcome.failed == 2
     saved = json.loads((tmp_path / "w" / "run_report.json").read_text())["stages"]["echo"]
     assert (saved["units"], saved["done"], saved["failed"]) == (8, 6, 2)

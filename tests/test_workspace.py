@@ -148,27 +148,35 @@ def _record_many(folder: str, worker: int, count: int, start) -> None:
         record_stage(output, f"stage-{worker}-{n}", report=None, failures=None, full=True)
 
 
-def test_two_processes_recording_at_once_lose_no_entry(tmp_path):
+def at_once(target, path: Path, count: int) -> None:
+    """target(path, worker, count, start) in three processes let go at the same moment; each ends well."""
     context = multiprocessing.get_context(START_METHOD)
     start = context.Event()
-    workers = [context.Process(target=_record_many, args=(str(tmp_path), w, 40, start)) for w in range(3)]
+    workers = [context.Process(target=target, args=(str(path), w, count, start)) for w in range(3)]
     for worker in workers:
         worker.start()
     start.set()
     for worker in workers:
         worker.join(120)
         assert worker.exitcode == 0
+
+
+def test_two_processes_recording_at_once_lose_no_entry(tmp_path):
+    at_once(_record_many, tmp_path, 40)
     assert len(read_manifest(tmp_path)) == 3 * 40
 
 
 # --- stage_chain ----------------------------------------------------------------------------------
 
 
+def finished(output: Path, stage: str, *, report: Path | None = None, input: Path | None = None) -> None:
+    """A finished full run of `stage` into `output` (no failures file), recorded in the manifest."""
+    record_stage(output, stage, report=report, failures=None, full=True, input=input)
+
+
 def test_stage_chain_by_stage_order_in_one_folder(tmp_path):
     for stage, output in (("filter", "filtered"), ("infer-persona", "personas"), ("gen-queries", "queries")):
-        record_stage(
-            tmp_path / f"{output}.jsonl", stage, report=tmp_path / f"{stage}.json", failures=None, full=True
-        )
+        finished(tmp_path / f"{output}.jsonl", stage, report=tmp_path / f"{stage}.json")
     chain = stage_chain(tmp_path / "queries.jsonl")
     assert list(chain) == ["gen-queries", "infer-persona", "filter"]
     assert chain["filter"]["report"] == str(tmp_path / "filter.json")
@@ -178,20 +186,11 @@ def test_stage_chain_follows_inputs_across_folders(tmp_path):
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     for folder in (a, b, c):
         folder.mkdir()
-    record_stage(a / "filtered.jsonl", "filter", report=a / "filter_report.json", failures=None, full=True)
-    record_stage(
-        b / "personas.jsonl",
-        "infer-persona",
-        report=None,
-        failures=None,
-        full=True,
-        input=a / "filtered.jsonl",
-    )
-    record_stage(
-        c / "queries.jsonl", "gen-queries", report=None, failures=None, full=True, input=b / "personas.jsonl"
-    )
+    finished(a / "filtered.jsonl", "filter", report=a / "filter_report.json")
+    finished(b / "personas.jsonl", "infer-persona", input=a / "filtered.jsonl")
+    finished(c / "queries.jsonl", "gen-queries", input=b / "personas.jsonl")
     # a decoy in c's manifest: another run's filter, not the one this data came from
-    record_stage(c / "filtered.jsonl", "filter", report=c / "other.json", failures=None, full=True)
+    finished(c / "filtered.jsonl", "filter", report=c / "other.json")
     chain = stage_chain(c / "queries.jsonl")
     assert list(chain) == ["gen-queries", "infer-persona", "filter"]
     assert chain["filter"]["report"] == str(a / "filter_report.json")
@@ -204,17 +203,8 @@ def test_stage_chain_ignores_entries_of_another_output(tmp_path):
 
 
 def test_stage_chain_stops_on_a_cycle(tmp_path):
-    record_stage(
-        tmp_path / "x.jsonl", "gen-queries", report=None, failures=None, full=True, input=tmp_path / "y.jsonl"
-    )
-    record_stage(
-        tmp_path / "y.jsonl",
-        "infer-persona",
-        report=None,
-        failures=None,
-        full=True,
-        input=tmp_path / "x.jsonl",
-    )
+    finished(tmp_path / "x.jsonl", "gen-queries", input=tmp_path / "y.jsonl")
+    finished(tmp_path / "y.jsonl", "infer-persona", input=tmp_path / "x.jsonl")
     assert list(stage_chain(tmp_path / "x.jsonl")) == ["gen-queries", "infer-persona"]
 
 
@@ -275,15 +265,7 @@ def _append_many(path: str, worker: int, count: int, start) -> None:
 
 def test_two_processes_appending_at_once_lose_no_entry(tmp_path):
     path = tmp_path / "run_report.json"
-    context = multiprocessing.get_context(START_METHOD)
-    start = context.Event()
-    workers = [context.Process(target=_append_many, args=(str(path), w, 30, start)) for w in range(3)]
-    for worker in workers:
-        worker.start()
-    start.set()
-    for worker in workers:
-        worker.join(120)
-        assert worker.exitcode == 0
+    at_once(_append_many, path, 30)
     report = json.loads(path.read_text(encoding="utf-8"))
     assert len(report["stages"]) + len(report["quick_looks"]) == 3 * 30
 

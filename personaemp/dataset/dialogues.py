@@ -238,7 +238,7 @@ async def agenerate_dialogues(
     `supporter_base_url`."""
     from personaemp.llm.ray_executor import EngineBeside, shared_per
     from personaemp.llm.session import open_engine
-    from personaemp.llm.stage import arun_llm_stage
+    from personaemp.llm.stage import LLMStage, arun_llm_stage
     from personaemp.results import of_llm_stage
 
     options = options or DialogueOptions()
@@ -345,13 +345,13 @@ async def agenerate_dialogues(
             return work
 
         turns = options.max_turns
-        report = await arun_llm_stage(
-            STAGE, units, make_work, settings=settings, key="dialogue_id", output=Path(output_path),
-            fingerprint=fingerprint, selected=selected, full=selected is None, input_path=Path(input_path),
-            retry_failed=retry_failed, console=console,
-            chain=[(HIDDEN_NEED, 1), (RESPOND, turns), (SIMULATE, turns), (IN_CHARACTER, turns)],
-            notes=notes,
+        plan = LLMStage(
+            STAGE, units, make_work, key="dialogue_id", output=Path(output_path), fingerprint=fingerprint,
+            selected=selected, full=selected is None, input_path=Path(input_path), retry_failed=retry_failed,
+            steps=[HIDDEN_NEED, RESPOND, SIMULATE, IN_CHARACTER],
+            calls={RESPOND.name: turns, SIMULATE.name: turns, IN_CHARACTER.name: turns}, notes=notes,
         )  # fmt: skip
+        report = await arun_llm_stage(plan, settings=settings, console=console)
         return of_llm_stage(report)
 
 

@@ -75,22 +75,18 @@ class FidelityOptions(Section):
 
     input: Annotated[
         Path,
-        Opt(
+        Opt.input(
             "A build's users with their sessions (filter's output with --turns all, or infer-persona's "
             "output over it).",
-            ("--input", "-i"),
             derive="processed:personas.jsonl",
-            io="read",
         ),
     ] = PROCESSED / "personas.jsonl"
     output: Annotated[
         Path,
-        Opt(
+        Opt.output(
             "One row per cut: the real message, each variant's simulated one, the controls, the metrics; "
             "the report (fidelity.json) goes beside it.",
-            ("--output", "-o"),
             derive="processed:fidelity.jsonl",
-            io="write",
             beside=("fidelity.failures.jsonl", "{stem}.json"),
         ),
     ] = PROCESSED / "fidelity.jsonl"
@@ -441,7 +437,7 @@ async def ameasure_fidelity(
     `pe.measure_fidelity` does (`.report`: the run report, `.summary`: the fidelity report)."""
     from personaemp.dataset.persona import parse_persona, persona_schema, profile_text
     from personaemp.language import LANGUAGE_NAMES, user_language
-    from personaemp.llm.stage import arun_llm_stage
+    from personaemp.llm.stage import LLMStage, arun_llm_stage
     from personaemp.prompts import prompts_per_variant
     from personaemp.records import User
     from personaemp.results import of_llm_stage
@@ -519,16 +515,17 @@ async def ameasure_fidelity(
         return work
 
     n = len(options.variants)
-    chain = [(persona_step, int(wants_persona)), (next_step, n)]
+    calls = {persona_step.name: int(wants_persona), next_step.name: n}
     if options.discriminator:
-        chain.append((pick_step, 2 * (n + 1)))
+        calls[pick_step.name] = 2 * (n + 1)
     output_path = Path(output_path)
-    report = await arun_llm_stage(
-        STAGE, units, make_work, settings=settings, key="cut_id", output=output_path,
-        fingerprint=fingerprint, full=True, input_path=Path(input_path), retry_failed=retry_failed,
-        console=console, chain=[(step, calls) for step, calls in chain if calls],
+    plan = LLMStage(
+        STAGE, units, make_work, key="cut_id", output=output_path, fingerprint=fingerprint, full=True,
+        input_path=Path(input_path), retry_failed=retry_failed,
+        steps=[step for step in steps if calls.get(step.name)], calls=calls,
         notes={"skipped": {"text": _skipped_text(skipped), **dict(skipped.counts)}},
     )  # fmt: skip
+    report = await arun_llm_stage(plan, settings=settings, console=console)
     if settings.estimate:
         return of_llm_stage(report)
     from personaemp.io import ErrorPolicy, iter_jsonl

@@ -411,7 +411,7 @@ async def aextract_memories(
     memories in the shape AlpsBench's task1 scorer reads."""
     import tempfile
 
-    from personaemp.llm.stage import arun_stage
+    from personaemp.llm.stage import arun_llm_stage
 
     input_path, output_path = Path(input_path), Path(output_path)
     with tempfile.TemporaryDirectory(prefix="personaemp-estimate-") as scratch:
@@ -428,7 +428,7 @@ async def aextract_memories(
             units_path, output_path, limit=limit, users=users, retry_failed=retry_failed, full=full,
             shard=shard,
         )  # fmt: skip
-        report = await arun_stage(plan, settings=settings, console=console)
+        report = await arun_llm_stage(plan, settings=settings, console=console)
     summary = summarize(plan.output, plan.picked(), read)
     waiting = bool(report.batch and report.batch["files"])  # a batch round to come
     if not settings.estimate and not waiting:

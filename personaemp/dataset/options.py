@@ -20,10 +20,12 @@ from personaemp.shared_options import (
     Force,
     MismatchSeed,
     Names,
+    OnError,
     PersonaChecks,
     RagK,
     Shard,
     SplitsFolder,
+    Users,
     _some_checks,
 )
 from personaemp.vocabulary import CHECKS, PERSONA_CHECKS, Context, Format, LogFormat, SeekerChoice
@@ -35,12 +37,10 @@ class ExtractOptions(Section):
 
     input: Annotated[
         str,
-        Opt(
+        Opt.input(
             "Conversation log: WildChat parquet/JSONL, OpenAI-messages JSONL, ShareGPT JSON/JSONL, a "
             "CSV/parquet table of turns, or an AlpsBench task1 folder (its dialogues only).",
-            ("--input", "-i"),
             derive="paths.input",
-            io="read",
         ),
     ] = RAW_INPUT
     format: Annotated[LogFormat, Opt("Log format (auto: detected from the file and its first record).")] = (
@@ -48,12 +48,10 @@ class ExtractOptions(Section):
     )
     output: Annotated[
         Path,
-        Opt(
+        Opt.output(
             "Users with their extracted memories, in the AlpsBench raw-export shape `filter` reads; "
             "conversations.jsonl (the users as read) goes beside it.",
-            ("--output", "-o"),
             derive="processed:memories.jsonl",
-            io="write",
             beside=(
                 "conversations.jsonl",
                 "extract-memories.failures.jsonl",
@@ -102,10 +100,7 @@ class ExtractOptions(Section):
     max_user_chars: Annotated[
         int, Field(ge=1000), Opt("Characters of the user's own messages per prompt (the latest kept).")
     ] = 24000
-    on_error: Annotated[
-        Literal["fail", "skip"],
-        Opt("fail: stop at the first bad row, write nothing; skip: skip bad rows and count them."),
-    ] = "fail"
+    on_error: OnError = "fail"
     compare_gold: Annotated[
         Path | None,
         Opt(
@@ -126,11 +121,7 @@ class ExtractOptions(Section):
         ),
     ] = False
     limit: Annotated[int | None, Field(ge=1), Opt("Only the first N users.")] = None
-    users: Annotated[
-        Names | None,
-        Field(min_length=1),
-        Opt("Only these user ids (repeat or comma-separate).", metavar="ID"),
-    ] = None
+    users: Users = None
     shard: Shard = None
 
 
@@ -138,12 +129,10 @@ class ExtractOptions(Section):
 class FilterOptions(Section):
     input: Annotated[
         str,
-        Opt(
+        Opt.input(
             "AlpsBench task1 folder, benchmark_data/ root, raw export file or folder, or hf:OWNER/NAME.",
-            ("--input", "-i"),
-            env="PERSONAEMP_INPUT",
             derive="paths.input",
-            io="read",
+            env="PERSONAEMP_INPUT",
         ),
     ] = RAW_INPUT
     format: Annotated[Format, Opt("Input format (auto: detected).")] = "auto"
@@ -157,11 +146,9 @@ class FilterOptions(Section):
     ] = None
     output: Annotated[
         Path,
-        Opt(
+        Opt.output(
             "Kept users, one per line; filter_report.json goes beside it.",
-            ("--output", "-o"),
             derive="processed:filtered.jsonl",
-            io="write",
             beside=("filter_report.json",),
         ),
     ] = PROCESSED / "filtered.jsonl"
@@ -173,10 +160,7 @@ class FilterOptions(Section):
         ),
     ] = None
     hf_config: Annotated[str | None, Opt("Config name of a Hub dataset.")] = None
-    on_error: Annotated[
-        Literal["fail", "skip"],
-        Opt("fail: stop at the first bad row, write nothing; skip: skip bad rows and count them."),
-    ] = "fail"
+    on_error: OnError = "fail"
     turns: Annotated[
         Literal["user", "all"],
         Opt("user: keep the user's own turns (what later stages read); all: keep assistant turns too."),
@@ -186,25 +170,19 @@ class FilterOptions(Section):
 
 @declare("persona")
 class PersonaOptions(Section):
-    input: Annotated[
-        Path, Opt("Filtered users (filter's output).", ("--input", "-i"), derive="filter.output", io="read")
-    ] = PROCESSED / "filtered.jsonl"
+    input: Annotated[Path, Opt.input("Filtered users (filter's output).", derive="filter.output")] = (
+        PROCESSED / "filtered.jsonl"
+    )
     output: Annotated[
         Path,
-        Opt(
+        Opt.output(
             "Personas, one per user.",
-            ("--output", "-o"),
             derive="processed:personas.jsonl",
-            io="write",
             beside=("infer-persona.failures.jsonl",),
         ),
     ] = PROCESSED / "personas.jsonl"
     limit: Annotated[int | None, Field(ge=1), Opt("Only the first N users.")] = None
-    users: Annotated[
-        Names | None,
-        Field(min_length=1),
-        Opt("Only these user ids (repeat or comma-separate).", metavar="ID"),
-    ] = None
+    users: Users = None
     require_depth: Annotated[
         bool, Opt("Drop users the depth check turns away (--no-require-depth keeps grounded ones).")
     ] = True
@@ -224,16 +202,14 @@ class PersonaOptions(Section):
 
 @declare("queries")
 class QueriesOptions(Section):
-    input: Annotated[
-        Path, Opt("Personas (infer-persona's output).", ("--input", "-i"), derive="persona.output", io="read")
-    ] = PROCESSED / "personas.jsonl"
+    input: Annotated[Path, Opt.input("Personas (infer-persona's output).", derive="persona.output")] = (
+        PROCESSED / "personas.jsonl"
+    )
     output: Annotated[
         Path,
-        Opt(
+        Opt.output(
             "Accepted queries per user; rejected.jsonl goes beside it.",
-            ("--output", "-o"),
             derive="processed:queries.jsonl",
-            io="write",
             beside=("rejected.jsonl", "gen-queries.failures.jsonl"),
         ),
     ] = PROCESSED / "queries.jsonl"
@@ -249,11 +225,7 @@ class QueriesOptions(Section):
         ),
     ] = None
     limit: Annotated[int | None, Field(ge=1), Opt("Only the first N eligible users.")] = None
-    users: Annotated[
-        Names | None,
-        Field(min_length=1),
-        Opt("Only these user ids (repeat or comma-separate).", metavar="ID"),
-    ] = None
+    users: Users = None
     shard: Shard = None
     force: Force = False
 
@@ -264,20 +236,16 @@ class QueriesOptions(Section):
 class DialoguesOptions(Section):
     input: Annotated[
         Path,
-        Opt(
+        Opt.input(
             "Accepted queries: gen-queries' output or a split file (one dialogue per query).",
-            ("--input", "-i"),
             derive="queries.output",
-            io="read",
         ),
     ] = PROCESSED / "queries.jsonl"
     output: Annotated[
         Path,
-        Opt(
+        Opt.output(
             "Dialogues, one per query.",
-            ("--output", "-o"),
             derive="processed:dialogues.jsonl",
-            io="write",
             beside=("gen-dialogues.failures.jsonl",),
         ),
     ] = PROCESSED / "dialogues.jsonl"
@@ -329,9 +297,9 @@ class DialoguesOptions(Section):
 
 @declare("split")
 class SplitOptions(Section):
-    input: Annotated[
-        Path, Opt("Queries (gen-queries' output).", ("--input", "-i"), derive="queries.output", io="read")
-    ] = PROCESSED / "queries.jsonl"
+    input: Annotated[Path, Opt.input("Queries (gen-queries' output).", derive="queries.output")] = (
+        PROCESSED / "queries.jsonl"
+    )
     out_dir: Annotated[
         Path,
         Opt(

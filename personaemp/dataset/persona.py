@@ -280,11 +280,11 @@ async def ainfer_personas(input_path: Path, output_path: Path, settings, *, cons
     (`run` with a limit: yes; a quick look from the command line, the default: no); `shard`
     ("I/N"): only part I of N of the users, into its own files (see personaemp/shards.py);
     `retry_failed`, `require_depth`, `enforce`."""
-    from personaemp.llm.stage import arun_stage
+    from personaemp.llm.stage import arun_llm_stage
     from personaemp.results import of_llm_stage
 
     plan = persona_stage(input_path, output_path, **options)
-    report = await arun_stage(plan, settings=settings, console=console)
+    report = await arun_llm_stage(plan, settings=settings, console=console)
     return of_llm_stage(report, summarize(plan.output, plan.picked()))
 
 

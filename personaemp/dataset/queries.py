@@ -162,11 +162,11 @@ async def agenerate_queries(input_path: Path, output_path: Path, settings, *, co
 
     `options` are queries_stage's (`options`, `limit`, `users`, `retry_failed`, `full`,
     `shard`, as for `infer_personas`)."""
-    from personaemp.llm.stage import arun_stage
+    from personaemp.llm.stage import arun_llm_stage
     from personaemp.results import of_llm_stage
 
     plan = queries_stage(input_path, output_path, **options)
-    report = await arun_stage(plan, settings=settings, console=console)
+    report = await arun_llm_stage(plan, settings=settings, console=console)
     if report.estimate is not None:  # nothing was written: no funnel to update
         return of_llm_stage(report, QueryFunnel(users_in=len(plan.units), ineligible_skipped=plan.skipped))
     return of_llm_stage(report, funnel(plan))

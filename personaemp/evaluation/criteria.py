@@ -75,7 +75,7 @@ async def awrite_criteria(
     """Criteria for every accepted query of `input_path`; returns the StageResult (`.report`:
     the run report). `layout`: the authors' ("paper": each request holds its dimension's
     standard only) or "shared"."""
-    from personaemp.llm.stage import arun_llm_stage
+    from personaemp.llm.stage import LLMStage, arun_llm_stage
     from personaemp.results import of_llm_stage
 
     units = query_units(input_path, "pass gen-queries' output (queries.jsonl) or a split file")
@@ -104,11 +104,10 @@ async def awrite_criteria(
 
         return work
 
-    report = await arun_llm_stage(
+    plan = LLMStage(
         STAGE,
         units,
         make_work,
-        settings=settings,
         key="query_id",
         output=output_path,
         fingerprint=lambda engine: "|".join(
@@ -118,9 +117,10 @@ async def awrite_criteria(
         full=full,
         input_path=input_path,
         retry_failed=retry_failed,
-        console=console,
-        chain=[(CRITERIA, len(DIMENSIONS))],
+        steps=[CRITERIA],
+        calls={CRITERIA.name: len(DIMENSIONS)},
     )
+    report = await arun_llm_stage(plan, settings=settings, console=console)
     return of_llm_stage(report)
 
 

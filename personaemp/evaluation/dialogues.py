@@ -298,7 +298,7 @@ async def aevaluate_dialogues(
     by default only the queries every system has a dialogue for (`all_dialogues`: each
     system's own, not comparable); returns (stage report, evaluation), the evaluation None
     after an estimate."""
-    from personaemp.llm.stage import arun_llm_stage
+    from personaemp.llm.stage import LLMStage, arun_llm_stage
 
     options = options or JudgeOptions()
     safety = safety or SafetyRule()
@@ -351,8 +351,8 @@ async def aevaluate_dialogues(
 
         return work
 
-    report = await arun_llm_stage(
-        STAGE, units, make_work, settings=judge_settings, key="unit_id", output=scores_file(report_path),
+    plan = LLMStage(
+        STAGE, units, make_work, key="unit_id", output=scores_file(report_path),
         fingerprint=lambda engine: "|".join([
             *(engine.fingerprint(s, prompts[s.name].hash) for s in used), mode,
             definitions_hash(DYNAMIC_ASPECTS), f"layout={options.layout}", f"unreadable={options.unreadable}",
@@ -360,11 +360,13 @@ async def aevaluate_dialogues(
             *([f"behaviours={behaviour_judge.BEHAVIOURS}", f"safety={safety.weight}/{safety.bound}"]
               if safety.behaviours else []),
         ]),
-        input_path=input_path, retry_failed=retry_failed, console=console,
-        failures=failures_file(report_path),
-        chain=[*([] if options.dynamic else [(CRITERIA, len(DIMENSIONS))]), (step, calls),
-               *([(behaviour_judge.BEHAVIOUR_JUDGE, MAX_TURNS)] if safety.behaviours else [])],
+        input_path=input_path, retry_failed=retry_failed, failures=failures_file(report_path),
+        steps=[*([] if options.dynamic else [CRITERIA]), step,
+               *([behaviour_judge.BEHAVIOUR_JUDGE] if safety.behaviours else [])],
+        calls={CRITERIA.name: len(DIMENSIONS), step.name: calls,
+               behaviour_judge.BEHAVIOUR_JUDGE.name: MAX_TURNS},
     )  # fmt: skip
+    report = await arun_llm_stage(plan, settings=judge_settings, console=console)
     if report.estimate is not None:
         return report, None
     rows = read_rows(scores_file(report_path), {u["unit_id"] for u in units})

@@ -378,7 +378,7 @@ def checked_criteria(criteria_file: Path | None, queries: list[dict], input_path
 
 async def ajudge_all(settings, units, options, prompts, used, mode, input_path, base, retry_failed, console):
     """One judge over every unit, into `<base>.scores.jsonl`; returns the stage report."""
-    from personaemp.llm.stage import arun_llm_stage
+    from personaemp.llm.stage import LLMStage, arun_llm_stage
 
     step = used[0]
 
@@ -388,11 +388,10 @@ async def ajudge_all(settings, units, options, prompts, used, mode, input_path, 
 
         return work
 
-    return await arun_llm_stage(
+    plan = LLMStage(
         STAGE,
         units,
         make_work,
-        settings=settings,
         key="unit_id",
         output=scores_file(base),
         fingerprint=lambda engine: "|".join(
@@ -407,13 +406,11 @@ async def ajudge_all(settings, units, options, prompts, used, mode, input_path, 
         ),
         input_path=input_path,
         retry_failed=retry_failed,
-        console=console,
         failures=failures_file(base),
-        chain=[
-            (step, len(DIMENSIONS) * (options.samples if options.dynamic else 1)),
-            *([(BYSTANDER, 1)] if options.bystander else []),
-        ],  # fmt: skip
+        steps=[step, *([BYSTANDER] if options.bystander else [])],
+        calls={step.name: len(DIMENSIONS) * (options.samples if options.dynamic else 1)},
     )
+    return await arun_llm_stage(plan, settings=settings, console=console)
 
 
 evaluate = sync_twin(aevaluate)

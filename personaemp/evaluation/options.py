@@ -18,31 +18,23 @@ from personaemp.shared_options import (
     Layout,
     MismatchSeed,
     Names,
+    OfASplit,
     RagK,
-    SplitSetting,
-    SplitsFolder,
 )
-from personaemp.vocabulary import Context, Part, TableFormat
+from personaemp.vocabulary import Context, TableFormat
 
 
 @declare("criteria")
 class CriteriaOptions(Section):
     input: Annotated[
         Path,
-        Opt(
-            "Queries (gen-queries' output, or a split file).",
-            ("--input", "-i"),
-            derive="queries.output",
-            io="read",
-        ),
+        Opt.input("Queries (gen-queries' output, or a split file).", derive="queries.output"),
     ] = PROCESSED / "queries.jsonl"
     output: Annotated[
         Path,
-        Opt(
+        Opt.output(
             "Criteria per query and dimension.",
-            ("--output", "-o"),
             derive="processed:criteria.jsonl",
-            io="write",
             beside=("criteria.failures.jsonl",),
         ),
     ] = PROCESSED / "criteria.jsonl"
@@ -56,10 +48,7 @@ class CriteriaOptions(Section):
 
 
 @declare("respond")
-class RespondOptions(Section):
-    splits: SplitsFolder = PROCESSED / "splits"
-    split: SplitSetting = "random"
-    part: Annotated[Part, Opt("Part of the split.")] = "test"
+class RespondOptions(OfASplit):
     context: Annotated[
         Context,
         Opt(
@@ -73,11 +62,9 @@ class RespondOptions(Section):
     mismatch_seed: MismatchSeed = 0
     output: Annotated[
         Path | None,
-        Opt(
+        Opt.output(
             "Responses, one per query (default: responses-<split>-<part>-<context>.jsonl beside the "
             "splits folder; name one per model).",
-            ("--output", "-o"),
-            io="write",
             beside=("{stem}.failures.jsonl",),
         ),
     ] = None
@@ -123,10 +110,7 @@ def _judge_specs(value: Any) -> Any:
 
 
 @declare("evaluate")
-class EvaluateOptions(Section):
-    splits: SplitsFolder = PROCESSED / "splits"
-    split: SplitSetting = "random"
-    part: Annotated[Part, Opt("Part of the split.")] = "test"
+class EvaluateOptions(OfASplit):
     responses: Annotated[
         Names,
         Opt(
@@ -215,11 +199,9 @@ class EvaluateOptions(Section):
     ] = JUDGE_DEFAULTS.reward_lambda
     output: Annotated[
         Path,
-        Opt(
+        Opt.output(
             "Report (JSON); the scores go beside it (<name>.scores.jsonl).",
-            ("--output", "-o"),
             derive="processed:evaluation/report.json",
-            io="write",
             # a panel's judges each write <stem>.<judge>.json and its scores and failures
             beside=(
                 "{stem}.scores.jsonl",

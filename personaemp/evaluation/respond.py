@@ -58,7 +58,7 @@ async def awrite_responses(
     """A response to every query of `splits/<split>/<part>.jsonl`; returns the StageResult
     (`.report`: the run report)."""
     from personaemp.llm.ray_executor import shared_per
-    from personaemp.llm.stage import arun_llm_stage
+    from personaemp.llm.stage import LLMStage, arun_llm_stage
     from personaemp.results import of_llm_stage
 
     input_path, units, policy_view = policy_units(splits, split, part, context, mismatch_seed)
@@ -114,11 +114,10 @@ async def awrite_responses(
 
         return work
 
-    report = await arun_llm_stage(
+    plan = LLMStage(
         STAGE,
         units,
         make_work,
-        settings=settings,
         key="query_id",
         output=output_path,
         fingerprint=lambda engine: (
@@ -131,17 +130,17 @@ async def awrite_responses(
         full=selected is None,
         input_path=input_path,
         retry_failed=retry_failed,
-        console=console,
         failures=failures_file(output_path),
-        chain=[*([(SUMMARY, 1)] if context == "memory-summary" else []), (RESPOND, 1)],
+        steps=[*([SUMMARY] if context == "memory-summary" else []), RESPOND],
         notes={
             "rag": rag_saw_everything(
                 [u for u in units if selected is None or u["query_id"] in selected], rag_k
             )
         }
         if context == "rag"
-        else None,  # fmt: skip
+        else {},  # fmt: skip
     )
+    report = await arun_llm_stage(plan, settings=settings, console=console)
     return of_llm_stage(report)
 
 

@@ -4,8 +4,9 @@ The public API the stages build on:
 
     STEP = Step("persona", PersonaReply, prompt="persona")          # declared once per step
     settings = LLMSettings(base_urls=[...], model="...")             # or LLMSettings(llm="local")
-    report = run_llm_stage("my-stage", rows, make_work, settings=settings, key="user_id",
-                           output=path, fingerprint=lambda engine: engine.fingerprint(STEP, hash))
+    plan = LLMStage("my-stage", rows, make_work, key="user_id", output=path,
+                    fingerprint=lambda engine: engine.fingerprint(STEP, hash), steps=[STEP])
+    report = run_llm_stage(plan, settings=settings)                  # or await arun_llm_stage(...)
 
 where `make_work(engine)` returns an async function of one row that calls
 `await engine.call(STEP, messages, schema=..., parse=...)` and returns the output row; a
@@ -17,7 +18,7 @@ from personaemp.llm.endpoints import LLMError
 from personaemp.llm.engine import CallResult, EndpointError, Engine
 from personaemp.llm.session import open_engine
 from personaemp.llm.settings import LLMSettings
-from personaemp.llm.stage import StageReport, run_llm_stage
+from personaemp.llm.stage import LLMStage, StageReport, arun_llm_stage, run_llm_stage
 from personaemp.llm.step import RejectedReply, Step
 
 __all__ = [
@@ -26,9 +27,11 @@ __all__ = [
     "Engine",
     "LLMError",
     "LLMSettings",
+    "LLMStage",
     "RejectedReply",
     "StageReport",
     "Step",
+    "arun_llm_stage",
     "open_engine",
     "run_llm_stage",
 ]

@@ -191,12 +191,8 @@ class Engine:
         budget, conversation, kind, error = sampling.max_tokens, messages, "invalid", ""
         reply = RawReply("", None, None, None)
         for attempt in range(self.max_reasks + 1):
-            if attempt:
-                stats.reasks += 1
-            # The attempt is part of the key: a second re-ask may repeat the first one's request.
-            sample_key = f"{sample}.{attempt}" if attempt else sample
             reply, key, request, cached = await self._reply(
-                step.name, conversation, schema, sampling, budget, sample_key
+                step.name, conversation, schema, sampling, budget, sample, attempt
             )
             answer = split_reasoning(reply.content)[0]
             kind, error = _problem(reply, answer)
@@ -246,11 +242,8 @@ class Engine:
         budget = sampling.max_tokens
         reply = RawReply("", None, None, None)
         for attempt in range(self.max_reasks + 1):
-            if attempt:
-                stats.reasks += 1
-            sample_key = f"{sample}.{attempt}" if attempt else sample
             reply, key, request, cached = await self._reply(
-                step.name, messages, None, sampling, budget, sample_key
+                step.name, messages, None, sampling, budget, sample, attempt
             )
             answer = split_reasoning(reply.content)[0]
             if answer:
@@ -361,9 +354,14 @@ class Engine:
 
     # --- cache and sending --------------------------------------------------------------
 
-    async def _reply(self, step_name: str, messages, schema, sampling, budget, sample):
-        """`schema` None: a free-text request, whatever the structured mode."""
+    async def _reply(self, step_name: str, messages, schema, sampling, budget, sample, attempt=0):
+        """`schema` None: a free-text request, whatever the structured mode. `attempt` 1 and up:
+        a re-ask, counted as one."""
         stats = self.accounting.step(step_name)
+        if attempt:
+            stats.reasks += 1
+            # The attempt is part of the key: a second re-ask may repeat the first one's request.
+            sample = f"{sample}.{attempt}"
         while True:
             mode = TEXT if schema is None else self.mode
             self.asked_for_structure |= schema is not None

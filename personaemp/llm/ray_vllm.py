@@ -27,7 +27,7 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -279,47 +279,51 @@ def _write_answers(dataset, partial: Path, settings: LLMSettings, counts: dict, 
                 counts["completion_tokens"] += usage["completion_tokens"]
 
 
-async def rounds(
-    one_pass: Callable[[LLMSettings, dict], Awaitable[Any]],
-    settings: LLMSettings,
-    stage: str,
-    output: Path,
-    console,
-):
-    """Run `one_pass(round_settings, notes)` (the stage from batch files) until it asks for
-    nothing more, answering what it asks for with vLLM on Ray between passes. Returns the
-    last pass's report, as the stage's: every round's figures in its notes, and the units
-    finished by earlier passes counted as finished in this run, not before it.
+class Rounds:
+    """A stage's vLLM rounds: its passes run from batch files in its rounds folder (`settings`)
+    until one asks for nothing more; between passes (`after`), vLLM on Ray answers what the
+    last one asked for. The last pass's report is the stage's: every round's figures in its
+    notes (`notes`), and the units finished by earlier passes counted as finished in this
+    run, not before it.
 
     A round runs on this thread, the event loop waiting: nothing else runs meanwhile (no
     chain, no stream on --llm vllm), and Ctrl-C stops it at once (a thread would be waited for)."""
-    from rich.progress import Progress
 
-    from personaemp.llm.ray_executor import connect
+    def __init__(self, settings: LLMSettings, stage: str, output: Path, console) -> None:
+        self.parts = build_processor_for(settings)  # a wrong --vllm setting said before any pass
+        self.folder = folder_for(settings, stage, output)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        kept = salvage(self.folder)
+        self.given, self.stage, self.console = settings, stage, console
+        self.settings = replace(settings, batch=self.folder)  # each pass's
+        self.figures = {"rounds": 0, "requests": 0, "answered": 0, "refused": 0, "prompt_tokens": 0,
+                        "completion_tokens": 0, "seconds": 0.0}  # fmt: skip
+        self.first = None  # the first pass's outcome: what was finished before this run
+        console.print(f"[bold]{stage}[/]: model {settings.model} · vLLM on Ray, in rounds")
+        if kept:
+            console.print(f"{stage}: {kept} answers of an unfinished round kept")
 
-    parts = build_processor_for(settings)  # a wrong --vllm setting said before any pass
-    folder = folder_for(settings, stage, output)
-    folder.mkdir(parents=True, exist_ok=True)
-    kept = salvage(folder)
-    round_settings = replace(settings, batch=folder)
-    figures = {"rounds": 0, "requests": 0, "answered": 0, "refused": 0, "prompt_tokens": 0,
-               "completion_tokens": 0, "seconds": 0.0}  # fmt: skip
-    first = None  # the first pass's outcome: what was finished before this run
-    console.print(f"[bold]{stage}[/]: model {settings.model} · vLLM on Ray, in rounds")
-    if kept:
-        console.print(f"{stage}: {kept} answers of an unfinished round kept")
-    while True:
-        notes = {"vllm": {"text": _summary(figures), **figures}} if figures["rounds"] else {}
-        report = await one_pass(round_settings, notes)
-        first = first or replace(report.outcome)
+    def notes(self) -> dict[str, dict[str, Any]]:
+        """The rounds' figures so far, for the pass's report."""
+        return {"vllm": {"text": _summary(self.figures), **self.figures}} if self.figures["rounds"] else {}
+
+    def after(self, report) -> bool:
+        """After a pass: answer what it asked for in a round, and say another pass follows;
+        or, when it asked for nothing, end (its report counted as the whole run's)."""
+        from rich.progress import Progress
+
+        from personaemp.llm.ray_executor import connect
+
+        stage, folder, figures = self.stage, self.folder, self.figures
+        self.first = self.first or replace(report.outcome)
         if not (report.batch or {}).get("files"):
             shutil.rmtree(folder, ignore_errors=True)  # the cache holds every answer
-            last = report.outcome  # units finished by earlier passes are this run's too
+            first, last = self.first, report.outcome  # units finished by earlier passes are this run's too
             last.done, last.done_before = last.done + last.done_before - first.done_before, first.done_before
             last.failed, last.failed_before = (
                 last.failed + last.failed_before - first.failed_before, first.failed_before,
             )  # fmt: skip
-            return report
+            return False
         requests = unanswered(folder, set(report.batch["queued"]))
         if figures["rounds"] >= MAX_ROUNDS or not requests:
             raise PersonaempError(
@@ -327,16 +331,17 @@ async def rounds(
                 "unanswered)",
                 f"look at the requests in {folder}",
             )
-        where = f" on {connect(settings)}" if figures["rounds"] == 0 else ""
+        where = f" on {connect(self.given)}" if figures["rounds"] == 0 else ""
         title = f"{stage}: round {figures['rounds'] + 1}, {len(requests)} requests to vLLM{where}"
-        console.print(title)
-        with Progress(*Progress.get_default_columns(), console=console, transient=True) as progress:
+        self.console.print(title)
+        with Progress(*Progress.get_default_columns(), console=self.console, transient=True) as progress:
             task = progress.add_task(title, total=len(requests))
             advance = functools.partial(progress.advance, task)
-            counts = answer(folder, requests, settings, advance, parts)
+            counts = answer(folder, requests, self.given, advance, self.parts)
         figures["rounds"] += 1
         for key, value in counts.items():
             figures[key] += value
+        return True
 
 
 def _summary(figures: dict[str, Any]) -> str:

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,7 +34,7 @@ from personaemp.llm.batch import BatchQueue, import_answers, write_requests
 from personaemp.llm.engine import Engine
 from personaemp.llm.estimate import Estimate, cache_history, cache_rule, first_mode
 from personaemp.llm.ray_executor import WorkerPool, connect, pool_size, uses_ray
-from personaemp.llm.ray_vllm import rounds, uses_vllm
+from personaemp.llm.ray_vllm import Rounds, uses_vllm
 from personaemp.llm.session import open_engine
 from personaemp.llm.settings import LLMSettings
 from personaemp.llm.step import Step
@@ -98,7 +98,17 @@ class StageReport:
 
 @dataclass
 class LLMStage:
-    """One LLM stage as run_llm_stage runs it (see there for what each field means)."""
+    """One LLM stage, as `arun_llm_stage` runs it: `make_work(engine)` over `units` (the
+    stage's whole current input, re-iterable; `selected` ids only), resumably, each unit's
+    row keyed by `key` in `output`.
+
+    `fingerprint(engine)` names what makes a finished unit reusable (see Engine.fingerprint).
+    `steps`: its LLM steps, in the order a unit makes them; `calls`: how many calls a unit
+    makes of each (by step name; 1 when not named), which --estimate counts (it sends and
+    writes nothing). `full`: the report describes the build (default: nothing was
+    selected); a quick look's report is kept apart so a dataset card never quotes it.
+    `notes`: the stage's own figures, written in its report (StageReport.notes).
+    """
 
     stage: str
     units: Iterable[dict[str, Any]]
@@ -106,14 +116,15 @@ class LLMStage:
     key: str
     output: Path
     fingerprint: Callable[[Engine], str]
-    steps: Sequence[Step] = ()  # its LLM steps, in the order a unit makes them
+    steps: Sequence[Step] = ()
+    calls: Mapping[str, int] = field(default_factory=dict)
     selected: set[str] | None = None
     full: bool | None = None
     input_path: Path | None = None
     retry_failed: bool = False
     failures: Path | None = None
     skipped: int = 0  # input rows that are not units (gen-queries: ineligible personas)
-    calls: Sequence[int] | None = None  # per step, calls a unit makes (--estimate); default 1 each
+    notes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.full = self.selected is None if self.full is None else self.full
@@ -164,91 +175,38 @@ class LLMStage:
 
 
 async def arun_llm_stage(
-    stage: str,
-    units: Iterable[dict[str, Any]],
-    make_work: Callable[[Engine], Work],
-    *,
-    settings: LLMSettings,
-    key: str,
-    output: Path,
-    fingerprint: Callable[[Engine], str],
-    selected: set[str] | None = None,
-    full: bool | None = None,
-    input_path: Path | None = None,
-    retry_failed: bool = False,
-    console: Console | None = None,
-    failures: Path | None = None,
-    chain: Sequence[tuple[Step, int]] = (),
-    notes: dict[str, dict[str, Any]] | None = None,
+    plan: LLMStage, *, settings: LLMSettings, console: Console | None = None
 ) -> StageReport:
-    """Run `make_work(engine)` over `units` (the stage's whole current input, re-iterable;
-    `selected` ids only), resumably; write and return the stage report. The library's
-    plain-argument form of `arun_stage`, which takes the stage as an LLMStage.
+    """Run the plan's units resumably; write and return its report.
 
-    `fingerprint(engine)` names what makes a finished unit reusable (see Engine.fingerprint).
-    `full`: the report describes the build (default: nothing was selected); a quick look's
-    report is kept apart so a dataset card never quotes it. `chain`: (step, calls per unit)
-    in the order a unit makes them, for --estimate (which sends and writes nothing). `notes`:
-    the stage's own figures, written in its report (StageReport.notes).
-    """
-    plan = LLMStage(
-        stage, units, make_work, key, output, fingerprint, steps=[step for step, _ in chain],
-        selected=selected, full=full, input_path=input_path, retry_failed=retry_failed, failures=failures,
-        calls=[calls for _, calls in chain] or None,
-    )  # fmt: skip
-    return await arun_stage(plan, settings=settings, console=console, notes=notes)
-
-
-async def arun_stage(
-    plan: LLMStage,
-    *,
-    settings: LLMSettings,
-    console: Console | None = None,
-    notes: dict[str, dict[str, Any]] | None = None,
-) -> StageReport:
-    """Run the plan's units resumably; write and return its report. One pass on this
-    engine, or (`--llm vllm`) passes over batch files with vLLM answering between them.
-    `notes`: the stage's own figures, written in its report (StageReport.notes)."""
+    Passes over the units, each on a freshly opened engine: where each unit's work runs, and
+    whether another pass follows, is the executor's (`executor`: this process, a Ray pool,
+    vLLM rounds); what the engine does with a request, the mode's (`offline_mode`: send it,
+    estimate it, queue it in a batch file). The bookkeeping is the same whichever they are."""
     console = console or Console(quiet=True)  # a library call prints only when given a console
-    if uses_vllm(settings):
-        return await _in_vllm_rounds(plan, settings, console, notes)
-    return await _one_pass(plan, settings, console, notes)
-
-
-async def _in_vllm_rounds(
-    plan: LLMStage, settings: LLMSettings, console: Console, notes: dict[str, dict[str, Any]] | None
-) -> StageReport:
-    """Passes over batch files, vLLM on Ray answering between them (ray_vllm.rounds, which
-    says what each round does); the stage's wall time covers its rounds."""
-    began = time.perf_counter()
-
-    async def one_pass(round_settings: LLMSettings, figures: dict) -> StageReport:
-        extra = {**(notes or {}), **figures}
-        return await _one_pass(plan, round_settings, console, extra, began, in_rounds=True)
-
-    report = await rounds(one_pass, settings, plan.stage, plan.output, console)
-    plan.record(report, settings)
+    started = time.perf_counter()  # the stage's wall time covers all its passes
+    run_on = executor(settings, console)
+    pass_settings = run_on.begin(plan, settings)
+    while True:
+        report, finished = await _one_pass(plan, pass_settings, console, run_on, started)
+        if not run_on.again(report):
+            break
+    if finished:
+        plan.record(report, settings)
     return report
 
 
 async def _one_pass(
-    plan: LLMStage,
-    settings: LLMSettings,
-    console: Console,
-    notes: dict[str, dict[str, Any]] | None,
-    started: float | None = None,
-    in_rounds: bool = False,
-) -> StageReport:
-    """One pass over the plan's units: the engine sends (the units' work in this process or
-    on a Ray pool: `executor`) or is offline (--estimate, --batch: `offline_mode`).
-    `in_rounds`: a pass of vLLM rounds, which announce the stage and record its report."""
-    started = started or time.perf_counter()
+    plan: LLMStage, settings: LLMSettings, console: Console, run_on: Executor, started: float
+) -> tuple[StageReport, bool]:
+    """One pass over the plan's units: the engine sends, or is offline (`offline_mode`); the
+    units' work runs where `run_on` says. Returns its report, and whether the pass is the
+    stage's run, to be recorded (not an estimate, nor a pass waiting for batch answers)."""
     mode = offline_mode(plan, settings)
     async with open_engine(settings, notify=_notifier(console), offline=mode.offline) as engine:
-        if not in_rounds:
-            _announce(console, plan, engine, settings)
+        run_on.announce(console, plan, engine, settings)
         mode.opened(engine, settings)
-        run_on = executor(settings, engine, console)
+        run_on.attach(engine)
         with _progress(console) as progress:
             # of the units picked (--limit, --users), not of the whole input
             bar = _progress_bar(progress, plan.stage, _to_do(plan.units, plan.selected), engine)
@@ -263,19 +221,28 @@ async def _one_pass(
         report = plan.report(engine, settings, outcome, started)
         if run_on.structured() is not None:
             report.structured = run_on.structured()  # negotiated there, not here
-        report.notes = dict(notes or {})
+        report.notes = {**plan.notes, **run_on.notes()}
         mode.closed(report, engine, settings)
-    if mode.finished(report, settings) and not in_rounds:
-        plan.record(report, settings)
-    return report
+    return report, mode.finished(report, settings)
 
 
 # --- where each unit's work runs: one protocol ------------------------------------------------------
 
 
 class Executor(Protocol):
-    """Where a stage's units do their work, the bookkeeping staying here: an async context
-    around the pass, and the work of a plan for `run_units`/`run_chain`."""
+    """Where a stage's units do their work, and in how many passes; the bookkeeping stays in
+    the pass (`_one_pass`, `arun_llm_chain`). One per stage (a chain's two stages share one
+    pass). `begin`: the stage starts, and the settings each pass opens its engine with;
+    `announce`: the stage's first line; `attach`: a pass's engine is open; an async
+    context around the pass's units; `work`: a plan's work for `run_units`/`run_chain`;
+    `structured`, `notes`: figures for the pass's report; `again`: after a pass, whether
+    another follows."""
+
+    def begin(self, plan: LLMStage, settings: LLMSettings) -> LLMSettings: ...
+
+    def announce(self, console: Console, plan: LLMStage, engine: Engine, settings: LLMSettings) -> None: ...
+
+    def attach(self, engine: Engine) -> None: ...
 
     async def __aenter__(self) -> Executor: ...
 
@@ -285,11 +252,23 @@ class Executor(Protocol):
 
     def structured(self) -> dict[str, Any] | None: ...
 
+    def notes(self) -> dict[str, dict[str, Any]]: ...
+
+    def again(self, report: StageReport) -> bool: ...
+
 
 class InProcess:
-    """Every unit's work on this process's engine."""
+    """Every unit's work on this process's engine, in one pass."""
 
-    def __init__(self, engine: Engine) -> None:
+    engine: Engine
+
+    def begin(self, plan: LLMStage, settings: LLMSettings) -> LLMSettings:
+        return settings
+
+    def announce(self, console: Console, plan: LLMStage, engine: Engine, settings: LLMSettings) -> None:
+        _announce(console, plan, engine, settings)
+
+    def attach(self, engine: Engine) -> None:
         self.engine = engine
 
     async def __aenter__(self) -> InProcess:
@@ -304,14 +283,23 @@ class InProcess:
     def structured(self) -> dict[str, Any] | None:
         return None  # the engine's own report says it
 
+    def notes(self) -> dict[str, dict[str, Any]]:
+        return {}
 
-class RayPool:
+    def again(self, report: StageReport) -> bool:
+        return False
+
+
+class RayPool(InProcess):
     """Every unit's work on a pool of Ray workers (ray_executor.WorkerPool), each with its
     own engine; the structured mode is negotiated there."""
 
-    def __init__(self, settings: LLMSettings, engine: Engine, console: Console) -> None:
-        console.print(_on_ray(settings))
-        self.pool = WorkerPool(settings, engine)
+    def __init__(self, settings: LLMSettings, console: Console) -> None:
+        self.settings, self.console = settings, console
+
+    def attach(self, engine: Engine) -> None:
+        self.console.print(_on_ray(self.settings))
+        self.pool = WorkerPool(self.settings, engine)
 
     async def __aenter__(self) -> RayPool:
         await self.pool.__aenter__()
@@ -327,9 +315,34 @@ class RayPool:
         return self.pool.figures.structured()
 
 
-def executor(settings: LLMSettings, engine: Engine, console: Console) -> Executor:
-    """A Ray pool when the settings ask for Ray (`--executor ray`), else this process."""
-    return RayPool(settings, engine, console) if uses_ray(settings) else InProcess(engine)
+class VllmRounds(InProcess):
+    """`--llm vllm`: every unit's work in this process, on an engine that writes its requests
+    to batch files; vLLM on Ray answers them between passes (ray_vllm.Rounds, which says
+    how), until a pass asks for nothing more. Not for a chain (pipeline.chains)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def begin(self, plan: LLMStage, settings: LLMSettings) -> LLMSettings:
+        self.rounds = Rounds(settings, plan.stage, plan.output, self.console)  # says the stage
+        return self.rounds.settings
+
+    def announce(self, console: Console, plan: LLMStage, engine: Engine, settings: LLMSettings) -> None:
+        pass  # said once, as the rounds began (a pass's own line would name their batch folder)
+
+    def notes(self) -> dict[str, dict[str, Any]]:
+        return self.rounds.notes()
+
+    def again(self, report: StageReport) -> bool:
+        return self.rounds.after(report)
+
+
+def executor(settings: LLMSettings, console: Console) -> Executor:
+    """vLLM rounds for `--llm vllm`; a Ray pool when the settings ask for Ray (`--executor
+    ray`); else this process."""
+    if uses_vllm(settings):
+        return VllmRounds(console)
+    return RayPool(settings, console) if uses_ray(settings) else InProcess()
 
 
 # --- what the engine does with a request: send it, or not (offline engines) -------------------------
@@ -359,9 +372,8 @@ class Estimating(Sending):
     dry = True
 
     def __init__(self, plan: LLMStage, settings: LLMSettings) -> None:
-        calls = plan.calls or [1] * len(plan.steps)
         self.offline = Estimate(
-            [(step.name, count) for step, count in zip(plan.steps, calls, strict=True)],
+            [(step.name, plan.calls.get(step.name, 1)) for step in plan.steps],
             rule=cache_rule(settings),
             first_mode=first_mode(settings),
         )
@@ -429,9 +441,6 @@ def _announce(console: Console, plan: LLMStage, engine: Engine, settings: LLMSet
 run_llm_stage = sync_twin(arun_llm_stage)
 
 
-run_stage = sync_twin(arun_stage)
-
-
 async def arun_llm_chain(
     first: LLMStage,
     second: LLMStage,
@@ -455,7 +464,8 @@ async def arun_llm_chain(
         notify = _notifier(console)
         async with open_engine(settings, notify=notify) as engine:
             console.print(_header(f"{first.stage} → {second.stage}", engine))
-            run_on = executor(settings, engine, console)  # one for both stages
+            run_on = executor(settings, console)  # one for both stages
+            run_on.attach(engine)
             ended = [0.0]
             with (
                 locks.exclusive(first.output),

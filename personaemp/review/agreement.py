@@ -272,7 +272,7 @@ def rejudge(queries: Path, output: Path, settings, console=None):
     cached like every LLM stage. Returns the stage report."""
     from personaemp.instruments.query_check import CHECK
     from personaemp.io import read_stage_rows
-    from personaemp.llm.stage import LLMStage, run_stage
+    from personaemp.llm.stage import LLMStage, run_llm_stage
     from personaemp.prompts import load_prompt
     from personaemp.records import Persona
 
@@ -290,7 +290,7 @@ def rejudge(queries: Path, output: Path, settings, console=None):
         fingerprint=lambda engine: engine.fingerprint(CHECK, prompt.hash),
         steps=(CHECK,), input_path=Path(queries),
     )  # fmt: skip
-    return run_stage(plan, settings=settings, console=console)
+    return run_llm_stage(plan, settings=settings, console=console)
 
 
 async def judge_again(engine, row: dict, prompt) -> dict:

@@ -16,9 +16,8 @@ from personaemp.shared_options import PROCESSED, Names
 class ReviewOptions(Section):
     input: Annotated[
         Path,
-        Opt("Queries to review (gen-queries' output: accepted and rejected).", ("--input", "-i"),
-            derive="queries.output", io="read"),
-    ] = PROCESSED / "queries.jsonl"  # fmt: skip
+        Opt.input("Queries to review (gen-queries' output: accepted and rejected).", derive="queries.output"),
+    ] = PROCESSED / "queries.jsonl"
     labels: Annotated[
         Path | None,
         Opt(
@@ -71,12 +70,7 @@ class ReviewOptions(Section):
 class AgreementOptions(Section):
     input: Annotated[
         Path,
-        Opt(
-            "Queries the labels are about (gen-queries' output).",
-            ("--input", "-i"),
-            derive="queries.output",
-            io="read",
-        ),
+        Opt.input("Queries the labels are about (gen-queries' output).", derive="queries.output"),
     ] = PROCESSED / "queries.jsonl"
     labels: Annotated[
         Path | None,

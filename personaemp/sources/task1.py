@@ -66,7 +66,11 @@ def resolve_task1_folder(path: Path, split: str | None) -> Path:
 def _benchmark_id(row: Any, location: str) -> str:
     if not isinstance(row, dict):
         raise RowError(location, f"expected a JSON object, got {type(row).__name__}")
-    value = row.get("benchmark_id")
+    return _checked_id(row.get("benchmark_id"), location)
+
+
+def _checked_id(value: Any, location: str) -> str:
+    """A row's benchmark_id, a non-empty string; else a RowError naming the row."""
     if not isinstance(value, str) or not value:
         raise RowError(location, "missing required field 'benchmark_id'")
     return value
@@ -101,9 +105,7 @@ def _index_reference(path: Path, policy: ErrorPolicy) -> dict[str, int]:
     for lineno, offset, row in iter_jsonl(path, policy, _REFERENCE_ID):
         location = f"{path}:{lineno}"
         try:
-            benchmark_id = row.benchmark_id
-            if not isinstance(benchmark_id, str) or not benchmark_id:
-                raise RowError(location, "missing required field 'benchmark_id'")
+            benchmark_id = _checked_id(row.benchmark_id, location)
             if benchmark_id in index:
                 first = _unpack(index[benchmark_id])[0]
                 raise RowError(location, f"duplicate benchmark_id {benchmark_id!r} (first at line {first})")
@@ -215,9 +217,7 @@ def _join(input_path, reference_path, references, index, policy) -> Iterator[Sou
     for lineno, _, row in iter_jsonl(input_path, policy, _INPUT_DECODER):
         location = f"{input_path}:{lineno}"
         try:
-            benchmark_id = row.benchmark_id
-            if not isinstance(benchmark_id, str) or not benchmark_id:
-                raise RowError(location, "missing required field 'benchmark_id'")
+            benchmark_id = _checked_id(row.benchmark_id, location)
             entry = index.get(benchmark_id)
             if (entry is not None and entry < 0) or benchmark_id in orphans:
                 raise RowError(location, f"duplicate benchmark_id {benchmark_id!r}")

@@ -11,20 +11,16 @@ from pydantic import Field, ValidationError, model_validator
 from personaemp.options import Opt, OptionProblem, Section, declare, describe
 from personaemp.shared_options import (
     DEFAULT_LAYOUT,
-    PROCESSED,
     Layout,
     MismatchSeed,
+    OfASplit,
     RagK,
-    SplitSetting,
-    SplitsFolder,
 )
 from personaemp.vocabulary import Context, ExportFormat, Fallback, Part
 
 
 @declare("export")
-class ExportOptions(Section):
-    splits: SplitsFolder = PROCESSED / "splits"
-    split: SplitSetting = "random"
+class ExportOptions(OfASplit):
     part: Annotated[Part, Opt("Part of the split (train to train on, test to evaluate).")] = "train"
     format: Annotated[
         ExportFormat,
