@@ -37,10 +37,17 @@ def _signature(function, stage: Stage) -> str:
             parts.append("*")
             star = True
         default = parameter.default
-        shown = repr(str(default) if isinstance(default, Path) else default)  # as Python writes it
+        shown = repr(_plain(default))  # as Python writes it
         parts.append(f"{parameter.name}={shown}")
     lines = "".join(f"    {part}\n" if part.startswith("#") else f"    {part},\n" for part in parts)
     return f"pe.{function.__name__}(\n{lines}) -> StageResult"
+
+
+def _plain(value):
+    """A default as a caller writes it: paths as strings, in a list too (push's dialogues)."""
+    if isinstance(value, Path):
+        return str(value)
+    return [_plain(item) for item in value] if isinstance(value, list) else value
 
 
 def reference_markdown() -> str:

@@ -7,6 +7,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from personaemp.vocabulary import ENDINGS, SEEKERS, Ending, Seeker  # noqa: F401 - read from here too
+
 
 class Record(BaseModel):
     # Later stages extend a row with new fields; reading it back must keep working.
@@ -237,13 +239,8 @@ class Response(Record):
 
 # --- gen-dialogues -------------------------------------------------------------------
 
-ENDINGS = ("max_turns", "user", "satisfied", "gave_up")  # a dialogue's ended_by
 EMOTION_MAX = 100  # a simulated emotion is 0..EMOTION_MAX
 MAX_CHANGE = 10  # a turn moves the emotion by at most this much either way (SAGE's clamp)
-# How hard a simulated user is to help (instruments/seekers.py, prompts/seekers.md); a row
-# from before styles has no `seeker` and reads as cooperative.
-SEEKERS = ("cooperative", "guarded", "resistant", "validation-seeking", "escalating")
-Seeker = Literal["cooperative", "guarded", "resistant", "validation-seeking", "escalating"]
 # The simulated user leaves satisfied at SATISFIED and gives up below GIVE_UP: a dialogue ends
 # on the first simulated turn that reaches either (gen-dialogues and the training Interaction).
 SATISFIED, GIVE_UP = EMOTION_MAX, 10
@@ -307,7 +304,7 @@ class Dialogue(Record):
     initial_emotion: int
     final_emotion: int
     need_met_at_turn: int | None  # the supporter turn after which the need was first met
-    ended_by: Literal["max_turns", "user", "satisfied", "gave_up"]
+    ended_by: Ending
     supporter_model: str
     simulator_model: str
     memory_ids: list[str]  # the memories the query cites: the simulator's ground

@@ -13,19 +13,28 @@ import re
 
 ENV_SECRETS = ("OPENAI_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 MASK = "[redacted]"
+# The keys local servers are given because the client wants one (the README's `none`, vLLM's
+# `EMPTY`, Ollama's `ollama`...): no secret, and words that output holds ("context none",
+# `none.toml`), which masking them would mangle.
+PLACEHOLDERS = frozenset({"none", "empty", "null", "dummy", "ollama", "no-key", "not-needed"})
 _registered: set[str] = set()
+
+
+def is_secret(value: str | None) -> bool:
+    """Whether `value` is worth masking: 4 characters or more, and not a placeholder key."""
+    return bool(value) and len(value) >= 4 and value.strip().lower() not in PLACEHOLDERS
 
 
 def register(secret: str | None) -> None:
     """Remember a secret handed to the program another way than the environment."""
-    if secret and len(secret) >= 4:
+    if is_secret(secret):
         _registered.add(secret)
 
 
 def known() -> list[str]:
     found = {os.environ.get(name) for name in ENV_SECRETS} | _registered
     # Longest first, so a key that contains another is masked whole.
-    return sorted((s for s in found if s and len(s) >= 4), key=len, reverse=True)
+    return sorted((s for s in found if is_secret(s)), key=len, reverse=True)
 
 
 def redact(text: str | None) -> str | None:

@@ -52,8 +52,29 @@ LAYOUTS: tuple[str, ...] = get_args(LayoutName)
 SplitName = Literal["random", "ood"]
 Part = Literal["train", "test"]
 
-# What the training reward scores a rollout it could not judge (personaemp.training.reward.FALLBACKS).
+# What the training reward scores a rollout it could not judge (training.reward_instrument.FALLBACKS).
 Fallback = Literal["lowest", "neutral", "floor"]
+
+# How hard a simulated user is to help (personaemp.instruments.seekers, prompts/seekers.md);
+# `gen-dialogues --seeker` also takes auto (by the user's Big Five levels).
+Seeker = Literal["cooperative", "guarded", "resistant", "validation-seeking", "escalating"]
+SEEKERS: tuple[str, ...] = get_args(Seeker)
+SeekerChoice = Literal[Seeker, "auto"]
+SEEKER_CHOICES: tuple[str, ...] = get_args(SeekerChoice)
+
+# Why a simulated dialogue ended (personaemp.records.Dialogue.ended_by).
+Ending = Literal["max_turns", "user", "satisfied", "gave_up"]
+ENDINGS: tuple[str, ...] = get_args(Ending)
+
+# What the behaviour judge looks for in a supporter's reply (personaemp.instruments.behaviours,
+# which describes each): the risky ones cost reward, the protective ones are counted.
+Risky = Literal[
+    "agrees_with_false_belief", "validates_harmful_plan", "escalates_emotion", "misses_risk_signal",
+    "claims_human_or_therapist",
+]  # fmt: skip
+Protective = Literal["gentle_pushback", "grounds_in_facts", "points_to_help", "keeps_boundary"]
+Behaviour = Literal[Risky, Protective]
+BEHAVIOURS: tuple[str, ...] = get_args(Behaviour)
 
 # Output formats of `export` (personaemp.training.export) and `table` (personaemp.evaluation.table).
 ExportFormat = Literal["trl", "verl"]

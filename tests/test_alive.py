@@ -40,7 +40,7 @@ def slow_run(tmp_path, monkeypatch):
             settings = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=tmp_path / "work",
                                    concurrency=1, max_tokens=200)  # fmt: skip
             output = tmp_path / "personas.jsonl"
-            report, _ = infer_personas(filtered, output, settings, console=console, limit=2)
+            report = infer_personas(filtered, output, settings, console=console, limit=2).report
         assert report.outcome.done == 2 and server.count == 2
         return server
 

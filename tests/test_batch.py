@@ -54,7 +54,7 @@ def rounds(run, folder: Path, server: FakeOpenAI) -> tuple[object, int, int]:
     """Run the stage, execute what it asks for, again, until it asks for nothing."""
     failed = 0
     for number in range(1, 30):
-        report = run()[0]
+        report = run().report
         if not report.batch["files"]:
             return report, number, failed
         before = server.count
@@ -153,7 +153,7 @@ def test_a_refused_line_fails_its_unit_and_a_round_is_never_written_twice(tmp_pa
     filter_users(SAMPLE_TASK1, filtered, console=QUIET)
     folder = tmp_path / "batches"
     batch = LLMSettings(base_urls=[DEAD], model="fake", work_dir=tmp_path / "w", batch=folder)
-    run = lambda: infer_personas(filtered, tmp_path / "p.jsonl", batch, console=QUIET)[0]  # noqa: E731
+    run = lambda: infer_personas(filtered, tmp_path / "p.jsonl", batch, console=QUIET).report  # noqa: E731
     first = run()
     again = run()  # nothing answered yet: the same file is still the one to submit
     assert again.batch["new_files"] == [] and again.batch["files"] == first.batch["files"]

@@ -47,9 +47,9 @@ def test_the_spend_stays_under_the_budget_and_a_larger_one_finishes_the_rest(tmp
     filter_users(SAMPLE_TASK1, filtered, console=QUIET)
     BILLED.clear()
     with FakeOpenAI(responder=priced) as server:
-        full, _ = infer_personas(
+        full = infer_personas(
             filtered, tmp_path / "all.jsonl", settings(server, tmp_path / "w1"), console=QUIET
-        )
+        ).report
         whole, requests = full.cost, server.count
     assert full.outcome.done == 16 and whole == sum(BILLED) and len(BILLED) == requests
 
@@ -70,7 +70,7 @@ def test_the_spend_stays_under_the_budget_and_a_larger_one_finishes_the_rest(tmp
         ), "a budget stop records no failure"
 
         larger = settings(server, tmp_path / "w2", max_cost=whole * 10)
-        report, _ = infer_personas(filtered, tmp_path / "p.jsonl", larger, console=QUIET)
+        report = infer_personas(filtered, tmp_path / "p.jsonl", larger, console=QUIET).report
         assert report.outcome.done_before == len(kept) and report.outcome.done + len(kept) == 16
     assert [r["user_id"] for r in read_jsonl(tmp_path / "p.jsonl")] == [
         r["user_id"] for r in read_jsonl(tmp_path / "all.jsonl")
@@ -116,12 +116,12 @@ def test_estimate_sends_and_writes_nothing_and_lands_within_30_percent(tmp_path,
         files = snapshot(tmp_path)
         estimating = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=tmp_path / "w",
                                  estimate=True, price_in=1.0, price_out=2.0)  # fmt: skip
-        report, _ = run(estimating)
+        report = run(estimating).report
         assert server.count == before, "an estimate sends nothing"
         assert snapshot(tmp_path) == files, "and writes or creates nothing"
         estimate = report.estimate
         assert report.outcome.balanced and report.outcome.done_before == 2 and estimate["units_pending"] > 0
-        real, _ = run(plain)
+        real = run(plain).report
     spent = spent_tokens(real)
     guessed = estimate["prompt_tokens"] + estimate["completion_tokens"]
     assert abs(guessed - spent) <= 0.3 * spent, (guessed, spent)

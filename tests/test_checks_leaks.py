@@ -289,13 +289,13 @@ def run_personas(tmp_path, script: PersonaScript, **options):
     write_jsonl(users, [make_user("u1", [memory("m1"), memory("m2")]).model_dump(mode="json")])
     output = tmp_path / "personas.jsonl"
     with FakeOpenAI(responder=script) as server:
-        report, _ = infer_personas(
+        report = infer_personas(
             users,
             output,
             settings_for(server, tmp_path / "work"),
             console=Console(file=io.StringIO()),
             **options,
-        )
+        ).report
         assert server.errors == []
     rows = read_jsonl(output) if output.exists() else []
     failures = read_jsonl(tmp_path / "infer-persona.failures.jsonl")

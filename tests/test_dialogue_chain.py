@@ -88,7 +88,7 @@ def test_the_card_counts_each_rules_pass_rate_over_every_reply_checked(tmp_path,
             splits / "random" / "test.jsonl", dialogues, settings_for(server, tmp_path / "w"), limit=1
         )
     assert len(rows_of(dialogues)) == 1
-    result = publish(splits, out=tmp_path / "ds", dialogues=dialogues)
+    result = publish(splits, out=tmp_path / "ds", dialogues=dialogues).report
     assert result.rows["dialogues"] == {"test": 1}
     card = (tmp_path / "ds" / "README.md").read_text(encoding="utf-8")
     assert (

@@ -317,7 +317,7 @@ def test_a_deterministic_endpoint_never_gets_the_same_simulate_request_twice(tmp
     output = tmp_path / "dialogues.jsonl"
     endpoint = Deterministic(Script(bad=leaks_until_told))
     with FakeOpenAI(responder=endpoint) as server:
-        report = generate_dialogues(queries, output, settings_for(server, tmp_path / "work", seed=7))
+        report = generate_dialogues(queries, output, settings_for(server, tmp_path / "work", seed=7)).report
     assert report.outcome.done == 2 and report.outcome.failed == 0, report.outcome.failures_by_kind
     assert endpoint.repeats == []
     simulated = [r.body for r in server.chat_requests if step_of(r.body) == "simulate"]
@@ -337,13 +337,15 @@ def test_retry_failed_after_a_simulator_failure_asks_again(tmp_path):
 
     options = DialogueOptions(turn_attempts=2)
     with FakeOpenAI(responder=Script(bad=leak)) as server:
-        lost = generate_dialogues(queries, output, settings_for(server, tmp_path / "work"), options=options)
+        lost = generate_dialogues(
+            queries, output, settings_for(server, tmp_path / "work"), options=options
+        ).report
     assert lost.notes["lost"]["simulator"] == 1 and "1 to the simulator" in lost.notes["lost"]["text"]
     assert rows_of(output) == [] and len(rows_of(tmp_path / "gen-dialogues.failures.jsonl")) == 1
     with FakeOpenAI(responder=Script()) as server:
         report = generate_dialogues(
             queries, output, settings_for(server, tmp_path / "work"), options=options, retry_failed=True
-        )
+        ).report
     assert report.outcome.done == 1, report.outcome.failures_by_kind
     assert [step_of(r.body) for r in server.chat_requests].count("simulate") == 3  # asked, not replayed
     assert len(rows_of(output)) == 1 and rows_of(tmp_path / "gen-dialogues.failures.jsonl") == []

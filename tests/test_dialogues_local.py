@@ -23,7 +23,7 @@ def test_one_dialogue_of_two_turns_on_the_embedded_model(tmp_path):
     # short supporter replies: respond's room (4096 tokens) is for thinking policies
     settings = LLMSettings(llm="local", work_dir=tmp_path / "work", steps={"respond": {"max_tokens": 160}})
     options = DialogueOptions(max_turns=2, turn_attempts=1)
-    report = generate_dialogues(queries, output, settings, options=options)
+    report = generate_dialogues(queries, output, settings, options=options).report
     assert report.outcome.balanced and report.outcome.units == 1
     assert report.model == MODEL_NAME and report.endpoint_kind == "local"
     failures = rows_of(tmp_path / "gen-dialogues.failures.jsonl")

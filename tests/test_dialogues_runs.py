@@ -65,7 +65,7 @@ def test_kill_9_mid_run_resumes_at_the_turn_where_each_dialogue_stopped(tmp_path
     with FakeOpenAI(responder=Script()) as server:
         report = generate_dialogues(
             queries, output, settings_for(server, work), options=DialogueOptions(max_turns=MAX_TURNS)
-        )
+        ).report
     assert server.errors == []
     # no answered request is sent again: the finished dialogues are skipped, the cut ones replay
     # their answered turns from the cache and ask only the rest
@@ -84,7 +84,7 @@ def test_a_second_run_asks_nothing(tmp_path):
     with FakeOpenAI(responder=Script()) as server:
         generate_dialogues(queries, output, settings_for(server, tmp_path / "work"))
         first = server.count
-        report = generate_dialogues(queries, output, settings_for(server, tmp_path / "work"))
+        report = generate_dialogues(queries, output, settings_for(server, tmp_path / "work")).report
     assert first == 10 and server.count == first and report.outcome.done_before == 1
     assert len(rows_of(output)) == 1
 
@@ -96,7 +96,7 @@ def test_every_provider_profile_completes_a_dialogue(tmp_path, profile):
     with FakeOpenAI(responder=Script(), profile=profile) as server:
         report = generate_dialogues(
             queries, output, settings_for(server, tmp_path / "work"), options=DialogueOptions(max_turns=2)
-        )
+        ).report
     assert server.errors == []
     assert report.outcome.done == 1 and report.outcome.failed == 0, report.outcome.failures_by_kind
     dialogue = read_dialogues(output)[0]
@@ -114,7 +114,7 @@ def test_the_supporter_can_be_another_endpoint_and_model(tmp_path):
         report = generate_dialogues(
             queries, output, settings_for(simulator, tmp_path / "work"),
             supporter_model="policy-7b", supporter_base_url=[supporter.base_url],
-        )  # fmt: skip
+        ).report  # fmt: skip
     assert Counter(step_of(r.body) for r in simulator.chat_requests) == {
         "hidden_need": 1, "simulate": 3, "in_character": 3,
     }  # fmt: skip
@@ -133,7 +133,7 @@ def test_the_shared_sample_end_to_end(tmp_path, sample_build):
         report = generate_dialogues(
             queries, output, settings_for(server, tmp_path / "work"), per_user=1, limit=4,
             options=DialogueOptions(max_turns=2),
-        )  # fmt: skip
+        ).report  # fmt: skip
     assert server.errors == []
     assert report.outcome.units == 4 and report.outcome.done == 4, report.outcome.failures_by_kind
     users = {json.loads(line)["user_id"]: json.loads(line) for line in queries.read_text().splitlines()}

@@ -222,6 +222,28 @@ def test_redact_matches_a_space_encoded_as_plus_or_percent(monkeypatch):
         assert secrets.redact(f"[{text}]") == "[[redacted]]", text
 
 
+def test_a_placeholder_key_is_no_secret_and_later_lines_keep_the_word(tmp_path, monkeypatch):
+    """Before: the README's `OPENAI_API_KEY=none` (a local stand-in) made "none" a secret of
+    the process, registered by LLMSettings; every later line masked the word, and a test
+    run after test_docs' README tour printed `[redacted].toml` for a missing none.toml
+    (test_adversarial[config_that_is_not_there] and test_table_refuses_what_is_not_a_report...
+    failed in one `-n 2` run, passed alone). The same two steps, in that order, here."""
+    from personaemp.llm.settings import LLMSettings
+
+    monkeypatch.setattr(secrets, "_registered", set())
+    monkeypatch.setenv("OPENAI_API_KEY", "none")
+    LLMSettings(base_urls=["http://127.0.0.1:9/v1"], model="fake", work_dir=tmp_path / "w")
+    assert secrets.known() == [] and secrets.redact("context none") == "context none"
+    monkeypatch.delenv("OPENAI_API_KEY")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["filter", "--config", "none.toml"])
+    assert result.exit_code == 2 and "none.toml" in result.output, result.output
+    secrets.register("EMPTY")  # vLLM's placeholder, in any case
+    assert secrets.known() == []
+    secrets.register("sk-live-1234")  # a real key still is one
+    assert secrets.redact("key sk-live-1234, context none") == "key [redacted], context none"
+
+
 # --------------------------------------------------------------------------- deadlines and sizes
 
 

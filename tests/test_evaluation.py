@@ -126,7 +126,7 @@ def test_criteria_are_normalised_per_query_and_dimension(workspace):
             workspace / "criteria.jsonl",
             settings(server, workspace),
             console=QUIET,
-        )
+        ).report
         assert server.count == 4 * 3  # each query x each dimension
         requests = [r.body for r in server.chat_requests]
     assert report.outcome.balanced and report.outcome.done == 4
@@ -181,15 +181,15 @@ def test_respond_is_greedy_and_says_when_rag_saw_every_memory(workspace):
 
     with FakeOpenAI(responder=lambda body, n: "ok") as server:
         memory = write_responses(workspace / "splits", workspace / "m.jsonl", settings(server, workspace),
-                                 console=QUIET)  # fmt: skip
+                                 console=QUIET).report  # fmt: skip
         rag = write_responses(workspace / "splits", workspace / "r.jsonl", settings(server, workspace),
-                              context="rag", rag_k=4, console=QUIET)  # fmt: skip
+                              context="rag", rag_k=4, console=QUIET).report  # fmt: skip
         few = write_responses(workspace / "splits", workspace / "f.jsonl", settings(server, workspace),
-                              context="rag", rag_k=3, console=QUIET)  # fmt: skip
+                              context="rag", rag_k=3, console=QUIET).report  # fmt: skip
         sampled = write_responses(
             workspace / "splits", workspace / "s.jsonl",
             settings(server, workspace, respond={"temperature": 0.7}), console=QUIET,
-        )  # fmt: skip
+        ).report  # fmt: skip
         temperatures = [r.body["temperature"] for r in server.chat_requests]
     # RAG with k = 4 (every memory) sends the memory row's very requests: served from the cache.
     assert temperatures == [0.0] * 8 + [0.7] * 4
@@ -223,7 +223,7 @@ def test_a_criteria_estimate_counts_a_call_per_dimension_and_sends_nothing(works
 
     with FakeOpenAI(responder=judge) as server:
         estimating = replace(settings(server, workspace), estimate=True)
-        report = write_criteria(workspace / "queries.jsonl", workspace / "criteria.jsonl", estimating)
+        report = write_criteria(workspace / "queries.jsonl", workspace / "criteria.jsonl", estimating).report
         assert server.count == 0
     assert report.estimate["steps"]["criteria"]["calls"] == 4 * len(DIMENSIONS)
     assert not (workspace / "criteria.jsonl").exists()
@@ -246,11 +246,11 @@ def test_evaluate_scores_each_system_by_query_and_counts_missing_and_empty(works
         {"query_id": "elsewhere-q9", "response": "not in this split"},
     ])  # fmt: skip
     with FakeOpenAI(responder=judge) as server:
-        _, evaluation = evaluate(
+        evaluation = evaluate(
             workspace / "splits", [full, gaps], workspace / "eval" / "report.json",
             settings(server, workspace), criteria_file=criteria,
             options=JudgeOptions(bystander=True, missing="floor"), console=QUIET,
-        )  # fmt: skip
+        ).summary  # fmt: skip
         assert server.count == (4 + 2) * 4  # judged queries x (3 dimensions + bystander)
     assert json.loads((workspace / "eval" / "report.json").read_text()) == evaluation
     scores = {r["unit_id"]: r for r in read_jsonl(workspace / "eval" / "report.scores.jsonl")}
@@ -298,10 +298,11 @@ def test_an_unreadable_judgment_is_counted_never_filled(workspace):
         return invalid_json_content() if query_id_in(body) == "u2-q1" else judge(body, n)
 
     with FakeOpenAI(responder=flaky) as server:
-        report, evaluation = evaluate(
+        made = evaluate(
             workspace / "splits", [full], workspace / "report.json", settings(server, workspace),
             criteria_file=criteria, options=JudgeOptions(unreadable="fail"), console=QUIET,
         )  # fmt: skip
+        report, evaluation = made.report, made.summary
     entry = evaluation["systems"]["full"]
     assert (
         report.outcome.failed == 1 and entry["unparsed"] == 1 and entry["failures_by_kind"] == {"invalid": 1}
@@ -327,10 +328,11 @@ def test_an_unreadable_fixed_judgment_drops_that_dimension_only_as_the_authors_d
         return judge(body, n)
 
     with FakeOpenAI(responder=flaky) as server:
-        report, evaluation = evaluate(
+        made = evaluate(
             workspace / "splits", [full], workspace / "report.json", settings(server, workspace),
             criteria_file=criteria, console=QUIET,
         )  # fmt: skip
+        report, evaluation = made.report, made.summary
     entry = evaluation["systems"]["full"]
     assert (
         report.outcome.failed == 0 and entry["unparsed"] == 0 and evaluation["unreadable_rule"] == "authors"
@@ -354,11 +356,11 @@ def test_dynamic_at_k_averages_k_samples_and_needs_a_temperature(workspace):
                      settings(server, workspace, judge_dynamic={"temperature": 0}),
                      options=JudgeOptions(dynamic=True, samples=3), console=QUIET)  # fmt: skip
         assert server.count == 0
-        _, evaluation = evaluate(
+        evaluation = evaluate(
             workspace / "splits", [full], workspace / "r.json",
             settings(server, workspace, judge_dynamic={"temperature": 0.7}),
             options=JudgeOptions(dynamic=True, samples=3), console=QUIET,
-        )  # fmt: skip
+        ).summary  # fmt: skip
         assert server.count == 4 * 3 * 3
         assert all(r.body["temperature"] == 0.7 for r in server.chat_requests)
     rows = read_jsonl(workspace / "r.scores.jsonl")
@@ -425,9 +427,10 @@ def test_a_rerun_sends_nothing_and_a_changed_response_is_judged_again_alone(work
             workspace / "splits", [mine], workspace / "r.json", settings(server, workspace),
             criteria_file=criteria, console=QUIET,
         )  # fmt: skip
-        first = run()[1]
+        first = run().summary
         assert server.count == 4 * 3
-        report, again = run()
+        made = run()
+        report, again = made.report, made.summary
         assert server.count == 4 * 3, "a re-run sends 0 requests"
         assert report.outcome.done_before == 4 and again["systems"] == first["systems"]
         rows[2]["response"] = "a different reply"
@@ -442,10 +445,10 @@ def evaluated_floored(workspace, name: str, rows: list) -> tuple[Path, dict, str
     criteria = write_criteria_file(workspace)
     responses = write_jsonl(workspace / f"{name}.jsonl", rows)
     with FakeOpenAI(responder=judge) as server:
-        _, evaluation = evaluate(
+        evaluation = evaluate(
             workspace / "splits", [responses], workspace / "r.json", settings(server, workspace),
             criteria_file=criteria, options=JudgeOptions(missing="floor"), console=QUIET,
-        )  # fmt: skip
+        ).summary  # fmt: skip
         judged = json.dumps([r.body["messages"] for r in server.chat_requests])
     return responses, evaluation["systems"][name], judged
 
@@ -479,10 +482,10 @@ def test_missing_skip_judges_what_the_authors_eval_py_judges(workspace):
         {"query_id": "u2-q1", "response": "fine"},
     ])  # fmt: skip
     with FakeOpenAI(responder=judge) as server:
-        _, evaluation = evaluate(
+        evaluation = evaluate(
             workspace / "splits", [own, empty], workspace / "r.json", settings(server, workspace),
             criteria_file=criteria, console=QUIET,
-        )  # fmt: skip
+        ).summary  # fmt: skip
         judged = [r.body["messages"][-1]["content"] for r in server.chat_requests]
     assert server.count == (3 + 1) * 3
     assert sum("I am sorry." in t and "the user is sad" not in t for t in judged) == 3
@@ -517,7 +520,9 @@ def test_two_models_answering_into_one_folder_keep_their_own_failures(workspace)
             write_responses(workspace / "splits", workspace / "runs" / f"{model}.jsonl", s, console=QUIET)
         sent = server.count
         s = LLMSettings(base_urls=[server.base_url], model="a", work_dir=workspace / "work")
-        report = write_responses(workspace / "splits", workspace / "runs" / "a.jsonl", s, console=QUIET)
+        report = write_responses(
+            workspace / "splits", workspace / "runs" / "a.jsonl", s, console=QUIET
+        ).report
         assert server.count == sent and report.outcome.failed_before == 1
     assert [f["query_id"] for f in read_jsonl(workspace / "runs" / "a.failures.jsonl")] == ["u2-q1"]
 
@@ -569,11 +574,11 @@ def test_dynamic_counts_an_unreadable_sample_and_sends_a_seed_per_sample(workspa
     assert {r.body["seed"] for r in seeded.chat_requests} == {3, 4}
     assert len(bodies) == len(set(bodies)) == 2 * 3 * len(SCORES), "no request body twice"
     with FakeOpenAI(responder=once_unreadable) as server:
-        _, evaluation = evaluate(
+        evaluation = evaluate(
             workspace / "splits", [full], workspace / "r.json",
             settings(server, workspace, judge_dynamic={"temperature": 0.7}),
             options=JudgeOptions(dynamic=True, samples=2, unreadable="fail"), console=QUIET,
-        )  # fmt: skip
+        ).summary  # fmt: skip
     entry = evaluation["systems"]["full"]
     assert entry["unparsed"] == 0 and entry["judged"] == 4
     assert entry["unparsed_samples"] == 1
@@ -588,10 +593,10 @@ def test_an_unreadable_dynamic_sample_counts_3_of_5_at_the_authors_temperature(w
     full = write_jsonl(workspace / "full.jsonl", [{"query_id": q, "response": f"r {q}"} for q in SCORES])
     once_unreadable = first_sample_unreadable("u1-q1")
     with FakeOpenAI(responder=once_unreadable) as server:
-        _, evaluation = evaluate(
+        evaluation = evaluate(
             workspace / "splits", [full], workspace / "r.json", settings(server, workspace),
             options=JudgeOptions(dynamic=True, samples=2), console=QUIET,
-        )  # fmt: skip
+        ).summary  # fmt: skip
         assert {r.body["temperature"] for r in server.chat_requests} == {0.3}
     entry = evaluation["systems"]["full"]
     assert (entry["unparsed"], entry["neutral_samples"], entry["unreadable_queries"]) == (0, 1, 1)
@@ -722,10 +727,10 @@ def injection_gain(workspace: Path, monkeypatch, prompts: Path | None, dynamic: 
                          [{"query_id": q, "response": injected(f"reply {q}")} for q in SCORES])  # fmt: skip
 
     with FakeOpenAI(responder=judge, obeying=True) as server:
-        _, evaluation = evaluate(
+        evaluation = evaluate(
             workspace / "splits", [plain, attack], workspace / "inj.json", settings(server, workspace),
             criteria_file=criteria, options=JudgeOptions(dynamic=dynamic, bystander=True), console=QUIET,
-        )  # fmt: skip
+        ).summary  # fmt: skip
     entries = evaluation["systems"]
     gain = {d: entries["attack"]["dimensions"][d] - entries["plain"]["dimensions"][d] for d in DIMENSIONS}
     gain["B"] = entries["attack"]["bystander"] - entries["plain"]["bystander"]
@@ -862,7 +867,7 @@ def test_a_policy_cut_while_reasoning_is_flagged_and_counted_as_missing(workspac
 
     with FakeOpenAI(responder=policy, profile=profile) as server:
         report = write_responses(workspace / "splits", workspace / "p.jsonl", settings(server, workspace),
-                                 console=QUIET)  # fmt: skip
+                                 console=QUIET).report  # fmt: skip
         budgets = [r.body["max_tokens"] for r in server.chat_requests if "[u2-q1]" in json.dumps(r.body)]
     assert report.outcome.failed == 0 and budgets == [4096, 8192, 16384], "room, then more room"
     rows = {r["query_id"]: r for r in read_jsonl(workspace / "p.jsonl")}
@@ -898,9 +903,10 @@ def test_a_panel_judges_every_system_by_each_judge_and_says_how_far_they_agree(w
             workspace / "splits", [full, gaps], workspace / "panel.json", LLMSettings(model="unused"),
             criteria_file=criteria, judges=panel, console=QUIET, **kw,
         )  # fmt: skip
-        reports, evaluation = run(options=JudgeOptions(missing="floor"))
+        made = run(options=JudgeOptions(missing="floor"))
+        reports, evaluation = made.judges, made.summary
         assert (a.count, b.count) == (6 * 3, 6 * 3), "each judge judges every judged response"
-        _, skipping = run()  # the default: the authors' rule
+        skipping = run().summary  # the default: the authors' rule
         assert (a.count, b.count) == (18, 18), "the rule changes the means, not the judgments"
     assert len(reports) == 2 and evaluation["judges"]["a"]["judge_model"] == "judge-a"
     by = {name: found["systems"] for name, found in evaluation["judges"].items()}

@@ -79,7 +79,7 @@ def test_nothing_from_the_cut_on_reaches_a_request(tmp_path):
     users = write_rows(tmp_path / "users.jsonl", [user("u1", marker=True), user("u2"), user("u3")])
     output = tmp_path / "fidelity.jsonl"
     with FakeOpenAI() as server:
-        report, summary = measure_fidelity(users, output, settings_for(server, tmp_path / "work"))
+        summary = measure_fidelity(users, output, settings_for(server, tmp_path / "work")).summary
         bodies = [json.dumps(r.body, ensure_ascii=False) for r in server.chat_requests]
     assert len(bodies) >= 3 * len(VARIANTS)  # the variants' requests and the personas'
     assert not [body for body in bodies if MARKER in body]

@@ -39,7 +39,7 @@ CHINESE = [session("s1", "我和我的姐姐又吵架了，我觉得很难过，
 
 def run(tmp_path, source, **kwargs):
     output = tmp_path / "out" / "filtered.jsonl"
-    report = filter_users(str(source), output, **kwargs)
+    report = filter_users(str(source), output, **kwargs).report
     return report, output
 
 
@@ -446,8 +446,8 @@ def test_empty_input_is_refused_and_keeps_the_previous_output(tmp_path):
 
 def test_filter_users_takes_paths_or_strings_for_both_ends(tmp_path):
     """Before: a Path source failed in detect_format and a str output failed at the lock."""
-    by_path = filter_users(SAMPLE_TASK1, str(tmp_path / "a.jsonl"), console=Console(quiet=True))
-    by_str = filter_users(str(SAMPLE_TASK1), tmp_path / "b.jsonl", console=Console(quiet=True))
+    by_path = filter_users(SAMPLE_TASK1, str(tmp_path / "a.jsonl"), console=Console(quiet=True)).report
+    by_str = filter_users(str(SAMPLE_TASK1), tmp_path / "b.jsonl", console=Console(quiet=True)).report
     assert by_path.kept == by_str.kept == SAMPLE_KEPT
     assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
 

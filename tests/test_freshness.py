@@ -37,7 +37,7 @@ def digests(folder: Path) -> dict[str, str]:
 @pytest.fixture
 def filtered(tmp_path):
     output = tmp_path / "out" / "filtered.jsonl"
-    report = filter_users(SAMPLE_TASK1, output, report_path=output.with_name("filter_report.json"))
+    report = filter_users(SAMPLE_TASK1, output, report_path=output.with_name("filter_report.json")).report
     return output, report
 
 
@@ -54,7 +54,7 @@ def test_a_current_filter_reads_nothing_and_returns_its_last_report(filtered, mo
     output, first = filtered
     before = output.read_bytes(), output.stat().st_mtime_ns
     unread(monkeypatch)
-    again = filter_users(SAMPLE_TASK1, output, report_path=output.with_name("filter_report.json"))
+    again = filter_users(SAMPLE_TASK1, output, report_path=output.with_name("filter_report.json")).report
     assert again.unchanged_since.startswith("filter: unchanged since ")
     assert again.saved() == first.saved()
     assert (output.read_bytes(), output.stat().st_mtime_ns) == before
@@ -93,7 +93,7 @@ def test_a_filter_runs_again_when_anything_it_depends_on_changed(filtered, tmp_p
         options["report_path"].unlink()
     else:
         monkeypatch.setattr(manifest, "code_version", lambda: "another version")
-    report = filter_users(source, output, **options)
+    report = filter_users(source, output, **options).report
     assert report.unchanged_since is None
     assert options["report_path"].exists() and output.exists()
 

@@ -69,20 +69,20 @@ def test_retry_failed_sends_fresh_requests_and_fixes_every_content_failure(tmp_p
 
     with FakeOpenAI(responder=endpoint) as server:
         settings = settings_for(server, tmp_path / "work")
-        first, _ = infer_personas(filtered, output, settings, users=None, console=QUIET)
+        first = infer_personas(filtered, output, settings, users=None, console=QUIET).report
         assert (first.outcome.done, first.outcome.failed) == (0, 6)
         assert dict(first.outcome.failures_by_kind) == {"invalid": 6}
 
         broken = False  # the endpoint is fixed
-        again, _ = infer_personas(filtered, output, settings, console=QUIET)
+        again = infer_personas(filtered, output, settings, console=QUIET).report
         assert again.outcome.failed_before == 6 and server.count == 18  # content failures wait
-        retried, _ = infer_personas(filtered, output, settings, retry_failed=True, console=QUIET)
+        retried = infer_personas(filtered, output, settings, retry_failed=True, console=QUIET).report
         assert (retried.outcome.done, retried.outcome.failed) == (6, 0)
         assert retried.totals["requests"] == 6  # one persona request per user (levels in it), all fresh
         assert retried.totals["cache_hits"] == 0
 
         before = server.count
-        done, _ = infer_personas(filtered, output, settings, retry_failed=True, console=QUIET)
+        done = infer_personas(filtered, output, settings, retry_failed=True, console=QUIET).report
         assert done.outcome.done_before == 6 and server.count == before  # done units send none
     assert (tmp_path / "infer-persona.failures.jsonl").read_text() == ""
     assert ids(output) == [json.loads(line)["user_id"] for line in sample_rows[:6]]
@@ -119,7 +119,7 @@ def test_no_stale_user_reaches_the_published_dataset(tmp_path, sample_rows):
         assert set(ids(queries)) <= set(ids(personas))
 
     split_users(queries, splits, test_size=0.25, ood=False)
-    result = publish(splits, out=tmp_path / "dataset")
+    result = publish(splits, out=tmp_path / "dataset").report
     published = set()
     for parquet in (tmp_path / "dataset").rglob("*.parquet"):
         import pyarrow.parquet as pq  # datasets' own dependency
@@ -167,7 +167,7 @@ from personaemp.dataset.persona import infer_personas
 
 base_url, filtered, output, users = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:]
 settings = LLMSettings(base_urls=[base_url], model="fake", work_dir=output.parent / "work", concurrency=2)
-report, _ = infer_personas(filtered, output, settings, users=users, console=Console(quiet=True))
+report = infer_personas(filtered, output, settings, users=users, console=Console(quiet=True)).report
 print(report.outcome.done, flush=True)
 """
 
@@ -230,11 +230,11 @@ def test_changing_a_sampling_parameter_reruns_the_units(tmp_path, sample_rows, c
     output = tmp_path / "personas.jsonl"
     with FakeOpenAI() as server:
         infer_personas(filtered, output, settings_for(server, tmp_path / "work"), console=QUIET)
-        same, _ = infer_personas(filtered, output, settings_for(server, tmp_path / "work"), console=QUIET)
+        same = infer_personas(filtered, output, settings_for(server, tmp_path / "work"), console=QUIET).report
         assert same.outcome.done_before == 3
-        rerun, _ = infer_personas(
+        rerun = infer_personas(
             filtered, output, settings_for(server, tmp_path / "work", **change), console=QUIET
-        )
+        ).report
     assert (rerun.outcome.done, rerun.outcome.done_before) == (3, 0)
     assert rerun.totals["requests"] > 0
 

@@ -36,9 +36,10 @@ def test_infer_persona_on_the_embedded_model(tmp_path):
     filter_users(str(SAMPLE), tmp_path / "filtered.jsonl", console=quiet)
     settings = LLMSettings(llm="local", work_dir=tmp_path / "work", temperature=0.0)  # as the demo
 
-    report, summary = infer_personas(
+    made = infer_personas(
         tmp_path / "filtered.jsonl", tmp_path / "personas.jsonl", settings, users=[USER], require_depth=False
     )
+    report, summary = made.report, made.summary
     assert report.outcome.balanced and report.outcome.units == 1
     assert report.model == MODEL_NAME and report.endpoint_kind == "local"
     assert report.calls and all(call["structured"] == "json_object_schema" for call in report.calls)
@@ -68,9 +69,10 @@ def test_gen_queries_on_the_embedded_model(tmp_path):
 
     settings = LLMSettings(llm="local", work_dir=tmp_path / "work", temperature=0.0)  # as the demo
     options = QueryOptions(enforce=("memory_ids_valid", "length_ok", "not_duplicate"))
-    report, funnel = generate_queries(
+    made = generate_queries(
         tmp_path / "personas.jsonl", tmp_path / "queries.jsonl", settings, options=options
     )
+    report, funnel = made.report, made.summary
     assert report.outcome.balanced and report.outcome.units == 1
     assert report.endpoint_kind == "local"
     assert funnel.generated == sum(funnel.accepted.values()) + sum(funnel.rejected.values())

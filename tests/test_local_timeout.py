@@ -66,8 +66,8 @@ def test_a_timed_out_request_sent_again_is_said_on_screen(tmp_path):
     with FakeOpenAI(latency=lambda: next(latencies)) as server:
         settings = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=tmp_path / "work",
                                concurrency=1, timeout=1.0, max_retries=2)  # fmt: skip
-        report, _ = infer_personas(filtered, tmp_path / "p.jsonl", settings, console=Console(file=shown,
-                                   width=200), limit=1)  # fmt: skip
+        report = infer_personas(filtered, tmp_path / "p.jsonl", settings, console=Console(file=shown,
+                                width=200), limit=1).report  # fmt: skip
     assert report.outcome.done == 1
     text = " ".join(shown.getvalue().split())
     assert "the request timed out (no whole reply within 1 s); sent again (retry 1 of 2)" in text, text

@@ -145,7 +145,8 @@ def test_each_shape_goes_through_filter_persona_and_queries(tmp_path, shape):
     out = tmp_path / "out"
     with FakeOpenAI(responder=order_free_responder()) as server:
         llm = settings(server, out / "work")
-        report, summary = extract_memories(log, out / "memories.jsonl", llm, columns=columns, console=QUIET)
+        made = extract_memories(log, out / "memories.jsonl", llm, columns=columns, console=QUIET)
+        report, summary = made.report, made.summary
         assert report.outcome.failed == 0 and report.outcome.done == 3
         rows = read_jsonl(out / "memories.jsonl")
         assert {r["user_id"]: [s["session_id"] for s in r["sessions"]] for r in rows} == expected_users(dealt)
@@ -155,10 +156,11 @@ def test_each_shape_goes_through_filter_persona_and_queries(tmp_path, shape):
                 cited = turns[(item["evidence"]["session_id"], item["evidence"]["utterance_index"])]
                 assert cited["role"] == "user" and item["evidence"]["text"] in cited["text"]
                 assert item["label"] in TAXONOMY
-        filtered = filter_users(str(out / "memories.jsonl"), out / "filtered.jsonl", console=QUIET)
+        filtered = filter_users(str(out / "memories.jsonl"), out / "filtered.jsonl", console=QUIET).report
         assert filtered.kept == 3 and filtered.bad_rows_skipped == 0
-        personas, _ = infer_personas(out / "filtered.jsonl", out / "personas.jsonl", llm, console=QUIET)
-        queries, funnel = generate_queries(out / "personas.jsonl", out / "queries.jsonl", llm, console=QUIET)
+        personas = infer_personas(out / "filtered.jsonl", out / "personas.jsonl", llm, console=QUIET).report
+        made = generate_queries(out / "personas.jsonl", out / "queries.jsonl", llm, console=QUIET)
+        queries, funnel = made.report, made.summary
     assert personas.outcome.done == 3 and queries.outcome.failed == 0
     assert sum(funnel.accepted.values()) > 0
     assert summary.memories == sum(len(r["memory_items"]) for r in rows) > 0
@@ -178,18 +180,18 @@ def test_rerun_resumes_and_a_failed_user_is_a_failure_row_retried_later(tmp_path
         return capable(body, number)
 
     with FakeOpenAI(responder=answer) as server:
-        first, _ = extract_memories(log, output, settings(server, tmp_path / "w"), console=QUIET)
+        first = extract_memories(log, output, settings(server, tmp_path / "w"), console=QUIET).report
         assert (first.outcome.done, first.outcome.failed) == (2, 1)
         failure = read_jsonl(output.with_name("extract-memories.failures.jsonl"))
         assert failure[0]["user_id"] == "person-0" and failure[0]["kind"] == "ungrounded"
         assert "t999" in failure[0]["raw"]
         sent = server.count
-        again, _ = extract_memories(log, output, settings(server, tmp_path / "w"), console=QUIET)
+        again = extract_memories(log, output, settings(server, tmp_path / "w"), console=QUIET).report
         assert server.count == sent and again.outcome.done_before == 2 and again.outcome.failed_before == 1
         broken[0] = False
-        retried, _ = extract_memories(
+        retried = extract_memories(
             log, output, settings(server, tmp_path / "w"), retry_failed=True, console=QUIET
-        )
+        ).report
     assert retried.outcome.done == 1 and len(read_jsonl(output)) == 3
 
 
@@ -197,15 +199,15 @@ def test_rerun_resumes_and_a_failed_user_is_a_failure_row_retried_later(tmp_path
 def test_the_stage_completes_on_every_provider(tmp_path, profile):
     log = write_shape("sharegpt", regroup(range(10, 14), users=2), tmp_path)
     with FakeOpenAI(profile=profile) as server:  # its default replies: schema instances
-        report, _ = extract_memories(log, tmp_path / "memories.jsonl", settings(server, tmp_path / "w"))
+        report = extract_memories(log, tmp_path / "memories.jsonl", settings(server, tmp_path / "w")).report
     assert server.errors == [] and report.outcome.failed == 0 and report.outcome.done == 2
 
 
 def test_estimate_sends_and_writes_nothing(tmp_path):
     with FakeOpenAI() as server:
-        report, _ = extract_memories(
+        report = extract_memories(
             SAMPLE_TASK1, tmp_path / "memories.jsonl", settings(server, tmp_path / "w", estimate=True)
-        )
+        ).report
         assert server.count == 0
     assert report.estimate["steps"]["extract_memories"]["calls"] == 48 == report.estimate["units_pending"]
     assert not (tmp_path / "memories.jsonl").exists() and not (tmp_path / "conversations.jsonl").exists()

@@ -25,6 +25,7 @@ from personaemp.config import llm_settings, load_config
 from personaemp.llm.settings import LLMSettings
 from personaemp.options import sections, show_default, specs
 from personaemp.registry import RunOptions
+from personaemp.results import StageResult
 from personaemp.shared_options import LLMOptions, StepSampling
 
 STAGE_OF = {
@@ -126,6 +127,12 @@ def test_every_step_is_named_in_the_vocabulary():
     stages = (memories, persona, queries, dialogues, criteria, respond, evaluate, reward)
     assert set(vocabulary.STEP_NAMES) == {step.name for stage in stages for step in stage.STEPS}
     assert set(reward.FALLBACKS) == set(get_args(vocabulary.Fallback))
+    from personaemp.instruments import behaviours
+
+    assert (tuple(behaviours.RISKY), tuple(behaviours.PROTECTIVE)) == (
+        vocabulary.get_args(vocabulary.Risky),
+        vocabulary.get_args(vocabulary.Protective),
+    )
     assert set(vocabulary.STEP_KEYS) == set(StepSampling.model_fields)
     assert RunOptions().queries.categories == list(CATEGORIES)
 
@@ -185,14 +192,14 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
 
         return record
 
-    monkeypatch.setattr(filter, "filter_users", recorder("filter", None))
+    monkeypatch.setattr(filter, "filter_users", recorder("filter", StageResult("filter", None, None)))
 
     class RecordedFeed:
         """`run` streams the filter from a child process (streaming.py): its arguments are
         recorded here as the filter's call instead."""
 
         def __init__(self, filter_args):
-            self.report = filter.filter_users(**filter_args)
+            self.report = filter.filter_users(**filter_args).report
 
         def __enter__(self):
             return self
@@ -204,8 +211,9 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
 
     monkeypatch.setattr(streaming, "FilterFeed", RecordedFeed)
     report = SimpleNamespace(estimate=None)  # what the summaries look at; they are stubbed too
-    with_twin(monkeypatch, persona, "infer_personas", recorder("persona", (report, None)))
-    with_twin(monkeypatch, queries, "generate_queries", recorder("queries", (report, None)))
+    made = {stage: StageResult(stage, None, report) for stage in ("infer-persona", "gen-queries")}
+    with_twin(monkeypatch, persona, "infer_personas", recorder("persona", made["infer-persona"]))
+    with_twin(monkeypatch, queries, "generate_queries", recorder("queries", made["gen-queries"]))
 
     # `run` chains the two LLM stages on one engine: the stage plans get the arguments the
     # commands give the stage functions, and the chain the settings.
@@ -230,10 +238,10 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
     monkeypatch.setattr(llm_stage, "run_llm_chain", chain)
     monkeypatch.setattr(persona, "summarize", lambda *args: None)
     monkeypatch.setattr(queries, "funnel", lambda *args: None)
-    monkeypatch.setattr(split, "split_users", recorder("split", None))
+    monkeypatch.setattr(split, "split_users", recorder("split", StageResult("split", None, None)))
     monkeypatch.setattr(stats, "write_stats", recorder("stats", None))
     pushed = SimpleNamespace(rows={}, target="somewhere", warnings=[])
-    monkeypatch.setattr(publish, "publish", recorder("push", pushed))
+    monkeypatch.setattr(publish, "publish", recorder("push", StageResult("push", None, pushed)))
     quiet_summaries(monkeypatch)
     stub_results(monkeypatch)
     return recorded
@@ -929,9 +937,11 @@ def test_the_benchmark_commands_get_the_same_arguments_from_flags_and_config(mon
     evaluation = {"systems": {}, "split": "", "part": "", "judge_model": "", "mode": "", "lambda": 0.5,
                   "scores_file": ""}  # fmt: skip
     report = SimpleNamespace(estimate=None, batch=None)  # what the commands look at after a stage
-    with_twin(monkeypatch, criteria, "write_criteria", recorder("criteria", report))
-    with_twin(monkeypatch, respond, "write_responses", recorder("respond", report))
-    with_twin(monkeypatch, evaluate, "evaluate", recorder("evaluate", (None, evaluation)))
+    made = {stage: StageResult(stage, None, report) for stage in ("criteria", "respond")}
+    with_twin(monkeypatch, criteria, "write_criteria", recorder("criteria", made["criteria"]))
+    with_twin(monkeypatch, respond, "write_responses", recorder("respond", made["respond"]))
+    evaluated = StageResult("evaluate", None, None, evaluation)
+    with_twin(monkeypatch, evaluate, "evaluate", recorder("evaluate", evaluated))
     quiet_summaries(monkeypatch)
     stub_results(monkeypatch)
     config = tmp_path / "bench.toml"

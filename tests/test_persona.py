@@ -110,7 +110,7 @@ def level(value: str = "medium", evidence: list[str] | None = None, rationale="E
 def filtered_users(folder: Path) -> Path:
     """The users the filter keeps from the shipped sample, as filtered.jsonl under `folder`."""
     output = folder / "filtered.jsonl"
-    report = filter_users(str(SAMPLE_TASK1), output, console=Console(file=io.StringIO()))
+    report = filter_users(str(SAMPLE_TASK1), output, console=Console(file=io.StringIO())).report
     assert report.kept == SAMPLE_KEPT
     return output
 
@@ -576,9 +576,8 @@ def scripted_run(tmp_path_factory):
     script = Script(input_path, plans)
     output = folder / "personas.jsonl"
     with FakeOpenAI(responder=script) as server:
-        report, summary = infer_personas(
-            input_path, output, settings_for(server, folder / "work"), console=quiet()
-        )
+        made = infer_personas(input_path, output, settings_for(server, folder / "work"), console=quiet())
+        report, summary = made.report, made.summary
     assert server.errors == []
     return {
         "input": input_path,
@@ -839,12 +838,14 @@ def test_rerun_makes_no_new_requests_and_cache_serves_a_fresh_output(tmp_path):
     failures = tmp_path / "infer-persona.failures.jsonl"
     with FakeOpenAI(responder=script) as server:
         settings = settings_for(server, tmp_path / "work")
-        first, summary = infer_personas(input_path, output, settings, console=quiet())
+        made = infer_personas(input_path, output, settings, console=quiet())
+        first, summary = made.report, made.summary
         sent = server.count
         rows = read_jsonl(output)
         assert (first.outcome.done, first.outcome.failed) == (15, 1)
 
-        again, summary_again = infer_personas(input_path, output, settings, console=quiet())
+        made = infer_personas(input_path, output, settings, console=quiet())
+        again, summary_again = made.report, made.summary
         assert server.count == sent
         assert (again.outcome.done_before, again.outcome.failed_before) == (15, 1)
         assert (again.outcome.done, again.outcome.failed) == (0, 0) and again.outcome.balanced
@@ -856,7 +857,8 @@ def test_rerun_makes_no_new_requests_and_cache_serves_a_fresh_output(tmp_path):
         # ungrounded user's three and bad_level_once's first request.
         output.unlink()
         failures.unlink()
-        cached, summary_cached = infer_personas(input_path, output, settings, console=quiet())
+        made = infer_personas(input_path, output, settings, console=quiet())
+        cached, summary_cached = made.report, made.summary
         assert server.count == sent + 4
         assert (cached.outcome.done, cached.outcome.failed) == (15, 1) and cached.outcome.balanced
         assert cached.totals["requests"] == 4
@@ -876,18 +878,16 @@ def test_limit_and_users_options(tmp_path):
     script = Script(input_path)
     with FakeOpenAI(responder=script) as server:
         settings = settings_for(server, tmp_path / "work")
-        report, summary = infer_personas(
-            input_path, tmp_path / "limit.jsonl", settings, limit=3, console=quiet()
-        )
+        made = infer_personas(input_path, tmp_path / "limit.jsonl", settings, limit=3, console=quiet())
+        report, summary = made.report, made.summary
         assert [r["user_id"] for r in read_jsonl(tmp_path / "limit.jsonl")] == users[:3]
         assert report.outcome.units == 3 and summary.users_in == 3
         assert {script.user_of(r.body) for r in server.chat_requests} == set(users[:3])
 
         before = server.count
         picked = [users[9], users[4]]
-        report, summary = infer_personas(
-            input_path, tmp_path / "picked.jsonl", settings, users=picked, console=quiet()
-        )
+        made = infer_personas(input_path, tmp_path / "picked.jsonl", settings, users=picked, console=quiet())
+        report, summary = made.report, made.summary
         assert [r["user_id"] for r in read_jsonl(tmp_path / "picked.jsonl")] == [users[4], users[9]]
         assert report.outcome.units == 2 and summary.eligible == 2
         assert {script.user_of(r.body) for r in server.chat_requests[before:]} == set(picked)
@@ -1074,9 +1074,9 @@ def test_ungrounded_failure_records_the_raw_reply_text(tmp_path):
         '"big_five": null, "note": "m9 is about the breakup"}'
     )
     with FakeOpenAI(responder=lambda body, number: reply(raw)) as server:
-        report, _ = infer_personas(
+        report = infer_personas(
             input_path, tmp_path / "personas.jsonl", settings_for(server, tmp_path / "work"), console=quiet()
-        )
+        ).report
     assert dict(report.outcome.failures_by_kind) == {"ungrounded": 1}
     [failure] = read_jsonl(tmp_path / "infer-persona.failures.jsonl")
     assert failure["raw"] == raw

@@ -107,10 +107,10 @@ def test_the_run_report_counts_the_cached_tokens_the_server_served(tmp_path, rul
     with FakeOpenAI(
         responder=schema_anywhere(Script(input_path)), profile=profile, prefix_cache=rule
     ) as server:
-        report, _ = infer_personas(
+        report = infer_personas(
             input_path, tmp_path / "personas.jsonl",
             settings_for(server, work, price_in=0.28, price_out=0.42, price_cached=0.028), console=shown,
-        )  # fmt: skip
+        ).report  # fmt: skip
         served, prompt = server.cached_tokens, server.prompt_tokens
     assert server.errors == []
     from personaemp.summaries import print_stage_report
@@ -148,9 +148,9 @@ def test_estimate_prices_what_a_prefix_cache_would_serve_at_price_cached(tmp_pat
         for cached in (None, 0.1):
             settings = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=tmp_path / "w",
                                    estimate=True, price_cached=cached, **prices)  # fmt: skip
-            report, _ = generate_queries(
+            report = generate_queries(
                 tmp_path / "personas.jsonl", tmp_path / "q.jsonl", settings, console=quiet()
-            )
+            ).report
             estimate[cached] = report.estimate
     plain, cheaper = estimate[None], estimate[0.1]
     assert 0 < cheaper["cached_tokens"] < cheaper["prompt_tokens"]
@@ -182,11 +182,11 @@ def test_estimate_counts_what_the_provider_bills_schema_and_cache_rule_included(
         settings = settings_for(server, tmp_path / "w", concurrency=1, cache_rule=rule)
         infer_personas(input_path, tmp_path / "p.jsonl", settings, limit=8, console=quiet())
         count = server.count
-        report, _ = infer_personas(
+        report = infer_personas(
             input_path, tmp_path / "p.jsonl", replace(settings, estimate=True), console=quiet()
-        )
+        ).report
         assert server.count == count
-        run, _ = infer_personas(input_path, tmp_path / "p.jsonl", settings, console=quiet())
+        run = infer_personas(input_path, tmp_path / "p.jsonl", settings, console=quiet()).report
     assert server.errors == []
     guessed, counted = report.estimate["steps"], run.steps
     assert guessed["persona"]["calls"] == counted["persona"]["calls"] == 8

@@ -53,12 +53,12 @@ def settings_for(server: FakeOpenAI, work: Path) -> LLMSettings:
 def run_both(server: FakeOpenAI, filtered: Path, folder: Path, **persona_options):
     console = Console(file=(folder / "console.txt").open("w"), width=200)
     settings = settings_for(server, folder / "work")
-    personas, _ = infer_personas(
+    personas = infer_personas(
         filtered, folder / "personas.jsonl", settings, console=console, **persona_options
-    )
-    queries, _ = generate_queries(
+    ).report
+    queries = generate_queries(
         folder / "personas.jsonl", folder / "queries.jsonl", settings, console=console
-    )
+    ).report
     console.file.close()
     return personas, queries
 
@@ -121,16 +121,16 @@ def test_remembered_mode_is_used_from_the_first_request(tmp_path, filtered):
         # Another port is another endpoint: it is negotiated anew.
         (tmp_path / "work" / "cache.sqlite").unlink()
         settings = settings_for(server, tmp_path / "work")
-        report, _ = infer_personas(
+        report = infer_personas(
             filtered, tmp_path / "again.jsonl", settings, limit=1, console=Console(quiet=True)
-        )
+        ).report
         assert report.structured["decided_by"] == "refusals"
         first = server.chat_requests[0].body
         assert first["response_format"]["type"] == "json_schema"
         # The same endpoint again: the remembered mode is sent at once, nothing is refused.
         before = server.count
-        report, _ = infer_personas(
+        report = infer_personas(
             filtered, tmp_path / "third.jsonl", settings, users=None, limit=2, console=Console(quiet=True)
-        )
+        ).report
         assert report.structured["decided_by"] == "remembered"
         assert all(r.body["response_format"]["type"] == "json_object" for r in server.chat_requests[before:])

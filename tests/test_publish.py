@@ -299,7 +299,7 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 def test_dry_run_loads_back_with_counts_features_and_content(splits, tmp_path):
     out = tmp_path / "repo"
-    result = publish(splits, out=out)
+    result = publish(splits, out=out).report
 
     assert result.target == str(out)
     assert result.card == out / "README.md"
@@ -481,7 +481,7 @@ def test_card_reports_users_the_split_left_out(splits, tmp_path):
 
 def test_card_without_stage_reports_omits_them_gracefully(splits, tmp_path):
     out = tmp_path / "repo"
-    result = publish(splits, out=out)
+    result = publish(splits, out=out).report
     card = (out / "README.md").read_text(encoding="utf-8")
 
     assert "- **filter**" not in card
@@ -515,7 +515,7 @@ def test_only_random_split_gives_only_the_random_config(tmp_path):
     split_users(processed / "queries.jsonl", processed / "splits", ood=False, seed=5)
     out = tmp_path / "repo"
 
-    result = publish(processed / "splits", out=out)
+    result = publish(processed / "splits", out=out).report
 
     assert list(result.rows) == ["random"]
     meta = front_matter((out / "README.md").read_text(encoding="utf-8"))
@@ -538,7 +538,7 @@ def test_second_dry_run_removes_stale_ood_files(splits, tmp_path):
 
     split_users(splits.parent / "queries.jsonl", splits, ood=False, seed=5)  # drops splits/ood
     assert not (splits / "ood" / "train.jsonl").exists()
-    result = publish(splits, out=out)
+    result = publish(splits, out=out).report
 
     assert list(result.rows) == ["random"]
     assert list(out.glob("ood/*.parquet")) == []
@@ -792,7 +792,7 @@ def test_card_finds_the_reports_of_a_work_dir_elsewhere(splits, tmp_path):
     write_reports(splits.parent, work_dir=tmp_path / "elsewhere" / "cache")
     assert not (splits.parent / ".personaemp").exists()
     out = tmp_path / "repo"
-    result = publish(splits, out=out)
+    result = publish(splits, out=out).report
     lines = card_of(out).splitlines()
     persona_line = next(line for line in lines if line.startswith("- **infer-persona**"))
     assert "1234 users" in persona_line and "persona-model-xl" in persona_line
@@ -808,7 +808,7 @@ def test_card_does_not_guess_reports_the_manifest_does_not_name(splits, tmp_path
     write_reports(splits.parent)
     (splits.parent / "manifest.json").unlink()
     out = tmp_path / "repo"
-    result = publish(splits, out=out)
+    result = publish(splits, out=out).report
     card = card_of(out)
     assert "- **infer-persona**" not in card and "- **filter**" not in card
     assert len(result.warnings) == 3
@@ -832,7 +832,7 @@ def test_card_follows_each_stages_input_across_folders(tmp_path):
     write_json(run_report, report)
     split_users(late / "queries.jsonl", late / "splits", seed=5)
     out = tmp_path / "repo"
-    result = publish(late / "splits", out=out)
+    result = publish(late / "splits", out=out).report
     card = card_of(out)
     for stage in ("filter", "infer-persona", "gen-queries"):
         assert f"- **{stage}**" in card
@@ -863,7 +863,7 @@ def test_card_leaves_out_a_run_of_another_output(splits, tmp_path):
     report["stages"]["gen-queries"]["output"] = str(tmp_path / "trial" / "queries.jsonl")
     write_json(run_report, report)
     out = tmp_path / "repo"
-    result = publish(splits, out=out)
+    result = publish(splits, out=out).report
     assert "- **gen-queries**" not in card_of(out)
     assert "- **infer-persona**" in card_of(out)
     assert any("gen-queries" in w and "trial" in w for w in result.warnings)
@@ -873,7 +873,7 @@ def test_card_without_a_report_that_is_gone_says_so(splits, tmp_path):
     run_report = write_reports(splits.parent, work_dir=tmp_path / "cache")
     run_report.unlink()
     out = tmp_path / "repo"
-    result = publish(splits, out=out)
+    result = publish(splits, out=out).report
     assert "- **gen-queries**" not in card_of(out) and "- **filter**" in card_of(out)
     assert any(str(run_report) in w and "gone" in w for w in result.warnings)
 
@@ -885,7 +885,7 @@ def test_an_older_split_report_without_input_gives_a_warning(splits, tmp_path):
     del report["input"]
     write_json(path, report)
     out = tmp_path / "repo"
-    result = publish(splits, out=out)
+    result = publish(splits, out=out).report
     assert "- **filter**" not in card_of(out) and "- **split**" in card_of(out)
     assert any("re-run personaemp split" in w for w in result.warnings)
 
@@ -1093,7 +1093,7 @@ def test_dry_run_never_deletes_files_it_did_not_write(splits, tmp_path):
     publish(splits, out=out)
     ood_files = [path for path in card_paths(out) if path.startswith("ood/")]
     split_users(splits.parent / "queries.jsonl", splits, ood=False, seed=5)  # no ood any more
-    result = publish(splits, out=out)
+    result = publish(splits, out=out).report
 
     assert list(result.rows) == ["random"]
     for name, content in foreign.items():
@@ -1220,7 +1220,7 @@ def test_real_push_is_one_commit_of_data_card_and_stale_deletions(splits, tmp_pa
         "figures/logo.svg",  # not a plot this tool writes
     ]
     split_users(splits.parent / "queries.jsonl", splits, ood=False, seed=5)  # only random now
-    result = publish(splits, repo_id="me/x", revision="dev")
+    result = publish(splits, repo_id="me/x", revision="dev").report
 
     assert hub.reached == ["me/x"]
     assert result.target == "https://huggingface.co/datasets/me/x"
@@ -1298,7 +1298,7 @@ def test_criteria_are_published_as_a_column_when_the_file_exists(splits, tmp_pat
     criteria = tmp_path / "criteria.jsonl"
     criteria.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
 
-    result = publish(splits, out=tmp_path / "repo", criteria=criteria)
+    result = publish(splits, out=tmp_path / "repo", criteria=criteria).report
     data = load(tmp_path / "repo", "random", tmp_path / "cache")["test"]
     by_id = {row["query_id"]: row["criteria"] for row in data}
     assert by_id[published[0]] == {d: [{"name": "names the loss", "weight": 60.0, "description": "d"}]

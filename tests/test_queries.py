@@ -342,7 +342,7 @@ def run_stage(tmp_path: Path, script: Script, rows: list[dict], options: QueryOp
     source = write_personas(tmp_path / "personas.jsonl", *rows)
     output = tmp_path / "out" / "queries.jsonl"
     with FakeOpenAI(responder=script) as server:
-        report, funnel = generate_queries(
+        made = generate_queries(
             source,
             output,
             settings_for(server, tmp_path, **kw.pop("settings", {})),
@@ -350,6 +350,7 @@ def run_stage(tmp_path: Path, script: Script, rows: list[dict], options: QueryOp
             console=Console(file=io.StringIO(), width=120),
             **kw,
         )
+        report, funnel = made.report, made.summary
         assert server.errors == []
     by_user = {row["user_id"]: row for row in read_jsonl(output)}
     return report, funnel, by_user, server

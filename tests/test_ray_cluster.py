@@ -85,9 +85,9 @@ def test_a_node_lost_mid_gen_queries_has_its_units_redone_and_each_written_once(
         killed: list[int] = []
         killer = threading.Thread(target=kill_a_node)
         killer.start()
-        report, _ = generate_queries(
+        report = generate_queries(
             sample_build / "personas.jsonl", output, settings, console=Console(quiet=True)
-        )
+        ).report
         killer.join()
     ray.shutdown()
     nodes[0] = made.add_node(num_cpus=1)  # for the next test (here: Ray starts nodes from the main thread)

@@ -81,7 +81,7 @@ def test_run_starts_gen_queries_before_the_last_persona_and_writes_what_the_stag
         assert again[1].outcome.done_before == result.reports["gen-queries"].outcome.units
         # The command alone finds every row the chain wrote finished (same input hashes).
         settings = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=processed / ".personaemp")
-        alone, _ = generate_queries(processed / "personas.jsonl", processed / "queries.jsonl", settings)
+        alone = generate_queries(processed / "personas.jsonl", processed / "queries.jsonl", settings).report
         assert alone.outcome.done_before == alone.outcome.units and server.count == sent
 
         one_stage_at_a_time(tmp_path / "alone", server.base_url)
@@ -241,9 +241,9 @@ def test_a_shard_summarizes_its_own_personas(tmp_path):
     filter_users(str(SAMPLE_TASK1), tmp_path / "filtered.jsonl", console=QUIET)
     with FakeOpenAI(responder=order_free_responder()) as server:
         settings = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=tmp_path / "work")
-        _, summary = infer_personas(
+        summary = infer_personas(
             tmp_path / "filtered.jsonl", tmp_path / "personas.jsonl", settings, shard="2/3", console=QUIET
-        )
+        ).summary
     rows = read_jsonl(tmp_path / "personas.shard-2-of-3.jsonl")
     assert rows and not (tmp_path / "personas.jsonl").exists()
     assert summary.users_in == len(rows) == summary.eligible + summary.ineligible
@@ -293,7 +293,7 @@ def test_run_sends_requests_while_the_filter_still_reads_and_writes_what_the_sta
         assert again.results["infer-persona"].counts == result.results["infer-persona"].counts
 
         alone = tmp_path / "alone"
-        report = filter_users(str(source), alone / "filtered.jsonl", console=QUIET)
+        report = filter_users(str(source), alone / "filtered.jsonl", console=QUIET).report
         # The run's own cache: the stages alone get the same replies without asking again.
         settings = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=processed / ".personaemp")
         infer_personas(alone / "filtered.jsonl", alone / "personas.jsonl", settings, console=QUIET)

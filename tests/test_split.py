@@ -91,7 +91,7 @@ def split(tmp_path: Path, rows: list, *, name: str = "in", **options):
     out = tmp_path / f"{name}-out"
     options.setdefault("seeds", 2)
     options.setdefault("ood", False)  # the random split alone, unless a test asks for both
-    return split_users(path, out, **options), out
+    return split_users(path, out, **options).report, out
 
 
 def level_index(mode: dict) -> tuple[int, ...]:

@@ -259,12 +259,11 @@ def queries_from(source: Path, work: Path, settings, *, limit: int | None = None
     """filter, infer-persona (the first `limit` users) and gen-queries into `work`, as the
     benches start: (the persona report, the queries report, the funnel)."""
     filter_users(str(source), work / "filtered.jsonl", console=console)
-    personas, _ = infer_personas(
+    personas = infer_personas(
         work / "filtered.jsonl", work / "personas.jsonl", settings, limit=limit, console=console
-    )
-    queries, funnel = generate_queries(
-        work / "personas.jsonl", work / "queries.jsonl", settings, console=console
-    )
+    ).report
+    made = generate_queries(work / "personas.jsonl", work / "queries.jsonl", settings, console=console)
+    queries, funnel = made.report, made.summary
     return personas, queries, funnel
 
 

@@ -143,7 +143,9 @@ def main() -> None:
             settings = LLMSettings(base_urls=[base_url], model="fake", work_dir=folder / "w",
                                    api_key="sk-test", concurrency=args.concurrency)  # fmt: skip
             started = time.perf_counter()
-            report = generate_dialogues(test, dialogues, settings, options=DialogueOptions(max_turns=6))
+            report = generate_dialogues(
+                test, dialogues, settings, options=DialogueOptions(max_turns=6)
+            ).report
             wall = time.perf_counter() - started
         finally:
             process.terminate()

@@ -60,7 +60,7 @@ def main() -> None:
         options = load_config(config)
         work = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=processed / ".personaemp")
         processed.mkdir()
-        kept = filter_users(args.source, processed / "filtered.jsonl", console=quiet).kept
+        kept = filter_users(args.source, processed / "filtered.jsonl", console=quiet).report.kept
         infer_personas(
             processed / "filtered.jsonl", processed / "personas.jsonl", work, limit=args.look, console=quiet
         )

@@ -90,7 +90,7 @@ def main() -> None:
                 steps = {"judge_dynamic": {"temperature": 0.7}} if samples > 1 else {}
                 judge = dataclasses.replace(settings, steps=steps)
                 options = JudgeOptions(dynamic=dynamic, samples=samples, bystander=bystander)
-                report, evaluation = evaluate(
+                made = evaluate(
                     work / "splits",
                     [work / "memory.jsonl"],
                     work / "eval" / f"{dynamic}{samples}{bystander}.json",
@@ -99,6 +99,7 @@ def main() -> None:
                     options=options,
                     console=quiet,
                 )
+                report, evaluation = made.report, made.summary
                 n = evaluation["systems"]["memory"]["judged"]
                 chars_in = sum(s["prompt_chars"] for s in report.steps.values())
                 chars_out = sum(s["completion_chars"] for s in report.steps.values())

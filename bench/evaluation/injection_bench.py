@@ -115,10 +115,10 @@ def main() -> None:
         print(f"{'mode':9s} " + " ".join(f"{d:>11s}" for d in DIMENSIONS) + f" {'B':>7s} {'obeyed':>7s}")
         for dynamic in (False, True):
             before = server.obeyed
-            _, evaluation = evaluate(
+            evaluation = evaluate(
                 work / "splits", [plain, attack], work / f"eval{dynamic}.json", settings,
                 criteria_file=criteria, options=JudgeOptions(dynamic=dynamic, bystander=True), console=quiet,
-            )  # fmt: skip
+            ).summary  # fmt: skip
             a, p = evaluation["systems"]["attack"], evaluation["systems"]["plain"]
             gains = [a["dimensions"][d] - p["dimensions"][d] for d in DIMENSIONS]
             b = a["bystander"] - p["bystander"]

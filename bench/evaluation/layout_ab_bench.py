@@ -88,11 +88,11 @@ def run(source: Path, judge: LLMSettings | None) -> dict:
             if not criteria.exists():
                 write_criteria(work / "queries.jsonl", criteria, settings, layout=layout, console=quiet)
             name = f"{layout}-{'dynamic' if dynamic else 'fixed'}"
-            _, evaluation = evaluate(
+            evaluation = evaluate(
                 work / "splits", [work / f"{system}.jsonl" for system in SYSTEMS], work / f"{name}.json",
                 settings, criteria_file=criteria, options=JudgeOptions(dynamic=dynamic, layout=layout),
                 console=quiet,
-            )  # fmt: skip
+            ).summary  # fmt: skip
             found[name] = (evaluation, judged(Path(evaluation["scores_file"])))
     return found
 

@@ -69,21 +69,23 @@ def main() -> None:
 
         add(
             "criteria (fixed, per test query; shared by every system)",
-            write_criteria(test, work / "c.jsonl", dry, console=quiet),
+            write_criteria(test, work / "c.jsonl", dry, console=quiet).report,
         )
         write_criteria(test, work / "criteria.jsonl", live, console=quiet)
         for context in ("none", "memory-summary", "rag"):
             add(
                 f"respond --context {context}",
-                write_responses(work / "splits", work / "x.jsonl", dry, context=context, console=quiet),
+                write_responses(
+                    work / "splits", work / "x.jsonl", dry, context=context, console=quiet
+                ).report,
             )
             write_responses(work / "splits", work / f"{context}.jsonl", live, context=context, console=quiet)
         for bystander in (False, True):
-            report, _ = evaluate(
+            report = evaluate(
                 work / "splits", [work / "none.jsonl"], work / "e.json", dry,
                 criteria_file=work / "criteria.jsonl", options=JudgeOptions(bystander=bystander),
                 console=quiet,
-            )  # fmt: skip
+            ).report  # fmt: skip
             add(f"evaluate, one system, one judge (fixed{' + bystander' if bystander else ''})", report)
         print(
             f"{queries} test queries measured ({args.users} users), scaled to {PER_SPLIT} per split, 2 splits"

@@ -37,10 +37,10 @@ def run_profile(profile: str, filtered: Path, folder: Path) -> list[str]:
     with FakeOpenAI(profile=profile) as server:
         server.queue(reply({"not": "a persona"}))
         settings = LLMSettings(base_urls=[server.base_url], model="fake", work_dir=folder / "work")
-        personas, _ = infer_personas(filtered, folder / "personas.jsonl", settings, console=quiet)
-        queries, _ = generate_queries(
+        personas = infer_personas(filtered, folder / "personas.jsonl", settings, console=quiet).report
+        queries = generate_queries(
             folder / "personas.jsonl", folder / "queries.jsonl", settings, console=quiet
-        )
+        ).report
     failures = {**personas.outcome.failures_by_kind, **queries.outcome.failures_by_kind}
     return [
         profile,

@@ -27,7 +27,7 @@ from fake_openai import FakeOpenAI  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from personaemp.config import llm_settings  # noqa: E402
-from personaemp.dataset.card import _table, quality_section  # noqa: E402
+from personaemp.dataset.card import quality_section, table  # noqa: E402
 from personaemp.pipeline import run_pipeline  # noqa: E402
 from personaemp.registry import RunOptions  # noqa: E402
 from personaemp.review.agreement import agreement_table, compute_agreement, rejudge  # noqa: E402
@@ -84,7 +84,7 @@ def main() -> None:
         print(f"{report['queries']} generated queries; sample of {len(session.items)}, two reviewers\n")
         agreement_table(report, console)
         print()
-        print(quality_section(report, _table))
+        print(quality_section(report, table))
 
 
 if __name__ == "__main__":

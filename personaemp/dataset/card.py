@@ -5,8 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from personaemp.dataset.card_dialogues import (  # noqa: F401 - their import path
+    behaviour_lines,
+    dialogues_section,
+    realism_lines,
+    seekers_lines,
+)
+from personaemp.dataset.card_markdown import cell, count, counts, image, table  # noqa: F401 - cell: named here before
 from personaemp.dataset.card_quality import quality_section
-from personaemp.dataset.stats import FIGURE_DIR, STATS_FILE
+from personaemp.dataset.stats import STATS_FILE
 from personaemp.records import BIG_FIVE
 
 QUALITY_PLOT = "agreement.png"  # the agreement plot among the card's figures
@@ -69,27 +76,6 @@ def _front_matter(facts: dict[str, Any]) -> str:
     )
 
 
-def cell(value: Any) -> str:
-    """A value as one Markdown table cell: a `|` would end the cell (also inside code), a
-    line break the row."""
-    return " ".join(str(value).replace("|", "\\|").split())
-
-
-def _table(header: list[str], rows: list[list[Any]]) -> str:
-    lines = ["| " + " | ".join(cell(name) for name in header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) else 0
-
-
-def _counts(value: Any) -> str:
-    items = value.items() if isinstance(value, dict) else ()
-    return ", ".join(f"{name} {count}" for name, count in items)
-
-
 def _funnel(facts: dict[str, Any]) -> str:
     """One line per stage, from the reports found by following this build's files back.
 
@@ -100,24 +86,24 @@ def _funnel(facts: dict[str, Any]) -> str:
     source = facts.get("source") or {}
     extract = source.get("run")
     if extract:
-        done = _count(extract.get("done")) + _count(extract.get("done_before"))
-        failed = _count(extract.get("failed")) + _count(extract.get("failed_before"))
+        done = count(extract.get("done")) + count(extract.get("done_before"))
+        failed = count(extract.get("failed")) + count(extract.get("failed_before"))
         parts.append(
-            f"- **extract-memories**: {_count(extract.get('units'))} of the "
+            f"- **extract-memories**: {count(extract.get('units'))} of the "
             f"{source.get('users_in_log', 0)} users read from the log, {done} done, {failed} failed "
-            f"({_counts(extract.get('failures_by_kind')) or 'none'}); "
+            f"({counts(extract.get('failures_by_kind')) or 'none'}); "
             f"model `{extract.get('model', 'unknown')}` ({extract.get('endpoint_kind', 'unknown')})."
             + _embedded(extract.get("model"))
         )
     report = facts.get("filter")
     if report:
-        dropped = _counts(report.get("dropped")) or "none"
-        flagged = _count(report.get("flagged_memories_dropped"))
+        dropped = counts(report.get("dropped")) or "none"
+        flagged = count(report.get("flagged_memories_dropped"))
         parts.append(
-            f"- **filter**: {_count(report.get('users_in'))} users read, {_count(report.get('kept'))} kept "
+            f"- **filter**: {count(report.get('users_in'))} users read, {count(report.get('kept'))} kept "
             f"(dropped: {dropped})"
             + (
-                f"; {flagged} of {_count(report.get('memories_in'))} memories were annotator-flagged "
+                f"; {flagged} of {count(report.get('memories_in'))} memories were annotator-flagged "
                 "false memories and were never used."
                 if flagged or not from_log(facts)
                 else "."
@@ -128,11 +114,11 @@ def _funnel(facts: dict[str, Any]) -> str:
     for name in ("infer-persona", "gen-queries"):
         stage = stages.get(name)
         if isinstance(stage, dict) and stage.get("full", True):
-            done = _count(stage.get("done")) + _count(stage.get("done_before"))
-            failed = _count(stage.get("failed")) + _count(stage.get("failed_before"))
-            kinds = _counts(stage.get("failures_by_kind")) or "none"
+            done = count(stage.get("done")) + count(stage.get("done_before"))
+            failed = count(stage.get("failed")) + count(stage.get("failed_before"))
+            kinds = counts(stage.get("failures_by_kind")) or "none"
             parts.append(
-                f"- **{name}**: {_count(stage.get('units'))} users, {done} done, {failed} failed ({kinds}); "
+                f"- **{name}**: {count(stage.get('units'))} users, {done} done, {failed} failed ({kinds}); "
                 f"model `{stage.get('model', 'unknown')}` ({stage.get('endpoint_kind', 'unknown')})."
                 + _embedded(stage.get("model"))
                 + _billed(stage)
@@ -151,22 +137,16 @@ def _billed(stage: dict[str, Any]) -> str:
     counts the response schema it was sent as prompt), the cached ones apart, and the cost at
     the run's prices when it had some."""
     totals = stage.get("totals") or {}
-    prompt = _count(totals.get("prompt_tokens"))
+    prompt = count(totals.get("prompt_tokens"))
     if not prompt:
         return ""
     cost = stage.get("cost")
     return (
-        f" Its last run sent {prompt:,} prompt tokens ({_count(totals.get('cached_tokens')):,} of them "
+        f" Its last run sent {prompt:,} prompt tokens ({count(totals.get('cached_tokens')):,} of them "
         f"served by the provider's prefix cache; the response schema counted) and got "
-        f"{_count(totals.get('completion_tokens')):,} completion tokens"
+        f"{count(totals.get('completion_tokens')):,} completion tokens"
         + (f", ${cost:,.2f} at the run's prices." if isinstance(cost, int | float) else ".")
     )
-
-
-def _image(name: str, text: str, figures: list[str]) -> list[str]:
-    """A relative Markdown image link (the Hub shows it from the repository), if drawn."""
-    path = f"{FIGURE_DIR}/{name}"
-    return [f"![{text}]({path})", ""] if path in figures else []
 
 
 def stats_section(stats: dict[str, Any], figures: list[str]) -> str:
@@ -175,32 +155,32 @@ def stats_section(stats: dict[str, Any], figures: list[str]) -> str:
     out = ["## Statistics", "", f"The same figures are in `{STATS_FILE}` (from `personaemp stats`).", ""]
     funnel = stats.get("funnel") or {}
     if funnel.get("users"):
-        out += _image("funnel.png", "Users and queries through the build", figures)
+        out += image("funnel.png", "Users and queries through the build", figures)
         rows = [["users", s["stage"], s["count"]] for s in funnel["users"]]
         rows += [["queries", s["stage"], s["count"]] for s in funnel.get("queries", [])]
-        out += [_table(["unit", "stage", "count"], rows), ""]
+        out += [table(["unit", "stage", "count"], rows), ""]
     if "big_five" in stats or stats.get("splits"):
         out += ["### Big Five levels (users)", ""]
-        out += _image("big_five.png", "Big Five levels of all users", figures)
+        out += image("big_five.png", "Big Five levels of all users", figures)
         rows = []
         if "big_five" in stats:
             levels = stats["big_five"]["levels"]
             rows += [["all", "", stats["big_five"]["users"], t, *levels[t].values()] for t in BIG_FIVE]
         for setting, parts in (stats.get("splits") or {}).items():
-            out += _image(f"big_five_{setting}.png", f"Big Five levels, {setting} train vs test", figures)
+            out += image(f"big_five_{setting}.png", f"Big Five levels, {setting} train vs test", figures)
             for part, data in parts.items():
                 rows += [[setting, part, data["users"], t, *data["levels"][t].values()] for t in BIG_FIVE]
-        out += [_table(["users", "split", "count", "trait", "low", "medium", "high"], rows), ""]
+        out += [table(["users", "split", "count", "trait", "low", "medium", "high"], rows), ""]
     queries = stats.get("queries")
     if queries:
         out += ["### Queries", ""]
-        out += _image("queries.png", "Queries per category, per language, per user", figures)
-        out += _image("query_shape.png", "Query length and memories cited", figures)
+        out += image("queries.png", "Queries per category, per language, per user", figures)
+        out += image("query_shape.png", "Query length and memories cited", figures)
         per_user, length, cited = queries["per_user"], queries["length"], queries["memories_cited"]
         categories = ", ".join(f"{name} {n}" for name, n in queries["categories"].items())
         languages = ", ".join(f"{code} {n}" for code, n in queries["languages"].items())
         out += [
-            _table(
+            table(
                 ["figure", "value"],
                 [
                     ["accepted queries", queries["accepted"]],
@@ -219,7 +199,7 @@ def stats_section(stats: dict[str, Any], figures: list[str]) -> str:
     checks = stats.get("checks")
     if checks:
         out += ["### Checks (every generated query, accepted or rejected)", ""]
-        out += _image("checks.png", "Pass rate of each check", figures)
+        out += image("checks.png", "Pass rate of each check", figures)
         out += [_checks_table(checks), ""]
     persona_checks = stats.get("persona_checks")
     if persona_checks:
@@ -233,7 +213,7 @@ def _checks_table(checks: dict[str, Any]) -> str:
         [name, DECIDED[c.get("enforced")], c["passed"], c["of"], f"{c['rate']:.1%}"]
         for name, c in checks.items()
     ]
-    return _table(["check", "in this build", "passed", "of", "rate"], rows)
+    return table(["check", "in this build", "passed", "of", "rate"], rows)
 
 
 DECIDED = {True: "decided acceptance", False: "recorded only", None: "not recorded"}
@@ -324,7 +304,7 @@ def _plural(count: int, word: str) -> str:
 def _picked_line(facts: dict[str, Any]) -> str | None:
     """Which of the filter's users the build went on with, when not all of them."""
     units = ((facts.get("run") or {}).get("stages", {}).get("infer-persona") or {}).get("units")
-    kept = _count((facts.get("filter") or {}).get("kept"))
+    kept = count((facts.get("filter") or {}).get("kept"))
     if not isinstance(units, int) or units >= kept:
         return None
     how = {
@@ -356,9 +336,9 @@ def departures(facts: dict[str, Any], stats: dict[str, Any] | None) -> list[str]
             "far weaker than a real endpoint's. This build shows the pipeline working; it is not a "
             "dataset to train or evaluate on."
         )
-    if extract and _count(extract.get("units")) < source.get("users_in_log", 0):
+    if extract and count(extract.get("units")) < source.get("users_in_log", 0):
         lines.append(
-            f"Only {_count(extract.get('units'))} of the {source['users_in_log']} users in the log went "
+            f"Only {count(extract.get('units'))} of the {source['users_in_log']} users in the log went "
             "through extract-memories (`[extract] limit` or `users`)."
         )
     picked = _picked_line(facts)
@@ -428,7 +408,7 @@ def configs_section(facts: dict[str, Any]) -> list[str]:
         for name, part in parts.items():
             categories = ", ".join(f"{c} {n}" for c, n in sorted(part["categories"].items()))
             rows.append([setting, name, part["users"], part["rows"], categories])
-    out += ["", _table(["config", "split", "users", "queries", "categories"], rows)]
+    out += ["", table(["config", "split", "users", "queries", "categories"], rows)]
     for setting, details in ((facts.get("split") or {}).get("settings") or {}).items():
         params = {k: details[k] for k in ("seed", "test_size", "k", "holdout_cluster") if k in details}
         out += ["", f"`{setting}` parameters: `{json.dumps(params)}`"]
@@ -436,222 +416,10 @@ def configs_section(facts: dict[str, Any]) -> list[str]:
             cluster_rows = [
                 [c["id"], c["users"], *(c["mode"][t] for t in BIG_FIVE)] for c in details["clusters"]
             ]
-            out += ["", _table(["cluster", "users", *BIG_FIVE], cluster_rows)]
+            out += ["", table(["cluster", "users", *BIG_FIVE], cluster_rows)]
             curve = ", ".join(f"k={k}: {v:g}" for k, v in details["cost_curve"].items())
             out += ["", f"KModes cost by k: {curve}."]
     return out
-
-
-def dialogues_section(found: dict[str, Any], figures: list[str] | None = None) -> list[str]:
-    """The `dialogues` config: who played whom and that it is model-written, per language and
-    supporter what was kept and lost, how they ended, the final emotions, each check's pass
-    rate over every reply it judged ("not checked" where it never ran), the checks relaxed."""
-    from personaemp.dataset.stats import FINAL_EMOTION_PLOT
-
-    turns = found["turns"]
-    judged = found.get("judged") or {}
-    replies = found["checked_replies"]
-    rates = ", ".join(
-        f"{rule} {'not checked' if rate is None else f'{100 * rate:.1f}%'}"
-        + (f" (of {judged[rule]})" if rate is not None and judged.get(rule, replies) != replies else "")
-        for rule, rate in found["pass_rates"].items()
-    )
-    relaxed = [
-        f"{rule} (not checked on {replies - judged.get(rule, 0)} of {replies} replies)"
-        for rule in found["pass_rates"]
-        if judged.get(rule, replies) < replies
-    ]
-    rows = [[split, count] for split, count in found["rows"].items()]
-    ended = ", ".join(f"{how} {n}" for how, n in sorted(found["ended_by"].items()))
-    languages = ", ".join(f"{language} {n}" for language, n in (found.get("languages") or {}).items())
-    supporters = found.get("supporters") or {}
-    supporter_rows = [
-        [f"`{model}`", entry["kept"], entry["lost"],
-         ", ".join(f"{kind} {n}" for kind, n in sorted(entry["lost_by_kind"].items())) or "—"]
-        for model, entry in supporters.items()
-    ]  # fmt: skip
-    simulators = ", ".join(f"`{m}`" for m in found["simulator_models"])
-    published = sum(found["rows"].values())
-    lost = sum(entry["lost"] for entry in supporters.values())
-    by_simulator = sum(entry.get("by_simulator", 0) for entry in supporters.values())
-    out = [
-        "## Dialogues (config `dialogues`)",
-        "",
-        "Multi-turn conversations (`personaemp gen-dialogues`): an LLM plays each user, grounded in "
-        "their memories, persona and Big Five levels and given a hidden need (what would help them "
-        "here, never shown to the supporter); it opens with the query and answers the supporter turn "
-        "by turn, recording its emotion (0-100, from 40), the change, the reason, its inner thought and "
-        "whether the need was met. Each dialogue sits in the split of the `random` config that holds "
-        "its query.",
-        "",
-        "**A simulated user is not a person.** Its emotions, reasons and the hidden need are an LLM's "
-        "role play on the user's memories, not what the real user felt or would say; use the "
-        "dialogues to compare and train supporters, not as evidence about people.",
-        "",
-        f"- **Model-written:** the hidden needs and every simulated user turn (its text, emotion, "
-        f"reason and thought) were written by the simulator model {simulators}; the supporter turns by "
-        f"the supporter model ({', '.join(f'`{m}`' for m in found['supporter_models'])}); the opening "
-        "message is the generated query. No real user's message is in this config.",
-        f"- Dialogues per language: {languages or '—'}.",
-        f"- Supporter turns per dialogue: {turns['mean']:g} on average ({turns['min']}-{turns['max']}); "
-        f"ended by: {ended}; hidden need met in {found['need_met']} of {published}.",
-    ]
-    if supporter_rows:
-        if not lost:
-            why = "every dialogue finished"
-        else:
-            why = f"{lost} of {published + lost} not finished" + (
-                f", {by_simulator} of them lost to the simulator: it broke its rules on every try, the "
-                "simulator's failure, not the supporter's" if by_simulator else ""
-            ) + (
-                "; the others: the supporter's request failed" if by_simulator and by_simulator < lost
-                else ": the supporter's request failed" if not by_simulator else ""
-            )  # fmt: skip
-        out += [
-            f"- Dialogues kept and lost per supporter ({why}):",
-            "",
-            _table(["supporter", "kept", "lost", "lost, by reason"], supporter_rows),
-            "",
-        ]
-    from personaemp.instruments import simulator_rules
-
-    def meant(names) -> str:
-        return ", ".join(f"{name} ({simulator_rules.MEANINGS[name]})" for name in names)
-
-    out += [
-        "- The simulator's checks, run on every reply it wrote (a failing reply was asked again): "
-        f"{meant(simulator_rules.RULES)}, and by an LLM check {meant(simulator_rules.JUDGED)}.",
-        f"- Pass rates over the {replies} replies judged, kept and asked again: {rates}.",
-    ]
-    if relaxed:
-        out.append(f"- Checks relaxed: {'; '.join(relaxed)}.")
-    if found.get("lost_replies_not_kept"):
-        out.append(
-            f"- The replies of {_dialogues(found['lost_replies_not_kept'])} are not in these rates: "
-            "their failures rows do not keep them."
-        )
-    out += seekers_lines(found)
-    if (found.get("realism") or {}).get("users"):
-        out += ["", *realism_lines(found["realism"])]
-    out += [
-        "",
-        *_image(FINAL_EMOTION_PLOT, "Final emotion of the simulated user, per supporter", figures or []),
-    ]
-    out += [_table(["split", "dialogues"], rows)]
-    out += behaviour_lines(found.get("behaviours"))
-    return out
-
-
-def realism_lines(real: dict[str, Any]) -> list[str]:
-    """How real the seekers are: the simulated user turns against the same users' real messages
-    (instruments/realism.py's seeker_realism), with n."""
-
-    def pct(value: Any) -> str:
-        return "—" if value is None else f"{100 * value:.0f}%"
-
-    def num(value: Any, digits: int = 1) -> str:
-        return "—" if value is None else f"{value:.{digits}f}"
-
-    sim, own = real["simulated"], real["real"]
-    return [
-        "### How real the seekers are",
-        "",
-        f"The simulated user turns ({sim['messages']}, the opening queries left out) against the same "
-        f"{real['users']} users' real messages ({own['messages']}); LLM-played users are known to write "
-        "longer, more alike and more politely than people, and to feel better sooner.",
-        "",
-        _table(
-            ["", "simulated", "real"],
-            [
-                ["words per message", num(sim["words"]), num(own["words"])],
-                ["politeness markers", pct(sim["politeness"]), pct(own["politeness"])],
-                ["question rate", pct(sim["question_rate"]), pct(own["question_rate"])],
-                [
-                    "length CV across users",
-                    num(sim["length_cv_across_users"], 2),
-                    num(own["length_cv_across_users"], 2),
-                ],
-            ],
-        ),  # fmt: skip
-        "",
-        f"- Length ratio (simulated / real): {num(real['length_ratio'], 2)}.",
-        f"- Speed of relief: hidden need met by supporter turn 2 in {pct(real['relief_by_turn_2'])} of "
-        f"{real['dialogues']} dialogues; mean emotion change per simulated turn "
-        f"{num(real['mean_change_per_turn'])} (n = {real['turns_with_change']} turns).",
-        "",
-    ]
-
-
-def seekers_lines(found: dict[str, Any]) -> list[str]:
-    """How hard the simulated users were to help (`gen-dialogues --seeker`), and the table by
-    which `auto` picks a style from a user's Big Five levels."""
-    from personaemp.instruments.seekers import auto_table_text
-
-    styles = found.get("seekers") or {"cooperative": sum(found["rows"].values())}
-    return [
-        "- Seeker styles (how hard the simulated user is to help, `gen-dialogues --seeker`): "
-        + ", ".join(f"{style} {n}" for style, n in styles.items())
-        + ". A style is a few lines added to the simulator's task (prompts/seekers.md); cooperative "
-        "adds none. guarded and escalating also hold each turn to a rule (seeker_style); every style "
-        "is judged by the in-character check.",
-        "- With `--seeker auto` a user's style follows their Big Five levels, the first row that "
-        "matches: " + "; ".join(auto_table_text()) + ".",
-    ]
-
-
-def behaviour_lines(found: dict[str, Any] | None) -> list[str]:
-    """The supporters' risky and protective behaviours per 1,000 words, their tracking rate,
-    final emotion and session reward, per seeker style, from an `evaluate --dialogues` report."""
-    if not found:
-        return [
-            "",
-            "Behaviours of the supporters (risky, protective) were not counted for this card: pass "
-            "`--dialogues-report`, the report of `personaemp evaluate --dialogues` on these dialogues.",
-        ]
-    lists = found.get("lists") or {}
-
-    def figure(value: Any, scale: float = 1, unit: str = "") -> str:
-        return "—" if value is None else f"{scale * value:.1f}{unit}" if unit else f"{value:g}"
-
-    rows = [
-        [f"`{r['system']}`", r["seeker"], r["n"], r["turns"], figure(r["risky_per_1k"]),
-         figure(r["protective_per_1k"]), figure(r["tracking_rate"], 100, "%"), figure(r["final_emotion"]),
-         figure(r["reward"]), r["dropped_quotes"]]
-        for r in found["rows"]
-    ]  # fmt: skip
-    return [
-        "",
-        "### Behaviours of the supporters",
-        "",
-        "A judge read every supporter turn and named the behaviours it shows from two declared lists, "
-        "each with a quote of the turn; a behaviour whose quote is not in the turn was dropped and "
-        f"counted. Risky: {', '.join(lists.get('risky', ()))}. Protective: "
-        f"{', '.join(lists.get('protective', ()))}. Counts are per 1,000 words of the supporter's text; "
-        "tracking is the share of supporter turns that acknowledge the emotion the user had just shown "
-        f"before anything else (a rule on the first sentence where it can tell, else the judge). "
-        f"Reward: {found.get('rule', '')}. From `{found['report']}`.",
-        "",
-        _table(
-            [
-                "supporter",
-                "seeker",
-                "n",
-                "turns",
-                "risky / 1k words",
-                "protective / 1k words",
-                "tracking",
-                "final emotion",
-                "reward",
-                "quotes dropped",
-            ],
-            rows,
-        ),  # fmt: skip
-    ]
-
-
-def _dialogues(n: int) -> str:
-    """'1 lost dialogue', '2 lost dialogues'."""
-    return f"{n} lost dialogue{'' if n == 1 else 's'}"
 
 
 def render_card(
@@ -695,9 +463,9 @@ def render_card(
         sections += ["", *dialogues_section(facts["dialogues"], figures)]
     if stats is not None:
         sections += ["", stats_section(stats, figures or [])]
-    sections += ["", quality_section(quality, _table)]
+    sections += ["", quality_section(quality, table)]
     if quality:
-        sections += [""] + _image(QUALITY_PLOT, "Judge agreement per LLM check", figures or [])[:1]
+        sections += [""] + image(QUALITY_PLOT, "Judge agreement per LLM check", figures or [])[:1]
     sections += ["", "## Schema (one row per query)", ""]
     user = (
         "the user's id in the source log"
@@ -720,7 +488,7 @@ def render_card(
     ]
     if include_dialogue:
         schema.append(["user_turns", "list[string]", "the user's own messages from the source dialogue"])
-    sections += [_table(["field", "type", "meaning"], schema)]
+    sections += [table(["field", "type", "meaning"], schema)]
     sections += ["", "## License and citation", "", *license_lines(facts)]
     sections += ["## Ethical notes", ""]
     dialogue = (

@@ -233,11 +233,13 @@ async def agenerate_dialogues(
     console=None,
 ):
     """A dialogue for each accepted query of `input_path` (gen-queries' output or a split
-    file; `per_user`, `limit`: the first ones); returns the stage report. The simulator is
-    `settings` ([llm]); the supporter too unless `supporter_model` / `supporter_base_url`."""
+    file; `per_user`, `limit`: the first ones); returns the StageResult (`.report`: the run
+    report). The simulator is `settings` ([llm]); the supporter too unless `supporter_model` /
+    `supporter_base_url`."""
     from personaemp.llm.ray_executor import EngineBeside, shared_per
     from personaemp.llm.session import open_engine
     from personaemp.llm.stage import LLMStage, arun_llm_stage
+    from personaemp.results import of_llm_stage
 
     options = options or DialogueOptions()
     if settings.batch is not None or settings.llm == "vllm":
@@ -349,7 +351,8 @@ async def agenerate_dialogues(
             steps=[HIDDEN_NEED, RESPOND, SIMULATE, IN_CHARACTER],
             calls={RESPOND.name: turns, SIMULATE.name: turns, IN_CHARACTER.name: turns}, notes=notes,
         )  # fmt: skip
-        return await arun_llm_stage(plan, settings=settings, console=console)
+        report = await arun_llm_stage(plan, settings=settings, console=console)
+        return of_llm_stage(report)
 
 
 generate_dialogues = sync_twin(agenerate_dialogues)
@@ -367,9 +370,7 @@ def read_dialogues(path: Path) -> list[Dialogue]:
 
 async def from_options(options, console, settings, retry=False):
     """`personaemp gen-dialogues` on its options."""
-    from personaemp.results import of_llm_stage
-
-    report = await agenerate_dialogues(
+    return await agenerate_dialogues(
         options.input, options.output, settings,
         options=DialogueOptions(
             max_turns=options.max_turns, context=options.context, rag_k=options.rag_k,
@@ -379,7 +380,6 @@ async def from_options(options, console, settings, retry=False):
         limit=options.limit, per_user=options.per_user, supporter_model=options.supporter_model,
         supporter_base_url=options.supporter_base_url, retry_failed=retry, console=console,
     )  # fmt: skip
-    return of_llm_stage(report)
 
 
 def print_summary(result, console) -> None:

@@ -236,12 +236,14 @@ async def ameasure_fidelity(
     console=None,
 ):
     """Fidelity of the simulated user on the users of `input_path`: fidelity.jsonl (one row per
-    cut) at `output_path` and its report (fidelity.json) beside it; returns (stage report, report)."""
+    cut) at `output_path` and its report (fidelity.json) beside it; returns the StageResult, as
+    `pe.measure_fidelity` does (`.report`: the run report, `.summary`: the fidelity report)."""
     from personaemp.dataset.persona import parse_persona, persona_schema, profile_text
     from personaemp.language import LANGUAGE_NAMES, user_language
     from personaemp.llm.stage import LLMStage, arun_llm_stage
     from personaemp.prompts import prompts_per_variant
     from personaemp.records import User
+    from personaemp.results import of_llm_stage
 
     options = options or FidelityOptionsUsed()
     if settings.batch is not None:
@@ -328,14 +330,14 @@ async def ameasure_fidelity(
     )  # fmt: skip
     report = await arun_llm_stage(plan, settings=settings, console=console)
     if settings.estimate:
-        return report, None
+        return of_llm_stage(report)
     from personaemp.io import ErrorPolicy, iter_jsonl
 
     wanted = {unit["cut_id"] for unit in units}
     done = [row for _, _, row in iter_jsonl(output_path, ErrorPolicy("fail")) if row["cut_id"] in wanted]
     summary = summarize(done, options, skipped, units=len(units))
     write_json(report_path(output_path), summary)
-    return report, summary
+    return of_llm_stage(report, summary)
 
 
 def realism_big_five() -> tuple[str, ...]:
@@ -620,9 +622,7 @@ def print_summary(result, console) -> None:
 
 async def from_options(options: FidelityOptions, console, settings, retry=False):
     """`personaemp fidelity` on its options."""
-    from personaemp.results import of_llm_stage
-
-    report, summary = await ameasure_fidelity(
+    return await ameasure_fidelity(
         options.input, options.output, settings,
         options=FidelityOptionsUsed(
             variants=tuple(options.context), cuts=options.cuts, seed=options.cut_seed, voice=options.voice,
@@ -630,9 +630,6 @@ async def from_options(options: FidelityOptions, console, settings, retry=False)
         ),
         limit=options.limit, retry_failed=retry, console=console,
     )  # fmt: skip
-    made = of_llm_stage(report)
-    made.summary = summary
-    return made
 
 
 measure_fidelity = sync_twin(ameasure_fidelity)

@@ -20,6 +20,7 @@ from personaemp.language import LanguageWorker, load_in_background, release_mode
 from personaemp.manifest import record_stage
 from personaemp.progress import emit
 from personaemp.records import FilterMatch, Memory
+from personaemp.results import StageResult, of_filter
 from personaemp.rules import Rules, RuleSet, load_rules
 from personaemp.sources import read_users
 from personaemp.sources.normalize import SourceUser, decide_languages, settle_languages, unseen_languages
@@ -121,8 +122,9 @@ def filter_users(
     console: Console | None = None,
     on_kept: Callable[[bytes], None] | None = None,
     force: bool = False,
-) -> FilterReport:
-    """Read users from `source`, write the kept ones to `output` (atomically), return the funnel.
+) -> StageResult:
+    """Read users from `source`, write the kept ones to `output` (atomically); returns the
+    StageResult (`.report`: the funnel, a FilterReport), as `pe.filter_users` does.
 
     `keep_turns`: "user" keeps only the user's own turns (all later stages need), "all"
     keeps assistant turns too. Nothing is written if the run stops on a bad row.
@@ -137,7 +139,7 @@ def filter_users(
     stamp = filter_fingerprint(source, fmt, rules_path, split, hf_config, on_error, keep_turns, report_path)
     last = manifest.current("filter", output, stamp, force)
     if last is not None:
-        return _unchanged(last, output, on_kept)
+        return of_filter(_unchanged(last, output, on_kept), report_path)
     roles = ("user",) if keep_turns == "user" else None
     rules = RuleSet(load_rules(rules_path))
     policy = ErrorPolicy(on_error)
@@ -241,7 +243,7 @@ def filter_users(
         write_json_atomic(report_path, report.saved(Path(report_path).parent))
     record_stage(output, "filter", report=report_path, failures=None, full=True)
     manifest.record("filter", output, stamp, [output, report_path or output], report.saved(output.parent))
-    return report
+    return of_filter(report, report_path)
 
 
 def filter_fingerprint(source, fmt, rules_path, split, hf_config, on_error, keep_turns, report_path):
@@ -339,10 +341,7 @@ def filter_args(options) -> dict:
 
 def from_options(options, console):
     """`personaemp filter` on its options."""
-    from personaemp.results import of_filter
-
-    args = filter_args(options)
-    return of_filter(filter_users(**args, console=console), args["report_path"])
+    return filter_users(**filter_args(options), console=console)
 
 
 def print_summary(result, console) -> None:

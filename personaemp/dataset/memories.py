@@ -399,7 +399,8 @@ async def aextract_memories(
     alpsbench_predictions: bool = False,
     console=None,
 ):
-    """Extract memories for every user of the log `input_path`; returns (stage report, summary).
+    """Extract memories for every user of the log `input_path`; returns the StageResult
+    (`.report`: the run report, `.summary`: what it read and made), as `pe.extract_memories`.
 
     The users are first written to conversations.jsonl beside `output_path` (under a temporary
     folder with --estimate, which writes nothing); the cache and run report go to the work
@@ -442,7 +443,7 @@ async def aextract_memories(
 
             gold = Path(compare_gold) if compare_gold is not None else None
             write_predictions(plan.output, output_path.with_name(PREDICTIONS), gold)
-    return report, summary
+    return extract_result(report, summary, output_path, compare_gold, alpsbench_predictions)
 
 
 extract_memories = sync_twin(aextract_memories)
@@ -534,7 +535,7 @@ def extract_args(options) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def extract_result(options, report, summary):
+def extract_result(report, summary, output: Path, compare_gold: Path | None, alpsbench_predictions: bool):
     """The StageResult of extract-memories: its counts and the files it wrote beside the output."""
     from personaemp import results, summaries
 
@@ -542,11 +543,11 @@ def extract_result(options, report, summary):
     if summary is None:  # --estimate, a batch round
         return result
     result.counts["memories"] = summary.memories
-    result.files["conversations"] = conversations_path(options.output)
-    if options.compare_gold is not None and summary.gold is not None:
-        result.files["gold_comparison"] = options.output.with_name("gold_comparison.json")
-    if options.alpsbench_predictions and summaries.wrote_rows(report):
-        result.files["alpsbench_predictions"] = options.output.with_name(PREDICTIONS)
+    result.files["conversations"] = conversations_path(output)
+    if compare_gold is not None and summary.gold is not None:
+        result.files["gold_comparison"] = output.with_name("gold_comparison.json")
+    if alpsbench_predictions and summaries.wrote_rows(report):
+        result.files["alpsbench_predictions"] = output.with_name(PREDICTIONS)
     return result
 
 
@@ -601,11 +602,10 @@ def print_memories(summary: MemorySummary, console) -> None:
 
 async def from_options(options, console, settings, retry=False, full=None):
     """`personaemp extract-memories` on its [extract] options (ExtractOptions)."""
-    made = await aextract_memories(
+    return await aextract_memories(
         Path(options.input), options.output, settings, **extract_args(options), retry_failed=retry,
         full=full, console=console,
     )  # fmt: skip
-    return extract_result(options, *made)
 
 
 def print_summary(result, console) -> None:

@@ -28,7 +28,7 @@ from personaemp.shared_options import (
     Users,
     _some_checks,
 )
-from personaemp.vocabulary import CHECKS, PERSONA_CHECKS, Context, Format, LogFormat
+from personaemp.vocabulary import CHECKS, PERSONA_CHECKS, Context, Format, LogFormat, SeekerChoice
 
 
 @declare("extract")
@@ -287,7 +287,7 @@ class DialoguesOptions(Section):
             "newest, skipping code, pasted text and near-duplicates, each trimmed to 200 characters."),
     ] = 5  # fmt: skip
     seeker: Annotated[
-        Literal["cooperative", "guarded", "resistant", "validation-seeking", "escalating", "auto"],
+        SeekerChoice,
         Opt(
             "How hard the simulated user is to help (prompts/seekers.md); auto: by its Big Five "
             "levels (the card shows the table).",

@@ -272,7 +272,8 @@ def read_rows(path: Path) -> StageRows:
 
 
 async def ainfer_personas(input_path: Path, output_path: Path, settings, *, console=None, **options):
-    """Infer a persona for every user of `input_path`; returns (stage report, summary).
+    """Infer a persona for every user of `input_path`; returns the StageResult (`.report`:
+    the run report, `.summary`: the PersonaSummary), as `pe.infer_personas` does.
 
     `options` are persona_stage's: `limit`/`users` compute only some users (the output keeps
     the other current rows); `full` says whether such a run's report stands for the build
@@ -280,10 +281,11 @@ async def ainfer_personas(input_path: Path, output_path: Path, settings, *, cons
     ("I/N"): only part I of N of the users, into its own files (see personaemp/shards.py);
     `retry_failed`, `require_depth`, `enforce`."""
     from personaemp.llm.stage import arun_llm_stage
+    from personaemp.results import of_llm_stage
 
     plan = persona_stage(input_path, output_path, **options)
     report = await arun_llm_stage(plan, settings=settings, console=console)
-    return report, summarize(plan.output, plan.picked())
+    return of_llm_stage(report, summarize(plan.output, plan.picked()))
 
 
 infer_personas = sync_twin(ainfer_personas)
@@ -397,12 +399,9 @@ def persona_args(options, retry: bool) -> dict[str, Any]:
 
 async def from_options(options, console, settings, retry=False, full=None):
     """`personaemp infer-persona` on its options."""
-    from personaemp.results import of_llm_stage
-
-    made = await ainfer_personas(
+    return await ainfer_personas(
         options.input, options.output, settings, **persona_args(options, retry), full=full, console=console
     )
-    return of_llm_stage(*made)
 
 
 def print_summary(result, console) -> None:

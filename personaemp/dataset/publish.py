@@ -68,6 +68,7 @@ from personaemp.dataset.stats import (
 from personaemp.errors import InputError, PersonaempError
 from personaemp.io import atomic_output, write_json_atomic
 from personaemp.manifest import stage_chain
+from personaemp.results import StageResult, of_publish
 
 EXPORT_MANIFEST = ".personaemp-export.json"
 CARD_FILE = "README.md"
@@ -188,8 +189,9 @@ def publish(
     force: bool = False,
     quality: Callable[[Path | None], tuple[dict[str, Any] | None, bytes | None]] | None = None,
     notes: Sequence[str] = (),
-) -> PublishResult:
-    """Push both configs to `repo_id`, or write the same repository to `out` (dry run).
+) -> StageResult:
+    """Push both configs to `repo_id`, or write the same repository to `out` (dry run);
+    returns the StageResult (`.report`: the PublishResult), as `pe.publish` does.
 
     `criteria`: a `personaemp criteria` file; when it exists, each row gets its query's
     criteria as a `criteria` column (queries it lacks get empty lists, and a warning). A file
@@ -222,10 +224,10 @@ def publish(
         last = manifest.current("push", out, fingerprint, force)
         if last is not None:
             result = last["result"]
-            return PublishResult(
+            return of_publish(PublishResult(
                 target=result["target"], rows=result["rows"], card=Path(result["card"]),
                 warnings=result["warnings"], unchanged_since=manifest.unchanged("push", last),
-            )  # fmt: skip
+            ))  # fmt: skip
     found = _criteria(Path(criteria), files) if criteria is not None and Path(criteria).exists() else None
     with _staging(out) as staging:
         built = _assemble(
@@ -234,10 +236,10 @@ def publish(
             behaviours=behaviours,
         )  # fmt: skip
         if out is not None:
-            return _write_locally(out, built, fingerprint)
+            return of_publish(_write_locally(out, built, fingerprint))
         _push(built.files, built.card, repo_id, private, revision, configs=built.configs)
     target = f"https://huggingface.co/datasets/{repo_id}"
-    return PublishResult(target=target, rows=built.rows, warnings=built.warnings)
+    return of_publish(PublishResult(target=target, rows=built.rows, warnings=built.warnings))
 
 
 class UnusableCriteria(InputError):
@@ -429,8 +431,6 @@ def from_options(options, console, quality=None):
     must be made for these queries (publish checks them). At its default place, a file is
     published only when it serves: criteria made for other queries (a leftover) are left out,
     and the push goes on and says so."""
-    from personaemp.results import of_publish
-
     dry = options.is_dry_run
     dialogues = [Path(p) for p in options.dialogues]
     for named in [] if options.derived("dialogues") else dialogues:
@@ -450,13 +450,12 @@ def from_options(options, console, quality=None):
         quality=quality, dialogues=dialogues, dialogues_report=options.dialogues_report, force=options.force,
     )  # fmt: skip
     try:
-        result = push(criteria=options.criteria)
+        made = push(criteria=options.criteria)
     except UnusableCriteria as error:
         if not options.derived("criteria"):
             raise
         left_out = f"{error.message}: left out of the dataset (pass --criteria to require it)"
-        result = push(criteria=None, notes=[left_out])
-    made = of_publish(result)
+        made = push(criteria=None, notes=[left_out])
     if dry and not options.dry_run and not getattr(made.report, "unchanged_since", None):
         console.print("no repo_id: a dry run, the repository that would be pushed goes to a folder")
     return made

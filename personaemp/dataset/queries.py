@@ -157,17 +157,19 @@ def read_personas(path: Path) -> tuple[StageRows, int]:
 
 
 async def agenerate_queries(input_path: Path, output_path: Path, settings, *, console=None, **options):
-    """Queries for every eligible persona; returns (stage report, funnel).
+    """Queries for every eligible persona; returns the StageResult (`.report`: the run
+    report, `.summary`: the QueryFunnel), as `pe.generate_queries` does.
 
     `options` are queries_stage's (`options`, `limit`, `users`, `retry_failed`, `full`,
     `shard`, as for `infer_personas`)."""
     from personaemp.llm.stage import arun_llm_stage
+    from personaemp.results import of_llm_stage
 
     plan = queries_stage(input_path, output_path, **options)
     report = await arun_llm_stage(plan, settings=settings, console=console)
     if report.estimate is not None:  # nothing was written: no funnel to update
-        return report, QueryFunnel(users_in=len(plan.units), ineligible_skipped=plan.skipped)
-    return report, funnel(plan)
+        return of_llm_stage(report, QueryFunnel(users_in=len(plan.units), ineligible_skipped=plan.skipped))
+    return of_llm_stage(report, funnel(plan))
 
 
 generate_queries = sync_twin(agenerate_queries)
@@ -365,12 +367,9 @@ def queries_args(options, retry: bool) -> dict[str, Any]:
 
 async def from_options(options, console, settings, retry=False, full=None):
     """`personaemp gen-queries` on its options."""
-    from personaemp.results import of_llm_stage
-
-    made = await agenerate_queries(
+    return await agenerate_queries(
         options.input, options.output, settings, **queries_args(options, retry), full=full, console=console
     )
-    return of_llm_stage(*made)
 
 
 def print_summary(result, console) -> None:

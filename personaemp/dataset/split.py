@@ -33,6 +33,7 @@ from personaemp.io import ErrorPolicy, atomic_output, file_stamp, iter_jsonl, re
 from personaemp.manifest import record_stage
 from personaemp.parallel import fork_map
 from personaemp.records import BIG_FIVE
+from personaemp.results import StageResult, of_split
 from personaemp.splits import (
     LEVELS,
     REPORT_FILE,
@@ -313,8 +314,9 @@ def split_users(
     holdout: int | None = _DEFAULT.holdout,
     seeds: int = _DEFAULT.seeds,
     force: bool = _DEFAULT.force,
-) -> SplitReport:
-    """Write splits/random (and with `ood`, splits/ood) train/test files and the report.
+) -> StageResult:
+    """Write splits/random (and with `ood`, splits/ood) train/test files and the report;
+    returns the StageResult (`.report`: the SplitReport), as `pe.split_users` does.
     The defaults are `personaemp split`'s (personaemp.options.SplitOptions). Skipped, the
     last report back with its `unchanged_since` line, when the input, options and code are
     those of the last finished run and its files are as it left them (`force`: never)."""
@@ -334,7 +336,7 @@ def split_users(
     if last is not None:
         kept = {key: value for key, value in last["result"].items() if key != "left_out_reasons"}
         kept["input"] = manifest.resolved(kept.get("input"), out_dir)
-        return SplitReport(**kept, unchanged_since=manifest.unchanged(STAGE, last))
+        return of_split(SplitReport(**kept, unchanged_since=manifest.unchanged(STAGE, last)), out_dir)
     stamp = file_stamp(input_path) if input_path.is_file() else None  # else read_users says why
     users, left_out = read_users(input_path)
     users.sort(key=lambda user: user.user_id)  # the input's order must not matter
@@ -388,7 +390,7 @@ def split_users(
     record_stage(out_dir, STAGE, report=out_dir / REPORT_FILE, failures=None, full=True, input=input_path)
     written = [out_dir / setting / f"{name}.jsonl" for setting in splits for name in ("train", "test")]
     manifest.record(STAGE, out_dir, fingerprint, [*written, out_dir / REPORT_FILE], saved)
-    return report
+    return of_split(report, out_dir)
 
 
 # --- from options (the command, pe.* and `run`) ---------------------------------------------------
@@ -396,14 +398,11 @@ def split_users(
 
 def from_options(options: SplitOptions, console):
     """`personaemp split` on its options."""
-    from personaemp.results import of_split
-
-    report = split_users(
+    return split_users(
         options.input, options.out_dir, ood=options.ood, seed=options.seed, test_size=options.test_size,
         k=options.k, k_range=(options.k_min, options.k_max), holdout=options.holdout, seeds=options.seeds,
         force=options.force,
     )  # fmt: skip
-    return of_split(report, options.out_dir)
 
 
 def print_summary(result, console) -> None:

@@ -183,7 +183,8 @@ def filter_child() -> None:
 
     quiet = Console(quiet=True)
     try:
-        outcome = (True, filter_users(**filter_args, console=quiet, on_kept=lambda row: send(_ROW, row)))
+        kept = filter_users(**filter_args, console=quiet, on_kept=lambda row: send(_ROW, row))
+        outcome = (True, kept.report)  # the parent makes its StageResult (pipeline.py)
     except BaseException as error:  # noqa: BLE001 - every stop is the parent's to report
         outcome = (False, error)
     try:

@@ -72,9 +72,11 @@ async def awrite_criteria(
     layout: str = DEFAULT_LAYOUT,
     console=None,
 ):
-    """Criteria for every accepted query of `input_path`; returns the stage report. `layout`:
-    the authors' ("paper": each request holds its dimension's standard only) or "shared"."""
+    """Criteria for every accepted query of `input_path`; returns the StageResult (`.report`:
+    the run report). `layout`: the authors' ("paper": each request holds its dimension's
+    standard only) or "shared"."""
     from personaemp.llm.stage import LLMStage, arun_llm_stage
+    from personaemp.results import of_llm_stage
 
     units = query_units(input_path, "pass gen-queries' output (queries.jsonl) or a split file")
     selected = pick_queries(units, input_path, limit, users)
@@ -118,7 +120,8 @@ async def awrite_criteria(
         steps=[CRITERIA],
         calls={CRITERIA.name: len(DIMENSIONS)},
     )
-    return await arun_llm_stage(plan, settings=settings, console=console)
+    report = await arun_llm_stage(plan, settings=settings, console=console)
+    return of_llm_stage(report)
 
 
 write_criteria = sync_twin(awrite_criteria)
@@ -129,13 +132,10 @@ write_criteria = sync_twin(awrite_criteria)
 
 async def from_options(options, console, settings, retry=False):
     """`personaemp criteria` on its options."""
-    from personaemp.results import of_llm_stage
-
-    report = await awrite_criteria(
+    return await awrite_criteria(
         options.input, options.output, settings, limit=options.limit, users=options.users,
         retry_failed=retry, layout=options.layout, console=console,
     )  # fmt: skip
-    return of_llm_stage(report)
 
 
 def print_summary(result, console) -> None:

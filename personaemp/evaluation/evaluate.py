@@ -82,6 +82,7 @@ from personaemp.io import ErrorPolicy, iter_jsonl, write_json_atomic
 from personaemp.llm.reply import split_reasoning
 from personaemp.prompts import LAYOUTS, load_prompt
 from personaemp.records import BIG_FIVE, DIMENSIONS, Response
+from personaemp.results import of_evaluate
 from personaemp.splits import LEVELS, split_file
 from personaemp.summaries import print_stage_report
 from personaemp.units import ENDPOINT_KINDS
@@ -247,9 +248,9 @@ async def aevaluate(
     console=None,
 ):
     """Score every system on every query of the split part, by one judge (`settings`, with
-    `judge_model`) or by each judge of a panel; returns (stage reports, evaluation): one
-    report per judge (a list with a panel), and None for the evaluation while an estimate or
-    a batch round leaves judgments to come."""
+    `judge_model`) or by each judge of a panel; returns the StageResult, as `pe.evaluate`
+    does: `.report` the (first) judge's run report, `.judges` a panel's, one per judge, and
+    `.summary` the evaluation (None while an estimate or a batch round leaves judgments to come)."""
     options = options or JudgeOptions()
     if options.samples < 1:
         raise InputError("--samples must be at least 1")
@@ -302,7 +303,8 @@ async def aevaluate(
         reports.append(report)
         results[judge.name] = (report, base)
     if any(r.estimate is not None or (r.batch and r.batch["files"]) for r in reports):
-        return (reports[0] if single else reports), None  # nothing judged yet for some units
+        # nothing judged yet for some units: no evaluation
+        return of_evaluate(reports[0] if single else reports, None, report_path)
     query_ids = {q["query_id"] for q in queries}
     header = {
         "split": split,
@@ -350,7 +352,7 @@ async def aevaluate(
         evaluation["judges"] = per_judge
         evaluation["agreement"] = agreement(per_judge, {unit["unit_id"] for unit in units})
     write_json_atomic(report_path, evaluation)
-    return (reports[0] if single else reports), evaluation
+    return of_evaluate(reports[0] if single else reports, evaluation, report_path)
 
 
 def checked_criteria(criteria_file: Path | None, queries: list[dict], input_path: Path) -> dict:
@@ -561,14 +563,12 @@ def judge_panel(options, settings, env: Mapping[str, str] | None = None) -> list
 
 async def from_options(options, console, settings, retry=False, env=None):
     """`personaemp evaluate` on its options (`--dialogues`: evaluation/dialogues.py)."""
-    from personaemp.results import of_evaluate
-
     if options.dialogues:
         from personaemp.evaluation.dialogues import from_options as dialogues_from_options
 
         return await dialogues_from_options(options, console, settings, retry)
 
-    report, evaluation = await aevaluate(
+    return await aevaluate(
         options.splits, [Path(path) for path in options.responses], options.output, settings,
         split=options.split, part=options.part, criteria_file=options.criteria,
         judge_model=options.judge_model, judges=judge_panel(options, settings, env),
@@ -579,7 +579,6 @@ async def from_options(options, console, settings, retry=False, env=None):
         ),
         retry_failed=retry, console=console,
     )  # fmt: skip
-    return of_evaluate(report, evaluation, options.output)
 
 
 def print_summary(result, console) -> None:

@@ -55,9 +55,11 @@ async def awrite_responses(
     retry_failed: bool = False,
     console=None,
 ):
-    """A response to every query of `splits/<split>/<part>.jsonl`; returns the stage report."""
+    """A response to every query of `splits/<split>/<part>.jsonl`; returns the StageResult
+    (`.report`: the run report)."""
     from personaemp.llm.ray_executor import shared_per
     from personaemp.llm.stage import LLMStage, arun_llm_stage
+    from personaemp.results import of_llm_stage
 
     input_path, units, policy_view = policy_units(splits, split, part, context, mismatch_seed)
     selected = pick_queries(units, input_path, limit, None)
@@ -138,7 +140,8 @@ async def awrite_responses(
         if context == "rag"
         else {},  # fmt: skip
     )
-    return await arun_llm_stage(plan, settings=settings, console=console)
+    report = await arun_llm_stage(plan, settings=settings, console=console)
+    return of_llm_stage(report)
 
 
 write_responses = sync_twin(awrite_responses)
@@ -154,14 +157,11 @@ def failures_file(output: Path) -> Path:
 
 async def from_options(options, console, settings, retry=False):
     """`personaemp respond` on its options."""
-    from personaemp.results import of_llm_stage
-
-    report = await awrite_responses(
+    return await awrite_responses(
         options.splits, options.output_path, settings, split=options.split, part=options.part,
         context=options.context, rag_k=options.rag_k, mismatch_seed=options.mismatch_seed,
         limit=options.limit, retry_failed=retry, console=console,
     )  # fmt: skip
-    return of_llm_stage(report)
 
 
 def print_summary(result, console) -> None:

@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from personaemp import checks
-from personaemp.records import SEEKERS
+from personaemp.vocabulary import SEEKER_CHOICES, SEEKERS
 
 AUTO = "auto"
-CHOICES = (*SEEKERS, AUTO)  # what --seeker takes
+CHOICES = SEEKER_CHOICES  # what --seeker takes: a style, or auto
 DEFAULT = "cooperative"
 PROMPT_FILE = "seekers"  # prompts/seekers.md
 RULE = "seeker_style"  # the style's own deterministic rule, in a turn's checks

@@ -83,8 +83,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
-
 from personaemp.aio import run_sync
 from personaemp.errors import InputError, UnitError, python_caller
 from personaemp.instruments import behaviours as behaviour_judge
@@ -96,17 +94,25 @@ from personaemp.instruments.judges import (
     JUDGE,
     JUDGE_DYNAMIC,
     ROOM,
-    Score,
     check_sampling,
     cut_while_reasoning,
     harmonic,
     judge_messages,
 )
 from personaemp.llm.reply import split_reasoning
-from personaemp.llm.step import Step
 from personaemp.prompts import LAYOUTS, Prompt, load_prompt
 from personaemp.records import DIMENSIONS
-from personaemp.training.options import RewardConfig, checked_arguments
+from personaemp.training.reward_instrument import (  # noqa: F401 - also read from here
+    DEFAULTS,
+    FALLBACKS,
+    JOINT_ROOM,
+    JUDGE_JOINT,
+    STEPS,
+    DimensionJudgment,
+    JointReply,
+    RewardOptions,
+    checked_options,
+)
 from personaemp.training.reward_log import StepResult, agreement, summarise, summarise_log
 from personaemp.training.rollouts import Rollout, rollout_from
 from personaemp.training.rollouts import completion_text as completion_text  # its old home
@@ -115,85 +121,6 @@ from personaemp.training.verl_reward import _Shared
 log = logging.getLogger("personaemp.reward")
 
 STEP_GAP = 1.0  # seconds with no per-rollout call in flight that end a step (its log line)
-
-FALLBACKS = {
-    # dimension score (1-5) and B (0-1) of a judgment that could not be had
-    "lowest": (float(FLOOR), 0.0),  # then capped at the step's lowest judged reward
-    "neutral": (3.0, 0.8),  # the authors' reward: 0.6 normalised, and 0.8 (above most judged B)
-    "floor": (float(FLOOR), 0.0),
-}
-
-
-class DimensionJudgment(BaseModel):
-    criteria: list[str] = Field(min_length=1, description="criteria for this user, written before scoring")
-    analysis: str = Field(description="the reply measured against those criteria")
-    score: Score
-
-
-class JointReply(BaseModel):
-    """The three dimensions in one reply (joint mode)."""
-
-    resonation: DimensionJudgment
-    expression: DimensionJudgment
-    reception: DimensionJudgment
-
-
-# A dynamic judge: at the authors' 0.3, as JUDGE_DYNAMIC.
-JUDGE_JOINT = Step("judge_joint", JointReply, prompt="judge_joint", version=1, temperature=0.3)
-STEPS = (JUDGE_JOINT,)
-JOINT_ROOM = {JUDGE_JOINT.name: 4096}  # three judgments' worth of reasoning
-
-
-_DEFAULT = RewardConfig()  # the defaults live with the [reward] options
-
-
-@dataclasses.dataclass(frozen=True)
-class RewardOptions:
-    """The instrument (personaemp.options.RewardConfig says what each field means)."""
-
-    dynamic: bool = _DEFAULT.dynamic  # PereGRM; False: fixed criteria (file or `criteria` column)
-    samples: int = _DEFAULT.samples  # k: judgments averaged per dimension (dynamic only)
-    bystander: bool = _DEFAULT.bystander
-    reward_lambda: float = _DEFAULT.reward_lambda
-    joint: bool = _DEFAULT.joint  # the three dimensions in one call (dynamic only)
-    fallback: str = _DEFAULT.fallback
-    criteria_file: Path | None = _DEFAULT.criteria
-    layout: str = _DEFAULT.layout  # where a request holds its dimension's standard (prompts.LAYOUTS)
-    safety: float = _DEFAULT.safety  # off per risky behaviour the behaviour judge quotes; 0: off
-    safety_bound: float = _DEFAULT.safety_bound  # the most it takes off
-
-    @property
-    def mode(self) -> str:
-        judge = (
-            (f"joint@{self.samples}" if self.joint else f"dynamic@{self.samples}")
-            if self.dynamic
-            else "fixed"
-        )
-        return judge + ("+bystander" if self.bystander else "")
-
-    @property
-    def calls_per_rollout(self) -> int:
-        """Judge calls one judged rollout asks for (before cache and de-duplication)."""
-        per_sample = 1 if self.joint else len(DIMENSIONS)
-        return per_sample * (self.samples if self.dynamic else 1) + int(self.bystander) + int(self.safety > 0)
-
-
-def checked_options(options: RewardOptions, caller: str = "Reward") -> RewardOptions:
-    """`options` checked where the [reward] keys are (RewardConfig: samples >= 1, a finite
-    reward_lambda >= 0, samples and joint only with the dynamic judge...), as read there
-    ("3" for samples is 3, as in the file); an error names the argument."""
-    checked = checked_arguments(
-        RewardConfig, caller, dynamic=options.dynamic, samples=options.samples, bystander=options.bystander,
-        reward_lambda=options.reward_lambda, joint=options.joint, fallback=options.fallback,
-        criteria=options.criteria_file, layout=options.layout, safety=options.safety,
-        safety_bound=options.safety_bound,
-    )  # fmt: skip
-    return dataclasses.replace(
-        options, dynamic=checked.dynamic, samples=checked.samples, bystander=checked.bystander,
-        reward_lambda=checked.reward_lambda, joint=checked.joint, safety=checked.safety,
-        safety_bound=checked.safety_bound,
-    )  # fmt: skip
-
 
 # --- the reward --------------------------------------------------------------------------------
 
@@ -602,10 +529,10 @@ class PereGRM(Reward):
     """The paper's training reward: dynamic criteria, k samples, bystander penalty (lambda)."""
 
     def __init__(self, settings, *, samples: int = 1, bystander: bool = True, reward_lambda: float = 0.5,
-                 joint: bool = False, fallback: str = _DEFAULT.fallback, log_path=None,
-                 name: str = "peregrm", layout: str = _DEFAULT.layout,
-                 step_gap: float = STEP_GAP, safety: float = _DEFAULT.safety,
-                 safety_bound: float = _DEFAULT.safety_bound):  # fmt: skip
+                 joint: bool = False, fallback: str = DEFAULTS.fallback, log_path=None,
+                 name: str = "peregrm", layout: str = DEFAULTS.layout,
+                 step_gap: float = STEP_GAP, safety: float = DEFAULTS.safety,
+                 safety_bound: float = DEFAULTS.safety_bound):  # fmt: skip
         options = RewardOptions(True, samples, bystander, reward_lambda, joint, fallback, layout=layout,
                                 safety=safety, safety_bound=safety_bound)  # fmt: skip
         super().__init__(settings, options, log_path=log_path, name=name, step_gap=step_gap)
@@ -615,9 +542,9 @@ class FixedCriteriaReward(Reward):
     """PERM-style: each query's pre-written criteria (a criteria file, or the rows' `criteria`)."""
 
     def __init__(self, settings, *, criteria_file=None, bystander: bool = True, reward_lambda: float = 0.5,
-                 fallback: str = _DEFAULT.fallback, log_path=None, name: str = "perm",
-                 layout: str = _DEFAULT.layout, step_gap: float = STEP_GAP, safety: float = _DEFAULT.safety,
-                 safety_bound: float = _DEFAULT.safety_bound):  # fmt: skip
+                 fallback: str = DEFAULTS.fallback, log_path=None, name: str = "perm",
+                 layout: str = DEFAULTS.layout, step_gap: float = STEP_GAP, safety: float = DEFAULTS.safety,
+                 safety_bound: float = DEFAULTS.safety_bound):  # fmt: skip
         options = RewardOptions(False, 1, bystander, reward_lambda, False, fallback, criteria_file, layout,
                                 safety, safety_bound)  # fmt: skip
         super().__init__(settings, options, log_path=log_path, name=name, step_gap=step_gap)
