@@ -39,7 +39,7 @@ $(BIN)/.installed: pyproject.toml
 demo: $(BIN)/.installed
 	$(BIN)/personaemp run --config personaemp.toml
 
-# The browser tests of `personaemp review` (tests/test_review.py) drive Debian's chromium over
+# The browser tests of `personaemp review` (tests/e2e/test_review.py) drive Debian's chromium over
 # a DevTools pipe, no pip package. Installed once (apt keeps the .debs in its cache); present,
 # this is one `command -v`. Not root or no apt: the browser tests are skipped, and say why.
 # apt's own lines (about 200: one per package unpacked and set up, which -qq leaves) go to a
@@ -59,16 +59,17 @@ test: $(BIN)/.installed chromium
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 	$(BIN)/pytest -q -n 3 --dist loadgroup  # 3 workers on 2 cores, one of them the Ray group: see tests/conftest.py
 
-# The edit loop: every test but those that need a heavy resource (markers in pyproject.toml: the
-# embedded model decoding, a real Ray, the browser, a wheel built and installed). `make test`
-# runs them all.
+# The edit loop: tests/unit and tests/integration (docs/development.md: the tiers), and of
+# them none that needs a heavy resource (markers in pyproject.toml: the embedded model
+# decoding, a real Ray, the browser, a wheel built and installed). `make test` runs them all,
+# tests/e2e too.
 test-fast: $(BIN)/.installed
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q -n 3 --dist loadgroup -m "not requires_model and not requires_ray and not requires_browser and not requires_wheel"
+	$(BIN)/pytest -q -n 3 --dist loadgroup tests/unit tests/integration -m "not requires_model and not requires_ray and not requires_browser and not requires_wheel"
 
 # The embedded model's replies that the stage tests on `--llm local` replay (tests/cassettes.py,
 # tests/cassettes/embedded/), recorded again on the real model, one thread, temperature 0: after a
-# change of the model, llama-cpp-python or a prompt (tests/test_cassettes.py says which). Minutes.
+# change of the model, llama-cpp-python or a prompt (tests/integration/test_cassettes.py says which). Minutes.
 record-embedded: $(BIN)/.installed
 	PERSONAEMP_RECORD_EMBEDDED=1 $(BIN)/pytest -q -n 0 -p no:cacheprovider -m recorded
 

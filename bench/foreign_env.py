@@ -2,7 +2,7 @@
 reaches that endpoint: nothing may.
 
     .venv/bin/python bench/foreign_env.py -- make test
-    .venv/bin/python bench/foreign_env.py -- .venv/bin/pytest -q -p no:cacheprovider tests/test_budget.py
+    .venv/bin/python bench/foreign_env.py -- .venv/bin/pytest -q tests/integration/test_budget.py
 
 It starts a logging HTTP server on 127.0.0.1 that answers every request (any method, any path)
 with an OpenAI-shaped chat reply and counts it, then runs the command with the README's

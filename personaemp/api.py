@@ -111,7 +111,7 @@ async def _arun(
 
 def __getattr__(name: str):
     """A stage of the catalogue not written out below yet (one just added): its function,
-    made from its line (tests/test_api.py asks for every stage's to be written out)."""
+    made from its line (tests/integration/test_api.py asks for every stage's to be written out)."""
     from personaemp.catalogue import LINES
 
     for line in LINES:

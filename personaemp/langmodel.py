@@ -6,7 +6,7 @@ In that automaton the state after a byte is the longest suffix of the text read 
 that is a node of the n-gram trie, and no node is longer than DEPTH bytes, so the state at
 byte i depends on bytes i-DEPTH+1..i alone. `Model.features_of_many` starts a walk of
 DEPTH bytes at every position of every text at once, as DEPTH array lookups: the same
-features, the same counts, in the same order (tests/test_langmodel.py holds it to
+features, the same counts, in the same order (tests/unit/test_langmodel.py holds it to
 py3langid's own walk, and checks DEPTH and the suffix property on every transition of the
 installed model). Many texts go through the same numpy calls: inside the filter each call
 costs microseconds, so its kept users are decided a batch at a time.

@@ -1,6 +1,6 @@
 """The option tables of the docs' Options page (docs/options.md), generated from the
 declared sections: `python -m personaemp.registry docs/options.md` rewrites the block
-between the markers; tests/test_options.py checks it is up to date."""
+between the markers; tests/integration/test_options.py checks it is up to date."""
 
 from __future__ import annotations
 

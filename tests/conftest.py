@@ -526,3 +526,43 @@ def local_ray(_ray_of_the_session):
         # another worker may have up on this machine: "connecting to an existing cluster").
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     return ray
+
+
+# --- tiers:begin (written by issue 62's tiers script) ---------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_stays_in_process(request, monkeypatch):
+    """A test under tests/unit/ opens no network socket and starts no child process: it
+    fails here, naming what it did, and belongs in tests/integration/ (docs/development.md:
+    the tiers). Local socket pairs (asyncio's loop) are left alone."""
+    if Path(str(request.node.fspath)).parent.name != "unit":
+        yield
+        return
+    import multiprocessing.process
+    import socket
+
+    def refuse(what):
+        def refused(*args, **kwargs):
+            raise AssertionError(f"a unit test {what}: move its file to tests/integration/")
+
+        return refused
+
+    for name in ("connect", "connect_ex", "bind"):
+        real = getattr(socket.socket, name)
+
+        def guarded(self, address, *args, _real=real, _name=name):
+            if self.family in (socket.AF_INET, socket.AF_INET6):
+                said = f"opened a socket ({_name} {address})"
+                raise AssertionError(f"a unit test {said}: move its file to tests/integration/")
+            return _real(self, address, *args)
+
+        monkeypatch.setattr(socket.socket, name, guarded)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse("looked a host name up"))
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("started a child process (subprocess)"))
+    monkeypatch.setattr(os, "fork", refuse("forked"))
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse("started a child process"))
+    yield
+
+
+# --- tiers:end ---------------------------------------------------------------------------

@@ -10,7 +10,7 @@ real class, built from its arguments sent through cloudpickle, whose every call'
 and answer go through cloudpickle too. Its calls run on this process's event loop, many at
 once, as an async actor's do.
 
-Real Ray keeps its own tests (tests/test_ray.py, test_ray_cluster.py, the supporter test of
+Real Ray keeps its own tests (tests/e2e/test_ray.py, test_ray_cluster.py, the supporter test of
 test_ray_stages.py): a local Ray's start costs about 10 core-seconds, this none.
 """
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
+sys.path[1:1] = [str(ROOT / "tests" / tier) for tier in ("unit", "integration", "e2e")]
 
 from benchlib import parser  # noqa: E402
 from fake_openai import FakeOpenAI, serve_until_killed  # noqa: E402

@@ -156,7 +156,7 @@ BEGIN, END = "<!-- grpo_bench.py --write-docs: begin -->", "<!-- grpo_bench.py -
 
 
 def docs_table(result: dict) -> str:
-    """The table of docs/training.md from the bench's figures (tests/test_docs_figures.py
+    """The table of docs/training.md from the bench's figures (tests/unit/test_docs_figures.py
     checks the page holds exactly this)."""
     lines = [BEGIN, "| mode | k | calls per rollout | tokens per rollout | authors' 3k + 1 |",
              "|---|---|---|---|---|"]  # fmt: skip

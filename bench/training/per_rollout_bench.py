@@ -34,6 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[1:1] = [str(ROOT / "tests" / tier) for tier in ("unit", "integration", "e2e")]
 
 from fake_openai import FakeOpenAI  # noqa: E402
 from test_reward import judge, row  # noqa: E402
