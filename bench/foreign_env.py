@@ -77,9 +77,9 @@ def foreign_environment(base_url: str, *, invalid: bool = True) -> dict[str, str
     if not invalid:
         return readme
     sys.path.insert(0, str(ROOT))
-    from personaemp.options import SECTIONS, specs
+    from personaemp.options import sections, specs
 
-    declared = [option.opt.env for section in SECTIONS for option in specs(section) if option.opt.env]
+    declared = [option.opt.env for section in sections() for option in specs(section) if option.opt.env]
     env = dict.fromkeys(declared, "not-a-valid-value")
     env.update({
         **readme, "PERSONAEMP_BASE_URL": base_url, "HF_TOKEN": "hf_foreign",

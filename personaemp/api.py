@@ -474,7 +474,7 @@ def evaluate(
     return run_sync(aevaluate(splits, settings=settings, config=config, progress=progress, **options))
 
 
-def write_table(*, config: PathLike = None, progress: Progress = False, **options: Any) -> StageResult:
+def write_table(*, config: PathLike = None, progress: Progress = False, **options: Any) -> str:
     """`personaemp table`: Render the paper's Table 1 (systems x judge x split: Res, Exp, Rec, Avg) from
     evaluate reports; from evaluate --dialogues reports, the multi-turn table (final emotion, need
     met, H, n).

@@ -87,7 +87,7 @@ def main() -> None:
     out = args.out or Path(__file__).resolve().parents[1] / "out" / f"stats-{args.users}"
     build(out / "processed", args.users, args.seed)
     start = time.perf_counter()
-    result = write_stats(out / "processed", out / "stats")
+    result = write_stats(out / "processed", out / "stats").report
     took = time.perf_counter() - start
     accepted = result.stats["queries"]["accepted"]
     print(f"{args.users} users: {accepted} accepted queries; stats and plots in {took:.2f} s")

@@ -48,6 +48,7 @@ from personaemp.errors import InputError, RowError
 from personaemp.io import ErrorPolicy, atomic_output, iter_jsonl, write_json_atomic
 from personaemp.manifest import read_manifest, stage_chain
 from personaemp.records import BIG_FIVE
+from personaemp.results import StageResult, of_stats
 from personaemp.vocabulary import CHECKS, PERSONA_CHECKS
 
 STATS_FILE = "stats.json"
@@ -463,11 +464,15 @@ def stats_and_figures(sources: StatsSources) -> tuple[dict[str, Any], dict[str, 
     return stats, render_figures(stats)
 
 
-def write_stats(processed: Path, out: Path, force: bool = False) -> StatsResult:
+def write_stats(processed: Path, out: Path, force: bool = False) -> StageResult:
     """`personaemp stats`: compute the build's statistics once, write stats.json and the plots
     (each file atomically) into `out`; nothing is written if a file cannot be read. Skipped
     when the files read, the code and `out` are those of the last finished run and what it
-    wrote is as it left it (`force`: never)."""
+    wrote is as it left it (`force`: never). The StageResult's `report` is the StatsResult."""
+    return of_stats(_write_stats(processed, out, force))
+
+
+def _write_stats(processed: Path, out: Path, force: bool) -> StatsResult:
     sources = sources_in(Path(processed))
     out = Path(out)
     fingerprint = manifest.fingerprint(list(vars(sources).values()), {"out": out})
@@ -497,9 +502,7 @@ def write_stats(processed: Path, out: Path, force: bool = False) -> StatsResult:
 
 def from_options(options, console):
     """`personaemp stats` on its options."""
-    from personaemp.results import of_stats
-
-    return of_stats(write_stats(options.processed, options.out_dir, options.force))
+    return write_stats(options.processed, options.out_dir, options.force)
 
 
 def print_summary(made, console) -> None:

@@ -511,8 +511,8 @@ def review_labels(options) -> Path:
     return Path(options.input).with_name("labels.jsonl")
 
 
-def serve_review(options, console) -> None:
-    """`personaemp review`: serve the page until Ctrl-C (ReviewOptions)."""
+def from_options(options, console) -> None:
+    """`personaemp review` on its options (ReviewOptions): serve the page until Ctrl-C."""
     from rich.markup import escape
 
     labels = review_labels(options)
@@ -551,11 +551,3 @@ def serve_review(options, console) -> None:
         console.print(f"stopped; labels are in {escape(str(labels))}")
     finally:
         server.server_close()
-
-
-# --- from options (the command and pe.*) ----------------------------------------------------------
-
-
-def from_options(options, console) -> None:
-    """`personaemp review` on its options."""
-    serve_review(options, console)

@@ -513,7 +513,7 @@ def test_a_reviewer_name_is_printable_text(served, tmp_path, name):
 def test_names_already_in_the_file_are_shown_escaped_at_start(sample_build, tmp_path):
     from rich.console import Console
 
-    from personaemp.review.page import serve_review
+    from personaemp.review.page import from_options
 
     labels = tmp_path / "labels.jsonl"
     labels.write_text(json.dumps({"reviewer": "eve\x1b]0;owned\x07", "query_id": "x", "field": "query",
@@ -530,7 +530,7 @@ def test_names_already_in_the_file_are_shown_escaped_at_start(sample_build, tmp_
         patch.setattr(
             ThreadingHTTPServer, "serve_forever", lambda self: (_ for _ in ()).throw(KeyboardInterrupt)
         )
-        serve_review(Options, console)
+        from_options(Options, console)
     shown = out.getvalue()
     assert "\x1b" not in shown and "\x07" not in shown
     assert r"'eve\x1b]0;owned\x07'" in shown

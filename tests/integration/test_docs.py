@@ -508,7 +508,6 @@ WITHOUT_PYTEST = "import runpy, sys; sys.modules['pytest'] = None; sys.argv = sy
                  "runpy.run_path(sys.argv[0], run_name='__main__')"  # fmt: skip
 
 
-@pytest.mark.slow
 def test_the_readme_tour_runs_without_a_key_against_the_stand_in(tmp_path, monkeypatch):
     """Issue 63: against a generic test server the tour accepted 0 of 26 queries and `split`
     stopped, and the server that makes it work was named only on the Benchmarks page. The

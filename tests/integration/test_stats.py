@@ -191,8 +191,8 @@ def test_a_build_that_stopped_after_the_filter_has_its_funnel_only(tmp_path):
     write_json(processed / "filter_report.json", {"users_in": 7, "kept": 3})
     result = write_stats(processed, tmp_path / "s")
     users = [{"stage": "read by filter", "count": 7}, {"stage": "kept by filter", "count": 3}]
-    assert result.stats == {"funnel": {"users": users, "queries": []}}
-    assert result.files == ["figures/funnel.png", "stats.json"]
+    assert result.report.stats == {"funnel": {"users": users, "queries": []}}
+    assert result.report.files == ["figures/funnel.png", "stats.json"]
 
 
 def test_files_are_found_through_the_manifest(processed, tmp_path):
@@ -230,7 +230,7 @@ def test_the_card_shows_the_plots_and_the_figures_of_the_stats_json_beside_it(pr
     card = (out / "README.md").read_text(encoding="utf-8")
     stats = json.loads((out / "stats.json").read_text(encoding="utf-8"))
     # the same computation as `personaemp stats` on the same build
-    assert stats == write_stats(processed, tmp_path / "stats").stats
+    assert stats == write_stats(processed, tmp_path / "stats").report.stats
 
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", card)
     assert images == [
