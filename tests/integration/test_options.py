@@ -239,7 +239,7 @@ def calls(monkeypatch) -> dict[str, tuple[tuple, dict]]:
     monkeypatch.setattr(persona, "summarize", lambda *args: None)
     monkeypatch.setattr(queries, "funnel", lambda *args: None)
     monkeypatch.setattr(split, "split_users", recorder("split", StageResult("split", None, None)))
-    monkeypatch.setattr(stats, "write_stats", recorder("stats", None))
+    monkeypatch.setattr(stats, "write_stats", recorder("stats", StageResult("stats", None, None)))
     pushed = SimpleNamespace(rows={}, target="somewhere", warnings=[])
     monkeypatch.setattr(publish, "publish", recorder("push", StageResult("push", None, pushed)))
     quiet_summaries(monkeypatch)

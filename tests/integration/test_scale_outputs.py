@@ -79,7 +79,7 @@ def test_parquet_written_in_row_groups_is_what_datasets_writes_from_the_whole_ta
     monkeypatch.setattr(data_files, "ROW_BATCH", 3)  # where the rows are turned into Arrow
     result = push.publish(folder / "splits", out=folder / "dataset")
     columns = push.features(False)
-    for setting, parts in result.rows.items():
+    for setting, parts in result.report.rows.items():
         for split, count in parts.items():
             users = list(push.iter_split_users(folder / "splits" / setting / f"{split}.jsonl"))
             rows = [row for user in users for row in push.dataset_rows(user, False)]
