@@ -24,11 +24,9 @@ def dialogues_section(found: dict[str, Any], figures: list[str] | None = None) -
         + (f" (of {judged[rule]})" if rate is not None and judged.get(rule, replies) != replies else "")
         for rule, rate in found["pass_rates"].items()
     )
-    relaxed = [
-        f"{rule} (not checked on {replies - judged.get(rule, 0)} of {replies} replies)"
-        for rule in found["pass_rates"]
-        if judged.get(rule, replies) < replies
-    ]
+    unreached = found.get("unreached") or {}
+    off = {rule: replies - judged.get(rule, replies) - unreached.get(rule, 0) for rule in found["pass_rates"]}
+    relaxed = [f"{rule} (not checked on {n} of {replies} replies)" for rule, n in off.items() if n > 0]
     rows = [[split, count] for split, count in found["rows"].items()]
     ended = ", ".join(f"{how} {n}" for how, n in sorted(found["ended_by"].items()))
     languages = ", ".join(f"{language} {n}" for language, n in (found.get("languages") or {}).items())
@@ -91,6 +89,11 @@ def dialogues_section(found: dict[str, Any], figures: list[str] | None = None) -
         f"{meant(simulator_rules.RULES)}, and by an LLM check {meant(simulator_rules.JUDGED)}.",
         f"- Pass rates over the {replies} replies judged, kept and asked again: {rates}.",
     ]
+    if unreached:
+        out.append(
+            f"- The LLM check asks only about a reply every rule passed: {', '.join(unreached)} did not "
+            f"see the {max(unreached.values())} replies a rule had refused first."
+        )
     if relaxed:
         out.append(f"- Checks relaxed: {'; '.join(relaxed)}.")
     if found.get("lost_replies_not_kept"):

@@ -150,11 +150,27 @@ def dialogue_facts(dialogues, rows: dict[str, int], simulator_rules, lost=()) ->
     supporter the dialogues kept and lost (`lost`: the failures file's rows), and each check's
     pass rate over every simulated reply it judged, kept or asked again. A check ran on a reply
     when the kept reply's checks name it (a rejected reply: when it ran on the reply kept at
-    that turn, or failed); one that never ran is "not checked" (None), never a pass."""
+    that turn, or failed; the LLM check only when no rule had refused the reply); one that
+    never ran is "not checked" (None), never a pass."""
     judged: Counter = Counter()
     failed: Counter = Counter()
+    unreached: Counter = Counter()  # an LLM check's replies that a rule had refused already
     replies = 0
     names: dict[str, None] = dict.fromkeys((*simulator_rules.RULES, *simulator_rules.JUDGED))
+    llm_checks = set(simulator_rules.JUDGED)
+
+    def count(rejected: dict, checks) -> None:
+        """One rejected reply, judged by `checks` and the rules it broke; the LLM check asks
+        only about a reply every rule passed, so a reply a rule refused never reached it."""
+        broken = set(rejected) - set(REJECTED_KEYS)
+        for rule in set(checks) | broken:
+            names.setdefault(rule)
+            if rule in llm_checks and not broken <= llm_checks:
+                unreached[rule] += 1
+                continue
+            judged[rule] += 1
+            failed[rule] += rule in broken
+
     for dialogue in dialogues:
         for turn in dialogue.turns[1:]:
             if turn.role != "user":
@@ -163,13 +179,10 @@ def dialogue_facts(dialogues, rows: dict[str, int], simulator_rules, lost=()) ->
             names.update(dict.fromkeys(sorted(ran)))
             replies += 1 + len(turn.rejected)
             for rule in ran:
-                judged[rule] += 1 + len(turn.rejected)
+                judged[rule] += 1
                 failed[rule] += not turn.checks[rule]
             for rejected in turn.rejected:
-                for rule in set(rejected) - set(REJECTED_KEYS):
-                    names.setdefault(rule)
-                    failed[rule] += 1
-                    judged[rule] += rule not in ran
+                count(rejected, ran)
     # the replies of a lost dialogue, where its failures row keeps them (each: rule -> why):
     # judged by every check the run made (those that ran on its kept replies) and failed
     run_checks = {rule for rule in names if judged[rule]}
@@ -181,11 +194,7 @@ def dialogue_facts(dialogues, rows: dict[str, int], simulator_rules, lost=()) ->
         for rejected in row["rejected"]:
             if isinstance(rejected, dict):
                 replies += 1
-                broken = set(rejected) - set(REJECTED_KEYS)
-                for rule in run_checks | broken:
-                    names.setdefault(rule)
-                    judged[rule] += 1
-                    failed[rule] += rule in broken
+                count(rejected, run_checks)
     turns = [sum(t.role == "assistant" for t in d.turns) for d in dialogues]
     kept = Counter(d.supporter_model for d in dialogues)
     only = next(iter(kept)) if len(kept) == 1 else None  # one run's failures: its supporter's
@@ -220,6 +229,7 @@ def dialogue_facts(dialogues, rows: dict[str, int], simulator_rules, lost=()) ->
         "checked_replies": replies,
         "lost_replies_not_kept": unkept,  # lost dialogues whose failures row keeps no replies
         "judged": {rule: judged[rule] for rule in names},
+        "unreached": {rule: unreached[rule] for rule in names if unreached[rule]},
         "pass_rates": {
             rule: round(1 - failed[rule] / judged[rule], 4) if judged[rule] else None for rule in names
         },

@@ -43,7 +43,13 @@ def test_the_card_says_what_happened_to_the_dialogues(tmp_path, sample_build):
     # did not run on the 3 turns of the --no-character-check dialogue
     assert "Pass rates over the 11 replies judged, kept and asked again:" in section
     assert re.search(r"no_emotion_number 81\.8%", section)  # 2 of 11 replies failed it
-    assert "in_character 100.0% (of 8)" in section and "grounded 100.0% (of 8)" in section
+    # the LLM check asks only about a reply every rule passed: the 2 replies refused for
+    # no_emotion_number never reached it (counted as judged before: "of 8")
+    assert "in_character 100.0% (of 6)" in section and "grounded 100.0% (of 6)" in section
+    assert (
+        "The LLM check asks only about a reply every rule passed: in_character, grounded did not see "
+        "the 2 replies a rule had refused first." in section
+    ), section
     assert (
         "Checks relaxed: in_character (not checked on 3 of 11 replies); grounded (not checked on 3 of 11"
         in section
