@@ -42,6 +42,7 @@ from personaemp.review.figures import (
     confusion,
     labels_held,
     rogan_gladen,
+    write_and_show,
 )
 from personaemp.review.figures import (
     kappa_of as kappa_of,  # its old home: still importable from here
@@ -480,8 +481,6 @@ def fidelity_agreement(path: Path, labels: Path) -> dict[str, Any]:
 def run_fidelity_agreement(options, console) -> dict[str, Any]:
     """`personaemp agreement --fidelity FILE`: the figures, written to --out-dir (default:
     agreement/ beside the file) and printed."""
-    from rich.markup import escape
-
     from personaemp.review.fidelity import LABELS_FILE as FIDELITY_LABELS
     from personaemp.review.fidelity import REPORT_FILE as FIDELITY_REPORT
     from personaemp.review.fidelity import agreement_lines
@@ -489,11 +488,7 @@ def run_fidelity_agreement(options, console) -> dict[str, Any]:
     path = Path(options.fidelity)
     report = fidelity_agreement(path, options.labels or path.with_name(FIDELITY_LABELS))
     out = options.out or path.with_name("agreement")
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / FIDELITY_REPORT, report)
-    for line in agreement_lines(report):
-        console.print(escape(line))
-    console.print(f"wrote {escape(str(out / FIDELITY_REPORT))}")
+    write_and_show(report, out, FIDELITY_REPORT, agreement_lines(report), console)
     return report
 
 

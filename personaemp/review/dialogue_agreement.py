@@ -13,10 +13,16 @@ from typing import Any
 from personaemp.errors import InputError
 from personaemp.instruments.judges import spearman as judges_spearman
 from personaemp.instruments.judges import wilson
-from personaemp.io import write_json_atomic
 from personaemp.records import DIMENSIONS
 from personaemp.review.dialogues import LABELS_FILE, dialogue_event, read_dialogue_items
-from personaemp.review.figures import Bootstrap, _round, agreement_figures, confusion, labels_held
+from personaemp.review.figures import (
+    Bootstrap,
+    _round,
+    agreement_figures,
+    confusion,
+    labels_held,
+    write_and_show,
+)
 from personaemp.review.page import UnknownTarget, current_labels, read_label_events
 from personaemp.summaries import NOT_SCORED, interval_text, not_scored_text
 
@@ -227,8 +233,6 @@ def dialogue_agreement_lines(report: dict[str, Any]) -> list[str]:
 def run_dialogue_agreement(options, console) -> dict[str, Any]:
     """`personaemp agreement --dialogues A [--dialogues B]`: the figures, written to --out-dir
     (default: agreement/ beside the first file) and printed."""
-    from rich.markup import escape
-
     paths = [Path(p) for p in options.dialogues]
     labels = options.labels or paths[0].with_name(LABELS_FILE)
     if not labels.exists():
@@ -237,9 +241,5 @@ def run_dialogue_agreement(options, console) -> dict[str, Any]:
         paths, labels, resamples=options.resamples, seed=options.bootstrap_seed
     )
     out = options.out or paths[0].with_name("agreement")
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / DIALOGUE_REPORT_FILE, report)
-    for line in dialogue_agreement_lines(report):
-        console.print(escape(line))
-    console.print(f"wrote {escape(str(out / DIALOGUE_REPORT_FILE))}")
+    write_and_show(report, out, DIALOGUE_REPORT_FILE, dialogue_agreement_lines(report), console)
     return report

@@ -5,6 +5,7 @@ bootstrap intervals over clusters (queries or dialogues), and what a labels file
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from personaemp.review.page import LABEL_STUDIO_REVIEWER
@@ -102,3 +103,16 @@ def labels_held(events, state: dict, not_scored, items: str) -> dict[str, Any]:
         "label_studio_reviewers": sum(name.startswith(LABEL_STUDIO_REVIEWER) for name in state),
         "not_scored": not_scored,
     }
+
+
+def write_and_show(report: dict[str, Any], out: Path, name: str, lines: Sequence[str], console) -> None:
+    """A report's JSON written as `out/name` (atomically), its lines printed, then where it went."""
+    from rich.markup import escape
+
+    from personaemp.io import write_json_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / name, report)
+    for line in lines:
+        console.print(escape(line))
+    console.print(f"wrote {escape(str(out / name))}")
