@@ -82,7 +82,9 @@ def ask(settings: LLMSettings, count: int = 1, **call_options):
 def test_transport_faults_are_retried(tmp_path, fault):
     with FakeOpenAI() as server:
         server.queue(fault, reply(GOOD))
-        settings = settings_for(server, tmp_path, timeout=0.5)
+        # 2 s: short enough to cut hang(5) and the trickle, long enough that the good reply is
+        # never cut on a loaded machine (0.5 s was: a third request, the test failing)
+        settings = settings_for(server, tmp_path, timeout=2.0)
         [result], stats = ask(settings)
         assert result.value == Greeting(**GOOD)
         assert server.count == 2
