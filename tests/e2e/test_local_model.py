@@ -50,38 +50,71 @@ def port_is_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_local_server_answers_a_schema_constrained_chat_completion(monkeypatch):
-    for name in ("NO_PROXY", "no_proxy"):  # else the openai client sends loopback via HTTP(S)_PROXY
-        monkeypatch.setenv(name, "127.0.0.1,localhost")
-    with LocalServer() as server:
-        assert server.model == MODEL_NAME
-        assert server.base_url == f"http://127.0.0.1:{server.port}/v1"
-        client = openai.OpenAI(base_url=server.base_url, api_key="local", max_retries=0, timeout=120)
-        instructions = "You read one message and classify the writer's mood. Answer with JSON only."
-        message = "My sister and I argued again and I feel awful about it."
-        reply = client.chat.completions.create(
-            model=server.model,
-            messages=[{"role": "system", "content": instructions}, {"role": "user", "content": message}],
-            max_tokens=64,
-            temperature=0,
-            response_format={"type": "json_object", "schema": Mood.model_json_schema()},
-        )
-        assert reply.choices[0].finish_reason == "stop", "the grammar closes the object before max_tokens"
-        Mood.model_validate(json.loads(reply.choices[0].message.content))
-        process, port, log_path = server.process, server.port, server.log_path
-
-    assert process.poll() is not None
-    assert not port_is_open(port)
-    assert not log_path.exists(), "a temp log is removed after a clean run"
+@pytest.fixture(scope="module")
+def answering_server():
+    """One real server for the tests that need it only to answer (its start is 1.5 core-s, a
+    load of the model, on each): started once, stopped after the module's last such test,
+    and then checked stopped (the process ended, its port closed, its temp log removed)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("NO_PROXY", "no_proxy"):  # else the openai client sends loopback via HTTP(S)_PROXY
+            patch.setenv(name, "127.0.0.1,localhost")
+        with LocalServer() as server:
+            yield server
+    assert server.process.poll() is not None
+    assert not port_is_open(server.port)
+    assert not server.log_path.exists(), "a temp log is removed after a clean run"
 
 
-def test_the_engine_sends_a_schema_constrained_request_to_the_embedded_model(tmp_path, monkeypatch):
+# `make test` (--dist loadgroup) hands a group to one worker: one server for both.
+@pytest.mark.xdist_group("embedded-server")
+def test_local_server_answers_a_schema_constrained_chat_completion(answering_server):
+    """The server's own contract, through the openai client; its stop after a clean run is
+    checked when the module's server stops (answering_server)."""
+    server = answering_server
+    assert server.model == MODEL_NAME
+    assert server.base_url == f"http://127.0.0.1:{server.port}/v1"
+    client = openai.OpenAI(base_url=server.base_url, api_key="local", max_retries=0, timeout=120)
+    instructions = "You read one message and classify the writer's mood. Answer with JSON only."
+    message = "My sister and I argued again and I feel awful about it."
+    reply = client.chat.completions.create(
+        model=server.model,
+        messages=[{"role": "system", "content": instructions}, {"role": "user", "content": message}],
+        max_tokens=64,
+        temperature=0,
+        response_format={"type": "json_object", "schema": Mood.model_json_schema()},
+    )
+    assert reply.choices[0].finish_reason == "stop", "the grammar closes the object before max_tokens"
+    Mood.model_validate(json.loads(reply.choices[0].message.content))
+    assert server.process.poll() is None
+
+
+class _Started:
+    """open_engine's `LocalServer(log_path=...)`, answered by the module's running server: the
+    engine path is the point here, not a second load of the model."""
+
+    def __init__(self, server: LocalServer, calls: list[dict], **options) -> None:
+        self.server = server
+        calls.append(options)
+
+    def __enter__(self) -> LocalServer:
+        return self.server
+
+    def __exit__(self, *exc_info) -> None:
+        pass
+
+
+@pytest.mark.xdist_group("embedded-server")
+def test_the_engine_sends_a_schema_constrained_request_to_the_embedded_model(
+    answering_server, tmp_path, monkeypatch
+):
     """`--llm local` through the stages' own path (open_engine, the endpoint pool, Engine.call)
     on the real server: the request in json_object_schema mode with the local sampler's
     extras, and the model's reply valid under the schema. The stage tests replay recorded
     replies of this path (tests/cassettes.py); this one decodes."""
-    for name in ("NO_PROXY", "no_proxy"):
-        monkeypatch.setenv(name, "127.0.0.1,localhost")
+    import personaemp.llm.local as local
+
+    calls: list[dict] = []
+    monkeypatch.setattr(local, "LocalServer", lambda **options: _Started(answering_server, calls, **options))
     settings = LLMSettings(llm="local", work_dir=tmp_path / "work", temperature=0.0, max_tokens=64)
     messages = [
         {
@@ -96,6 +129,7 @@ def test_the_engine_sends_a_schema_constrained_request_to_the_embedded_model(tmp
             return await engine.call(Step("mood", Mood), messages), engine.structured_report(), engine
 
     result, structured, engine = asyncio.run(ask())
+    assert calls == [{"log_path": settings.local_log}], "open_engine starts the one local server"
     assert isinstance(result.value, Mood) and not result.cached
     assert structured["used"] == "json_object_schema"
     assert engine.model == MODEL_NAME and engine.endpoint_kind == "local"
