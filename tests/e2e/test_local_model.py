@@ -172,7 +172,10 @@ def test_grammar_checked_last_writes_what_upstream_writes(monkeypatch):
     llm = Llama(
         model_path=str(local_model_path()),
         n_ctx=1024,
+        # One thread for the prompt too, as the server has (_server_command): llama-cpp-python's
+        # default is every core, whose threads spin between batches (7-15 core-s against 3.5).
         n_threads=1,
+        n_threads_batch=1,
         verbose=False,
         chat_format=EMBEDDED.chat_format,
     )
