@@ -448,6 +448,26 @@ def no_network_hub(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture
+def plots_undrawn(monkeypatch):
+    """stats' and push's plots as placeholder bytes, one per figure `render_figures` would
+    draw, a function of the stats alone (a rerun writes the same bytes): for a test whose point
+    is which stage runs or what it writes, not the drawing (1.5-2 core-s a changed build, over
+    forked workers). The drawing itself: tests/integration/test_stats.py."""
+    import hashlib
+
+    from personaemp.dataset import figures, stats
+
+    def placeholders(data: dict[str, Any]) -> dict[str, bytes]:
+        key = json.dumps(data, sort_keys=True)
+        return {
+            name: b"\x89PNG placeholder " + hashlib.sha256(f"{name}{key}".encode()).digest()
+            for name in figures.figure_names(data)
+        }
+
+    monkeypatch.setattr(stats, "render_figures", placeholders)
+
+
 def files_in(folder: Path) -> list[str]:
     """The files of a folder, less the lock files of personaemp.locks (left behind by design:
     an flock dies with its process, the empty file means nothing). Temp files still show."""
