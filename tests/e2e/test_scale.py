@@ -31,6 +31,9 @@ from personaemp.shards import shard_of
 from personaemp.shared_options import LLMOptions, PathsOptions
 
 QUIET = Console(quiet=True)
+# What `run` streams, shards and stops is the point here, not its plots: placeholder bytes
+# for stats' and push's figures (conftest.plots_undrawn; the drawing: test_stats.py).
+pytestmark = pytest.mark.usefixtures("plots_undrawn")
 
 
 def step_of(body: dict) -> str:
