@@ -21,7 +21,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SAMPLE_TASK1, copy_sample, order_free_responder
+from conftest import REPO, SAMPLE_TASK1, cli_here, copy_sample, order_free_responder
 from fake_openai import FakeOpenAI
 
 from personaemp.aio import run_interruptibly
@@ -223,8 +223,10 @@ def test_ctrl_c_while_stats_draws_its_plots_in_forked_workers(tmp_path):
     assert (processed / "splits").is_dir()
 
 
-def test_a_resumed_run_after_ctrl_c_finishes_with_every_row(tmp_path, held):
-    """Interrupted mid-chain, a re-run resumes and ends like a clean run (exit 0)."""
+def test_a_resumed_run_after_ctrl_c_finishes_with_every_row(tmp_path, held, plots_undrawn):
+    """Interrupted mid-chain, a re-run resumes and ends like a clean run (exit 0). The re-run
+    in this process (cli_here): the Ctrl-C is the first run's, and its plots are not the point
+    (conftest.plots_undrawn)."""
     config = setup(tmp_path, held.base_url, copies=1, users=USERS)  # the resume is the point, not the size
     run = Run(config)
     run.wait_for(held.first.is_set, "request")
@@ -232,10 +234,7 @@ def test_a_resumed_run_after_ctrl_c_finishes_with_every_row(tmp_path, held):
     check_interrupted(run, tmp_path / "processed")
     with FakeOpenAI(responder=order_free_responder()) as server:
         config.write_text(config.read_text().replace(held.base_url, server.base_url))
-        again = subprocess.run(
-            [sys.executable, "-m", "personaemp", "run", "--config", str(config)],
-            env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+        again = cli_here(["run", "--config", str(config)], env={}, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]
     processed = tmp_path / "processed"
     personas = (processed / "personas.jsonl").read_text().splitlines()
