@@ -72,6 +72,21 @@ def pytest_collection_modifyitems(config, items):
         return (1 if any(item.get_closest_marker(name) for name in HEAVY_RESOURCES) else 2), False
 
     items.sort(key=rank)
+    _group_suffix_read(items)
+
+
+def _group_suffix_read(items) -> None:
+    """`--dist loadgroup` sends the tests of one xdist_group to one worker by a suffix
+    (`test_x@ray`) pytest-xdist 3.8 writes to `item._nodeid`, on each worker. pytest 9.2 reads
+    a node's id from `item._id` (a NodeId) instead, so the suffix was lost and every group
+    spread over the workers, one local Ray on each (pytest-xdist issue 1386). The suffix is
+    written where pytest reads it; a pytest that still reads `_nodeid` needs nothing."""
+    for item in items:
+        written = item.__dict__.get("_nodeid")
+        if written and written != item.nodeid and hasattr(item, "_id"):
+            from _pytest.nodeid import NodeId
+
+            item._id = NodeId.parse(written)
 
 
 def _on_local_ray(item) -> bool:
