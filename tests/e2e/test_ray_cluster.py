@@ -196,6 +196,7 @@ def test_a_node_lost_mid_gen_queries_has_its_units_redone_and_each_written_once(
     made, nodes = with_its_node(cluster)
     personas_path, personas = some_users(sample_build, tmp_path)
     ray.init(address=made.address, log_to_driver=False)
+    job = ray.get_runtime_context().get_job_id()
     output, lost = tmp_path / "queries.jsonl", threading.Event()
     with FakeOpenAI(responder=order_free_responder(), latency=held_after(3, output, lost)) as fake:
         settings = LLMSettings(
@@ -206,10 +207,11 @@ def test_a_node_lost_mid_gen_queries_has_its_units_redone_and_each_written_once(
         def kill_a_node():  # the head and the node hold one worker each
             try:
                 wait_for(lambda: written(output) >= 3 and fake.in_flight == 2)  # one request each
-                (pid,) = [
+                (pid,) = [  # this run's worker on the node (an earlier test's may not be DEAD yet)
                     actor["Pid"]
                     for actor in ray._private.state.actors().values()
-                    if actor["Address"]["NodeID"] == nodes[-1].node_id and actor["State"] == "ALIVE"
+                    if (actor["JobID"], actor["Address"]["NodeID"], actor["State"])
+                    == (job, nodes[-1].node_id, "ALIVE")
                 ]
                 made.remove_node(nodes.pop(), allow_graceful=False)
                 killed.append(written(output))
