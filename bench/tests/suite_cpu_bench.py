@@ -105,6 +105,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         command = [str(ROOT / ".venv" / "bin" / "pytest"), "-q", "-p", "no:randomly"]
         env = {**os.environ, "SUITE_CPU_OUT": str(Path(scratch) / "tests.json")}
+        # As the Makefile: `make test` lets Python write bytecode. Inherited from a shell that
+        # sets it (this sandbox's does), every worker re-read the tests' assertions and every
+        # CLI child compiled them again (docs/development.md: how much).
+        if env.pop("PYTHONDONTWRITEBYTECODE", None):
+            print("PYTHONDONTWRITEBYTECODE unset, as `make test` does")
         if args.serial:
             here = str(Path(__file__).resolve().parent)  # this file is the plugin
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))

@@ -38,6 +38,7 @@ from personaemp.dataset.fidelity_cuts import Skipped, make_cuts
 from personaemp.errors import InputError
 from personaemp.instruments import realism, simulator_rules
 from personaemp.instruments.voice import VOICE, VOICE_RULE, pick_voice, render_voice
+from personaemp.llm.endpoints import LLMError
 from personaemp.options import Opt, Section, declare
 from personaemp.shared_options import PROCESSED, _split_commas
 
@@ -54,7 +55,11 @@ CONTROLS = ("other", "self")  # the floor and the ceiling
 NOT_GIVEN = "(not given)"
 # The rows' shape: bumped when a row gains a field, so that rows of an older shape are made
 # again (from the reply cache: no request) rather than reused.
-ROWS = 2  # 2: the conversation shown (dialogue, reply), for review --fidelity
+ROWS = 3  # 2: the conversation shown (dialogue, reply), for review --fidelity; 3: a variant's `failed`
+# A variant whose every attempt the model got wrong (not JSON, cut off, copying the reply): a
+# measured outcome of that simulator on that cut, kept in the row; the other variants go on.
+# Any other failure (the endpoint's) fails the cut, to be retried.
+OWN_FAILURES = frozenset({"invalid", "truncated", "empty"})
 LEAKAGE_RULE = (
     "nothing from the cut on reaches a prompt: the conversation stops before the cut; the voice and the "
     "persona's messages are from before it; a memory is given only when its evidence is found before the "
@@ -293,17 +298,25 @@ async def ameasure_fidelity(
             language = LANGUAGE_NAMES.get(code or "", code or "the language of their earlier messages")
             messages: dict[str, dict] = {}
             for variant in options.variants:
-                result = await engine.call(
-                    next_step,
-                    build_next_messages(unit, variant, persona, language, prompts[next_step.name]),
-                    parse=lambda reply, v=variant: no_echo(reply.text.strip(), unit, v),
-                )
+                try:
+                    result = await engine.call(
+                        next_step,
+                        build_next_messages(unit, variant, persona, language, prompts[next_step.name]),
+                        parse=lambda reply, v=variant: no_echo(reply.text.strip(), unit, v),
+                    )
+                except LLMError as error:
+                    if error.kind not in OWN_FAILURES:
+                        raise
+                    messages[variant] = {"text": None, "end": None, "failed": f"{error.kind}: {error}"}
+                    continue
                 messages[variant] = {"text": result.parsed, "end": result.value.end}
             row = measured(unit, messages, persona)
             if options.discriminator:
                 row["discriminator"] = {}
                 for source in [*options.variants, "self"]:
                     candidate = messages[source]["text"] if source != "self" else unit["self"]
+                    if candidate is None:
+                        continue  # the variant wrote no message of its own: nothing to compare
                     correct = []
                     for real_first in (True, False):
                         first, second = (unit["real"], candidate) if real_first else (candidate, unit["real"])
@@ -443,11 +456,16 @@ def summarize(rows: Sequence[dict], options: FidelityOptionsUsed, skipped: Skipp
                 for language in languages
             },
         }  # fmt: skip
-    placed = {}
+    placed, answered = {}, {}
     for variant in options.variants:
+        # like with like: the variant and its controls on the cuts the variant answered
+        mine = [row for row in rows if _text(row, variant) is not None]
+        answered[variant] = realism.wilson(len(mine), len(rows))
         placed[variant] = {}
-        for metric, figures in metrics.items():
-            low, mid, high = (figures["overall"][s]["mean"] for s in ("other", variant, "self"))
+        for metric in metrics:
+            low, mid, high = (
+                realism.mean_ci(_values(mine, s, metric))["mean"] for s in ("other", variant, "self")
+            )
             if None in (low, mid, high):
                 placed[variant][metric] = None
                 continue
@@ -482,6 +500,10 @@ def summarize(rows: Sequence[dict], options: FidelityOptionsUsed, skipped: Skipp
             metric.name: sum(row["features"]["real"][metric.name] is None for row in rows)
             for metric in realism.METRICS
         },
+        # per variant, the share of cuts where the model wrote a valid message of its own (the
+        # rest: every attempt not JSON, cut off, or copying the reply or an exemplar)
+        "answered": answered,
+        "all_answered": sum(all(_text(row, v) is not None for v in options.variants) for row in rows),
         "metrics": metrics,
         "between_controls": placed,
         "population": population(rows, sources),
@@ -584,6 +606,14 @@ def print_report(summary: dict | None, console) -> None:
                       *(_cell(figures["overall"][s]) for s in ["other", *variants, "self"]),
                       f"{sizes[0]}-{sizes[-1]}" if len(sizes) > 1 else str(sizes[0]))  # fmt: skip
     console.print(table)
+    answered = summary.get("answered", {})
+    if any(f["share"] is not None and f["share"] < 1 for f in answered.values()):
+        parts = [f"{v} {round(f['share'] * f['n'])}/{f['n']}" for v, f in answered.items()]
+        console.print(
+            "cuts where the simulator wrote a message of its own (else every attempt was not JSON, cut off "
+            "or copied the reply; each variant is placed between its controls on its own cuts): "
+            + ", ".join(parts)
+        )
     if "discriminator" in summary:
         parts = [
             f"{s} {f['share']:.2f} [{f['low']:.2f}, {f['high']:.2f}] n={f['n']}"

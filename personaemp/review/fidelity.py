@@ -39,7 +39,8 @@ def read_fidelity_items(path: Path, seed: int = 0) -> list[dict[str, Any]]:
         if "dialogue" not in row:
             raise InputError(f"{path}:{lineno}: a fidelity row without its conversation",
                              "run `personaemp fidelity` again: it remakes them from its cache")  # fmt: skip
-        candidates = {source: made["text"] for source, made in row["simulated"].items()}
+        # a variant that wrote no message of its own (`failed`) has no pair
+        candidates = {s: made["text"] for s, made in row["simulated"].items() if made["text"] is not None}
         if row.get("self"):
             candidates["self"] = row["self"]
         for source, text in candidates.items():

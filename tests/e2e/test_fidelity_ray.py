@@ -17,15 +17,14 @@ ray = pytest.importorskip("ray")
 
 
 def answer(body: dict, number: int):
-    """A next message per request; u3's cut never gets a usable one (its failure row)."""
+    """A next message per request; u3's persona never gets a usable one (its cut's failure row:
+    a variant's own unusable message is a measured outcome, not a failure)."""
     text = "\n".join(m.get("content") or "" for m in body["messages"])
     properties = body["response_format"]["json_schema"]["schema"].get("properties", {})
     if "pick" in properties:
         return reply({"reason": "r", "pick": "B"})
     if "depth" in properties:
-        return None  # the default instance
-    if "weekend u3" in text:
-        return reply("not json")
+        return reply("not json") if "weekend u3" in text else None  # else the default instance
     return reply({"thought": "t", "end": False, "text": f"and what about sundays then {len(text) % 7}"})
 
 

@@ -191,6 +191,53 @@ def test_the_command_writes_the_rows_the_report_and_a_table_then_resumes(tmp_pat
     assert set(report["population"]["length_cv_across_users"]) >= {"real", "full", "self"}
 
 
+def test_a_variant_that_only_copies_the_reply_is_recorded_and_the_others_are_measured(tmp_path):
+    """A model that copies the assistant's reply whenever it is not shown the memories (the
+    embedded 0.5B model did, on 23 of 32 cuts for some variant): those variants end as `failed`
+    in the cut's row, the other variants are measured on the same cut, the report gives each
+    variant's share answered, and no cut fails (before: the whole cut went to the failures file
+    and every variant's message was lost)."""
+    users = write_rows(tmp_path / "users.jsonl", [user(f"u{n}") for n in range(1, 4)])
+    output = tmp_path / "fidelity.jsonl"
+
+    def responder(body, number):
+        text = json.dumps(body["messages"])
+        if '"thought"' not in json.dumps(body.get("response_format")):
+            return None  # the persona step: the schema's default instance
+        if "Works at a bakery" in text:  # memories shown: memories, full, full-novoice
+            return {"thought": "t", "end": False, "text": "fine, thanks"}
+        return {"thought": "t", "end": False, "text": "Sure. What would make it restful for you?"}
+
+    context = ("none", "memories", "full")
+    with FakeOpenAI(responder=responder) as server:
+        result = measure_fidelity(
+            users, output, settings_for(server, tmp_path / "work", max_reasks=1),
+            options=FidelityOptionsUsed(variants=context, cuts=None, seed=0, voice=5, discriminator=True),
+        )  # fmt: skip
+    assert result.report.outcome.failed == 0
+    assert not (tmp_path / "fidelity.failures.jsonl").read_text().strip()
+    rows = rows_of(output)
+    assert len(rows) == 3
+    for row in rows:
+        assert row["simulated"]["none"]["text"] is None
+        assert row["simulated"]["none"]["failed"].startswith("invalid: ")  # with the reason
+        assert "repeats" in row["simulated"]["none"]["failed"]
+        assert row["simulated"]["memories"]["text"] == "fine, thanks"
+        assert row["scores"]["none"] is None and row["scores"]["memories"] is not None
+        assert "none" not in row["discriminator"] and len(row["discriminator"]["memories"]) == 2
+    summary = result.summary
+    assert summary["answered"]["none"]["share"] == 0.0 and summary["answered"]["memories"]["share"] == 1.0
+    assert summary["all_answered"] == 0
+    assert summary["metrics"]["log_length"]["overall"]["none"]["n"] == 0
+    assert summary["metrics"]["log_length"]["overall"]["memories"]["n"] == 3
+    assert summary["between_controls"]["none"]["log_length"] is None
+    assert summary["between_controls"]["memories"]["log_length"] is not None
+    from personaemp.review.fidelity import read_fidelity_items
+
+    pairs = {item["_source"] for item in read_fidelity_items(output)}
+    assert pairs == {"memories", "full", "self"}  # review --fidelity: no pair without a message
+
+
 # --- the metrics --------------------------------------------------------------------------------------
 
 
