@@ -53,23 +53,24 @@ def pytest_itemcollected(item):
     loadgroup) runs the group on one worker, one test after the other, so one local Ray
     serves the run (a start costs about 10 core-s over Ray's processes; one per worker
     before), and `-m "not requires_ray"` leaves Ray unstarted."""
-    if "local_ray" in item.fixturenames or item.get_closest_marker("requires_ray"):
+    if _on_local_ray(item) or item.get_closest_marker("requires_ray"):
         item.add_marker(pytest.mark.requires_ray)
         item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 @pytest.hookimpl(trylast=True)  # after -m / -k deselect
 def pytest_collection_modifyitems(config, items):
-    """The tests that need a heavy resource first (the Ray group, its simulated cluster last:
-    that fixture stops the local Ray; then the model, the browser, the wheel), each kind in
+    """The tests that need a heavy resource first (the Ray group: the test that starts the
+    local Ray itself first, its simulated cluster last: that fixture stops the local Ray; then
+    the model, the browser, the wheel), each kind in
     collection order, then the rest. `--dist loadgroup` hands the work out in this order,
     the largest group first, a few tests at a time to whichever worker is free: no long test
     is left to start at the end, and the quick ones fill the other workers meanwhile."""
 
-    def rank(item) -> tuple[int, bool]:
+    def rank(item) -> tuple[int, bool, bool]:
         if item.get_closest_marker("requires_ray"):
-            return 0, not _on_local_ray(item)
-        return (1 if any(item.get_closest_marker(name) for name in HEAVY_RESOURCES) else 2), False
+            return 0, not _on_local_ray(item), "no_ray_yet" not in item.fixturenames
+        return (1 if any(item.get_closest_marker(name) for name in HEAVY_RESOURCES) else 2), False, False
 
     items.sort(key=rank)
     _group_suffix_read(items)
@@ -90,7 +91,7 @@ def _group_suffix_read(items) -> None:
 
 
 def _on_local_ray(item) -> bool:
-    return "local_ray" in item.fixturenames
+    return "local_ray" in item.fixturenames or "no_ray_yet" in item.fixturenames
 
 
 def pytest_runtest_teardown(item, nextitem):
@@ -548,8 +549,21 @@ def _ray_of_the_session():
 
 
 @pytest.fixture
+def no_ray_yet(_ray_of_the_session):
+    """No Ray in this process: for the test that starts the local Ray itself through
+    personaemp's connect() (test_ray.py's token test) and leaves it to the tests after it, which
+    `local_ray` hands it to (the order above runs that test first in the Ray group: one start
+    for both, not two). A Ray started before it (an order -k or -p made) is shut down."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    return ray
+
+
+@pytest.fixture
 def local_ray(_ray_of_the_session):
-    """A local Ray (2 CPUs), started by the first test of this process that needs it and kept
+    """A local Ray (2 CPUs), started by the first test of this process that needs it (or by
+    test_ray.py's token test, through connect(): see no_ray_yet) and kept
     to the session's end: test_ray, test_ray_stages and test_ray_vllm each started and shut
     down their own, and a start costs about 10 s of CPU over Ray's processes (3 to 9 starts
     in `make test`, as its workers took tests of the three files; now one per worker at

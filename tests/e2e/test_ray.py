@@ -1,11 +1,13 @@
 """--executor ray (personaemp/llm/ray_executor.py) on a local Ray: the same files as one process.
 
-On the local Ray of conftest's `local_ray` (ray.init(num_cpus=2), started once per test
-process and shared with test_ray_stages and test_ray_vllm)."""
+On the local Ray of conftest's `local_ray` (2 CPUs, started once per test process and shared
+with test_ray_stages and test_ray_vllm): the token test below starts it, through connect()."""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
 import shlex
 import shutil
@@ -52,6 +54,35 @@ def persona_step(request) -> bool:
     """Whether a chat request is infer-persona's (its reply schema's fields say)."""
     schema = json.dumps(request.body["response_format"])
     return '"traits"' in schema or '"openness"' in schema
+
+
+def test_a_local_ray_starts_without_the_token_warning(no_ray_yet, monkeypatch):
+    """Issue 63: Ray 2.60 logged "Token authentication is enabled for this Ray cluster..." as a
+    WARNING on every run. connect() asks for token authentication itself (what Ray does anyway)
+    and says so on its own line. The Ray group's first test: its start is the local Ray of
+    the tests after it (conftest's no_ray_yet and local_ray; 2 CPUs, as local_ray starts it),
+    not a second whole Ray start in a process of its own (5-7 core-s)."""
+    from personaemp.llm import ray_executor
+    from personaemp.llm.settings import LLMSettings
+
+    heard: list[logging.LogRecord] = []
+    listener = logging.Handler()
+    listener.emit = heard.append  # every record of Ray's loggers, whatever their handlers print
+    monkeypatch.delenv(ray_executor.AUTH_MODE, raising=False)  # as in a new process: Ray sets it
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # connect()'s num_cpus: local_ray's 2
+    logging.getLogger("ray").addHandler(listener)
+    try:
+        settings = LLMSettings(executor="ray", workers=1, base_urls=["http://127.0.0.1:9/v1"], model="m")
+        said = ray_executor.connect(settings)
+    finally:
+        logging.getLogger("ray").removeHandler(listener)
+    assert no_ray_yet.is_initialized() and no_ray_yet.cluster_resources()["CPU"] == 2
+    warned = [record.getMessage() for record in heard if record.levelno >= logging.WARNING]
+    assert not [line for line in warned if "Token authentication is enabled" in line], warned
+    assert said.startswith("a local Ray (started in") and "token authentication on" in said, said
+    # Ray's own default, kept: token mode, its token in ~/.ray/auth_token (made on a first start)
+    assert os.environ[ray_executor.AUTH_MODE] == "token"
+    assert (Path.home() / ".ray" / "auth_token").is_file()
 
 
 def test_run_on_ray_writes_what_one_process_writes(local_ray, sample_build, tmp_path):
@@ -136,7 +167,10 @@ def test_a_unit_that_fails_is_a_failure_row_on_ray_as_in_one_process(local_ray, 
         with FakeOpenAI(responder=responder) as fake:
             options = RunOptions(
                 paths=PathsOptions(input=str(SAMPLE_TASK1), processed=folder),
-                llm=LLMOptions(base_url=[fake.base_url], model="fake", executor=executor, max_reasks=0),
+                # one worker: where the failing unit runs is not the point (2 before: 1 core-s)
+                llm=LLMOptions(
+                    base_url=[fake.base_url], model="fake", executor=executor, workers=1, max_reasks=0
+                ),
                 persona=PersonaOptions(),
             )
             from personaemp.registry import STAGES
@@ -200,31 +234,3 @@ def test_the_documented_ray_commands_run_as_written(local_ray, tmp_path, monkeyp
     personas = rows(processed / "personas.jsonl")
     assert len(personas) == 3  # personaemp.toml's [persona] users
     assert rows(processed / "queries.jsonl") and (processed / "dataset" / "README.md").exists()
-
-
-def test_a_local_ray_starts_without_the_token_warning(tmp_path):
-    """Issue 63: Ray 2.60 logged "Token authentication is enabled for this Ray cluster..." as a
-    WARNING on every run. connect() asks for token authentication itself (what Ray does anyway)
-    and says so on its own line. One Ray start, in a process of its own (its HOME: tmp_path,
-    where Ray writes the token)."""
-    import os
-    import subprocess
-    import sys
-
-    from conftest import REPO
-
-    code = (
-        "import ray\n"
-        "from personaemp.llm.ray_executor import connect\n"
-        "from personaemp.llm.settings import LLMSettings\n"
-        "settings = LLMSettings(executor='ray', workers=1, base_urls=['http://127.0.0.1:9/v1'], model='m')\n"
-        "print(connect(settings))\n"
-        "ray.shutdown()\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
-    env.update(HOME=str(tmp_path), PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert "Token authentication is enabled" not in done.stdout + done.stderr, done.stderr
-    assert "a local Ray (started in" in done.stdout and "token authentication on" in done.stdout
-    assert (tmp_path / ".ray" / "auth_token").is_file()  # Ray's own default, kept

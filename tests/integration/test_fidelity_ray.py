@@ -1,5 +1,9 @@
 """fidelity under `--executor ray` writes what one process writes (the executor path every LLM
-stage takes: llm/stage.py's WorkerPool), on two local Ray workers, with one cut failing."""
+stage takes: llm/stage.py's WorkerPool), on two workers, with one cut failing.
+
+The workers are the pool double's (tests/ray_double.py): the real WorkerPool and UnitWorker,
+fidelity's work and every call and answer through cloudpickle, two in-process workers, as
+the other stages' runs in tests/e2e/test_ray_stages.py. A real Ray's runs: tests/e2e/test_ray.py."""
 
 from __future__ import annotations
 
@@ -28,13 +32,14 @@ def answer(body: dict, number: int):
     return reply({"thought": "t", "end": False, "text": f"and what about sundays then {len(text) % 7}"})
 
 
-def test_fidelity_on_ray_writes_what_one_process_writes(local_ray, tmp_path):
+def test_fidelity_on_ray_writes_what_one_process_writes(pool_double, tmp_path):
     users = write_rows(tmp_path / "users.jsonl", [user(f"u{n}") for n in range(1, 5)])
     options = FidelityOptionsUsed(variants=("none", "full"), discriminator=True)
 
     def stage(folder: Path, llm: LLMSettings) -> None:
         measure_fidelity(users, folder / "fidelity.jsonl", llm, options=options)
 
-    made = run_twice(tmp_path, answer, stage)
+    made = run_twice(tmp_path, answer, stage, pool_double)
     report = assert_same(made, "fidelity", ["fidelity.jsonl"], "fidelity.failures.jsonl")
     assert report["units"] == 4
+    assert all(pool_double.units_run()), "both workers ran units"
