@@ -35,10 +35,9 @@ from pydantic import BaseModel, BeforeValidator, Field
 
 from personaemp.aio import sync_twin
 from personaemp.dataset.fidelity_cuts import Skipped, make_cuts
-from personaemp.errors import InputError
+from personaemp.errors import InputError, UnitError
 from personaemp.instruments import realism, simulator_rules
 from personaemp.instruments.voice import VOICE, VOICE_RULE, pick_voice, render_voice
-from personaemp.llm.endpoints import LLMError
 from personaemp.options import Opt, Section, declare
 from personaemp.shared_options import PROCESSED, _split_commas
 
@@ -304,7 +303,7 @@ async def ameasure_fidelity(
                         build_next_messages(unit, variant, persona, language, prompts[next_step.name]),
                         parse=lambda reply, v=variant: no_echo(reply.text.strip(), unit, v),
                     )
-                except LLMError as error:
+                except UnitError as error:  # the engine's LLMError, without importing openai here
                     if error.kind not in OWN_FAILURES:
                         raise
                     messages[variant] = {"text": None, "end": None, "failed": f"{error.kind}: {error}"}
