@@ -562,13 +562,11 @@ def no_ray_yet(_ray_of_the_session):
 
 @pytest.fixture
 def local_ray(_ray_of_the_session):
-    """A local Ray (2 CPUs), started by the first test of this process that needs it (or by
-    test_ray.py's token test, through connect(): see no_ray_yet) and kept
-    to the session's end: test_ray, test_ray_stages and test_ray_vllm each started and shut
-    down their own, and a start costs about 10 s of CPU over Ray's processes (3 to 9 starts
-    in `make test`, as its workers took tests of the three files; now one per worker at
-    most). test_ray_cluster's fixture shuts it down to connect to its own cluster; the next
-    test that needs it starts it again."""
+    """A local Ray (2 CPUs), started by the first test of this process that needs it (in
+    `make test`, test_ray.py's token test, through connect(): see no_ray_yet) and shut down
+    after the last one (pytest_runtest_teardown). The Ray tests are one xdist group, so `make test` starts one local Ray (a
+    start costs a few core-s over Ray's processes). test_ray_cluster's fixture shuts it down
+    to connect to its own cluster; it runs last in the group."""
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
         # address="local": a new Ray of this process, never test_ray_cluster's cluster (which
