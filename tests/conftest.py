@@ -564,9 +564,10 @@ def no_ray_yet(_ray_of_the_session):
 def local_ray(_ray_of_the_session):
     """A local Ray (2 CPUs), started by the first test of this process that needs it (in
     `make test`, test_ray.py's token test, through connect(): see no_ray_yet) and shut down
-    after the last one (pytest_runtest_teardown). The Ray tests are one xdist group, so `make test` starts one local Ray (a
-    start costs a few core-s over Ray's processes). test_ray_cluster's fixture shuts it down
-    to connect to its own cluster; it runs last in the group."""
+    after the last one (pytest_runtest_teardown). The Ray tests are one xdist group, so
+    `make test` starts one local Ray (a start costs a few core-s over Ray's processes).
+    test_ray_cluster's fixture shuts it down to connect to its own cluster; it runs last in
+    the group."""
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
         # address="local": a new Ray of this process, never test_ray_cluster's cluster (which
