@@ -432,6 +432,11 @@ def _values(rows: Sequence[dict], source: str, metric: str) -> list[float]:
     return out
 
 
+def _mean(values: Sequence[float]) -> float | None:
+    """The plain mean (a placement needs no bootstrap interval)."""
+    return sum(values) / len(values) if values else None
+
+
 def summarize(rows: Sequence[dict], options: FidelityOptionsUsed, skipped: Skipped, units: int) -> dict:
     """The report: per source (each variant, each control) and metric, the mean comparison with
     the real message (n, 95% bootstrap CI) overall and per language; each variant placed between
@@ -462,9 +467,7 @@ def summarize(rows: Sequence[dict], options: FidelityOptionsUsed, skipped: Skipp
         answered[variant] = realism.wilson(len(mine), len(rows))
         placed[variant] = {}
         for metric in metrics:
-            low, mid, high = (
-                realism.mean_ci(_values(mine, s, metric))["mean"] for s in ("other", variant, "self")
-            )
+            low, mid, high = (_mean(_values(mine, s, metric)) for s in ("other", variant, "self"))
             if None in (low, mid, high):
                 placed[variant][metric] = None
                 continue
